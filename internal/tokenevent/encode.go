@@ -1,0 +1,122 @@
+package tokenevent
+
+import (
+	"encoding/hex"
+	"strconv"
+	"unicode/utf8"
+)
+
+// AppendJSON appends ev as one wire line (a JSON object and a newline) to dst.
+// Optional fields are written only when set, so Parse(AppendJSON(ev)) == ev.
+func AppendJSON(dst []byte, ev *Event) []byte {
+	dst = append(dst, `{"event":"`...)
+	dst = append(dst, ev.Kind.String()...)
+	dst = append(dst, `","session_id":`...)
+	dst = appendString(dst, ev.SessionID)
+	dst = append(dst, `,"time_unix_nano":`...)
+	dst = strconv.AppendUint(dst, ev.TimeUnixNano, 10)
+	switch ev.Kind {
+	case KindStart:
+		if !ev.TraceID.IsEmpty() {
+			dst = append(dst, `,"trace_id":"`...)
+			dst = hex.AppendEncode(dst, ev.TraceID[:])
+			dst = append(dst, '"')
+		}
+		if !ev.SpanID.IsEmpty() {
+			dst = append(dst, `,"span_id":"`...)
+			dst = hex.AppendEncode(dst, ev.SpanID[:])
+			dst = append(dst, '"')
+		}
+		if !ev.ParentSpanID.IsEmpty() {
+			dst = append(dst, `,"parent_span_id":"`...)
+			dst = hex.AppendEncode(dst, ev.ParentSpanID[:])
+			dst = append(dst, '"')
+		}
+		dst = appendField(dst, "model", ev.Model)
+		dst = appendField(dst, "operation", ev.Operation)
+		if ev.PromptTokens >= 0 {
+			dst = append(dst, `,"prompt_tokens":`...)
+			dst = strconv.AppendInt(dst, ev.PromptTokens, 10)
+		}
+		dst = appendField(dst, "engine", ev.Engine)
+		if len(ev.Attributes) > 0 {
+			dst = append(dst, `,"attributes":{`...)
+			for i, a := range ev.Attributes {
+				if i > 0 {
+					dst = append(dst, ',')
+				}
+				dst = appendString(dst, a.Key)
+				dst = append(dst, ':')
+				dst = appendString(dst, a.Value)
+			}
+			dst = append(dst, '}')
+		}
+	case KindToken:
+		if ev.Count != 1 {
+			dst = append(dst, `,"count":`...)
+			dst = strconv.AppendInt(dst, ev.Count, 10)
+		}
+	case KindEnd:
+		if ev.CompletionTokens >= 0 {
+			dst = append(dst, `,"completion_tokens":`...)
+			dst = strconv.AppendInt(dst, ev.CompletionTokens, 10)
+		}
+		dst = appendField(dst, "finish_reason", ev.FinishReason)
+		dst = appendField(dst, "error", ev.Error)
+	}
+	return append(dst, "}\n"...)
+}
+
+func appendField(dst []byte, key, value string) []byte {
+	if value == "" {
+		return dst
+	}
+	dst = append(dst, `,"`...)
+	dst = append(dst, key...)
+	dst = append(dst, `":`...)
+	return appendString(dst, value)
+}
+
+// appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD, as
+// encoding/json does.
+func appendString(dst []byte, s string) []byte {
+	const hexDigits = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
+			i++
+			continue
+		}
+		if c < utf8.RuneSelf {
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}

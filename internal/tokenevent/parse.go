@@ -1,0 +1,707 @@
+package tokenevent
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"math/bits"
+	"strconv"
+	"unicode/utf8"
+)
+
+// Limits bound what one line may hold. Zero values mean the defaults.
+type Limits struct {
+	// MaxLineBytes is the longest line accepted, newline excluded.
+	MaxLineBytes int
+	// MaxSessionIDBytes is the longest session_id accepted.
+	MaxSessionIDBytes int
+	// MaxAttributes is the most entries a start event's attributes may hold.
+	MaxAttributes int
+}
+
+// Default limits.
+const (
+	DefaultMaxLineBytes      = 16 << 10
+	DefaultMaxSessionIDBytes = 256
+	DefaultMaxAttributes     = 32
+)
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxLineBytes <= 0 {
+		l.MaxLineBytes = DefaultMaxLineBytes
+	}
+	if l.MaxSessionIDBytes <= 0 {
+		l.MaxSessionIDBytes = DefaultMaxSessionIDBytes
+	}
+	if l.MaxAttributes <= 0 {
+		l.MaxAttributes = DefaultMaxAttributes
+	}
+	return l
+}
+
+// FieldError says why a line was rejected. Field is the JSON key at fault,
+// or empty when the line is not a JSON object at all.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string {
+	if e.Field == "" {
+		return e.Reason
+	}
+	return e.Field + ": " + e.Reason
+}
+
+// LineError is a FieldError with the 1-based line number of an NDJSON batch.
+type LineError struct {
+	Line int
+	FieldError
+}
+
+func (e *LineError) Error() string {
+	return "line " + strconv.Itoa(e.Line) + ": " + e.FieldError.Error()
+}
+
+// Bits of the fields a line carried; used for duplicate detection and for
+// checking which fields a kind allows.
+const (
+	fEvent uint32 = 1 << iota
+	fSessionID
+	fTime
+	fTraceID
+	fSpanID
+	fParentSpanID
+	fModel
+	fOperation
+	fPromptTokens
+	fEngine
+	fAttributes
+	fCount
+	fCompletionTokens
+	fFinishReason
+	fError
+)
+
+var fieldNames = [...]string{
+	"event", "session_id", "time_unix_nano", "trace_id", "span_id", "parent_span_id", "model", "operation",
+	"prompt_tokens", "engine", "attributes", "count", "completion_tokens", "finish_reason", "error",
+}
+
+const (
+	fCommon  = fEvent | fSessionID | fTime
+	allowedS = fCommon | fTraceID | fSpanID | fParentSpanID | fModel | fOperation | fPromptTokens | fEngine | fAttributes
+	allowedT = fCommon | fCount
+	allowedE = fCommon | fCompletionTokens | fFinishReason | fError
+)
+
+// maxInterned bounds the parser's table of repeated strings (session IDs,
+// models, engines); when it fills up it is cleared and refilled.
+const maxInterned = 8192
+
+// Parser parses NDJSON token event lines. It is not safe for concurrent use;
+// keep one per goroutine (or in a sync.Pool).
+//
+// Steady-state token lines parse without allocating: the session ID of a
+// session already seen is looked up in an intern table instead of copied.
+type Parser struct {
+	limits   Limits
+	scratch  []byte
+	interned map[string]string
+
+	// cursor over the current line
+	b []byte
+	i int
+
+	batchEvent Event
+}
+
+// NewParser returns a Parser enforcing limits.
+func NewParser(limits Limits) *Parser {
+	return &Parser{limits: limits.withDefaults(), interned: make(map[string]string, 256)}
+}
+
+// Parse parses one line (without its newline) into ev, which it resets first.
+// The error, if any, is a *FieldError.
+func (p *Parser) Parse(line []byte, ev *Event) error {
+	ev.Reset()
+	if len(line) > p.limits.MaxLineBytes {
+		return &FieldError{Reason: fmt.Sprintf("line is %d bytes, limit is %d", len(line), p.limits.MaxLineBytes)}
+	}
+	p.b, p.i = line, 0
+	seen, err := p.object(ev)
+	p.b = nil
+	if err != nil {
+		return err
+	}
+	return validate(seen, ev)
+}
+
+// ParseBatch parses an NDJSON body line by line. It calls onEvent for each
+// valid line and onError for each invalid one; blank lines are skipped but
+// counted, so line numbers match the body. Lines after the first maxLines
+// non-blank ones are rejected (maxLines <= 0: no limit). The Event passed to
+// onEvent is reused: copy what must outlive the call.
+func (p *Parser) ParseBatch(body []byte, maxLines int, onEvent func(*Event), onError func(*LineError)) {
+	ev := &p.batchEvent
+	lineNo, taken := 0, 0
+	for len(body) > 0 {
+		var line []byte
+		if j := bytes.IndexByte(body, '\n'); j >= 0 {
+			line, body = body[:j], body[j+1:]
+		} else {
+			line, body = body, nil
+		}
+		lineNo++
+		line = trimSpace(line)
+		if len(line) == 0 {
+			continue
+		}
+		if maxLines > 0 && taken >= maxLines {
+			onError(&LineError{Line: lineNo, FieldError: FieldError{Reason: fmt.Sprintf("batch holds more than %d lines", maxLines)}})
+			continue
+		}
+		taken++
+		if err := p.Parse(line, ev); err != nil {
+			onError(&LineError{Line: lineNo, FieldError: *err.(*FieldError)})
+			continue
+		}
+		onEvent(ev)
+	}
+}
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && isSpace(b[0]) {
+		b = b[1:]
+	}
+	for len(b) > 0 && isSpace(b[len(b)-1]) {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
+
+func validate(seen uint32, ev *Event) error {
+	if seen&fEvent == 0 {
+		return &FieldError{Field: "event", Reason: "missing"}
+	}
+	if seen&fSessionID == 0 {
+		return &FieldError{Field: "session_id", Reason: "missing"}
+	}
+	if seen&fTime == 0 {
+		return &FieldError{Field: "time_unix_nano", Reason: "missing"}
+	}
+	allowed := allowedS
+	switch ev.Kind {
+	case KindToken:
+		allowed = allowedT
+	case KindEnd:
+		allowed = allowedE
+	}
+	if extra := seen &^ allowed; extra != 0 {
+		for i, name := range fieldNames {
+			if extra&(1<<i) != 0 {
+				return &FieldError{Field: name, Reason: "not allowed on a " + ev.Kind.String() + " event"}
+			}
+		}
+	}
+	return nil
+}
+
+func (p *Parser) syntax(want string) error {
+	if p.i >= len(p.b) {
+		return &FieldError{Reason: "invalid JSON: want " + want + ", got end of line"}
+	}
+	return &FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: want %s, got %q", p.i+1, want, p.b[p.i])}
+}
+
+func (p *Parser) skipSpace() {
+	for p.i < len(p.b) && isSpace(p.b[p.i]) {
+		p.i++
+	}
+}
+
+// object parses the top-level object into ev and returns the fields seen.
+func (p *Parser) object(ev *Event) (uint32, error) {
+	p.skipSpace()
+	if p.i >= len(p.b) || p.b[p.i] != '{' {
+		return 0, p.syntax("'{'")
+	}
+	p.i++
+	var seen uint32
+	p.skipSpace()
+	if p.i < len(p.b) && p.b[p.i] == '}' {
+		p.i++
+	} else {
+		for {
+			p.skipSpace()
+			key, err := p.str("")
+			if err != nil {
+				return 0, err
+			}
+			bit, err := fieldBit(key)
+			if err != nil {
+				return 0, err
+			}
+			if seen&bit != 0 {
+				return 0, &FieldError{Field: fieldName(bit), Reason: "duplicate field"}
+			}
+			p.skipSpace()
+			if p.i >= len(p.b) || p.b[p.i] != ':' {
+				return 0, p.syntax("':'")
+			}
+			p.i++
+			p.skipSpace()
+			present, err := p.value(bit, ev)
+			if err != nil {
+				return 0, err
+			}
+			if present {
+				seen |= bit
+			}
+			p.skipSpace()
+			if p.i < len(p.b) && p.b[p.i] == ',' {
+				p.i++
+				continue
+			}
+			if p.i < len(p.b) && p.b[p.i] == '}' {
+				p.i++
+				break
+			}
+			return 0, p.syntax("',' or '}'")
+		}
+	}
+	p.skipSpace()
+	if p.i != len(p.b) {
+		return 0, &FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: data after the object", p.i+1)}
+	}
+	return seen, nil
+}
+
+func fieldBit(key []byte) (uint32, error) {
+	// A switch on string(key) compiles to a comparison without allocating.
+	switch string(key) {
+	case "event":
+		return fEvent, nil
+	case "session_id":
+		return fSessionID, nil
+	case "time_unix_nano":
+		return fTime, nil
+	case "count":
+		return fCount, nil
+	case "trace_id":
+		return fTraceID, nil
+	case "span_id":
+		return fSpanID, nil
+	case "parent_span_id":
+		return fParentSpanID, nil
+	case "model":
+		return fModel, nil
+	case "operation":
+		return fOperation, nil
+	case "prompt_tokens":
+		return fPromptTokens, nil
+	case "engine":
+		return fEngine, nil
+	case "attributes":
+		return fAttributes, nil
+	case "completion_tokens":
+		return fCompletionTokens, nil
+	case "finish_reason":
+		return fFinishReason, nil
+	case "error":
+		return fError, nil
+	}
+	return 0, &FieldError{Field: truncate(key), Reason: "unknown field"}
+}
+
+func fieldName(bit uint32) string { return fieldNames[bits.TrailingZeros32(bit)] }
+
+// value parses the value of one field. It reports false for an optional
+// field given as null, which counts as absent.
+func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
+	name := fieldName(bit)
+	if p.null() {
+		switch bit {
+		case fEvent, fSessionID, fTime:
+			return false, &FieldError{Field: name, Reason: "must not be null"}
+		}
+		return false, nil
+	}
+	switch bit {
+	case fEvent:
+		s, err := p.str(name)
+		if err != nil {
+			return false, err
+		}
+		switch string(s) {
+		case "start":
+			ev.Kind = KindStart
+		case "token":
+			ev.Kind = KindToken
+		case "end":
+			ev.Kind = KindEnd
+		default:
+			return false, &FieldError{Field: name, Reason: fmt.Sprintf("want start, token or end, got %q", truncate(s))}
+		}
+	case fSessionID:
+		s, err := p.str(name)
+		if err != nil {
+			return false, err
+		}
+		if len(s) == 0 {
+			return false, &FieldError{Field: name, Reason: "must not be empty"}
+		}
+		if len(s) > p.limits.MaxSessionIDBytes {
+			return false, &FieldError{Field: name, Reason: fmt.Sprintf("%d bytes, limit is %d", len(s), p.limits.MaxSessionIDBytes)}
+		}
+		ev.SessionID = p.intern(s)
+	case fTime:
+		v, err := p.uint(name)
+		if err != nil {
+			return false, err
+		}
+		if v == 0 {
+			return false, &FieldError{Field: name, Reason: "must be greater than 0"}
+		}
+		ev.TimeUnixNano = v
+	case fCount:
+		v, err := p.uint(name)
+		if err != nil {
+			return false, err
+		}
+		if v == 0 {
+			return false, &FieldError{Field: name, Reason: "must be at least 1"}
+		}
+		ev.Count = int64(v)
+	case fPromptTokens:
+		v, err := p.uint(name)
+		ev.PromptTokens = int64(v)
+		return true, err
+	case fCompletionTokens:
+		v, err := p.uint(name)
+		ev.CompletionTokens = int64(v)
+		return true, err
+	case fTraceID:
+		return true, p.hex(name, ev.TraceID[:])
+	case fSpanID:
+		return true, p.hex(name, ev.SpanID[:])
+	case fParentSpanID:
+		return true, p.hex(name, ev.ParentSpanID[:])
+	case fOperation:
+		s, err := p.str(name)
+		if err != nil {
+			return false, err
+		}
+		switch string(s) {
+		case OperationChat:
+			ev.Operation = OperationChat
+		case OperationTextCompletion:
+			ev.Operation = OperationTextCompletion
+		default:
+			return false, &FieldError{Field: name, Reason: fmt.Sprintf("want chat or text_completion, got %q", truncate(s))}
+		}
+	case fModel:
+		return true, p.internedStr(name, &ev.Model)
+	case fEngine:
+		return true, p.internedStr(name, &ev.Engine)
+	case fFinishReason:
+		return true, p.internedStr(name, &ev.FinishReason)
+	case fError:
+		return true, p.internedStr(name, &ev.Error)
+	case fAttributes:
+		return true, p.attributes(ev)
+	}
+	return true, nil
+}
+
+func (p *Parser) null() bool {
+	if len(p.b)-p.i >= 4 && string(p.b[p.i:p.i+4]) == "null" {
+		p.i += 4
+		return true
+	}
+	return false
+}
+
+func (p *Parser) internedStr(name string, dst *string) error {
+	s, err := p.str(name)
+	if err != nil {
+		return err
+	}
+	*dst = p.intern(s)
+	return nil
+}
+
+// intern returns b as a string, reusing the string of an earlier equal value.
+func (p *Parser) intern(b []byte) string {
+	if s, ok := p.interned[string(b)]; ok {
+		return s
+	}
+	if len(p.interned) >= maxInterned {
+		clear(p.interned)
+	}
+	s := string(b)
+	p.interned[s] = s
+	return s
+}
+
+func (p *Parser) attributes(ev *Event) error {
+	const name = "attributes"
+	if p.i >= len(p.b) || p.b[p.i] != '{' {
+		return &FieldError{Field: name, Reason: "want an object of strings"}
+	}
+	p.i++
+	p.skipSpace()
+	if p.i < len(p.b) && p.b[p.i] == '}' {
+		p.i++
+		return nil
+	}
+	for {
+		p.skipSpace()
+		k, err := p.str(name)
+		if err != nil {
+			return err
+		}
+		if len(k) == 0 {
+			return &FieldError{Field: name, Reason: "empty key"}
+		}
+		key := p.intern(k)
+		for _, a := range ev.Attributes {
+			if a.Key == key {
+				return &FieldError{Field: name + "." + key, Reason: "duplicate key"}
+			}
+		}
+		if len(ev.Attributes) >= p.limits.MaxAttributes {
+			return &FieldError{Field: name, Reason: fmt.Sprintf("more than %d entries", p.limits.MaxAttributes)}
+		}
+		p.skipSpace()
+		if p.i >= len(p.b) || p.b[p.i] != ':' {
+			return p.syntax("':'")
+		}
+		p.i++
+		p.skipSpace()
+		v, err := p.str(name + "." + key)
+		if err != nil {
+			return err
+		}
+		ev.Attributes = append(ev.Attributes, Attribute{Key: key, Value: p.intern(v)})
+		p.skipSpace()
+		if p.i < len(p.b) && p.b[p.i] == ',' {
+			p.i++
+			continue
+		}
+		if p.i < len(p.b) && p.b[p.i] == '}' {
+			p.i++
+			return nil
+		}
+		return p.syntax("',' or '}'")
+	}
+}
+
+// plainByte marks the bytes a string may hold without a closer look: printable
+// ASCII other than '"' and '\\'.
+var plainByte = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// str parses a JSON string. The result aliases the line when the string has
+// no escapes, or the parser's scratch buffer when it has; either way it is
+// valid only until the next call. field names the field for errors; empty
+// means an object key is being read.
+func (p *Parser) str(field string) ([]byte, error) {
+	if p.i >= len(p.b) || p.b[p.i] != '"' {
+		if field == "" {
+			return nil, p.syntax("a string key")
+		}
+		return nil, &FieldError{Field: field, Reason: "want a string"}
+	}
+	p.i++
+	start := p.i
+	b := p.b
+	i := p.i
+	for i < len(b) && plainByte[b[i]] {
+		i++
+	}
+	ascii := true
+	for ; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case plainByte[c]:
+		case c == '"':
+			p.i = i + 1
+			s := b[start:i]
+			if !ascii && !utf8.Valid(s) {
+				return nil, &FieldError{Field: field, Reason: "invalid UTF-8"}
+			}
+			return s, nil
+		case c == '\\':
+			p.i = i
+			return p.strEscaped(field, start)
+		case c < 0x20:
+			return nil, &FieldError{Field: field, Reason: "control character in string"}
+		default:
+			ascii = false
+		}
+	}
+	p.i = i
+	return nil, &FieldError{Field: field, Reason: "unterminated string"}
+}
+
+// strEscaped finishes a string that contains escapes, decoding it into scratch.
+func (p *Parser) strEscaped(field string, start int) ([]byte, error) {
+	out := append(p.scratch[:0], p.b[start:p.i]...)
+	for p.i < len(p.b) {
+		c := p.b[p.i]
+		switch {
+		case c == '"':
+			p.i++
+			p.scratch = out
+			if !utf8.Valid(out) {
+				return nil, &FieldError{Field: field, Reason: "invalid UTF-8"}
+			}
+			return out, nil
+		case c < 0x20:
+			return nil, &FieldError{Field: field, Reason: "control character in string"}
+		case c != '\\':
+			out = append(out, c)
+			p.i++
+			continue
+		}
+		p.i++
+		if p.i >= len(p.b) {
+			break
+		}
+		e := p.b[p.i]
+		p.i++
+		switch e {
+		case '"', '\\', '/':
+			out = append(out, e)
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r, ok := p.hex4()
+			if !ok {
+				return nil, &FieldError{Field: field, Reason: `invalid \u escape`}
+			}
+			if r >= 0xD800 && r < 0xDC00 {
+				// A high surrogate must be followed by an escaped low one.
+				if p.i+1 < len(p.b) && p.b[p.i] == '\\' && p.b[p.i+1] == 'u' {
+					p.i += 2
+					lo, ok := p.hex4()
+					if !ok || lo < 0xDC00 || lo >= 0xE000 {
+						return nil, &FieldError{Field: field, Reason: `invalid \u escape`}
+					}
+					r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
+				} else {
+					r = utf8.RuneError
+				}
+			} else if r >= 0xDC00 && r < 0xE000 {
+				r = utf8.RuneError
+			}
+			out = utf8.AppendRune(out, r)
+		default:
+			return nil, &FieldError{Field: field, Reason: fmt.Sprintf("invalid escape \\%c", e)}
+		}
+	}
+	p.scratch = out
+	return nil, &FieldError{Field: field, Reason: "unterminated string"}
+}
+
+func (p *Parser) hex4() (rune, bool) {
+	if len(p.b)-p.i < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range p.b[p.i : p.i+4] {
+		v := unhex(c)
+		if v < 0 {
+			return 0, false
+		}
+		r = r<<4 | rune(v)
+	}
+	p.i += 4
+	return r, true
+}
+
+func unhex(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c - 'a' + 10)
+	case 'A' <= c && c <= 'F':
+		return int(c - 'A' + 10)
+	}
+	return -1
+}
+
+// uint parses a non-negative JSON integer that fits an int64.
+func (p *Parser) uint(field string) (uint64, error) {
+	start := p.i
+	var v uint64
+	// 19 decimal digits cannot overflow a uint64, so the range is checked once at the end.
+	for p.i < len(p.b) && p.i-start <= 19 {
+		c := p.b[p.i]
+		if c < '0' || c > '9' {
+			break
+		}
+		v = v*10 + uint64(c-'0')
+		p.i++
+	}
+	n := p.i - start
+	if n > 19 || v > math.MaxInt64 {
+		return 0, &FieldError{Field: field, Reason: "integer out of range"}
+	}
+	if n == 0 || (n > 1 && p.b[start] == '0') || (p.i < len(p.b) && !isDelim(p.b[p.i])) {
+		return 0, &FieldError{Field: field, Reason: "want a non-negative integer"}
+	}
+	return v, nil
+}
+
+func isDelim(c byte) bool { return c == ',' || c == '}' || isSpace(c) }
+
+// hex parses a string of exactly 2*len(dst) hex digits into dst.
+func (p *Parser) hex(field string, dst []byte) error {
+	s, err := p.str(field)
+	if err != nil {
+		return err
+	}
+	want := 2 * len(dst)
+	if len(s) != want {
+		return &FieldError{Field: field, Reason: fmt.Sprintf("want %d hex digits, got %d", want, len(s))}
+	}
+	nonZero := false
+	for i := range dst {
+		hi, lo := unhex(s[2*i]), unhex(s[2*i+1])
+		if hi < 0 || lo < 0 {
+			return &FieldError{Field: field, Reason: fmt.Sprintf("want %d hex digits, got %q", want, truncate(s))}
+		}
+		dst[i] = byte(hi<<4 | lo)
+		nonZero = nonZero || dst[i] != 0
+	}
+	if !nonZero {
+		return &FieldError{Field: field, Reason: "must not be all zeros"}
+	}
+	return nil
+}
+
+// truncate shortens input quoted in an error message.
+func truncate(b []byte) string {
+	const maxQuoted = 64
+	if len(b) > maxQuoted {
+		return string(b[:maxQuoted]) + "…"
+	}
+	return string(b)
+}

@@ -1,0 +1,248 @@
+package tokenevent
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+)
+
+const (
+	startLine = `{"event":"start","session_id":"s-1","time_unix_nano":1700000000000000000,` +
+		`"trace_id":"0af7651916cd43dd8448eb211c80319c","span_id":"b7ad6b7169203331","parent_span_id":"00f067aa0ba902b7",` +
+		`"model":"meta-llama/Llama-3.1-8B-Instruct","operation":"chat","prompt_tokens":812,"engine":"vllm-0",` +
+		`"attributes":{"quantization":"fp8","tenant":"a"}}`
+	tokenLine = `{"event":"token","session_id":"s-1","time_unix_nano":1700000000250000000}`
+	endLine   = `{"event":"end","session_id":"s-1","time_unix_nano":1700000001000000000,"completion_tokens":42,"finish_reason":"stop"}`
+)
+
+func parse(t *testing.T, line string) (Event, error) {
+	t.Helper()
+	var ev Event
+	err := NewParser(Limits{}).Parse([]byte(line), &ev)
+	return ev, err
+}
+
+func TestParseStart(t *testing.T) {
+	ev, err := parse(t, startLine)
+	require.NoError(t, err)
+	assert.Equal(t, Event{
+		Kind:             KindStart,
+		SessionID:        "s-1",
+		TimeUnixNano:     1700000000000000000,
+		TraceID:          pcommon.TraceID{0x0a, 0xf7, 0x65, 0x19, 0x16, 0xcd, 0x43, 0xdd, 0x84, 0x48, 0xeb, 0x21, 0x1c, 0x80, 0x31, 0x9c},
+		SpanID:           pcommon.SpanID{0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31},
+		ParentSpanID:     pcommon.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
+		Model:            "meta-llama/Llama-3.1-8B-Instruct",
+		Operation:        "chat",
+		PromptTokens:     812,
+		Engine:           "vllm-0",
+		Attributes:       []Attribute{{"quantization", "fp8"}, {"tenant", "a"}},
+		Count:            1,
+		CompletionTokens: -1,
+	}, ev)
+}
+
+func TestParseTokenAndEnd(t *testing.T) {
+	ev, err := parse(t, tokenLine)
+	require.NoError(t, err)
+	assert.Equal(t, KindToken, ev.Kind)
+	assert.Equal(t, int64(1), ev.Count)
+	assert.Equal(t, uint64(1700000000250000000), ev.TimeUnixNano)
+
+	ev, err = parse(t, `{"time_unix_nano":5,"count":3,"session_id":"x","event":"token"}`)
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), ev.Count, "field order is free")
+
+	ev, err = parse(t, endLine)
+	require.NoError(t, err)
+	assert.Equal(t, KindEnd, ev.Kind)
+	assert.Equal(t, int64(42), ev.CompletionTokens)
+	assert.Equal(t, "stop", ev.FinishReason)
+	assert.Equal(t, int64(-1), ev.PromptTokens)
+
+	ev, err = parse(t, `{"event":"end","session_id":"x","time_unix_nano":5,"error":"upstream_500","completion_tokens":null}`)
+	require.NoError(t, err)
+	assert.Equal(t, "upstream_500", ev.Error)
+	assert.Equal(t, int64(-1), ev.CompletionTokens, "null is absent")
+}
+
+func TestParseEscapes(t *testing.T) {
+	ev, err := parse(t, `{"event":"start","session_id":"a\"b\\c\u00e9\ud83d\ude00","time_unix_nano":1,"attributes":{"k\n":"v\t"}}`)
+	require.NoError(t, err)
+	assert.Equal(t, "a\"b\\cé😀", ev.SessionID)
+	assert.Equal(t, []Attribute{{"k\n", "v\t"}}, ev.Attributes)
+}
+
+func TestParseErrors(t *testing.T) {
+	long := strings.Repeat("x", 300)
+	tests := []struct {
+		line string
+		want string
+	}{
+		{``, `invalid JSON: want '{', got end of line`},
+		{`[1]`, `invalid JSON at byte 1: want '{', got '['`},
+		{`{"event":"token","session_id":"s","time_unix_nano":1`, `invalid JSON: want ',' or '}', got end of line`},
+		{`{"event":"token","session_id":"s","time_unix_nano":1} x`, `invalid JSON at byte 55: data after the object`},
+		{`{"event":"tok","session_id":"s","time_unix_nano":1}`, `event: want start, token or end, got "tok"`},
+		{`{"session_id":"s","time_unix_nano":1}`, `event: missing`},
+		{`{"event":"token","time_unix_nano":1}`, `session_id: missing`},
+		{`{"event":"token","session_id":"s"}`, `time_unix_nano: missing`},
+		{`{"event":"token","session_id":"","time_unix_nano":1}`, `session_id: must not be empty`},
+		{`{"event":"token","session_id":"` + long + `","time_unix_nano":1}`, `session_id: 300 bytes, limit is 256`},
+		{`{"event":"token","session_id":5,"time_unix_nano":1}`, `session_id: want a string`},
+		{`{"event":"token","session_id":null,"time_unix_nano":1}`, `session_id: must not be null`},
+		{`{"event":"token","session_id":"s","time_unix_nano":-1}`, `time_unix_nano: want a non-negative integer`},
+		{`{"event":"token","session_id":"s","time_unix_nano":1.5}`, `time_unix_nano: want a non-negative integer`},
+		{`{"event":"token","session_id":"s","time_unix_nano":01}`, `time_unix_nano: want a non-negative integer`},
+		{`{"event":"token","session_id":"s","time_unix_nano":"1"}`, `time_unix_nano: want a non-negative integer`},
+		{`{"event":"token","session_id":"s","time_unix_nano":99999999999999999999}`, `time_unix_nano: integer out of range`},
+		{`{"event":"token","session_id":"s","time_unix_nano":0}`, `time_unix_nano: must be greater than 0`},
+		{`{"event":"token","session_id":"s","time_unix_nano":1,"count":0}`, `count: must be at least 1`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"trace_id":"0af7651916cd43dd8448eb211c80319"}`, `trace_id: want 32 hex digits, got 31`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"trace_id":"0af7651916cd43dd8448eb211c80319z"}`, `trace_id: want 32 hex digits, got "0af7651916cd43dd8448eb211c80319z"`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"trace_id":"00000000000000000000000000000000"}`, `trace_id: must not be all zeros`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"span_id":"abc"}`, `span_id: want 16 hex digits, got 3`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"operation":"embeddings"}`, `operation: want chat or text_completion, got "embeddings"`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"attributes":{"a":1}}`, `attributes.a: want a string`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"attributes":{"a":"1","a":"2"}}`, `attributes.a: duplicate key`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"attributes":[]}`, `attributes: want an object of strings`},
+		{`{"event":"token","session_id":"s","time_unix_nano":1,"model":"m"}`, `model: not allowed on a token event`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"count":2}`, `count: not allowed on a start event`},
+		{`{"event":"end","session_id":"s","time_unix_nano":1,"prompt_tokens":2}`, `prompt_tokens: not allowed on a end event`},
+		{`{"event":"token","session_id":"s","session_id":"t","time_unix_nano":1}`, `session_id: duplicate field`},
+		{`{"event":"token","session_id":"s","time_unix_nano":1,"prompt":"secret"}`, `prompt: unknown field`},
+		{"{\"event\":\"token\",\"session_id\":\"s\x01\",\"time_unix_nano\":1}", `session_id: control character in string`},
+		{`{"event":"token","session_id":"s\q","time_unix_nano":1}`, `session_id: invalid escape \q`},
+		{"{\"event\":\"token\",\"session_id\":\"\xff\",\"time_unix_nano\":1}", `session_id: invalid UTF-8`},
+		{`{"event":"token","session_id":"s`, `session_id: unterminated string`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			_, err := parse(t, tt.line)
+			require.Error(t, err)
+			assert.Equal(t, tt.want, err.Error())
+		})
+	}
+}
+
+func TestParseLimits(t *testing.T) {
+	p := NewParser(Limits{MaxLineBytes: 100, MaxSessionIDBytes: 4, MaxAttributes: 1})
+	var ev Event
+	err := p.Parse([]byte(startLine), &ev)
+	require.EqualError(t, err, fmt.Sprintf("line is %d bytes, limit is 100", len(startLine)))
+	err = p.Parse([]byte(`{"event":"token","session_id":"12345","time_unix_nano":1}`), &ev)
+	require.EqualError(t, err, "session_id: 5 bytes, limit is 4")
+	err = p.Parse([]byte(`{"event":"start","session_id":"1","time_unix_nano":1,"attributes":{"a":"1","b":"2"}}`), &ev)
+	require.EqualError(t, err, "attributes: more than 1 entries")
+}
+
+func TestParseBatch(t *testing.T) {
+	body := startLine + "\r\n" + tokenLine + "\n\n" + `{"event":"token","session_id":"s-1","time_unix_nano":1,"trace_id":"0af7651916cd43dd8448eb211c80319"}` +
+		"\n" + `not json` + "\n" + endLine // no trailing newline
+	var kinds []Kind
+	var errs []string
+	NewParser(Limits{}).ParseBatch([]byte(body), 0, func(ev *Event) { kinds = append(kinds, ev.Kind) }, func(e *LineError) { errs = append(errs, e.Error()) })
+	assert.Equal(t, []Kind{KindStart, KindToken, KindEnd}, kinds)
+	assert.Equal(t, []string{
+		"line 4: trace_id: want 32 hex digits, got 31",
+		"line 5: invalid JSON at byte 1: want '{', got 'n'",
+	}, errs)
+}
+
+func TestParseBatchMaxLines(t *testing.T) {
+	body := strings.Repeat(tokenLine+"\n", 5)
+	var n int
+	var errs []string
+	NewParser(Limits{}).ParseBatch([]byte(body), 3, func(*Event) { n++ }, func(e *LineError) { errs = append(errs, e.Error()) })
+	assert.Equal(t, 3, n)
+	assert.Equal(t, []string{"line 4: batch holds more than 3 lines", "line 5: batch holds more than 3 lines"}, errs)
+}
+
+func TestAppendJSONRoundTrip(t *testing.T) {
+	for _, line := range []string{startLine, tokenLine, endLine,
+		`{"event":"token","session_id":"q\"\\\u0001é","time_unix_nano":7,"count":4}`,
+		`{"event":"end","session_id":"s","time_unix_nano":9,"error":"aborted"}`,
+	} {
+		want, err := parse(t, line)
+		require.NoError(t, err)
+		out := AppendJSON(nil, &want)
+		require.True(t, bytes.HasSuffix(out, []byte("\n")))
+		got, err := parse(t, string(out[:len(out)-1]))
+		require.NoError(t, err, string(out))
+		assert.Equal(t, want, got)
+	}
+}
+
+func TestAppendJSONInvalidUTF8(t *testing.T) {
+	ev := Event{Kind: KindToken, SessionID: "a\xffb", TimeUnixNano: 1, Count: 1}
+	got, err := parse(t, strings.TrimSpace(string(AppendJSON(nil, &ev))))
+	require.NoError(t, err)
+	assert.Equal(t, "a\ufffdb", got.SessionID)
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{startLine, tokenLine, endLine, `{}`, `{"attributes":{"a":"\ud800"}}`, `{"event":"token","session_id":"\u00e9","time_unix_nano":1,"count":2}`} {
+		f.Add([]byte(s))
+	}
+	p := NewParser(Limits{})
+	f.Fuzz(func(t *testing.T, line []byte) {
+		var ev Event
+		if err := p.Parse(line, &ev); err != nil {
+			if _, ok := err.(*FieldError); !ok {
+				t.Fatalf("error of type %T", err)
+			}
+			return
+		}
+		// Whatever parses must encode and parse back to the same event.
+		out := AppendJSON(nil, &ev)
+		var again Event
+		if err := p.Parse(out[:len(out)-1], &again); err != nil {
+			t.Fatalf("re-parse of %q: %v", out, err)
+		}
+		if fmt.Sprint(ev) != fmt.Sprint(again) {
+			t.Fatalf("round trip changed the event:\n%+v\n%+v", ev, again)
+		}
+	})
+}
+
+func BenchmarkParseToken(b *testing.B) {
+	p := NewParser(Limits{})
+	line := []byte(tokenLine)
+	var ev Event
+	b.ReportAllocs()
+	b.SetBytes(int64(len(line)))
+	for b.Loop() {
+		if err := p.Parse(line, &ev); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkParseBatch parses a hook batch: 100 concurrent sessions, 10 tokens
+// each, interleaved as a real hook would send them.
+func BenchmarkParseBatch(b *testing.B) {
+	var body []byte
+	for step := range 10 {
+		for s := range 100 {
+			ev := Event{Kind: KindToken, SessionID: fmt.Sprintf("req-%08d", s), TimeUnixNano: uint64(1700000000000000000 + step*25_000_000 + s), Count: 1}
+			body = AppendJSON(body, &ev)
+		}
+	}
+	p := NewParser(Limits{})
+	n := 0
+	onEvent := func(*Event) { n++ }
+	onError := func(e *LineError) { b.Fatal(e) }
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		p.ParseBatch(body, 0, onEvent, onError)
+	}
+	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "events/s")
+	b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(n), "ns/event")
+}
