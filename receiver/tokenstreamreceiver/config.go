@@ -1,0 +1,118 @@
+package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+
+	"go.opentelemetry.io/collector/config/confighttp"
+	"go.opentelemetry.io/collector/config/configoptional"
+	"go.opentelemetry.io/collector/confmap"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+// Config is the configuration of the token_stream receiver.
+type Config struct {
+	// Hooks are the endpoints engine hooks push token events to.
+	Hooks HooksConfig `mapstructure:"hooks"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// HooksConfig configures the hook endpoints. Each transport is off unless
+// its key is present, as with the otlp receiver's protocols.
+type HooksConfig struct {
+	// HTTP accepts NDJSON batches posted to Path.
+	HTTP configoptional.Optional[HTTPConfig] `mapstructure:"http"`
+	// UDP accepts datagrams of one or more NDJSON lines.
+	UDP configoptional.Optional[UDPConfig] `mapstructure:"udp"`
+	// Limits apply to both transports.
+	Limits LimitsConfig `mapstructure:"limits"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// HTTPConfig is the HTTP hook endpoint: a standard confighttp server.
+type HTTPConfig struct {
+	ServerConfig confighttp.ServerConfig `mapstructure:",squash"`
+	// Path is the URL path token event batches are posted to.
+	Path string `mapstructure:"path"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// UDPConfig is the UDP hook endpoint.
+type UDPConfig struct {
+	// Endpoint is the host:port to listen on.
+	Endpoint string `mapstructure:"endpoint"`
+	// SocketBufferSize sets the socket's receive buffer (SO_RCVBUF) in bytes;
+	// 0 keeps the OS default. A larger buffer absorbs bursts.
+	SocketBufferSize int `mapstructure:"socket_buffer_size"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// LimitsConfig bounds what one request or datagram may carry.
+type LimitsConfig struct {
+	// MaxLineBytes is the longest NDJSON line accepted.
+	MaxLineBytes int `mapstructure:"max_line_bytes"`
+	// MaxLinesPerBatch is the most lines taken from one request or datagram;
+	// the lines after it are rejected.
+	MaxLinesPerBatch int `mapstructure:"max_lines_per_batch"`
+	// MaxSessionIDBytes is the longest session_id accepted.
+	MaxSessionIDBytes int `mapstructure:"max_session_id_bytes"`
+	// MaxAttributes is the most attributes a start event may carry.
+	MaxAttributes int `mapstructure:"max_attributes"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+func (l LimitsConfig) parserLimits() tokenevent.Limits {
+	return tokenevent.Limits{MaxLineBytes: l.MaxLineBytes, MaxSessionIDBytes: l.MaxSessionIDBytes, MaxAttributes: l.MaxAttributes}
+}
+
+var _ confmap.Validator = (*Config)(nil)
+
+// Validate checks the configuration, reporting every problem at once.
+func (cfg *Config) Validate() error {
+	var errs []error
+	if !cfg.Hooks.HTTP.HasValue() && !cfg.Hooks.UDP.HasValue() {
+		errs = append(errs, errors.New("no source configured: set at least one of hooks::http and hooks::udp"))
+	}
+	if h := cfg.Hooks.HTTP.Get(); h != nil && !strings.HasPrefix(h.Path, "/") {
+		errs = append(errs, fmt.Errorf("hooks::http::path: must start with '/', got %q", h.Path))
+	}
+	if u := cfg.Hooks.UDP.Get(); u != nil {
+		if _, _, err := net.SplitHostPort(u.Endpoint); err != nil {
+			errs = append(errs, fmt.Errorf("hooks::udp::endpoint: %w", err))
+		}
+		if u.SocketBufferSize < 0 {
+			errs = append(errs, fmt.Errorf("hooks::udp::socket_buffer_size: must not be negative, got %d", u.SocketBufferSize))
+		}
+	}
+	l := cfg.Hooks.Limits
+	for _, f := range []struct {
+		name string
+		v    int
+	}{
+		{"max_line_bytes", l.MaxLineBytes},
+		{"max_lines_per_batch", l.MaxLinesPerBatch},
+		{"max_session_id_bytes", l.MaxSessionIDBytes},
+		{"max_attributes", l.MaxAttributes},
+	} {
+		if f.v <= 0 {
+			errs = append(errs, fmt.Errorf("hooks::limits::%s: must be positive, got %d", f.name, f.v))
+		}
+	}
+	if l.MaxLineBytes > maxDatagramBytes && cfg.Hooks.UDP.HasValue() {
+		errs = append(errs, fmt.Errorf("hooks::limits::max_line_bytes: %d exceeds the largest UDP datagram (%d)", l.MaxLineBytes, maxDatagramBytes))
+	}
+	return errors.Join(errs...)
+}

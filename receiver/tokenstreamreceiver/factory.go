@@ -1,0 +1,56 @@
+package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
+
+import (
+	"context"
+
+	"go.opentelemetry.io/collector/component"
+	"go.opentelemetry.io/collector/config/confighttp"
+	"go.opentelemetry.io/collector/config/configoptional"
+	"go.opentelemetry.io/collector/consumer"
+	"go.opentelemetry.io/collector/receiver"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+const (
+	typeStr = "token_stream"
+	// scopeName names this receiver as the instrumentation scope of what it
+	// emits and of its own telemetry.
+	scopeName = "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
+
+	defaultHTTPEndpoint      = "localhost:4320"
+	defaultHTTPPath          = "/v1/token-events"
+	defaultUDPEndpoint       = "localhost:4321"
+	defaultMaxLinesPerBatch  = 10_000
+	defaultMaxRequestBodyMiB = 8
+)
+
+var componentType = component.MustNewType(typeStr)
+
+// NewFactory returns the factory of the token_stream receiver.
+func NewFactory() receiver.Factory {
+	return receiver.NewFactory(componentType, createDefaultConfig,
+		receiver.WithLogs(createLogs, component.StabilityLevelDevelopment))
+}
+
+func createDefaultConfig() component.Config {
+	httpServer := confighttp.NewDefaultServerConfig()
+	httpServer.NetAddr.Endpoint = defaultHTTPEndpoint
+	httpServer.MaxRequestBodySize = defaultMaxRequestBodyMiB << 20
+	return &Config{
+		Hooks: HooksConfig{
+			HTTP: configoptional.Default(HTTPConfig{ServerConfig: httpServer, Path: defaultHTTPPath}),
+			UDP:  configoptional.Default(UDPConfig{Endpoint: defaultUDPEndpoint}),
+			Limits: LimitsConfig{
+				MaxLineBytes:      tokenevent.DefaultMaxLineBytes,
+				MaxLinesPerBatch:  defaultMaxLinesPerBatch,
+				MaxSessionIDBytes: tokenevent.DefaultMaxSessionIDBytes,
+				MaxAttributes:     tokenevent.DefaultMaxAttributes,
+			},
+		},
+	}
+}
+
+func createLogs(_ context.Context, set receiver.Settings, cfg component.Config, next consumer.Logs) (receiver.Logs, error) {
+	return newTokenStreamReceiver(cfg.(*Config), set, next)
+}

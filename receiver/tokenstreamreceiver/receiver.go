@@ -1,0 +1,193 @@
+package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/collector/component"
+	"go.opentelemetry.io/collector/consumer"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/receiver"
+	"go.opentelemetry.io/collector/receiver/receiverhelper"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.uber.org/zap"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+// tokenStreamReceiver runs the configured hook endpoints and hands the token
+// events they receive to the next consumer as log records.
+type tokenStreamReceiver struct {
+	cfg       *Config
+	settings  receiver.Settings
+	next      consumer.Logs
+	telemetry *receiverTelemetry
+	batches   sync.Pool // of *batchDecoder
+
+	http *hooksHTTPServer
+	udp  *hooksUDPListener
+}
+
+func newTokenStreamReceiver(cfg *Config, set receiver.Settings, next consumer.Logs) (*tokenStreamReceiver, error) {
+	tel, err := newReceiverTelemetry(set)
+	if err != nil {
+		return nil, err
+	}
+	r := &tokenStreamReceiver{cfg: cfg, settings: set, next: next, telemetry: tel}
+	limits := cfg.Hooks.Limits
+	r.batches.New = func() any {
+		return &batchDecoder{
+			parser:   tokenevent.NewParser(limits.parserLimits()),
+			writer:   tokenevent.NewRecordWriter(),
+			maxLines: limits.MaxLinesPerBatch,
+		}
+	}
+	return r, nil
+}
+
+func (r *tokenStreamReceiver) Start(ctx context.Context, host component.Host) error {
+	if h := r.cfg.Hooks.HTTP.Get(); h != nil {
+		srv, err := startHooksHTTP(ctx, h, r, host)
+		if err != nil {
+			return err
+		}
+		r.http = srv
+	}
+	if u := r.cfg.Hooks.UDP.Get(); u != nil {
+		l, err := startHooksUDP(u, r, host)
+		if err != nil {
+			return errors.Join(err, r.Shutdown(ctx))
+		}
+		r.udp = l
+	}
+	return nil
+}
+
+func (r *tokenStreamReceiver) Shutdown(ctx context.Context) error {
+	var errs []error
+	if r.http != nil {
+		errs = append(errs, r.http.shutdown(ctx))
+		r.http = nil
+	}
+	if r.udp != nil {
+		errs = append(errs, r.udp.shutdown())
+		r.udp = nil
+	}
+	return errors.Join(errs...)
+}
+
+// lineErrorsKept is how many line errors a batch keeps for its response; the
+// rest are only counted.
+const lineErrorsKept = 10
+
+// batchDecoder turns one request body or datagram into log records. It is
+// pooled: its parser keeps the session ID intern table warm between batches.
+type batchDecoder struct {
+	parser   *tokenevent.Parser
+	writer   *tokenevent.RecordWriter
+	maxLines int
+
+	logs     plog.Logs
+	accepted int
+	rejected int
+	errs     []*tokenevent.LineError
+}
+
+// decode parses body into d.logs, counting accepted and rejected lines and
+// keeping the first lineErrorsKept errors.
+func (d *batchDecoder) decode(body []byte, observed time.Time) {
+	d.logs = plog.NewLogs()
+	d.accepted, d.rejected, d.errs = 0, 0, d.errs[:0]
+	sl := d.logs.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty()
+	sl.Scope().SetName(scopeName)
+	d.writer.Reset(sl.LogRecords(), pcommon.NewTimestampFromTime(observed))
+	d.parser.ParseBatch(body, d.maxLines, d.onEvent, d.onError)
+}
+
+func (d *batchDecoder) onEvent(ev *tokenevent.Event) {
+	d.accepted++
+	d.writer.Append(ev)
+}
+
+func (d *batchDecoder) onError(e *tokenevent.LineError) {
+	d.rejected++
+	if len(d.errs) < lineErrorsKept {
+		d.errs = append(d.errs, e)
+	}
+}
+
+// release drops the batch's records and returns d to the pool.
+func (r *tokenStreamReceiver) release(d *batchDecoder) {
+	d.logs = plog.Logs{}
+	d.writer.Reset(plog.LogRecordSlice{}, 0)
+	r.batches.Put(d)
+}
+
+func (r *tokenStreamReceiver) decoder() *batchDecoder { return r.batches.Get().(*batchDecoder) }
+
+// consume hands a decoded batch to the pipeline, with the standard receiver
+// observability around it.
+func (r *tokenStreamReceiver) consume(ctx context.Context, obs *receiverhelper.ObsReport, d *batchDecoder, transport transportKind) error {
+	attrs := r.telemetry.attrs[transport]
+	if d.rejected > 0 {
+		r.telemetry.rejected.Add(ctx, int64(d.rejected), attrs)
+	}
+	if d.accepted == 0 {
+		return nil
+	}
+	ctx = obs.StartLogsOp(ctx)
+	n := d.logs.LogRecordCount()
+	err := r.next.ConsumeLogs(ctx, d.logs)
+	obs.EndLogsOp(ctx, "ndjson", n, err)
+	if err != nil {
+		r.telemetry.refused.Add(ctx, int64(d.accepted), attrs)
+		r.settings.Logger.Debug("pipeline refused token events", zap.Int("events", d.accepted), zap.Error(err))
+		return err
+	}
+	r.telemetry.accepted.Add(ctx, int64(d.accepted), attrs)
+	return nil
+}
+
+type transportKind int
+
+const (
+	transportHTTP transportKind = iota
+	transportUDP
+)
+
+func (t transportKind) String() string { return [...]string{"http", "udp"}[t] }
+
+// receiverTelemetry counts token events, which differ from the log records
+// the standard receiver metrics count: several token events of one session
+// are packed into one record. Together the three counters account for every
+// line received.
+type receiverTelemetry struct {
+	attrs    [2]metric.MeasurementOption // by transportKind
+	accepted metric.Int64Counter
+	rejected metric.Int64Counter
+	refused  metric.Int64Counter
+}
+
+func newReceiverTelemetry(set receiver.Settings) (*receiverTelemetry, error) {
+	meter := set.MeterProvider.Meter(scopeName)
+	t := &receiverTelemetry{}
+	for _, k := range []transportKind{transportHTTP, transportUDP} {
+		t.attrs[k] = metric.WithAttributeSet(attribute.NewSet(
+			attribute.String("receiver", set.ID.String()), attribute.String("transport", k.String())))
+	}
+	var errs, err error
+	t.accepted, err = meter.Int64Counter("otelcol_receiver_token_stream_accepted_events",
+		metric.WithDescription("Token events handed to the pipeline and accepted by it."), metric.WithUnit("{event}"))
+	errs = errors.Join(errs, err)
+	t.rejected, err = meter.Int64Counter("otelcol_receiver_token_stream_rejected_events",
+		metric.WithDescription("Token event lines rejected as invalid: malformed JSON, a schema violation or over a limit."), metric.WithUnit("{event}"))
+	errs = errors.Join(errs, err)
+	t.refused, err = meter.Int64Counter("otelcol_receiver_token_stream_refused_events",
+		metric.WithDescription("Valid token events the pipeline refused."), metric.WithUnit("{event}"))
+	errs = errors.Join(errs, err)
+	return t, errs
+}

@@ -1,0 +1,372 @@
+package tokenstreamreceiver
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/component"
+	"go.opentelemetry.io/collector/component/componenttest"
+	"go.opentelemetry.io/collector/config/configoptional"
+	"go.opentelemetry.io/collector/consumer"
+	"go.opentelemetry.io/collector/consumer/consumererror"
+	"go.opentelemetry.io/collector/consumer/consumertest"
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/receiver"
+	"go.opentelemetry.io/collector/receiver/receivertest"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.uber.org/goleak"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const (
+	startLine = `{"event":"start","session_id":"s-1","time_unix_nano":1700000000000000000,"trace_id":"0af7651916cd43dd8448eb211c80319c","model":"llama","operation":"chat","prompt_tokens":12}`
+	tok1      = `{"event":"token","session_id":"s-1","time_unix_nano":1700000000200000000}`
+	tok2      = `{"event":"token","session_id":"s-1","time_unix_nano":1700000000230000000,"count":2}`
+	endLine   = `{"event":"end","session_id":"s-1","time_unix_nano":1700000000300000000,"completion_tokens":3,"finish_reason":"stop"}`
+)
+
+// testReceiver is a started receiver on loopback ports chosen by the OS.
+type testReceiver struct {
+	r    *tokenStreamReceiver
+	tel  *componenttest.Telemetry
+	url  string
+	udp  string
+	sink *consumertest.LogsSink
+}
+
+func startReceiver(t *testing.T, next consumer.Logs, mutate func(*Config)) *testReceiver {
+	t.Helper()
+	cfg := createDefaultConfig().(*Config)
+	h := cfg.Hooks.HTTP.GetOrInsertDefault()
+	h.ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
+	u := cfg.Hooks.UDP.GetOrInsertDefault()
+	u.Endpoint = "127.0.0.1:0"
+	if mutate != nil {
+		mutate(cfg)
+	}
+	require.NoError(t, cfg.Validate())
+	tel := componenttest.NewTelemetry()
+	t.Cleanup(func() { require.NoError(t, tel.Shutdown(context.Background())) })
+	set := receivertest.NewNopSettings(componentType)
+	set.TelemetrySettings = tel.NewTelemetrySettings()
+	sink, _ := next.(*consumertest.LogsSink)
+	rcv, err := NewFactory().CreateLogs(context.Background(), set, cfg, next)
+	require.NoError(t, err)
+	require.NoError(t, rcv.Start(context.Background(), componenttest.NewNopHost()))
+	t.Cleanup(func() { require.NoError(t, rcv.Shutdown(context.Background())) })
+	tr := &testReceiver{r: rcv.(*tokenStreamReceiver), tel: tel, sink: sink}
+	if tr.r.http != nil {
+		tr.url = "http://" + tr.r.http.addr.String() + h.Path
+	}
+	if tr.r.udp != nil {
+		tr.udp = tr.r.udp.conn.LocalAddr().String()
+	}
+	return tr
+}
+
+func post(t *testing.T, url, contentType, body string) (int, http.Header, batchResponse) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", contentType)
+	return do(t, req)
+}
+
+func do(t *testing.T, req *http.Request) (int, http.Header, batchResponse) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var br batchResponse
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(raw, &br), string(raw))
+	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	return resp.StatusCode, resp.Header, br
+}
+
+// events decodes everything the sink received back into wire events.
+func events(t *testing.T, sink *consumertest.LogsSink) []string {
+	t.Helper()
+	var out []string
+	var ev tokenevent.Event
+	for _, ld := range sink.AllLogs() {
+		for _, rl := range ld.ResourceLogs().All() {
+			for _, sl := range rl.ScopeLogs().All() {
+				assert.Equal(t, scopeName, sl.Scope().Name())
+				for _, lr := range sl.LogRecords().All() {
+					require.NoError(t, tokenevent.ReadRecord(lr, &ev, func(e *tokenevent.Event) {
+						out = append(out, strings.TrimSpace(string(tokenevent.AppendJSON(nil, e))))
+					}))
+				}
+			}
+		}
+	}
+	return out
+}
+
+func counter(t *testing.T, tel *componenttest.Telemetry, name, transport string) int64 {
+	t.Helper()
+	m, err := tel.GetMetric(name)
+	if err != nil {
+		return 0
+	}
+	var total int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		if v, ok := dp.Attributes.Value("transport"); ok && v.AsString() == transport {
+			total += dp.Value
+		}
+	}
+	return total
+}
+
+func TestLifecycle(t *testing.T) {
+	cfg := createDefaultConfig().(*Config)
+	cfg.Hooks.HTTP.GetOrInsertDefault().ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
+	cfg.Hooks.UDP.GetOrInsertDefault().Endpoint = "127.0.0.1:0"
+	f := NewFactory()
+	set := receivertest.NewNopSettings(componentType)
+
+	// Shutdown without Start.
+	rcv, err := f.CreateLogs(context.Background(), set, cfg, consumertest.NewNop())
+	require.NoError(t, err)
+	require.NoError(t, rcv.Shutdown(context.Background()))
+
+	// Create, start, shut down: twice, on the same ports.
+	for range 2 {
+		rcv, err := f.CreateLogs(context.Background(), set, cfg, consumertest.NewNop())
+		require.NoError(t, err)
+		require.NoError(t, rcv.Start(context.Background(), componenttest.NewNopHost()))
+		require.NoError(t, rcv.Shutdown(context.Background()))
+		require.NoError(t, rcv.Shutdown(context.Background()))
+	}
+}
+
+func TestStartFailsOnBusyPort(t *testing.T) {
+	ln, err := net.ListenPacket("udp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	cfg := createDefaultConfig().(*Config)
+	cfg.Hooks.HTTP.GetOrInsertDefault().ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
+	cfg.Hooks.UDP.GetOrInsertDefault().Endpoint = ln.LocalAddr().String()
+	rcv, err := NewFactory().CreateLogs(context.Background(), receivertest.NewNopSettings(componentType), cfg, consumertest.NewNop())
+	require.NoError(t, err)
+	err = rcv.Start(context.Background(), componenttest.NewNopHost())
+	require.ErrorContains(t, err, "hooks::udp: listen on "+ln.LocalAddr().String())
+	// The HTTP server started before the failure is stopped again.
+	require.NoError(t, rcv.Shutdown(context.Background()))
+}
+
+func TestHTTPBatch(t *testing.T) {
+	tr := startReceiver(t, new(consumertest.LogsSink), nil)
+	body := strings.Join([]string{startLine, tok1, tok2, endLine}, "\n") + "\n"
+	status, _, resp := post(t, tr.url, "application/x-ndjson", body)
+	assert.Equal(t, http.StatusOK, status)
+	assert.Equal(t, batchResponse{Accepted: 4, Rejected: 0, Errors: []lineError{}}, resp)
+	assert.Equal(t, []string{startLine, tok1, tok2, endLine}, events(t, tr.sink))
+	// Two tokens of one session travel as one packed record.
+	assert.Equal(t, 3, tr.sink.LogRecordCount())
+	assert.Equal(t, int64(4), counter(t, tr.tel, "otelcol_receiver_token_stream_accepted_events", "http"))
+}
+
+func TestHTTPPartialBatch(t *testing.T) {
+	tr := startReceiver(t, new(consumertest.LogsSink), nil)
+	body := strings.Join([]string{
+		startLine,
+		`{"event":"token","session_id":"s-1","time_unix_nano":1,"trace_id":"0af7651916cd43dd8448eb211c80319"}`,
+		`{"event":"tick","session_id":"s-1","time_unix_nano":1}`,
+		`{"event":"token","time_unix_nano":1}`,
+		`{"event":"token","session_id":"s-1",`,
+		tok1,
+	}, "\n")
+	status, _, resp := post(t, tr.url, "application/x-ndjson; charset=utf-8", body)
+	assert.Equal(t, http.StatusOK, status)
+	assert.Equal(t, batchResponse{Accepted: 2, Rejected: 4, Errors: []lineError{
+		{2, "trace_id: want 32 hex digits, got 31"},
+		{3, `event: want start, token or end, got "tick"`},
+		{4, "session_id: missing"},
+		{5, "invalid JSON: want a string key, got end of line"},
+	}}, resp)
+	assert.Equal(t, []string{startLine, tok1}, events(t, tr.sink))
+	assert.Equal(t, int64(2), counter(t, tr.tel, "otelcol_receiver_token_stream_accepted_events", "http"))
+	assert.Equal(t, int64(4), counter(t, tr.tel, "otelcol_receiver_token_stream_rejected_events", "http"))
+}
+
+func TestHTTPKeepsFirstTenErrors(t *testing.T) {
+	tr := startReceiver(t, new(consumertest.LogsSink), nil)
+	status, _, resp := post(t, tr.url, "application/json", strings.Repeat("{}\n", 25))
+	assert.Equal(t, http.StatusBadRequest, status)
+	assert.Equal(t, 0, resp.Accepted)
+	assert.Equal(t, 25, resp.Rejected)
+	require.Len(t, resp.Errors, 10)
+	assert.Equal(t, lineError{10, "event: missing"}, resp.Errors[9])
+	assert.Equal(t, 0, tr.sink.LogRecordCount())
+	assert.Equal(t, int64(25), counter(t, tr.tel, "otelcol_receiver_token_stream_rejected_events", "http"))
+}
+
+func TestHTTPEdgeCases(t *testing.T) {
+	tr := startReceiver(t, new(consumertest.LogsSink), func(c *Config) {
+		c.Hooks.HTTP.Get().ServerConfig.MaxRequestBodySize = 1024
+		c.Hooks.Limits.MaxLinesPerBatch = 2
+	})
+
+	t.Run("empty body", func(t *testing.T) {
+		status, _, resp := post(t, tr.url, "application/x-ndjson", "")
+		assert.Equal(t, http.StatusBadRequest, status)
+		assert.Equal(t, "body holds no token events", resp.Error)
+	})
+	t.Run("blank lines only", func(t *testing.T) {
+		status, _, resp := post(t, tr.url, "application/x-ndjson", "\n \r\n\n")
+		assert.Equal(t, http.StatusBadRequest, status)
+		assert.Equal(t, "body holds no token events", resp.Error)
+	})
+	t.Run("wrong content type", func(t *testing.T) {
+		status, _, resp := post(t, tr.url, "application/x-www-form-urlencoded", tok1)
+		assert.Equal(t, http.StatusUnsupportedMediaType, status)
+		assert.Equal(t, `content type "application/x-www-form-urlencoded" not supported: send application/x-ndjson`, resp.Error)
+	})
+	t.Run("no content type", func(t *testing.T) {
+		status, _, _ := post(t, tr.url, "", tok1)
+		assert.Equal(t, http.StatusUnsupportedMediaType, status)
+	})
+	t.Run("GET", func(t *testing.T) {
+		req, _ := http.NewRequest(http.MethodGet, tr.url, nil)
+		status, hdr, _ := do(t, req)
+		assert.Equal(t, http.StatusMethodNotAllowed, status)
+		assert.Equal(t, "POST", hdr.Get("Allow"))
+	})
+	t.Run("too large", func(t *testing.T) {
+		status, _, resp := post(t, tr.url, "application/x-ndjson", strings.Repeat(tok1+"\n", 20))
+		assert.Equal(t, http.StatusRequestEntityTooLarge, status)
+		assert.Equal(t, "body larger than max_request_body_size (1024 bytes)", resp.Error)
+	})
+	t.Run("too many lines", func(t *testing.T) {
+		status, _, resp := post(t, tr.url, "application/x-ndjson", tok1+"\n"+tok1+"\n"+tok1)
+		assert.Equal(t, http.StatusOK, status)
+		assert.Equal(t, 2, resp.Accepted)
+		assert.Equal(t, []lineError{{3, "batch holds more than 2 lines"}}, resp.Errors)
+	})
+	t.Run("gzip", func(t *testing.T) {
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		_, _ = zw.Write([]byte(tok1 + "\n" + tok2))
+		require.NoError(t, zw.Close())
+		req, _ := http.NewRequest(http.MethodPost, tr.url, &buf)
+		req.Header.Set("Content-Type", "application/x-ndjson")
+		req.Header.Set("Content-Encoding", "gzip")
+		status, _, resp := do(t, req)
+		assert.Equal(t, http.StatusOK, status)
+		assert.Equal(t, 2, resp.Accepted)
+	})
+	t.Run("other path", func(t *testing.T) {
+		resp, err := http.Post(strings.TrimSuffix(tr.url, "/v1/token-events")+"/v1/logs", "application/x-ndjson", strings.NewReader(tok1))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	})
+}
+
+func TestHTTPPipelineRefuses(t *testing.T) {
+	t.Run("retryable", func(t *testing.T) {
+		tr := startReceiver(t, consumertest.NewErr(errors.New("queue is full")), nil)
+		status, hdr, resp := post(t, tr.url, "application/x-ndjson", tok1+"\n{}")
+		assert.Equal(t, http.StatusServiceUnavailable, status)
+		assert.Equal(t, "1", hdr.Get("Retry-After"))
+		assert.Equal(t, batchResponse{Accepted: 0, Rejected: 1, Errors: []lineError{{2, "event: missing"}}, Error: "pipeline refused the batch: queue is full"}, resp)
+		assert.Equal(t, int64(1), counter(t, tr.tel, "otelcol_receiver_token_stream_refused_events", "http"))
+		assert.Equal(t, int64(0), counter(t, tr.tel, "otelcol_receiver_token_stream_accepted_events", "http"))
+		m, err := tr.tel.GetMetric("otelcol_receiver_refused_log_records")
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), m.Data.(metricdata.Sum[int64]).DataPoints[0].Value)
+	})
+	t.Run("permanent", func(t *testing.T) {
+		tr := startReceiver(t, consumertest.NewErr(consumererror.NewPermanent(errors.New("bad data"))), nil)
+		status, hdr, resp := post(t, tr.url, "application/x-ndjson", tok1)
+		assert.Equal(t, http.StatusBadRequest, status)
+		assert.Empty(t, hdr.Get("Retry-After"))
+		assert.Equal(t, "pipeline refused the batch: Permanent error: bad data", resp.Error)
+	})
+}
+
+func TestHTTPOnly(t *testing.T) {
+	tr := startReceiver(t, new(consumertest.LogsSink), func(c *Config) { c.Hooks.UDP = configoptional.None[UDPConfig]() })
+	assert.Nil(t, tr.r.udp)
+	status, _, _ := post(t, tr.url, "application/x-ndjson", tok1)
+	assert.Equal(t, http.StatusOK, status)
+}
+
+func sendUDP(t *testing.T, addr string, datagrams ...string) {
+	t.Helper()
+	conn, err := net.Dial("udp", addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	for _, d := range datagrams {
+		_, err := conn.Write([]byte(d))
+		require.NoError(t, err)
+	}
+}
+
+func TestUDP(t *testing.T) {
+	tr := startReceiver(t, new(consumertest.LogsSink), func(c *Config) { c.Hooks.HTTP = configoptional.None[HTTPConfig]() })
+	sendUDP(t, tr.udp,
+		startLine+"\n"+tok1,
+		"\x00\xffgarbage",
+		tok2+"\n"+`{"event":"end"}`,
+		endLine+"\n",
+	)
+	require.Eventually(t, func() bool {
+		return counter(t, tr.tel, "otelcol_receiver_token_stream_accepted_events", "udp") == 4 &&
+			counter(t, tr.tel, "otelcol_receiver_token_stream_rejected_events", "udp") == 2
+	}, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, []string{startLine, tok1, tok2, endLine}, events(t, tr.sink))
+}
+
+func TestUDPRefusedKeepsListening(t *testing.T) {
+	tr := startReceiver(t, consumertest.NewErr(errors.New("refused")), func(c *Config) { c.Hooks.HTTP = configoptional.None[HTTPConfig]() })
+	sendUDP(t, tr.udp, tok1, tok2)
+	require.Eventually(t, func() bool {
+		return counter(t, tr.tel, "otelcol_receiver_token_stream_refused_events", "udp") == 2
+	}, 10*time.Second, 5*time.Millisecond)
+}
+
+// The receiver must not keep references to the records it handed on: a
+// consumer may keep and mutate them while the next batch is decoded.
+func TestRecordsNotReused(t *testing.T) {
+	var kept []plog.Logs
+	next, err := consumer.NewLogs(func(_ context.Context, ld plog.Logs) error {
+		kept = append(kept, ld)
+		return nil
+	})
+	require.NoError(t, err)
+	tr := startReceiver(t, next, nil)
+	for range 3 {
+		status, _, _ := post(t, tr.url, "application/x-ndjson", tok1)
+		require.Equal(t, http.StatusOK, status)
+	}
+	require.Len(t, kept, 3)
+	for _, ld := range kept {
+		assert.Equal(t, 1, ld.LogRecordCount())
+	}
+	assert.NotSame(t, &kept[0], &kept[1])
+}
+
+var (
+	_ receiver.Logs       = (*tokenStreamReceiver)(nil)
+	_ component.Component = (*tokenStreamReceiver)(nil)
+)
