@@ -1,0 +1,63 @@
+# otelcol-llm: build, run and test the distribution.
+#
+#   make build   ./bin/otelcol-llm (ocb generates _build/, go compiles it)
+#   make run     the collector with otelcol-config.yaml
+#   make test    gofmt, go vet, the Python hook tests and go test -race,
+#                end-to-end tests against ./bin/otelcol-llm included
+#   make bench   the Go benchmarks
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := build
+
+GO           ?= go
+OCB_VERSION  := v0.165.0
+BIN_DIR      := $(CURDIR)/bin
+OCB          := $(BIN_DIR)/ocb-$(OCB_VERSION)
+OTELCOL      := $(BIN_DIR)/otelcol-llm
+BUILD_DIR    := _build
+# Everything the binary is compiled from; tests and generated code excluded.
+GO_SOURCES   := $(shell find . -name '*.go' -not -name '*_test.go' -not -path './$(BUILD_DIR)/*' -not -path './bin/*') go.mod go.sum
+BENCHTIME    ?= 1s
+
+.PHONY: build run test fmt-check vet python-test go-test bench clean
+
+build: $(OTELCOL)
+
+$(OCB):
+	@mkdir -p $(BIN_DIR)/.ocb
+	GOBIN=$(BIN_DIR)/.ocb $(GO) install go.opentelemetry.io/collector/cmd/builder@$(OCB_VERSION)
+	mv $(BIN_DIR)/.ocb/builder $@
+
+# ocb regenerates the sources only when the component list or our module's
+# requirements change; a second `make build` with nothing changed does nothing.
+$(BUILD_DIR)/main.go: builder-config.yaml go.mod $(OCB)
+	$(OCB) --config builder-config.yaml --skip-compilation
+	@touch $@
+
+$(OTELCOL): $(BUILD_DIR)/main.go $(GO_SOURCES)
+	cd $(BUILD_DIR) && CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ .
+
+run: $(OTELCOL)
+	$(OTELCOL) --config otelcol-config.yaml
+
+fmt-check:
+	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+python-test: $(OTELCOL)
+	cd hooks/python && OTELCOL_LLM_BIN=$(OTELCOL) python3 -m unittest -v
+
+# Last, so that its summary closes the output.
+go-test: $(OTELCOL)
+	OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ./...
+
+test: fmt-check vet python-test go-test
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./...
+
+clean:
+	rm -rf $(BUILD_DIR) $(BIN_DIR)
