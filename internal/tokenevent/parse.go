@@ -217,7 +217,8 @@ func (p *Parser) syntax(want string) error {
 }
 
 func (p *Parser) skipSpace() {
-	for p.i < len(p.b) && isSpace(p.b[p.i]) {
+	// Compact JSON has no spaces: one comparison decides the common case.
+	for p.i < len(p.b) && p.b[p.i] <= ' ' && isSpace(p.b[p.i]) {
 		p.i++
 	}
 }
@@ -649,22 +650,25 @@ func unhex(c byte) int {
 
 // uint parses a non-negative JSON integer that fits an int64.
 func (p *Parser) uint(field string) (uint64, error) {
-	start := p.i
+	b, start := p.b, p.i
+	end := min(len(b), start+20)
 	var v uint64
-	// 19 decimal digits cannot overflow a uint64, so the range is checked once at the end.
-	for p.i < len(p.b) && p.i-start <= 19 {
-		c := p.b[p.i]
-		if c < '0' || c > '9' {
+	i := start
+	// At most 20 digits are read; 19 cannot overflow a uint64, so the range
+	// is checked once at the end.
+	for ; i < end; i++ {
+		c := b[i] - '0'
+		if c > 9 {
 			break
 		}
-		v = v*10 + uint64(c-'0')
-		p.i++
+		v = v*10 + uint64(c)
 	}
-	n := p.i - start
+	p.i = i
+	n := i - start
 	if n > 19 || v > math.MaxInt64 {
 		return 0, &FieldError{Field: field, Reason: "integer out of range"}
 	}
-	if n == 0 || (n > 1 && p.b[start] == '0') || (p.i < len(p.b) && !isDelim(p.b[p.i])) {
+	if n == 0 || (n > 1 && b[start] == '0') || (i < len(b) && !isDelim(b[i])) {
 		return 0, &FieldError{Field: field, Reason: "want a non-negative integer"}
 	}
 	return v, nil

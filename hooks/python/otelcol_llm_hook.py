@@ -1,0 +1,574 @@
+"""Send LLM token events to the otelcol-llm token_stream receiver.
+
+Import this inside the inference engine's Python process (e.g. vLLM) and call
+``start``/``token``/``end`` per streamed request. The calls never block: they
+validate their arguments, put a small tuple on a bounded in-memory queue and
+return. A daemon thread encodes the events as NDJSON (wire schema v1, see
+DESIGN.md "Token event model") and sends them in batches over UDP datagrams
+or HTTP POST. When the queue is full, events are dropped and counted.
+
+The API takes no prompt or completion text, so none can ever be sent or
+logged. Standard library only, Python 3.9+.
+"""
+
+import atexit
+import http.client
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import weakref
+from collections import deque
+
+__all__ = ["Client", "DEFAULT_HTTP_PORT", "DEFAULT_UDP_PORT", "DEFAULT_HTTP_PATH"]
+
+DEFAULT_HTTP_PORT = 4320
+DEFAULT_UDP_PORT = 4321
+DEFAULT_HTTP_PATH = "/v1/token-events"
+
+DEFAULT_HTTP_BATCH_BYTES = 1 << 20
+DEFAULT_UDP_BATCH_BYTES = 8 << 10
+# The largest payload of one UDP datagram.
+MAX_UDP_DATAGRAM_BYTES = 65507
+
+# The receiver's default limits (internal/tokenevent/parse.go); lines beyond
+# them would be rejected, so they are refused here already.
+MAX_LINE_BYTES = 16 << 10
+MAX_SESSION_ID_BYTES = 256
+MAX_ATTRIBUTES = 32
+_MAX_INT64 = (1 << 63) - 1
+
+OPERATIONS = ("chat", "text_completion")
+
+_log = logging.getLogger("otelcol_llm_hook")
+# Failures are logged at most this often, so a down collector cannot flood
+# the engine's log.
+_LOG_EVERY_SECONDS = 60.0
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+# Queue items are tuples; the first element says which event it is.
+_START, _TOKEN, _END = 0, 1, 2
+
+
+def _dumps(obj):
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def _encode_line(obj):
+    """Encode one event dict as a UTF-8 NDJSON line ending in a newline."""
+    try:
+        return (_dumps(obj) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate cannot be written as UTF-8; JSON's \u escapes can
+        # carry it (the receiver turns it into U+FFFD).
+        return (json.dumps(obj, separators=(",", ":")) + "\n").encode("ascii")
+
+
+def _check_session_id(session_id):
+    if type(session_id) is not str or not session_id:
+        raise ValueError("session_id: want a non-empty str, got %r" % (type(session_id).__name__,))
+    # 64 characters are at most 256 bytes of UTF-8; only longer ids need counting.
+    if len(session_id) > MAX_SESSION_ID_BYTES // 4:
+        n = len(session_id.encode("utf-8", "surrogatepass"))
+        if n > MAX_SESSION_ID_BYTES:
+            raise ValueError("session_id: %d bytes, limit is %d" % (n, MAX_SESSION_ID_BYTES))
+
+
+def _check_time(t):
+    if t is None:
+        return time.time_ns()
+    if type(t) is not int or t <= 0 or t > _MAX_INT64:
+        raise ValueError("time_unix_nano: want a positive int of nanoseconds, got %r" % (t,))
+    return t
+
+
+def _check_uint(name, v):
+    if v is None:
+        return None
+    if type(v) is not int or v < 0 or v > _MAX_INT64:
+        raise ValueError("%s: want a non-negative int, got %r" % (name, v))
+    return v
+
+
+def _check_str(name, v):
+    """Return v, or None for an unset value; an empty string counts as unset."""
+    if v is None or v == "":
+        return None
+    if type(v) is not str:
+        raise ValueError("%s: want a str, got %s" % (name, type(v).__name__))
+    return v
+
+
+def _check_hex_id(name, v, digits):
+    """Return the id as lowercase hex; v is a hex str or an int (as OTel's SpanContext holds it)."""
+    if v is None:
+        return None
+    if type(v) is int:
+        if v <= 0 or v >= 1 << (4 * digits):
+            raise ValueError("%s: int out of range for %d hex digits" % (name, digits))
+        return "%0*x" % (digits, v)
+    if type(v) is not str:
+        raise ValueError("%s: want a str of %d hex digits, got %s" % (name, digits, type(v).__name__))
+    if len(v) != digits:
+        raise ValueError("%s: want %d hex digits, got %d" % (name, digits, len(v)))
+    if not _HEX.issuperset(v):
+        raise ValueError("%s: want %d hex digits, got %r" % (name, digits, v))
+    if v.strip("0") == "":
+        raise ValueError("%s: must not be all zeros" % (name,))
+    return v.lower()
+
+
+def _check_attributes(attributes):
+    if attributes is None:
+        return None
+    try:
+        items = list(attributes.items())
+    except AttributeError:
+        raise ValueError("attributes: want a mapping of str to str, got %s" % type(attributes).__name__) from None
+    if not items:
+        return None
+    if len(items) > MAX_ATTRIBUTES:
+        raise ValueError("attributes: %d entries, limit is %d" % (len(items), MAX_ATTRIBUTES))
+    for k, v in items:
+        if type(k) is not str or not k:
+            raise ValueError("attributes: keys must be non-empty str, got %r" % (k,))
+        if type(v) is not str:
+            raise ValueError("attributes.%s: want a str, got %s" % (k, type(v).__name__))
+    # A copy, so later changes by the caller do not leak into the queued event.
+    return dict(items)
+
+
+def _parse_endpoint(endpoint):
+    """Return (transport, target): ("udp", (host, port)) or ("http", url)."""
+    if type(endpoint) is not str:
+        raise ValueError("endpoint: want a str, got %s" % type(endpoint).__name__)
+    u = urllib.parse.urlsplit(endpoint)
+    scheme = u.scheme.lower()
+    try:
+        port = u.port
+    except ValueError as e:
+        raise ValueError("endpoint %r: %s" % (endpoint, e)) from None
+    if not u.hostname:
+        raise ValueError("endpoint %r: no host" % (endpoint,))
+    if scheme == "udp":
+        if u.path not in ("", "/") or u.query or u.fragment:
+            raise ValueError("endpoint %r: a udp endpoint is udp://host:port" % (endpoint,))
+        return "udp", (u.hostname, port or DEFAULT_UDP_PORT)
+    if scheme in ("http", "https"):
+        netloc = u.netloc
+        if port is None:
+            netloc = "%s:%d" % (netloc, DEFAULT_HTTP_PORT)
+        path = u.path if u.path not in ("", "/") else DEFAULT_HTTP_PATH
+        return "http", urllib.parse.urlunsplit((scheme, netloc, path, u.query, ""))
+    raise ValueError("endpoint %r: scheme must be udp, http or https" % (endpoint,))
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    # A redirect would turn the POST into a GET without a body; treat it as an error.
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+class Client:
+    """A non-blocking sender of token events.
+
+    endpoint: ``udp://host[:port]`` (port defaults to 4321) or
+    ``http(s)://host[:port][/path]`` (port defaults to 4320, path to
+    ``/v1/token-events``).
+    queue_size: events held while the sender thread catches up; beyond it
+    events are dropped and counted.
+    flush_interval: seconds an event may wait for its batch to fill up.
+    max_batch_bytes: the largest HTTP body or UDP datagram (default 1 MiB for
+    HTTP, 8 KiB for UDP). Batches hold whole lines; a line longer than this
+    is dropped and counted.
+    headers: extra HTTP headers, e.g. an Authorization header (never logged).
+    request_timeout: seconds one HTTP request may take.
+
+    ``start``/``token``/``end`` raise ValueError for invalid arguments (a bad
+    trace_id, a negative count, ...) and never block. ``stats()`` counts
+    events: ``sent`` (handed to UDP, or accepted in a 2xx HTTP response),
+    ``dropped`` (queue full, line too long, client closed), ``failed`` (in a
+    batch whose send failed: non-2xx status or transport error) and
+    ``rejected`` (lines a 2xx HTTP response reported as rejected).
+    """
+
+    def __init__(self, endpoint, queue_size=65536, flush_interval=0.1, max_batch_bytes=None, headers=None,
+                 *, request_timeout=5.0):
+        self._transport, self._target = _parse_endpoint(endpoint)
+        if type(queue_size) is not int or queue_size < 1:
+            raise ValueError("queue_size: want a positive int, got %r" % (queue_size,))
+        if not isinstance(flush_interval, (int, float)) or isinstance(flush_interval, bool) or not flush_interval > 0:
+            raise ValueError("flush_interval: want a positive number of seconds, got %r" % (flush_interval,))
+        if max_batch_bytes is None:
+            max_batch_bytes = DEFAULT_UDP_BATCH_BYTES if self._transport == "udp" else DEFAULT_HTTP_BATCH_BYTES
+        if type(max_batch_bytes) is not int or max_batch_bytes < 64:
+            raise ValueError("max_batch_bytes: want an int of at least 64, got %r" % (max_batch_bytes,))
+        if self._transport == "udp" and max_batch_bytes > MAX_UDP_DATAGRAM_BYTES:
+            raise ValueError("max_batch_bytes: %d exceeds the largest UDP datagram (%d)"
+                             % (max_batch_bytes, MAX_UDP_DATAGRAM_BYTES))
+        if not isinstance(request_timeout, (int, float)) or not request_timeout > 0:
+            raise ValueError("request_timeout: want a positive number of seconds, got %r" % (request_timeout,))
+        hdrs = {}
+        for k, v in (headers or {}).items():
+            if type(k) is not str or type(v) is not str:
+                raise ValueError("headers: want str keys and values")
+            if k.lower() != "content-type":
+                hdrs[k] = v
+        hdrs["Content-Type"] = "application/x-ndjson"
+        self._headers = hdrs
+        self._queue_size = queue_size
+        self._flush_interval = float(flush_interval)
+        self._max_batch_bytes = max_batch_bytes
+        self._max_line_bytes = min(MAX_LINE_BYTES + 1, max_batch_bytes)  # with its newline
+        self._request_timeout = float(request_timeout)
+        # The collector runs next to the engine: never route it through an
+        # HTTP(S)_PROXY meant for outside traffic.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect)
+
+        self._sent = self._dropped = self._failed = self._rejected = 0
+        self._closed = False
+        self._init_runtime()
+        _live_clients.add(self)
+
+    # -- the caller's side: validate, enqueue, return ------------------------
+
+    def start(self, session_id, time_unix_nano=None, *, trace_id=None, span_id=None, parent_span_id=None,
+              model=None, operation=None, prompt_tokens=None, engine=None, attributes=None):
+        """Record that the engine received a request (a session starts)."""
+        _check_session_id(session_id)
+        t = _check_time(time_unix_nano)
+        ev = {"event": "start", "session_id": session_id, "time_unix_nano": t}
+        # Optional fields in the order the Go encoder writes them.
+        v = _check_hex_id("trace_id", trace_id, 32)
+        if v is not None:
+            ev["trace_id"] = v
+        v = _check_hex_id("span_id", span_id, 16)
+        if v is not None:
+            ev["span_id"] = v
+        v = _check_hex_id("parent_span_id", parent_span_id, 16)
+        if v is not None:
+            ev["parent_span_id"] = v
+        v = _check_str("model", model)
+        if v is not None:
+            ev["model"] = v
+        if operation is not None:
+            if operation not in OPERATIONS:
+                raise ValueError("operation: want chat or text_completion, got %r" % (operation,))
+            ev["operation"] = operation
+        v = _check_uint("prompt_tokens", prompt_tokens)
+        if v is not None:
+            ev["prompt_tokens"] = v
+        v = _check_str("engine", engine)
+        if v is not None:
+            ev["engine"] = v
+        v = _check_attributes(attributes)
+        if v is not None:
+            ev["attributes"] = v
+        self._put((_START, ev))
+
+    def token(self, session_id, time_unix_nano=None, count=1):
+        """Record a streamed chunk of ``count`` tokens."""
+        if type(session_id) is not str or not session_id or len(session_id) > MAX_SESSION_ID_BYTES // 4:
+            _check_session_id(session_id)
+        if time_unix_nano is None:
+            time_unix_nano = time.time_ns()
+        elif type(time_unix_nano) is not int or time_unix_nano <= 0 or time_unix_nano > _MAX_INT64:
+            _check_time(time_unix_nano)
+        if type(count) is not int or count < 1 or count > _MAX_INT64:
+            raise ValueError("count: want an int of at least 1, got %r" % (count,))
+        self._put((_TOKEN, session_id, time_unix_nano, count))
+
+    def end(self, session_id, time_unix_nano=None, *, completion_tokens=None, finish_reason=None, error=None):
+        """Record that a session ended; ``error`` is an error type, e.g. an exception class name."""
+        _check_session_id(session_id)
+        t = _check_time(time_unix_nano)
+        ev = {"event": "end", "session_id": session_id, "time_unix_nano": t}
+        v = _check_uint("completion_tokens", completion_tokens)
+        if v is not None:
+            ev["completion_tokens"] = v
+        v = _check_str("finish_reason", finish_reason)
+        if v is not None:
+            ev["finish_reason"] = v
+        v = _check_str("error", error)
+        if v is not None:
+            ev["error"] = v
+        self._put((_END, ev))
+
+    def _put(self, item):
+        with self._lock:
+            if self._closed:
+                self._dropped += 1
+                return
+            q = self._q
+            n = len(q)
+            if n >= self._queue_size:
+                self._dropped += 1
+                return
+            q.append(item)
+            self._enqueued += 1
+            if self._thread is None:
+                self._start_thread()
+        # Outside the lock: Event.set takes its own lock, and is needed only
+        # when the sender may be asleep on an empty queue or the queue is
+        # filling up.
+        if n == 0:
+            self._has_data.set()
+        elif n == self._high_water:
+            self._urgent.set()
+
+    # -- control ---------------------------------------------------------------
+
+    def flush(self, timeout=5.0):
+        """Send what is queued now, waiting up to ``timeout`` seconds.
+
+        Returns True when every event queued before the call was sent,
+        failed or dropped; False on timeout. Call it from shutdown or test
+        code, not from the token loop: it blocks.
+        """
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            target = self._enqueued
+            thread = self._thread
+        if thread is None:
+            return self._done >= target
+        self._urgent.set()
+        with self._done_cond:
+            while self._done < target:
+                left = deadline - time.monotonic()
+                if left <= 0 or not thread.is_alive():
+                    return self._done >= target
+                self._done_cond.wait(left)
+        return True
+
+    def close(self, timeout=5.0):
+        """Send what is queued and stop the sender thread. Idempotent.
+
+        Events recorded after close are dropped and counted.
+        """
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self._has_data.set()
+        self._urgent.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        _live_clients.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def stats(self):
+        """Event counts: sent, dropped, failed, rejected."""
+        with self._lock:
+            return {"sent": self._sent, "dropped": self._dropped, "failed": self._failed,
+                    "rejected": self._rejected}
+
+    # -- the sender thread -----------------------------------------------------
+
+    def _init_runtime(self):
+        # Everything a forked child must not share with its parent.
+        self._lock = threading.Lock()
+        self._q = deque()
+        self._enqueued = 0
+        self._done = 0
+        self._done_cond = threading.Condition(threading.Lock())
+        self._has_data = threading.Event()  # set: the queue may hold events
+        self._urgent = threading.Event()  # set: send now (flush, close, queue half full)
+        self._high_water = max(1, self._queue_size // 2)
+        self._sock = None
+        self._udp_addr = None
+        self._last_log = None
+        self._thread = None
+        if not self._closed:
+            self._start_thread()
+
+    def _start_thread(self):
+        t = threading.Thread(target=self._run, name="otelcol-llm-hook", daemon=True)
+        self._thread = t
+        t.start()
+
+    def _after_fork_in_child(self):
+        # The sender thread does not survive a fork; the parent sends what it
+        # had queued. The child starts its own thread on its first event.
+        if self._sock is not None:
+            self._sock.close()  # the child's copy of the parent's socket
+        closed = self._closed
+        self._closed = True
+        self._init_runtime()
+        self._closed = closed
+
+    def _run(self):
+        try:
+            while True:
+                self._has_data.wait()
+                if not self._urgent.is_set() and not self._closed:
+                    self._urgent.wait(self._flush_interval)
+                self._urgent.clear()
+                with self._lock:
+                    items, self._q = self._q, deque()
+                    closed = self._closed
+                    if not closed:
+                        self._has_data.clear()
+                if items:
+                    try:
+                        self._send_items(items)
+                    except Exception as e:  # never let the thread die silently
+                        self._count(failed=len(items))
+                        self._log_failure("sending %d events failed: %s" % (len(items), type(e).__name__))
+                    with self._done_cond:
+                        self._done += len(items)
+                        self._done_cond.notify_all()
+                elif closed:
+                    break
+        finally:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            with self._done_cond:
+                self._done_cond.notify_all()
+
+    def _send_items(self, items):
+        limit = self._max_batch_bytes
+        max_line = self._max_line_bytes
+        batch = []
+        size = 0
+        too_long = 0
+        # Token lines are most of the traffic: they are formatted from a
+        # per-session prefix instead of a json.dumps call each, byte for byte
+        # what _encode_line would write.
+        prefixes = {}
+        for item in items:
+            if item[0] == _TOKEN:
+                _, sid, t, count = item
+                prefix = prefixes.get(sid)
+                if prefix is None:
+                    prefix = _encode_line({"event": "token", "session_id": sid, "time_unix_nano": 0})[:-3]
+                    prefixes[sid] = prefix
+                if count == 1:
+                    line = prefix + b"%d}\n" % t
+                else:
+                    line = prefix + b'%d,"count":%d}\n' % (t, count)
+            else:
+                line = _encode_line(item[1])
+            n = len(line)
+            if n > max_line:
+                too_long += 1
+                continue
+            if size + n > limit:
+                self._send_batch(batch, size)
+                batch = []
+                size = 0
+            batch.append(line)
+            size += n
+        if batch:
+            self._send_batch(batch, size)
+        if too_long:
+            self._count(dropped=too_long)
+            self._log_failure("dropped %d events longer than %d bytes" % (too_long, max_line - 1))
+
+    def _send_batch(self, lines, size):
+        body = b"".join(lines)
+        if self._transport == "udp":
+            self._send_udp(body, len(lines))
+        else:
+            self._send_http(body, len(lines))
+
+    def _send_udp(self, body, n):
+        try:
+            if self._sock is None:
+                host, port = self._target
+                family, _, _, _, addr = socket.getaddrinfo(host, port, 0, socket.SOCK_DGRAM)[0]
+                sock = socket.socket(family, socket.SOCK_DGRAM)
+                sock.settimeout(1.0)
+                self._sock, self._udp_addr = sock, addr
+            self._sock.sendto(body, self._udp_addr)
+        except OSError as e:
+            # Drop the socket so the next batch resolves the address again.
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            self._count(failed=n)
+            self._log_failure("UDP send of %d events failed: %s" % (n, e.__class__.__name__))
+            return
+        self._count(sent=n)
+
+    def _send_http(self, body, n):
+        req = urllib.request.Request(self._target, data=body, headers=self._headers, method="POST")
+        try:
+            with self._opener.open(req, timeout=self._request_timeout) as resp:
+                status = resp.status
+                payload = resp.read(1 << 20)
+        except urllib.error.HTTPError as e:
+            e.close()
+            self._count(failed=n)
+            self._log_failure("HTTP POST of %d events failed: status %d" % (n, e.code))
+            return
+        except (OSError, ValueError, http.client.HTTPException) as e:  # URLError, timeouts, resets
+            self._count(failed=n)
+            self._log_failure("HTTP POST of %d events failed: %s" % (n, e.__class__.__name__))
+            return
+        if not 200 <= status < 300:
+            self._count(failed=n)
+            self._log_failure("HTTP POST of %d events failed: status %d" % (n, status))
+            return
+        accepted, rejected = n, 0
+        try:
+            r = json.loads(payload)
+            if type(r.get("accepted")) is int and type(r.get("rejected")) is int:
+                accepted, rejected = r["accepted"], r["rejected"]
+        except (ValueError, AttributeError):
+            pass
+        self._count(sent=accepted, rejected=rejected)
+        if rejected:
+            # Receiver messages name the line and field, never their text.
+            first = ""
+            errs = r.get("errors")
+            if isinstance(errs, list) and errs and isinstance(errs[0], dict):
+                first = ": line %s: %s" % (errs[0].get("line"), str(errs[0].get("message"))[:200])
+            self._log_failure("collector rejected %d of %d events%s" % (rejected, n, first))
+
+    def _count(self, sent=0, dropped=0, failed=0, rejected=0):
+        with self._lock:
+            self._sent += sent
+            self._dropped += dropped
+            self._failed += failed
+            self._rejected += rejected
+
+    def _log_failure(self, msg):
+        now = time.monotonic()
+        if self._last_log is None or now - self._last_log >= _LOG_EVERY_SECONDS:
+            self._last_log = now
+            s = self.stats()
+            _log.warning("otelcol-llm hook: %s (totals: sent %d, dropped %d, failed %d, rejected %d)",
+                         msg, s["sent"], s["dropped"], s["failed"], s["rejected"])
+
+
+# Clients still open, for fork and interpreter exit handling; weak so they
+# can be garbage collected.
+_live_clients = weakref.WeakSet()
+
+
+def _reinit_after_fork():
+    for c in list(_live_clients):
+        c._after_fork_in_child()
+
+
+def _close_at_exit():
+    # The sender is a daemon thread: without this, events queued at exit are lost.
+    for c in list(_live_clients):
+        c.close(timeout=1.0)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reinit_after_fork)
+atexit.register(_close_at_exit)

@@ -1,0 +1,696 @@
+"""Tests of otelcol_llm_hook: run with `python3 -m unittest -v` in this folder.
+
+Two layers: unit tests against an in-process UDP socket and HTTP server, and
+end-to-end tests against the built collector (../../bin/otelcol-llm, or the
+path in OTELCOL_LLM_BIN). The latter are skipped when the binary is missing,
+unless the environment variable CI is set, where they fail instead.
+"""
+
+import http.server
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+import urllib.request
+import warnings
+
+import otelcol_llm_hook as hook
+from otelcol_llm_hook import Client
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Keep the client's rate-limited failure warnings out of the test output;
+# assertLogs still sees them.
+logging.getLogger("otelcol_llm_hook").addHandler(logging.NullHandler())
+logging.getLogger("otelcol_llm_hook").propagate = False
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+SPAN_ID = "b7ad6b7169203331"
+PARENT_SPAN_ID = "00f067aa0ba902b7"
+T0 = 1_700_000_000_000_000_000
+
+
+def wait_for(cond, timeout=5.0, interval=0.01):
+    """Poll cond until it returns a truthy value or timeout seconds pass; return its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v or time.monotonic() >= deadline:
+            return v
+        time.sleep(interval)
+
+
+def free_port(kind=socket.SOCK_STREAM):
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class UDPSink:
+    """A loopback UDP socket the tests read datagrams from."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.endpoint = "udp://127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.datagrams = []
+
+    def lines(self, want, timeout=5.0):
+        """Read datagrams until want lines have arrived or timeout; return all lines."""
+        deadline = time.monotonic() + timeout
+        while sum(d.count(b"\n") for d in self.datagrams) < want:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.sock.settimeout(left)
+            try:
+                self.datagrams.append(self.sock.recv(70000))
+            except socket.timeout:
+                break
+        return [ln.decode("utf-8") for d in self.datagrams for ln in d.split(b"\n") if ln]
+
+    def close(self):
+        self.sock.close()
+
+
+class HTTPSink:
+    """A threaded http.server on 127.0.0.1:0 recording requests.
+
+    status/response set the answer; while gate is clear, handlers block
+    (after setting started), which stalls a client's sender thread.
+    Request headers are kept as http.client.HTTPMessage: case-insensitive.
+    """
+
+    def __init__(self, status=200, response=None):
+        sink = self
+        self.status = status
+        self.response = response
+        self.requests = []  # (path, headers, body)
+        self.lock = threading.Lock()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.started = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                sink.started.set()
+                sink.gate.wait(10)
+                with sink.lock:
+                    sink.requests.append((self.path, self.headers, body))
+                payload = sink.response
+                if payload is None:
+                    n = body.count(b"\n")
+                    payload = {"accepted": n, "rejected": 0, "errors": []}
+                data = json.dumps(payload).encode()
+                self.send_response(sink.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except OSError:
+                    pass  # the client gave up (request_timeout test)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = "http://127.0.0.1:%d/v1/token-events" % self.port
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def bodies(self):
+        with self.lock:
+            return [r[2] for r in self.requests]
+
+    def lines(self):
+        return [ln.decode("utf-8") for b in self.bodies() for ln in b.split(b"\n") if ln]
+
+    def close(self):
+        self.gate.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+class ValidationTest(unittest.TestCase):
+    def setUp(self):
+        self.sink = UDPSink()
+        self.client = Client(self.sink.endpoint)
+
+    def tearDown(self):
+        self.client.close()
+        self.sink.close()
+
+    def test_endpoint_parsing(self):
+        p = hook._parse_endpoint
+        self.assertEqual(p("udp://collector"), ("udp", ("collector", 4321)))
+        self.assertEqual(p("udp://127.0.0.1:9999"), ("udp", ("127.0.0.1", 9999)))
+        self.assertEqual(p("udp://[::1]:9999"), ("udp", ("::1", 9999)))
+        self.assertEqual(p("http://collector"), ("http", "http://collector:4320/v1/token-events"))
+        self.assertEqual(p("http://h:1234/v1/token-events"), ("http", "http://h:1234/v1/token-events"))
+        self.assertEqual(p("https://h/custom"), ("http", "https://h:4320/custom"))
+        for bad in ("tcp://h:1", "h:4321", "udp://:4321", "http://h:99999", "udp://h:1/path", None):
+            with self.subTest(endpoint=bad), self.assertRaises(ValueError):
+                Client(bad)
+
+    def test_default_batch_sizes(self):
+        self.assertEqual(self.client._max_batch_bytes, 8 << 10)
+        with Client("http://127.0.0.1:1") as c:
+            self.assertEqual(c._max_batch_bytes, 1 << 20)
+        with self.assertRaises(ValueError):
+            Client("udp://127.0.0.1:1", max_batch_bytes=70000)
+
+    def test_programmer_errors_raise(self):
+        c = self.client
+        cases = {
+            "trace_id short": lambda: c.start("s", trace_id="abc"),
+            "trace_id 31 digits": lambda: c.start("s", trace_id=TRACE_ID[:31]),
+            "trace_id not hex": lambda: c.start("s", trace_id="g" * 32),
+            "trace_id zeros": lambda: c.start("s", trace_id="0" * 32),
+            "trace_id int too big": lambda: c.start("s", trace_id=1 << 128),
+            "trace_id bytes": lambda: c.start("s", trace_id=b"x" * 16),
+            "span_id long": lambda: c.start("s", span_id=TRACE_ID),
+            "parent_span_id zeros": lambda: c.start("s", parent_span_id="0" * 16),
+            "operation": lambda: c.start("s", operation="embeddings"),
+            "prompt_tokens negative": lambda: c.start("s", prompt_tokens=-1),
+            "prompt_tokens bool": lambda: c.start("s", prompt_tokens=True),
+            "prompt_tokens float": lambda: c.start("s", prompt_tokens=3.0),
+            "model not str": lambda: c.start("s", model=1),
+            "attributes not mapping": lambda: c.start("s", attributes=["a"]),
+            "attributes value": lambda: c.start("s", attributes={"k": 1}),
+            "attributes empty key": lambda: c.start("s", attributes={"": "v"}),
+            "attributes too many": lambda: c.start("s", attributes={str(i): "v" for i in range(33)}),
+            "session_id empty": lambda: c.token(""),
+            "session_id not str": lambda: c.token(7),
+            "session_id too long": lambda: c.token("x" * 257),
+            "session_id too many bytes": lambda: c.end("é" * 129),
+            "time zero": lambda: c.token("s", 0),
+            "time float": lambda: c.token("s", 1.5e18),
+            "time too big": lambda: c.start("s", 1 << 63),
+            "count zero": lambda: c.token("s", count=0),
+            "count bool": lambda: c.token("s", count=True),
+            "completion_tokens negative": lambda: c.end("s", completion_tokens=-5),
+            "finish_reason not str": lambda: c.end("s", finish_reason=["stop"]),
+        }
+        for name, call in cases.items():
+            with self.subTest(name), self.assertRaises(ValueError):
+                call()
+        self.assertTrue(c.flush())
+        self.assertEqual(c.stats(), {"sent": 0, "dropped": 0, "failed": 0, "rejected": 0})
+
+    def test_limits_accepted(self):
+        c = self.client
+        c.token("x" * 256, T0)
+        c.end("é" * 128, T0)
+        c.start("s", T0, attributes={str(i): "v" for i in range(32)})
+        self.assertEqual(len(self.sink.lines(3)), 3)
+
+
+class UDPTest(unittest.TestCase):
+    def setUp(self):
+        self.sink = UDPSink()
+
+    def tearDown(self):
+        self.sink.close()
+
+    def test_exact_wire_lines(self):
+        with Client(self.sink.endpoint) as c:
+            c.start("sess-1", T0, trace_id=TRACE_ID.upper(), span_id=SPAN_ID, parent_span_id=PARENT_SPAN_ID,
+                    model="llama-3-8b", operation="chat", prompt_tokens=12, engine="vllm-0",
+                    attributes={"quantization": "fp8", "tenant": "a"})
+            c.token("sess-1", T0 + 1000)
+            c.token("sess-1", T0 + 2000, count=3)
+            c.end("sess-1", T0 + 3000, completion_tokens=4, finish_reason="stop", error="ValueError")
+            c.start("sess-2", T0)
+            c.end("sess-2", T0 + 1)
+            c.start("sess-3", T0, model="", engine="", attributes={}, trace_id=None)
+            c.end("sess-3", T0 + 1, finish_reason="", error="")
+        self.assertEqual(self.sink.lines(8), [
+            '{"event":"start","session_id":"sess-1","time_unix_nano":1700000000000000000,'
+            '"trace_id":"0af7651916cd43dd8448eb211c80319c","span_id":"b7ad6b7169203331",'
+            '"parent_span_id":"00f067aa0ba902b7","model":"llama-3-8b","operation":"chat","prompt_tokens":12,'
+            '"engine":"vllm-0","attributes":{"quantization":"fp8","tenant":"a"}}',
+            '{"event":"token","session_id":"sess-1","time_unix_nano":1700000000000001000}',
+            '{"event":"token","session_id":"sess-1","time_unix_nano":1700000000000002000,"count":3}',
+            '{"event":"end","session_id":"sess-1","time_unix_nano":1700000000000003000,'
+            '"completion_tokens":4,"finish_reason":"stop","error":"ValueError"}',
+            '{"event":"start","session_id":"sess-2","time_unix_nano":1700000000000000000}',
+            '{"event":"end","session_id":"sess-2","time_unix_nano":1700000000000000001}',
+            '{"event":"start","session_id":"sess-3","time_unix_nano":1700000000000000000}',
+            '{"event":"end","session_id":"sess-3","time_unix_nano":1700000000000000001}',
+        ])
+        self.assertEqual(c.stats(), {"sent": 8, "dropped": 0, "failed": 0, "rejected": 0})
+
+    def test_int_ids_and_escaping(self):
+        with Client(self.sink.endpoint) as c:
+            c.start("s\"\n\u00e9\u4e2d", T0, trace_id=int(TRACE_ID, 16), span_id=int(SPAN_ID, 16),
+                    attributes={"k": "v\t\u0001"})
+            c.token("lone\ud800", T0)
+        lines = self.sink.lines(2)
+        self.assertEqual(lines[0], '{"event":"start","session_id":"s\\"\\n\u00e9\u4e2d","time_unix_nano":%d,'
+                                   '"trace_id":"%s","span_id":"%s","attributes":{"k":"v\\t\\u0001"}}'
+                         % (T0, TRACE_ID, SPAN_ID))
+        # Not valid UTF-8 raw, so written as a JSON escape.
+        self.assertEqual(lines[1], '{"event":"token","session_id":"lone\\ud800","time_unix_nano":%d}' % T0)
+
+    def test_default_time_is_now(self):
+        before = time.time_ns()
+        with Client(self.sink.endpoint) as c:
+            c.token("s")
+        after = time.time_ns()
+        t = json.loads(self.sink.lines(1)[0])["time_unix_nano"]
+        self.assertTrue(before <= t <= after)
+
+    def test_datagrams_hold_whole_lines(self):
+        with Client(self.sink.endpoint, max_batch_bytes=256, flush_interval=30) as c:
+            for i in range(40):
+                c.token("session-%d" % (i % 3), T0 + i, count=i + 1)
+        want = ['{"event":"token","session_id":"session-%d","time_unix_nano":%d%s}'
+                % (i % 3, T0 + i, "" if i == 0 else ',"count":%d' % (i + 1)) for i in range(40)]
+        self.assertEqual(self.sink.lines(40), want)
+        self.assertGreater(len(self.sink.datagrams), 5)
+        for d in self.sink.datagrams:
+            self.assertLessEqual(len(d), 256)
+            self.assertTrue(d.endswith(b"\n"))
+        self.assertEqual(c.stats()["sent"], 40)
+
+    def test_line_longer_than_datagram_dropped_and_counted(self):
+        with Client(self.sink.endpoint) as c:
+            c.token("before", T0)
+            c.start("big", T0, attributes={"k%d" % i: "v" * 300 for i in range(30)})
+            c.token("after", T0)
+        lines = self.sink.lines(2)
+        self.assertEqual([json.loads(ln)["session_id"] for ln in lines], ["before", "after"])
+        self.assertEqual(c.stats(), {"sent": 2, "dropped": 1, "failed": 0, "rejected": 0})
+
+    def test_flush_interval_sends_without_close(self):
+        c = Client(self.sink.endpoint, flush_interval=0.05)
+        self.addCleanup(c.close)
+        c.token("s", T0)
+        self.assertEqual(len(self.sink.lines(1, timeout=2)), 1)
+        c.token("s", T0 + 1)
+        self.assertEqual(len(self.sink.lines(2, timeout=2)), 2)
+
+    @unittest.skipUnless(hasattr(os, "fork"), "needs os.fork")
+    def test_forked_child_sends(self):
+        c = Client(self.sink.endpoint, flush_interval=60)
+        self.addCleanup(c.close)
+        c.token("parent", T0)
+        self.assertTrue(c.flush())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork of a threaded process
+            pid = os.fork()
+        if pid == 0:  # child: the sender thread did not survive the fork
+            code = 1
+            try:
+                c.token("child", T0)
+                c.close(timeout=5)
+                code = 0 if c.stats()["sent"] == 2 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode")
+                         else status >> 8, 0)
+        self.assertEqual([json.loads(ln)["session_id"] for ln in self.sink.lines(2)], ["parent", "child"])
+
+    def test_flush(self):
+        c = Client(self.sink.endpoint, flush_interval=60)
+        self.addCleanup(c.close)
+        for i in range(10):
+            c.token("s", T0 + i)
+        self.assertTrue(c.flush(timeout=5))
+        self.assertEqual(c.stats()["sent"], 10)
+        self.assertEqual(len(self.sink.lines(10)), 10)
+
+
+class HTTPTest(unittest.TestCase):
+    def setUp(self):
+        self.sink = HTTPSink()
+        self.addCleanup(self.sink.close)
+
+    def test_post_with_headers(self):
+        headers = {"Authorization": "Bearer secret-token", "X-Scope-OrgID": "tenant-a",
+                   "Content-Type": "text/plain"}
+        with Client(self.sink.url, headers=headers) as c:
+            c.start("s1", T0, model="m", operation="text_completion", prompt_tokens=0)
+            c.token("s1", T0 + 5, count=2)
+            c.end("s1", T0 + 9, completion_tokens=2)
+        self.assertEqual(len(self.sink.requests), 1)
+        path, got, body = self.sink.requests[0]
+        self.assertEqual(path, "/v1/token-events")
+        self.assertEqual(got["Content-Type"], "application/x-ndjson")
+        self.assertEqual(got["Authorization"], "Bearer secret-token")
+        self.assertEqual(got["X-Scope-OrgID"], "tenant-a")
+        self.assertEqual(body.decode(), (
+            '{"event":"start","session_id":"s1","time_unix_nano":%d,"model":"m","operation":"text_completion",'
+            '"prompt_tokens":0}\n'
+            '{"event":"token","session_id":"s1","time_unix_nano":%d,"count":2}\n'
+            '{"event":"end","session_id":"s1","time_unix_nano":%d,"completion_tokens":2}\n'
+        ) % (T0, T0 + 5, T0 + 9))
+        self.assertEqual(c.stats(), {"sent": 3, "dropped": 0, "failed": 0, "rejected": 0})
+
+    def test_default_path(self):
+        with Client("http://127.0.0.1:%d" % self.sink.port) as c:
+            c.token("s", T0)
+        self.assertEqual(self.sink.requests[0][0], "/v1/token-events")
+
+    def test_batches_split_by_size(self):
+        with Client(self.sink.url, max_batch_bytes=300, flush_interval=30) as c:
+            for i in range(30):
+                c.token("s", T0 + i)
+        bodies = self.sink.bodies()
+        self.assertGreater(len(bodies), 5)
+        for b in bodies:
+            self.assertLessEqual(len(b), 300)
+            self.assertTrue(b.endswith(b"\n"))
+        self.assertEqual([json.loads(ln)["time_unix_nano"] for ln in self.sink.lines()], [T0 + i for i in range(30)])
+        self.assertEqual(c.stats()["sent"], 30)
+
+    def test_close_flushes_and_is_idempotent(self):
+        c = Client(self.sink.url, flush_interval=60)
+        for i in range(5):
+            c.token("s", T0 + i)
+        self.assertEqual(self.sink.requests, [])
+        began = time.monotonic()
+        c.close(timeout=5)
+        self.assertLess(time.monotonic() - began, 3)
+        self.assertEqual(len(self.sink.lines()), 5)
+        c.close()
+        c.token("s", T0 + 9)  # after close: dropped, never raises or blocks
+        self.assertEqual(c.stats(), {"sent": 5, "dropped": 1, "failed": 0, "rejected": 0})
+        self.assertFalse(c._thread.is_alive())
+
+    def test_error_status_counts_failed(self):
+        for status in (400, 401, 404, 500, 503):
+            with self.subTest(status=status):
+                self.sink.status = status
+                with Client(self.sink.url) as c:
+                    c.start("s", T0)
+                    c.token("s", T0 + 1)
+                self.assertEqual(c.stats(), {"sent": 0, "dropped": 0, "failed": 2, "rejected": 0})
+
+    def test_transport_error_counts_failed(self):
+        with Client("http://127.0.0.1:%d/v1/token-events" % free_port()) as c:
+            c.token("s", T0)
+        self.assertEqual(c.stats(), {"sent": 0, "dropped": 0, "failed": 1, "rejected": 0})
+
+    def test_request_timeout_counts_failed(self):
+        self.sink.gate.clear()
+        c = Client(self.sink.url, request_timeout=0.2)
+        c.token("s", T0)
+        self.assertTrue(c.flush(timeout=5))
+        self.assertEqual(c.stats()["failed"], 1)
+        self.sink.gate.set()
+        c.close()
+
+    def test_rejected_lines_counted(self):
+        self.sink.response = {"accepted": 2, "rejected": 1, "errors": [{"line": 2, "message": "count: must be at least 1"}]}
+        with Client(self.sink.url) as c:
+            for i in range(3):
+                c.token("s", T0 + i)
+        self.assertEqual(c.stats(), {"sent": 2, "dropped": 0, "failed": 0, "rejected": 1})
+
+    def test_full_queue_drops_without_blocking(self):
+        self.sink.gate.clear()
+        c = Client(self.sink.url, queue_size=4, flush_interval=0.01)
+        self.addCleanup(c.close, 1)
+        c.token("s", T0)
+        # The sender thread now hangs in a POST, so the queue fills up.
+        self.assertTrue(self.sink.started.wait(5))
+        began = time.monotonic()
+        for i in range(1, 11):
+            c.token("s", T0 + i)
+        self.assertLess(time.monotonic() - began, 0.5)
+        self.assertEqual(c.stats()["dropped"], 6)
+        self.sink.gate.set()
+        c.close(timeout=5)
+        self.assertEqual(c.stats(), {"sent": 5, "dropped": 6, "failed": 0, "rejected": 0})
+        self.assertEqual([json.loads(ln)["time_unix_nano"] for ln in self.sink.lines()], [T0 + i for i in range(5)])
+
+    def test_failure_log_has_no_secrets(self):
+        self.sink.status = 500
+        with self.assertLogs("otelcol_llm_hook", logging.WARNING) as logs:
+            with Client(self.sink.url, headers={"Authorization": "Bearer secret-token"}) as c:
+                c.start("s", T0, model="m")
+        text = "\n".join(logs.output)
+        self.assertIn("status 500", text)
+        self.assertNotIn("secret-token", text)
+
+
+def collector_binary():
+    return os.environ.get("OTELCOL_LLM_BIN") or os.path.normpath(os.path.join(HERE, "..", "..", "bin", "otelcol-llm"))
+
+
+class OTLPSink(HTTPSink):
+    """Collects the OTLP/JSON ExportLogsServiceRequest bodies the otlphttp exporter posts."""
+
+    def __init__(self):
+        super().__init__(response={})
+
+    def records(self, session_id=None):
+        out = []
+        for body in self.bodies():
+            req = json.loads(body)
+            for rl in req.get("resourceLogs", []):
+                for sl in rl.get("scopeLogs", []):
+                    for rec in sl.get("logRecords", []):
+                        attrs = attributes(rec)
+                        if session_id is None or attrs.get("llm.session.id") == session_id:
+                            out.append((rec, attrs))
+        return out
+
+
+def any_value(v):
+    """Convert an OTLP/JSON AnyValue to a Python value."""
+    if "stringValue" in v:
+        return v["stringValue"]
+    if "intValue" in v:
+        return int(v["intValue"])  # a string in OTLP/JSON
+    if "boolValue" in v:
+        return v["boolValue"]
+    if "doubleValue" in v:
+        return float(v["doubleValue"])
+    if "arrayValue" in v:
+        return [any_value(x) for x in v["arrayValue"].get("values", [])]
+    if "kvlistValue" in v:
+        return {kv["key"]: any_value(kv.get("value", {})) for kv in v["kvlistValue"].get("values", [])}
+    return None
+
+
+def attributes(rec):
+    return {kv["key"]: any_value(kv.get("value", {})) for kv in rec.get("attributes", [])}
+
+
+class RealCollectorTest(unittest.TestCase):
+    """The client against the built collector: token_stream receiver -> otlp_http exporter -> a Python sink."""
+
+    def setUp(self):
+        binary = collector_binary()
+        if not os.access(binary, os.X_OK):
+            msg = "collector binary %s not found (build it, or set OTELCOL_LLM_BIN)" % binary
+            if os.environ.get("CI"):
+                self.fail(msg)
+            self.skipTest(msg)
+        self.tmp = tempfile.mkdtemp(prefix="otelcol-llm-hook-test-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.sink = OTLPSink()
+        self.addCleanup(self.sink.close)
+        self.http_port = free_port()
+        self.udp_port = free_port(socket.SOCK_DGRAM)
+        config = {
+            "receivers": {"token_stream": {"hooks": {
+                "http": {"endpoint": "127.0.0.1:%d" % self.http_port},
+                "udp": {"endpoint": "127.0.0.1:%d" % self.udp_port},
+            }}},
+            # otlp_http is the exporter's type since v0.165.0; "otlphttp" is its deprecated alias.
+            "exporters": {"otlp_http": {
+                "logs_endpoint": "http://127.0.0.1:%d/v1/logs" % self.sink.port,
+                "encoding": "json",
+                "compression": "none",
+                "sending_queue": {"enabled": False},
+            }},
+            "service": {
+                "pipelines": {"logs": {"receivers": ["token_stream"], "exporters": ["otlp_http"]}},
+                "telemetry": {"metrics": {"level": "none"}},
+            },
+        }
+        path = os.path.join(self.tmp, "config.yaml")
+        with open(path, "w") as f:
+            json.dump(config, f, indent=2)  # JSON is YAML
+        self.log_path = os.path.join(self.tmp, "collector.log")
+        self.log = open(self.log_path, "wb")
+        self.addCleanup(self.log.close)
+        self.proc = subprocess.Popen([binary, "--config", path], stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        self.addCleanup(self.stop_collector)
+        self.wait_ready()
+
+    def stop_collector(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def collector_log(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")[-4000:]
+
+    def wait_ready(self):
+        def http_up():
+            if self.proc.poll() is not None:
+                return "exited"
+            try:
+                socket.create_connection(("127.0.0.1", self.http_port), timeout=0.2).close()
+                return "up"
+            except OSError:
+                return None
+
+        state = wait_for(http_up, timeout=20, interval=0.05)
+        if state != "up":
+            self.fail("collector %s before its HTTP hook listened; log:\n%s"
+                      % ("exited" if state else "not ready in 20 s", self.collector_log()))
+        # The UDP hook starts right after the HTTP one; the service logs this
+        # line once every component has started.
+        wait_for(lambda: "Everything is ready" in self.collector_log(), timeout=5, interval=0.05)
+
+    def wait_session(self, session_id, tokens):
+        """Wait until the sink holds the session's start, end and all its tokens; return its records."""
+        def complete():
+            recs = self.sink.records(session_id)
+            names = [r.get("eventName") for r, _ in recs]
+            if "llm.session.start" in names and "llm.session.end" in names \
+                    and sum(c for _, c in token_events(recs)) == tokens:
+                return recs
+            return None
+
+        recs = wait_for(complete, timeout=15, interval=0.05)
+        if not recs:
+            self.fail("session %s incomplete at the sink: %r\ncollector log:\n%s"
+                      % (session_id, self.sink.records(session_id), self.collector_log()))
+        return recs
+
+    def check_session(self, recs, session_id, start, tokens, end, want_start_attrs, want_end_attrs):
+        by_name = {}
+        for rec, attrs in recs:
+            by_name.setdefault(rec.get("eventName"), []).append((rec, attrs))
+        self.assertEqual(sorted(by_name), ["llm.session.end", "llm.session.start", "llm.token"])
+        self.assertEqual(len(by_name["llm.session.start"]), 1)
+        self.assertEqual(len(by_name["llm.session.end"]), 1)
+
+        rec, attrs = by_name["llm.session.start"][0]
+        self.assertEqual(int(rec["timeUnixNano"]), start)
+        self.assertEqual(rec.get("traceId", "").lower(), TRACE_ID)
+        self.assertEqual(rec.get("spanId", "").lower(), SPAN_ID)
+        self.assertEqual(attrs, dict(want_start_attrs, **{"llm.session.id": session_id}))
+
+        self.assertEqual(sorted(token_events(recs)), sorted(tokens))
+        for rec, attrs in by_name["llm.token"]:
+            times = attrs.get("llm.token.times_unix_nano")
+            if times:  # a packed record is stamped with its first event's time
+                self.assertEqual(int(rec["timeUnixNano"]), times[0])
+
+        rec, attrs = by_name["llm.session.end"][0]
+        self.assertEqual(int(rec["timeUnixNano"]), end)
+        self.assertEqual(attrs, dict(want_end_attrs, **{"llm.session.id": session_id}))
+
+    def run_session(self, endpoint, session_id, finish_reason, error):
+        base = time.time_ns()
+        start = base
+        tokens = [(base + 40_000_000, 1), (base + 60_000_000, 3), (base + 80_000_000, 1), (base + 95_000_000, 2)]
+        end = base + 100_000_000
+        with Client(endpoint) as c:
+            c.start(session_id, start, trace_id=TRACE_ID, span_id=SPAN_ID, parent_span_id=PARENT_SPAN_ID,
+                    model="llama-3-8b", operation="chat", prompt_tokens=42, engine="vllm-0",
+                    attributes={"quantization": "fp8"})
+            for t, n in tokens:
+                c.token(session_id, t, count=n)
+            c.end(session_id, end, completion_tokens=7, finish_reason=finish_reason, error=error)
+            self.assertTrue(c.flush(timeout=10))
+            self.assertEqual(c.stats(), {"sent": 6, "dropped": 0, "failed": 0, "rejected": 0})
+        recs = self.wait_session(session_id, sum(n for _, n in tokens))
+        want_end = {"gen_ai.usage.output_tokens": 7, "gen_ai.response.finish_reasons": [finish_reason]}
+        if error:
+            want_end["error.type"] = error
+        self.check_session(
+            recs, session_id, start, tokens, end,
+            {
+                "gen_ai.request.model": "llama-3-8b",
+                "gen_ai.operation.name": "chat",
+                "gen_ai.usage.input_tokens": 42,
+                "llm.engine": "vllm-0",
+                "llm.session.parent_span_id": PARENT_SPAN_ID,
+                "llm.session.attributes": {"quantization": "fp8"},
+            },
+            want_end,
+        )
+
+    def test_http_session_reaches_pipeline(self):
+        self.run_session("http://127.0.0.1:%d/v1/token-events" % self.http_port, "http-session-1", "stop", None)
+
+    def test_udp_session_reaches_pipeline(self):
+        self.run_session("udp://127.0.0.1:%d" % self.udp_port, "udp-session-1", "abort", "ClientDisconnected")
+
+    def test_single_token_records(self):
+        # Token events in separate batches arrive as separate, unpacked records.
+        base = time.time_ns()
+        with Client("udp://127.0.0.1:%d" % self.udp_port) as c:
+            c.start("single", base)
+            c.flush()
+            c.token("single", base + 10, count=1)
+            c.flush()
+            c.token("single", base + 20, count=5)
+            c.flush()
+            c.end("single", base + 30)
+        recs = self.wait_session("single", 6)
+        toks = sorted((int(r["timeUnixNano"]), a) for r, a in recs if r.get("eventName") == "llm.token")
+        self.assertEqual(toks, [(base + 10, {"llm.session.id": "single"}),
+                                (base + 20, {"llm.session.id": "single", "llm.token.count": 5})])
+
+    def test_rejected_lines_reported(self):
+        # The response shape the client relies on for its rejected count.
+        body = (b'{"event":"token","session_id":"r","time_unix_nano":1}\n'
+                b'{"event":"token","session_id":"r","time_unix_nano":1,"count":0}\n'
+                b'{"event":"token","session_id":"r","time_unix_nano":1,"model":"m"}\n')
+        req = urllib.request.Request("http://127.0.0.1:%d/v1/token-events" % self.http_port, data=body,
+                                     headers={"Content-Type": "application/x-ndjson"}, method="POST")
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=5) as resp:
+            self.assertEqual(resp.status, 200)
+            got = json.loads(resp.read())
+        self.assertEqual(got["accepted"], 1)
+        self.assertEqual(got["rejected"], 2)
+        self.assertEqual([e["line"] for e in got["errors"]], [2, 3])
+        for e in got["errors"]:
+            self.assertIsInstance(e["message"], str)
+
+
+def token_events(recs):
+    """(time, count) of every token event in the records, packed or not."""
+    out = []
+    for rec, attrs in recs:
+        if rec.get("eventName") != "llm.token":
+            continue
+        times = attrs.get("llm.token.times_unix_nano")
+        if times is not None:
+            counts = attrs.get("llm.token.counts")
+            assert counts is not None and len(counts) == len(times), attrs
+            out.extend(zip(times, counts))
+        else:
+            out.append((int(rec["timeUnixNano"]), attrs.get("llm.token.count", 1)))
+    return out
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,534 @@
+package tokenhook
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.uber.org/goleak"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// Bounds for polling; never a measure of how fast anything must be.
+const (
+	waitFor = 10 * time.Second
+	tick    = 2 * time.Millisecond
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+// collector is a loopback stand-in for the token_stream receiver.
+type collector interface {
+	endpoint() string
+	// batches returns the datagrams or request bodies received so far.
+	batches() [][]byte
+}
+
+// received parses every batch c got so far, failing t on a line the
+// receiver's parser rejects or a batch that does not end a line.
+func received(t *testing.T, c collector) []tokenevent.Event {
+	t.Helper()
+	p := tokenevent.NewParser(tokenevent.Limits{})
+	var out []tokenevent.Event
+	for _, b := range c.batches() {
+		assert.True(t, bytes.HasSuffix(b, []byte("\n")), "batch %q does not end a line", b)
+		p.ParseBatch(b, 0, func(ev *tokenevent.Event) {
+			e := *ev
+			e.Attributes = nil // the parser reuses its slice
+			if len(ev.Attributes) > 0 {
+				e.Attributes = slices.Clone(ev.Attributes)
+			}
+			out = append(out, e)
+		}, func(err *tokenevent.LineError) {
+			t.Errorf("receiver would reject %v", err)
+		})
+	}
+	return out
+}
+
+// countReceived is received without the checks, for polling.
+func countReceived(c collector) int {
+	n := 0
+	for _, b := range c.batches() {
+		n += bytes.Count(b, []byte("\n"))
+	}
+	return n
+}
+
+type udpCollector struct {
+	conn net.PacketConn
+	mu   sync.Mutex
+	got  [][]byte
+}
+
+func newUDPCollector(t *testing.T) *udpCollector {
+	conn, err := net.ListenPacket("udp", "127.0.0.1:0")
+	require.NoError(t, err)
+	u := &udpCollector{conn: conn}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 1<<16)
+		for {
+			n, _, err := conn.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			u.mu.Lock()
+			u.got = append(u.got, slices.Clone(buf[:n]))
+			u.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = conn.Close()
+		<-done
+	})
+	return u
+}
+
+func (u *udpCollector) endpoint() string { return "udp://" + u.conn.LocalAddr().String() }
+
+func (u *udpCollector) batches() [][]byte {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return slices.Clone(u.got)
+}
+
+type httpRequest struct {
+	path   string
+	header http.Header
+	body   []byte
+}
+
+type httpCollector struct {
+	srv *httptest.Server
+	mu  sync.Mutex
+	got []httpRequest
+	// respond answers request number i (0-based); nil accepts every line.
+	respond func(w http.ResponseWriter, r *http.Request, i int)
+}
+
+func newHTTPCollector(t *testing.T, respond func(w http.ResponseWriter, r *http.Request, i int)) *httpCollector {
+	h := &httpCollector{respond: respond}
+	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		h.mu.Lock()
+		i := len(h.got)
+		h.got = append(h.got, httpRequest{path: r.URL.Path, header: r.Header.Clone(), body: body})
+		h.mu.Unlock()
+		if h.respond != nil {
+			h.respond(w, r, i)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, `{"accepted":%d,"rejected":0,"errors":[]}`, bytes.Count(body, []byte("\n")))
+	}))
+	t.Cleanup(h.srv.Close)
+	return h
+}
+
+func (h *httpCollector) endpoint() string { return h.srv.URL + DefaultHTTPPath }
+
+func (h *httpCollector) requests() []httpRequest {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.got)
+}
+
+func (h *httpCollector) batches() [][]byte {
+	var out [][]byte
+	for _, r := range h.requests() {
+		out = append(out, r.body)
+	}
+	return out
+}
+
+// transports runs fn once against each kind of endpoint.
+func transports(t *testing.T, fn func(t *testing.T, c collector)) {
+	t.Run("udp", func(t *testing.T) { fn(t, newUDPCollector(t)) })
+	t.Run("http", func(t *testing.T) { fn(t, newHTTPCollector(t, nil)) })
+}
+
+func newClient(t *testing.T, cfg Config) *Client {
+	t.Helper()
+	c, err := New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+func closeClient(t *testing.T, c *Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	require.NoError(t, c.Close(ctx))
+}
+
+// session sends a complete session with every field set and returns what
+// the receiver must parse.
+func session(c *Client, id string) []tokenevent.Event {
+	c.Start(Start{
+		SessionID:       id,
+		Time:            t0,
+		TraceID:         [16]byte{0x0a, 0xf7, 0x65, 0x19, 0x16, 0xcd, 0x43, 0xdd, 0x84, 0x48, 0xeb, 0x21, 0x1c, 0x80, 0x31, 0x9c},
+		SpanID:          [8]byte{0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31},
+		ParentSpanID:    [8]byte{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
+		Model:           "meta-llama/Llama-3.1-8B-Instruct",
+		Operation:       OperationChat,
+		PromptTokens:    812,
+		HasPromptTokens: true,
+		Engine:          "vllm-0",
+		Attributes:      map[string]string{"tenant": "a \"quoted\"\n", "quantization": "fp8"},
+	})
+	c.Token(id, t0.Add(250*time.Millisecond), 1)
+	c.Token(id, t0.Add(300*time.Millisecond), 3)
+	c.End(End{SessionID: id, Time: t0.Add(time.Second), CompletionTokens: 4, HasCompletionTokens: true, FinishReason: "stop"})
+
+	ns := uint64(t0.UnixNano())
+	return []tokenevent.Event{
+		{
+			Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: ns,
+			TraceID:      pcommon.TraceID{0x0a, 0xf7, 0x65, 0x19, 0x16, 0xcd, 0x43, 0xdd, 0x84, 0x48, 0xeb, 0x21, 0x1c, 0x80, 0x31, 0x9c},
+			SpanID:       pcommon.SpanID{0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31},
+			ParentSpanID: pcommon.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
+			Model:        "meta-llama/Llama-3.1-8B-Instruct", Operation: "chat", PromptTokens: 812, Engine: "vllm-0",
+			Attributes: []tokenevent.Attribute{{Key: "quantization", Value: "fp8"}, {Key: "tenant", Value: "a \"quoted\"\n"}},
+			Count:      1, CompletionTokens: -1,
+		},
+		{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: ns + 250e6, PromptTokens: -1, Count: 1, CompletionTokens: -1},
+		{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: ns + 300e6, PromptTokens: -1, Count: 3, CompletionTokens: -1},
+		{Kind: tokenevent.KindEnd, SessionID: id, TimeUnixNano: ns + 1e9, PromptTokens: -1, Count: 1, CompletionTokens: 4, FinishReason: "stop"},
+	}
+}
+
+func TestEventsArriveIntactAndInOrder(t *testing.T) {
+	transports(t, func(t *testing.T, col collector) {
+		c := newClient(t, Config{Endpoint: col.endpoint()})
+		want := session(c, "s-1")
+		// A bare session: absent optional fields must stay absent.
+		c.Start(Start{SessionID: "s-2", Time: t0})
+		c.End(End{SessionID: "s-2", Time: t0.Add(time.Second), Error: "timeout"})
+		ns := uint64(t0.UnixNano())
+		want = append(want,
+			tokenevent.Event{Kind: tokenevent.KindStart, SessionID: "s-2", TimeUnixNano: ns, PromptTokens: -1, Count: 1, CompletionTokens: -1},
+			tokenevent.Event{Kind: tokenevent.KindEnd, SessionID: "s-2", TimeUnixNano: ns + 1e9, PromptTokens: -1, Count: 1, CompletionTokens: -1, Error: "timeout"},
+		)
+		for i := range 100 {
+			c.Token("s-3", t0.Add(time.Duration(i)), i+1)
+			want = append(want, tokenevent.Event{
+				Kind: tokenevent.KindToken, SessionID: "s-3", TimeUnixNano: ns + uint64(i), PromptTokens: -1, Count: int64(i + 1), CompletionTokens: -1,
+			})
+		}
+		closeClient(t, c)
+		require.Eventually(t, func() bool { return countReceived(col) >= len(want) }, waitFor, tick)
+		assert.Equal(t, want, received(t, col))
+		assert.Equal(t, Stats{Sent: uint64(len(want))}, c.Stats())
+	})
+}
+
+func TestHTTPRequestShape(t *testing.T) {
+	col := newHTTPCollector(t, nil)
+	c := newClient(t, Config{
+		Endpoint: strings.TrimSuffix(col.endpoint(), DefaultHTTPPath), // the path defaults
+		Headers:  map[string]string{"Authorization": "Bearer secret", "x-tenant": "a"},
+	})
+	c.Token("s-1", t0, 1)
+	closeClient(t, c)
+	reqs := col.requests()
+	require.Len(t, reqs, 1)
+	assert.Equal(t, DefaultHTTPPath, reqs[0].path)
+	assert.Equal(t, "application/x-ndjson", reqs[0].header.Get("Content-Type"))
+	assert.Equal(t, "Bearer secret", reqs[0].header.Get("Authorization"))
+	assert.Equal(t, "a", reqs[0].header.Get("X-Tenant"))
+	assert.Equal(t, Stats{Sent: 1}, c.Stats())
+}
+
+func TestBatchesBySize(t *testing.T) {
+	const maxBatch = 256
+	line := len(tokenevent.AppendJSON(nil, &tokenevent.Event{Kind: tokenevent.KindToken, SessionID: "s-1", TimeUnixNano: uint64(t0.UnixNano()), Count: 1}))
+	perBatch := maxBatch / line
+	transports(t, func(t *testing.T, col collector) {
+		const queue = 64
+		c := newClient(t, Config{Endpoint: col.endpoint(), QueueSize: queue, MaxBatchBytes: maxBatch, FlushInterval: time.Hour})
+		// A half-full queue wakes the background goroutine. The interval
+		// never elapses and Close is not called yet, so what arrives was
+		// sent because the next line would not fit.
+		const n = queue / 2
+		for i := range n {
+			c.Token("s-1", t0.Add(time.Duration(i)), 1)
+		}
+		require.Eventually(t, func() bool { return countReceived(col) == n/perBatch*perBatch }, waitFor, tick)
+
+		closeClient(t, c)
+		require.Eventually(t, func() bool { return countReceived(col) == n }, waitFor, tick)
+		batches := col.batches()
+		assert.Len(t, batches, (n+perBatch-1)/perBatch)
+		for _, b := range batches {
+			assert.LessOrEqual(t, len(b), maxBatch)
+		}
+		got := received(t, col)
+		require.Len(t, got, n)
+		for i, ev := range got {
+			assert.Equal(t, uint64(t0.UnixNano())+uint64(i), ev.TimeUnixNano, "event %d out of order", i)
+		}
+		assert.Equal(t, Stats{Sent: n}, c.Stats())
+	})
+}
+
+func TestBatchesByInterval(t *testing.T) {
+	transports(t, func(t *testing.T, col collector) {
+		c := newClient(t, Config{Endpoint: col.endpoint(), FlushInterval: 20 * time.Millisecond})
+		// Far from MaxBatchBytes and before Close: only the interval sends.
+		c.Token("s-1", t0, 1)
+		c.Token("s-1", t0.Add(1), 1)
+		require.Eventually(t, func() bool { return countReceived(col) == 2 }, waitFor, tick)
+		c.Token("s-1", t0.Add(2), 1)
+		require.Eventually(t, func() bool { return countReceived(col) == 3 }, waitFor, tick)
+		assert.GreaterOrEqual(t, len(col.batches()), 2)
+		closeClient(t, c)
+		assert.Equal(t, Stats{Sent: 3}, c.Stats())
+		assert.Len(t, received(t, col), 3)
+	})
+}
+
+// blockingHTTP is a receiver that holds every request until released.
+func blockingHTTP(t *testing.T) (col *httpCollector, entered <-chan struct{}, release func()) {
+	in := make(chan struct{}, 1)
+	out := make(chan struct{})
+	col = newHTTPCollector(t, func(w http.ResponseWriter, r *http.Request, _ int) {
+		select {
+		case in <- struct{}{}:
+		default:
+		}
+		select {
+		case <-out:
+		case <-r.Context().Done():
+		}
+	})
+	var once sync.Once
+	release = func() { once.Do(func() { close(out) }) }
+	t.Cleanup(release) // before the server closes: Cleanups run last in, first out
+	return col, in, release
+}
+
+func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(waitFor):
+		t.Fatal(what)
+	}
+}
+
+func TestQueueFullDropsWithoutBlocking(t *testing.T) {
+	col, entered, release := blockingHTTP(t)
+	const queue = 4
+	c := newClient(t, Config{Endpoint: col.endpoint(), QueueSize: queue, FlushInterval: time.Millisecond})
+	c.Token("s-1", t0, 1)
+	waitClosed(t, entered, "the first batch never reached the receiver")
+
+	// The background goroutine is stuck in the request: the queue fills.
+	const more = 14
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range more {
+			c.Token("s-1", t0.Add(time.Duration(i+1)), 1)
+		}
+	}()
+	waitClosed(t, done, "Token blocked on a full queue")
+	assert.Equal(t, Stats{Dropped: more - queue}, c.Stats())
+
+	release()
+	closeClient(t, c)
+	assert.Equal(t, Stats{Sent: 1 + queue, Dropped: more - queue}, c.Stats())
+	assert.Len(t, received(t, col), 1+queue)
+}
+
+func TestCloseFlushes(t *testing.T) {
+	transports(t, func(t *testing.T, col collector) {
+		c := newClient(t, Config{Endpoint: col.endpoint(), FlushInterval: time.Hour})
+		want := session(c, "s-1")
+		closeClient(t, c)
+		assert.Equal(t, Stats{Sent: uint64(len(want))}, c.Stats(), "Close returns after the last send")
+		require.Eventually(t, func() bool { return countReceived(col) == len(want) }, waitFor, tick)
+		assert.Equal(t, want, received(t, col))
+	})
+}
+
+func TestCloseTwiceAndEventsAfterClose(t *testing.T) {
+	transports(t, func(t *testing.T, col collector) {
+		c, err := New(Config{Endpoint: col.endpoint()})
+		require.NoError(t, err)
+		c.Token("s-1", t0, 1)
+		require.NoError(t, c.Close(context.Background()))
+		require.NoError(t, c.Close(context.Background()))
+
+		c.Start(Start{SessionID: "s-2", Time: t0})
+		c.Token("s-2", t0, 1)
+		c.End(End{SessionID: "s-2", Time: t0})
+		assert.Equal(t, Stats{Sent: 1, Dropped: 3}, c.Stats())
+		require.NoError(t, c.Close(context.Background()))
+	})
+}
+
+func TestCloseAbortsWhenContextEnds(t *testing.T) {
+	col, entered, _ := blockingHTTP(t)
+	c := newClient(t, Config{Endpoint: col.endpoint(), FlushInterval: time.Millisecond})
+	c.Token("s-1", t0, 1)
+	waitClosed(t, entered, "the first batch never reached the receiver")
+	c.Token("s-1", t0.Add(1), 1)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, c.Close(ctx), context.Canceled)
+	// The goroutine has stopped (goleak checks it at the end) and nothing
+	// is lost from the count.
+	assert.Equal(t, Stats{Failed: 2}, c.Stats())
+}
+
+func TestHTTPStatus(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		respond  func(w http.ResponseWriter, r *http.Request, i int)
+		want     Stats
+		requests int
+	}{
+		{
+			name:    "400 fails the batch",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ int) { http.Error(w, "bad", http.StatusBadRequest) },
+			want:    Stats{Failed: 3}, requests: 1,
+		},
+		{
+			name:    "503 without Retry-After fails the batch",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusServiceUnavailable) },
+			want:    Stats{Failed: 3}, requests: 1,
+		},
+		{
+			name: "503 with a long Retry-After fails the batch",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ int) {
+				w.Header().Set("Retry-After", "5")
+				w.WriteHeader(http.StatusServiceUnavailable)
+			},
+			want: Stats{Failed: 3}, requests: 1,
+		},
+		{
+			name: "503 with a short Retry-After is retried once",
+			respond: func(w http.ResponseWriter, _ *http.Request, i int) {
+				if i == 0 {
+					w.Header().Set("Retry-After", "0")
+					w.WriteHeader(http.StatusServiceUnavailable)
+				}
+			},
+			want: Stats{Sent: 3}, requests: 2,
+		},
+		{
+			name: "503 is retried only once",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ int) {
+				w.Header().Set("Retry-After", "0")
+				w.WriteHeader(http.StatusServiceUnavailable)
+			},
+			want: Stats{Failed: 3}, requests: 2,
+		},
+		{
+			name: "rejected lines fail",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ int) {
+				_, _ = io.WriteString(w, `{"accepted":2,"rejected":1,"errors":["line 2: session_id: 300 bytes, limit is 256"]}`)
+			},
+			want: Stats{Sent: 2, Failed: 1}, requests: 1,
+		},
+		{
+			name:    "a 2xx without a verdict delivers all",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusNoContent) },
+			want:    Stats{Sent: 3}, requests: 1,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			col := newHTTPCollector(t, tc.respond)
+			c := newClient(t, Config{Endpoint: col.endpoint(), FlushInterval: time.Hour})
+			for i := range 3 {
+				c.Token("s-1", t0.Add(time.Duration(i)), 1)
+			}
+			closeClient(t, c)
+			assert.Equal(t, tc.want, c.Stats())
+			assert.Len(t, col.requests(), tc.requests)
+		})
+	}
+}
+
+func TestHTTPTransportErrorFails(t *testing.T) {
+	col := newHTTPCollector(t, nil)
+	endpoint := col.endpoint()
+	col.srv.Close() // nothing listens there any more
+	c := newClient(t, Config{Endpoint: endpoint})
+	c.Token("s-1", t0, 1)
+	closeClient(t, c)
+	assert.Equal(t, Stats{Failed: 1}, c.Stats())
+}
+
+func TestInvalidEventsFail(t *testing.T) {
+	transports(t, func(t *testing.T, col collector) {
+		c := newClient(t, Config{Endpoint: col.endpoint(), MaxBatchBytes: 512})
+		c.Token("", t0, 1)
+		c.Token("s-1", t0, 0)
+		c.Token("s-1", time.Unix(-1, 0), 1)
+		c.Start(Start{SessionID: "s-1", Operation: "embeddings"})
+		c.Start(Start{SessionID: "s-1", PromptTokens: -1, HasPromptTokens: true})
+		c.Start(Start{SessionID: "s-1", Attributes: map[string]string{"": "x"}})
+		c.Start(Start{Time: t0})
+		c.End(End{SessionID: "s-1", CompletionTokens: -2, HasCompletionTokens: true})
+		c.Start(Start{SessionID: "s-1", Attributes: map[string]string{"big": strings.Repeat("x", 512)}}) // longer than a batch
+		c.Token("s-1", t0, 1)
+		closeClient(t, c)
+		assert.Equal(t, Stats{Sent: 1, Failed: 9}, c.Stats())
+		require.Eventually(t, func() bool { return countReceived(col) == 1 }, waitFor, tick)
+		assert.Equal(t, "s-1", received(t, col)[0].SessionID)
+	})
+}
+
+func TestZeroTimeMeansNow(t *testing.T) {
+	col := newHTTPCollector(t, nil)
+	c := newClient(t, Config{Endpoint: col.endpoint()})
+	before := time.Now().UnixNano()
+	c.Token("s-1", time.Time{}, 1)
+	c.Start(Start{SessionID: "s-2"})
+	c.End(End{SessionID: "s-2"})
+	after := time.Now().UnixNano()
+	closeClient(t, c)
+	got := received(t, col)
+	require.Len(t, got, 3)
+	for _, ev := range got {
+		assert.GreaterOrEqual(t, int64(ev.TimeUnixNano), before)
+		assert.LessOrEqual(t, int64(ev.TimeUnixNano), after)
+	}
+}
+
+func TestNilClientIgnoresCalls(t *testing.T) {
+	var c *Client
+	c.Start(Start{SessionID: "s-1"})
+	c.Token("s-1", t0, 1)
+	c.End(End{SessionID: "s-1"})
+	assert.Equal(t, Stats{}, c.Stats())
+	assert.NoError(t, c.Close(context.Background()))
+}

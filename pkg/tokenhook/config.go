@@ -1,0 +1,203 @@
+package tokenhook
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults applied to zero Config fields, and the ports the token_stream
+// receiver listens on by default.
+const (
+	DefaultUDPPort           = 4321
+	DefaultHTTPPort          = 4320
+	DefaultHTTPPath          = "/v1/token-events"
+	DefaultQueueSize         = 65536
+	DefaultFlushInterval     = 100 * time.Millisecond
+	DefaultHTTPMaxBatchBytes = 1 << 20
+	DefaultUDPMaxBatchBytes  = 8 << 10
+	// DefaultHTTPTimeout bounds one POST when Config.HTTPClient is nil.
+	DefaultHTTPTimeout = 10 * time.Second
+	// MaxUDPBatchBytes is the largest UDP payload an IPv4 datagram can carry.
+	MaxUDPBatchBytes = 65507
+)
+
+// Config configures a Client. Only Endpoint is required.
+type Config struct {
+	// Endpoint is where the token_stream receiver listens:
+	// "udp://host:port" (port defaults to 4321) or
+	// "http://host:port/v1/token-events" (https too; port defaults to 4320
+	// for both, and an empty path to /v1/token-events).
+	Endpoint string
+	// QueueSize is how many events may wait for the background goroutine;
+	// while it is full, new events are dropped. The goroutine takes the
+	// queue every FlushInterval, or as soon as it is half full, so it
+	// should hold a few FlushIntervals' worth of events. Default 65536.
+	QueueSize int
+	// MaxBatchBytes bounds one HTTP body or one UDP datagram. Batches hold
+	// whole lines only; a single line longer than this is not sent and
+	// counts as failed. Default 1 MiB for HTTP, 8 KiB for UDP (at most
+	// MaxUDPBatchBytes).
+	MaxBatchBytes int
+	// FlushInterval is how often the background goroutine sends what is
+	// queued, full batch or not: the longest an event waits, sends aside.
+	// It wakes this often even when idle. Default 100ms.
+	FlushInterval time.Duration
+	// Headers are added to every HTTP request, e.g. Authorization. HTTP only.
+	Headers map[string]string
+	// HTTPClient sends the HTTP requests. Default: a private client with
+	// its own connection pool and a DefaultHTTPTimeout timeout. HTTP only.
+	HTTPClient *http.Client
+}
+
+// settings is a validated Config with defaults applied.
+type settings struct {
+	udp           bool
+	addr          string // UDP: host:port
+	url           string // HTTP: the full request URL
+	queueSize     int
+	maxBatchBytes int
+	flushInterval time.Duration
+	headers       http.Header
+	httpClient    *http.Client
+}
+
+// resolve validates cfg, reporting every problem at once, and applies the
+// defaults.
+func (cfg Config) resolve() (settings, error) {
+	var errs []error
+	s := settings{
+		queueSize:     cfg.QueueSize,
+		maxBatchBytes: cfg.MaxBatchBytes,
+		flushInterval: cfg.FlushInterval,
+		httpClient:    cfg.HTTPClient,
+	}
+	ep, err := parseEndpoint(cfg.Endpoint)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	s.udp, s.addr, s.url = ep.udp, ep.addr, ep.url
+
+	if s.queueSize < 0 {
+		errs = append(errs, fmt.Errorf("QueueSize: must not be negative, got %d", s.queueSize))
+	} else if s.queueSize == 0 {
+		s.queueSize = DefaultQueueSize
+	}
+	if s.flushInterval < 0 {
+		errs = append(errs, fmt.Errorf("FlushInterval: must not be negative, got %v", s.flushInterval))
+	} else if s.flushInterval == 0 {
+		s.flushInterval = DefaultFlushInterval
+	}
+	switch {
+	case s.maxBatchBytes < 0:
+		errs = append(errs, fmt.Errorf("MaxBatchBytes: must not be negative, got %d", s.maxBatchBytes))
+	case s.maxBatchBytes == 0 && s.udp:
+		s.maxBatchBytes = DefaultUDPMaxBatchBytes
+	case s.maxBatchBytes == 0:
+		s.maxBatchBytes = DefaultHTTPMaxBatchBytes
+	case s.udp && s.maxBatchBytes > MaxUDPBatchBytes:
+		errs = append(errs, fmt.Errorf("MaxBatchBytes: %d does not fit a UDP datagram, limit is %d", s.maxBatchBytes, MaxUDPBatchBytes))
+	}
+
+	if err == nil && s.udp {
+		// Settings a UDP endpoint would silently ignore are mistakes: an
+		// Authorization header that is never sent, for one.
+		if len(cfg.Headers) > 0 {
+			errs = append(errs, errors.New("Headers: set, but a udp:// endpoint sends no headers"))
+		}
+		if cfg.HTTPClient != nil {
+			errs = append(errs, errors.New("HTTPClient: set, but the endpoint is udp://"))
+		}
+	}
+	if len(cfg.Headers) > 0 {
+		s.headers = make(http.Header, len(cfg.Headers))
+		for k, v := range cfg.Headers {
+			if !validHeaderName(k) {
+				errs = append(errs, fmt.Errorf("Headers: invalid header name %q", k))
+				continue
+			}
+			if strings.ContainsAny(v, "\r\n\x00") {
+				errs = append(errs, fmt.Errorf("Headers: %s: value holds a line break or NUL", k))
+				continue
+			}
+			s.headers.Set(k, v)
+		}
+	}
+	if len(errs) > 0 {
+		return settings{}, fmt.Errorf("tokenhook: invalid Config: %w", errors.Join(errs...))
+	}
+	return s, nil
+}
+
+type endpoint struct {
+	udp  bool
+	addr string
+	url  string
+}
+
+func parseEndpoint(raw string) (endpoint, error) {
+	const want = "want udp://host:port or http://host:port" + DefaultHTTPPath
+	if raw == "" {
+		return endpoint{}, errors.New("Endpoint: missing, " + want)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return endpoint{}, fmt.Errorf("Endpoint: %w", err)
+	}
+	var ep endpoint
+	port := DefaultHTTPPort
+	switch u.Scheme {
+	case "udp":
+		ep.udp, port = true, DefaultUDPPort
+		if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+			return endpoint{}, fmt.Errorf("Endpoint %q: a udp:// endpoint is host and port only", raw)
+		}
+	case "http", "https":
+	default:
+		return endpoint{}, fmt.Errorf("Endpoint %q: scheme %q not supported, %s", raw, u.Scheme, want)
+	}
+	host := u.Hostname()
+	if host == "" {
+		return endpoint{}, fmt.Errorf("Endpoint %q: missing host, %s", raw, want)
+	}
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return endpoint{}, fmt.Errorf("Endpoint %q: port %q out of range 1-65535", raw, p)
+		}
+		port = n
+	}
+	hostPort := net.JoinHostPort(host, strconv.Itoa(port))
+	if ep.udp {
+		ep.addr = hostPort
+		return ep, nil
+	}
+	u.Host = hostPort
+	if u.Path == "" || u.Path == "/" {
+		u.Path, u.RawPath = DefaultHTTPPath, ""
+	}
+	ep.url = u.String()
+	return ep, nil
+}
+
+// validHeaderName reports whether name is an RFC 9110 token.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,74 @@
+package tokenhook
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want []string // every one must be in the error
+	}{
+		{Config{}, []string{"Endpoint: missing"}},
+		{Config{Endpoint: "localhost:4321"}, []string{`Endpoint "localhost:4321": scheme "localhost" not supported`}},
+		{Config{Endpoint: "tcp://127.0.0.1:4321"}, []string{`scheme "tcp" not supported, want udp://host:port or http://host:port/v1/token-events`}},
+		{Config{Endpoint: "udp://"}, []string{`Endpoint "udp://": missing host`}},
+		{Config{Endpoint: "http:///v1/token-events"}, []string{"missing host"}},
+		{Config{Endpoint: "udp://127.0.0.1:notaport"}, []string{"Endpoint:", "invalid port"}},
+		{Config{Endpoint: "udp://127.0.0.1:70000"}, []string{`port "70000" out of range 1-65535`}},
+		{Config{Endpoint: "http://127.0.0.1:0"}, []string{`port "0" out of range`}},
+		{Config{Endpoint: "udp://127.0.0.1:4321/v1/token-events"}, []string{"a udp:// endpoint is host and port only"}},
+		{Config{Endpoint: "http://a b"}, []string{"Endpoint:"}},
+		{Config{Endpoint: "udp://127.0.0.1", QueueSize: -1}, []string{"QueueSize: must not be negative, got -1"}},
+		{Config{Endpoint: "udp://127.0.0.1", MaxBatchBytes: -1}, []string{"MaxBatchBytes: must not be negative"}},
+		{Config{Endpoint: "udp://127.0.0.1", MaxBatchBytes: 70000}, []string{"MaxBatchBytes: 70000 does not fit a UDP datagram, limit is 65507"}},
+		{Config{Endpoint: "udp://127.0.0.1", FlushInterval: -time.Second}, []string{"FlushInterval: must not be negative"}},
+		{Config{Endpoint: "udp://127.0.0.1", Headers: map[string]string{"Authorization": "x"}}, []string{"Headers: set, but a udp:// endpoint sends no headers"}},
+		{Config{Endpoint: "udp://127.0.0.1", HTTPClient: http.DefaultClient}, []string{"HTTPClient: set, but the endpoint is udp://"}},
+		{Config{Endpoint: "http://127.0.0.1", Headers: map[string]string{"Bad Name": "x"}}, []string{`Headers: invalid header name "Bad Name"`}},
+		{Config{Endpoint: "http://127.0.0.1", Headers: map[string]string{"X-A": "a\r\nX-B: b"}}, []string{"Headers: X-A: value holds a line break"}},
+		{
+			Config{Endpoint: "ftp://x", QueueSize: -1, FlushInterval: -1},
+			[]string{"tokenhook: invalid Config", `scheme "ftp"`, "QueueSize", "FlushInterval"},
+		},
+	} {
+		t.Run(tc.cfg.Endpoint, func(t *testing.T) {
+			c, err := New(tc.cfg)
+			require.Error(t, err)
+			assert.Nil(t, c)
+			for _, w := range tc.want {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		endpoint string
+		want     settings
+	}{
+		{"udp://127.0.0.1", settings{udp: true, addr: "127.0.0.1:4321", maxBatchBytes: DefaultUDPMaxBatchBytes}},
+		{"udp://[::1]:9000/", settings{udp: true, addr: "[::1]:9000", maxBatchBytes: DefaultUDPMaxBatchBytes}},
+		{"http://collector", settings{url: "http://collector:4320/v1/token-events", maxBatchBytes: DefaultHTTPMaxBatchBytes}},
+		{"https://collector/", settings{url: "https://collector:4320/v1/token-events", maxBatchBytes: DefaultHTTPMaxBatchBytes}},
+		{"http://collector:8080/hooks?tenant=a", settings{url: "http://collector:8080/hooks?tenant=a", maxBatchBytes: DefaultHTTPMaxBatchBytes}},
+	} {
+		t.Run(tc.endpoint, func(t *testing.T) {
+			s, err := Config{Endpoint: tc.endpoint}.resolve()
+			require.NoError(t, err)
+			tc.want.queueSize = DefaultQueueSize
+			tc.want.flushInterval = DefaultFlushInterval
+			assert.Equal(t, tc.want, s)
+		})
+	}
+
+	s, err := Config{Endpoint: "udp://127.0.0.1", QueueSize: 8, MaxBatchBytes: 512, FlushInterval: time.Second}.resolve()
+	require.NoError(t, err)
+	assert.Equal(t, settings{udp: true, addr: "127.0.0.1:4321", queueSize: 8, maxBatchBytes: 512, flushInterval: time.Second}, s)
+}

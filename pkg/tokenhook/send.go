@@ -1,0 +1,169 @@
+package tokenhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// sender delivers batches for the background goroutine.
+type sender interface {
+	// send delivers batch, which holds events whole lines, and returns how
+	// many of them were delivered, and whether batch may be overwritten
+	// now (false when a transport may still read it).
+	send(batch []byte, events int) (sent int, reuse bool)
+	// abort makes the send under way and all later ones fail at once. It
+	// is called from another goroutine.
+	abort()
+	// close releases the socket or connections; called once, last.
+	close()
+}
+
+// udpSender writes each batch as one datagram on a connected socket.
+type udpSender struct {
+	conn net.Conn
+}
+
+func (s *udpSender) send(batch []byte, events int) (int, bool) {
+	if _, err := s.conn.Write(batch); err != nil {
+		return 0, true
+	}
+	return events, true
+}
+
+// abort sets a write deadline in the past, which fails pending and later
+// writes.
+func (s *udpSender) abort() { _ = s.conn.SetWriteDeadline(time.Unix(1, 0)) }
+
+func (s *udpSender) close() { _ = s.conn.Close() }
+
+// maxRetryAfter is the longest Retry-After of a 503 that is waited for
+// before the one retry; a longer one fails the batch, since events keep
+// queueing (and dropping) meanwhile.
+const maxRetryAfter = time.Second
+
+// maxResponseBytes bounds how much of a response body is read.
+const maxResponseBytes = 64 << 10
+
+// httpSender POSTs each batch as an application/x-ndjson body.
+type httpSender struct {
+	ctx     context.Context // canceled by abort
+	client  *http.Client
+	owned   bool // client was made by New, so its idle connections are ours to close
+	url     string
+	headers http.Header
+	resp    bytes.Buffer
+}
+
+// send posts batch and counts the receiver's verdict. A 2xx answer delivers
+// the batch except the lines the receiver reports as "rejected"; any other
+// status or a transport error fails it all. A 503 with a Retry-After of at
+// most one second is retried once after that delay.
+func (s *httpSender) send(batch []byte, events int) (int, bool) {
+	reuse := true
+	for attempt := 0; ; attempt++ {
+		status, retryAfter, rejected, held, err := s.post(batch)
+		reuse = reuse && !held
+		switch {
+		case err != nil:
+			return 0, reuse
+		case status >= 200 && status < 300:
+			return events - min(max(rejected, 0), events), reuse
+		case status == http.StatusServiceUnavailable && attempt == 0 && retryAfter >= 0 && retryAfter <= maxRetryAfter:
+			t := time.NewTimer(retryAfter)
+			select {
+			case <-t.C:
+			case <-s.ctx.Done():
+				t.Stop()
+				return 0, reuse
+			}
+		default:
+			return 0, reuse
+		}
+	}
+}
+
+// post makes one request. retryAfter is -1 when the response has no
+// Retry-After in seconds; held reports that the transport may still read
+// batch.
+func (s *httpSender) post(batch []byte) (status int, retryAfter time.Duration, rejected int, held bool, err error) {
+	body := &requestBody{Reader: bytes.NewReader(batch), closed: make(chan struct{})}
+	req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, s.url, body)
+	if err != nil {
+		return 0, -1, 0, false, err
+	}
+	req.ContentLength = int64(len(batch))
+	req.GetBody = func() (io.ReadCloser, error) {
+		// A redirect or a retry of the transport reads batch again, out of
+		// our sight.
+		body.copied.Store(true)
+		return io.NopCloser(bytes.NewReader(batch)), nil
+	}
+	for k, v := range s.headers {
+		req.Header[k] = v
+	}
+	req.Header.Set("Content-Type", "application/x-ndjson")
+	resp, err := s.client.Do(req)
+	defer func() {
+		// The transport closes the body once done with it, which may be
+		// after Do returns (the server answered early).
+		select {
+		case <-body.closed:
+			held = body.copied.Load()
+		default:
+			held = true
+		}
+	}()
+	if err != nil {
+		return 0, -1, 0, false, err
+	}
+	s.resp.Reset()
+	_, err = s.resp.ReadFrom(io.LimitReader(resp.Body, maxResponseBytes))
+	_ = resp.Body.Close()
+	if err != nil {
+		return 0, -1, 0, false, err
+	}
+	retryAfter = -1
+	if secs, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get("Retry-After"))); err == nil && secs >= 0 {
+		retryAfter = time.Duration(min(secs, 3600)) * time.Second
+	}
+	// The receiver answers {"accepted":N,"rejected":M,"errors":[...]}; any
+	// other body means nothing was rejected.
+	var verdict struct {
+		Rejected int `json:"rejected"`
+	}
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 && json.Unmarshal(s.resp.Bytes(), &verdict) == nil {
+		rejected = verdict.Rejected
+	}
+	return resp.StatusCode, retryAfter, rejected, false, nil
+}
+
+// abort needs nothing more: Close cancels s.ctx, which ends the request.
+func (s *httpSender) abort() {}
+
+func (s *httpSender) close() {
+	if s.owned {
+		s.client.CloseIdleConnections()
+	}
+}
+
+// requestBody tells when the transport is done with a request body.
+type requestBody struct {
+	*bytes.Reader
+	once   sync.Once
+	closed chan struct{}
+	copied atomic.Bool
+}
+
+func (b *requestBody) Close() error {
+	b.once.Do(func() { close(b.closed) })
+	return nil
+}
