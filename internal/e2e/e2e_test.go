@@ -143,33 +143,6 @@ type collector struct {
 	output            *syncBuffer
 }
 
-const configTemplate = `
-receivers:
-  token_stream:
-    hooks:
-      http:
-        endpoint: %[1]s
-      udp:
-        endpoint: %[2]s
-exporters:
-  debug:
-    verbosity: detailed
-  otlp_grpc:
-    endpoint: %[3]s
-    tls:
-      insecure: true
-    sending_queue:
-      enabled: false
-service:
-  telemetry:
-    metrics:
-      level: none
-  pipelines:
-    logs:
-      receivers: [token_stream]
-      exporters: [debug, otlp_grpc]
-`
-
 // startCollector runs the distribution with hooks exporting to sinkAddr and
 // to the debug exporter; it stops the process (SIGTERM) when the test ends
 // and checks that it exits cleanly.
@@ -177,10 +150,8 @@ func startCollector(t *testing.T, sinkAddr string) *collector {
 	t.Helper()
 	bin := collectorBinary(t)
 	c := &collector{httpAddr: freePort(t, "tcp"), udpAddr: freePort(t, "udp"), output: &syncBuffer{}}
-	cfgPath := filepath.Join(t.TempDir(), "config.yaml")
-	require.NoError(t, os.WriteFile(cfgPath, fmt.Appendf(nil, configTemplate, c.httpAddr, c.udpAddr, sinkAddr), 0o600))
-
-	cmd := exec.Command(bin, "--config", cfgPath)
+	cmd := exec.Command(bin, "--config", filepath.Join("..", "..", "testdata", "e2e", "hooks.yaml"))
+	cmd.Env = append(os.Environ(), "HOOKS_HTTP_ENDPOINT="+c.httpAddr, "HOOKS_UDP_ENDPOINT="+c.udpAddr, "SINK_ENDPOINT="+sinkAddr)
 	cmd.Stdout, cmd.Stderr = c.output, c.output
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
