@@ -1,0 +1,103 @@
+// Package session is the token_session processor's state machine: it folds
+// token events into sessions and measures them (TTFT, TPOT, per-token gaps,
+// window TPOT, stalls), ends them (completed, error, aborted, timeout,
+// evicted, shutdown) and gives each a sampling verdict. It is plain Go: time
+// comes in as arguments (the injectable clock), results go out through an
+// Observer, and no goroutine runs here.
+package session // import "github.com/otelcol-llm/otelcol-llm/internal/session"
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Config holds the session semantics. DefaultConfig gives the documented
+// defaults.
+type Config struct {
+	// Window is how many of the latest per-token gaps the window TPOT averages.
+	Window int
+	// StallGap is the per-token gap above which a gap is slow.
+	StallGap time.Duration
+	// StallConsecutive slow gaps in a row make a stall. A session whose last
+	// token arrived more than StallConsecutive×StallGap ago is stalled too:
+	// the freeze is reported while it lasts, not when decoding resumes.
+	StallConsecutive int
+	// MaxStallRecords bounds the stall episodes a session keeps in detail
+	// (for span events); all are counted.
+	MaxStallRecords int
+	// IdleTimeout ends a session that has received no event for this long.
+	IdleTimeout time.Duration
+	// MaxActive bounds the session table; a new session beyond it evicts the
+	// least recently active one.
+	MaxActive int
+	// EndedMemory is how many recently ended session IDs are remembered, so
+	// that events arriving after the end are recognised as late.
+	EndedMemory int
+	Sampling    SamplingConfig
+}
+
+// SamplingConfig is the tail sampling policy: a session is kept if any
+// enabled rule matches, else with probability NormalPercent/100, decided
+// consistently from its trace ID.
+type SamplingConfig struct {
+	// TTFT keeps sessions whose time to first token exceeds it; 0 disables.
+	TTFT time.Duration
+	// TPOT keeps sessions whose time per output token exceeds it; 0 disables.
+	TPOT time.Duration
+	// Stalls keeps sessions that stalled.
+	Stalls bool
+	// Errors keeps sessions that ended in error or timed out.
+	Errors bool
+	// NormalPercent is the share of the other sessions kept, 0 to 100.
+	NormalPercent float64
+}
+
+// DefaultConfig returns the defaults of DESIGN.md.
+func DefaultConfig() Config {
+	return Config{
+		Window:           10,
+		StallGap:         150 * time.Millisecond,
+		StallConsecutive: 3,
+		MaxStallRecords:  8,
+		IdleTimeout:      5 * time.Minute,
+		MaxActive:        100_000,
+		EndedMemory:      16_384,
+		Sampling: SamplingConfig{
+			TTFT:          500 * time.Millisecond,
+			TPOT:          80 * time.Millisecond,
+			Stalls:        true,
+			Errors:        true,
+			NormalPercent: 1,
+		},
+	}
+}
+
+// Validate reports every invalid setting, named by its field.
+func (c Config) Validate() error {
+	var errs []error
+	positive := func(name string, v int64) {
+		if v <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be positive, got %d", name, v))
+		}
+	}
+	positive("window", int64(c.Window))
+	positive("stall.gap", int64(c.StallGap))
+	positive("stall.consecutive", int64(c.StallConsecutive))
+	if c.MaxStallRecords < 0 {
+		errs = append(errs, fmt.Errorf("stall.max_records: must not be negative, got %d", c.MaxStallRecords))
+	}
+	positive("session.idle_timeout", int64(c.IdleTimeout))
+	positive("session.max_active", int64(c.MaxActive))
+	positive("session.ended_memory", int64(c.EndedMemory))
+	if c.Sampling.TTFT < 0 {
+		errs = append(errs, fmt.Errorf("sampling.ttft: must not be negative, got %s", c.Sampling.TTFT))
+	}
+	if c.Sampling.TPOT < 0 {
+		errs = append(errs, fmt.Errorf("sampling.tpot: must not be negative, got %s", c.Sampling.TPOT))
+	}
+	if p := c.Sampling.NormalPercent; !(p >= 0 && p <= 100) {
+		errs = append(errs, fmt.Errorf("sampling.normal_percent: must be within [0, 100], got %v", p))
+	}
+	return errors.Join(errs...)
+}

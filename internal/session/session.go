@@ -1,0 +1,213 @@
+package session
+
+import (
+	"time"
+
+	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+// Outcome is how a session ended.
+type Outcome uint8
+
+const (
+	// OutcomeActive: the session has not ended.
+	OutcomeActive Outcome = iota
+	// OutcomeCompleted: an end event without error.
+	OutcomeCompleted
+	// OutcomeError: an end event with an error type.
+	OutcomeError
+	// OutcomeAborted: the client went away (finish reason "abort").
+	OutcomeAborted
+	// OutcomeTimeout: no event for the idle timeout.
+	OutcomeTimeout
+	// OutcomeEvicted: pushed out of a full table.
+	OutcomeEvicted
+	// OutcomeShutdown: still active when the collector stopped.
+	OutcomeShutdown
+)
+
+var outcomeNames = [...]string{"active", "completed", "error", "aborted", "timeout", "evicted", "shutdown"}
+
+func (o Outcome) String() string { return outcomeNames[o] }
+
+// finishReasonAbort is the finish reason vLLM (and the proxy) give an
+// aborted request.
+const finishReasonAbort = "abort"
+
+// Reason is the set of sampling rules that kept a session.
+type Reason uint8
+
+const (
+	ReasonTTFT Reason = 1 << iota
+	ReasonTPOT
+	ReasonStall
+	ReasonError
+	ReasonTimeout
+	// ReasonProbabilistic: kept by the NormalPercent draw, no rule matched.
+	ReasonProbabilistic
+)
+
+var reasonNames = [...]string{"ttft", "tpot", "stall", "error", "timeout", "probabilistic"}
+
+// String lists the reasons joined by commas, e.g. "ttft,stall".
+func (r Reason) String() string {
+	var b []byte
+	for i, name := range reasonNames {
+		if r&(1<<i) != 0 {
+			if len(b) > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, name...)
+		}
+	}
+	return string(b)
+}
+
+// Stall is one stall episode, as recorded when it was detected.
+type Stall struct {
+	// DetectedAt is the engine time of the token that completed the run of
+	// slow gaps, or the collector's time when a freeze was detected.
+	DetectedAt int64
+	// Since is the time of the last token before the episode.
+	Since int64
+	// Gaps are the per-token gaps of the run that triggered it (empty for a
+	// freeze without tokens).
+	Gaps []time.Duration
+	// Freeze is set when no token arrived for StallConsecutive×StallGap.
+	Freeze bool
+}
+
+// Session is one streamed request. The Table owns it: an Observer may read
+// it during a callback and must not keep it afterwards (it is reused).
+type Session struct {
+	ID           string
+	TraceID      pcommon.TraceID
+	SpanID       pcommon.SpanID
+	ParentSpanID pcommon.SpanID
+	Model        string
+	Operation    string
+	Engine       string
+	Attributes   []tokenevent.Attribute
+	// PromptTokens is -1 when unknown.
+	PromptTokens int64
+	// HasStart is false while the session was created by a token event that
+	// overtook its start (UDP reordering).
+	HasStart bool
+
+	// Engine times in Unix ns; 0 when not seen.
+	StartTime, FirstTokenTime, LastTokenTime int64
+	// Tokens is the sum of the token events' counts; Chunks the events.
+	Tokens, Chunks int64
+	MaxGap         time.Duration
+	WindowTPOTMax  time.Duration
+	StallCount     int
+	// Stalls are the first MaxStallRecords episodes.
+	Stalls []Stall
+
+	// Verdict, final at the end; Keep may be set early (TTFT, stall).
+	Keep      bool
+	Reasons   Reason
+	Threshold sampling.Threshold
+	Outcome   Outcome
+
+	// Attachment is the Observer's own per-session data.
+	Attachment any
+
+	// window of the latest per-token gaps, in µs to keep a session small.
+	gaps    []uint32
+	gapNext int
+	gapLen  int
+	slowRun int
+	inStall bool
+
+	// slot is the session's index in the table's dense arrays.
+	slot int
+}
+
+// End is what the end event said; the zero End with CompletionTokens -1
+// when the session ended without one (timeout, eviction, shutdown).
+type End struct {
+	Time             int64
+	CompletionTokens int64
+	FinishReason     string
+	ErrorType        string
+}
+
+// TTFT is the time from start to first token; ok is false without both.
+func (s *Session) TTFT() (d time.Duration, ok bool) {
+	if s.StartTime == 0 || s.FirstTokenTime == 0 {
+		return 0, false
+	}
+	return time.Duration(max(s.FirstTokenTime-s.StartTime, 0)), true
+}
+
+// TPOT is (last token − first token)/(output tokens − 1), with output
+// tokens from completion_tokens when given (outputTokens ≥ 0), else the sum
+// of the chunks' counts. ok is false with fewer than two output tokens.
+func (s *Session) TPOT(outputTokens int64) (d time.Duration, ok bool) {
+	n := outputTokens
+	if n < 0 {
+		n = s.Tokens
+	}
+	if n < 2 || s.FirstTokenTime == 0 {
+		return 0, false
+	}
+	return time.Duration(max(s.LastTokenTime-s.FirstTokenTime, 0) / (n - 1)), true
+}
+
+// WindowTPOT is the mean of the latest Window per-token gaps; ok is false
+// before the first gap.
+func (s *Session) WindowTPOT() (d time.Duration, ok bool) {
+	if s.gapLen == 0 {
+		return 0, false
+	}
+	var sum uint64
+	for _, g := range s.gaps[:s.gapLen] {
+		sum += uint64(g)
+	}
+	return time.Duration(sum/uint64(s.gapLen)) * time.Microsecond, true
+}
+
+// Duration is from start (or the first event seen) to the last token or end.
+func (s *Session) duration(end int64) time.Duration {
+	from := s.StartTime
+	if from == 0 {
+		from = s.FirstTokenTime
+	}
+	to := max(end, s.LastTokenTime)
+	if from == 0 || to < from {
+		return 0
+	}
+	return time.Duration(to - from)
+}
+
+// Duration is from start to the end event, or to the last token when the
+// session ended without one.
+func (s *Session) Duration(e *End) time.Duration { return s.duration(e.Time) }
+
+// pushGap adds n per-token gaps of g to the window and returns the window
+// TPOT after it.
+func (s *Session) pushGap(g time.Duration, n int64) {
+	us := uint32(min(g/time.Microsecond, 1<<32-1))
+	for range min(n, int64(len(s.gaps))) {
+		s.gaps[s.gapNext] = us
+		s.gapNext = (s.gapNext + 1) % len(s.gaps)
+		s.gapLen = min(s.gapLen+1, len(s.gaps))
+	}
+	if w, _ := s.WindowTPOT(); w > s.WindowTPOTMax {
+		s.WindowTPOTMax = w
+	}
+}
+
+// reset clears s for reuse, keeping the window's storage.
+func (s *Session) reset(window int) {
+	gaps := s.gaps
+	if cap(gaps) < window {
+		gaps = make([]uint32, window)
+	}
+	clear(gaps[:window])
+	*s = Session{gaps: gaps[:window], PromptTokens: -1}
+}

@@ -1,0 +1,466 @@
+package session
+
+import (
+	"math/rand/v2"
+	"time"
+
+	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+// Observer receives what the Table learns. Calls happen inside Table
+// methods, so they must not block and must not call back into the Table.
+// For a session, Started comes first and Ended last.
+type Observer interface {
+	// Started: a new session. HasStart is false when a token event arrived
+	// before the start; its start fields are filled in later.
+	Started(s *Session)
+	// Gap: n per-token gaps of g each (a chunk of n tokens arriving g·n
+	// after the previous one).
+	Gap(s *Session, g time.Duration, n int64)
+	// Stalled: a stall episode began; st is valid during the call only.
+	Stalled(s *Session, st *Stall)
+	// KeptEarly: the session's verdict became keep before its end (a TTFT
+	// breach at the first token, or a stall), so the trace can be released.
+	KeptEarly(s *Session)
+	// Ended: the session ended; its verdict is final. TraceDone tells
+	// whether it was the last active session of its trace, and TraceKept
+	// whether any session of the trace was kept.
+	Ended(s *Session, e *End, trace TraceVerdict)
+}
+
+// TraceVerdict is the state of a session's trace when the session ends.
+type TraceVerdict struct {
+	// Done: no other active session shares the trace ID.
+	Done bool
+	// Kept: some session of the trace was kept.
+	Kept bool
+}
+
+// Counters count the events the table could not use as they came; they
+// only grow.
+type Counters struct {
+	// OrphanTokens opened a session before its start arrived.
+	OrphanTokens uint64
+	// OrphanEnds ended a session never seen; they are dropped.
+	OrphanEnds uint64
+	// LateEvents arrived for a session already ended (duplicates of the end
+	// included); they are dropped.
+	LateEvents uint64
+	// DuplicateStarts arrived for a session already started; ignored.
+	DuplicateStarts uint64
+	// OutOfOrder token events were older than the session's latest token
+	// (or its start); they count as tokens but make no gap.
+	OutOfOrder uint64
+}
+
+// Table holds the active sessions. It is not safe for concurrent use.
+type Table struct {
+	cfg         Config
+	obs         Observer
+	normal      sampling.Threshold
+	freezeAfter int64
+
+	sessions map[string]*Session
+	traces   map[pcommon.TraceID]traceRef
+	ended    endedSet
+	free     []*Session
+
+	// slots and clocks are dense, indexed by Session.slot: the per-token
+	// path writes one clocks entry instead of relinking lists (which would
+	// touch neighbouring sessions' memory), and Tick scans clocks
+	// sequentially, which for 100 000 sessions takes a fraction of a ms.
+	slots  []*Session
+	clocks []clock
+
+	Counters Counters
+}
+
+// clock holds the collector times Tick looks at.
+type clock struct {
+	// lastSeen is when the latest event arrived.
+	lastSeen int64
+	// lastTokenSeen is when the latest token arrived while decoding; 0
+	// before the first token and during a stall episode.
+	lastTokenSeen int64
+}
+
+type traceRef struct {
+	active int32
+	kept   bool
+}
+
+// NewTable returns an empty table.
+func NewTable(cfg Config, obs Observer) (*Table, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	normal := sampling.NeverSampleThreshold
+	if p := cfg.Sampling.NormalPercent; p > 0 {
+		// Four significant hex digits, as the probabilistic sampler writes by
+		// default: "fd70a" for 1%, not a 14-digit threshold in every tracestate.
+		th, err := sampling.ProbabilityToThresholdWithPrecision(p/100, 4)
+		if err != nil {
+			return nil, err
+		}
+		normal = th
+	}
+	return &Table{
+		cfg:         cfg,
+		obs:         obs,
+		normal:      normal,
+		freezeAfter: int64(cfg.StallGap) * int64(cfg.StallConsecutive),
+		sessions:    make(map[string]*Session),
+		traces:      make(map[pcommon.TraceID]traceRef),
+		ended:       newEndedSet(cfg.EndedMemory),
+	}, nil
+}
+
+// Active returns the number of active sessions.
+func (t *Table) Active() int { return len(t.sessions) }
+
+// TraceActive reports whether an active session belongs to the trace, and
+// whether one of them has already been kept.
+func (t *Table) TraceActive(id pcommon.TraceID) (active, kept bool) {
+	r, ok := t.traces[id]
+	return ok, r.kept
+}
+
+// Apply folds one event in. now is the collector's clock (Unix ns) when the
+// event arrived; the event's own time is the engine's.
+func (t *Table) Apply(ev *tokenevent.Event, now int64) {
+	s := t.sessions[ev.SessionID]
+	switch ev.Kind {
+	case tokenevent.KindStart:
+		switch {
+		case s == nil && t.ended.has(ev.SessionID):
+			t.Counters.LateEvents++
+		case s == nil:
+			s = t.create(ev.SessionID, now)
+			t.fillStart(s, ev)
+			t.obs.Started(s)
+		case s.HasStart:
+			t.Counters.DuplicateStarts++
+			t.touch(s, now)
+		default:
+			t.fillStart(s, ev)
+			t.touch(s, now)
+			t.checkTTFT(s)
+		}
+	case tokenevent.KindToken:
+		if s == nil {
+			if t.ended.has(ev.SessionID) {
+				t.Counters.LateEvents++
+				return
+			}
+			t.Counters.OrphanTokens++
+			s = t.create(ev.SessionID, now)
+			t.obs.Started(s)
+		}
+		t.token(s, int64(ev.TimeUnixNano), ev.Count, now)
+	case tokenevent.KindEnd:
+		if s == nil {
+			if t.ended.has(ev.SessionID) {
+				t.Counters.LateEvents++
+			} else {
+				t.Counters.OrphanEnds++
+				t.ended.add(ev.SessionID)
+			}
+			return
+		}
+		e := End{Time: int64(ev.TimeUnixNano), CompletionTokens: ev.CompletionTokens, FinishReason: ev.FinishReason, ErrorType: ev.Error}
+		outcome := OutcomeCompleted
+		switch {
+		case ev.Error != "":
+			outcome = OutcomeError
+		case ev.FinishReason == finishReasonAbort:
+			outcome = OutcomeAborted
+		}
+		t.end(s, outcome, &e)
+	}
+}
+
+// Tick ends the sessions idle for longer than the idle timeout and reports
+// the sessions whose decoding froze. Call it often (every few tens of ms)
+// for freezes to be reported promptly; it scans a dense array of two
+// timestamps per session.
+func (t *Table) Tick(now int64) {
+	// Backwards, since ending a session moves the last slot into its place.
+	for i := len(t.slots) - 1; i >= 0; i-- {
+		c := &t.clocks[i]
+		s := t.slots[i]
+		switch {
+		case now-c.lastSeen > int64(t.cfg.IdleTimeout):
+			t.end(s, OutcomeTimeout, &End{CompletionTokens: -1})
+		case c.lastTokenSeen != 0 && now-c.lastTokenSeen > t.freezeAfter:
+			c.lastTokenSeen = 0
+			t.stall(s, Stall{DetectedAt: now, Since: s.LastTokenTime, Freeze: true})
+		}
+	}
+}
+
+// Shutdown ends every active session with OutcomeShutdown.
+func (t *Table) Shutdown() {
+	for i := len(t.slots) - 1; i >= 0; i-- {
+		t.end(t.slots[i], OutcomeShutdown, &End{CompletionTokens: -1})
+	}
+}
+
+// evictionSamples is how many sessions an eviction compares: evicting the
+// least recently active of a random sample approximates LRU at O(1) cost.
+const evictionSamples = 8
+
+func (t *Table) evict() {
+	victim := -1
+	if len(t.slots) <= evictionSamples {
+		for i := range t.slots {
+			if victim < 0 || t.clocks[i].lastSeen < t.clocks[victim].lastSeen {
+				victim = i
+			}
+		}
+	} else {
+		for range evictionSamples {
+			i := rand.IntN(len(t.slots))
+			if victim < 0 || t.clocks[i].lastSeen < t.clocks[victim].lastSeen {
+				victim = i
+			}
+		}
+	}
+	t.end(t.slots[victim], OutcomeEvicted, &End{CompletionTokens: -1})
+}
+
+func (t *Table) create(id string, now int64) *Session {
+	if len(t.sessions) >= t.cfg.MaxActive {
+		t.evict()
+	}
+	var s *Session
+	if n := len(t.free); n > 0 {
+		s, t.free = t.free[n-1], t.free[:n-1]
+	} else {
+		s = new(Session)
+	}
+	s.reset(t.cfg.Window)
+	s.ID = id
+	randomID(s.TraceID[:])
+	randomID(s.SpanID[:])
+	t.sessions[id] = s
+	t.traceAdd(s.TraceID)
+	s.slot = len(t.slots)
+	t.slots = append(t.slots, s)
+	t.clocks = append(t.clocks, clock{lastSeen: now})
+	return s
+}
+
+func randomID(b []byte) {
+	for i := 0; i < len(b); i += 8 {
+		v := rand.Uint64()
+		for j := i; j < min(i+8, len(b)); j++ {
+			b[j] = byte(v)
+			v >>= 8
+		}
+	}
+}
+
+func (t *Table) fillStart(s *Session, ev *tokenevent.Event) {
+	s.HasStart = true
+	s.StartTime = int64(ev.TimeUnixNano)
+	if !ev.TraceID.IsEmpty() && ev.TraceID != s.TraceID {
+		t.traceRemove(s.TraceID, false)
+		s.TraceID = ev.TraceID
+		t.traceAdd(s.TraceID)
+	}
+	if !ev.SpanID.IsEmpty() {
+		s.SpanID = ev.SpanID
+	}
+	s.ParentSpanID = ev.ParentSpanID
+	s.Model, s.Operation, s.Engine = ev.Model, ev.Operation, ev.Engine
+	s.PromptTokens = ev.PromptTokens
+	if len(ev.Attributes) > 0 {
+		s.Attributes = append(s.Attributes[:0], ev.Attributes...)
+	}
+	if s.FirstTokenTime != 0 && s.FirstTokenTime < s.StartTime {
+		t.Counters.OutOfOrder++
+	}
+}
+
+func (t *Table) token(s *Session, at, count, now int64) {
+	s.Chunks++
+	s.Tokens += count
+	c := &t.clocks[s.slot]
+	c.lastSeen = now
+	if !s.inStall {
+		c.lastTokenSeen = now
+	}
+	if s.FirstTokenTime == 0 {
+		s.FirstTokenTime, s.LastTokenTime = at, at
+		if s.StartTime != 0 && at < s.StartTime {
+			t.Counters.OutOfOrder++
+		}
+		t.checkTTFT(s)
+		return
+	}
+	if at < s.LastTokenTime {
+		t.Counters.OutOfOrder++
+		s.FirstTokenTime = min(s.FirstTokenTime, at)
+		return
+	}
+	gap := time.Duration(at-s.LastTokenTime) / time.Duration(count)
+	s.LastTokenTime = at
+	s.MaxGap = max(s.MaxGap, gap)
+	s.pushGap(gap, count)
+	t.obs.Gap(s, gap, count)
+	if gap <= t.cfg.StallGap {
+		s.slowRun = 0
+		if s.inStall {
+			s.inStall = false
+			c.lastTokenSeen = now
+		}
+		return
+	}
+	s.slowRun += int(count)
+	if !s.inStall && s.slowRun >= t.cfg.StallConsecutive {
+		c.lastTokenSeen = 0
+		t.stall(s, Stall{DetectedAt: at, Since: at - int64(gap)*int64(s.slowRun), Gaps: s.latestGaps(t.cfg.StallConsecutive)})
+	}
+}
+
+// latestGaps returns up to n of the window's latest gaps, oldest first.
+func (s *Session) latestGaps(n int) []time.Duration {
+	n = min(n, s.gapLen)
+	out := make([]time.Duration, n)
+	for i := range n {
+		j := (s.gapNext - n + i + len(s.gaps)) % len(s.gaps)
+		out[i] = time.Duration(s.gaps[j]) * time.Microsecond
+	}
+	return out
+}
+
+func (t *Table) stall(s *Session, st Stall) {
+	s.inStall = true
+	s.StallCount++
+	if len(s.Stalls) < t.cfg.MaxStallRecords {
+		s.Stalls = append(s.Stalls, st)
+	}
+	t.obs.Stalled(s, &st)
+	if t.cfg.Sampling.Stalls {
+		t.keepEarly(s, ReasonStall)
+	}
+}
+
+func (t *Table) checkTTFT(s *Session) {
+	if ttft, ok := s.TTFT(); ok && t.cfg.Sampling.TTFT > 0 && ttft > t.cfg.Sampling.TTFT {
+		t.keepEarly(s, ReasonTTFT)
+	}
+}
+
+func (t *Table) keepEarly(s *Session, r Reason) {
+	s.Reasons |= r
+	if s.Keep {
+		return
+	}
+	s.Keep = true
+	s.Threshold = sampling.AlwaysSampleThreshold
+	ref := t.traces[s.TraceID]
+	ref.kept = true
+	t.traces[s.TraceID] = ref
+	t.obs.KeptEarly(s)
+}
+
+// decide sets the final verdict: kept when a rule matches, else by the
+// consistent probabilistic draw on the trace ID (OTEP 235).
+func (t *Table) decide(s *Session, e *End) {
+	p := t.cfg.Sampling
+	if ttft, ok := s.TTFT(); ok && p.TTFT > 0 && ttft > p.TTFT {
+		s.Reasons |= ReasonTTFT
+	}
+	if tpot, ok := s.TPOT(e.CompletionTokens); ok && p.TPOT > 0 && tpot > p.TPOT {
+		s.Reasons |= ReasonTPOT
+	}
+	if p.Stalls && s.StallCount > 0 {
+		s.Reasons |= ReasonStall
+	}
+	if p.Errors && s.Outcome == OutcomeError {
+		s.Reasons |= ReasonError
+	}
+	if p.Errors && s.Outcome == OutcomeTimeout {
+		s.Reasons |= ReasonTimeout
+	}
+	switch {
+	case s.Reasons != 0:
+		s.Keep, s.Threshold = true, sampling.AlwaysSampleThreshold
+	case t.normal.ShouldSample(sampling.TraceIDToRandomness(s.TraceID)):
+		s.Keep, s.Threshold, s.Reasons = true, t.normal, ReasonProbabilistic
+	default:
+		s.Keep, s.Threshold = false, t.normal
+	}
+}
+
+func (t *Table) end(s *Session, outcome Outcome, e *End) {
+	s.Outcome = outcome
+	t.decide(s, e)
+	trace := t.traceRemove(s.TraceID, s.Keep)
+	t.obs.Ended(s, e, trace)
+	delete(t.sessions, s.ID)
+	last := len(t.slots) - 1
+	moved := t.slots[last]
+	t.slots[s.slot], t.clocks[s.slot] = moved, t.clocks[last]
+	moved.slot = s.slot
+	t.slots[last] = nil
+	t.slots, t.clocks = t.slots[:last], t.clocks[:last]
+	t.ended.add(s.ID)
+	s.Attachment = nil
+	s.Attributes = s.Attributes[:0]
+	s.Stalls = nil
+	t.free = append(t.free, s)
+}
+
+func (t *Table) traceAdd(id pcommon.TraceID) {
+	r := t.traces[id]
+	r.active++
+	t.traces[id] = r
+}
+
+func (t *Table) traceRemove(id pcommon.TraceID, kept bool) TraceVerdict {
+	r := t.traces[id]
+	r.active--
+	r.kept = r.kept || kept
+	if r.active <= 0 {
+		delete(t.traces, id)
+		return TraceVerdict{Done: true, Kept: r.kept}
+	}
+	t.traces[id] = r
+	return TraceVerdict{Kept: r.kept}
+}
+
+// touch records activity on s.
+func (t *Table) touch(s *Session, now int64) { t.clocks[s.slot].lastSeen = now }
+
+// endedSet remembers the latest ended session IDs, oldest forgotten first.
+type endedSet struct {
+	ids  map[string]struct{}
+	ring []string
+	next int
+}
+
+func newEndedSet(n int) endedSet {
+	return endedSet{ids: make(map[string]struct{}, n), ring: make([]string, n)}
+}
+
+func (e *endedSet) has(id string) bool {
+	_, ok := e.ids[id]
+	return ok
+}
+
+func (e *endedSet) add(id string) {
+	if e.has(id) {
+		return
+	}
+	if old := e.ring[e.next]; old != "" {
+		delete(e.ids, old)
+	}
+	e.ring[e.next] = id
+	e.ids[id] = struct{}{}
+	e.next = (e.next + 1) % len(e.ring)
+}
