@@ -1,0 +1,31 @@
+package heldspans
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestDefaultConfigIsValid(t *testing.T) {
+	require.NoError(t, DefaultConfig().Validate())
+	b, err := New(DefaultConfig())
+	require.NoError(t, err)
+	assert.Equal(t, 0, b.HeldSpans())
+	assert.Equal(t, 0, b.HeldTraces())
+	assert.Equal(t, 0, b.CachedVerdicts())
+}
+
+func TestNewNamesEveryInvalidField(t *testing.T) {
+	_, err := New(Config{MaxHeldSpans: 0, MaxHold: -time.Second, VerdictCacheSize: -1})
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "MaxHeldSpans: want > 0, got 0")
+	assert.ErrorContains(t, err, "MaxHold: want > 0, got -1s")
+	assert.ErrorContains(t, err, "VerdictCacheSize: want > 0, got -1")
+
+	cfg := DefaultConfig()
+	cfg.VerdictCacheSize = math.MaxInt32 + 1
+	assert.ErrorContains(t, cfg.Validate(), "VerdictCacheSize: want <= 2147483647")
+}

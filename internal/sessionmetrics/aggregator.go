@@ -1,0 +1,355 @@
+// Package sessionmetrics aggregates the metrics of the token_session processor over 100% of
+// sessions: GenAI semconv latency histograms, per-token inter-token latency, token usage,
+// sessions by outcome, stalls and active sessions, under a per-metric cardinality limit.
+//
+// An Aggregator is not safe for concurrent use: the caller (the session state machine and the
+// processor's flush) must serialize every call, including AppendTo.
+package sessionmetrics
+
+import (
+	"encoding/binary"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/collector/pdata/pcommon"
+)
+
+// Metric names.
+const (
+	MetricTimeToFirstToken  = "gen_ai.server.time_to_first_token"
+	MetricTimePerOutputTok  = "gen_ai.server.time_per_output_token"
+	MetricRequestDuration   = "gen_ai.server.request.duration"
+	MetricInterTokenLatency = "llm.session.inter_token_latency"
+	MetricTokenUsage        = "llm.session.token.usage"
+	MetricSessions          = "llm.sessions"
+	MetricStalls            = "llm.session.stalls"
+	MetricActiveSessions    = "llm.sessions.active"
+)
+
+// Attribute keys set by the aggregator.
+const (
+	attrOperation = "gen_ai.operation.name"
+	attrProvider  = "gen_ai.provider.name"
+	attrModel     = "gen_ai.request.model"
+	attrErrorType = "error.type"
+	attrEngine    = "llm.engine"
+	attrTokenType = "gen_ai.token.type"
+	attrOutcome   = "llm.session.outcome"
+	attrSampled   = "llm.session.sampled"
+	attrOverflow  = "otel.metric.overflow"
+)
+
+// Dims is the identity of a series. An empty string means the attribute is absent.
+type Dims struct {
+	Operation string // gen_ai.operation.name
+	Provider  string // gen_ai.provider.name
+	Model     string // gen_ai.request.model
+	ErrorType string // error.type; ignored by SessionStarted, taken from Result at the end
+	Engine    string // llm.engine
+	// Extra holds the values of Config.Dimensions in the same order; missing trailing values are
+	// absent and values beyond len(Config.Dimensions) are ignored. The aggregator copies it.
+	Extra []string
+}
+
+// Result is what SessionEnded records about a finished session.
+type Result struct {
+	ErrorType string // error.type on the end-of-session metrics; empty when the session did not fail
+	Outcome   string // completed, error, aborted, timeout, evicted or shutdown
+	Sampled   bool   // whether tail sampling kept the session
+
+	TTFT     time.Duration
+	HasTTFT  bool
+	TPOT     time.Duration
+	HasTPOT  bool
+	Duration time.Duration // always recorded on gen_ai.server.request.duration
+
+	InputTokens, OutputTokens       int64
+	HasInputTokens, HasOutputTokens bool
+}
+
+// Live is the handle a running session holds from SessionStarted to SessionEnded. It is resolved
+// once, so per-token recording is a pointer access. Sessions with the same dims may share a handle;
+// it must not be used after the SessionEnded of the session that obtained it.
+type Live struct {
+	series *liveSeries // where live data goes: the dims' own series or the overflow series
+	key    string      // encoded live dims, the prefix of the end-of-session keys
+	dims   *Dims       // normalized copy, shared read-only with the end-of-session series
+}
+
+// liveSeries holds the three metrics whose attributes are the live dims: inter-token latency,
+// stalls and active sessions. They are created and dropped together, so they share one
+// cardinality count, which is then exactly the per-metric count.
+type liveSeries struct {
+	live     Live // the handle given to sessions; live.series points back here
+	start    pcommon.Timestamp
+	itl      histogram
+	stalls   uint64
+	active   int64
+	overflow bool
+}
+
+// endAttrs are the attributes of an end-of-session series: the live dims, error.type and the
+// metric's own extras.
+type endAttrs struct {
+	dims      *Dims
+	errorType string
+	tokenType string // llm.session.token.usage only
+	outcome   string // llm.sessions only
+	sampled   bool   // llm.sessions only
+}
+
+// endSeries is one series of an end-of-session metric: a histogram or, for llm.sessions, a count.
+type endSeries struct {
+	attrs    endAttrs
+	start    pcommon.Timestamp
+	h        histogram
+	n        uint64
+	overflow bool
+}
+
+// endMetric is an end-of-session metric with its series in creation order, so output order is
+// stable without sorting.
+type endMetric struct {
+	name, unit, desc string
+	bounds           []float64 // nil for llm.sessions
+	series           map[string]*endSeries
+	order            []*endSeries
+	overflow         *endSeries
+}
+
+// Aggregator accumulates session metrics between flushes. Not safe for concurrent use.
+type Aggregator struct {
+	cfg       Config
+	lastFlush pcommon.Timestamp // New's start until the first AppendTo
+	keyBuf    []byte
+
+	live         map[string]*liveSeries
+	liveOrder    []*liveSeries
+	liveOverflow *liveSeries
+
+	ttft, tpot, duration, tokens, sessions endMetric
+
+	overflowed uint64
+}
+
+// New returns an Aggregator; start is the start timestamp of the first interval.
+func New(cfg Config, start time.Time) (*Aggregator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.Dimensions = append([]string(nil), cfg.Dimensions...)
+	newMetric := func(name, unit, desc string, bounds []float64) endMetric {
+		return endMetric{name: name, unit: unit, desc: desc, bounds: bounds, series: make(map[string]*endSeries)}
+	}
+	return &Aggregator{
+		cfg:       cfg,
+		lastFlush: pcommon.NewTimestampFromTime(start),
+		keyBuf:    make([]byte, 0, 256),
+		live:      make(map[string]*liveSeries),
+		ttft: newMetric(MetricTimeToFirstToken, "s",
+			"Time from the start of a streamed session to its first token with content.", ttftBounds),
+		tpot: newMetric(MetricTimePerOutputTok, "s",
+			"Time per output token after the first, (last token - first token) / (output tokens - 1).", tpotBounds),
+		duration: newMetric(MetricRequestDuration, "s",
+			"Duration of a streamed session from its start to its end.", durationBounds),
+		tokens: newMetric(MetricTokenUsage, "{token}",
+			"Input and output tokens per session.", tokenBounds),
+		sessions: newMetric(MetricSessions, "{session}",
+			"Finished sessions by outcome and sampling decision.", nil),
+	}, nil
+}
+
+// SessionStarted counts a session as active on the series of d (d.ErrorType is ignored) and
+// returns the handle for its later calls. It allocates only when it creates a series or the
+// series is over the cardinality limit.
+func (a *Aggregator) SessionStarted(d Dims) *Live {
+	key := a.appendLiveKey(a.keyBuf[:0], &d)
+	a.keyBuf = key[:0]
+	if s, ok := a.live[string(key)]; ok {
+		s.active++
+		return &s.live
+	}
+	dims := a.cloneDims(&d)
+	if len(a.live) >= a.cfg.CardinalityLimit-1 {
+		if a.liveOverflow == nil {
+			a.liveOverflow = &liveSeries{start: a.lastFlush, itl: a.newHistogram(tpotBounds), overflow: true}
+		}
+		a.liveOverflow.active++
+		a.overflowed++
+		return &Live{series: a.liveOverflow, key: string(key), dims: dims}
+	}
+	s := &liveSeries{start: a.lastFlush, itl: a.newHistogram(tpotBounds), active: 1}
+	s.live = Live{series: s, key: string(key), dims: dims}
+	a.live[s.live.key] = s
+	a.liveOrder = append(a.liveOrder, s)
+	return &s.live
+}
+
+// ObserveGap records one observation of perTokenGap with weight tokens on
+// llm.session.inter_token_latency: a chunk of n tokens after a gap g is ObserveGap(l, g/n, n),
+// counted per token like SGLang. tokens < 1 records nothing; a negative gap is recorded as 0.
+func (a *Aggregator) ObserveGap(l *Live, perTokenGap time.Duration, tokens int64) {
+	if tokens < 1 {
+		return
+	}
+	s := l.series
+	s.itl.record(seconds(perTokenGap), uint64(tokens))
+	if s.overflow {
+		a.overflowed++
+	}
+}
+
+// Stall adds one stall episode to llm.session.stalls.
+func (a *Aggregator) Stall(l *Live) {
+	s := l.series
+	s.stalls++
+	if s.overflow {
+		a.overflowed++
+	}
+}
+
+// SessionEnded takes the session off the active gauge and records the end-of-session metrics on
+// the series of l's dims plus r.ErrorType. Each end-of-session metric has its own cardinality
+// count, so a session whose live series overflowed may still land on regular end series.
+// Negative durations and token counts are recorded as 0.
+func (a *Aggregator) SessionEnded(l *Live, r Result) {
+	ls := l.series
+	ls.active--
+	if ls.overflow {
+		a.overflowed++
+	}
+
+	key := appendString(append(a.keyBuf[:0], l.key...), r.ErrorType)
+	n := len(key)
+	attrs := endAttrs{dims: l.dims, errorType: r.ErrorType}
+	if r.HasTTFT {
+		a.endSeriesFor(&a.ttft, key, &attrs).h.record(seconds(r.TTFT), 1)
+	}
+	if r.HasTPOT {
+		a.endSeriesFor(&a.tpot, key, &attrs).h.record(seconds(r.TPOT), 1)
+	}
+	a.endSeriesFor(&a.duration, key, &attrs).h.record(seconds(r.Duration), 1)
+	if r.HasInputTokens {
+		key = append(key[:n], 'i')
+		attrs.tokenType = "input"
+		a.endSeriesFor(&a.tokens, key, &attrs).h.record(float64(max(r.InputTokens, 0)), 1)
+	}
+	if r.HasOutputTokens {
+		key = append(key[:n], 'o')
+		attrs.tokenType = "output"
+		a.endSeriesFor(&a.tokens, key, &attrs).h.record(float64(max(r.OutputTokens, 0)), 1)
+	}
+	attrs.tokenType = ""
+	key = appendString(key[:n], r.Outcome)
+	if r.Sampled {
+		key = append(key, 1)
+	} else {
+		key = append(key, 0)
+	}
+	attrs.outcome, attrs.sampled = r.Outcome, r.Sampled
+	a.endSeriesFor(&a.sessions, key, &attrs).n++
+	a.keyBuf = key[:0]
+}
+
+// OverflowCount returns how many recordings went to an overflow series since New: one per
+// SessionStarted, ObserveGap, Stall and SessionEnded on an overflowed live series, plus one per
+// end-of-session metric point (TTFT, TPOT, duration, each token type, session count) that
+// overflowed.
+func (a *Aggregator) OverflowCount() uint64 { return a.overflowed }
+
+// SeriesCount returns the number of regular (not overflow) series held, summed over metrics, with
+// the live series counted once per live metric (inter-token latency, stalls, active).
+func (a *Aggregator) SeriesCount() int {
+	return 3*len(a.live) + len(a.ttft.series) + len(a.tpot.series) + len(a.duration.series) +
+		len(a.tokens.series) + len(a.sessions.series)
+}
+
+// endSeriesFor returns the series of key in m, creating it or falling back to the overflow series.
+func (a *Aggregator) endSeriesFor(m *endMetric, key []byte, attrs *endAttrs) *endSeries {
+	if s, ok := m.series[string(key)]; ok {
+		return s
+	}
+	if len(m.series) >= a.cfg.CardinalityLimit-1 {
+		if m.overflow == nil {
+			m.overflow = &endSeries{start: a.lastFlush, overflow: true}
+			if m.bounds != nil {
+				m.overflow.h = a.newHistogram(m.bounds)
+			}
+		}
+		a.overflowed++
+		return m.overflow
+	}
+	s := &endSeries{
+		attrs: endAttrs{
+			dims:      attrs.dims,
+			errorType: strings.Clone(attrs.errorType),
+			tokenType: attrs.tokenType,
+			outcome:   strings.Clone(attrs.outcome),
+			sampled:   attrs.sampled,
+		},
+		start: a.lastFlush,
+	}
+	if m.bounds != nil {
+		s.h = a.newHistogram(m.bounds)
+	}
+	m.series[string(key)] = s
+	m.order = append(m.order, s)
+	return s
+}
+
+func (a *Aggregator) newHistogram(bounds []float64) histogram {
+	if a.cfg.Histogram == Exponential {
+		return newExponential(a.cfg.ExponentialMaxSize)
+	}
+	return newExplicit(bounds)
+}
+
+// appendLiveKey encodes the live dims, each value length-prefixed so that no two dims share a key.
+func (a *Aggregator) appendLiveKey(buf []byte, d *Dims) []byte {
+	buf = appendString(buf, d.Operation)
+	buf = appendString(buf, d.Provider)
+	buf = appendString(buf, d.Model)
+	buf = appendString(buf, d.Engine)
+	for i := range a.cfg.Dimensions {
+		var v string
+		if i < len(d.Extra) {
+			v = d.Extra[i]
+		}
+		buf = appendString(buf, v)
+	}
+	return buf
+}
+
+// cloneDims copies d with Extra normalized to len(Config.Dimensions), so the series neither pins
+// nor follows the caller's memory.
+func (a *Aggregator) cloneDims(d *Dims) *Dims {
+	c := &Dims{
+		Operation: strings.Clone(d.Operation),
+		Provider:  strings.Clone(d.Provider),
+		Model:     strings.Clone(d.Model),
+		Engine:    strings.Clone(d.Engine),
+	}
+	if len(a.cfg.Dimensions) > 0 {
+		c.Extra = make([]string, len(a.cfg.Dimensions))
+		for i := range c.Extra {
+			if i < len(d.Extra) {
+				c.Extra[i] = strings.Clone(d.Extra[i])
+			}
+		}
+	}
+	return c
+}
+
+func appendString(buf []byte, s string) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(s)))
+	return append(buf, s...)
+}
+
+// seconds converts with one correctly rounded division, so that e.g. 1.28 s lands exactly on the
+// 1.28 bucket bound (float64(sec) + float64(nsec)/1e9 can miss it by one ulp).
+func seconds(d time.Duration) float64 {
+	if d < 0 {
+		return 0
+	}
+	return float64(d) / 1e9
+}

@@ -1,0 +1,304 @@
+package sessionmetrics
+
+import (
+	"time"
+
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+)
+
+// AppendTo appends every metric that has points to sm, stamped now, in a fixed order with points
+// in series creation order (overflow last).
+//
+// Cumulative: every series is emitted with the start timestamp of the interval in which it was
+// created (New's start or the AppendTo before its creation), except that an inter-token latency
+// series appears only after its first gap. Stall counters are emitted from 0 so that the first
+// stall is visible to rate().
+//
+// Delta: points start at the previous AppendTo (or New's start); series without data in the
+// interval are not emitted, except the active gauge, emitted for every live series (a series whose
+// sessions all ended in the interval reports 0 once). Afterwards the data is reset, the
+// end-of-session series are dropped and so are live series without an active session, which
+// frees their cardinality for the next interval.
+//
+// The active-sessions gauge has no start timestamp.
+func (a *Aggregator) AppendTo(sm pmetric.ScopeMetrics, now time.Time) {
+	ts := pcommon.NewTimestampFromTime(now)
+	ms := sm.Metrics()
+	ms.EnsureCapacity(ms.Len() + 8)
+	a.appendEnd(ms, &a.ttft, ts)
+	a.appendEnd(ms, &a.tpot, ts)
+	a.appendEnd(ms, &a.duration, ts)
+	a.appendInterTokenLatency(ms, ts)
+	a.appendEnd(ms, &a.tokens, ts)
+	a.appendSessions(ms, ts)
+	a.appendStalls(ms, ts)
+	a.appendActive(ms, ts)
+	if a.cfg.Temporality == Delta {
+		a.resetDelta()
+	}
+	a.lastFlush = ts
+}
+
+func (a *Aggregator) temporality() pmetric.AggregationTemporality {
+	if a.cfg.Temporality == Delta {
+		return pmetric.AggregationTemporalityDelta
+	}
+	return pmetric.AggregationTemporalityCumulative
+}
+
+// startOf returns the start timestamp of a point of a series created at created.
+func (a *Aggregator) startOf(created pcommon.Timestamp) pcommon.Timestamp {
+	if a.cfg.Temporality == Delta {
+		return a.lastFlush
+	}
+	return created
+}
+
+func (a *Aggregator) newHistogramMetric(ms pmetric.MetricSlice, name, unit, desc string, points int) pmetric.Metric {
+	m := ms.AppendEmpty()
+	m.SetName(name)
+	m.SetUnit(unit)
+	m.SetDescription(desc)
+	if a.cfg.Histogram == Exponential {
+		e := m.SetEmptyExponentialHistogram()
+		e.SetAggregationTemporality(a.temporality())
+		e.DataPoints().EnsureCapacity(points)
+	} else {
+		h := m.SetEmptyHistogram()
+		h.SetAggregationTemporality(a.temporality())
+		h.DataPoints().EnsureCapacity(points)
+	}
+	return m
+}
+
+// appendHistogramPoint appends h as a point of m and returns its attribute map to fill.
+func (a *Aggregator) appendHistogramPoint(m pmetric.Metric, h *histogram, start, ts pcommon.Timestamp) pcommon.Map {
+	if a.cfg.Histogram == Exponential {
+		dp := m.ExponentialHistogram().DataPoints().AppendEmpty()
+		dp.SetStartTimestamp(start)
+		dp.SetTimestamp(ts)
+		dp.SetCount(h.count)
+		dp.SetSum(h.sum)
+		if h.count > 0 {
+			dp.SetMin(h.min)
+			dp.SetMax(h.max)
+		}
+		dp.SetScale(h.scale)
+		dp.SetZeroCount(h.zeroCount)
+		if len(h.counts) > 0 {
+			dp.Positive().SetOffset(h.offset)
+			dp.Positive().BucketCounts().FromRaw(h.counts)
+		}
+		return dp.Attributes()
+	}
+	dp := m.Histogram().DataPoints().AppendEmpty()
+	dp.SetStartTimestamp(start)
+	dp.SetTimestamp(ts)
+	dp.SetCount(h.count)
+	dp.SetSum(h.sum)
+	if h.count > 0 {
+		dp.SetMin(h.min)
+		dp.SetMax(h.max)
+	}
+	dp.ExplicitBounds().FromRaw(h.bounds)
+	dp.BucketCounts().FromRaw(h.counts)
+	return dp.Attributes()
+}
+
+// appendEnd writes an end-of-session histogram metric.
+func (a *Aggregator) appendEnd(ms pmetric.MetricSlice, em *endMetric, ts pcommon.Timestamp) {
+	points := len(em.order)
+	if em.overflow != nil {
+		points++
+	}
+	if points == 0 {
+		return
+	}
+	m := a.newHistogramMetric(ms, em.name, em.unit, em.desc, points)
+	for _, s := range em.order {
+		a.putEndAttrs(a.appendHistogramPoint(m, &s.h, a.startOf(s.start), ts), &s.attrs)
+	}
+	if s := em.overflow; s != nil {
+		putOverflow(a.appendHistogramPoint(m, &s.h, a.startOf(s.start), ts))
+	}
+}
+
+func (a *Aggregator) appendInterTokenLatency(ms pmetric.MetricSlice, ts pcommon.Timestamp) {
+	points := 0
+	for _, s := range a.liveOrder {
+		if s.itl.count > 0 {
+			points++
+		}
+	}
+	o := a.liveOverflow
+	if o != nil && o.itl.count > 0 {
+		points++
+	}
+	if points == 0 {
+		return
+	}
+	m := a.newHistogramMetric(ms, MetricInterTokenLatency, "s",
+		"Per-token gap between successive tokens of a session; a chunk of n tokens counts n times.", points)
+	for _, s := range a.liveOrder {
+		if s.itl.count > 0 {
+			a.putDims(a.appendHistogramPoint(m, &s.itl, a.startOf(s.start), ts), s.live.dims, "")
+		}
+	}
+	if o != nil && o.itl.count > 0 {
+		putOverflow(a.appendHistogramPoint(m, &o.itl, a.startOf(o.start), ts))
+	}
+}
+
+func (a *Aggregator) newSumMetric(ms pmetric.MetricSlice, name, unit, desc string, points int) pmetric.NumberDataPointSlice {
+	m := ms.AppendEmpty()
+	m.SetName(name)
+	m.SetUnit(unit)
+	m.SetDescription(desc)
+	sum := m.SetEmptySum()
+	sum.SetIsMonotonic(true)
+	sum.SetAggregationTemporality(a.temporality())
+	dps := sum.DataPoints()
+	dps.EnsureCapacity(points)
+	return dps
+}
+
+func appendIntPoint(dps pmetric.NumberDataPointSlice, v int64, start, ts pcommon.Timestamp) pcommon.Map {
+	dp := dps.AppendEmpty()
+	dp.SetStartTimestamp(start)
+	dp.SetTimestamp(ts)
+	dp.SetIntValue(v)
+	return dp.Attributes()
+}
+
+func (a *Aggregator) appendSessions(ms pmetric.MetricSlice, ts pcommon.Timestamp) {
+	em := &a.sessions
+	points := len(em.order)
+	if em.overflow != nil {
+		points++
+	}
+	if points == 0 {
+		return
+	}
+	dps := a.newSumMetric(ms, em.name, em.unit, em.desc, points)
+	for _, s := range em.order {
+		attrs := appendIntPoint(dps, int64(s.n), a.startOf(s.start), ts)
+		a.putEndAttrs(attrs, &s.attrs)
+		putStr(attrs, attrOutcome, s.attrs.outcome)
+		attrs.PutBool(attrSampled, s.attrs.sampled)
+	}
+	if s := em.overflow; s != nil {
+		putOverflow(appendIntPoint(dps, int64(s.n), a.startOf(s.start), ts))
+	}
+}
+
+func (a *Aggregator) appendStalls(ms pmetric.MetricSlice, ts pcommon.Timestamp) {
+	// Under Cumulative every live series is emitted, at 0 until its first stall.
+	emit := func(s *liveSeries) bool { return a.cfg.Temporality == Cumulative || s.stalls > 0 }
+	points := 0
+	for _, s := range a.liveOrder {
+		if emit(s) {
+			points++
+		}
+	}
+	o := a.liveOverflow
+	if o != nil && emit(o) {
+		points++
+	}
+	if points == 0 {
+		return
+	}
+	dps := a.newSumMetric(ms, MetricStalls, "{stall}",
+		"Stall episodes: K consecutive inter-token gaps above the stall threshold.", points)
+	for _, s := range a.liveOrder {
+		if emit(s) {
+			a.putDims(appendIntPoint(dps, int64(s.stalls), a.startOf(s.start), ts), s.live.dims, "")
+		}
+	}
+	if o != nil && emit(o) {
+		putOverflow(appendIntPoint(dps, int64(o.stalls), a.startOf(o.start), ts))
+	}
+}
+
+func (a *Aggregator) appendActive(ms pmetric.MetricSlice, ts pcommon.Timestamp) {
+	points := len(a.liveOrder)
+	if a.liveOverflow != nil {
+		points++
+	}
+	if points == 0 {
+		return
+	}
+	m := ms.AppendEmpty()
+	m.SetName(MetricActiveSessions)
+	m.SetUnit("{session}")
+	m.SetDescription("Sessions started and not yet ended.")
+	dps := m.SetEmptyGauge().DataPoints()
+	dps.EnsureCapacity(points)
+	point := func(v int64) pcommon.Map {
+		dp := dps.AppendEmpty()
+		dp.SetTimestamp(ts)
+		dp.SetIntValue(v)
+		return dp.Attributes()
+	}
+	for _, s := range a.liveOrder {
+		a.putDims(point(s.active), s.live.dims, "")
+	}
+	if o := a.liveOverflow; o != nil {
+		putOverflow(point(o.active))
+	}
+}
+
+// resetDelta starts a new delta interval.
+func (a *Aggregator) resetDelta() {
+	for _, em := range []*endMetric{&a.ttft, &a.tpot, &a.duration, &a.tokens, &a.sessions} {
+		clear(em.series)
+		clear(em.order)
+		em.order = em.order[:0]
+		em.overflow = nil
+	}
+	kept := a.liveOrder[:0]
+	for _, s := range a.liveOrder {
+		if s.active <= 0 {
+			delete(a.live, s.live.key)
+			continue
+		}
+		s.itl.reset()
+		s.stalls = 0
+		kept = append(kept, s)
+	}
+	clear(a.liveOrder[len(kept):])
+	a.liveOrder = kept
+	if o := a.liveOverflow; o != nil {
+		if o.active <= 0 {
+			a.liveOverflow = nil
+		} else {
+			o.itl.reset()
+			o.stalls = 0
+		}
+	}
+}
+
+func (a *Aggregator) putDims(m pcommon.Map, d *Dims, errorType string) {
+	m.EnsureCapacity(8 + len(a.cfg.Dimensions))
+	putStr(m, attrOperation, d.Operation)
+	putStr(m, attrProvider, d.Provider)
+	putStr(m, attrModel, d.Model)
+	putStr(m, attrErrorType, errorType)
+	putStr(m, attrEngine, d.Engine)
+	for i, key := range a.cfg.Dimensions {
+		putStr(m, key, d.Extra[i])
+	}
+}
+
+func (a *Aggregator) putEndAttrs(m pcommon.Map, e *endAttrs) {
+	a.putDims(m, e.dims, e.errorType)
+	putStr(m, attrTokenType, e.tokenType)
+}
+
+func putStr(m pcommon.Map, key, v string) {
+	if v != "" {
+		m.PutStr(key, v)
+	}
+}
+
+func putOverflow(m pcommon.Map) { m.PutBool(attrOverflow, true) }

@@ -1,0 +1,185 @@
+package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/collector/confmap"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
+	"github.com/otelcol-llm/otelcol-llm/internal/session"
+	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
+)
+
+// PassTokenEvents says which token event records travel on down the logs
+// pipeline after being folded.
+type PassTokenEvents string
+
+const (
+	// PassNone: token events stop here; only summaries and alerts go on.
+	PassNone PassTokenEvents = "none"
+	// PassAll: every token event record goes on as it came.
+	PassAll PassTokenEvents = "all"
+)
+
+// Config is the configuration of the token_session processor.
+type Config struct {
+	// PassTokenEvents: none (default) or all.
+	PassTokenEvents PassTokenEvents `mapstructure:"pass_token_events"`
+	// ProviderName is gen_ai.provider.name on every output.
+	ProviderName string `mapstructure:"provider_name"`
+	// Window is how many of the latest per-token gaps the window TPOT averages.
+	Window   int            `mapstructure:"window"`
+	Stall    StallConfig    `mapstructure:"stall"`
+	Session  SessionConfig  `mapstructure:"session"`
+	Sampling SamplingConfig `mapstructure:"sampling"`
+	Metrics  MetricsConfig  `mapstructure:"metrics"`
+	Traces   TracesConfig   `mapstructure:"traces"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// StallConfig defines a stall: Consecutive per-token gaps above Gap, or no
+// token for Consecutive×Gap.
+type StallConfig struct {
+	Gap         time.Duration `mapstructure:"gap"`
+	Consecutive int           `mapstructure:"consecutive"`
+	// MaxRecords bounds the stall episodes kept per session for span events.
+	MaxRecords int `mapstructure:"max_records"`
+	// CheckInterval is how often idle sessions are checked for freezes and
+	// timeouts.
+	CheckInterval time.Duration `mapstructure:"check_interval"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// SessionConfig bounds the session table.
+type SessionConfig struct {
+	IdleTimeout time.Duration `mapstructure:"idle_timeout"`
+	MaxActive   int           `mapstructure:"max_active"`
+	// EndedMemory is how many ended session IDs are remembered to recognise
+	// late events.
+	EndedMemory int `mapstructure:"ended_memory"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// SamplingConfig is the tail sampling policy.
+type SamplingConfig struct {
+	TTFT          time.Duration `mapstructure:"ttft"`
+	TPOT          time.Duration `mapstructure:"tpot"`
+	Stalls        bool          `mapstructure:"stalls"`
+	Errors        bool          `mapstructure:"errors"`
+	NormalPercent float64       `mapstructure:"normal_percent"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// MetricsConfig configures the session metrics added to the metrics pipeline.
+type MetricsConfig struct {
+	FlushInterval    time.Duration `mapstructure:"flush_interval"`
+	Dimensions       []string      `mapstructure:"dimensions"`
+	CardinalityLimit int           `mapstructure:"cardinality_limit"`
+	// Temporality: cumulative (default) or delta.
+	Temporality sessionmetrics.Temporality `mapstructure:"temporality"`
+	// Histogram: explicit (default) or exponential.
+	Histogram sessionmetrics.HistogramKind `mapstructure:"histogram"`
+	// ExponentialMaxSize is the most buckets of an exponential histogram.
+	ExponentialMaxSize int `mapstructure:"exponential_max_size"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// TracesConfig bounds the spans held until their session's verdict.
+type TracesConfig struct {
+	MaxHeldSpans     int           `mapstructure:"max_held_spans"`
+	MaxHold          time.Duration `mapstructure:"max_hold"`
+	VerdictCacheSize int           `mapstructure:"verdict_cache_size"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+func createDefaultConfig() *Config {
+	d := session.DefaultConfig()
+	h := heldspans.DefaultConfig()
+	return &Config{
+		PassTokenEvents: PassNone,
+		ProviderName:    "vllm",
+		Window:          d.Window,
+		Stall:           StallConfig{Gap: d.StallGap, Consecutive: d.StallConsecutive, MaxRecords: d.MaxStallRecords, CheckInterval: 50 * time.Millisecond},
+		Session:         SessionConfig{IdleTimeout: d.IdleTimeout, MaxActive: d.MaxActive, EndedMemory: d.EndedMemory},
+		Sampling: SamplingConfig{TTFT: d.Sampling.TTFT, TPOT: d.Sampling.TPOT, Stalls: d.Sampling.Stalls,
+			Errors: d.Sampling.Errors, NormalPercent: d.Sampling.NormalPercent},
+		Metrics: MetricsConfig{FlushInterval: 15 * time.Second, CardinalityLimit: sessionmetrics.DefaultCardinalityLimit,
+			Temporality: sessionmetrics.Cumulative, Histogram: sessionmetrics.Explicit, ExponentialMaxSize: sessionmetrics.DefaultExponentialMaxSize},
+		Traces: TracesConfig{MaxHeldSpans: h.MaxHeldSpans, MaxHold: h.MaxHold, VerdictCacheSize: h.VerdictCacheSize},
+	}
+}
+
+// sessionConfig is the state machine's view of the configuration.
+func (cfg *Config) sessionConfig() session.Config {
+	return session.Config{
+		Window:           cfg.Window,
+		StallGap:         cfg.Stall.Gap,
+		StallConsecutive: cfg.Stall.Consecutive,
+		MaxStallRecords:  cfg.Stall.MaxRecords,
+		IdleTimeout:      cfg.Session.IdleTimeout,
+		MaxActive:        cfg.Session.MaxActive,
+		EndedMemory:      cfg.Session.EndedMemory,
+		Sampling: session.SamplingConfig{TTFT: cfg.Sampling.TTFT, TPOT: cfg.Sampling.TPOT, Stalls: cfg.Sampling.Stalls,
+			Errors: cfg.Sampling.Errors, NormalPercent: cfg.Sampling.NormalPercent},
+	}
+}
+
+func (cfg *Config) metricsConfig() (sessionmetrics.Config, error) {
+	mc := sessionmetrics.Config{
+		Dimensions:         cfg.Metrics.Dimensions,
+		CardinalityLimit:   cfg.Metrics.CardinalityLimit,
+		Temporality:        cfg.Metrics.Temporality,
+		Histogram:          cfg.Metrics.Histogram,
+		ExponentialMaxSize: cfg.Metrics.ExponentialMaxSize,
+	}
+	if err := mc.Validate(); err != nil {
+		return mc, fmt.Errorf("metrics: %w", err)
+	}
+	return mc, nil
+}
+
+func (cfg *Config) heldSpansConfig() heldspans.Config {
+	return heldspans.Config{MaxHeldSpans: cfg.Traces.MaxHeldSpans, MaxHold: cfg.Traces.MaxHold, VerdictCacheSize: cfg.Traces.VerdictCacheSize}
+}
+
+var _ confmap.Validator = (*Config)(nil)
+
+// Validate reports every invalid setting at once, each named by its key.
+func (cfg *Config) Validate() error {
+	errs := []error{cfg.sessionConfig().Validate()}
+	switch cfg.PassTokenEvents {
+	case PassNone, PassAll:
+	default:
+		errs = append(errs, fmt.Errorf("pass_token_events: want none or all, got %q", cfg.PassTokenEvents))
+	}
+	if cfg.ProviderName == "" {
+		errs = append(errs, errors.New("provider_name: must not be empty"))
+	}
+	if cfg.Stall.CheckInterval <= 0 {
+		errs = append(errs, fmt.Errorf("stall.check_interval: must be positive, got %s", cfg.Stall.CheckInterval))
+	}
+	if cfg.Metrics.FlushInterval <= 0 {
+		errs = append(errs, fmt.Errorf("metrics.flush_interval: must be positive, got %s", cfg.Metrics.FlushInterval))
+	}
+	if _, err := cfg.metricsConfig(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := cfg.heldSpansConfig().Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("traces: %w", err))
+	}
+	return errors.Join(errs...)
+}

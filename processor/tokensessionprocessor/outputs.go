@@ -1,0 +1,258 @@
+package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+
+import (
+	"strings"
+	"time"
+
+	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/pdata/ptrace"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/session"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+// Event names of the records this processor emits.
+const (
+	eventNameSummary = "llm.session.summary"
+	eventNameStall   = "llm.session.stall"
+
+	spanEventFirstToken = "llm.first_token"
+	spanEventStall      = "llm.stall"
+)
+
+// Attribute keys of the outputs, beside those of internal/tokenevent.
+const (
+	attrProviderName      = "gen_ai.provider.name"
+	attrRequestStream     = "gen_ai.request.stream"
+	attrTimeToFirstChunk  = "gen_ai.response.time_to_first_chunk"
+	attrSessionOutcome    = "llm.session.outcome"
+	attrSessionTTFT       = "llm.session.ttft"
+	attrSessionTPOT       = "llm.session.tpot"
+	attrSessionWindowTPOT = "llm.session.window_tpot.max"
+	attrSessionMaxGap     = "llm.session.max_gap"
+	attrSessionDuration   = "llm.session.duration"
+	attrSessionStalls     = "llm.session.stalls"
+	attrSessionChunks     = "llm.session.chunks"
+	attrSamplingReason    = "llm.session.sampling.reason"
+	attrStallFreeze       = "llm.stall.freeze"
+	attrStallGaps         = "llm.stall.gaps"
+	attrStallSince        = "llm.stall.since_unix_nano"
+	attrServiceName       = "service.name"
+)
+
+// outcomeErrorType is error.type for outcomes that are failures without an
+// error type of their own.
+func errorType(s *session.Session, e *session.End) string {
+	switch {
+	case e.ErrorType != "":
+		return e.ErrorType
+	case s.Outcome == session.OutcomeTimeout:
+		return "timeout"
+	}
+	return ""
+}
+
+func seconds(d time.Duration) float64 { return d.Seconds() }
+
+// outputTokens is completion_tokens when the end event gave it, else the
+// sum of the token events' counts; -1 when neither is known.
+func outputTokens(s *session.Session, e *session.End) int64 {
+	if e.CompletionTokens >= 0 {
+		return e.CompletionTokens
+	}
+	if s.Chunks > 0 {
+		return s.Tokens
+	}
+	return -1
+}
+
+// sessionEnd is when the session span ends: the last token, or the end
+// event for a session without tokens.
+func sessionEnd(s *session.Session, e *session.End) int64 {
+	switch {
+	case s.LastTokenTime != 0:
+		return s.LastTokenTime
+	case e.Time != 0:
+		return e.Time
+	}
+	return sessionStart(s)
+}
+
+func sessionStart(s *session.Session) int64 {
+	if s.StartTime != 0 {
+		return s.StartTime
+	}
+	return s.FirstTokenTime
+}
+
+// putSessionAttributes writes what the session span and the summary record
+// share.
+func (c *core) putSessionAttributes(m pcommon.Map, s *session.Session, e *session.End) {
+	m.EnsureCapacity(24)
+	putStr(m, tokenevent.AttrOperation, s.Operation)
+	m.PutStr(attrProviderName, c.cfg.ProviderName)
+	putStr(m, tokenevent.AttrRequestModel, s.Model)
+	m.PutBool(attrRequestStream, true)
+	if s.PromptTokens >= 0 {
+		m.PutInt(tokenevent.AttrInputTokens, s.PromptTokens)
+	}
+	if n := outputTokens(s, e); n >= 0 {
+		m.PutInt(tokenevent.AttrOutputTokens, n)
+	}
+	if e.FinishReason != "" {
+		m.PutEmptySlice(tokenevent.AttrFinishReasons).AppendEmpty().SetStr(e.FinishReason)
+	}
+	putStr(m, tokenevent.AttrErrorType, errorType(s, e))
+	m.PutStr(tokenevent.AttrSessionID, s.ID)
+	putStr(m, tokenevent.AttrEngine, s.Engine)
+	m.PutStr(attrSessionOutcome, s.Outcome.String())
+	if ttft, ok := s.TTFT(); ok {
+		m.PutDouble(attrTimeToFirstChunk, seconds(ttft))
+		m.PutDouble(attrSessionTTFT, seconds(ttft))
+	}
+	if tpot, ok := s.TPOT(e.CompletionTokens); ok {
+		m.PutDouble(attrSessionTPOT, seconds(tpot))
+	}
+	if s.WindowTPOTMax > 0 {
+		m.PutDouble(attrSessionWindowTPOT, seconds(s.WindowTPOTMax))
+	}
+	if s.Chunks > 1 {
+		m.PutDouble(attrSessionMaxGap, seconds(s.MaxGap))
+	}
+	m.PutDouble(attrSessionDuration, seconds(s.Duration(e)))
+	m.PutInt(attrSessionStalls, int64(s.StallCount))
+	m.PutInt(attrSessionChunks, s.Chunks)
+	if s.Keep {
+		m.PutStr(attrSamplingReason, s.Reasons.String())
+	}
+	if len(s.Attributes) > 0 {
+		am := m.PutEmptyMap(tokenevent.AttrSessionAttributes)
+		for _, a := range s.Attributes {
+			am.PutStr(a.Key, a.Value)
+		}
+	}
+}
+
+func putStr(m pcommon.Map, k, v string) {
+	if v != "" {
+		m.PutStr(k, v)
+	}
+}
+
+// appendSpan writes the session span into ss.
+func (c *core) appendSpan(ss ptrace.ScopeSpans, s *session.Session, e *session.End) {
+	span := ss.Spans().AppendEmpty()
+	span.SetTraceID(s.TraceID)
+	span.SetSpanID(s.SpanID)
+	span.SetParentSpanID(s.ParentSpanID)
+	span.TraceState().FromRaw(traceState(s.Threshold))
+	span.SetName(spanName(s))
+	span.SetKind(ptrace.SpanKindServer)
+	span.SetStartTimestamp(pcommon.Timestamp(sessionStart(s)))
+	span.SetEndTimestamp(pcommon.Timestamp(sessionEnd(s, e)))
+	c.putSessionAttributes(span.Attributes(), s, e)
+	if s.FirstTokenTime != 0 {
+		ev := span.Events().AppendEmpty()
+		ev.SetName(spanEventFirstToken)
+		ev.SetTimestamp(pcommon.Timestamp(s.FirstTokenTime))
+		if ttft, ok := s.TTFT(); ok {
+			ev.Attributes().PutDouble(attrTimeToFirstChunk, seconds(ttft))
+		}
+	}
+	for i := range s.Stalls {
+		ev := span.Events().AppendEmpty()
+		ev.SetName(spanEventStall)
+		ev.SetTimestamp(pcommon.Timestamp(s.Stalls[i].DetectedAt))
+		putStall(ev.Attributes(), &s.Stalls[i])
+	}
+	switch s.Outcome {
+	case session.OutcomeError, session.OutcomeTimeout:
+		span.Status().SetCode(ptrace.StatusCodeError)
+		span.Status().SetMessage(errorType(s, e))
+	}
+}
+
+func putStall(m pcommon.Map, st *session.Stall) {
+	m.PutBool(attrStallFreeze, st.Freeze)
+	m.PutInt(attrStallSince, st.Since)
+	if len(st.Gaps) > 0 {
+		gaps := m.PutEmptySlice(attrStallGaps)
+		gaps.EnsureCapacity(len(st.Gaps))
+		for _, g := range st.Gaps {
+			gaps.AppendEmpty().SetDouble(seconds(g))
+		}
+	}
+}
+
+// spanName is "{gen_ai.operation.name} {gen_ai.request.model}", GenAI
+// semconv's inference span name, with what is known of it.
+func spanName(s *session.Session) string {
+	op := s.Operation
+	if op == "" {
+		op = tokenevent.OperationChat
+	}
+	if s.Model == "" {
+		return op
+	}
+	return op + " " + s.Model
+}
+
+// traceState is the W3C tracestate of a kept span: the OTEP 235 threshold
+// it was sampled with, so that downstream samplers and span metrics can
+// re-weight it.
+func traceState(th sampling.Threshold) string {
+	var w3c sampling.W3CTraceState
+	if err := w3c.OTelValue().UpdateTValueWithSampling(th); err != nil {
+		return ""
+	}
+	var b strings.Builder
+	if err := w3c.Serialize(&b); err != nil {
+		return ""
+	}
+	return b.String()
+}
+
+// appendSummary writes the summary record of a kept session into records.
+func (c *core) appendSummary(records plog.LogRecordSlice, s *session.Session, e *session.End, now pcommon.Timestamp) {
+	lr := records.AppendEmpty()
+	lr.SetEventName(eventNameSummary)
+	lr.SetTimestamp(pcommon.Timestamp(sessionEnd(s, e)))
+	lr.SetObservedTimestamp(now)
+	lr.SetTraceID(s.TraceID)
+	lr.SetSpanID(s.SpanID)
+	switch {
+	case s.Outcome == session.OutcomeError || s.Outcome == session.OutcomeTimeout:
+		lr.SetSeverityNumber(plog.SeverityNumberError)
+		lr.SetSeverityText("ERROR")
+	case s.Reasons&(session.ReasonTTFT|session.ReasonTPOT|session.ReasonStall) != 0:
+		lr.SetSeverityNumber(plog.SeverityNumberWarn)
+		lr.SetSeverityText("WARN")
+	default:
+		lr.SetSeverityNumber(plog.SeverityNumberInfo)
+		lr.SetSeverityText("INFO")
+	}
+	c.putSessionAttributes(lr.Attributes(), s, e)
+}
+
+// appendStallAlert writes the alert for a stall episode just detected.
+func (c *core) appendStallAlert(records plog.LogRecordSlice, s *session.Session, st *session.Stall, now pcommon.Timestamp) {
+	lr := records.AppendEmpty()
+	lr.SetEventName(eventNameStall)
+	lr.SetTimestamp(pcommon.Timestamp(st.DetectedAt))
+	lr.SetObservedTimestamp(now)
+	lr.SetTraceID(s.TraceID)
+	lr.SetSpanID(s.SpanID)
+	lr.SetSeverityNumber(plog.SeverityNumberWarn)
+	lr.SetSeverityText("WARN")
+	m := lr.Attributes()
+	m.PutStr(tokenevent.AttrSessionID, s.ID)
+	putStr(m, tokenevent.AttrOperation, s.Operation)
+	m.PutStr(attrProviderName, c.cfg.ProviderName)
+	putStr(m, tokenevent.AttrRequestModel, s.Model)
+	putStr(m, tokenevent.AttrEngine, s.Engine)
+	m.PutInt(attrSessionStalls, int64(s.StallCount))
+	m.PutInt(attrSessionChunks, s.Chunks)
+	putStall(m, st)
+}

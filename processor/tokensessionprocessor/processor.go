@@ -1,0 +1,418 @@
+package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/collector/component"
+	"go.opentelemetry.io/collector/consumer"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+	"go.opentelemetry.io/collector/pdata/ptrace"
+	"go.opentelemetry.io/collector/processor"
+	"go.uber.org/zap"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
+	"github.com/otelcol-llm/otelcol-llm/internal/session"
+	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+// core is the one token_session behind the logs, metrics and traces
+// instances that share a component ID. Everything stateful sits under mu;
+// outputs produced while folding are collected in pending and handed to the
+// next consumers after mu is released.
+type core struct {
+	cfg       *Config
+	set       processor.Settings
+	telemetry *processorTelemetry
+
+	mu      sync.Mutex
+	table   *session.Table
+	metrics *sessionmetrics.Aggregator
+	held    *heldspans.Buffer
+	pending outputs
+	// nowTS is the collector time of the operation under way.
+	nowTS    pcommon.Timestamp
+	nowNanos int64
+	event    tokenevent.Event
+	applyFn  func(*tokenevent.Event)
+	counters session.Counters // as last reported to telemetry
+
+	nextLogs    consumer.Logs
+	nextMetrics consumer.Metrics
+	nextTraces  consumer.Traces
+
+	stop chan struct{}
+	done sync.WaitGroup
+}
+
+// outputs are what a locked operation produced for the pipelines.
+type outputs struct {
+	logs   plog.Logs
+	traces ptrace.Traces
+}
+
+func (o *outputs) records() plog.LogRecordSlice {
+	if o.logs.ResourceLogs().Len() == 0 {
+		rl := o.logs.ResourceLogs().AppendEmpty()
+		sl := rl.ScopeLogs().AppendEmpty()
+		sl.Scope().SetName(scopeName)
+		return sl.LogRecords()
+	}
+	return o.logs.ResourceLogs().At(0).ScopeLogs().At(0).LogRecords()
+}
+
+func newCore(cfg *Config, set processor.Settings) (*core, error) {
+	c := &core{cfg: cfg, set: set, stop: make(chan struct{})}
+	var err error
+	if c.table, err = session.NewTable(cfg.sessionConfig(), c); err != nil {
+		return nil, err
+	}
+	mc, err := cfg.metricsConfig()
+	if err != nil {
+		return nil, err
+	}
+	if c.metrics, err = sessionmetrics.New(mc, time.Now()); err != nil {
+		return nil, err
+	}
+	if c.held, err = heldspans.New(cfg.heldSpansConfig()); err != nil {
+		return nil, err
+	}
+	if c.telemetry, err = newProcessorTelemetry(set, c); err != nil {
+		return nil, err
+	}
+	c.applyFn = c.applyEvent
+	c.pending = newOutputs()
+	return c, nil
+}
+
+func newOutputs() outputs { return outputs{logs: plog.NewLogs(), traces: ptrace.NewTraces()} }
+
+func (c *core) setNext(logs consumer.Logs, metrics consumer.Metrics, traces consumer.Traces) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case logs != nil && c.nextLogs != nil, metrics != nil && c.nextMetrics != nil, traces != nil && c.nextTraces != nil:
+		return errors.New("token_session: a component ID may appear in one pipeline per signal; give the others their own name (token_session/<name>)")
+	}
+	if logs != nil {
+		c.nextLogs = logs
+	}
+	if metrics != nil {
+		c.nextMetrics = metrics
+	}
+	if traces != nil {
+		c.nextTraces = traces
+	}
+	return nil
+}
+
+func (c *core) Start(context.Context, component.Host) error {
+	c.done.Add(1)
+	go c.run()
+	return nil
+}
+
+func (c *core) Shutdown(ctx context.Context) error {
+	select {
+	case <-c.stop:
+		return nil
+	default:
+	}
+	close(c.stop)
+	c.done.Wait()
+	now := time.Now()
+	c.mu.Lock()
+	c.setNow(now)
+	c.table.Shutdown()
+	c.held.Flush(c.pending.traces)
+	out := c.takePending()
+	md := c.sessionMetrics(now)
+	c.mu.Unlock()
+	c.emit(ctx, out)
+	c.emitMetrics(ctx, md)
+	return c.telemetry.shutdown()
+}
+
+// run checks for timeouts and freezes, and flushes the session metrics.
+func (c *core) run() {
+	defer c.done.Done()
+	tick := time.NewTicker(c.cfg.Stall.CheckInterval)
+	defer tick.Stop()
+	flush := time.NewTicker(c.cfg.Metrics.FlushInterval)
+	defer flush.Stop()
+	ctx := context.Background()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case now := <-tick.C:
+			c.mu.Lock()
+			c.setNow(now)
+			c.table.Tick(c.nowNanos)
+			if n := c.held.Expire(now, c.pending.traces); n > 0 {
+				c.telemetry.expiredSpans.Add(ctx, int64(n))
+			}
+			out := c.takePending()
+			c.mu.Unlock()
+			c.emit(ctx, out)
+		case now := <-flush.C:
+			c.mu.Lock()
+			md := c.sessionMetrics(now)
+			c.mu.Unlock()
+			c.emitMetrics(ctx, md)
+		}
+	}
+}
+
+func (c *core) setNow(now time.Time) {
+	c.nowNanos = now.UnixNano()
+	c.nowTS = pcommon.Timestamp(c.nowNanos)
+}
+
+// takePending returns the outputs collected so far and starts new ones;
+// it also reports the table's disorder counters. Call with mu held.
+func (c *core) takePending() outputs {
+	c.telemetry.reportCounters(&c.counters, &c.table.Counters, c.table.Active(), c.held.HeldSpans())
+	out := c.pending
+	c.pending = newOutputs()
+	return out
+}
+
+// sessionMetrics renders the session metrics, or returns an empty
+// pmetric.Metrics when no metrics pipeline uses this processor. Call with
+// mu held.
+func (c *core) sessionMetrics(now time.Time) pmetric.Metrics {
+	if c.nextMetrics == nil {
+		return pmetric.Metrics{}
+	}
+	md := pmetric.NewMetrics()
+	rm := md.ResourceMetrics().AppendEmpty()
+	rm.Resource().Attributes().PutStr(attrServiceName, c.cfg.ProviderName)
+	sm := rm.ScopeMetrics().AppendEmpty()
+	sm.Scope().SetName(scopeName)
+	c.metrics.AppendTo(sm, now)
+	return md
+}
+
+// emit hands outputs produced outside a logs or traces call (timeouts,
+// freezes, shutdown) to the pipelines. Failures are counted: session
+// telemetry must never block or fail the token stream.
+func (c *core) emit(ctx context.Context, out outputs) {
+	c.emitLogs(ctx, out.logs)
+	c.emitTraces(ctx, out.traces)
+}
+
+func (c *core) emitLogs(ctx context.Context, ld plog.Logs) {
+	if c.nextLogs == nil || ld.LogRecordCount() == 0 {
+		return
+	}
+	n := ld.LogRecordCount()
+	if err := c.nextLogs.ConsumeLogs(ctx, ld); err != nil {
+		c.telemetry.outputFailed(ctx, "logs", n)
+		c.set.Logger.Debug("next consumer refused session logs", zap.Error(err))
+	}
+}
+
+func (c *core) emitTraces(ctx context.Context, td ptrace.Traces) {
+	if c.nextTraces == nil || td.SpanCount() == 0 {
+		return
+	}
+	n := td.SpanCount()
+	if err := c.nextTraces.ConsumeTraces(ctx, td); err != nil {
+		c.telemetry.outputFailed(ctx, "traces", n)
+		c.set.Logger.Debug("next consumer refused session spans", zap.Error(err))
+	}
+}
+
+func (c *core) emitMetrics(ctx context.Context, md pmetric.Metrics) {
+	if c.nextMetrics == nil || md.DataPointCount() == 0 {
+		return
+	}
+	n := md.DataPointCount()
+	if err := c.nextMetrics.ConsumeMetrics(ctx, md); err != nil {
+		c.telemetry.outputFailed(ctx, "metrics", n)
+		c.set.Logger.Debug("next consumer refused session metrics", zap.Error(err))
+	}
+}
+
+// consumeLogs folds the token event records of ld and passes the rest on,
+// with the summaries and alerts the batch produced.
+func (c *core) consumeLogs(ctx context.Context, ld plog.Logs) error {
+	now := time.Now()
+	c.mu.Lock()
+	c.setNow(now)
+	invalid := 0
+	ld.ResourceLogs().RemoveIf(func(rl plog.ResourceLogs) bool {
+		rl.ScopeLogs().RemoveIf(func(sl plog.ScopeLogs) bool {
+			sl.LogRecords().RemoveIf(func(lr plog.LogRecord) bool {
+				if !tokenevent.IsTokenEvent(lr) {
+					return false
+				}
+				if err := tokenevent.ReadRecord(lr, &c.event, c.applyFn); err != nil {
+					invalid++
+					if invalid == 1 {
+						c.set.Logger.Debug("invalid token event record", zap.Error(err))
+					}
+					return true
+				}
+				return c.cfg.PassTokenEvents == PassNone
+			})
+			return sl.LogRecords().Len() == 0
+		})
+		return rl.ScopeLogs().Len() == 0
+	})
+	out := c.takePending()
+	c.mu.Unlock()
+	if invalid > 0 {
+		c.telemetry.invalidRecords.Add(ctx, int64(invalid))
+	}
+	c.emitTraces(ctx, out.traces)
+	out.logs.ResourceLogs().MoveAndAppendTo(ld.ResourceLogs())
+	if ld.ResourceLogs().Len() == 0 {
+		return nil
+	}
+	return c.nextLogs.ConsumeLogs(ctx, ld)
+}
+
+func (c *core) applyEvent(ev *tokenevent.Event) { c.table.Apply(ev, c.nowNanos) }
+
+// consumeMetrics passes engine metrics through; the session metrics are
+// added on their own schedule.
+func (c *core) consumeMetrics(ctx context.Context, md pmetric.Metrics) error {
+	return c.nextMetrics.ConsumeMetrics(ctx, md)
+}
+
+// consumeTraces holds the spans of traces with an active session until the
+// session's verdict, drops those of traces already dropped, and passes the
+// others on, with the session spans and released spans ready.
+func (c *core) consumeTraces(ctx context.Context, td ptrace.Traces) error {
+	now := time.Now()
+	var held, dropped, overflow int
+	c.mu.Lock()
+	c.setNow(now)
+	td.ResourceSpans().RemoveIf(func(rs ptrace.ResourceSpans) bool {
+		rs.ScopeSpans().RemoveIf(func(ss ptrace.ScopeSpans) bool {
+			ss.Spans().RemoveIf(func(span ptrace.Span) bool {
+				id := span.TraceID()
+				if active, kept := c.table.TraceActive(id); active {
+					if kept {
+						return false
+					}
+					if c.held.HoldMove(id, rs.Resource(), rs.SchemaUrl(), ss.Scope(), ss.SchemaUrl(), span, now) {
+						held++
+						return true
+					}
+					overflow++
+					return false
+				}
+				if keep, known := c.held.Verdict(id); known && !keep {
+					dropped++
+					return true
+				}
+				return false
+			})
+			return ss.Spans().Len() == 0
+		})
+		return rs.ScopeSpans().Len() == 0
+	})
+	out := c.takePending()
+	c.mu.Unlock()
+	c.telemetry.spans(ctx, held, dropped, overflow)
+	c.emitLogs(ctx, out.logs)
+	out.traces.ResourceSpans().MoveAndAppendTo(td.ResourceSpans())
+	if td.ResourceSpans().Len() == 0 {
+		return nil
+	}
+	return c.nextTraces.ConsumeTraces(ctx, td)
+}
+
+// The session.Observer side: called by the table under mu.
+
+func (c *core) Started(s *session.Session) {
+	s.Attachment = c.metrics.SessionStarted(c.dims(s))
+}
+
+func (c *core) Gap(s *session.Session, g time.Duration, n int64) {
+	c.metrics.ObserveGap(s.Attachment.(*sessionmetrics.Live), g, n)
+}
+
+func (c *core) Stalled(s *session.Session, st *session.Stall) {
+	c.metrics.Stall(s.Attachment.(*sessionmetrics.Live))
+	if c.nextLogs != nil {
+		c.appendStallAlert(c.pending.records(), s, st, c.nowTS)
+	}
+}
+
+func (c *core) KeptEarly(s *session.Session) {
+	if kept, _ := c.held.Release(s.TraceID, true, c.pending.traces); kept > 0 {
+		c.telemetry.releasedSpans += int64(kept)
+	}
+}
+
+func (c *core) Ended(s *session.Session, e *session.End, trace session.TraceVerdict) {
+	ttft, hasTTFT := s.TTFT()
+	tpot, hasTPOT := s.TPOT(e.CompletionTokens)
+	r := sessionmetrics.Result{
+		ErrorType: errorType(s, e), Outcome: s.Outcome.String(), Sampled: s.Keep,
+		TTFT: ttft, HasTTFT: hasTTFT, TPOT: tpot, HasTPOT: hasTPOT, Duration: s.Duration(e),
+		InputTokens: s.PromptTokens, HasInputTokens: s.PromptTokens >= 0,
+	}
+	if n := outputTokens(s, e); n >= 0 {
+		r.OutputTokens, r.HasOutputTokens = n, true
+	}
+	c.metrics.SessionEnded(s.Attachment.(*sessionmetrics.Live), r)
+	c.telemetry.sessionEnded(s.Outcome, s.Keep)
+	if s.Keep {
+		if c.nextLogs != nil {
+			c.appendSummary(c.pending.records(), s, e, c.nowTS)
+		}
+		if c.nextTraces != nil {
+			c.appendSpan(c.pendingScopeSpans(), s, e)
+		}
+	}
+	if trace.Done {
+		kept, dropped := c.held.Release(s.TraceID, trace.Kept, c.pending.traces)
+		c.telemetry.releasedSpans += int64(kept)
+		c.telemetry.droppedSpans += int64(dropped)
+	}
+}
+
+// pendingScopeSpans is where session spans go: one resource and scope of
+// this processor's, ahead of any released spans.
+func (c *core) pendingScopeSpans() ptrace.ScopeSpans {
+	rss := c.pending.traces.ResourceSpans()
+	for i := range rss.Len() {
+		rs := rss.At(i)
+		if v, ok := rs.Resource().Attributes().Get(attrServiceName); ok && v.Str() == c.cfg.ProviderName &&
+			rs.ScopeSpans().Len() > 0 && rs.ScopeSpans().At(0).Scope().Name() == scopeName {
+			return rs.ScopeSpans().At(0)
+		}
+	}
+	rs := rss.AppendEmpty()
+	rs.Resource().Attributes().PutStr(attrServiceName, c.cfg.ProviderName)
+	ss := rs.ScopeSpans().AppendEmpty()
+	ss.Scope().SetName(scopeName)
+	return ss
+}
+
+// dims are the metric dimensions of a session.
+func (c *core) dims(s *session.Session) sessionmetrics.Dims {
+	d := sessionmetrics.Dims{Operation: s.Operation, Provider: c.cfg.ProviderName, Model: s.Model, Engine: s.Engine}
+	if n := len(c.cfg.Metrics.Dimensions); n > 0 {
+		d.Extra = make([]string, n)
+		for i, k := range c.cfg.Metrics.Dimensions {
+			for _, a := range s.Attributes {
+				if a.Key == k {
+					d.Extra[i] = a.Value
+					break
+				}
+			}
+		}
+	}
+	return d
+}

@@ -1,0 +1,377 @@
+package tokensessionprocessor
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/component"
+	"go.opentelemetry.io/collector/component/componenttest"
+	"go.opentelemetry.io/collector/consumer/consumertest"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+	"go.opentelemetry.io/collector/pdata/ptrace"
+	"go.opentelemetry.io/collector/processor"
+	"go.opentelemetry.io/collector/processor/processortest"
+	"go.uber.org/goleak"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const ms = int64(time.Millisecond)
+
+// pipelines is one token_session in all three pipelines, with sinks.
+type pipelines struct {
+	logs    processor.Logs
+	metrics processor.Metrics
+	traces  processor.Traces
+	logSink *consumertest.LogsSink
+	metSink *consumertest.MetricsSink
+	trcSink *consumertest.TracesSink
+}
+
+func newPipelines(t *testing.T, mutate func(*Config)) *pipelines {
+	t.Helper()
+	cfg := createDefaultConfig()
+	cfg.Sampling.NormalPercent = 0
+	cfg.Metrics.FlushInterval = time.Hour // flushed at shutdown in these tests
+	if mutate != nil {
+		mutate(cfg)
+	}
+	require.NoError(t, cfg.Validate())
+	set := processortest.NewNopSettings(componentType)
+	set.ID = component.NewIDWithName(componentType, t.Name())
+	p := &pipelines{logSink: new(consumertest.LogsSink), metSink: new(consumertest.MetricsSink), trcSink: new(consumertest.TracesSink)}
+	f := NewFactory()
+	var err error
+	ctx := context.Background()
+	p.logs, err = f.CreateLogs(ctx, set, cfg, p.logSink)
+	require.NoError(t, err)
+	p.metrics, err = f.CreateMetrics(ctx, set, cfg, p.metSink)
+	require.NoError(t, err)
+	p.traces, err = f.CreateTraces(ctx, set, cfg, p.trcSink)
+	require.NoError(t, err)
+	host := componenttest.NewNopHost()
+	for _, c := range []component.Component{p.logs, p.metrics, p.traces} {
+		require.NoError(t, c.Start(ctx, host))
+	}
+	return p
+}
+
+func (p *pipelines) shutdown(t *testing.T) {
+	t.Helper()
+	for _, c := range []component.Component{p.logs, p.metrics, p.traces} {
+		require.NoError(t, c.Shutdown(context.Background()))
+	}
+}
+
+// events builds a logs batch the way the token_stream receiver does.
+func events(evs ...tokenevent.Event) plog.Logs {
+	ld := plog.NewLogs()
+	sl := ld.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty()
+	w := tokenevent.NewRecordWriter()
+	w.Reset(sl.LogRecords(), 1)
+	for i := range evs {
+		w.Append(&evs[i])
+	}
+	return ld
+}
+
+var traceSlow = pcommon.TraceID{0xaa, 1}
+var traceFast = pcommon.TraceID{0xbb, 2}
+
+// base is an engine time close to the collector's clock, so that session
+// times and the collector's idle checks agree.
+var base = time.Now().UnixNano()
+
+func start(id string, trace pcommon.TraceID, at int64) tokenevent.Event {
+	return tokenevent.Event{Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: uint64(at), TraceID: trace,
+		SpanID: pcommon.SpanID{0x5e, byte(len(id))}, Model: "llama", Operation: "chat", Engine: "vllm-0", PromptTokens: 100,
+		Attributes: []tokenevent.Attribute{{Key: "quantization", Value: "fp8"}}, Count: 1, CompletionTokens: -1}
+}
+
+func tok(id string, at, n int64) tokenevent.Event {
+	return tokenevent.Event{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: uint64(at), Count: n, PromptTokens: -1, CompletionTokens: -1}
+}
+
+func end(id string, at int64) tokenevent.Event {
+	return tokenevent.Event{Kind: tokenevent.KindEnd, SessionID: id, TimeUnixNano: uint64(at), CompletionTokens: -1, FinishReason: "stop", PromptTokens: -1, Count: 1}
+}
+
+// slowSession has a TTFT of 600 ms; fastSession is normal.
+func slowSession(id string) []tokenevent.Event {
+	return []tokenevent.Event{start(id, traceSlow, base), tok(id, base+600*ms, 1), tok(id, base+620*ms, 1), tok(id, base+640*ms, 2), end(id, base+650*ms)}
+}
+
+func fastSession(id string) []tokenevent.Event {
+	return []tokenevent.Event{start(id, traceFast, base), tok(id, base+100*ms, 1), tok(id, base+120*ms, 1), end(id, base+130*ms)}
+}
+
+func allRecords(ld []plog.Logs) []plog.LogRecord {
+	var out []plog.LogRecord
+	for _, l := range ld {
+		for _, rl := range l.ResourceLogs().All() {
+			for _, sl := range rl.ScopeLogs().All() {
+				for _, lr := range sl.LogRecords().All() {
+					out = append(out, lr)
+				}
+			}
+		}
+	}
+	return out
+}
+
+func recordsNamed(ld []plog.Logs, name string) []plog.LogRecord {
+	var out []plog.LogRecord
+	for _, lr := range allRecords(ld) {
+		if lr.EventName() == name {
+			out = append(out, lr)
+		}
+	}
+	return out
+}
+
+func allSpans(td []ptrace.Traces) []ptrace.Span {
+	var out []ptrace.Span
+	for _, t := range td {
+		for _, rs := range t.ResourceSpans().All() {
+			for _, ss := range rs.ScopeSpans().All() {
+				for _, span := range ss.Spans().All() {
+					out = append(out, span)
+				}
+			}
+		}
+	}
+	return out
+}
+
+func TestLogsFoldsTokenEventsAndEmitsSummaries(t *testing.T) {
+	p := newPipelines(t, nil)
+	defer p.shutdown(t)
+	ld := events(append(slowSession("slow"), fastSession("fast")...)...)
+	other := ld.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty().LogRecords().AppendEmpty()
+	other.Body().SetStr("an application log")
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), ld))
+
+	records := allRecords(p.logSink.AllLogs())
+	for _, lr := range records {
+		assert.False(t, tokenevent.IsTokenEvent(lr), "token events stop here by default")
+	}
+	require.Len(t, records, 2, "the other record and one summary")
+	assert.Equal(t, "an application log", records[0].Body().Str())
+
+	sum := records[1]
+	assert.Equal(t, eventNameSummary, sum.EventName())
+	assert.Equal(t, plog.SeverityNumberWarn, sum.SeverityNumber())
+	assert.Equal(t, traceSlow, sum.TraceID())
+	assert.Equal(t, pcommon.SpanID{0x5e, 4}, sum.SpanID())
+	assert.Equal(t, pcommon.Timestamp(base+640*ms), sum.Timestamp(), "a session ends at its last token")
+	attrs := sum.Attributes().AsRaw()
+	assert.Equal(t, map[string]any{
+		"gen_ai.operation.name":               "chat",
+		"gen_ai.provider.name":                "vllm",
+		"gen_ai.request.model":                "llama",
+		"gen_ai.request.stream":               true,
+		"gen_ai.usage.input_tokens":           int64(100),
+		"gen_ai.usage.output_tokens":          int64(4),
+		"gen_ai.response.finish_reasons":      []any{"stop"},
+		"gen_ai.response.time_to_first_chunk": 0.6,
+		"llm.session.id":                      "slow",
+		"llm.engine":                          "vllm-0",
+		"llm.session.outcome":                 "completed",
+		"llm.session.ttft":                    0.6,
+		"llm.session.tpot":                    (40 * time.Millisecond / 3).Seconds(),
+		"llm.session.window_tpot.max":         0.02,
+		"llm.session.max_gap":                 0.02,
+		"llm.session.duration":                0.65,
+		"llm.session.stalls":                  int64(0),
+		"llm.session.chunks":                  int64(3),
+		"llm.session.sampling.reason":         "ttft",
+		"llm.session.attributes":              map[string]any{"quantization": "fp8"},
+	}, attrs)
+}
+
+func TestLogsPassAll(t *testing.T) {
+	p := newPipelines(t, func(c *Config) { c.PassTokenEvents = PassAll })
+	defer p.shutdown(t)
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(fastSession("fast")...)))
+	assert.Len(t, recordsNamed(p.logSink.AllLogs(), tokenevent.EventNameStart), 1)
+	assert.Len(t, recordsNamed(p.logSink.AllLogs(), tokenevent.EventNameToken), 1, "two token events packed in one record")
+	assert.Len(t, recordsNamed(p.logSink.AllLogs(), tokenevent.EventNameEnd), 1)
+}
+
+func TestStallAlertTheMomentItIsDetected(t *testing.T) {
+	p := newPipelines(t, nil)
+	defer p.shutdown(t)
+	id := "stally"
+	batch1 := []tokenevent.Event{start(id, traceSlow, base), tok(id, base+50*ms, 1), tok(id, base+250*ms, 1), tok(id, base+450*ms, 1)}
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(batch1...)))
+	assert.Empty(t, recordsNamed(p.logSink.AllLogs(), eventNameStall), "two slow gaps are not a stall")
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(tok(id, base+650*ms, 1))))
+	alerts := recordsNamed(p.logSink.AllLogs(), eventNameStall)
+	require.Len(t, alerts, 1)
+	a := alerts[0]
+	assert.Equal(t, plog.SeverityNumberWarn, a.SeverityNumber())
+	assert.Equal(t, traceSlow, a.TraceID())
+	assert.Equal(t, pcommon.Timestamp(base+650*ms), a.Timestamp())
+	assert.Equal(t, []any{0.2, 0.2, 0.2}, a.Attributes().AsRaw()[attrStallGaps])
+	assert.Equal(t, false, a.Attributes().AsRaw()[attrStallFreeze])
+	assert.Empty(t, recordsNamed(p.logSink.AllLogs(), eventNameSummary), "the session is still running")
+}
+
+func TestFreezeAlertedWithoutTokens(t *testing.T) {
+	p := newPipelines(t, func(c *Config) {
+		c.Stall.Gap = 10 * time.Millisecond
+		c.Stall.CheckInterval = 5 * time.Millisecond
+	})
+	defer p.shutdown(t)
+	now := time.Now().UnixNano()
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(start("frozen", traceSlow, now), tok("frozen", now+ms, 1))))
+	require.Eventually(t, func() bool { return len(recordsNamed(p.logSink.AllLogs(), eventNameStall)) == 1 }, 10*time.Second, 5*time.Millisecond)
+	a := recordsNamed(p.logSink.AllLogs(), eventNameStall)[0]
+	assert.Equal(t, true, a.Attributes().AsRaw()[attrStallFreeze])
+}
+
+func TestTracesHeldUntilVerdict(t *testing.T) {
+	p := newPipelines(t, nil)
+	defer p.shutdown(t)
+	ctx := context.Background()
+	// Both sessions start; engine spans of both traces arrive while they run.
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(start("slow", traceSlow, base), start("fast", traceFast, base))))
+	require.NoError(t, p.traces.ConsumeTraces(ctx, engineSpans(traceSlow, traceFast, pcommon.TraceID{0xcc})))
+	spans := allSpans(p.trcSink.AllTraces())
+	require.Len(t, spans, 1, "only the span of a trace without a session passes")
+	assert.Equal(t, pcommon.TraceID{0xcc}, spans[0].TraceID())
+
+	// The slow session is kept at its first token: its held span is released.
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(tok("slow", base+600*ms, 1))))
+	spans = allSpans(p.trcSink.AllTraces())
+	require.Len(t, spans, 2)
+	assert.Equal(t, traceSlow, spans[1].TraceID())
+	assert.Equal(t, "llm_request", spans[1].Name())
+	// Later spans of a kept trace pass at once.
+	require.NoError(t, p.traces.ConsumeTraces(ctx, engineSpans(traceSlow)))
+	assert.Len(t, allSpans(p.trcSink.AllTraces()), 3)
+
+	// The rest of both sessions: the slow one's span is emitted, the fast
+	// one (not sampled) drops its held span, and its late spans too.
+	rest := append(slowSession("slow")[2:], fastSession("fast")[1:]...)
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(rest...)))
+	spans = allSpans(p.trcSink.AllTraces())
+	require.Len(t, spans, 4)
+	session := spans[3]
+	assert.Equal(t, "chat llama", session.Name())
+	assert.Equal(t, traceSlow, session.TraceID())
+	assert.Equal(t, "ot=th:0", session.TraceState().AsRaw())
+	assert.Equal(t, ptrace.SpanKindServer, session.Kind())
+	assert.Equal(t, pcommon.Timestamp(base), session.StartTimestamp())
+	assert.Equal(t, pcommon.Timestamp(base+640*ms), session.EndTimestamp())
+	require.Equal(t, 1, session.Events().Len())
+	assert.Equal(t, spanEventFirstToken, session.Events().At(0).Name())
+	require.NoError(t, p.traces.ConsumeTraces(ctx, engineSpans(traceFast)))
+	assert.Len(t, allSpans(p.trcSink.AllTraces()), 4, "late span of a dropped trace is dropped")
+}
+
+func engineSpans(traces ...pcommon.TraceID) ptrace.Traces {
+	td := ptrace.NewTraces()
+	rs := td.ResourceSpans().AppendEmpty()
+	rs.Resource().Attributes().PutStr("service.name", "vllm-engine")
+	ss := rs.ScopeSpans().AppendEmpty()
+	for _, id := range traces {
+		span := ss.Spans().AppendEmpty()
+		span.SetTraceID(id)
+		span.SetSpanID(pcommon.SpanID{id[0], 9})
+		span.SetName("llm_request")
+	}
+	return td
+}
+
+func TestMetricsFlushedAtShutdownOverAllSessions(t *testing.T) {
+	p := newPipelines(t, nil)
+	ctx := context.Background()
+	// Engine metrics pass through.
+	md := pmetric.NewMetrics()
+	md.ResourceMetrics().AppendEmpty().ScopeMetrics().AppendEmpty().Metrics().AppendEmpty().SetName("vllm:num_requests_running")
+	require.NoError(t, p.metrics.ConsumeMetrics(ctx, md))
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(append(slowSession("slow"), fastSession("fast")...)...)))
+	p.shutdown(t)
+
+	all := p.metSink.AllMetrics()
+	require.Len(t, all, 2)
+	assert.Equal(t, "vllm:num_requests_running", all[0].ResourceMetrics().At(0).ScopeMetrics().At(0).Metrics().At(0).Name())
+	byName := map[string]pmetric.Metric{}
+	for _, m := range all[1].ResourceMetrics().At(0).ScopeMetrics().At(0).Metrics().All() {
+		byName[m.Name()] = m
+	}
+	ttft := byName["gen_ai.server.time_to_first_token"]
+	require.Equal(t, pmetric.MetricTypeHistogram, ttft.Type())
+	var count uint64
+	var sum float64
+	for _, dp := range ttft.Histogram().DataPoints().All() {
+		count += dp.Count()
+		sum += dp.Sum()
+	}
+	assert.Equal(t, uint64(2), count, "both sessions, sampled or not")
+	assert.InDelta(t, 0.7, sum, 1e-9)
+	sessions := byName["llm.sessions"]
+	require.Equal(t, pmetric.MetricTypeSum, sessions.Type())
+	var total int64
+	for _, dp := range sessions.Sum().DataPoints().All() {
+		total += dp.IntValue()
+	}
+	assert.Equal(t, int64(2), total)
+	itl := byName["llm.session.inter_token_latency"]
+	count = 0
+	for _, dp := range itl.Histogram().DataPoints().All() {
+		count += dp.Count()
+	}
+	assert.Equal(t, uint64(4), count, "slow: 20 ms, then 2×10 ms; fast: 20 ms")
+}
+
+func TestShutdownEndsActiveSessions(t *testing.T) {
+	p := newPipelines(t, func(c *Config) { c.Sampling.NormalPercent = 100 })
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(start("left", traceFast, base), tok("left", base+10*ms, 1))))
+	p.shutdown(t)
+	sums := recordsNamed(p.logSink.AllLogs(), eventNameSummary)
+	require.Len(t, sums, 1)
+	assert.Equal(t, "shutdown", sums[0].Attributes().AsRaw()[attrSessionOutcome])
+	require.Len(t, allSpans(p.trcSink.AllTraces()), 1)
+}
+
+func TestLifecycle(t *testing.T) {
+	f := NewFactory()
+	cfg := createDefaultConfig()
+	set := processortest.NewNopSettings(componentType)
+	ctx := context.Background()
+	// Shutdown without Start.
+	lp, err := f.CreateLogs(ctx, set, cfg, consumertest.NewNop())
+	require.NoError(t, err)
+	require.NoError(t, lp.Shutdown(ctx))
+	// Start and shutdown, twice.
+	for range 2 {
+		lp, err := f.CreateLogs(ctx, set, cfg, consumertest.NewNop())
+		require.NoError(t, err)
+		tp, err := f.CreateTraces(ctx, set, cfg, consumertest.NewNop())
+		require.NoError(t, err)
+		assert.Same(t, lp.(*logsProcessor).Unwrap(), tp.(*tracesProcessor).Unwrap(), "one core per component ID")
+		require.NoError(t, lp.Start(ctx, componenttest.NewNopHost()))
+		require.NoError(t, tp.Start(ctx, componenttest.NewNopHost()))
+		require.NoError(t, lp.Shutdown(ctx))
+		require.NoError(t, tp.Shutdown(ctx))
+	}
+	// The same ID in two logs pipelines is refused.
+	_, err = f.CreateLogs(ctx, set, cfg, consumertest.NewNop())
+	require.NoError(t, err)
+	_, err = f.CreateLogs(ctx, set, cfg, consumertest.NewNop())
+	require.ErrorContains(t, err, "one pipeline per signal")
+	c, _ := cores.LoadOrStore(set.ID, nil)
+	require.NoError(t, c.Shutdown(ctx))
+	assert.True(t, lp.Capabilities().MutatesData)
+}
