@@ -53,6 +53,9 @@ type SamplingConfig struct {
 	NormalPercent float64
 }
 
+// maxWindow bounds Window; a session's window is indexed with 16 bits.
+const maxWindow = 4096
+
 // DefaultConfig returns the defaults of DESIGN.md.
 func DefaultConfig() Config {
 	return Config{
@@ -82,6 +85,9 @@ func (c Config) Validate() error {
 		}
 	}
 	positive("window", int64(c.Window))
+	if c.Window > maxWindow {
+		errs = append(errs, fmt.Errorf("window: at most %d, got %d", maxWindow, c.Window))
+	}
 	positive("stall.gap", int64(c.StallGap))
 	positive("stall.consecutive", int64(c.StallConsecutive))
 	if c.MaxStallRecords < 0 {

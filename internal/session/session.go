@@ -118,13 +118,14 @@ type Session struct {
 
 	// window of the latest per-token gaps, in µs to keep a session small.
 	gaps    []uint32
-	gapNext int
-	gapLen  int
-	slowRun int
+	gapNext uint16
+	gapLen  uint16
+	// slowRun counts the consecutive slow per-token gaps.
+	slowRun int32
 	inStall bool
 
 	// slot is the session's index in the table's dense arrays.
-	slot int
+	slot int32
 }
 
 // End is what the end event said; the zero End with CompletionTokens -1
@@ -194,8 +195,8 @@ func (s *Session) pushGap(g time.Duration, n int64) {
 	us := uint32(min(g/time.Microsecond, 1<<32-1))
 	for range min(n, int64(len(s.gaps))) {
 		s.gaps[s.gapNext] = us
-		s.gapNext = (s.gapNext + 1) % len(s.gaps)
-		s.gapLen = min(s.gapLen+1, len(s.gaps))
+		s.gapNext = uint16((int(s.gapNext) + 1) % len(s.gaps))
+		s.gapLen = uint16(min(int(s.gapLen)+1, len(s.gaps)))
 	}
 	if w, _ := s.WindowTPOT(); w > s.WindowTPOTMax {
 		s.WindowTPOTMax = w

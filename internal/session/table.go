@@ -1,6 +1,7 @@
 package session
 
 import (
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -247,7 +248,7 @@ func (t *Table) create(id string, now int64) *Session {
 	randomID(s.SpanID[:])
 	t.sessions[id] = s
 	t.traceAdd(s.TraceID)
-	s.slot = len(t.slots)
+	s.slot = int32(len(t.slots))
 	t.slots = append(t.slots, s)
 	t.clocks = append(t.clocks, clock{lastSeen: now})
 	return s
@@ -319,8 +320,8 @@ func (t *Table) token(s *Session, at, count, now int64) {
 		}
 		return
 	}
-	s.slowRun += int(count)
-	if !s.inStall && s.slowRun >= t.cfg.StallConsecutive {
+	s.slowRun = int32(min(int64(s.slowRun)+count, math.MaxInt32))
+	if !s.inStall && int(s.slowRun) >= t.cfg.StallConsecutive {
 		c.lastTokenSeen = 0
 		t.stall(s, Stall{DetectedAt: at, Since: at - int64(gap)*int64(s.slowRun), Gaps: s.latestGaps(t.cfg.StallConsecutive)})
 	}
@@ -328,10 +329,10 @@ func (t *Table) token(s *Session, at, count, now int64) {
 
 // latestGaps returns up to n of the window's latest gaps, oldest first.
 func (s *Session) latestGaps(n int) []time.Duration {
-	n = min(n, s.gapLen)
+	n = min(n, int(s.gapLen))
 	out := make([]time.Duration, n)
 	for i := range n {
-		j := (s.gapNext - n + i + len(s.gaps)) % len(s.gaps)
+		j := (int(s.gapNext) - n + i + len(s.gaps)) % len(s.gaps)
 		out[i] = time.Duration(s.gaps[j]) * time.Microsecond
 	}
 	return out
@@ -403,7 +404,7 @@ func (t *Table) end(s *Session, outcome Outcome, e *End) {
 	trace := t.traceRemove(s.TraceID, s.Keep)
 	t.obs.Ended(s, e, trace)
 	delete(t.sessions, s.ID)
-	last := len(t.slots) - 1
+	last := int32(len(t.slots) - 1)
 	moved := t.slots[last]
 	t.slots[s.slot], t.clocks[s.slot] = moved, t.clocks[last]
 	moved.slot = s.slot

@@ -1,0 +1,130 @@
+package tokensessionprocessor
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/collector/component/componenttest"
+	"go.opentelemetry.io/collector/consumer/consumertest"
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/processor"
+	"go.opentelemetry.io/collector/processor/processortest"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+func newBenchProcessor(b *testing.B) processor.Logs {
+	cfg := createDefaultConfig()
+	cfg.Metrics.FlushInterval = time.Hour
+	set := processortest.NewNopSettings(componentType)
+	lp, err := NewFactory().CreateLogs(context.Background(), set, cfg, consumertest.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	mp, err := NewFactory().CreateMetrics(context.Background(), set, cfg, consumertest.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := lp.Start(context.Background(), componenttest.NewNopHost()); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = lp.Shutdown(context.Background())
+		_ = mp.Shutdown(context.Background())
+	})
+	return lp
+}
+
+// BenchmarkConsumeLogsTokens folds hook batches as the receiver produces
+// them: `sessions` concurrent sessions, 10 token events each per batch
+// (packed into one record per session), through the logs pipeline with the
+// metrics pipeline attached. Building the batches is not timed.
+func BenchmarkConsumeLogsTokens(b *testing.B) {
+	for _, sessions := range []int{100, 10_000} {
+		b.Run(fmt.Sprintf("sessions=%d", sessions), func(b *testing.B) {
+			lp := newBenchProcessor(b)
+			ids := make([]string, sessions)
+			now := time.Now().UnixNano()
+			starts := make([]tokenevent.Event, sessions)
+			for i := range ids {
+				ids[i] = fmt.Sprintf("req-%08d", i)
+				starts[i] = tokenevent.Event{Kind: tokenevent.KindStart, SessionID: ids[i], TimeUnixNano: uint64(now), Model: "llama",
+					Operation: "chat", Engine: "vllm-0", PromptTokens: 100, Count: 1, CompletionTokens: -1}
+			}
+			if err := lp.ConsumeLogs(context.Background(), events(starts...)); err != nil {
+				b.Fatal(err)
+			}
+			const perSession = 10
+			w := tokenevent.NewRecordWriter()
+			ev := tokenevent.Event{Kind: tokenevent.KindToken, Count: 1, PromptTokens: -1, CompletionTokens: -1}
+			t := now
+			var events int
+			b.ReportAllocs()
+			for b.Loop() {
+				b.StopTimer()
+				ld := plog.NewLogs()
+				w.Reset(ld.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty().LogRecords(), 1)
+				for range perSession {
+					t += int64(20 * time.Millisecond)
+					for _, id := range ids {
+						ev.SessionID, ev.TimeUnixNano = id, uint64(t)
+						w.Append(&ev)
+					}
+				}
+				b.StartTimer()
+				if err := lp.ConsumeLogs(context.Background(), ld); err != nil {
+					b.Fatal(err)
+				}
+				events += perSession * sessions
+			}
+			b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(events), "ns/event")
+			b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}
+
+// BenchmarkRetainedPerSessionProcessor measures the heap one active session
+// holds inside the processor: the state machine's session and its metric
+// series handle (sessions of one model share a series).
+func BenchmarkRetainedPerSessionProcessor(b *testing.B) {
+	const n = 100_000
+	for b.Loop() {
+		cfg := createDefaultConfig()
+		set := processortest.NewNopSettings(componentType)
+		c, err := newCore(cfg, set)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.nextLogs = consumertest.NewNop()
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		evs := make([]tokenevent.Event, 0, 2*n)
+		now := time.Now().UnixNano()
+		for i := range n {
+			id := fmt.Sprintf("req-%08d", i)
+			evs = append(evs,
+				tokenevent.Event{Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: uint64(now), Model: "llama", Operation: "chat", PromptTokens: 100, Count: 1, CompletionTokens: -1},
+				tokenevent.Event{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: uint64(now + 1e8), Count: 1, PromptTokens: -1, CompletionTokens: -1})
+		}
+		ld := events(evs...)
+		evs = nil
+		if err := c.consumeLogs(context.Background(), ld); err != nil {
+			b.Fatal(err)
+		}
+		ld = plog.Logs{}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		// Measured from before the batch was built to after it was
+		// collected: what remains is what the sessions hold, their IDs
+		// included.
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/session")
+		if c.table.Active() != n {
+			b.Fatalf("%d active sessions, want %d", c.table.Active(), n)
+		}
+		_ = c.telemetry.shutdown()
+	}
+}
