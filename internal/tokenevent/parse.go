@@ -124,10 +124,19 @@ func NewParser(limits Limits) *Parser {
 // Parse parses one line (without its newline) into ev, which it resets first.
 // The error, if any, is a *FieldError.
 func (p *Parser) Parse(line []byte, ev *Event) error {
-	ev.Reset()
 	if len(line) > p.limits.MaxLineBytes {
+		ev.Reset()
 		return &FieldError{Reason: fmt.Sprintf("line is %d bytes, limit is %d", len(line), p.limits.MaxLineBytes)}
 	}
+	if p.parseCompactToken(line, ev) {
+		return nil
+	}
+	return p.parseObject(line, ev)
+}
+
+// parseObject is the general parser: any valid JSON object, any key order.
+func (p *Parser) parseObject(line []byte, ev *Event) error {
+	ev.Reset()
 	p.b, p.i = line, 0
 	seen, err := p.object(ev)
 	p.b = nil
@@ -135,6 +144,68 @@ func (p *Parser) Parse(line []byte, ev *Event) error {
 		return err
 	}
 	return validate(seen, ev)
+}
+
+var (
+	compactTokenPrefix = []byte(`{"event":"token","session_id":"`)
+	compactTokenTime   = []byte(`","time_unix_nano":`)
+	compactTokenCount  = []byte(`,"count":`)
+)
+
+// parseCompactToken is the fast path for the line every hook client sends
+// most: a token event in the field order and compact form of AppendJSON,
+// with a plain-ASCII session ID. It reports false, leaving ev to the
+// general parser, for anything else, including every invalid line; so the
+// two paths cannot disagree on what they both accept (FuzzParse checks it).
+func (p *Parser) parseCompactToken(line []byte, ev *Event) bool {
+	if !bytes.HasPrefix(line, compactTokenPrefix) {
+		return false
+	}
+	i := len(compactTokenPrefix)
+	j := i
+	for j < len(line) && plainByte[line[j]] {
+		j++
+	}
+	if j == i || j-i > p.limits.MaxSessionIDBytes || !bytes.HasPrefix(line[j:], compactTokenTime) {
+		return false
+	}
+	sid := line[i:j]
+	k := j + len(compactTokenTime)
+	t, k, ok := compactUint(line, k)
+	if !ok || t == 0 {
+		return false
+	}
+	count := uint64(1)
+	if bytes.HasPrefix(line[k:], compactTokenCount) {
+		if count, k, ok = compactUint(line, k+len(compactTokenCount)); !ok || count == 0 {
+			return false
+		}
+	}
+	if k != len(line)-1 || line[k] != '}' {
+		return false
+	}
+	*ev = Event{Kind: KindToken, SessionID: p.intern(sid), TimeUnixNano: t, Count: int64(count),
+		PromptTokens: -1, CompletionTokens: -1, Attributes: ev.Attributes[:0]}
+	return true
+}
+
+// compactUint reads 1 to 19 digits without a leading zero from line[i:],
+// fitting an int64 (19 digits cannot overflow the uint64 it sums in);
+// anything else is left to the general parser.
+func compactUint(line []byte, i int) (v uint64, next int, ok bool) {
+	start := i
+	for i < len(line) && i-start < 19 {
+		c := line[i] - '0'
+		if c > 9 {
+			break
+		}
+		v = v*10 + uint64(c)
+		i++
+	}
+	if i == start || (line[start] == '0' && i-start > 1) || v > math.MaxInt64 {
+		return 0, i, false
+	}
+	return v, i, true
 }
 
 // ParseBatch parses an NDJSON body line by line. It calls onEvent for each

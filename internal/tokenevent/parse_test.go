@@ -186,12 +186,24 @@ func TestAppendJSONInvalidUTF8(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	for _, s := range []string{startLine, tokenLine, endLine, `{}`, `{"attributes":{"a":"\ud800"}}`, `{"event":"token","session_id":"\u00e9","time_unix_nano":1,"count":2}`} {
+	for _, s := range []string{startLine, tokenLine, endLine, `{}`, `{"event":"token","session_id":"a","time_unix_nano":12,"count":3}`,
+		`{"event":"token","session_id":"a","time_unix_nano":012}`, `{"event":"token","session_id":"a","time_unix_nano":1,"count":0}`, `{"attributes":{"a":"\ud800"}}`, `{"event":"token","session_id":"\u00e9","time_unix_nano":1,"count":2}`} {
 		f.Add([]byte(s))
 	}
 	p := NewParser(Limits{})
 	f.Fuzz(func(t *testing.T, line []byte) {
 		var ev Event
+		// The compact fast path and the general parser agree on every line
+		// the fast path takes.
+		var fast, general Event
+		if p.parseCompactToken(line, &fast) {
+			if err := p.parseObject(line, &general); err != nil {
+				t.Fatalf("fast path took %q, general parser rejects it: %v", line, err)
+			}
+			if fmt.Sprint(fast) != fmt.Sprint(general) {
+				t.Fatalf("paths disagree on %q:\n%+v\n%+v", line, fast, general)
+			}
+		}
 		if err := p.Parse(line, &ev); err != nil {
 			if _, ok := err.(*FieldError); !ok {
 				t.Fatalf("error of type %T", err)
@@ -216,6 +228,21 @@ func BenchmarkParseToken(b *testing.B) {
 	var ev Event
 	b.ReportAllocs()
 	b.SetBytes(int64(len(line)))
+	for b.Loop() {
+		if err := p.Parse(line, &ev); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkParseTokenGeneral parses a token line the compact fast path does
+// not take (another field order), as any other JSON encoder might write it.
+func BenchmarkParseTokenGeneral(b *testing.B) {
+	p := NewParser(Limits{})
+	line := []byte(`{"session_id":"s-1","event":"token","time_unix_nano":1700000000250000000}`)
+	var ev Event
+	b.ReportAllocs()
 	for b.Loop() {
 		if err := p.Parse(line, &ev); err != nil {
 			b.Fatal(err)
