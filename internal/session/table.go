@@ -122,6 +122,12 @@ func NewTable(cfg Config, obs Observer) (*Table, error) {
 // Active returns the number of active sessions.
 func (t *Table) Active() int { return len(t.sessions) }
 
+// Contains reports whether the session is active.
+func (t *Table) Contains(id string) bool {
+	_, ok := t.sessions[id]
+	return ok
+}
+
 // TraceActive reports whether an active session belongs to the trace, and
 // whether one of them has already been kept.
 func (t *Table) TraceActive(id pcommon.TraceID) (active, kept bool) {

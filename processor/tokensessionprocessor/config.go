@@ -19,13 +19,17 @@ type PassTokenEvents string
 const (
 	// PassNone: token events stop here; only summaries and alerts go on.
 	PassNone PassTokenEvents = "none"
+	// PassSampled: the token event records of sampled sessions go on,
+	// after the session's verdict, just before its summary. They are held
+	// until then: memory grows with the tokens of the sessions in flight.
+	PassSampled PassTokenEvents = "sampled"
 	// PassAll: every token event record goes on as it came.
 	PassAll PassTokenEvents = "all"
 )
 
 // Config is the configuration of the token_session processor.
 type Config struct {
-	// PassTokenEvents: none (default) or all.
+	// PassTokenEvents: none (default), sampled or all.
 	PassTokenEvents PassTokenEvents `mapstructure:"pass_token_events"`
 	// ProviderName is gen_ai.provider.name on every output.
 	ProviderName string `mapstructure:"provider_name"`
@@ -162,9 +166,9 @@ var _ confmap.Validator = (*Config)(nil)
 func (cfg *Config) Validate() error {
 	errs := []error{cfg.sessionConfig().Validate()}
 	switch cfg.PassTokenEvents {
-	case PassNone, PassAll:
+	case PassNone, PassSampled, PassAll:
 	default:
-		errs = append(errs, fmt.Errorf("pass_token_events: want none or all, got %q", cfg.PassTokenEvents))
+		errs = append(errs, fmt.Errorf("pass_token_events: want none, sampled or all, got %q", cfg.PassTokenEvents))
 	}
 	if cfg.ProviderName == "" {
 		errs = append(errs, errors.New("provider_name: must not be empty"))

@@ -69,7 +69,7 @@ func TestConfigInvalidReportsEveryProblem(t *testing.T) {
 	_, err := loadConfig(t, "invalid")
 	require.Error(t, err)
 	for _, want := range []string{
-		`pass_token_events: want none or all, got "sampled"`,
+		`pass_token_events: want none, sampled or all, got "some"`,
 		"provider_name: must not be empty",
 		"window: must be positive, got 0",
 		"stall.consecutive: must be positive, got -1",

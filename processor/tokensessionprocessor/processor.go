@@ -40,6 +40,12 @@ type core struct {
 	nowNanos int64
 	event    tokenevent.Event
 	applyFn  func(*tokenevent.Event)
+	// With pass_token_events: sampled, the token event records of each
+	// active session, and the record being folded (an end record reaches
+	// Ended before it could be added to its session's records).
+	sampledRecords map[string]plog.LogRecordSlice
+	folding        plog.LogRecord
+	isFolding      bool
 	counters session.Counters // as last reported to telemetry
 
 	nextLogs    consumer.Logs
@@ -87,6 +93,9 @@ func newCore(cfg *Config, set processor.Settings) (*core, error) {
 	}
 	c.applyFn = c.applyEvent
 	c.pending = newOutputs()
+	if cfg.PassTokenEvents == PassSampled {
+		c.sampledRecords = make(map[string]plog.LogRecordSlice)
+	}
 	return c, nil
 }
 
@@ -253,14 +262,25 @@ func (c *core) consumeLogs(ctx context.Context, ld plog.Logs) error {
 				if !tokenevent.IsTokenEvent(lr) {
 					return false
 				}
-				if err := tokenevent.ReadRecord(lr, &c.event, c.applyFn); err != nil {
+				c.folding, c.isFolding = lr, true
+				err := tokenevent.ReadRecord(lr, &c.event, c.applyFn)
+				c.isFolding = false
+				if err != nil {
 					invalid++
 					if invalid == 1 {
 						c.set.Logger.Debug("invalid token event record", zap.Error(err))
 					}
 					return true
 				}
-				return c.cfg.PassTokenEvents == PassNone
+				if c.sampledRecords != nil && c.table.Contains(c.event.SessionID) {
+					recs, ok := c.sampledRecords[c.event.SessionID]
+					if !ok {
+						recs = plog.NewLogRecordSlice()
+						c.sampledRecords[c.event.SessionID] = recs
+					}
+					lr.CopyTo(recs.AppendEmpty())
+				}
+				return c.cfg.PassTokenEvents != PassAll
 			})
 			return sl.LogRecords().Len() == 0
 		})
@@ -367,6 +387,19 @@ func (c *core) Ended(s *session.Session, e *session.End, trace session.TraceVerd
 	}
 	c.metrics.SessionEnded(s.Attachment.(*sessionmetrics.Live), r)
 	c.telemetry.sessionEnded(s.Outcome, s.Keep)
+	if c.sampledRecords != nil {
+		recs, ok := c.sampledRecords[s.ID]
+		delete(c.sampledRecords, s.ID)
+		if s.Keep && c.nextLogs != nil {
+			out := c.pending.records()
+			if ok {
+				recs.MoveAndAppendTo(out)
+			}
+			if c.isFolding && c.event.SessionID == s.ID {
+				c.folding.CopyTo(out.AppendEmpty())
+			}
+		}
+	}
 	if s.Keep {
 		if c.nextLogs != nil {
 			c.appendSummary(c.pending.records(), s, e, c.nowTS)

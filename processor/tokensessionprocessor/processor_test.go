@@ -207,6 +207,30 @@ func TestLogsPassAll(t *testing.T) {
 	assert.Len(t, recordsNamed(p.logSink.AllLogs(), tokenevent.EventNameEnd), 1)
 }
 
+func TestLogsPassSampled(t *testing.T) {
+	p := newPipelines(t, func(c *Config) { c.PassTokenEvents = PassSampled })
+	defer p.shutdown(t)
+	ctx := context.Background()
+	slow, fast := slowSession("slow"), fastSession("fast")
+	// Spread over batches: the records are held until the verdict.
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(slow[0], fast[0], slow[1], fast[1])))
+	assert.Empty(t, allRecords(p.logSink.AllLogs()), "nothing before the verdicts")
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(append(slow[2:], fast[2:]...)...)))
+	var names []string
+	var ev tokenevent.Event
+	var got []string
+	for _, lr := range allRecords(p.logSink.AllLogs()) {
+		names = append(names, lr.EventName())
+		if tokenevent.IsTokenEvent(lr) {
+			require.NoError(t, tokenevent.ReadRecord(lr, &ev, func(e *tokenevent.Event) { got = append(got, e.SessionID+" "+e.Kind.String()) }))
+		}
+	}
+	assert.Equal(t, []string{tokenevent.EventNameStart, tokenevent.EventNameToken, tokenevent.EventNameToken, tokenevent.EventNameEnd, eventNameSummary}, names)
+	assert.Equal(t, []string{"slow start", "slow token", "slow token", "slow token", "slow end"}, got, "only the sampled session's events, in order")
+	c, _ := cores.LoadOrStore(component.NewIDWithName(componentType, t.Name()), nil)
+	assert.Empty(t, c.Unwrap().sampledRecords, "nothing held after the sessions ended")
+}
+
 func TestStallAlertTheMomentItIsDetected(t *testing.T) {
 	p := newPipelines(t, nil)
 	defer p.shutdown(t)
