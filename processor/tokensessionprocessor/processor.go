@@ -46,7 +46,7 @@ type core struct {
 	sampledRecords map[string]plog.LogRecordSlice
 	folding        plog.LogRecord
 	isFolding      bool
-	counters session.Counters // as last reported to telemetry
+	counters       session.Counters // as last reported to telemetry
 
 	nextLogs    consumer.Logs
 	nextMetrics consumer.Metrics
