@@ -2,6 +2,8 @@ package tokensessionprocessor
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +18,8 @@ import (
 	"go.opentelemetry.io/collector/pdata/ptrace"
 	"go.opentelemetry.io/collector/processor"
 	"go.opentelemetry.io/collector/processor/processortest"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/goleak"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
@@ -398,4 +402,85 @@ func TestLifecycle(t *testing.T) {
 	c, _ := cores.LoadOrStore(set.ID, nil)
 	require.NoError(t, c.Shutdown(ctx))
 	assert.True(t, lp.Capabilities().MutatesData)
+}
+
+// Logs, traces and ticks from several goroutines at once: run under -race.
+func TestConcurrentPipelines(t *testing.T) {
+	p := newPipelines(t, func(c *Config) {
+		c.Stall.CheckInterval = time.Millisecond
+		c.Sampling.NormalPercent = 50
+	})
+	ctx := context.Background()
+	const workers, sessionsPerWorker = 4, 50
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for i := range sessionsPerWorker {
+				id := fmt.Sprintf("w%d-s%d", w, i)
+				trace := pcommon.TraceID{byte(w), byte(i), 7}
+				evs := []tokenevent.Event{start(id, trace, base), tok(id, base+10*ms, 1), tok(id, base+30*ms, 2), end(id, base+40*ms)}
+				assert.NoError(t, p.logs.ConsumeLogs(ctx, events(evs[:2]...)))
+				assert.NoError(t, p.logs.ConsumeLogs(ctx, events(evs[2:]...)))
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for i := range sessionsPerWorker {
+				assert.NoError(t, p.traces.ConsumeTraces(ctx, engineSpans(pcommon.TraceID{byte(w), byte(i), 7})))
+			}
+		}()
+	}
+	wg.Wait()
+	p.shutdown(t)
+	var ended int64
+	for _, md := range p.metSink.AllMetrics() {
+		for _, m := range md.ResourceMetrics().At(0).ScopeMetrics().At(0).Metrics().All() {
+			if m.Name() == "llm.sessions" {
+				for _, dp := range m.Sum().DataPoints().All() {
+					ended += dp.IntValue()
+				}
+			}
+		}
+	}
+	assert.Equal(t, int64(workers*sessionsPerWorker), ended, "every session ended once")
+}
+
+func TestSelfTelemetry(t *testing.T) {
+	tel := componenttest.NewTelemetry()
+	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
+	cfg := createDefaultConfig()
+	cfg.Sampling.NormalPercent = 0
+	set := processortest.NewNopSettings(componentType)
+	set.TelemetrySettings = tel.NewTelemetrySettings()
+	sink := new(consumertest.LogsSink)
+	lp, err := NewFactory().CreateLogs(context.Background(), set, cfg, sink)
+	require.NoError(t, err)
+	require.NoError(t, lp.Start(context.Background(), componenttest.NewNopHost()))
+	evs := append(slowSession("slow"), fastSession("fast")...)
+	evs = append(evs, tok("fast", base+200*ms, 1), end("ghost", base), tok("orphan", base, 1))
+	require.NoError(t, lp.ConsumeLogs(context.Background(), events(evs...)))
+	require.NoError(t, lp.Shutdown(context.Background()))
+
+	sum := func(name string, match func(attribute.Set) bool) int64 {
+		m, err := tel.GetMetric(name)
+		require.NoError(t, err, name)
+		var total int64
+		for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+			if match(dp.Attributes) {
+				total += dp.Value
+			}
+		}
+		return total
+	}
+	attr := func(k, v string) func(attribute.Set) bool {
+		return func(s attribute.Set) bool { got, ok := s.Value(attribute.Key(k)); return ok && got.Emit() == v }
+	}
+	assert.Equal(t, int64(2), sum("otelcol_processor_token_session_sessions", attr("outcome", "completed")))
+	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_sessions", attr("outcome", "shutdown")), "the orphan's session")
+	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_sessions", attr("sampled", "true")))
+	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "late")))
+	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "orphan_end")))
+	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "orphan_token")))
 }
