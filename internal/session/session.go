@@ -69,7 +69,8 @@ func (r Reason) String() string {
 // Stall is one stall episode, as recorded when it was detected.
 type Stall struct {
 	// DetectedAt is the engine time of the token that completed the run of
-	// slow gaps, or the collector's time when a freeze was detected.
+	// slow gaps or, for a freeze, the last token's time plus
+	// StallConsecutive×StallGap (when the freeze began to count).
 	DetectedAt int64
 	// Since is the time of the last token before the episode.
 	Since int64
@@ -120,8 +121,10 @@ type Session struct {
 	gaps    []uint32
 	gapNext uint16
 	gapLen  uint16
-	// slowRun counts the consecutive slow per-token gaps.
-	slowRun int32
+	// slowRun counts the consecutive slow per-token gaps, which began after
+	// the token at slowSince.
+	slowRun   int32
+	slowSince int64
 	inStall bool
 
 	// slot is the session's index in the table's dense arrays.

@@ -203,7 +203,9 @@ func (t *Table) Tick(now int64) {
 			t.end(s, OutcomeTimeout, &End{CompletionTokens: -1})
 		case c.lastTokenSeen != 0 && now-c.lastTokenSeen > t.freezeAfter:
 			c.lastTokenSeen = 0
-			t.stall(s, Stall{DetectedAt: now, Since: s.LastTokenTime, Freeze: true})
+			// Stamped on the engine's clock, like everything else about
+			// the session: the moment the freeze threshold was crossed.
+			t.stall(s, Stall{DetectedAt: s.LastTokenTime + t.freezeAfter, Since: s.LastTokenTime, Freeze: true})
 		}
 	}
 }
@@ -314,6 +316,9 @@ func (t *Table) token(s *Session, at, count, now int64) {
 		return
 	}
 	gap := time.Duration(at-s.LastTokenTime) / time.Duration(count)
+	if gap > t.cfg.StallGap && s.slowRun == 0 {
+		s.slowSince = s.LastTokenTime
+	}
 	s.LastTokenTime = at
 	s.MaxGap = max(s.MaxGap, gap)
 	s.pushGap(gap, count)
@@ -329,7 +334,7 @@ func (t *Table) token(s *Session, at, count, now int64) {
 	s.slowRun = int32(min(int64(s.slowRun)+count, math.MaxInt32))
 	if !s.inStall && int(s.slowRun) >= t.cfg.StallConsecutive {
 		c.lastTokenSeen = 0
-		t.stall(s, Stall{DetectedAt: at, Since: at - int64(gap)*int64(s.slowRun), Gaps: s.latestGaps(t.cfg.StallConsecutive)})
+		t.stall(s, Stall{DetectedAt: at, Since: s.slowSince, Gaps: s.latestGaps(t.cfg.StallConsecutive)})
 	}
 }
 

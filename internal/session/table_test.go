@@ -236,6 +236,15 @@ func TestStallEpisodes(t *testing.T) {
 	assert.Equal(t, []string{"s"}, rec.early, "kept early once")
 }
 
+func TestStallSinceIsTheLastTokenBeforeTheEpisode(t *testing.T) {
+	tbl, rec := newTable(t, nil)
+	apply(tbl, start("s", t0), tok("s", t0+10*ms, 1), tok("s", t0+30*ms, 1),
+		tok("s", t0+230*ms, 1), tok("s", t0+480*ms, 1), tok("s", t0+780*ms, 1))
+	require.Len(t, rec.stalls, 1)
+	assert.Equal(t, Stall{DetectedAt: t0 + 780*ms, Since: t0 + 30*ms,
+		Gaps: []time.Duration{200 * time.Millisecond, 250 * time.Millisecond, 300 * time.Millisecond}}, rec.stalls[0])
+}
+
 func TestFreezeDetectedWhileItLasts(t *testing.T) {
 	tbl, rec := newTable(t, nil)
 	apply(tbl, start("f", t0), tok("f", t0+10*ms, 1), tok("f", t0+20*ms, 1))
@@ -243,7 +252,7 @@ func TestFreezeDetectedWhileItLasts(t *testing.T) {
 	assert.Empty(t, rec.stalls)
 	tbl.Tick(t0 + 471*ms) // 451 ms: frozen
 	require.Len(t, rec.stalls, 1)
-	assert.Equal(t, Stall{DetectedAt: t0 + 471*ms, Since: t0 + 20*ms, Freeze: true}, rec.stalls[0])
+	assert.Equal(t, Stall{DetectedAt: t0 + 470*ms, Since: t0 + 20*ms, Freeze: true}, rec.stalls[0])
 	tbl.Tick(t0 + 900*ms)
 	assert.Len(t, rec.stalls, 1, "one alert per episode")
 	// Decoding resumes slowly: still the same episode; a fast gap ends it.

@@ -62,9 +62,12 @@ type outputs struct {
 	traces ptrace.Traces
 }
 
-func (o *outputs) records() plog.LogRecordSlice {
+// records is where session log records go: one resource (named, like
+// those of the spans and metrics, after the provider) and this scope.
+func (o *outputs) records(provider string) plog.LogRecordSlice {
 	if o.logs.ResourceLogs().Len() == 0 {
 		rl := o.logs.ResourceLogs().AppendEmpty()
+		rl.Resource().Attributes().PutStr(attrServiceName, provider)
 		sl := rl.ScopeLogs().AppendEmpty()
 		sl.Scope().SetName(scopeName)
 		return sl.LogRecords()
@@ -364,7 +367,7 @@ func (c *core) Gap(s *session.Session, g time.Duration, n int64) {
 func (c *core) Stalled(s *session.Session, st *session.Stall) {
 	c.metrics.Stall(s.Attachment.(*sessionmetrics.Live))
 	if c.nextLogs != nil {
-		c.appendStallAlert(c.pending.records(), s, st, c.nowTS)
+		c.appendStallAlert(c.pending.records(c.cfg.ProviderName), s, st, c.nowTS)
 	}
 }
 
@@ -391,7 +394,7 @@ func (c *core) Ended(s *session.Session, e *session.End, trace session.TraceVerd
 		recs, ok := c.sampledRecords[s.ID]
 		delete(c.sampledRecords, s.ID)
 		if s.Keep && c.nextLogs != nil {
-			out := c.pending.records()
+			out := c.pending.records(c.cfg.ProviderName)
 			if ok {
 				recs.MoveAndAppendTo(out)
 			}
@@ -402,7 +405,7 @@ func (c *core) Ended(s *session.Session, e *session.End, trace session.TraceVerd
 	}
 	if s.Keep {
 		if c.nextLogs != nil {
-			c.appendSummary(c.pending.records(), s, e, c.nowTS)
+			c.appendSummary(c.pending.records(c.cfg.ProviderName), s, e, c.nowTS)
 		}
 		if c.nextTraces != nil {
 			c.appendSpan(c.pendingScopeSpans(), s, e)
