@@ -209,7 +209,7 @@ func (a *Aggregator) appendStalls(ms pmetric.MetricSlice, ts pcommon.Timestamp) 
 		return
 	}
 	dps := a.newSumMetric(ms, MetricStalls, "{stall}",
-		"Stall episodes: K consecutive inter-token gaps above the stall threshold.", points)
+		"Stall episodes: consecutive slow inter-token gaps, or a freeze with no token.", points)
 	for _, s := range a.liveOrder {
 		if emit(s) {
 			a.putDims(appendIntPoint(dps, int64(s.stalls), a.startOf(s.start), ts), s.live.dims, "")
