@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/component"
@@ -298,6 +299,13 @@ func TestTracesHeldUntilVerdict(t *testing.T) {
 	assert.Equal(t, "chat llama", session.Name())
 	assert.Equal(t, traceSlow, session.TraceID())
 	assert.Equal(t, "ot=th:0", session.TraceState().AsRaw())
+	// The threshold is what any OTEP 235 sampler reads back.
+	w3c, err := sampling.NewW3CTraceState(session.TraceState().AsRaw())
+	require.NoError(t, err)
+	th, ok := w3c.OTelValue().TValueThreshold()
+	require.True(t, ok)
+	assert.Equal(t, sampling.AlwaysSampleThreshold, th)
+	assert.Equal(t, 1.0, w3c.OTelValue().AdjustedCount())
 	assert.Equal(t, ptrace.SpanKindServer, session.Kind())
 	assert.Equal(t, pcommon.Timestamp(base), session.StartTimestamp())
 	assert.Equal(t, pcommon.Timestamp(base+640*ms), session.EndTimestamp())
@@ -483,4 +491,28 @@ func TestSelfTelemetry(t *testing.T) {
 	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "late")))
 	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "orphan_end")))
 	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "orphan_token")))
+}
+
+// A session kept by the 1% draw carries its threshold in the tracestate,
+// and span metrics downstream re-weight it by 100.
+func TestProbabilisticThresholdInTraceState(t *testing.T) {
+	p := newPipelines(t, func(c *Config) { c.Sampling.NormalPercent = 1 })
+	defer p.shutdown(t)
+	ctx := context.Background()
+	th, err := sampling.ProbabilityToThresholdWithPrecision(0.01, 4)
+	require.NoError(t, err)
+	// The draw compares the trace ID's last 56 bits with the threshold:
+	// these are above it, so the 1% draw keeps this trace.
+	trace := pcommon.TraceID{1, 2, 3, 4, 5, 6, 7, 8, 9, 0xff, 0xfe, 0, 0, 0, 0, 1}
+	require.True(t, th.ShouldSample(sampling.TraceIDToRandomness(trace)))
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(start("lucky", trace, base), tok("lucky", base+10*ms, 1), tok("lucky", base+20*ms, 1), end("lucky", base+20*ms))))
+	spans := allSpans(p.trcSink.AllTraces())
+	require.Len(t, spans, 1)
+	w3c, err := sampling.NewW3CTraceState(spans[0].TraceState().AsRaw())
+	require.NoError(t, err)
+	got, ok := w3c.OTelValue().TValueThreshold()
+	require.True(t, ok)
+	assert.Equal(t, th, got)
+	assert.InDelta(t, 100, w3c.OTelValue().AdjustedCount(), 0.01)
+	assert.Equal(t, "probabilistic", spans[0].Attributes().AsRaw()[attrSamplingReason])
 }
