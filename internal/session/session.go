@@ -125,7 +125,7 @@ type Session struct {
 	// the token at slowSince.
 	slowRun   int32
 	slowSince int64
-	inStall bool
+	inStall   bool
 
 	// slot is the session's index in the table's dense arrays.
 	slot int32
