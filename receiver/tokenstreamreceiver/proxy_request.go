@@ -1,0 +1,235 @@
+package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
+
+import (
+	"bytes"
+	"io"
+)
+
+// maxModelBytes bounds the model name the request scanner keeps.
+const maxModelBytes = 256
+
+// includeUsageMember is what the proxy adds to a streaming request that did
+// not ask for usage, so that the upstream reports the output token count.
+var includeUsageMember = []byte(`"stream_options":{"include_usage":true}`)
+
+// requestScanner watches the JSON body of a completions request while it
+// streams to the upstream, byte by byte, without holding it: it notes the
+// top-level "model", "stream" and "stream_options" members, and holds back
+// only the object's closing brace (and what follows it), so that
+// include_usage can still be added before it. A prompt of megabytes passes
+// through it in the reads it came in.
+type requestScanner struct {
+	depth    int
+	inString bool
+	escape   bool
+	// members counts the top-level members seen, to know whether an
+	// added member needs a comma.
+	members int
+	// The top-level key just read, and whether the next value belongs to it.
+	key        []byte
+	readingKey bool
+	afterColon bool
+	keyDone    bool
+	// What was found.
+	model         []byte
+	modelFull     bool
+	stream        bool
+	hasStreamOpts bool
+	includeUsage  bool
+	// capture collects the value of the member being watched: "model" (a
+	// string), "stream" (a literal), or the key inside stream_options.
+	capturing   capture
+	literal     []byte
+	innerKey    []byte
+	readingIKey bool
+	innerColon  bool
+	innerTarget bool
+	// closed: the top-level object ended; held holds the bytes from its
+	// closing brace on.
+	closed bool
+	held   []byte
+	broken bool
+}
+
+type capture uint8
+
+const (
+	captureNone capture = iota
+	captureModel
+	captureStream
+)
+
+// scan processes p and returns the prefix of p that can be forwarded now.
+func (s *requestScanner) scan(p []byte) []byte {
+	if s.closed || s.broken {
+		s.held = append(s.held, p...)
+		return nil
+	}
+	for i, c := range p {
+		if s.step(c) {
+			s.closed = true
+			s.held = append(s.held, p[i:]...)
+			return p[:i]
+		}
+	}
+	return p
+}
+
+// step advances over one byte; it reports true on the top-level closing brace.
+func (s *requestScanner) step(c byte) bool {
+	if s.inString {
+		switch {
+		case s.escape:
+			s.escape = false
+		case c == '\\':
+			s.escape = true
+		case c == '"':
+			s.inString = false
+			s.stringEnded()
+			return false
+		}
+		s.stringByte(c)
+		return false
+	}
+	switch c {
+	case '"':
+		s.inString = true
+		s.stringStarted()
+	case '{', '[':
+		s.depth++
+		if s.depth == 2 && c == '{' && s.currentKey("stream_options") {
+			s.hasStreamOpts = true
+		}
+	case '}', ']':
+		if s.depth == 2 && c == '}' {
+			s.valueEnded() // the last member of a nested object
+		}
+		s.depth--
+		if s.depth == 0 {
+			return c == '}'
+		}
+		if s.depth < 0 {
+			s.broken = true
+		}
+	case ':':
+		if s.depth == 1 {
+			s.afterColon = true
+			s.members++
+			switch {
+			case s.currentKey("model"):
+				s.capturing = captureModel
+			case s.currentKey("stream"):
+				s.capturing, s.literal = captureStream, s.literal[:0]
+			}
+		}
+		if s.depth == 2 && s.hasStreamOpts && s.currentKey("stream_options") {
+			s.innerColon = true
+			s.innerTarget = string(s.innerKey) == "include_usage"
+			s.literal = s.literal[:0]
+		}
+	case ',':
+		s.valueEnded()
+	case ' ', '\t', '\r', '\n':
+	default:
+		if s.depth == 1 && s.capturing == captureStream {
+			s.literal = append(s.literal, c)
+		}
+		if s.depth == 2 && s.innerColon && s.innerTarget {
+			s.literal = append(s.literal, c)
+		}
+	}
+	return false
+}
+
+func (s *requestScanner) currentKey(k string) bool { return s.keyDone && string(s.key) == k }
+
+func (s *requestScanner) stringStarted() {
+	switch {
+	case s.depth == 1 && !s.afterColon:
+		s.readingKey, s.keyDone, s.key = true, false, s.key[:0]
+		s.capturing = captureNone
+	case s.depth == 1 && s.capturing == captureModel:
+		s.model = s.model[:0]
+	case s.depth == 2 && s.hasStreamOpts && s.currentKey("stream_options") && !s.innerColon:
+		s.readingIKey, s.innerKey = true, s.innerKey[:0]
+	}
+}
+
+func (s *requestScanner) stringByte(c byte) {
+	switch {
+	case s.readingKey:
+		if len(s.key) < 64 {
+			s.key = append(s.key, c)
+		}
+	case s.readingIKey:
+		if len(s.innerKey) < 64 {
+			s.innerKey = append(s.innerKey, c)
+		}
+	case s.depth == 1 && s.capturing == captureModel:
+		if len(s.model) < maxModelBytes {
+			s.model = append(s.model, c)
+		}
+	}
+}
+
+func (s *requestScanner) stringEnded() {
+	switch {
+	case s.readingKey:
+		s.readingKey, s.keyDone = false, true
+	case s.readingIKey:
+		s.readingIKey = false
+	case s.depth == 1 && s.capturing == captureModel:
+		s.modelFull = true
+	}
+}
+
+// valueEnded closes the member whose value a ',' just ended.
+func (s *requestScanner) valueEnded() {
+	switch s.depth {
+	case 1:
+		if s.capturing == captureStream {
+			s.stream = bytes.Equal(s.literal, []byte("true"))
+		}
+		s.capturing, s.afterColon, s.keyDone = captureNone, false, false
+	case 2:
+		if s.innerColon && s.innerTarget {
+			s.includeUsage = bytes.Equal(s.literal, []byte("true"))
+		}
+		s.innerColon, s.innerTarget = false, false
+	}
+}
+
+// finish is called at the end of the body: it writes what was held back
+// to w, adding include_usage when inject is set and the request can take it.
+// It reports whether the member was added.
+func (s *requestScanner) finish(w io.Writer, inject bool) (bool, error) {
+	if s.closed && !s.broken {
+		// The member that the closing brace ended.
+		if s.capturing == captureStream {
+			s.stream = bytes.Equal(s.literal, []byte("true"))
+		}
+	}
+	added := false
+	if inject && s.closed && !s.broken && s.stream && !s.hasStreamOpts {
+		member := includeUsageMember
+		if s.members > 0 {
+			if _, err := w.Write([]byte{','}); err != nil {
+				return false, err
+			}
+		}
+		if _, err := w.Write(member); err != nil {
+			return false, err
+		}
+		added = true
+	}
+	_, err := w.Write(s.held)
+	return added, err
+}
+
+// requestInfo is what the scanner found, once the body has been read.
+func (s *requestScanner) requestInfo() (model string, stream, usageRequested bool) {
+	if s.modelFull {
+		model = string(s.model)
+	}
+	return model, s.stream, s.hasStreamOpts && s.includeUsage
+}

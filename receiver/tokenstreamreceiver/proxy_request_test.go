@@ -1,0 +1,141 @@
+package tokenstreamreceiver
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// scanAll feeds body to a scanner in pieces of n bytes and returns what it
+// forwarded, finish included.
+func scanAll(t *testing.T, body string, n int, inject bool) (out string, s *requestScanner, added bool) {
+	t.Helper()
+	s = &requestScanner{}
+	var buf bytes.Buffer
+	b := []byte(body)
+	for len(b) > 0 {
+		k := min(n, len(b))
+		buf.Write(s.scan(b[:k]))
+		b = b[k:]
+	}
+	added, err := s.finish(&buf, inject)
+	require.NoError(t, err)
+	return buf.String(), s, added
+}
+
+func TestRequestScanner(t *testing.T) {
+	tests := []struct {
+		name                  string
+		body                  string
+		model                 string
+		stream, usage, inject bool
+		want                  string // "" means the body unchanged
+	}{
+		{
+			name:   "streaming chat without usage gets it",
+			body:   `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"user","content":"What is {\"x\"}: 1, [2]?"}],"stream":true,"max_tokens":32}`,
+			model:  "meta-llama/Llama-3.1-8B-Instruct",
+			stream: true, inject: true,
+			want: `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"user","content":"What is {\"x\"}: 1, [2]?"}],"stream":true,"max_tokens":32,"stream_options":{"include_usage":true}}`,
+		},
+		{
+			name:  "usage already asked for",
+			body:  `{ "stream" : true , "stream_options" : { "include_usage" : true }, "model" : "m" }` + "\n",
+			model: "m", stream: true, usage: true,
+		},
+		{
+			name:   "stream_options without include_usage: left alone",
+			body:   `{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":false}}`,
+			model:  "m",
+			stream: true,
+		},
+		{
+			name:   "include_usage false",
+			body:   `{"model":"m","stream":true,"stream_options":{"include_usage":false}}`,
+			model:  "m",
+			stream: true,
+		},
+		{
+			name:  "not streaming",
+			body:  `{"model":"m","prompt":"The capital of France is","stream":false}`,
+			model: "m",
+		},
+		{
+			name:   "stream last, before the brace",
+			body:   `{"prompt":"x","model":"m","stream":true}   `,
+			model:  "m",
+			stream: true, inject: true,
+			want: `{"prompt":"x","model":"m","stream":true,"stream_options":{"include_usage":true}}   `,
+		},
+		{
+			name: "nested model and stream keys do not count",
+			body: `{"metadata":{"model":"x","stream":true},"model":"real"}`, model: "real",
+		},
+		{name: "not an object", body: `[1,2]`},
+		{name: "garbage", body: `}}}{`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := tt.want
+			if want == "" {
+				want = tt.body
+			}
+			for _, n := range []int{1, 2, 3, 7, len(tt.body)} {
+				out, s, added := scanAll(t, tt.body, n, true)
+				model, stream, usage := s.requestInfo()
+				assert.Equal(t, tt.model, model, "read %d at a time", n)
+				assert.Equal(t, tt.stream, stream, "read %d at a time", n)
+				assert.Equal(t, tt.usage, usage, "read %d at a time", n)
+				assert.Equal(t, tt.inject, added)
+				assert.Equal(t, want, out, "read %d at a time", n)
+			}
+			out, _, added := scanAll(t, tt.body, 5, false)
+			assert.False(t, added)
+			assert.Equal(t, tt.body, out, "without injection the body is forwarded as is")
+		})
+	}
+}
+
+func TestRequestScannerLargePromptHoldsNothing(t *testing.T) {
+	prompt := strings.Repeat("lorem ipsum ", 1<<18) // 3 MiB
+	body := `{"model":"m","stream":true,"prompt":"` + prompt + `"}`
+	s := &requestScanner{}
+	forwarded := 0
+	b := []byte(body)
+	for len(b) > 0 {
+		k := min(32<<10, len(b))
+		forwarded += len(s.scan(b[:k]))
+		b = b[k:]
+	}
+	assert.Equal(t, len(body)-1, forwarded, "all but the closing brace goes on at once")
+	assert.LessOrEqual(t, cap(s.model)+cap(s.key)+cap(s.held), 1024)
+}
+
+func FuzzRequestScanner(f *testing.F) {
+	f.Add([]byte(`{"model":"m","stream":true}`), 3)
+	f.Add([]byte(`{"a":"\"}","stream":true,"stream_options":{"include_usage":true}}`), 1)
+	f.Fuzz(func(t *testing.T, body []byte, n int) {
+		n = max(1, n%64+1)
+		s := &requestScanner{}
+		var buf bytes.Buffer
+		b := body
+		for len(b) > 0 {
+			k := min(n, len(b))
+			buf.Write(s.scan(b[:k]))
+			b = b[k:]
+		}
+		added, err := s.finish(&buf, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !added && !bytes.Equal(buf.Bytes(), body) {
+			t.Fatalf("body changed without an injection: %q → %q", body, buf.Bytes())
+		}
+		if added && buf.Len() <= len(body) {
+			t.Fatalf("injection without growth")
+		}
+	})
+}
