@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"strings"
 
 	"go.opentelemetry.io/collector/config/confighttp"
@@ -17,6 +18,9 @@ import (
 type Config struct {
 	// Hooks are the endpoints engine hooks push token events to.
 	Hooks HooksConfig `mapstructure:"hooks"`
+	// Proxy is a reverse proxy in front of an OpenAI-compatible server whose
+	// completions requests it observes.
+	Proxy configoptional.Optional[ProxyConfig] `mapstructure:"proxy"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -58,6 +62,16 @@ type UDPConfig struct {
 	_ struct{}
 }
 
+// ProxyConfig is the proxy: a confighttp server for the clients and a
+// confighttp client for the upstream (its endpoint is the upstream's URL).
+type ProxyConfig struct {
+	ServerConfig confighttp.ServerConfig `mapstructure:",squash"`
+	Upstream     confighttp.ClientConfig `mapstructure:"upstream"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
 // LimitsConfig bounds what one request or datagram may carry.
 type LimitsConfig struct {
 	// MaxLineBytes is the longest NDJSON line accepted.
@@ -83,8 +97,17 @@ var _ confmap.Validator = (*Config)(nil)
 // Validate checks the configuration, reporting every problem at once.
 func (cfg *Config) Validate() error {
 	var errs []error
-	if !cfg.Hooks.HTTP.HasValue() && !cfg.Hooks.UDP.HasValue() {
-		errs = append(errs, errors.New("no source configured: set at least one of hooks::http and hooks::udp"))
+	if !cfg.Hooks.HTTP.HasValue() && !cfg.Hooks.UDP.HasValue() && !cfg.Proxy.HasValue() {
+		errs = append(errs, errors.New("no source configured: set at least one of hooks::http, hooks::udp and proxy"))
+	}
+	if p := cfg.Proxy.Get(); p != nil {
+		u, err := url.Parse(p.Upstream.Endpoint)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("proxy::upstream::endpoint: %w", err))
+		case u.Scheme != "http" && u.Scheme != "https", u.Host == "":
+			errs = append(errs, fmt.Errorf("proxy::upstream::endpoint: want an http(s) URL, got %q", p.Upstream.Endpoint))
+		}
 	}
 	if h := cfg.Hooks.HTTP.Get(); h != nil && !strings.HasPrefix(h.Path, "/") {
 		errs = append(errs, fmt.Errorf("hooks::http::path: must start with '/', got %q", h.Path))

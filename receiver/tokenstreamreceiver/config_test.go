@@ -29,7 +29,7 @@ func TestConfigStruct(t *testing.T) {
 
 func TestConfigNoSource(t *testing.T) {
 	_, err := loadConfig(t, component.NewID(componentType))
-	require.EqualError(t, err, "no source configured: set at least one of hooks::http and hooks::udp")
+	require.EqualError(t, err, "no source configured: set at least one of hooks::http, hooks::udp and proxy")
 }
 
 func TestConfigDefaults(t *testing.T) {

@@ -21,6 +21,8 @@ const (
 	defaultHTTPEndpoint      = "localhost:4320"
 	defaultHTTPPath          = "/v1/token-events"
 	defaultUDPEndpoint       = "localhost:4321"
+	defaultProxyEndpoint     = "localhost:8001"
+	defaultUpstream          = "http://localhost:8000"
 	defaultMaxLinesPerBatch  = 10_000
 	defaultMaxRequestBodyMiB = 8
 )
@@ -37,7 +39,14 @@ func createDefaultConfig() component.Config {
 	httpServer := confighttp.NewDefaultServerConfig()
 	httpServer.NetAddr.Endpoint = defaultHTTPEndpoint
 	httpServer.MaxRequestBodySize = defaultMaxRequestBodyMiB << 20
+	proxyServer := confighttp.NewDefaultServerConfig()
+	proxyServer.NetAddr.Endpoint = defaultProxyEndpoint
+	// Streams last as long as a completion: no write deadline by default.
+	proxyServer.WriteTimeout = 0
+	upstream := confighttp.NewDefaultClientConfig()
+	upstream.Endpoint = defaultUpstream
 	return &Config{
+		Proxy: configoptional.Default(ProxyConfig{ServerConfig: proxyServer, Upstream: upstream}),
 		Hooks: HooksConfig{
 			HTTP: configoptional.Default(HTTPConfig{ServerConfig: httpServer, Path: defaultHTTPPath}),
 			UDP:  configoptional.Default(UDPConfig{Endpoint: defaultUDPEndpoint}),

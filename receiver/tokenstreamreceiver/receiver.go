@@ -28,8 +28,9 @@ type tokenStreamReceiver struct {
 	telemetry *receiverTelemetry
 	batches   sync.Pool // of *batchDecoder
 
-	http *hooksHTTPServer
-	udp  *hooksUDPListener
+	http  *hooksHTTPServer
+	udp   *hooksUDPListener
+	proxy *proxyServer
 }
 
 func newTokenStreamReceiver(cfg *Config, set receiver.Settings, next consumer.Logs) (*tokenStreamReceiver, error) {
@@ -64,6 +65,13 @@ func (r *tokenStreamReceiver) Start(ctx context.Context, host component.Host) er
 		}
 		r.udp = l
 	}
+	if p := r.cfg.Proxy.Get(); p != nil {
+		srv, err := startProxy(ctx, p, r, host)
+		if err != nil {
+			return errors.Join(err, r.Shutdown(ctx))
+		}
+		r.proxy = srv
+	}
 	return nil
 }
 
@@ -76,6 +84,10 @@ func (r *tokenStreamReceiver) Shutdown(ctx context.Context) error {
 	if r.udp != nil {
 		errs = append(errs, r.udp.shutdown())
 		r.udp = nil
+	}
+	if r.proxy != nil {
+		errs = append(errs, r.proxy.shutdown(ctx))
+		r.proxy = nil
 	}
 	return errors.Join(errs...)
 }
@@ -157,16 +169,18 @@ type transportKind int
 const (
 	transportHTTP transportKind = iota
 	transportUDP
+	transportProxy
+	transportKinds
 )
 
-func (t transportKind) String() string { return [...]string{"http", "udp"}[t] }
+func (t transportKind) String() string { return [...]string{"http", "udp", "proxy"}[t] }
 
 // receiverTelemetry counts token events, which differ from the log records
 // the standard receiver metrics count: several token events of one session
 // are packed into one record. Together the three counters account for every
 // line received.
 type receiverTelemetry struct {
-	attrs    [2]metric.MeasurementOption // by transportKind
+	attrs    [transportKinds]metric.MeasurementOption
 	accepted metric.Int64Counter
 	rejected metric.Int64Counter
 	refused  metric.Int64Counter
@@ -175,7 +189,7 @@ type receiverTelemetry struct {
 func newReceiverTelemetry(set receiver.Settings) (*receiverTelemetry, error) {
 	meter := set.MeterProvider.Meter(scopeName)
 	t := &receiverTelemetry{}
-	for _, k := range []transportKind{transportHTTP, transportUDP} {
+	for k := range transportKinds {
 		t.attrs[k] = metric.WithAttributeSet(attribute.NewSet(
 			attribute.String("receiver", set.ID.String()), attribute.String("transport", k.String())))
 	}

@@ -1,0 +1,399 @@
+package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/collector/component"
+	"go.opentelemetry.io/collector/component/componentstatus"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/receiver/receiverhelper"
+	"go.uber.org/zap"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/sse"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+// Paths the proxy observes; everything else is passed through untouched.
+var observedPaths = map[string]string{
+	"/v1/chat/completions": tokenevent.OperationChat,
+	"/v1/completions":      tokenevent.OperationTextCompletion,
+}
+
+// Error types of sessions the proxy ends in error.
+const (
+	errUpstreamUnreachable = "upstream_unreachable"
+	errStreamBroken        = "upstream_stream_broken"
+	finishReasonAbort      = "abort"
+	// maxNonStreamingBody bounds the copy of a non-streaming response kept
+	// to read its usage; the response itself always reaches the client.
+	maxNonStreamingBody = 1 << 20
+	// sseReadBuffer is the read size from the upstream stream.
+	sseReadBuffer = 32 << 10
+)
+
+// proxyServer is a reverse proxy in front of an OpenAI-compatible server
+// that turns every completions request into a session.
+type proxyServer struct {
+	r           *tokenStreamReceiver
+	upstream    *url.URL
+	engine      string
+	client      *http.Client
+	passthrough *httputil.ReverseProxy
+	batch       *eventBatcher
+	server      *http.Server
+	addr        net.Addr
+	done        sync.WaitGroup
+}
+
+func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, host component.Host) (*proxyServer, error) {
+	upstream, err := url.Parse(cfg.Upstream.Endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("proxy::upstream::endpoint: %w", err)
+	}
+	client, err := cfg.Upstream.ToClient(ctx, host.GetExtensions(), r.settings.TelemetrySettings)
+	if err != nil {
+		return nil, fmt.Errorf("proxy::upstream: %w", err)
+	}
+	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
+		ReceiverID: r.settings.ID, Transport: "proxy", ReceiverCreateSettings: r.settings,
+	})
+	if err != nil {
+		return nil, err
+	}
+	p := &proxyServer{r: r, upstream: upstream, engine: upstream.Host, client: client}
+	p.passthrough = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(upstream)
+			pr.Out.Host = pr.In.Host
+		},
+		Transport:     client.Transport,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			r.settings.Logger.Debug("proxy: upstream unreachable", zap.Error(err))
+			w.WriteHeader(http.StatusBadGateway)
+		},
+	}
+	p.server, err = cfg.ServerConfig.ToServer(ctx, host.GetExtensions(), r.settings.TelemetrySettings, p)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	ln, err := cfg.ServerConfig.ToListener(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: listen on %s: %w", cfg.ServerConfig.NetAddr.Endpoint, err)
+	}
+	p.addr = ln.Addr()
+	p.batch = newEventBatcher(r, obs)
+	r.settings.Logger.Info("Token stream proxy listening", zap.String("endpoint", ln.Addr().String()), zap.String("upstream", upstream.Redacted()))
+	p.done.Add(1)
+	go func() {
+		defer p.done.Done()
+		if err := p.server.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			componentstatus.ReportStatus(host, componentstatus.NewFatalErrorEvent(err))
+		}
+	}()
+	return p, nil
+}
+
+func (p *proxyServer) shutdown(ctx context.Context) error {
+	err := p.server.Shutdown(ctx)
+	p.done.Wait()
+	p.batch.shutdown()
+	return err
+}
+
+func (p *proxyServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	op, ok := observedPaths[req.URL.Path]
+	if !ok || req.Method != http.MethodPost {
+		p.passthrough.ServeHTTP(w, req)
+		return
+	}
+	p.observe(w, req, op)
+}
+
+// proxySession is one observed request.
+type proxySession struct {
+	p       *proxyServer
+	ev      tokenevent.Event
+	id      string
+	started time.Time
+	// what the stream said
+	chunks           int64
+	completionTokens int64
+	promptTokens     int64
+	finishReason     string
+}
+
+func (s *proxySession) emit(kind tokenevent.Kind, at time.Time, fill func(*tokenevent.Event)) {
+	s.ev.Reset()
+	s.ev.Kind, s.ev.SessionID, s.ev.TimeUnixNano = kind, s.id, uint64(at.UnixNano())
+	if fill != nil {
+		fill(&s.ev)
+	}
+	s.p.batch.add(&s.ev)
+}
+
+func (s *proxySession) token(at time.Time) {
+	s.chunks++
+	s.emit(tokenevent.KindToken, at, nil)
+}
+
+func (s *proxySession) end(at time.Time, errorType, finishReason string) {
+	s.emit(tokenevent.KindEnd, at, func(ev *tokenevent.Event) {
+		ev.Error, ev.FinishReason = errorType, finishReason
+		if s.completionTokens >= 0 {
+			ev.CompletionTokens = s.completionTokens
+		} else if s.chunks > 0 {
+			ev.CompletionTokens = s.chunks
+		}
+	})
+}
+
+func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op string) {
+	s := &proxySession{p: p, id: newSessionID(), started: time.Now(), completionTokens: -1, promptTokens: -1}
+	traceID, parentSpanID, traceState := parseTraceContext(req.Header)
+	var spanID pcommon.SpanID
+	_, _ = rand.Read(spanID[:])
+
+	// The body streams to the upstream through the scanner.
+	scanner := &requestScanner{}
+	body, bodyWriter := io.Pipe()
+	bodyDone := make(chan bool, 1)
+	go func() {
+		added, err := copyScanned(bodyWriter, req.Body, scanner)
+		bodyWriter.CloseWithError(err)
+		bodyDone <- added
+	}()
+	out, err := http.NewRequestWithContext(req.Context(), http.MethodPost, p.upstreamURL(req.URL), body)
+	if err != nil {
+		_ = body.CloseWithError(err)
+		<-bodyDone
+		http.Error(w, "bad request", http.StatusBadRequest)
+		return
+	}
+	copyRequestHeaders(out.Header, req.Header)
+	out.Header.Set("traceparent", fmt.Sprintf("00-%s-%s-01", hex.EncodeToString(traceID[:]), hex.EncodeToString(spanID[:])))
+	if traceState != "" {
+		out.Header.Set("tracestate", traceState)
+	}
+	resp, err := p.client.Do(out)
+	_ = body.CloseWithError(io.ErrClosedPipe)
+	injected := <-bodyDone
+	model, _, _ := scanner.requestInfo()
+	s.emit(tokenevent.KindStart, s.started, func(ev *tokenevent.Event) {
+		ev.TraceID, ev.SpanID, ev.ParentSpanID = traceID, spanID, parentSpanID
+		ev.Model, ev.Operation, ev.Engine = model, op, p.engine
+	})
+	if err != nil {
+		if req.Context().Err() != nil {
+			s.end(time.Now(), "", finishReasonAbort)
+			return
+		}
+		p.r.settings.Logger.Debug("proxy: upstream unreachable", zap.String("upstream", p.upstream.Redacted()), zap.Error(err))
+		w.WriteHeader(http.StatusBadGateway)
+		s.end(time.Now(), errUpstreamUnreachable, "")
+		return
+	}
+	defer resp.Body.Close()
+
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = vs
+	}
+	mediaType, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	streaming := mediaType == "text/event-stream" && resp.StatusCode == http.StatusOK
+	if streaming && injected {
+		h.Del("Content-Length") // the usage chunk is taken out
+	}
+	w.WriteHeader(resp.StatusCode)
+	switch {
+	case resp.StatusCode != http.StatusOK:
+		_, _ = io.Copy(w, resp.Body)
+		s.end(time.Now(), strconv.Itoa(resp.StatusCode), "")
+	case streaming:
+		s.relayStream(w, req.Context(), resp.Body, injected)
+	default:
+		s.relayResponse(w, req.Context(), resp.Body)
+	}
+}
+
+// relayStream forwards the upstream's events to the client as they come,
+// one flush per event, observing each.
+func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Context, upstream io.Reader, strip bool) {
+	flusher, _ := w.(http.Flusher)
+	parser := sse.NewParser(0)
+	buf := make([]byte, sseReadBuffer)
+	clientGone := false
+	onEvent := func(ev *sse.Event) error {
+		now := time.Now()
+		if ev.HasData && !ev.Oversized {
+			if f, ok := inspectChunk(ev.Data); ok {
+				if f.completionTokens >= 0 {
+					s.completionTokens = f.completionTokens
+				}
+				if f.finishReason != "" {
+					s.finishReason = f.finishReason
+				}
+				if f.content {
+					s.token(now)
+				}
+				if strip && f.usageOnly {
+					return nil
+				}
+			}
+		}
+		if _, err := w.Write(ev.Raw); err != nil {
+			clientGone = true
+			return err
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return nil
+	}
+	var readErr error
+	for {
+		n, err := upstream.Read(buf)
+		if n > 0 {
+			if ferr := parser.Feed(buf[:n], onEvent); ferr != nil {
+				break
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				readErr = err
+			}
+			if rest := parser.Pending(); len(rest) > 0 && !clientGone {
+				_, _ = w.Write(rest)
+			}
+			break
+		}
+	}
+	now := time.Now()
+	switch {
+	case clientGone || clientCtx.Err() != nil:
+		s.end(now, "", finishReasonAbort)
+	case readErr != nil:
+		s.end(now, errStreamBroken, s.finishReason)
+	default:
+		s.end(now, "", s.finishReason)
+	}
+}
+
+// relayResponse forwards a non-streaming response: its first token is the
+// whole response, its tokens come from usage.
+func (s *proxySession) relayResponse(w http.ResponseWriter, clientCtx context.Context, upstream io.Reader) {
+	var kept limitedBuffer
+	kept.limit = maxNonStreamingBody
+	_, err := io.Copy(io.MultiWriter(w, &kept), upstream)
+	now := time.Now()
+	if err != nil {
+		if clientCtx.Err() != nil {
+			s.end(now, "", finishReasonAbort)
+		} else {
+			s.end(now, errStreamBroken, "")
+		}
+		return
+	}
+	if f, ok := inspectChunk(kept.b); ok {
+		s.completionTokens, s.finishReason = f.completionTokens, f.finishReason
+	}
+	count := max(s.completionTokens, 1)
+	s.chunks = count
+	s.emit(tokenevent.KindToken, now, func(ev *tokenevent.Event) { ev.Count = count })
+	s.end(now, "", s.finishReason)
+}
+
+// limitedBuffer keeps the first limit bytes written to it.
+type limitedBuffer struct {
+	b     []byte
+	limit int
+}
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	if room := l.limit - len(l.b); room > 0 {
+		l.b = append(l.b, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+// copyScanned copies the request body through the scanner, then adds
+// include_usage where the request streams without it.
+func copyScanned(dst io.Writer, src io.Reader, s *requestScanner) (bool, error) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if fwd := s.scan(buf[:n]); len(fwd) > 0 {
+				if _, werr := dst.Write(fwd); werr != nil {
+					return false, werr
+				}
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return s.finish(dst, true)
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+}
+
+func (p *proxyServer) upstreamURL(in *url.URL) string {
+	u := *p.upstream
+	u.Path = strings.TrimSuffix(p.upstream.Path, "/") + in.Path
+	u.RawQuery = in.RawQuery
+	return u.String()
+}
+
+// hopHeaders are not forwarded (RFC 9110, section 7.6.1), nor the ones
+// the proxy sets itself.
+var hopHeaders = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true, "Trailer": true,
+	"Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, "Accept-Encoding": true,
+	"Traceparent": true, "Tracestate": true,
+}
+
+func copyRequestHeaders(dst, src http.Header) {
+	for k, vs := range src {
+		if !hopHeaders[k] {
+			dst[k] = append([]string(nil), vs...)
+		}
+	}
+}
+
+// parseTraceContext reads a W3C traceparent: the caller's trace and span
+// become the session's trace and parent. Without a valid one, a new trace
+// starts.
+func parseTraceContext(h http.Header) (trace pcommon.TraceID, parent pcommon.SpanID, state string) {
+	tp := h.Get("traceparent")
+	// version-traceid-parentid-flags: 2+1+32+1+16+1+2
+	if len(tp) >= 55 && tp[2] == '-' && tp[35] == '-' && tp[52] == '-' && tp[:2] != "ff" {
+		_, err1 := hex.Decode(trace[:], []byte(tp[3:35]))
+		_, err2 := hex.Decode(parent[:], []byte(tp[36:52]))
+		if err1 == nil && err2 == nil && !trace.IsEmpty() && !parent.IsEmpty() {
+			return trace, parent, h.Get("tracestate")
+		}
+	}
+	_, _ = rand.Read(trace[:])
+	return trace, pcommon.SpanID{}, ""
+}
+
+func newSessionID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "proxy-" + hex.EncodeToString(b[:])
+}

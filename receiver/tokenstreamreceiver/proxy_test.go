@@ -1,0 +1,427 @@
+package tokenstreamreceiver
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/config/configoptional"
+	"go.opentelemetry.io/collector/consumer/consumertest"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+// fixtureStreams reads the vLLM SSE fixture (a copy of
+// shared/fixtures/vllm/sse-streams.txt): the chat stream, then the
+// completions stream, each as its events ("data: …\n\n").
+func fixtureStreams(t *testing.T) (chat, completions []string) {
+	t.Helper()
+	f, err := os.Open("testdata/sse-streams.txt")
+	require.NoError(t, err)
+	defer f.Close()
+	var streams [][]string
+	var cur []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "data: "):
+			cur = append(cur, line+"\n\n")
+		case strings.HasPrefix(line, ":") && len(cur) > 0:
+			streams = append(streams, cur)
+			cur = nil
+		}
+	}
+	if len(cur) > 0 {
+		streams = append(streams, cur)
+	}
+	require.Len(t, streams, 2)
+	return streams[0], streams[1]
+}
+
+// scriptedUpstream replays events with a delay before each; it records the
+// requests it got and whether their context ended early.
+type scriptedUpstream struct {
+	*httptest.Server
+	mu        sync.Mutex
+	bodies    []string
+	headers   []http.Header
+	cancelled int
+}
+
+func newScriptedUpstream(t *testing.T, handler func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request)) *scriptedUpstream {
+	t.Helper()
+	u := &scriptedUpstream{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		u.mu.Lock()
+		u.bodies = append(u.bodies, string(body))
+		u.headers = append(u.headers, r.Header.Clone())
+		u.mu.Unlock()
+		r.Body = io.NopCloser(strings.NewReader(string(body)))
+		handler(u, w, r)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// replay writes events as an SSE response, waiting gap before each.
+func replay(u *scriptedUpstream, w http.ResponseWriter, r *http.Request, events []string, gap func(i int) time.Duration) {
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.WriteHeader(http.StatusOK)
+	f := w.(http.Flusher)
+	f.Flush()
+	for i, ev := range events {
+		select {
+		case <-time.After(gap(i)):
+		case <-r.Context().Done():
+			u.mu.Lock()
+			u.cancelled++
+			u.mu.Unlock()
+			return
+		}
+		if _, err := io.WriteString(w, ev); err != nil {
+			return
+		}
+		f.Flush()
+	}
+}
+
+func startProxyReceiver(t *testing.T, upstream string, next *consumertest.LogsSink) *testReceiver {
+	t.Helper()
+	return startReceiver(t, next, func(c *Config) {
+		c.Hooks.HTTP = configoptional.None[HTTPConfig]()
+		c.Hooks.UDP = configoptional.None[UDPConfig]()
+		p := c.Proxy.GetOrInsertDefault()
+		p.ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
+		p.Upstream.Endpoint = upstream
+	})
+}
+
+func (tr *testReceiver) proxyURL() string { return "http://" + tr.r.proxy.addr.String() }
+
+// sessionEvents waits until the sink holds an end event and returns every
+// event of the proxy's sessions, decoded.
+func sessionEvents(t *testing.T, sink *consumertest.LogsSink, sessions int) []tokenevent.Event {
+	t.Helper()
+	var evs []tokenevent.Event
+	require.Eventually(t, func() bool {
+		evs = evs[:0]
+		ends := 0
+		var ev tokenevent.Event
+		for _, ld := range sink.AllLogs() {
+			for _, rl := range ld.ResourceLogs().All() {
+				for _, sl := range rl.ScopeLogs().All() {
+					for _, lr := range sl.LogRecords().All() {
+						require.NoError(t, tokenevent.ReadRecord(lr, &ev, func(e *tokenevent.Event) {
+							c := *e
+							c.Attributes = nil
+							evs = append(evs, c)
+							if e.Kind == tokenevent.KindEnd {
+								ends++
+							}
+						}))
+					}
+				}
+			}
+		}
+		return ends >= sessions
+	}, 10*time.Second, 5*time.Millisecond)
+	return evs
+}
+
+func postChat(t *testing.T, url, body string, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer secret")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, string(got)
+}
+
+func TestProxyStreamObservedAndForwardedAsIs(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	const firstToken, gap = 60 * time.Millisecond, 25 * time.Millisecond
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, chat, func(i int) time.Duration {
+			switch i {
+			case 0:
+				return 0
+			case 1:
+				return firstToken
+			}
+			return gap
+		})
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink)
+
+	body := `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"user","content":"What is the capital of France?"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":32}`
+	resp, got := postChat(t, tr.proxyURL(), body, map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, strings.Join(chat, ""), got, "the client gets the stream byte for byte")
+	assert.Equal(t, body, up.bodies[0], "a request that asked for usage is forwarded unchanged")
+
+	evs := sessionEvents(t, sink, 1)
+	require.Len(t, evs, 9, "start, 7 content chunks, end")
+	start, end := evs[0], evs[8]
+	assert.Equal(t, tokenevent.KindStart, start.Kind)
+	assert.Equal(t, "meta-llama/Llama-3.1-8B-Instruct", start.Model)
+	assert.Equal(t, tokenevent.OperationChat, start.Operation)
+	assert.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", start.TraceID.String())
+	assert.Equal(t, "00f067aa0ba902b7", start.ParentSpanID.String())
+	assert.Equal(t, strings.TrimPrefix(up.URL, "http://"), start.Engine)
+	// The upstream's request carries the session span as its parent.
+	assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-"+start.SpanID.String()+"-01", up.headers[0].Get("traceparent"))
+	assert.Equal(t, "Bearer secret", up.headers[0].Get("Authorization"), "forwarded to the upstream, never into telemetry")
+	assert.Equal(t, tokenevent.KindEnd, end.Kind)
+	assert.Equal(t, int64(8), end.CompletionTokens, "from the usage chunk")
+	assert.Equal(t, "stop", end.FinishReason)
+	assert.Empty(t, end.Error)
+
+	// TTFT and gaps as the client saw them, within scheduling noise.
+	ttft := time.Duration(evs[1].TimeUnixNano - start.TimeUnixNano)
+	assert.InDelta(t, firstToken.Seconds(), ttft.Seconds(), 0.04, "TTFT %s", ttft)
+	for i := 2; i <= 7; i++ {
+		g := time.Duration(evs[i].TimeUnixNano - evs[i-1].TimeUnixNano)
+		assert.InDelta(t, gap.Seconds(), g.Seconds(), 0.02, "gap %d: %s", i, g)
+	}
+}
+
+func TestProxyInjectsAndStripsUsage(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, chat, func(int) time.Duration { return time.Millisecond })
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink)
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`
+	_, got := postChat(t, tr.proxyURL(), body, nil)
+	var want []string
+	for _, ev := range chat {
+		if !strings.Contains(ev, `"choices":[],"usage"`) {
+			want = append(want, ev)
+		}
+	}
+	assert.Equal(t, strings.Join(want, ""), got, "the client gets the stream it asked for: no usage chunk")
+	assert.JSONEq(t, `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`, up.bodies[0])
+	evs := sessionEvents(t, sink, 1)
+	assert.Equal(t, int64(8), evs[len(evs)-1].CompletionTokens, "usage read from the stripped chunk")
+}
+
+func TestProxyNonStreaming(t *testing.T) {
+	up := newScriptedUpstream(t, func(_ *scriptedUpstream, w http.ResponseWriter, _ *http.Request) {
+		time.Sleep(30 * time.Millisecond)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" Paris.","finish_reason":"stop"}],"usage":{"prompt_tokens":6,"total_tokens":9,"completion_tokens":3}}`)
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink)
+	resp, err := http.Post(tr.proxyURL()+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"The capital of France is"}`))
+	require.NoError(t, err)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(got), `"completion_tokens":3`)
+	evs := sessionEvents(t, sink, 1)
+	require.Len(t, evs, 3)
+	assert.Equal(t, tokenevent.OperationTextCompletion, evs[0].Operation)
+	assert.Equal(t, int64(3), evs[1].Count, "the whole response is the first token, with usage's count")
+	assert.GreaterOrEqual(t, time.Duration(evs[1].TimeUnixNano-evs[0].TimeUnixNano), 30*time.Millisecond)
+	assert.Equal(t, int64(3), evs[2].CompletionTokens)
+	assert.Equal(t, "stop", evs[2].FinishReason)
+}
+
+func TestProxyPassThrough(t *testing.T) {
+	up := newScriptedUpstream(t, func(_ *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Path", r.URL.Path)
+		_, _ = io.WriteString(w, r.Method+" "+r.URL.RequestURI())
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink)
+	for _, path := range []string{"/v1/models", "/health", "/metrics?x=1"} {
+		resp, err := http.Get(tr.proxyURL() + path)
+		require.NoError(t, err)
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, "GET "+path, string(got))
+	}
+	resp, err := http.Get(tr.proxyURL() + "/v1/chat/completions")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 0, sink.LogRecordCount(), "only POSTs to the completions endpoints are sessions")
+}
+
+func TestProxyUpstreamFailures(t *testing.T) {
+	t.Run("500", func(t *testing.T) {
+		up := newScriptedUpstream(t, func(_ *scriptedUpstream, w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, `{"error":"boom"}`, http.StatusInternalServerError)
+		})
+		sink := new(consumertest.LogsSink)
+		tr := startProxyReceiver(t, up.URL, sink)
+		resp, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
+		assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+		assert.Contains(t, got, "boom")
+		evs := sessionEvents(t, sink, 1)
+		assert.Equal(t, "500", evs[len(evs)-1].Error)
+	})
+	t.Run("unreachable", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		addr := ln.Addr().String()
+		ln.Close()
+		sink := new(consumertest.LogsSink)
+		tr := startProxyReceiver(t, "http://"+addr, sink)
+		resp, _ := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
+		assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+		evs := sessionEvents(t, sink, 1)
+		assert.Equal(t, errUpstreamUnreachable, evs[len(evs)-1].Error)
+		assert.Equal(t, "m", evs[0].Model)
+	})
+	t.Run("broken stream", func(t *testing.T) {
+		chat, _ := fixtureStreams(t)
+		up := newScriptedUpstream(t, func(_ *scriptedUpstream, w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, chat[0]+chat[1]+`data: {"choi`)
+			w.(http.Flusher).Flush()
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close() // reset mid-event
+			}
+		})
+		sink := new(consumertest.LogsSink)
+		tr := startProxyReceiver(t, up.URL, sink)
+		req, _ := http.NewRequest(http.MethodPost, tr.proxyURL()+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		evs := sessionEvents(t, sink, 1)
+		assert.Equal(t, errStreamBroken, evs[len(evs)-1].Error)
+		assert.Equal(t, tokenevent.KindToken, evs[1].Kind, "the content chunk before the break counted")
+	})
+	t.Run("malformed SSE", func(t *testing.T) {
+		up := newScriptedUpstream(t, func(_ *scriptedUpstream, w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: {not json\n\nretry: x\n\n: comment\n\ndata: [DONE]\n\n")
+		})
+		sink := new(consumertest.LogsSink)
+		tr := startProxyReceiver(t, up.URL, sink)
+		_, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, nil)
+		assert.Equal(t, "data: {not json\n\nretry: x\n\n: comment\n\ndata: [DONE]\n\n", got, "forwarded as is")
+		evs := sessionEvents(t, sink, 1)
+		assert.Len(t, evs, 2, "a session without tokens")
+	})
+}
+
+func TestProxyClientDisconnectAbortsUpstream(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, chat, func(i int) time.Duration {
+			if i < 3 {
+				return time.Millisecond
+			}
+			return time.Hour
+		})
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, tr.proxyURL()+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	br := bufio.NewReader(resp.Body)
+	_, err = br.ReadString('\n') // the first event arrived
+	require.NoError(t, err)
+	cancel()
+	resp.Body.Close()
+	evs := sessionEvents(t, sink, 1)
+	assert.Equal(t, finishReasonAbort, evs[len(evs)-1].FinishReason)
+	require.Eventually(t, func() bool {
+		up.mu.Lock()
+		defer up.mu.Unlock()
+		return up.cancelled == 1
+	}, 10*time.Second, 5*time.Millisecond, "the upstream request is cancelled")
+}
+
+func TestProxyConcurrentStreamsNoCrossTalk(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		// Each request asks for its own number of content chunks.
+		var req struct {
+			MaxTokens int `json:"max_tokens"`
+		}
+		body, _ := io.ReadAll(r.Body)
+		_ = json.Unmarshal(body, &req)
+		events := append([]string{chat[0]}, chat[1:1+req.MaxTokens]...)
+		events = append(events, chat[len(chat)-1])
+		replay(u, w, r, events, func(int) time.Duration { return time.Millisecond })
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink)
+	const streams = 1000
+	var wg sync.WaitGroup
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 100}}
+	for i := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := 1 + i%7
+			body := `{"model":"m` + strings.Repeat("x", n) + `","stream":true,"max_tokens":` + string(rune('0'+n)) + `}`
+			resp, err := client.Post(tr.proxyURL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if !assert.NoError(t, err) {
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}()
+	}
+	wg.Wait()
+	evs := sessionEvents(t, sink, streams)
+	type sess struct {
+		model  string
+		tokens int
+		ended  bool
+	}
+	bySession := map[string]*sess{}
+	for _, ev := range evs {
+		s := bySession[ev.SessionID]
+		if s == nil {
+			s = &sess{}
+			bySession[ev.SessionID] = s
+		}
+		switch ev.Kind {
+		case tokenevent.KindStart:
+			s.model = ev.Model
+		case tokenevent.KindToken:
+			s.tokens += int(ev.Count)
+		case tokenevent.KindEnd:
+			s.ended = true
+		}
+	}
+	require.Len(t, bySession, streams)
+	for id, s := range bySession {
+		require.True(t, s.ended, id)
+		// The model names the number of content chunks that session got.
+		assert.Equal(t, len(s.model)-1, s.tokens, "session %s (%s)", id, s.model)
+	}
+	client.CloseIdleConnections()
+}
