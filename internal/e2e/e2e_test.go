@@ -226,22 +226,23 @@ func (b *syncBuffer) String() string {
 }
 
 type collector struct {
-	httpAddr, udpAddr, otlpAddr string
-	output                      *syncBuffer
-	stop                        func()
+	httpAddr, udpAddr, otlpAddr, proxyAddr string
+	output                                 *syncBuffer
+	stop                                   func()
 }
 
 // startCollector runs the distribution with testdata/e2e/<config>, its
 // endpoints on free loopback ports and its exporter pointed at sinkAddr. It
 // stops the process (SIGTERM) when the test ends, or at c.stop, and checks
 // that it exits cleanly.
-func startCollector(t *testing.T, config, sinkAddr string) *collector {
+func startCollector(t *testing.T, config, sinkAddr string, env ...string) *collector {
 	t.Helper()
 	bin := collectorBinary(t)
-	c := &collector{httpAddr: freePort(t, "tcp"), udpAddr: freePort(t, "udp"), otlpAddr: freePort(t, "tcp"), output: &syncBuffer{}}
+	c := &collector{httpAddr: freePort(t, "tcp"), udpAddr: freePort(t, "udp"), otlpAddr: freePort(t, "tcp"), proxyAddr: freePort(t, "tcp"), output: &syncBuffer{}}
 	cmd := exec.Command(bin, "--config", filepath.Join("..", "..", "testdata", "e2e", config))
 	cmd.Env = append(os.Environ(), "HOOKS_HTTP_ENDPOINT="+c.httpAddr, "HOOKS_UDP_ENDPOINT="+c.udpAddr,
-		"OTLP_ENDPOINT="+c.otlpAddr, "SINK_ENDPOINT="+sinkAddr)
+		"OTLP_ENDPOINT="+c.otlpAddr, "PROXY_ENDPOINT="+c.proxyAddr, "SINK_ENDPOINT="+sinkAddr)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = c.output, c.output
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
