@@ -1,0 +1,59 @@
+package tokenstreamreceiver
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"go.opentelemetry.io/collector/consumer/consumertest"
+	"go.opentelemetry.io/collector/receiver/receiverhelper"
+	"go.opentelemetry.io/collector/receiver/receivertest"
+)
+
+// discardResponse is a ResponseWriter and Flusher that drops what it gets.
+type discardResponse struct{ h http.Header }
+
+func (d *discardResponse) Header() http.Header         { return d.h }
+func (d *discardResponse) Write(p []byte) (int, error) { return len(p), nil }
+func (d *discardResponse) WriteHeader(int)             {}
+func (d *discardResponse) Flush()                      {}
+
+// BenchmarkProxyRelayEvent is the proxy's own work per SSE event of a
+// vLLM chat stream: framing, reading the chunk, writing and flushing it to
+// the client, and queueing its token event. Network I/O is not included.
+func BenchmarkProxyRelayEvent(b *testing.B) {
+	chat, _ := fixtureStreams(&testing.T{})
+	var stream bytes.Buffer
+	const repeats = 100
+	// One long stream: the role chunk once, the content chunks many times.
+	stream.WriteString(chat[0])
+	for range repeats {
+		for _, ev := range chat[1:8] {
+			stream.WriteString(ev)
+		}
+	}
+	stream.WriteString(chat[len(chat)-1])
+	events := 2 + repeats*7
+	r, err := newTokenStreamReceiver(createDefaultConfig().(*Config), receivertest.NewNopSettings(componentType), consumertest.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := &proxyServer{r: r}
+	obs, _ := newObsReportForTest(r)
+	p.batch = newEventBatcher(r, obs)
+	defer p.batch.shutdown()
+	w := &discardResponse{h: http.Header{}}
+	b.ReportAllocs()
+	b.SetBytes(int64(stream.Len()))
+	for b.Loop() {
+		s := &proxySession{p: p, id: "bench", completionTokens: -1, promptTokens: -1}
+		s.relayStream(w, context.Background(), strings.NewReader(stream.String()), false)
+	}
+	b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(b.N*events), "ns/event")
+}
+
+func newObsReportForTest(r *tokenStreamReceiver) (*receiverhelper.ObsReport, error) {
+	return receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{ReceiverID: r.settings.ID, Transport: "proxy", ReceiverCreateSettings: r.settings})
+}
