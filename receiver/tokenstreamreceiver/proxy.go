@@ -36,6 +36,7 @@ var observedPaths = map[string]string{
 // Error types of sessions the proxy ends in error.
 const (
 	errUpstreamUnreachable = "upstream_unreachable"
+	errUpstreamTimeout     = "upstream_timeout"
 	errStreamBroken        = "upstream_stream_broken"
 	finishReasonAbort      = "abort"
 	// maxNonStreamingBody bounds the copy of a non-streaming response kept
@@ -202,7 +203,12 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 			s.end(time.Now(), "", finishReasonAbort)
 			return
 		}
-		p.r.settings.Logger.Debug("proxy: upstream unreachable", zap.String("upstream", p.upstream.Redacted()), zap.Error(err))
+		p.r.settings.Logger.Debug("proxy: upstream request failed", zap.String("upstream", p.upstream.Redacted()), zap.Error(err))
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+			w.WriteHeader(http.StatusGatewayTimeout)
+			s.end(time.Now(), errUpstreamTimeout, "")
+			return
+		}
 		w.WriteHeader(http.StatusBadGateway)
 		s.end(time.Now(), errUpstreamUnreachable, "")
 		return

@@ -250,6 +250,20 @@ func TestProxyNonStreaming(t *testing.T) {
 	assert.Equal(t, "stop", evs[2].FinishReason)
 }
 
+func TestProxyStartsATraceWithoutTraceparent(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, chat, func(int) time.Duration { return 0 })
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink)
+	postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, map[string]string{"traceparent": "00-bad"})
+	evs := sessionEvents(t, sink, 1)
+	assert.False(t, evs[0].TraceID.IsEmpty())
+	assert.True(t, evs[0].ParentSpanID.IsEmpty(), "a root session")
+	assert.Equal(t, "00-"+evs[0].TraceID.String()+"-"+evs[0].SpanID.String()+"-01", up.headers[0].Get("traceparent"))
+}
+
 func TestProxyPassThrough(t *testing.T) {
 	up := newScriptedUpstream(t, func(_ *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Path", r.URL.Path)
@@ -295,6 +309,24 @@ func TestProxyUpstreamFailures(t *testing.T) {
 		evs := sessionEvents(t, sink, 1)
 		assert.Equal(t, errUpstreamUnreachable, evs[len(evs)-1].Error)
 		assert.Equal(t, "m", evs[0].Model)
+	})
+	t.Run("timeout", func(t *testing.T) {
+		up := newScriptedUpstream(t, func(_ *scriptedUpstream, _ http.ResponseWriter, r *http.Request) {
+			<-r.Context().Done() // never answers
+		})
+		sink := new(consumertest.LogsSink)
+		tr := startReceiver(t, sink, func(c *Config) {
+			c.Hooks.HTTP = configoptional.None[HTTPConfig]()
+			c.Hooks.UDP = configoptional.None[UDPConfig]()
+			p := c.Proxy.GetOrInsertDefault()
+			p.ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
+			p.Upstream.Endpoint = up.URL
+			p.Upstream.Timeout = 100 * time.Millisecond
+		})
+		resp, _ := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
+		assert.Equal(t, http.StatusGatewayTimeout, resp.StatusCode)
+		evs := sessionEvents(t, sink, 1)
+		assert.Equal(t, errUpstreamTimeout, evs[len(evs)-1].Error)
 	})
 	t.Run("broken stream", func(t *testing.T) {
 		chat, _ := fixtureStreams(t)
