@@ -15,11 +15,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// chatFixture is the vLLM chat stream of the receiver's copy of
+// chatFixture is the vLLM chat stream of the project's copy of
 // shared/fixtures/vllm/sse-streams.txt, one string per event.
 func chatFixture(t *testing.T) []string {
 	t.Helper()
-	f, err := os.Open(filepath.Join("..", "..", "receiver", "tokenstreamreceiver", "testdata", "sse-streams.txt"))
+	f, err := os.Open(filepath.Join("..", "..", "testdata", "fixtures", "vllm", "sse-streams.txt"))
 	require.NoError(t, err)
 	defer f.Close()
 	var events []string

@@ -22,12 +22,12 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 )
 
-// fixtureStreams reads the vLLM SSE fixture (a copy of
+// fixtureStreams reads the vLLM SSE fixture (the project's copy of
 // shared/fixtures/vllm/sse-streams.txt): the chat stream, then the
 // completions stream, each as its events ("data: …\n\n").
 func fixtureStreams(t *testing.T) (chat, completions []string) {
 	t.Helper()
-	f, err := os.Open("testdata/sse-streams.txt")
+	f, err := os.Open("../../testdata/fixtures/vllm/sse-streams.txt")
 	require.NoError(t, err)
 	defer f.Close()
 	var streams [][]string
