@@ -1,9 +1,15 @@
 package tokenstreamreceiver
 
 import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestInspectChunk(t *testing.T) {
@@ -31,6 +37,10 @@ func TestInspectChunk(t *testing.T) {
 			chunkFacts{content: true, finishReason: "length", completionTokens: -1, promptTokens: -1}, true},
 		{"continuous usage on a content chunk", `{"choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":5,"completion_tokens":1}}`,
 			chunkFacts{content: true, completionTokens: 1, promptTokens: 5}, true},
+		{"empty tool calls", `{"choices":[{"delta":{"tool_calls":[ ]},"tool_calls":null}]}`,
+			chunkFacts{completionTokens: -1, promptTokens: -1}, true},
+		{"escaped finish reason", `{"choices":[{"finish_reason":"st\u006fp"}]}`,
+			chunkFacts{finishReason: "stop", completionTokens: -1, promptTokens: -1}, true},
 		{"done", `[DONE]`, chunkFacts{completionTokens: -1, promptTokens: -1}, false},
 		{"malformed", `{"choices":[`, chunkFacts{completionTokens: -1, promptTokens: -1}, false},
 	}
@@ -40,5 +50,178 @@ func TestInspectChunk(t *testing.T) {
 			assert.Equal(t, tt.ok, ok)
 			assert.Equal(t, tt.want, got)
 		})
+	}
+}
+
+// referenceChunk reads a chunk with encoding/json: the meaning the walker
+// in inspectChunk must agree with.
+type referenceChunk struct {
+	Choices []struct {
+		Delta *struct {
+			Content          *string         `json:"content"`
+			Reasoning        *string         `json:"reasoning"`
+			ReasoningContent *string         `json:"reasoning_content"`
+			ToolCalls        json.RawMessage `json:"tool_calls"`
+		} `json:"delta"`
+		Text         *string         `json:"text"`
+		FinishReason *string         `json:"finish_reason"`
+		ToolCalls    json.RawMessage `json:"tool_calls"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens     *int64 `json:"prompt_tokens"`
+		CompletionTokens *int64 `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+func referenceInspect(data []byte) (chunkFacts, bool) {
+	f := chunkFacts{completionTokens: -1, promptTokens: -1}
+	if bytes.Equal(bytes.TrimSpace(data), doneData) {
+		return f, false
+	}
+	var c referenceChunk
+	if err := json.Unmarshal(data, &c); err != nil {
+		return f, false
+	}
+	nonEmpty := func(s *string) bool { return s != nil && *s != "" }
+	toolCalls := func(raw json.RawMessage) bool {
+		t := bytes.TrimSpace(raw)
+		if len(t) == 0 || bytes.Equal(t, []byte("null")) {
+			return false
+		}
+		return !(t[0] == '[' && len(bytes.TrimSpace(t[1:len(t)-1])) == 0)
+	}
+	for _, ch := range c.Choices {
+		if nonEmpty(ch.FinishReason) {
+			f.finishReason = *ch.FinishReason
+		}
+		if nonEmpty(ch.Text) || toolCalls(ch.ToolCalls) {
+			f.content = true
+		}
+		if d := ch.Delta; d != nil && (nonEmpty(d.Content) || nonEmpty(d.Reasoning) || nonEmpty(d.ReasoningContent) || toolCalls(d.ToolCalls)) {
+			f.content = true
+		}
+	}
+	if c.Usage != nil {
+		if c.Usage.CompletionTokens != nil {
+			f.completionTokens = *c.Usage.CompletionTokens
+		}
+		if c.Usage.PromptTokens != nil {
+			f.promptTokens = *c.Usage.PromptTokens
+		}
+		f.usageOnly = len(c.Choices) == 0
+	}
+	return f, true
+}
+
+// chunkKeys are the keys the walker reads.
+var chunkKeys = []string{"choices", "usage", "completion_tokens", "prompt_tokens", "text", "tool_calls",
+	"finish_reason", "delta", "content", "reasoning", "reasoning_content"}
+
+// readsDifferently reports whether valid JSON is read differently by
+// encoding/json and by the walker, which are both right about it: a
+// repeated key (encoding/json keeps the last, the walker reads all) or a key
+// that differs from a chunk key only in case (encoding/json matches it,
+// the wire format does not).
+func readsDifferently(data []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	type frame struct {
+		keys     map[string]bool
+		isObject bool
+		wantKey  bool
+	}
+	var stack []*frame
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF || err != nil {
+			return false
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if top != nil && top.isObject && top.wantKey {
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				stack = stack[:len(stack)-1]
+				if len(stack) > 0 && stack[len(stack)-1].isObject {
+					stack[len(stack)-1].wantKey = true
+				}
+				continue
+			}
+			k := tok.(string)
+			if top.keys[k] {
+				return true
+			}
+			for _, ck := range chunkKeys {
+				if k != ck && strings.EqualFold(k, ck) {
+					return true
+				}
+			}
+			top.keys[k] = true
+			top.wantKey = false
+			continue
+		}
+		switch d, _ := tok.(json.Delim); d {
+		case '{':
+			stack = append(stack, &frame{keys: map[string]bool{}, isObject: true, wantKey: true})
+			continue
+		case '[':
+			stack = append(stack, &frame{})
+			continue
+		case ']':
+			stack = stack[:len(stack)-1]
+		}
+		if len(stack) > 0 && stack[len(stack)-1].isObject {
+			stack[len(stack)-1].wantKey = true
+		}
+	}
+}
+
+func fixtureChunks(t testing.TB) [][]byte {
+	raw, err := os.ReadFile("../../testdata/fixtures/vllm/sse-streams.txt")
+	require.NoError(t, err)
+	var out [][]byte
+	for _, line := range strings.Split(string(raw), "\n") {
+		if d, ok := strings.CutPrefix(line, "data: "); ok {
+			out = append(out, []byte(d))
+		}
+	}
+	return out
+}
+
+func TestInspectChunkMatchesEncodingJSON(t *testing.T) {
+	for _, c := range fixtureChunks(t) {
+		want, wantOK := referenceInspect(c)
+		got, ok := inspectChunk(c)
+		assert.Equal(t, wantOK, ok, "%s", c)
+		assert.Equal(t, want, got, "%s", c)
+	}
+}
+
+func FuzzInspectChunk(f *testing.F) {
+	for _, c := range fixtureChunks(f) {
+		f.Add(c)
+	}
+	f.Add([]byte(`{"choices":[{"delta":{"tool_calls":[{"index":0}]}}],"usage":{"completion_tokens":3}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, ok := inspectChunk(data)
+		want, wantOK := referenceInspect(data)
+		if wantOK && !ok {
+			t.Fatalf("encoding/json reads %q, the walker does not", data)
+		}
+		// The walker is more lenient (a number where an int was wanted):
+		// compare where both read the input by the same rules.
+		if wantOK && ok && !readsDifferently(data) && got != want {
+			t.Fatalf("%q:\nwalker    %+v\nreference %+v", data, got, want)
+		}
+	})
+}
+
+func BenchmarkInspectChunk(b *testing.B) {
+	chunk := fixtureChunks(b)[1]
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := inspectChunk(chunk); !ok {
+			b.Fatal("not a chunk")
+		}
 	}
 }
