@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/otelcol-llm/otelcol-llm/cmd/vllmsim/internal/sim"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenhook"
+)
+
+// hook sends the engine's token events with pkg/tokenhook (engine-hook
+// mode). Its calls never block, so it may run under the engine lock.
+type hook struct {
+	c       *tokenhook.Client
+	model   string
+	profile string
+}
+
+func newHook(endpoint string, cfg sim.Config) (*hook, error) {
+	c, err := tokenhook.New(tokenhook.Config{Endpoint: endpoint})
+	if err != nil {
+		return nil, err
+	}
+	return &hook{c: c, model: cfg.Model, profile: cfg.Profile}, nil
+}
+
+func (h *hook) Started(r *sim.Request) {
+	h.c.Start(tokenhook.Start{
+		SessionID: r.ID, Time: r.Arrival, Model: h.model, Operation: r.Params.Operation,
+		PromptTokens: r.Params.PromptTokens, HasPromptTokens: true, Engine: "vllmsim",
+		Attributes: map[string]string{"quantization": h.profile},
+	})
+}
+
+func (h *hook) Token(r *sim.Request, ev sim.Event) { h.c.Token(r.ID, ev.Time, 1) }
+
+func (h *hook) Finished(r *sim.Request, reason string, t time.Time) {
+	e := tokenhook.End{SessionID: r.ID, Time: t, FinishReason: reason, CompletionTokens: r.Generated(), HasCompletionTokens: true}
+	h.c.End(e)
+}
+
+func (h *hook) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = h.c.Close(ctx)
+}
