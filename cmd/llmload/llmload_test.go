@@ -485,7 +485,7 @@ func TestLongShareAndDeterministicSpecs(t *testing.T) {
 	assert.InDelta(t, 120, long, 35)
 }
 
-// The chat stream of ../shared/fixtures/vllm/sse-streams.txt (vLLM shape:
+// The chat stream of testdata/fixtures/vllm/sse-streams.txt (vLLM shape:
 // role chunk, 7 text chunks, empty-delta finish chunk, usage chunk, [DONE]),
 // served at once: checks the parsing rules independent of timing.
 const fixtureChat = `: comment lines are skipped

@@ -265,7 +265,7 @@ func (s *server) models(w http.ResponseWriter, _ *http.Request) {
 }
 
 // Wire shapes. Field order follows vLLM's pydantic models; see
-// /work/shared/fixtures/vllm/sse-streams.txt.
+// testdata/fixtures/vllm/sse-streams.txt.
 
 type usageInfo struct {
 	PromptTokens     int `json:"prompt_tokens"`
