@@ -21,6 +21,9 @@ type Config struct {
 	// Proxy is a reverse proxy in front of an OpenAI-compatible server whose
 	// completions requests it observes.
 	Proxy configoptional.Optional[ProxyConfig] `mapstructure:"proxy"`
+	// VLLM scrapes the engines' Prometheus /metrics endpoints (the metrics
+	// signal).
+	VLLM configoptional.Optional[VLLMConfig] `mapstructure:"vllm"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -97,8 +100,11 @@ var _ confmap.Validator = (*Config)(nil)
 // Validate checks the configuration, reporting every problem at once.
 func (cfg *Config) Validate() error {
 	var errs []error
-	if !cfg.Hooks.HTTP.HasValue() && !cfg.Hooks.UDP.HasValue() && !cfg.Proxy.HasValue() {
-		errs = append(errs, errors.New("no source configured: set at least one of hooks::http, hooks::udp and proxy"))
+	if !cfg.Hooks.HTTP.HasValue() && !cfg.Hooks.UDP.HasValue() && !cfg.Proxy.HasValue() && !cfg.VLLM.HasValue() {
+		errs = append(errs, errors.New("no source configured: set at least one of hooks::http, hooks::udp, proxy and vllm"))
+	}
+	if v := cfg.VLLM.Get(); v != nil {
+		errs = append(errs, v.validate()...)
 	}
 	if p := cfg.Proxy.Get(); p != nil {
 		u, err := url.Parse(p.Upstream.Endpoint)

@@ -3,6 +3,7 @@ package tokenstreamreceiver
 import (
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -29,7 +30,7 @@ func TestConfigStruct(t *testing.T) {
 
 func TestConfigNoSource(t *testing.T) {
 	_, err := loadConfig(t, component.NewID(componentType))
-	require.EqualError(t, err, "no source configured: set at least one of hooks::http, hooks::udp and proxy")
+	require.EqualError(t, err, "no source configured: set at least one of hooks::http, hooks::udp, proxy and vllm")
 }
 
 func TestConfigDefaults(t *testing.T) {
@@ -68,6 +69,62 @@ func TestConfigInvalidReportsEveryProblem(t *testing.T) {
 		`hooks::udp::socket_buffer_size: must not be negative, got -1`,
 		`hooks::limits::max_lines_per_batch: must be positive, got 0`,
 		`hooks::limits::max_line_bytes: 100000 exceeds the largest UDP datagram (65507)`,
+	} {
+		assert.Contains(t, err.Error(), want)
+	}
+}
+
+func TestConfigVLLMDefaults(t *testing.T) {
+	cfg, err := loadConfig(t, component.NewIDWithName(componentType, "vllm_defaults"))
+	require.NoError(t, err)
+	assert.False(t, cfg.Hooks.HTTP.HasValue())
+	assert.False(t, cfg.Proxy.HasValue())
+	v := cfg.VLLM.Get()
+	require.NotNil(t, v)
+	assert.Equal(t, []string{"http://localhost:8000/metrics"}, v.Targets)
+	assert.Equal(t, 5*time.Second, v.Interval)
+	assert.Equal(t, time.Duration(0), v.Timeout)
+	assert.Equal(t, 5*time.Second, v.scrapeTimeout(), "timeout defaults to the interval")
+	assert.Equal(t, int64(16<<20), v.MaxBodyBytes)
+	assert.Empty(t, v.Client.Endpoint)
+}
+
+func TestConfigVLLMCustom(t *testing.T) {
+	cfg, err := loadConfig(t, component.NewIDWithName(componentType, "vllm_custom"))
+	require.NoError(t, err)
+	v := cfg.VLLM.Get()
+	require.NotNil(t, v)
+	assert.Equal(t, []string{"http://10.0.0.1:8000/metrics", "https://engine-b/metrics"}, v.Targets)
+	assert.Equal(t, 10*time.Second, v.Interval)
+	assert.Equal(t, 3*time.Second, v.scrapeTimeout())
+	assert.Equal(t, int64(1<<20), v.MaxBodyBytes)
+	require.Len(t, v.Client.Headers, 1)
+	assert.Equal(t, "Authorization", v.Client.Headers[0].Name)
+	assert.Equal(t, "Bearer secret", string(v.Client.Headers[0].Value))
+	assert.True(t, v.Client.TLS.InsecureSkipVerify)
+}
+
+func TestConfigVLLMInvalid(t *testing.T) {
+	_, err := loadConfig(t, component.NewIDWithName(componentType, "vllm_invalid"))
+	require.Error(t, err)
+	for _, want := range []string{
+		`vllm::targets[1]: want an http(s) URL, got "x"`,
+		`vllm::targets[2]: want an http(s) URL, got "ftp://engine/metrics"`,
+		`vllm::targets[3]: duplicate of vllm::targets[0] ("http://engine:8000/metrics")`,
+		`vllm::timeout: 5s exceeds vllm::interval (2s)`,
+		`vllm::max_body_bytes: must be positive, got 0`,
+		`vllm::client::endpoint: not used, list the /metrics URLs in vllm::targets (got "http://engine:8000")`,
+	} {
+		assert.Contains(t, err.Error(), want)
+	}
+	assert.NotContains(t, err.Error(), "no source configured")
+
+	_, err = loadConfig(t, component.NewIDWithName(componentType, "vllm_no_targets"))
+	require.Error(t, err)
+	for _, want := range []string{
+		`vllm::targets: at least one target is required`,
+		`vllm::interval: must be positive, got 0s`,
+		`vllm::timeout: must not be negative, got -1s`,
 	} {
 		assert.Contains(t, err.Error(), want)
 	}

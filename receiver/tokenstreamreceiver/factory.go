@@ -32,7 +32,8 @@ var componentType = component.MustNewType(typeStr)
 // NewFactory returns the factory of the token_stream receiver.
 func NewFactory() receiver.Factory {
 	return receiver.NewFactory(componentType, createDefaultConfig,
-		receiver.WithLogs(createLogs, component.StabilityLevelDevelopment))
+		receiver.WithLogs(createLogs, component.StabilityLevelDevelopment),
+		receiver.WithMetrics(createMetrics, component.StabilityLevelDevelopment))
 }
 
 func createDefaultConfig() component.Config {
@@ -47,6 +48,7 @@ func createDefaultConfig() component.Config {
 	upstream.Endpoint = defaultUpstream
 	return &Config{
 		Proxy: configoptional.Default(ProxyConfig{ServerConfig: proxyServer, Upstream: upstream}),
+		VLLM:  configoptional.Default(defaultVLLMConfig()),
 		Hooks: HooksConfig{
 			HTTP: configoptional.Default(HTTPConfig{ServerConfig: httpServer, Path: defaultHTTPPath}),
 			UDP:  configoptional.Default(UDPConfig{Endpoint: defaultUDPEndpoint}),
@@ -60,6 +62,24 @@ func createDefaultConfig() component.Config {
 	}
 }
 
+// createLogs registers next as the logs consumer of the receiver shared by
+// the instances of cfg.
 func createLogs(_ context.Context, set receiver.Settings, cfg component.Config, next consumer.Logs) (receiver.Logs, error) {
-	return newTokenStreamReceiver(cfg.(*Config), set, next)
+	r, err := loadOrCreateReceiver(cfg.(*Config), set)
+	if err != nil {
+		return nil, err
+	}
+	r.next = next
+	return r, nil
+}
+
+// createMetrics registers next as the metrics consumer of the receiver
+// shared by the instances of cfg.
+func createMetrics(_ context.Context, set receiver.Settings, cfg component.Config, next consumer.Metrics) (receiver.Metrics, error) {
+	r, err := loadOrCreateReceiver(cfg.(*Config), set)
+	if err != nil {
+		return nil, err
+	}
+	r.nextMetrics = next
+	return r, nil
 }

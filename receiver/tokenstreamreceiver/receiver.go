@@ -16,21 +16,66 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/zap"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/sharedcomponent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 )
 
-// tokenStreamReceiver runs the configured hook endpoints and hands the token
-// events they receive to the next consumer as log records.
+// tokenStreamReceiver runs the configured sources: the hook endpoints and the
+// proxy hand the token events they receive to the logs consumer as log
+// records, the vllm scraper hands the engine metrics it reads to the metrics
+// consumer.
+//
+// The logs and metrics instances of one component share one receiver (the
+// otlp receiver's pattern): the factory returns the same *tokenStreamReceiver
+// for both signals, each registering its consumer, and Start and Shutdown run
+// once through the shared component.
 type tokenStreamReceiver struct {
-	cfg       *Config
-	settings  receiver.Settings
-	next      consumer.Logs
-	telemetry *receiverTelemetry
-	batches   sync.Pool // of *batchDecoder
+	cfg         *Config
+	settings    receiver.Settings
+	next        consumer.Logs    // nil unless the receiver is in a logs pipeline
+	nextMetrics consumer.Metrics // nil unless the receiver is in a metrics pipeline
+	telemetry   *receiverTelemetry
+	batches     sync.Pool // of *batchDecoder
+
+	// shared runs Start and Shutdown once for all signals; nil when the
+	// receiver was built directly (tests).
+	shared *sharedcomponent.Component[*sharedReceiver]
 
 	http  *hooksHTTPServer
 	udp   *hooksUDPListener
 	proxy *proxyServer
+	vllm  *vllmScraper
+}
+
+// receivers holds the receiver each component configuration shares between
+// its logs and metrics instances.
+var receivers = sharedcomponent.NewMap[*Config, *sharedReceiver]()
+
+// sharedReceiver is what the shared component starts and stops once.
+type sharedReceiver struct{ r *tokenStreamReceiver }
+
+func (s *sharedReceiver) Start(ctx context.Context, host component.Host) error {
+	return s.r.start(ctx, host)
+}
+
+func (s *sharedReceiver) Shutdown(ctx context.Context) error { return s.r.shutdown(ctx) }
+
+// loadOrCreateReceiver returns the receiver shared by the instances of cfg,
+// creating it for the first one.
+func loadOrCreateReceiver(cfg *Config, set receiver.Settings) (*tokenStreamReceiver, error) {
+	c, err := receivers.LoadOrStore(cfg, func() (*sharedReceiver, error) {
+		r, err := newTokenStreamReceiver(cfg, set, nil)
+		if err != nil {
+			return nil, err
+		}
+		return &sharedReceiver{r: r}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	r := c.Unwrap().r
+	r.shared = c
+	return r, nil
 }
 
 func newTokenStreamReceiver(cfg *Config, set receiver.Settings, next consumer.Logs) (*tokenStreamReceiver, error) {
@@ -50,7 +95,55 @@ func newTokenStreamReceiver(cfg *Config, set receiver.Settings, next consumer.Lo
 	return r, nil
 }
 
+// Start starts the receiver once, however many pipelines it is in.
 func (r *tokenStreamReceiver) Start(ctx context.Context, host component.Host) error {
+	if r.shared != nil {
+		return r.shared.Start(ctx, host)
+	}
+	return r.start(ctx, host)
+}
+
+// Shutdown stops the receiver once and releases the shared instance, so a new
+// one can be created for the same configuration.
+func (r *tokenStreamReceiver) Shutdown(ctx context.Context) error {
+	if r.shared != nil {
+		return r.shared.Shutdown(ctx)
+	}
+	return r.shutdown(ctx)
+}
+
+// start starts the sources of the signals that have a consumer: hooks and
+// proxy for logs, the vllm scraper for metrics.
+func (r *tokenStreamReceiver) start(ctx context.Context, host component.Host) error {
+	logSources := r.cfg.Hooks.HTTP.HasValue() || r.cfg.Hooks.UDP.HasValue() || r.cfg.Proxy.HasValue()
+	switch {
+	case r.next == nil && logSources:
+		r.settings.Logger.Warn("hooks or proxy configured but the receiver is in no logs pipeline: they are not started")
+	case r.next != nil && !logSources:
+		r.settings.Logger.Warn("the receiver is in a logs pipeline but neither hooks nor proxy is configured: it emits no logs")
+	}
+	switch {
+	case r.nextMetrics == nil && r.cfg.VLLM.HasValue():
+		r.settings.Logger.Warn("vllm configured but the receiver is in no metrics pipeline: nothing is scraped")
+	case r.nextMetrics != nil && !r.cfg.VLLM.HasValue():
+		r.settings.Logger.Warn("the receiver is in a metrics pipeline but vllm is not configured: it emits no metrics")
+	}
+	if r.next != nil {
+		if err := r.startLogSources(ctx, host); err != nil {
+			return err
+		}
+	}
+	if v := r.cfg.VLLM.Get(); v != nil && r.nextMetrics != nil {
+		s, err := startVLLMScraper(ctx, v, r, host)
+		if err != nil {
+			return errors.Join(err, r.shutdown(ctx))
+		}
+		r.vllm = s
+	}
+	return nil
+}
+
+func (r *tokenStreamReceiver) startLogSources(ctx context.Context, host component.Host) error {
 	if h := r.cfg.Hooks.HTTP.Get(); h != nil {
 		srv, err := startHooksHTTP(ctx, h, r, host)
 		if err != nil {
@@ -61,22 +154,26 @@ func (r *tokenStreamReceiver) Start(ctx context.Context, host component.Host) er
 	if u := r.cfg.Hooks.UDP.Get(); u != nil {
 		l, err := startHooksUDP(u, r, host)
 		if err != nil {
-			return errors.Join(err, r.Shutdown(ctx))
+			return errors.Join(err, r.shutdown(ctx))
 		}
 		r.udp = l
 	}
 	if p := r.cfg.Proxy.Get(); p != nil {
 		srv, err := startProxy(ctx, p, r, host)
 		if err != nil {
-			return errors.Join(err, r.Shutdown(ctx))
+			return errors.Join(err, r.shutdown(ctx))
 		}
 		r.proxy = srv
 	}
 	return nil
 }
 
-func (r *tokenStreamReceiver) Shutdown(ctx context.Context) error {
+func (r *tokenStreamReceiver) shutdown(ctx context.Context) error {
 	var errs []error
+	if r.vllm != nil {
+		r.vllm.shutdown()
+		r.vllm = nil
+	}
 	if r.http != nil {
 		errs = append(errs, r.http.shutdown(ctx))
 		r.http = nil
