@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# Proxy benchmark: per-SSE-event latency and CPU of the collector's
+# token_stream proxy side by side with nginx (and no proxy at all).
+# Usage: bench/proxy/run.sh            (from anywhere; writes results.md/.json here)
+# Env:   DURATION=15s N=64 GAP=20ms CONCURRENCY="100 500" COLLECTOR=bin/otelcol-llm
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+DURATION=${DURATION:-15s}
+N=${N:-64}
+GAP=${GAP:-20ms}
+CONCURRENCY=${CONCURRENCY:-"100 500"}
+COLLECTOR=${COLLECTOR:-$ROOT/bin/otelcol-llm}
+UP_PORT=18000 COL_PORT=18001 NGX_PORT=18002
+TCK=$(getconf CLK_TCK)
+
+WORK=$(mktemp -d /tmp/bench-proxy.XXXXXX)
+PIDS=()
+cleanup() {
+  set +e
+  [[ -f $WORK/nginx.pid ]] && kill -QUIT "$(cat "$WORK/nginx.pid")" 2>/dev/null
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  sleep 1
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+  echo "logs and configs: $WORK" >&2
+}
+trap cleanup EXIT INT TERM
+
+# --- nginx (Debian package) only if missing -------------------------------
+if ! command -v nginx >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y nginx-light >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y nginx-light >/dev/null; } \
+    || apt-get install -y nginx >/dev/null
+fi
+
+# --- binaries --------------------------------------------------------------
+(cd "$ROOT" && go build -o "$WORK/" ./bench/proxy/upstream ./bench/proxy/client)
+[[ -x $COLLECTOR ]] || { echo "no collector at $COLLECTOR (make build)" >&2; exit 1; }
+
+# --- configs ---------------------------------------------------------------
+cat >"$WORK/collector.yaml" <<YAML
+receivers:
+  token_stream:
+    proxy:
+      endpoint: 127.0.0.1:$COL_PORT
+      upstream:
+        endpoint: http://127.0.0.1:$UP_PORT
+        keepalive:
+          max_idle_conns: 2048
+          max_idle_conns_per_host: 1024
+processors:
+  token_session: {}
+exporters:
+  debug:
+    verbosity: basic
+service:
+  telemetry:
+    logs: {level: warn}
+    metrics: {level: none}
+  pipelines:
+    logs:
+      receivers: [token_stream]
+      processors: [token_session]
+      exporters: [debug]
+YAML
+
+mkdir -p "$WORK/nginx"
+cat >"$WORK/nginx.conf" <<NGX
+daemon off;
+master_process on;
+worker_processes auto;
+worker_rlimit_nofile 16384;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx-error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body;
+  proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fastcgi;
+  uwsgi_temp_path $WORK/nginx/uwsgi;
+  scgi_temp_path $WORK/nginx/scgi;
+  upstream engine {
+    server 127.0.0.1:$UP_PORT;
+    keepalive 1024;
+  }
+  server {
+    listen 127.0.0.1:$NGX_PORT;
+    keepalive_requests 100000;
+    location / {
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 120s;
+    }
+  }
+}
+NGX
+
+# --- helpers ---------------------------------------------------------------
+ticks() { # utime+stime of the given pids, in clock ticks
+  local t=0 p s
+  for p in "$@"; do
+    s=$(cat "/proc/$p/stat" 2>/dev/null) || continue
+    s=${s##*) }            # fields from 3 on
+    set -- $s
+    t=$((t + ${12} + ${13}))   # fields 14 and 15
+  done
+  echo $t
+}
+rss_kb() { awk '/^VmRSS:/{print $2}' "/proc/$1/status"; }
+nginx_pids() { local m; m=$(cat "$WORK/nginx.pid"); echo "$m" $(ps -o pid= --ppid "$m"); }
+wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 not up" >&2; return 1; }
+
+# --- start -----------------------------------------------------------------
+ulimit -n 16384 || true
+"$WORK/upstream" -addr 127.0.0.1:$UP_PORT -n "$N" -gap "$GAP" 2>"$WORK/upstream.log" & UP_PID=$!; PIDS+=($UP_PID)
+"$COLLECTOR" --config "$WORK/collector.yaml" >"$WORK/collector.log" 2>&1 & COL_PID=$!; PIDS+=($COL_PID)
+nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" 2>"$WORK/nginx-start.log" & NGX_PID=$!; PIDS+=($NGX_PID)
+wait_port $UP_PORT; wait_port $COL_PORT; wait_port $NGX_PORT
+sleep 2
+COL_RSS_IDLE=$(rss_kb $COL_PID)
+echo "collector idle RSS ${COL_RSS_IDLE} kB; $(nproc) cores; N=$N GAP=$GAP DURATION=$DURATION" >&2
+
+RUNS="$WORK/runs.jsonl"; : >"$RUNS"
+for C in $CONCURRENCY; do
+  for path in direct collector nginx; do
+    case $path in
+      direct)    port=$UP_PORT;  pids() { :; } ;;
+      collector) port=$COL_PORT; pids() { echo $COL_PID; } ;;
+      nginx)     port=$NGX_PORT; pids() { nginx_pids; } ;;
+    esac
+    kill -USR1 $UP_PID; sleep 0.2; up_before=$(tail -1 "$WORK/upstream.log")
+    p_before=$(ticks $(pids)); up_t0=$(ticks $UP_PID); rss_before=$(rss_kb $COL_PID)
+    : >"$WORK/rss.txt"
+    if [[ $path == collector ]]; then
+      ( while sleep 0.5; do rss_kb $COL_PID >>"$WORK/rss.txt"; done ) & RSS_PID=$!; PIDS+=($RSS_PID)
+    fi
+    echo "run: $path C=$C ..." >&2
+    out=$("$WORK/client" -url "http://127.0.0.1:$port/v1/chat/completions" -c "$C" -duration "$DURATION" -label "$path")
+    [[ $path == collector ]] && kill $RSS_PID 2>/dev/null
+    p_after=$(ticks $(pids)); up_t1=$(ticks $UP_PID)
+    kill -USR1 $UP_PID; sleep 0.2; up_after=$(tail -1 "$WORK/upstream.log")
+    rss_med=0; rss_max=0
+    if [[ $path == collector ]]; then
+      # steady state: drop the first 4 samples (2 s ramp) and the last 2 (drain)
+      read -r rss_med rss_max < <(head -n -2 "$WORK/rss.txt" | tail -n +5 | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]+0, a[NR]+0}')
+    fi
+    echo "$out" | jq -c --arg path "$path" --argjson c "$C" --argjson tck "$TCK" \
+      --argjson pt "$((p_after - p_before))" --argjson ut "$((up_t1 - up_t0))" \
+      --argjson rss_idle "$COL_RSS_IDLE" --argjson rss_before "$rss_before" --argjson rss_med "$rss_med" --argjson rss_max "$rss_max" \
+      --argjson up_before "$up_before" --argjson up_after "$up_after" '
+      . + {path: $path, c: $c,
+           proxy_cpu_s: ($pt / $tck), upstream_cpu_s: ($ut / $tck),
+           proxy_cpu_us_per_event: (if $path == "direct" then null else ($pt / $tck * 1e6 / .total_content_events) end),
+           upstream_connections: ($up_after.connections - $up_before.connections),
+           upstream_requests: ($up_after.requests - $up_before.requests)}
+      + (if $path == "collector" then {collector_rss_idle_kb: $rss_idle, collector_rss_before_kb: $rss_before,
+           collector_rss_run_median_kb: $rss_med, collector_rss_run_max_kb: $rss_max} else {} end)' >>"$RUNS"
+    tail -1 "$RUNS" >&2
+    sleep 2
+  done
+done
+
+# --- results ---------------------------------------------------------------
+jq -s --arg n "$N" --arg gap "$GAP" --arg dur "$DURATION" --arg cores "$(nproc)" \
+   --arg nginx "$(nginx -v 2>&1 | sed 's/.*\///')" --arg collector "$COLLECTOR" '
+  . as $runs
+  | {machine: {cores: ($cores|tonumber), clk_tck: '"$TCK"'}, params: {n: ($n|tonumber), gap: $gap, duration: $dur},
+     nginx_version: $nginx, collector: $collector, runs: $runs,
+     summary: [ $runs | group_by(.c)[] as $g
+       | ($g[] | select(.path=="direct")) as $d
+       | ($g[] | select(.path=="nginx")) as $x
+       | $g[] | {path, c, p50_us, p99_us, events_per_s, errors,
+                 added_p50_us: (.p50_us - $d.p50_us), added_p99_us: (.p99_us - $d.p99_us),
+                 cpu_us_per_event: .proxy_cpu_us_per_event,
+                 cpu_ratio_collector_nginx: (if .path=="collector" then .proxy_cpu_us_per_event / $x.proxy_cpu_us_per_event else null end),
+                 upstream_connections,
+                 mem_kb_per_stream: (if .path=="collector" then ((.collector_rss_run_median_kb - .collector_rss_idle_kb) / .c) else null end)} ]}' \
+   "$RUNS" >"$HERE/results.json"
+
+{
+  echo "# Proxy benchmark: what a proxy adds per SSE event"
+  echo
+  echo "$(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, N=$N content chunks every $GAP per stream, $DURATION per run (first 2 s not sampled),"
+  echo "client, upstream and proxy on the same machine (127.0.0.1). Latency = client receive time − upstream send time of each content chunk."
+  echo "CPU = utime+stime of the proxying process(es) during the run ÷ content events (collector: one process; nginx: master + workers)."
+  echo
+  echo "| path | C | events/s | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU µs/event | CPU collector/nginx | upstream conns | errors |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  jq -r '.summary[] | "| \(.path) | \(.c) | \(.events_per_s|round) | \(.p50_us|round) | \(.p99_us|round) | \(if .path=="direct" then "—" else (.added_p50_us|round|tostring) end) | \(if .path=="direct" then "—" else (.added_p99_us|round|tostring) end) | \(if .cpu_us_per_event==null then "—" else (.cpu_us_per_event*10|round/10|tostring) end) | \(if .cpu_ratio_collector_nginx==null then "" else (.cpu_ratio_collector_nginx*100|round/100|tostring) end) | \(.upstream_connections) | \(.errors) |"' "$HERE/results.json"
+  echo
+  jq -r '.runs[] | select(.path=="collector") | "Collector memory at C=\(.c): RSS idle \(.collector_rss_idle_kb) kB (after start-up), before run \(.collector_rss_before_kb) kB, during run median \(.collector_rss_run_median_kb) kB / max \(.collector_rss_run_max_kb) kB → \(((.collector_rss_run_median_kb - .collector_rss_idle_kb) / .c)|round) kB per open stream (median − idle) ÷ C."' "$HERE/results.json"
+  echo
+  echo "nginx $(jq -r .nginx_version "$HERE/results.json") (worker_processes auto, proxy_buffering off, HTTP/1.1 keepalive upstream); collector $COLLECTOR (token_stream proxy → token_session → debug basic)."
+} >"$HERE/results.md"
+cat "$HERE/results.md"
