@@ -1,0 +1,93 @@
+package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
+
+import (
+	"fmt"
+	"net/url"
+	"time"
+
+	"go.opentelemetry.io/collector/config/confighttp"
+)
+
+const (
+	defaultVLLMTarget       = "http://localhost:8000/metrics"
+	defaultVLLMInterval     = 5 * time.Second
+	defaultVLLMMaxBodyBytes = 16 << 20
+)
+
+// VLLMConfig is the vllm source: it scrapes the Prometheus /metrics endpoint
+// of one or more engines and emits what it reads as metrics.
+type VLLMConfig struct {
+	// Targets are the /metrics URLs scraped, each on its own schedule.
+	Targets []string `mapstructure:"targets"`
+	// Interval is the time between two scrapes of a target.
+	Interval time.Duration `mapstructure:"interval"`
+	// Timeout bounds one scrape; 0 means the interval.
+	Timeout time.Duration `mapstructure:"timeout"`
+	// MaxBodyBytes is the largest exposition accepted; a larger one fails
+	// the scrape.
+	MaxBodyBytes int64 `mapstructure:"max_body_bytes"`
+	// Client is the HTTP client (TLS, auth, headers, ...). Its endpoint is
+	// not used: the URLs are the targets.
+	Client confighttp.ClientConfig `mapstructure:"client"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+func defaultVLLMConfig() VLLMConfig {
+	return VLLMConfig{
+		Targets:      []string{defaultVLLMTarget},
+		Interval:     defaultVLLMInterval,
+		MaxBodyBytes: defaultVLLMMaxBodyBytes,
+		Client:       confighttp.NewDefaultClientConfig(),
+	}
+}
+
+// scrapeTimeout is the timeout in effect: the interval unless set.
+func (v *VLLMConfig) scrapeTimeout() time.Duration {
+	if v.Timeout > 0 {
+		return v.Timeout
+	}
+	return v.Interval
+}
+
+// validate returns every problem of the vllm block, each naming its key.
+func (v *VLLMConfig) validate() []error {
+	var errs []error
+	if len(v.Targets) == 0 {
+		errs = append(errs, fmt.Errorf("vllm::targets: at least one target is required"))
+	}
+	seen := make(map[string]int, len(v.Targets))
+	for i, t := range v.Targets {
+		u, err := url.Parse(t)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("vllm::targets[%d]: %w", i, err))
+			continue
+		case u.Scheme != "http" && u.Scheme != "https", u.Host == "":
+			errs = append(errs, fmt.Errorf("vllm::targets[%d]: want an http(s) URL, got %q", i, t))
+			continue
+		}
+		if j, ok := seen[t]; ok {
+			errs = append(errs, fmt.Errorf("vllm::targets[%d]: duplicate of vllm::targets[%d] (%q)", i, j, t))
+			continue
+		}
+		seen[t] = i
+	}
+	if v.Interval <= 0 {
+		errs = append(errs, fmt.Errorf("vllm::interval: must be positive, got %s", v.Interval))
+	}
+	switch {
+	case v.Timeout < 0:
+		errs = append(errs, fmt.Errorf("vllm::timeout: must not be negative, got %s", v.Timeout))
+	case v.Interval > 0 && v.Timeout > v.Interval:
+		errs = append(errs, fmt.Errorf("vllm::timeout: %s exceeds vllm::interval (%s)", v.Timeout, v.Interval))
+	}
+	if v.MaxBodyBytes <= 0 {
+		errs = append(errs, fmt.Errorf("vllm::max_body_bytes: must be positive, got %d", v.MaxBodyBytes))
+	}
+	if v.Client.Endpoint != "" {
+		errs = append(errs, fmt.Errorf("vllm::client::endpoint: not used, list the /metrics URLs in vllm::targets (got %q)", v.Client.Endpoint))
+	}
+	return errs
+}

@@ -1,0 +1,381 @@
+package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"mime"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+)
+
+// acceptHeader asks for the classic text format first: it is what
+// expfmt parses completely. OpenMetrics 1.0 is accepted as well.
+const acceptHeader = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
+
+const openMetricsType = "application/openmetrics-text"
+
+// parseExposition parses a /metrics body with expfmt, choosing the format by
+// the response's Content-Type: the classic text format (0.0.4; also when the
+// type is missing or unknown), OpenMetrics 1.0 (read by the same text parser,
+// as expfmt.NewDecoder does) or delimited protobuf.
+//
+// For OpenMetrics the text parser files the samples of a counter declared as
+// `# TYPE x counter` under an untyped family `x_total`; such families are
+// turned back into counters, so a counter is named `x_total` in either
+// format.
+func parseExposition(body []byte, contentType string) (map[string]*dto.MetricFamily, error) {
+	format := expfmt.NewFormat(expfmt.TypeTextPlain)
+	mediaType, _, _ := mime.ParseMediaType(contentType)
+	switch mediaType {
+	case openMetricsType, expfmt.ProtoType:
+		format = expfmt.Format(contentType)
+	}
+	dec := expfmt.NewDecoder(bytes.NewReader(body), format)
+	fams := make(map[string]*dto.MetricFamily)
+	for {
+		mf := &dto.MetricFamily{}
+		err := dec.Decode(mf)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		fams[mf.GetName()] = mf
+	}
+	if mediaType == openMetricsType {
+		fixOpenMetricsCounters(body, fams)
+	}
+	return fams, nil
+}
+
+// fixOpenMetricsCounters retypes the untyped `x_total` families of counters
+// declared as `# TYPE x counter`.
+func fixOpenMetricsCounters(body []byte, fams map[string]*dto.MetricFamily) {
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	sc.Buffer(nil, len(body)+1)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 4 || f[0] != "#" || f[1] != "TYPE" || !strings.EqualFold(f[3], "counter") {
+			continue
+		}
+		mf := fams[f[2]+"_total"]
+		if mf == nil || mf.GetType() != dto.MetricType_UNTYPED {
+			continue
+		}
+		mf.Type = dto.MetricType_COUNTER.Enum()
+		for _, m := range mf.GetMetric() {
+			if m.Untyped != nil {
+				m.Counter = &dto.Counter{Value: m.Untyped.Value}
+				m.Untyped = nil
+			}
+		}
+	}
+}
+
+// seriesState is what a converter remembers of one cumulative series between
+// scrapes.
+type seriesState struct {
+	start pcommon.Timestamp
+	last  float64 // counter value or histogram count
+	gen   uint64  // the scrape it was last seen in
+}
+
+// converter turns the metric families of one target's scrapes into pmetric,
+// keeping the start times of its cumulative series. It is used by one
+// goroutine at a time.
+type converter struct {
+	resource func(pcommon.Resource)
+	series   map[string]*seriesState
+	gen      uint64
+	// dropped counts the data points of the last conversion that were left
+	// out as invalid (a histogram whose cumulative buckets decrease).
+	dropped int
+}
+
+func newConverter(resource func(pcommon.Resource)) *converter {
+	return &converter{resource: resource, series: make(map[string]*seriesState)}
+}
+
+// convert converts one scrape taken at now. Rules:
+//   - gauge and untyped → gauge;
+//   - counter → cumulative monotonic sum, named as the family is (`x_total`);
+//   - histogram → cumulative explicit-bucket histogram: bounds are the finite
+//     `le` values, counts de-cumulated, the last bucket is count minus the
+//     last finite cumulative count; sum and count kept;
+//   - summary and gauge histogram → skipped;
+//   - `x_created` series (x_total's or a histogram's) give the start time of
+//     their series and are not emitted themselves; without them the start is
+//     the time the series was first seen, renewed when its value (a
+//     histogram's count) goes down;
+//   - labels → data point attributes; the data point time is the sample's
+//     timestamp when exposed, else now.
+func (c *converter) convert(fams map[string]*dto.MetricFamily, now time.Time) pmetric.Metrics {
+	c.gen++
+	c.dropped = 0
+	ts := pcommon.NewTimestampFromTime(now)
+	md := pmetric.NewMetrics()
+	rm := md.ResourceMetrics().AppendEmpty()
+	if c.resource != nil {
+		c.resource(rm.Resource())
+	}
+	sm := rm.ScopeMetrics().AppendEmpty()
+	sm.Scope().SetName(scopeName)
+
+	consumed := make(map[string]bool)
+	names := make([]string, 0, len(fams))
+	for name, mf := range fams {
+		names = append(names, name)
+		if cf := fams[createdName(mf)]; cf != nil && (cf.GetType() == dto.MetricType_GAUGE || cf.GetType() == dto.MetricType_UNTYPED) {
+			consumed[cf.GetName()] = true
+		}
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if consumed[name] {
+			continue
+		}
+		mf := fams[name]
+		var created map[string]pcommon.Timestamp
+		if cn := createdName(mf); consumed[cn] {
+			created = createdValues(fams[cn])
+		}
+		switch mf.GetType() {
+		case dto.MetricType_GAUGE, dto.MetricType_UNTYPED:
+			c.gauge(sm, mf, ts)
+		case dto.MetricType_COUNTER:
+			c.counter(sm, mf, created, ts)
+		case dto.MetricType_HISTOGRAM:
+			c.histogram(sm, mf, created, ts)
+		default:
+			// Summaries and gauge histograms are not converted.
+		}
+	}
+	for k, s := range c.series {
+		if s.gen != c.gen {
+			delete(c.series, k)
+		}
+	}
+	return md
+}
+
+// createdName is the name of the family holding the creation times of mf's
+// series, or "" for families that have none.
+func createdName(mf *dto.MetricFamily) string {
+	switch mf.GetType() {
+	case dto.MetricType_COUNTER:
+		return strings.TrimSuffix(mf.GetName(), "_total") + "_created"
+	case dto.MetricType_HISTOGRAM, dto.MetricType_SUMMARY:
+		return mf.GetName() + "_created"
+	}
+	return ""
+}
+
+// createdValues maps label keys to the creation times of a `_created` family.
+func createdValues(mf *dto.MetricFamily) map[string]pcommon.Timestamp {
+	if mf == nil {
+		return nil
+	}
+	out := make(map[string]pcommon.Timestamp, len(mf.GetMetric()))
+	for _, m := range mf.GetMetric() {
+		var v float64
+		switch {
+		case m.Gauge != nil:
+			v = m.Gauge.GetValue()
+		case m.Untyped != nil:
+			v = m.Untyped.GetValue()
+		default:
+			continue
+		}
+		if v <= 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+			continue
+		}
+		// Unix seconds as a float; prometheus_client has microseconds.
+		sec := math.Floor(v)
+		usec := math.Round((v - sec) * 1e6)
+		out[labelKey(m)] = pcommon.NewTimestampFromTime(time.Unix(int64(sec), int64(usec)*1e3))
+	}
+	return out
+}
+
+// labelKey identifies a series within its family.
+func labelKey(m *dto.Metric) string {
+	pairs := make([]string, 0, len(m.GetLabel()))
+	for _, l := range m.GetLabel() {
+		pairs = append(pairs, l.GetName()+"\xfe"+l.GetValue())
+	}
+	slices.Sort(pairs)
+	return strings.Join(pairs, "\xff")
+}
+
+func newMetric(sm pmetric.ScopeMetrics, mf *dto.MetricFamily) pmetric.Metric {
+	m := sm.Metrics().AppendEmpty()
+	m.SetName(mf.GetName())
+	m.SetDescription(mf.GetHelp())
+	return m
+}
+
+func setPoint(attrs pcommon.Map, m *dto.Metric) {
+	attrs.EnsureCapacity(len(m.GetLabel()))
+	for _, l := range m.GetLabel() {
+		attrs.PutStr(l.GetName(), l.GetValue())
+	}
+}
+
+func pointTime(m *dto.Metric, now pcommon.Timestamp) pcommon.Timestamp {
+	if m.TimestampMs != nil {
+		return pcommon.NewTimestampFromTime(time.UnixMilli(m.GetTimestampMs()))
+	}
+	return now
+}
+
+func (c *converter) gauge(sm pmetric.ScopeMetrics, mf *dto.MetricFamily, now pcommon.Timestamp) {
+	dps := newMetric(sm, mf).SetEmptyGauge().DataPoints()
+	for _, m := range mf.GetMetric() {
+		dp := dps.AppendEmpty()
+		setPoint(dp.Attributes(), m)
+		dp.SetTimestamp(pointTime(m, now))
+		if m.Gauge != nil {
+			dp.SetDoubleValue(m.Gauge.GetValue())
+		} else {
+			dp.SetDoubleValue(m.Untyped.GetValue())
+		}
+	}
+}
+
+func (c *converter) counter(sm pmetric.ScopeMetrics, mf *dto.MetricFamily, created map[string]pcommon.Timestamp, now pcommon.Timestamp) {
+	sum := newMetric(sm, mf).SetEmptySum()
+	sum.SetAggregationTemporality(pmetric.AggregationTemporalityCumulative)
+	sum.SetIsMonotonic(true)
+	for _, m := range mf.GetMetric() {
+		v := m.GetCounter().GetValue()
+		key := labelKey(m)
+		t := pointTime(m, now)
+		dp := sum.DataPoints().AppendEmpty()
+		setPoint(dp.Attributes(), m)
+		dp.SetTimestamp(t)
+		dp.SetStartTimestamp(c.startTime(mf.GetName(), key, v, created, t))
+		dp.SetDoubleValue(v)
+	}
+}
+
+func (c *converter) histogram(sm pmetric.ScopeMetrics, mf *dto.MetricFamily, created map[string]pcommon.Timestamp, now pcommon.Timestamp) {
+	hist := newMetric(sm, mf).SetEmptyHistogram()
+	hist.SetAggregationTemporality(pmetric.AggregationTemporalityCumulative)
+	for _, m := range mf.GetMetric() {
+		h := m.GetHistogram()
+		bounds, counts, count, err := deCumulate(h)
+		if err != nil {
+			c.dropped++
+			continue
+		}
+		key := labelKey(m)
+		t := pointTime(m, now)
+		dp := hist.DataPoints().AppendEmpty()
+		setPoint(dp.Attributes(), m)
+		dp.SetTimestamp(t)
+		dp.SetStartTimestamp(c.startTime(mf.GetName(), key, float64(count), created, t))
+		dp.SetCount(count)
+		if h.SampleSum != nil {
+			dp.SetSum(h.GetSampleSum())
+		}
+		dp.ExplicitBounds().FromRaw(bounds)
+		dp.BucketCounts().FromRaw(counts)
+	}
+}
+
+// deCumulate turns the cumulative `le` buckets of h into explicit bounds
+// (finite ones, ascending) and per-bucket counts, the last one being the
+// overflow bucket (count minus the last finite cumulative count).
+func deCumulate(h *dto.Histogram) (bounds []float64, counts []uint64, count uint64, err error) {
+	floats := h.SampleCountFloat != nil
+	for _, b := range h.GetBucket() {
+		floats = floats || b.CumulativeCountFloat != nil
+	}
+	cum := func(b *dto.Bucket) uint64 {
+		if floats {
+			return uint64(math.Round(max(b.GetCumulativeCountFloat(), float64(b.GetCumulativeCount()))))
+		}
+		return b.GetCumulativeCount()
+	}
+	buckets := slices.Clone(h.GetBucket())
+	slices.SortFunc(buckets, func(a, b *dto.Bucket) int { return cmpFloat(a.GetUpperBound(), b.GetUpperBound()) })
+	var prev uint64
+	infSeen := false
+	var infCount uint64
+	for _, b := range buckets {
+		ub := b.GetUpperBound()
+		cc := cum(b)
+		if cc < prev {
+			return nil, nil, 0, fmt.Errorf("bucket le=%g: cumulative count %d below the previous %d", ub, cc, prev)
+		}
+		if math.IsInf(ub, 1) {
+			infSeen, infCount = true, cc
+			continue
+		}
+		if math.IsNaN(ub) {
+			return nil, nil, 0, errors.New("bucket with NaN bound")
+		}
+		bounds = append(bounds, ub)
+		counts = append(counts, cc-prev)
+		prev = cc
+	}
+	switch {
+	case h.SampleCount != nil || h.SampleCountFloat != nil:
+		if floats {
+			count = uint64(math.Round(max(h.GetSampleCountFloat(), float64(h.GetSampleCount()))))
+		} else {
+			count = h.GetSampleCount()
+		}
+	case infSeen:
+		count = infCount
+	default:
+		count = prev
+	}
+	if count < prev {
+		return nil, nil, 0, fmt.Errorf("count %d below the last bucket's cumulative count %d", count, prev)
+	}
+	counts = append(counts, count-prev)
+	return bounds, counts, count, nil
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// startTime returns the start time of a cumulative series: its `_created`
+// time when exposed, else the time it was first seen, renewed when its value
+// went down since the previous scrape (a reset).
+func (c *converter) startTime(name, key string, value float64, created map[string]pcommon.Timestamp, now pcommon.Timestamp) pcommon.Timestamp {
+	id := name + "\x00" + key
+	s := c.series[id]
+	switch {
+	case s == nil:
+		s = &seriesState{start: now}
+		c.series[id] = s
+	case value < s.last:
+		s.start = now
+	}
+	s.last, s.gen = value, c.gen
+	if t, ok := created[key]; ok {
+		return t
+	}
+	return s.start
+}

@@ -1,0 +1,254 @@
+package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"go.opentelemetry.io/collector/component"
+	"go.opentelemetry.io/collector/component/componentstatus"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/receiver/receiverhelper"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.uber.org/zap"
+)
+
+// scrapeLogEvery is how often at most a failing target's errors are logged.
+const scrapeLogEvery = time.Minute
+
+// Reasons a scrape fails, the reason attribute of the scrape error counter.
+const (
+	reasonConnection = "connection" // dial or transport error (e.g. refused)
+	reasonTimeout    = "timeout"    // the scrape took longer than the timeout
+	reasonStatus     = "status"     // a response other than 200
+	reasonOversized  = "oversized"  // the body is over max_body_bytes
+	reasonParse      = "parse"      // the body is no valid exposition
+)
+
+// vllmScraper scrapes each target in its own goroutine and hands what it
+// reads to the metrics consumer. A failing target never affects the others.
+type vllmScraper struct {
+	r        *tokenStreamReceiver
+	cfg      *VLLMConfig
+	host     component.Host
+	client   *http.Client
+	obs      *receiverhelper.ObsReport
+	errCount metric.Int64Counter
+	receiver attribute.KeyValue
+	timeout  time.Duration
+
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+
+	mu      sync.Mutex
+	failing map[string]bool // targets whose last scrape failed
+}
+
+// vllmTarget is the state of one target, owned by its goroutine.
+type vllmTarget struct {
+	url  string
+	conv *converter
+
+	lastLogged    time.Time // last failure logged
+	suppressed    int       // failures not logged since lastLogged
+	lastRecovered time.Time // last recovery logged
+}
+
+func startVLLMScraper(ctx context.Context, cfg *VLLMConfig, r *tokenStreamReceiver, host component.Host) (*vllmScraper, error) {
+	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
+		ReceiverID: r.settings.ID, Transport: "http", ReceiverCreateSettings: r.settings,
+	})
+	if err != nil {
+		return nil, err
+	}
+	errCount, err := r.settings.MeterProvider.Meter(scopeName).Int64Counter("otelcol_receiver_token_stream_scrape_errors",
+		metric.WithDescription("Failed scrapes of vllm targets, by target and reason."), metric.WithUnit("{scrape}"))
+	if err != nil {
+		return nil, err
+	}
+	client, err := cfg.Client.ToClient(ctx, host.GetExtensions(), r.settings.TelemetrySettings)
+	if err != nil {
+		return nil, fmt.Errorf("vllm::client: %w", err)
+	}
+	s := &vllmScraper{
+		r: r, cfg: cfg, host: host, client: client, obs: obs, errCount: errCount,
+		receiver: attribute.String("receiver", r.settings.ID.String()),
+		timeout:  cfg.scrapeTimeout(),
+		failing:  make(map[string]bool),
+	}
+	targets := make([]*vllmTarget, 0, len(cfg.Targets))
+	for _, raw := range cfg.Targets {
+		u, err := url.Parse(raw)
+		if err != nil {
+			return nil, fmt.Errorf("vllm::targets: %w", err)
+		}
+		targets = append(targets, &vllmTarget{url: raw, conv: newConverter(targetResource(u))})
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	for _, t := range targets {
+		s.done.Add(1)
+		go s.run(runCtx, t)
+	}
+	return s, nil
+}
+
+// targetResource sets the resource attributes of a target: server.address,
+// server.port (the scheme's default when the URL has none) and
+// service.instance.id (host:port).
+func targetResource(u *url.URL) func(pcommon.Resource) {
+	host, port := u.Hostname(), u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	portNum, _ := strconv.ParseInt(port, 10, 64)
+	instance := net.JoinHostPort(host, port)
+	return func(res pcommon.Resource) {
+		attrs := res.Attributes()
+		attrs.PutStr("server.address", host)
+		attrs.PutInt("server.port", portNum)
+		attrs.PutStr("service.instance.id", instance)
+	}
+}
+
+func (s *vllmScraper) shutdown() {
+	s.cancel()
+	s.done.Wait()
+	s.client.CloseIdleConnections()
+}
+
+// run scrapes t at once and then every interval until ctx ends.
+func (s *vllmScraper) run(ctx context.Context, t *vllmTarget) {
+	defer s.done.Done()
+	tick := time.NewTicker(s.cfg.Interval)
+	defer tick.Stop()
+	for {
+		s.scrape(ctx, t)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (s *vllmScraper) scrape(ctx context.Context, t *vllmTarget) {
+	now := time.Now()
+	fams, reason, err := s.fetch(ctx, t)
+	if ctx.Err() != nil {
+		return // shutting down
+	}
+	if err != nil {
+		s.failed(ctx, t, reason, err)
+		return
+	}
+	md := t.conv.convert(fams, now)
+	if t.conv.dropped > 0 {
+		s.r.settings.Logger.Debug("invalid histogram data points dropped",
+			zap.String("target", t.url), zap.Int("dropped", t.conv.dropped))
+	}
+	s.recovered(t)
+	n := md.DataPointCount()
+	opCtx := s.obs.StartMetricsOp(ctx)
+	err = s.r.nextMetrics.ConsumeMetrics(opCtx, md)
+	s.obs.EndMetricsOp(opCtx, "prometheus", n, err)
+	if err != nil {
+		s.r.settings.Logger.Debug("pipeline refused engine metrics", zap.String("target", t.url), zap.Error(err))
+	}
+}
+
+// fetch GETs and parses one exposition; on failure it says why.
+func (s *vllmScraper) fetch(ctx context.Context, t *vllmTarget) (fams map[string]*dto.MetricFamily, reason string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url, http.NoBody)
+	if err != nil {
+		return nil, reasonConnection, err
+	}
+	req.Header.Set("Accept", acceptHeader)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return nil, transportReason(err), err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		// Drain a little so the connection can be reused.
+		_, _ = io.CopyN(io.Discard, resp.Body, 4096)
+		return nil, reasonStatus, fmt.Errorf("unexpected status %s", resp.Status)
+	}
+	limit := s.cfg.MaxBodyBytes
+	if resp.ContentLength > limit {
+		return nil, reasonOversized, fmt.Errorf("body of %d bytes exceeds max_body_bytes (%d)", resp.ContentLength, limit)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, transportReason(err), fmt.Errorf("reading the body: %w", err)
+	}
+	if int64(len(body)) > limit {
+		return nil, reasonOversized, fmt.Errorf("body exceeds max_body_bytes (%d)", limit)
+	}
+	parsed, err := parseExposition(body, resp.Header.Get("Content-Type"))
+	if err != nil {
+		return nil, reasonParse, fmt.Errorf("parsing the exposition: %w", err)
+	}
+	return parsed, "", nil
+}
+
+func transportReason(err error) string {
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return reasonTimeout
+	}
+	return reasonConnection
+}
+
+// failed counts a failed scrape, logs it at most once per target per
+// scrapeLogEvery and reports a recoverable error when the target starts
+// failing.
+func (s *vllmScraper) failed(ctx context.Context, t *vllmTarget, reason string, err error) {
+	s.errCount.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(
+		s.receiver, attribute.String("target", t.url), attribute.String("reason", reason))))
+	if now := time.Now(); now.Sub(t.lastLogged) >= scrapeLogEvery {
+		s.r.settings.Logger.Warn("vllm scrape failed", zap.String("target", t.url), zap.String("reason", reason),
+			zap.Int("failures_not_logged", t.suppressed), zap.Error(err))
+		t.lastLogged, t.suppressed = now, 0
+	} else {
+		t.suppressed++
+	}
+	s.mu.Lock()
+	first := !s.failing[t.url]
+	s.failing[t.url] = true
+	s.mu.Unlock()
+	if first {
+		componentstatus.ReportStatus(s.host, componentstatus.NewRecoverableErrorEvent(
+			fmt.Errorf("vllm scrape of %s failed (%s): %w", t.url, reason, err)))
+	}
+}
+
+// recovered reports the component OK again once no target is failing.
+func (s *vllmScraper) recovered(t *vllmTarget) {
+	s.mu.Lock()
+	was := s.failing[t.url]
+	delete(s.failing, t.url)
+	allOK := was && len(s.failing) == 0
+	s.mu.Unlock()
+	if now := time.Now(); was && now.Sub(t.lastRecovered) >= scrapeLogEvery {
+		s.r.settings.Logger.Info("vllm scrape recovered", zap.String("target", t.url))
+		t.lastRecovered = now
+	}
+	if allOK {
+		componentstatus.ReportStatus(s.host, componentstatus.NewEvent(componentstatus.StatusOK))
+	}
+}

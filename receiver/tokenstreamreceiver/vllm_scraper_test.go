@@ -1,0 +1,378 @@
+package tokenstreamreceiver
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/component"
+	"go.opentelemetry.io/collector/component/componentstatus"
+	"go.opentelemetry.io/collector/component/componenttest"
+	"go.opentelemetry.io/collector/consumer/consumertest"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+	"go.opentelemetry.io/collector/receiver/receivertest"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// statusHost records the status events reported to it.
+type statusHost struct {
+	component.Host
+	mu     sync.Mutex
+	events []*componentstatus.Event
+}
+
+func (h *statusHost) Report(e *componentstatus.Event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.events = append(h.events, e)
+}
+
+func (h *statusHost) recoverable() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, e := range h.events {
+		if e.Status() == componentstatus.StatusRecoverableError {
+			out = append(out, e.Err().Error())
+		}
+	}
+	return out
+}
+
+type scrapeTest struct {
+	sink *consumertest.MetricsSink
+	tel  *componenttest.Telemetry
+	host *statusHost
+	logs *observer.ObservedLogs
+}
+
+// startScraping starts a metrics-only receiver scraping targets every 50 ms.
+func startScraping(t *testing.T, targets []string, mutate func(*VLLMConfig)) *scrapeTest {
+	t.Helper()
+	cfg := createDefaultConfig().(*Config)
+	v := cfg.VLLM.GetOrInsertDefault()
+	v.Targets = targets
+	v.Interval = 50 * time.Millisecond
+	v.Timeout = 0
+	if mutate != nil {
+		mutate(v)
+	}
+	require.NoError(t, cfg.Validate())
+	tel := componenttest.NewTelemetry()
+	t.Cleanup(func() { require.NoError(t, tel.Shutdown(context.Background())) })
+	set := receivertest.NewNopSettings(componentType)
+	set.TelemetrySettings = tel.NewTelemetrySettings()
+	core, logs := observer.New(zapcore.DebugLevel)
+	set.Logger = zap.New(core)
+	st := &scrapeTest{sink: new(consumertest.MetricsSink), tel: tel, host: &statusHost{Host: componenttest.NewNopHost()}, logs: logs}
+	rcv, err := NewFactory().CreateMetrics(context.Background(), set, cfg, st.sink)
+	require.NoError(t, err)
+	require.NoError(t, rcv.Start(context.Background(), st.host))
+	t.Cleanup(func() { require.NoError(t, rcv.Shutdown(context.Background())) })
+	return st
+}
+
+// fixtureServer serves the fixture exposition.
+func fixtureServer(t *testing.T) *httptest.Server {
+	t.Helper()
+	body := readFixture(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", textContentType)
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// instance is the service.instance.id of a test server's URL.
+func instance(t *testing.T, rawURL string) string {
+	t.Helper()
+	return strings.TrimSuffix(strings.TrimPrefix(rawURL, "http://"), "/metrics")
+}
+
+// scrapesFrom counts the batches the sink got from the target with the given
+// service.instance.id.
+func (st *scrapeTest) scrapesFrom(id string) int {
+	n := 0
+	for _, md := range st.sink.AllMetrics() {
+		for _, rm := range md.ResourceMetrics().All() {
+			if v, ok := rm.Resource().Attributes().Get("service.instance.id"); ok && v.Str() == id {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func (st *scrapeTest) scrapeErrors(t *testing.T, target, reason string) int64 {
+	t.Helper()
+	m, err := st.tel.GetMetric("otelcol_receiver_token_stream_scrape_errors")
+	if err != nil {
+		return 0
+	}
+	var total int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		tv, _ := dp.Attributes.Value("target")
+		rv, _ := dp.Attributes.Value("reason")
+		rcv, _ := dp.Attributes.Value("receiver")
+		if tv.AsString() == target && rv.AsString() == reason && strings.HasPrefix(rcv.AsString(), componentType.String()) {
+			total += dp.Value
+		}
+	}
+	return total
+}
+
+func TestScrapeFixture(t *testing.T) {
+	srv := fixtureServer(t)
+	target := srv.URL + "/metrics"
+	st := startScraping(t, []string{target}, nil)
+	require.Eventually(t, func() bool { return st.scrapesFrom(instance(t, target)) >= 2 }, 5*time.Second, 10*time.Millisecond)
+
+	md := st.sink.AllMetrics()[0]
+	res := md.ResourceMetrics().At(0).Resource().Attributes()
+	host, port, err := net.SplitHostPort(srv.Listener.Addr().String())
+	require.NoError(t, err)
+	portNum, _ := strconv.ParseInt(port, 10, 64)
+	assert.Equal(t, map[string]any{
+		"server.address":      host,
+		"server.port":         portNum,
+		"service.instance.id": net.JoinHostPort(host, port),
+	}, res.AsRaw())
+	got := metricsByName(t, md)
+	assert.Equal(t, pmetric.MetricTypeGauge, got["vllm:kv_cache_usage_perc"].Type())
+	assert.Equal(t, pmetric.MetricTypeSum, got["vllm:num_preemptions_total"].Type())
+	assert.Equal(t, pmetric.MetricTypeHistogram, got["vllm:inter_token_latency_seconds"].Type())
+	assert.Empty(t, st.host.recoverable())
+}
+
+func TestScrapeSendsAcceptHeader(t *testing.T) {
+	accept := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case accept <- r.Header.Get("Accept"):
+		default:
+		}
+		_, _ = w.Write([]byte("x 1\n"))
+	}))
+	t.Cleanup(srv.Close)
+	startScraping(t, []string{srv.URL + "/metrics"}, nil)
+	select {
+	case a := <-accept:
+		assert.True(t, strings.HasPrefix(a, "text/plain;version=0.0.4"), a)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no scrape")
+	}
+}
+
+// TestScrapeOneTargetFails: whatever the failure of one target, the other
+// keeps delivering, and the failure is counted, reported and logged.
+func TestScrapeOneTargetFails(t *testing.T) {
+	const maxBody = 64 << 10
+	big := strings.Repeat("# padding padding padding padding padding padding\n", 2*maxBody/50)
+	for _, tc := range []struct {
+		reason string
+		bad    func(t *testing.T) string // returns the failing target
+	}{
+		{reasonStatus, func(t *testing.T) string {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				http.Error(w, "boom", http.StatusInternalServerError)
+			}))
+			t.Cleanup(srv.Close)
+			return srv.URL + "/metrics"
+		}},
+		{reasonParse, func(t *testing.T) string {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "text/html")
+				_, _ = w.Write([]byte("<html><body>hello</body></html>\n"))
+			}))
+			t.Cleanup(srv.Close)
+			return srv.URL + "/metrics"
+		}},
+		{reasonConnection, func(t *testing.T) string {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			addr := ln.Addr().String()
+			require.NoError(t, ln.Close())
+			return "http://" + addr + "/metrics"
+		}},
+		{reasonOversized, func(t *testing.T) string { // Content-Length announced
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+				_, _ = w.Write([]byte(big))
+			}))
+			t.Cleanup(srv.Close)
+			return srv.URL + "/metrics"
+		}},
+		{reasonOversized, func(t *testing.T) string { // chunked, no length
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				for i := 0; i < len(big); i += 4096 {
+					if _, err := w.Write([]byte(big[i:min(i+4096, len(big))])); err != nil {
+						return
+					}
+					w.(http.Flusher).Flush()
+				}
+			}))
+			t.Cleanup(srv.Close)
+			return srv.URL + "/metrics"
+		}},
+		{reasonTimeout, func(t *testing.T) string {
+			srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+				select {
+				case <-r.Context().Done():
+				case <-time.After(5 * time.Second):
+				}
+			}))
+			t.Cleanup(srv.Close)
+			return srv.URL + "/metrics"
+		}},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			good := fixtureServer(t).URL + "/metrics"
+			bad := tc.bad(t)
+			st := startScraping(t, []string{bad, good}, func(v *VLLMConfig) {
+				v.MaxBodyBytes = maxBody
+				v.Timeout = 40 * time.Millisecond
+			})
+			require.Eventually(t, func() bool {
+				return st.scrapesFrom(instance(t, good)) >= 3 && st.scrapeErrors(t, bad, tc.reason) >= 3
+			}, 10*time.Second, 10*time.Millisecond)
+			assert.Zero(t, st.scrapesFrom(instance(t, bad)))
+
+			// Reported once as a recoverable error naming the target.
+			var rec []string
+			for _, e := range st.host.recoverable() {
+				if strings.Contains(e, bad) {
+					rec = append(rec, e)
+				}
+			}
+			require.Len(t, rec, 1)
+			assert.Contains(t, rec[0], "("+tc.reason+")")
+			// Logged once (rate-limited to once a minute per target).
+			warns := st.logs.FilterMessage("vllm scrape failed").FilterField(zap.String("target", bad)).All()
+			require.Len(t, warns, 1)
+			assert.Equal(t, tc.reason, warns[0].ContextMap()["reason"])
+		})
+	}
+}
+
+func TestScrapeRecovers(t *testing.T) {
+	body := readFixture(t)
+	var mu sync.Mutex
+	failing := true
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		f := failing
+		mu.Unlock()
+		if f {
+			http.Error(w, "warming up", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(srv.Close)
+	target := srv.URL + "/metrics"
+	st := startScraping(t, []string{target}, nil)
+	require.Eventually(t, func() bool { return st.scrapeErrors(t, target, reasonStatus) >= 1 }, 5*time.Second, 10*time.Millisecond)
+	mu.Lock()
+	failing = false
+	mu.Unlock()
+	require.Eventually(t, func() bool { return st.scrapesFrom(instance(t, target)) >= 1 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		st.host.mu.Lock()
+		defer st.host.mu.Unlock()
+		last := st.host.events[len(st.host.events)-1]
+		return last.Status() == componentstatus.StatusOK
+	}, 5*time.Second, 10*time.Millisecond)
+	assert.Len(t, st.logs.FilterMessage("vllm scrape recovered").All(), 1)
+}
+
+// TestLifecycleLogsAndMetrics: the logs and metrics instances of one
+// component share one receiver, started and stopped once.
+func TestLifecycleLogsAndMetrics(t *testing.T) {
+	srv := fixtureServer(t)
+	cfg := createDefaultConfig().(*Config)
+	cfg.Hooks.HTTP.GetOrInsertDefault().ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
+	v := cfg.VLLM.GetOrInsertDefault()
+	v.Targets = []string{srv.URL + "/metrics"}
+	v.Interval = 20 * time.Millisecond
+	require.NoError(t, cfg.Validate())
+	f := NewFactory()
+	set := receivertest.NewNopSettings(componentType)
+
+	// Shutdown without Start.
+	lr, err := f.CreateLogs(context.Background(), set, cfg, consumertest.NewNop())
+	require.NoError(t, err)
+	mr, err := f.CreateMetrics(context.Background(), set, cfg, consumertest.NewNop())
+	require.NoError(t, err)
+	require.Same(t, lr, mr)
+	require.NoError(t, lr.Shutdown(context.Background()))
+	require.NoError(t, mr.Shutdown(context.Background()))
+
+	var previous *tokenStreamReceiver
+	for range 2 {
+		logs := new(consumertest.LogsSink)
+		metrics := new(consumertest.MetricsSink)
+		lr, err := f.CreateLogs(context.Background(), set, cfg, logs)
+		require.NoError(t, err)
+		mr, err := f.CreateMetrics(context.Background(), set, cfg, metrics)
+		require.NoError(t, err)
+		require.Same(t, lr, mr, "one receiver for both signals")
+		r := lr.(*tokenStreamReceiver)
+		require.NotSame(t, previous, r, "a shut down receiver is not reused")
+		previous = r
+
+		host := componenttest.NewNopHost()
+		require.NoError(t, lr.Start(context.Background(), host))
+		require.NoError(t, mr.Start(context.Background(), host))
+		require.NotNil(t, r.http, "hooks started: there is a logs consumer")
+		require.NotNil(t, r.vllm, "scraper started: there is a metrics consumer")
+
+		code, _, br := post(t, "http://"+r.http.addr.String()+"/v1/token-events", "application/x-ndjson", startLine+"\n")
+		assert.Equal(t, http.StatusOK, code)
+		assert.Equal(t, 1, br.Accepted)
+		require.Eventually(t, func() bool { return metrics.DataPointCount() > 0 }, 5*time.Second, 10*time.Millisecond)
+		assert.Equal(t, 1, logs.LogRecordCount())
+
+		require.NoError(t, lr.Shutdown(context.Background()))
+		require.NoError(t, mr.Shutdown(context.Background()))
+		require.NoError(t, lr.Shutdown(context.Background()))
+		assert.Nil(t, r.vllm)
+		assert.Nil(t, r.http)
+	}
+}
+
+// A receiver only in a metrics pipeline does not start the hooks, one only
+// in a logs pipeline does not scrape.
+func TestSourcesFollowConsumers(t *testing.T) {
+	cfg := createDefaultConfig().(*Config)
+	cfg.Hooks.HTTP.GetOrInsertDefault().ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
+	v := cfg.VLLM.GetOrInsertDefault()
+	v.Targets = []string{"http://127.0.0.1:1/metrics"}
+	f := NewFactory()
+	set := receivertest.NewNopSettings(componentType)
+
+	mr, err := f.CreateMetrics(context.Background(), set, cfg, consumertest.NewNop())
+	require.NoError(t, err)
+	require.NoError(t, mr.Start(context.Background(), componenttest.NewNopHost()))
+	assert.Nil(t, mr.(*tokenStreamReceiver).http)
+	assert.NotNil(t, mr.(*tokenStreamReceiver).vllm)
+	require.NoError(t, mr.Shutdown(context.Background()))
+
+	lr, err := f.CreateLogs(context.Background(), set, cfg, consumertest.NewNop())
+	require.NoError(t, err)
+	require.NoError(t, lr.Start(context.Background(), componenttest.NewNopHost()))
+	assert.NotNil(t, lr.(*tokenStreamReceiver).http)
+	assert.Nil(t, lr.(*tokenStreamReceiver).vllm)
+	require.NoError(t, lr.Shutdown(context.Background()))
+}
