@@ -133,6 +133,9 @@ func (c *core) putSessionAttributes(m pcommon.Map, s *session.Session, e *sessio
 			am.PutStr(a.Key, a.Value)
 		}
 	}
+	if h := c.engines.match(s.Engine); h != nil {
+		putSessionContext(m, h, s, sessionEnd(s, e))
+	}
 }
 
 func putStr(m pcommon.Map, k, v string) {
@@ -166,6 +169,9 @@ func (c *core) appendSpan(ss ptrace.ScopeSpans, s *session.Session, e *session.E
 		ev.SetName(spanEventStall)
 		ev.SetTimestamp(pcommon.Timestamp(s.Stalls[i].DetectedAt))
 		putStall(ev.Attributes(), &s.Stalls[i])
+		if h := c.engines.match(s.Engine); h != nil {
+			putStallContext(ev.Attributes(), h, s.Stalls[i].DetectedAt)
+		}
 	}
 	switch s.Outcome {
 	case session.OutcomeError, session.OutcomeTimeout:
@@ -255,4 +261,7 @@ func (c *core) appendStallAlert(records plog.LogRecordSlice, s *session.Session,
 	m.PutInt(attrSessionStalls, int64(s.StallCount))
 	m.PutInt(attrSessionChunks, s.Chunks)
 	putStall(m, st)
+	if h := c.engines.match(s.Engine); h != nil {
+		putStallContext(m, h, st.DetectedAt)
+	}
 }

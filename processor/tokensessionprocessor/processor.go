@@ -46,7 +46,9 @@ type core struct {
 	sampledRecords map[string]plog.LogRecordSlice
 	folding        plog.LogRecord
 	isFolding      bool
-	counters       session.Counters // as last reported to telemetry
+	// engines is the engine state read from the metrics pipeline.
+	engines  engineStates
+	counters session.Counters // as last reported to telemetry
 
 	nextLogs    consumer.Logs
 	nextMetrics consumer.Metrics
@@ -304,9 +306,14 @@ func (c *core) consumeLogs(ctx context.Context, ld plog.Logs) error {
 
 func (c *core) applyEvent(ev *tokenevent.Event) { c.table.Apply(ev, c.nowNanos) }
 
-// consumeMetrics passes engine metrics through; the session metrics are
-// added on their own schedule.
+// consumeMetrics reads the engine state from the metrics passing through
+// (for the sessions' engine context) and passes them on; the session
+// metrics are added on their own schedule.
 func (c *core) consumeMetrics(ctx context.Context, md pmetric.Metrics) error {
+	now := time.Now().UnixNano()
+	c.mu.Lock()
+	c.engines.observe(md, now)
+	c.mu.Unlock()
 	return c.nextMetrics.ConsumeMetrics(ctx, md)
 }
 

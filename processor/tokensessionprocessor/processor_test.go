@@ -516,3 +516,66 @@ func TestProbabilisticThresholdInTraceState(t *testing.T) {
 	assert.InDelta(t, 100, w3c.OTelValue().AdjustedCount(), 0.01)
 	assert.Equal(t, "probabilistic", spans[0].Attributes().AsRaw()[attrSamplingReason])
 }
+
+// engineMetricsAt is what the vllm scraper emits for one engine at one time.
+func engineMetricsAt(at int64, kv float64, running, waiting, preemptions int64) pmetric.Metrics {
+	md := pmetric.NewMetrics()
+	rm := md.ResourceMetrics().AppendEmpty()
+	rm.Resource().Attributes().PutStr("service.instance.id", "localhost:8000")
+	ms := rm.ScopeMetrics().AppendEmpty().Metrics()
+	gauge := func(name string, v float64) {
+		m := ms.AppendEmpty()
+		m.SetName(name)
+		dp := m.SetEmptyGauge().DataPoints().AppendEmpty()
+		dp.SetTimestamp(pcommon.Timestamp(at))
+		dp.SetDoubleValue(v)
+	}
+	gauge("vllm:kv_cache_usage_perc", kv)
+	gauge("vllm:num_requests_running", float64(running))
+	gauge("vllm:num_requests_waiting", float64(waiting))
+	m := ms.AppendEmpty()
+	m.SetName("vllm:num_preemptions_total")
+	sum := m.SetEmptySum()
+	sum.SetIsMonotonic(true)
+	sum.SetAggregationTemporality(pmetric.AggregationTemporalityCumulative)
+	dp := sum.DataPoints().AppendEmpty()
+	dp.SetTimestamp(pcommon.Timestamp(at))
+	dp.SetIntValue(preemptions)
+	return md
+}
+
+func TestEngineContextOnSessionAndStall(t *testing.T) {
+	p := newPipelines(t, nil)
+	defer p.shutdown(t)
+	ctx := context.Background()
+	for _, md := range []pmetric.Metrics{
+		engineMetricsAt(base-1000*ms, 0.5, 8, 2, 10),
+		engineMetricsAt(base+300*ms, 0.9, 12, 5, 12),
+		engineMetricsAt(base+2000*ms, 0.2, 3, 0, 15),
+	} {
+		require.NoError(t, p.metrics.ConsumeMetrics(ctx, md))
+	}
+	id := "ctx"
+	evs := []tokenevent.Event{start(id, traceSlow, base), tok(id, base+50*ms, 1),
+		tok(id, base+250*ms, 1), tok(id, base+450*ms, 1), tok(id, base+650*ms, 1), end(id, base+660*ms)}
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(evs...)))
+
+	spans := allSpans(p.trcSink.AllTraces())
+	require.Len(t, spans, 1)
+	attrs := spans[0].Attributes().AsRaw()
+	assert.Equal(t, 0.5, attrs["vllm.kv_cache_usage.start"])
+	assert.Equal(t, 0.9, attrs["vllm.kv_cache_usage.max"], "the maximum while the session ran")
+	assert.Equal(t, 2.0, attrs["vllm.num_requests_waiting.start"])
+	assert.Equal(t, int64(2), attrs["vllm.num_preemptions"], "pre-emptions during the session")
+	// The stall at +650 ms is explained by the state then.
+	require.Equal(t, 2, spans[0].Events().Len())
+	stallEvent := spans[0].Events().At(1).Attributes().AsRaw()
+	assert.Equal(t, 0.9, stallEvent["vllm.kv_cache_usage"])
+	assert.Equal(t, 5.0, stallEvent["vllm.num_requests_waiting"])
+	assert.Equal(t, 12.0, stallEvent["vllm.num_preemptions_total"])
+	alerts := recordsNamed(p.logSink.AllLogs(), eventNameStall)
+	require.Len(t, alerts, 1)
+	assert.Equal(t, 12.0, alerts[0].Attributes().AsRaw()["vllm.num_requests_running"])
+	// Engine metrics pass through unchanged.
+	assert.Len(t, p.metSink.AllMetrics(), 3)
+}

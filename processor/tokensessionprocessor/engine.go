@@ -1,0 +1,254 @@
+package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+
+import (
+	"math"
+	"net"
+	"strconv"
+
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/session"
+)
+
+// engineRole is what an engine metric says about the engine's state.
+type engineRole uint8
+
+const (
+	roleKVUsage engineRole = iota
+	roleRunning
+	roleWaiting
+	rolePreemptions
+	engineRoles
+)
+
+type engineMetric struct {
+	prefix string // the engine's attribute prefix: vllm, sglang, llamacpp, tgi
+	role   engineRole
+}
+
+// engineMetrics maps the engine metrics the processor reads to what they
+// mean, across engines and engine versions.
+var engineMetrics = map[string]engineMetric{
+	"vllm:kv_cache_usage_perc":      {"vllm", roleKVUsage},
+	"vllm:gpu_cache_usage_perc":     {"vllm", roleKVUsage},
+	"vllm:num_requests_running":     {"vllm", roleRunning},
+	"vllm:num_requests_waiting":     {"vllm", roleWaiting},
+	"vllm:num_preemptions_total":    {"vllm", rolePreemptions},
+	"vllm:num_preemptions":          {"vllm", rolePreemptions},
+	"sglang:token_usage":            {"sglang", roleKVUsage},
+	"sglang:num_running_reqs":       {"sglang", roleRunning},
+	"sglang:num_queue_reqs":         {"sglang", roleWaiting},
+	"sglang:num_retractions":        {"sglang", rolePreemptions},
+	"llamacpp:kv_cache_usage_ratio": {"llamacpp", roleKVUsage},
+	"llamacpp:requests_processing":  {"llamacpp", roleRunning},
+	"llamacpp:requests_deferred":    {"llamacpp", roleWaiting},
+	"tgi_batch_current_size":        {"tgi", roleRunning},
+	"tgi_queue_size":                {"tgi", roleWaiting},
+}
+
+// engineSnapshot is an engine's state at one time; NaN where unknown.
+type engineSnapshot struct {
+	at     int64
+	values [engineRoles]float64
+}
+
+// engineHistoryLen bounds the snapshots kept per engine: at a 1 s scrape
+// interval, the last 8.5 minutes.
+const engineHistoryLen = 512
+
+// engineHistory is one engine instance's recent snapshots, oldest first
+// in ring order.
+type engineHistory struct {
+	prefix string
+	ring   []engineSnapshot
+	next   int
+}
+
+func (h *engineHistory) add(s engineSnapshot) {
+	if len(h.ring) < engineHistoryLen {
+		h.ring = append(h.ring, s)
+		return
+	}
+	h.ring[h.next] = s
+	h.next = (h.next + 1) % engineHistoryLen
+}
+
+// each visits the snapshots oldest first.
+func (h *engineHistory) each(fn func(*engineSnapshot)) {
+	for i := range h.ring {
+		fn(&h.ring[(h.next+i)%len(h.ring)])
+	}
+}
+
+// at returns the latest snapshot taken at or before t, or else the first
+// one after it.
+func (h *engineHistory) at(t int64) (engineSnapshot, bool) {
+	var best engineSnapshot
+	found := false
+	h.each(func(s *engineSnapshot) {
+		if !found || s.at <= t {
+			best, found = *s, true
+		}
+	})
+	return best, found
+}
+
+// engineStates is the engine state of every engine seen in the metrics.
+type engineStates struct {
+	byInstance map[string]*engineHistory
+}
+
+// observe reads the engine metrics of md, one snapshot per resource (an
+// engine instance, as the vllm scraper or the prometheus receiver name it).
+// Data-parallel ranks (vLLM's engine label) add up: KV usage is their
+// maximum, counts their sum.
+func (e *engineStates) observe(md pmetric.Metrics, now int64) {
+	for _, rm := range md.ResourceMetrics().All() {
+		snap := engineSnapshot{at: now}
+		for i := range snap.values {
+			snap.values[i] = math.NaN()
+		}
+		prefix := ""
+		for _, sm := range rm.ScopeMetrics().All() {
+			for _, m := range sm.Metrics().All() {
+				em, ok := engineMetrics[m.Name()]
+				if !ok {
+					continue
+				}
+				var dps pmetric.NumberDataPointSlice
+				switch m.Type() {
+				case pmetric.MetricTypeGauge:
+					dps = m.Gauge().DataPoints()
+				case pmetric.MetricTypeSum:
+					dps = m.Sum().DataPoints()
+				default:
+					continue
+				}
+				prefix = em.prefix
+				for _, dp := range dps.All() {
+					v := dp.DoubleValue()
+					if dp.ValueType() == pmetric.NumberDataPointValueTypeInt {
+						v = float64(dp.IntValue())
+					}
+					if ts := int64(dp.Timestamp()); ts != 0 {
+						snap.at = ts
+					}
+					cur := snap.values[em.role]
+					switch {
+					case math.IsNaN(cur):
+						snap.values[em.role] = v
+					case em.role == roleKVUsage:
+						snap.values[em.role] = max(cur, v)
+					default:
+						snap.values[em.role] = cur + v
+					}
+				}
+			}
+		}
+		if prefix == "" {
+			continue
+		}
+		key := instanceKey(rm.Resource().Attributes())
+		if e.byInstance == nil {
+			e.byInstance = make(map[string]*engineHistory)
+		}
+		h := e.byInstance[key]
+		if h == nil {
+			h = &engineHistory{prefix: prefix}
+			e.byInstance[key] = h
+		}
+		h.add(snap)
+	}
+}
+
+// instanceKey names an engine instance by its resource: service.instance.id,
+// else server.address:server.port.
+func instanceKey(attrs pcommon.Map) string {
+	if v, ok := attrs.Get("service.instance.id"); ok && v.Str() != "" {
+		return v.Str()
+	}
+	host, _ := attrs.Get("server.address")
+	port, ok := attrs.Get("server.port")
+	if !ok {
+		return host.AsString()
+	}
+	return net.JoinHostPort(host.AsString(), strconv.FormatInt(port.Int(), 10))
+}
+
+// match finds a session's engine: the instance named by its engine (the
+// hook's engine field, or the proxy's upstream host:port), else the only
+// engine there is.
+func (e *engineStates) match(engine string) *engineHistory {
+	if h, ok := e.byInstance[engine]; ok {
+		return h
+	}
+	if len(e.byInstance) == 1 {
+		for _, h := range e.byInstance {
+			return h
+		}
+	}
+	return nil
+}
+
+// Engine context attribute names, after the engine's prefix.
+const (
+	attrKVUsageStart   = ".kv_cache_usage.start"
+	attrKVUsageMax     = ".kv_cache_usage.max"
+	attrWaitingStart   = ".num_requests_waiting.start"
+	attrPreemptions    = ".num_preemptions"
+	attrKVUsage        = ".kv_cache_usage"
+	attrRunning        = ".num_requests_running"
+	attrWaiting        = ".num_requests_waiting"
+	attrPreemptionsTot = ".num_preemptions_total"
+)
+
+// putSessionContext writes what the engine's state was during the session:
+// KV usage at start and its maximum, the queue at start, and the
+// pre-emptions counted while the session ran.
+func putSessionContext(m pcommon.Map, h *engineHistory, s *session.Session, end int64) {
+	start := sessionStart(s)
+	first, ok := h.at(start)
+	if !ok {
+		return
+	}
+	putIfKnown(m, h.prefix+attrKVUsageStart, first.values[roleKVUsage])
+	putIfKnown(m, h.prefix+attrWaitingStart, first.values[roleWaiting])
+	kvMax := first.values[roleKVUsage]
+	last := first
+	h.each(func(sn *engineSnapshot) {
+		if sn.at < start || sn.at > end {
+			return
+		}
+		if v := sn.values[roleKVUsage]; !math.IsNaN(v) && (math.IsNaN(kvMax) || v > kvMax) {
+			kvMax = v
+		}
+		last = *sn
+	})
+	putIfKnown(m, h.prefix+attrKVUsageMax, kvMax)
+	if a, b := first.values[rolePreemptions], last.values[rolePreemptions]; !math.IsNaN(a) && !math.IsNaN(b) {
+		d := b - a
+		if d < 0 { // the counter was reset: count what the new one saw
+			d = b
+		}
+		m.PutInt(h.prefix+attrPreemptions, int64(d))
+	}
+}
+
+// putStallContext writes the engine's state when a stall was detected.
+func putStallContext(m pcommon.Map, h *engineHistory, at int64) {
+	sn, ok := h.at(at)
+	if !ok {
+		return
+	}
+	putIfKnown(m, h.prefix+attrKVUsage, sn.values[roleKVUsage])
+	putIfKnown(m, h.prefix+attrRunning, sn.values[roleRunning])
+	putIfKnown(m, h.prefix+attrWaiting, sn.values[roleWaiting])
+	putIfKnown(m, h.prefix+attrPreemptionsTot, sn.values[rolePreemptions])
+}
+
+func putIfKnown(m pcommon.Map, k string, v float64) {
+	if !math.IsNaN(v) {
+		m.PutDouble(k, v)
+	}
+}

@@ -1,0 +1,83 @@
+package tokensessionprocessor
+
+import (
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+)
+
+// Data-parallel ranks of one engine (vLLM's engine label) add up: KV usage
+// is the fullest rank's, counts are summed. Older metric names and other
+// engines are read the same way.
+func TestEngineStatesObserve(t *testing.T) {
+	md := pmetric.NewMetrics()
+	// Build explicitly: one vLLM engine with two ranks (older KV name), one SGLang engine.
+	rm := md.ResourceMetrics().AppendEmpty()
+	rm.Resource().Attributes().PutStr("server.address", "10.0.0.1")
+	rm.Resource().Attributes().PutInt("server.port", 8000)
+	ms := rm.ScopeMetrics().AppendEmpty().Metrics()
+	kv := ms.AppendEmpty()
+	kv.SetName("vllm:gpu_cache_usage_perc")
+	for i, v := range []float64{0.4, 0.7} {
+		dp := kv.SetEmptyGauge().DataPoints().AppendEmpty()
+		if i > 0 {
+			dp = kv.Gauge().DataPoints().AppendEmpty()
+		}
+		dp.Attributes().PutStr("engine", string(rune('0'+i)))
+		dp.SetTimestamp(1000)
+		dp.SetDoubleValue(v)
+	}
+	wait := ms.AppendEmpty()
+	wait.SetName("vllm:num_requests_waiting")
+	wg := wait.SetEmptyGauge()
+	for _, v := range []float64{3, 4} {
+		dp := wg.DataPoints().AppendEmpty()
+		dp.SetTimestamp(1000)
+		dp.SetDoubleValue(v)
+	}
+	rm2 := md.ResourceMetrics().AppendEmpty()
+	rm2.Resource().Attributes().PutStr("service.instance.id", "sglang-0:30000")
+	m := rm2.ScopeMetrics().AppendEmpty().Metrics().AppendEmpty()
+	m.SetName("sglang:token_usage")
+	dp := m.SetEmptyGauge().DataPoints().AppendEmpty()
+	dp.SetTimestamp(2000)
+	dp.SetDoubleValue(0.25)
+	other := rm2.ScopeMetrics().At(0).Metrics().AppendEmpty()
+	other.SetName("process_cpu_seconds_total")
+	other.SetEmptyGauge().DataPoints().AppendEmpty().SetDoubleValue(1)
+
+	var e engineStates
+	e.observe(md, 5000)
+	require.Len(t, e.byInstance, 2)
+	v := e.byInstance["10.0.0.1:8000"]
+	require.NotNil(t, v)
+	assert.Equal(t, "vllm", v.prefix)
+	sn, ok := v.at(1000)
+	require.True(t, ok)
+	assert.Equal(t, 0.7, sn.values[roleKVUsage])
+	assert.Equal(t, 7.0, sn.values[roleWaiting])
+	assert.True(t, math.IsNaN(sn.values[roleRunning]))
+	s := e.byInstance["sglang-0:30000"]
+	require.NotNil(t, s)
+	assert.Equal(t, "sglang", s.prefix)
+
+	// A session names its engine; with two engines, an unknown name matches none.
+	assert.Same(t, v, e.match("10.0.0.1:8000"))
+	assert.Same(t, s, e.match("sglang-0:30000"))
+	assert.Nil(t, e.match("vllm-7"))
+}
+
+func TestEngineHistoryBounded(t *testing.T) {
+	var h engineHistory
+	for i := range engineHistoryLen + 10 {
+		h.add(engineSnapshot{at: int64(i)})
+	}
+	assert.Len(t, h.ring, engineHistoryLen)
+	first, _ := h.at(0)
+	assert.Equal(t, int64(10), first.at, "the oldest kept, when asked for a time before it")
+	last, _ := h.at(math.MaxInt64)
+	assert.Equal(t, int64(engineHistoryLen+9), last.at)
+}
