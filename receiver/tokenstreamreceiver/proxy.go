@@ -42,8 +42,10 @@ const (
 	// maxNonStreamingBody bounds the copy of a non-streaming response kept
 	// to read its usage; the response itself always reaches the client.
 	maxNonStreamingBody = 1 << 20
-	// sseReadBuffer is the read size from the upstream stream.
-	sseReadBuffer = 32 << 10
+	// sseReadBuffer is the read size from the upstream stream: a few events
+	// (a vLLM chunk is ~250 bytes) per read, and little memory per open
+	// stream.
+	sseReadBuffer = 4 << 10
 )
 
 // proxyServer is a reverse proxy in front of an OpenAI-compatible server
@@ -336,10 +338,16 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// requestBuffers hold request bodies on their way to the upstream; a body is
+// only copied while it uploads, so the buffers are shared.
+var requestBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
 // copyScanned copies the request body through the scanner, then adds
 // include_usage where the request streams without it.
 func copyScanned(dst io.Writer, src io.Reader, s *requestScanner) (bool, error) {
-	buf := make([]byte, 32<<10)
+	bp := requestBuffers.Get().(*[]byte)
+	defer requestBuffers.Put(bp)
+	buf := *bp
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
