@@ -27,8 +27,10 @@ const openMetricsType = "application/openmetrics-text"
 
 // parseExposition parses a /metrics body with expfmt, choosing the format by
 // the response's Content-Type: the classic text format (0.0.4; also when the
-// type is missing or unknown), OpenMetrics 1.0 (read by the same text parser,
-// as expfmt.NewDecoder does) or delimited protobuf.
+// type is missing or unknown) or OpenMetrics 1.0 (read by the same text
+// parser, as expfmt.NewDecoder does). Delimited protobuf is refused: expfmt
+// allocates what a message's length prefix claims, so a six-byte body could
+// exhaust memory (and the scraper never asks for protobuf).
 //
 // For OpenMetrics the text parser files the samples of a counter declared as
 // `# TYPE x counter` under an untyped family `x_total`; such families are
@@ -38,8 +40,10 @@ func parseExposition(body []byte, contentType string) (map[string]*dto.MetricFam
 	format := expfmt.NewFormat(expfmt.TypeTextPlain)
 	mediaType, _, _ := mime.ParseMediaType(contentType)
 	switch mediaType {
-	case openMetricsType, expfmt.ProtoType:
+	case openMetricsType:
 		format = expfmt.Format(contentType)
+	case expfmt.ProtoType:
+		return nil, fmt.Errorf("content type %q: protobuf exposition not supported, want text or OpenMetrics", contentType)
 	}
 	dec := expfmt.NewDecoder(bytes.NewReader(body), format)
 	fams := make(map[string]*dto.MetricFamily)
@@ -299,13 +303,26 @@ func (c *converter) histogram(sm pmetric.ScopeMetrics, mf *dto.MetricFamily, cre
 // (finite ones, ascending) and per-bucket counts, the last one being the
 // overflow bucket (count minus the last finite cumulative count).
 func deCumulate(h *dto.Histogram) (bounds []float64, counts []uint64, count uint64, err error) {
+	if h == nil {
+		return nil, nil, 0, errors.New("histogram family without histogram values")
+	}
 	floats := h.SampleCountFloat != nil
 	for _, b := range h.GetBucket() {
 		floats = floats || b.CumulativeCountFloat != nil
 	}
+	var badCount error
+	// toCount rounds a float count; out of range, it fails the histogram
+	// (a uint64 conversion of such a float is undefined).
+	toCount := func(x float64) uint64 {
+		if !(x >= 0 && x < 1<<63) {
+			badCount = fmt.Errorf("count %g out of range", x)
+			return 0
+		}
+		return uint64(math.Round(x))
+	}
 	cum := func(b *dto.Bucket) uint64 {
 		if floats {
-			return uint64(math.Round(max(b.GetCumulativeCountFloat(), float64(b.GetCumulativeCount()))))
+			return toCount(max(b.GetCumulativeCountFloat(), float64(b.GetCumulativeCount())))
 		}
 		return b.GetCumulativeCount()
 	}
@@ -324,8 +341,11 @@ func deCumulate(h *dto.Histogram) (bounds []float64, counts []uint64, count uint
 			infSeen, infCount = true, cc
 			continue
 		}
-		if math.IsNaN(ub) {
-			return nil, nil, 0, errors.New("bucket with NaN bound")
+		if math.IsNaN(ub) || math.IsInf(ub, -1) {
+			return nil, nil, 0, fmt.Errorf("bucket with bound le=%g", ub)
+		}
+		if n := len(bounds); n > 0 && bounds[n-1] == ub {
+			return nil, nil, 0, fmt.Errorf("bucket le=%g repeated", ub)
 		}
 		bounds = append(bounds, ub)
 		counts = append(counts, cc-prev)
@@ -334,7 +354,7 @@ func deCumulate(h *dto.Histogram) (bounds []float64, counts []uint64, count uint
 	switch {
 	case h.SampleCount != nil || h.SampleCountFloat != nil:
 		if floats {
-			count = uint64(math.Round(max(h.GetSampleCountFloat(), float64(h.GetSampleCount()))))
+			count = toCount(max(h.GetSampleCountFloat(), float64(h.GetSampleCount())))
 		} else {
 			count = h.GetSampleCount()
 		}
@@ -342,6 +362,9 @@ func deCumulate(h *dto.Histogram) (bounds []float64, counts []uint64, count uint
 		count = infCount
 	default:
 		count = prev
+	}
+	if badCount != nil {
+		return nil, nil, 0, badCount
 	}
 	if count < prev {
 		return nil, nil, 0, fmt.Errorf("count %d below the last bucket's cumulative count %d", count, prev)
