@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -513,4 +516,43 @@ func TestFlags(t *testing.T) {
 
 	err = run(context.Background(), []string{"-profile", "int4"}, io.Discard, nil)
 	assert.ErrorContains(t, err, "profile")
+}
+
+// The exposition parses with the Prometheus library the collector's vllm
+// source uses, with the fixture's families and types.
+func TestMetricsParseWithExpfmt(t *testing.T) {
+	base := startSim(t)
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"a b c","max_tokens":3}`))
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	resp, err = http.Get(base + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	fams := decodeExposition(t, resp.Body)
+	fixture, err := os.Open("../../testdata/fixtures/vllm/metrics-v1.prom")
+	require.NoError(t, err)
+	defer fixture.Close()
+	for name, fam := range decodeExposition(t, fixture) {
+		got, ok := fams[name]
+		if assert.True(t, ok, "family %s missing", name) {
+			assert.Equal(t, fam.GetType(), got.GetType(), name)
+		}
+	}
+	assert.Equal(t, 3.0, fams["vllm:generation_tokens_total"].GetMetric()[0].GetCounter().GetValue())
+}
+
+func decodeExposition(t *testing.T, r io.Reader) map[string]*dto.MetricFamily {
+	t.Helper()
+	dec := expfmt.NewDecoder(r, expfmt.NewFormat(expfmt.TypeTextPlain))
+	fams := map[string]*dto.MetricFamily{}
+	for {
+		mf := &dto.MetricFamily{}
+		err := dec.Decode(mf)
+		if errors.Is(err, io.EOF) {
+			return fams
+		}
+		require.NoError(t, err)
+		fams[mf.GetName()] = mf
+	}
 }
