@@ -43,6 +43,12 @@ type Config struct {
 	Timeout          time.Duration
 	Out              string
 	Quiet            bool
+	// RequestsOut names an NDJSON file with one line per request (see
+	// RequestRecord); empty: not written.
+	RequestsOut string
+	// Traceparent sends a fresh W3C traceparent (random trace ID, sampled)
+	// with every request, so spans made from it can be matched to requests.
+	Traceparent bool
 }
 
 // Dist is a distribution of token counts: fixed N, uniform:A-B or normal:MEAN,SD.
@@ -148,6 +154,8 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "per-request timeout")
 	fs.StringVar(&c.Out, "out", "", "write the full result as JSON to this file")
 	fs.BoolVar(&c.Quiet, "quiet", false, "no progress line on stderr")
+	fs.StringVar(&c.RequestsOut, "requests-out", "", "write one NDJSON line per request (warm-up included and flagged) to this file: timings, tokens, error, trace_id")
+	fs.BoolVar(&c.Traceparent, "traceparent", false, "send a fresh W3C traceparent (random trace ID, sampled flag) with each request; its trace ID goes into -requests-out")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}

@@ -45,6 +45,10 @@ type RequestSpec struct {
 	PromptWords int
 	MaxTokens   int
 	Prompt      string
+	// TraceID and ParentSpanID are sent as a traceparent when set
+	// (-traceparent).
+	TraceID      [16]byte
+	ParentSpanID [8]byte
 }
 
 // buildPrompt returns n space-separated words. A short per-request prefix
@@ -204,6 +208,9 @@ func doRequest(ctx context.Context, client *http.Client, cfg *Config, url string
 	req.Header.Set("Accept", "text/event-stream")
 	if cfg.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+cfg.APIKey)
+	}
+	if spec.TraceID != ([16]byte{}) {
+		req.Header.Set("traceparent", traceparent(spec.TraceID, spec.ParentSpanID))
 	}
 
 	res.Start = time.Now()

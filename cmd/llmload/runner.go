@@ -29,6 +29,7 @@ type runner struct {
 	measured    int // measured (non-warm-up) requests issued
 	stopped     bool
 	agg         aggregator
+	requestLog  *requestLog // -requests-out; nil when not asked for
 
 	inflight    atomic.Int64
 	maxInflight atomic.Int64
@@ -73,6 +74,13 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	}
 	r := newRunner(cfg)
 	defer r.client.CloseIdleConnections()
+	if cfg.RequestsOut != "" {
+		l, err := createRequestLog(cfg.RequestsOut)
+		if err != nil {
+			return nil, err
+		}
+		r.requestLog = l
+	}
 
 	reqCtx, cancelReqs := context.WithCancelCause(context.Background())
 	defer cancelReqs(nil)
@@ -104,6 +112,11 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	end := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.requestLog != nil {
+		if err := r.requestLog.close(); err != nil {
+			return nil, fmt.Errorf("-requests-out: %w", err)
+		}
+	}
 	if !interrupted && !r.agg.lastEnd.IsZero() {
 		end = r.agg.lastEnd
 	}
@@ -141,6 +154,11 @@ func (r *runner) next(ctx context.Context) (*RequestSpec, bool) {
 	}
 	spec.MaxTokens = r.cfg.OutputTokens.Sample(r.rng)
 	spec.Prompt = buildPrompt(r.rng, spec.Index, spec.PromptWords)
+	if r.cfg.Traceparent {
+		// From crypto/rand, not the seeded generator: trace IDs must not
+		// repeat across runs with the same seed.
+		spec.TraceID, spec.ParentSpanID = newTraceContext()
+	}
 	return spec, true
 }
 
@@ -247,6 +265,9 @@ func (r *runner) record(res *Result) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	a := &r.agg
+	if r.requestLog != nil {
+		r.requestLog.write(recordOf(res))
+	}
 	if res.Spec.Warmup {
 		a.warmupDone++
 		return

@@ -33,6 +33,7 @@ type upstream struct {
 	maxInflight atomic.Int64
 	mu          sync.Mutex
 	bodies      []map[string]any
+	traceparent []string // the traceparent header of each request, in arrival order
 }
 
 // newUpstream starts a scripted SSE server that the test's Cleanup stops.
@@ -69,6 +70,7 @@ func (u *upstream) handle(w http.ResponseWriter, r *http.Request) {
 	if len(u.bodies) < 64 {
 		u.bodies = append(u.bodies, body)
 	}
+	u.traceparent = append(u.traceparent, r.Header.Get("traceparent"))
 	u.mu.Unlock()
 
 	mode := ""
