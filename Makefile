@@ -4,7 +4,7 @@
 #   make run     the collector with otelcol-config.yaml
 #   make test    gofmt, go vet, the Python hook tests and go test -race,
 #                end-to-end tests against ./bin/otelcol-llm included
-#   make bench   the Go benchmarks
+#   make bench   the Go benchmarks and bench/run.sh (bench/results/results.md)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -56,8 +56,10 @@ go-test: $(OTELCOL)
 
 test: fmt-check vet python-test go-test
 
-bench:
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./...
+# The Go benchmarks, then the collector side by side with the stock pipeline
+# and nginx (bench/run.sh): bench/results/results.md and results.json.
+bench: $(OTELCOL)
+	BENCHTIME=$(BENCHTIME) bench/run.sh
 
 clean:
 	rm -rf $(BUILD_DIR) $(BIN_DIR)

@@ -1,0 +1,107 @@
+package main
+
+import "fmt"
+
+// telemetryYAML is the service::telemetry block both collectors get: warnings
+// only in the log, self-telemetry on a Prometheus endpoint for the drop
+// counters.
+func telemetryYAML(addr string) string {
+	return fmt.Sprintf(`  telemetry:
+    logs: {level: warn}
+    metrics:
+      level: normal
+      readers:
+        - pull: {exporter: {prometheus: {host: 127.0.0.1, port: %s}}}
+`, portOf(addr))
+}
+
+// addrs are the listening addresses of one collector under test.
+type addrs struct {
+	hooksHTTP, hooksUDP, otlp, pprof, telemetry, sink string
+	proxy, upstream                                   string
+}
+
+func newAddrs(sink string) addrs {
+	return addrs{hooksHTTP: freeAddr(), hooksUDP: freeAddr(), otlp: freeAddr(), pprof: freeAddr(), telemetry: freeAddr(), sink: sink}
+}
+
+// oursConfig is the token path under test: hooks (HTTP and UDP) →
+// token_session (logs, traces and metrics instances, one session table) →
+// otlp exporter to the driver's sink, with token_session's defaults (sampling
+// TTFT 500 ms, TPOT 80 ms, 1% of the rest) except a session table large enough
+// for the 100k-session step. extra is YAML added under token_stream (proxy,
+// vllm).
+func oursConfig(a addrs, extra string) string {
+	return fmt.Sprintf(`receivers:
+  token_stream:
+    hooks:
+      http: {endpoint: %s}
+      udp: {endpoint: %s, socket_buffer_size: 4194304}
+%s  otlp:
+    protocols:
+      grpc: {endpoint: %s}
+processors:
+  token_session:
+    session: {max_active: 200000}
+exporters:
+  otlp_grpc:
+    endpoint: %s
+    tls: {insecure: true}
+extensions:
+  pprof: {endpoint: %s}
+service:
+  extensions: [pprof]
+%s  pipelines:
+    logs: {receivers: [token_stream], processors: [token_session], exporters: [otlp_grpc]}
+    traces: {receivers: [otlp], processors: [token_session], exporters: [otlp_grpc]}
+    metrics: {receivers: [otlp%s], processors: [token_session], exporters: [otlp_grpc]}
+`, a.hooksHTTP, a.hooksUDP, extra, a.otlp, a.sink, a.pprof, telemetryYAML(a.telemetry), metricsReceivers(extra))
+}
+
+func metricsReceivers(extra string) string {
+	if extra != "" {
+		return ", token_stream"
+	}
+	return ""
+}
+
+// stockConfig is the baseline: each token a span over OTLP/HTTP; every span
+// goes to span_metrics (metrics over all requests, as token_session's are) and
+// through tail_sampling (latency + probabilistic, decision_wait 5 s) to the
+// sink. num_traces is raised from 50 000 so that no trace is dropped for
+// room at the largest in-flight count the driver produces.
+func stockConfig(a addrs) string {
+	return fmt.Sprintf(`receivers:
+  otlp:
+    protocols:
+      http: {endpoint: %s}
+processors:
+  tail_sampling:
+    decision_wait: 5s
+    num_traces: 200000
+    policies:
+      - name: slow
+        type: latency
+        latency: {threshold_ms: %d}
+      - name: baseline
+        type: probabilistic
+        probabilistic: {sampling_percentage: 1}
+connectors:
+  span_metrics:
+    dimensions:
+      - name: gen_ai.request.model
+    metrics_flush_interval: 15s
+exporters:
+  otlp_grpc:
+    endpoint: %s
+    tls: {insecure: true}
+extensions:
+  pprof: {endpoint: %s}
+service:
+  extensions: [pprof]
+%s  pipelines:
+    traces/in: {receivers: [otlp], exporters: [span_metrics]}
+    traces/sampled: {receivers: [otlp], processors: [tail_sampling], exporters: [otlp_grpc]}
+    metrics: {receivers: [span_metrics], exporters: [otlp_grpc]}
+`, a.otlp, stockLatencyThreshold.Milliseconds(), a.sink, a.pprof, telemetryYAML(a.telemetry))
+}

@@ -1,0 +1,322 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Targets of issue 7, each a benchmark figure.
+const (
+	targetHTTPRatio     = 10.0 // tokens per CPU-second, hooks HTTP over stock
+	targetBytesPerSess  = 512.0
+	targetProxyP99US    = 200.0
+	targetProxyCPURatio = 1.5 // collector over nginx
+)
+
+type machine struct {
+	CPU    string `json:"cpu"`
+	Cores  int    `json:"cores"`
+	Kernel string `json:"kernel"`
+	Go     string `json:"go"`
+}
+
+type phase struct {
+	Name    string  `json:"name"`
+	Seconds float64 `json:"seconds"`
+}
+
+// proxySummary is the part of bench/proxy's result the report uses: one row
+// per path and concurrency.
+type proxySummary struct {
+	Path       string   `json:"path"`
+	C          int      `json:"c"`
+	P50        float64  `json:"p50_us"`
+	P99        float64  `json:"p99_us"`
+	AddedP50   float64  `json:"added_p50_us"`
+	AddedP99   float64  `json:"added_p99_us"`
+	CPUPerEv   *float64 `json:"cpu_us_per_event"`
+	CPURatio   *float64 `json:"cpu_ratio_collector_nginx"`
+	MemKB      *float64 `json:"mem_kb_per_stream"`
+	EventsPerS float64  `json:"events_per_s"`
+	Errors     int      `json:"errors"`
+}
+
+type fullReport struct {
+	Date      string          `json:"date"`
+	Machine   machine         `json:"machine"`
+	Phases    []phase         `json:"wall_seconds_by_phase"`
+	Summary   []summaryRow    `json:"summary"`
+	Tokens    result          `json:"tokenbench"`
+	Proxy     json.RawMessage `json:"proxy,omitempty"`
+	GoBenches []string        `json:"go_benchmarks"`
+}
+
+// summaryRow is one comparison: both sides measured in the same run, and
+// their ratio.
+type summaryRow struct {
+	What   string  `json:"comparison"`
+	Ours   string  `json:"ours"`
+	Other  string  `json:"alternative"`
+	Ratio  float64 `json:"ratio"`
+	RatioS string  `json:"ratio_text"`
+	Target string  `json:"target"`
+	Met    *bool   `json:"met"`
+}
+
+func readMachine() machine {
+	m := machine{Cores: runtime.NumCPU(), Go: runtime.Version()}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	return m
+}
+
+func readPhases(path string) []phase {
+	var out []phase
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		name, secs, ok := strings.Cut(l, "\t")
+		if !ok {
+			continue
+		}
+		s, _ := strconv.ParseFloat(secs, 64)
+		out = append(out, phase{Name: name, Seconds: s})
+	}
+	return out
+}
+
+func boolp(b bool) *bool { return &b }
+
+func mtok(v float64) string { return fmt.Sprintf("%.2f M tokens/CPU-s", v/1e6) }
+
+func bytesText(v float64) string {
+	switch {
+	case v >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", v/(1<<20))
+	case v >= 10<<10:
+		return fmt.Sprintf("%.1f KiB", v/(1<<10))
+	default:
+		return fmt.Sprintf("%.0f B", v)
+	}
+}
+
+func writeReport(dir string) error {
+	rep := fullReport{Date: time.Now().UTC().Format("2006-01-02 15:04 MST"), Machine: readMachine(), Phases: readPhases(filepath.Join(dir, "timings.tsv"))}
+	b, err := os.ReadFile(filepath.Join(dir, "tokenbench.json"))
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, &rep.Tokens); err != nil {
+		return err
+	}
+	var proxy struct {
+		Summary []proxySummary `json:"summary"`
+	}
+	if pb, err := os.ReadFile(filepath.Join(dir, "proxy.json")); err == nil {
+		rep.Proxy = pb
+		_ = json.Unmarshal(pb, &proxy)
+	}
+	if gb, err := os.ReadFile(filepath.Join(dir, "gobench.txt")); err == nil {
+		for _, l := range strings.Split(string(gb), "\n") {
+			if strings.HasPrefix(l, "Benchmark") {
+				rep.GoBenches = append(rep.GoBenches, strings.Join(strings.Fields(l), " "))
+			}
+		}
+	}
+	rep.Summary = summarize(rep.Tokens, proxy.Summary)
+
+	jb, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), jb, 0o644); err != nil {
+		return err
+	}
+	var proxyMD []byte
+	if pm, err := os.ReadFile(filepath.Join(dir, "proxy.md")); err == nil {
+		proxyMD = pm
+	}
+	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(markdown(rep, proxyMD)), 0o644)
+}
+
+func summarize(t result, proxy []proxySummary) []summaryRow {
+	var rows []summaryRow
+	if tp := t.TokenPath; tp != nil {
+		rows = append(rows,
+			summaryRow{What: "token path, tokens per collector CPU-second: hooks HTTP → token_session vs stock (span per token → tail_sampling + span_metrics)",
+				Ours: mtok(tp.HTTP.TokensPerCPUSecond), Other: mtok(tp.Stock.TokensPerCPUSecond), Ratio: tp.HTTPvsStock,
+				RatioS: fmt.Sprintf("%.1f×", tp.HTTPvsStock), Target: "≥ 10×", Met: boolp(tp.HTTPvsStock >= targetHTTPRatio)},
+			summaryRow{What: "token path, tokens per collector CPU-second: hooks UDP → token_session vs stock",
+				Ours: mtok(tp.UDP.TokensPerCPUSecond), Other: mtok(tp.Stock.TokensPerCPUSecond), Ratio: tp.UDPvsStock,
+				RatioS: fmt.Sprintf("%.1f×", tp.UDPvsStock)},
+			summaryRow{What: "CPU-seconds per million tokens (HTTP vs stock)",
+				Ours: fmt.Sprintf("%.3f", tp.HTTP.CPUSecPerMTokens), Other: fmt.Sprintf("%.3f", tp.Stock.CPUSecPerMTokens),
+				Ratio: ratio(tp.Stock.CPUSecPerMTokens, tp.HTTP.CPUSecPerMTokens), RatioS: fmt.Sprintf("%.1f× less", ratio(tp.Stock.CPUSecPerMTokens, tp.HTTP.CPUSecPerMTokens))},
+			summaryRow{What: fmt.Sprintf("memory per in-flight session, live heap after GC (%d sessions × %d tokens in flight)", tp.MemOurs.Sessions, tp.MemOurs.TokensHeld),
+				Ours: bytesText(tp.MemOurs.HeapPerSession), Other: bytesText(tp.MemStock.HeapPerSession), Ratio: tp.MemoryStockVsOurs,
+				RatioS: fmt.Sprintf("%.0f× less", tp.MemoryStockVsOurs), Target: "≤ 512 B", Met: boolp(tp.MemOurs.HeapPerSession <= targetBytesPerSess)},
+			summaryRow{What: "memory per in-flight session, RSS − idle RSS (same run)",
+				Ours: bytesText(tp.MemOurs.RSSPerSession), Other: bytesText(tp.MemStock.RSSPerSession), Ratio: tp.RSSStockVsOurs,
+				RatioS: fmt.Sprintf("%.1f× less", tp.RSSStockVsOurs)},
+		)
+	}
+	if len(t.Scale) > 0 {
+		last := t.Scale[len(t.Scale)-1]
+		rows = append(rows, summaryRow{What: fmt.Sprintf("memory per in-flight session at %d sessions, live heap after GC", last.Sessions),
+			Ours: bytesText(last.Memory.HeapPerSession), Target: "≤ 512 B", Met: boolp(last.Memory.HeapPerSession <= targetBytesPerSess)})
+	}
+	byKey := map[string]proxySummary{}
+	for _, p := range proxy {
+		byKey[fmt.Sprintf("%s/%d", p.Path, p.C)] = p
+	}
+	for _, p := range proxy {
+		if p.Path != "collector" {
+			continue
+		}
+		n, ok := byKey[fmt.Sprintf("nginx/%d", p.C)]
+		if !ok {
+			continue
+		}
+		rows = append(rows, summaryRow{What: fmt.Sprintf("proxy, added p99 latency per SSE event, %d streams: collector vs nginx", p.C),
+			Ours: fmt.Sprintf("%.0f µs", p.AddedP99), Other: fmt.Sprintf("%.0f µs", n.AddedP99), Ratio: ratio(p.AddedP99, n.AddedP99),
+			RatioS: fmt.Sprintf("%.2f×", ratio(p.AddedP99, n.AddedP99)), Target: "≤ 200 µs", Met: boolp(p.AddedP99 <= targetProxyP99US)})
+		if p.CPUPerEv != nil && n.CPUPerEv != nil {
+			r := ratio(*p.CPUPerEv, *n.CPUPerEv)
+			rows = append(rows, summaryRow{What: fmt.Sprintf("proxy, CPU per SSE event, %d streams: collector vs nginx", p.C),
+				Ours: fmt.Sprintf("%.1f µs", *p.CPUPerEv), Other: fmt.Sprintf("%.1f µs", *n.CPUPerEv), Ratio: r,
+				RatioS: fmt.Sprintf("%.2f×", r), Target: "≤ 1.5×", Met: boolp(r <= targetProxyCPURatio)})
+		}
+	}
+	if e := t.E2E; e != nil {
+		drops := 0.0
+		for _, v := range e.Drops {
+			drops += v
+		}
+		rows = append(rows, summaryRow{What: fmt.Sprintf("end to end at the demo's load (%d streams): events dropped", e.Concurrency),
+			Ours: fmt.Sprintf("%.0f", drops), Target: "0", Met: boolp(drops == 0)})
+	}
+	return rows
+}
+
+func markdown(r fullReport, proxyMD []byte) string {
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p("# `make bench` results\n\n")
+	p("%s · %s, %d cores · Linux %s · %s. The machine may be shared with other work: every CPU figure is the measured process's\n", r.Date, r.Machine.CPU, r.Machine.Cores, r.Machine.Kernel, r.Machine.Go)
+	p("own utime+stime from /proc (not wall-clock), and both sides of each comparison ran in this same run.\n\n")
+	if len(r.Phases) > 0 {
+		total := 0.0
+		var parts []string
+		for _, ph := range r.Phases {
+			total += ph.Seconds
+			parts = append(parts, fmt.Sprintf("%s %.0f s", ph.Name, ph.Seconds))
+		}
+		p("Wall time of `make bench`: %.0f s (%s).\n\n", total, strings.Join(parts, ", "))
+	}
+	p("## Summary\n\n| comparison | otelcol-llm | alternative | ratio | target | met |\n|---|---:|---:|---:|---|---|\n")
+	for _, s := range r.Summary {
+		met := ""
+		if s.Met != nil {
+			met = map[bool]string{true: "yes", false: "**no**"}[*s.Met]
+		}
+		other := s.Other
+		if other == "" {
+			other = "—"
+		}
+		ratioS := s.RatioS
+		if ratioS == "" {
+			ratioS = "—"
+		}
+		p("| %s | %s | %s | %s | %s | %s |\n", s.What, s.Ours, other, ratioS, s.Target, met)
+	}
+	t := r.Tokens
+	if tp := t.TokenPath; tp != nil {
+		w := tp.Workload
+		p("\n## Token path\n\n")
+		p("Workload (identical for all three): %d waves of %d concurrent sessions × %d tokens (20–50 ms apart in engine time, %.0f%% of sessions at %s), "+
+			"%d events per hook batch / spans per OTLP request (%d tokens of each session per batch), sent by %s; UDP in %d-byte datagrams (the Go hook client's default), paced at %.0f events/s. "+
+			"Sink: an OTLP/gRPC server in the driver. Stock: `otelcol-stock` (contrib v0.161.0), each token a span (from the previous token to this one) and the request's span at its end, over OTLP/HTTP → "+
+			"`span_metrics` (all spans) and `tail_sampling` (latency > %s or 1%% probabilistic, decision_wait 5 s) → otlp. Ours: hooks → `token_session` (defaults: TTFT > 500 ms, TPOT > 80 ms, stalls, 1%%) → otlp.\n\n",
+			w.Waves, w.Sessions, w.Tokens, w.SlowShare*100, slowGap, w.BatchLines, w.BatchLines/w.Sessions, "4 concurrent HTTP clients", tp.UDPDatagramBytes, 400000.0, stockLatencyThreshold)
+		p("| path | token events | collector CPU-s | tokens per CPU-s | CPU-s per M tokens | wall s | sink: spans / log records / metric points | lost |\n|---|---:|---:|---:|---:|---:|---|---:|\n")
+		for _, c := range []cpuRun{tp.HTTP, tp.UDP, tp.Stock} {
+			lost := c.Send.Events - c.Send.Accepted
+			p("| %s | %d | %.2f | %.0f | %.3f | %.1f | %d / %d / %d | %d |\n", c.Path, c.TokenEvents, c.CPUSeconds, c.TokensPerCPUSecond, c.CPUSecPerMTokens, c.WallSeconds,
+				c.Sink.Spans, c.Sink.LogRecords, c.Sink.Points, lost)
+		}
+		p("\nMemory per in-flight session: %d sessions opened, %d tokens each sent (a %s-wide window of 35 ms tokens: what `tail_sampling` holds per trace within decision_wait), "+
+			"measured before any ends (stock: %.1f s after its first span, inside decision_wait).\n\n", tp.MemOurs.Sessions, tp.MemOurs.TokensHeld, "5 s", tp.MemStock.SecondsToMeasure)
+		p("| path | idle RSS | RSS in flight | RSS per session | heap after GC, idle → in flight | heap per session |\n|---|---:|---:|---:|---:|---:|\n")
+		for _, m := range []memRun{tp.MemOurs, tp.MemStock} {
+			p("| %s | %s | %s | %s | %s → %s | %s |\n", m.Path, bytesText(float64(m.IdleRSS)), bytesText(float64(m.RSS)), bytesText(m.RSSPerSession),
+				bytesText(float64(m.IdleHeap)), bytesText(float64(m.Heap)), bytesText(m.HeapPerSession))
+		}
+	}
+	if len(t.Scale) > 0 {
+		p("\n## Scale (hooks HTTP → token_session)\n\nK sessions in flight at once; each batch of 1024 events holds one token of each session it touches (a hook batch at high concurrency). " +
+			"Memory: K sessions opened with 4 tokens each, on a fresh collector. CPU: K further sessions streaming the tokens given.\n\n")
+		p("| sessions | heap per session | RSS per session | tokens | CPU-s per M tokens | tokens per CPU-s | evicted |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, s := range t.Scale {
+			p("| %d | %s | %s | %d × %d | %.3f | %.0f | %d |\n", s.Sessions, bytesText(s.Memory.HeapPerSession), bytesText(s.Memory.RSSPerSession), s.Sessions, s.Tokens,
+				s.CPU.CPUSecPerMTokens, s.CPU.TokensPerCPUSecond, s.Evicted)
+		}
+	}
+	if s := t.Saturation; s != nil {
+		p("\n## Event rate to saturation (hooks HTTP, %d sessions streaming, %.0f s per step)\n\n", s.Sessions, s.StepSeconds)
+		p("The load generator runs on the same %d cores, so the collector's share at saturation is what the generator leaves it.\n\n", r.Machine.Cores)
+		p("| offered events/s | achieved events/s | collector cores | CPU-s per M events | dropped | failed requests |\n|---:|---:|---:|---:|---:|---:|\n")
+		for _, st := range s.Steps {
+			p("| %.0f | %.0f | %.2f | %.3f | %d | %d |\n", st.Offered, st.Achieved, st.CollectorCPU, st.CPUPerMEv, st.Dropped, st.Failed)
+		}
+		p("\nSaturation: %.0f events/s achieved. CPU profile of the collector at that rate (`%s`), top functions:\n\n```\n%s\n```\n", s.Saturation, filepath.Base(s.Profile), strings.Join(s.TopFuncs, "\n"))
+	}
+	if e := t.E2E; e != nil {
+		p("\n## End to end at the demo's load\n\n`bin/vllmsim` (defaults) behind the collector's proxy, its /metrics scraped every second, `token_session` → otlp sink; "+
+			"`llmload -concurrency %d` (prompts 200–800, outputs 64–256 tokens) for %.0f s.\n\n", e.Concurrency, e.DurationSeconds)
+		p("| requests | output tokens/s | collector CPU-s | collector cores | CPU-s per M tokens | RSS idle → median / max | sessions ended |\n|---:|---:|---:|---:|---:|---|---:|\n")
+		p("| %d (%d failed) | %.0f | %.2f | %.3f | %.1f | %s → %s / %s | %.0f |\n\n", e.Completed, e.Failed, e.TokensPerSecond, e.CPUSeconds, e.Cores, e.CPUPerMTokens,
+			bytesText(float64(e.IdleRSS)), bytesText(float64(e.RSSMedian)), bytesText(float64(e.RSSMax)), e.Sessions)
+		p("Drops (collector self-telemetry): ")
+		var parts []string
+		for _, k := range sortedKeys(e.Drops) {
+			parts = append(parts, fmt.Sprintf("%s %.0f", k, e.Drops[k]))
+		}
+		p("%s.\n", strings.Join(parts, ", "))
+	}
+	if len(proxyMD) > 0 {
+		p("\n## Proxy (bench/proxy/run.sh)\n\n")
+		md := string(proxyMD)
+		// Its own title becomes a line of this section.
+		if i := strings.Index(md, "\n"); strings.HasPrefix(md, "# ") && i > 0 {
+			md = strings.TrimLeft(md[i:], "\n")
+		}
+		p("%s\n", strings.TrimRight(md, "\n"))
+	}
+	if len(r.GoBenches) > 0 {
+		p("\n## Go benchmarks (`go test -bench . -benchmem ./...`)\n\n```\n%s\n```\n", strings.Join(r.GoBenches, "\n"))
+	}
+	return b.String()
+}
+
+func sortedKeys(m map[string]float64) []string {
+	return slices.Sorted(maps.Keys(m))
+}

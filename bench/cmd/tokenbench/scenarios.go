@@ -1,0 +1,392 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+const hookPath = "/v1/token-events"
+
+// tokenPathResult is the side-by-side of the token path.
+type tokenPathResult struct {
+	Workload workload `json:"workload"`
+	HTTP     cpuRun   `json:"hooks_http"`
+	UDP      cpuRun   `json:"hooks_udp"`
+	Stock    cpuRun   `json:"stock"`
+	MemOurs  memRun   `json:"memory_hooks_http"`
+	MemStock memRun   `json:"memory_stock"`
+	// Ratios: ours over stock for throughput, stock over ours for memory.
+	HTTPvsStock        float64 `json:"tokens_per_cpu_second_ratio_http_vs_stock"`
+	UDPvsStock         float64 `json:"tokens_per_cpu_second_ratio_udp_vs_stock"`
+	MemoryStockVsOurs  float64 `json:"memory_per_session_ratio_stock_vs_ours_heap"`
+	RSSStockVsOurs     float64 `json:"memory_per_session_ratio_stock_vs_ours_rss"`
+	StockSpansExpected int64   `json:"stock_spans_sent"`
+	UDPDatagramBytes   int     `json:"udp_datagram_bytes"`
+}
+
+type env struct {
+	out      string
+	ours     string // the otelcol-llm binary
+	stock    string // the otelcol-stock binary
+	workers  int
+	udpRate  float64
+	memK     int
+	memToks  int
+	ctx      context.Context
+	sink     *sink
+	udpBytes int
+}
+
+func (e *env) startOurs(name, extra string) (*collector, addrs, error) {
+	a := newAddrs(e.sink.addr)
+	a.proxy, a.upstream = "", ""
+	c, err := startCollector(name, e.ours, e.out, oursConfig(a, extra), a.pprof, a.telemetry, a.hooksHTTP)
+	return c, a, err
+}
+
+func (e *env) hookPoster(a addrs) *poster {
+	return newPoster("http://"+a.hooksHTTP+hookPath, "application/x-ndjson", e.workers, true)
+}
+
+// tokenPath runs the comparison: the same workload through hooks HTTP, hooks
+// UDP and the stock pipeline, then K sessions in flight in ours and in stock.
+func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
+	res := &tokenPathResult{Workload: w, UDPDatagramBytes: e.udpBytes}
+
+	ours, a, err := e.startOurs("ours", "")
+	if err != nil {
+		return nil, err
+	}
+	defer ours.stop()
+	sa := newAddrs(e.sink.addr)
+	stock, err := startCollector("stock", e.stock, e.out, stockConfig(sa), sa.pprof, sa.telemetry, sa.otlp)
+	if err != nil {
+		return nil, err
+	}
+	defer stock.stop()
+	hp := e.hookPoster(a)
+	defer hp.close()
+	sp := newPoster("http://"+sa.otlp+"/v1/traces", "application/x-protobuf", e.workers, false)
+	defer sp.close()
+
+	// Memory first, on collectors that have done nothing yet, so that the
+	// idle RSS is a fresh process's and not one grown by the throughput runs.
+	if res.MemOurs, err = measureMemory(e.ctx, ours, "hooks_http", e.memK, e.memToks,
+		func(b []batch) sendResult { return hp.run(e.ctx, b, e.workers) },
+		func(*generator) func([]wEvent) []byte { return ndjson }); err != nil {
+		return nil, err
+	}
+	if res.MemStock, err = measureMemory(e.ctx, stock, "stock", e.memK, e.memToks,
+		func(b []batch) sendResult { return sp.run(e.ctx, b, e.workers) },
+		func(g *generator) func([]wEvent) []byte { return g.otlpSpans }); err != nil {
+		return nil, err
+	}
+	if res.MemStock.SecondsToMeasure >= 5 {
+		log.Printf("warning: stock memory measured %.1fs after the first span, after decision_wait", res.MemStock.SecondsToMeasure)
+	}
+	// The stock collector exports its sampled memory-run traces after
+	// decision_wait; let it, so that they do not land in the next run's
+	// counts.
+	settleStock(stock)()
+
+	// One generator per path, the same seed: the same events, new session IDs
+	// would be the same too, so each collector sees each session once.
+	gen := func() (*generator, []wEvent) { g := newGenerator(w, 1); return g, g.all() }
+	_, evs := gen()
+	nd := chunk(evs, w.BatchLines, ndjson)
+	if res.HTTP, err = measureCPU(ours, e.sink, "hooks_http", func() (sendResult, error) {
+		r := hp.run(e.ctx, nd, e.workers)
+		return r, failed(r)
+	}, settleHTTP(ours)); err != nil {
+		return nil, err
+	}
+
+	// UDP: the Go hook client's datagrams (8 KiB by default) of a fresh
+	// stream (the HTTP run's sessions have ended in this collector).
+	_, evs = gen()
+	for i := range evs {
+		evs[i].s.id = "u" + evs[i].s.id[1:]
+	}
+	nd = chunk(evs, w.BatchLines, ndjson)
+	m, err := ours.metrics()
+	if err != nil {
+		return nil, err
+	}
+	before := m.sum("otelcol_receiver_token_stream_accepted_events", map[string]string{"transport": "udp"})
+	var total int64
+	for _, b := range nd {
+		total += int64(b.events)
+	}
+	if res.UDP, err = measureCPU(ours, e.sink, "hooks_udp", func() (sendResult, error) {
+		return sendUDPGrams(e.ctx, a.hooksUDP, nd, e.udpBytes, e.udpRate)
+	}, settleAccepted(ours, "udp", before, total)); err != nil {
+		return nil, err
+	}
+	if m, err = ours.metrics(); err == nil {
+		res.UDP.Send.Accepted = int64(m.sum("otelcol_receiver_token_stream_accepted_events", map[string]string{"transport": "udp"}) - before)
+		// The CPU was spent on the events that arrived.
+		if lost := total - res.UDP.Send.Accepted; lost > 0 && res.UDP.CPUSeconds > 0 {
+			log.Printf("hooks_udp: %d of %d events lost before the receiver", lost, total)
+		}
+	}
+
+	g, evs := gen()
+	ot := chunk(evs, w.BatchLines, g.otlpSpans)
+	for _, b := range ot {
+		res.StockSpansExpected += int64(b.tokens)
+	}
+	res.StockSpansExpected += int64(w.Sessions * w.Waves)
+	if res.Stock, err = measureCPU(stock, e.sink, "stock", func() (sendResult, error) {
+		r := sp.run(e.ctx, ot, e.workers)
+		return r, failed(r)
+	}, settleStock(stock)); err != nil {
+		return nil, err
+	}
+
+	res.HTTPvsStock = ratio(res.HTTP.TokensPerCPUSecond, res.Stock.TokensPerCPUSecond)
+	res.UDPvsStock = ratio(res.UDP.TokensPerCPUSecond, res.Stock.TokensPerCPUSecond)
+	res.MemoryStockVsOurs = ratio(res.MemStock.HeapPerSession, res.MemOurs.HeapPerSession)
+	res.RSSStockVsOurs = ratio(res.MemStock.RSSPerSession, res.MemOurs.RSSPerSession)
+	return res, nil
+}
+
+func sendUDPGrams(ctx context.Context, addr string, bs []batch, size int, rate float64) (sendResult, error) {
+	var split []batch
+	for _, b := range bs {
+		grams := datagrams(b.body, size)
+		for _, d := range grams {
+			n := countLines(d)
+			split = append(split, batch{body: d, events: n, tokens: b.tokens * n / b.events})
+		}
+	}
+	r, err := sendUDP(ctx, addr, split, rate)
+	// Token counts were split proportionally; report the exact total.
+	r.Tokens = 0
+	for _, b := range bs {
+		r.Tokens += int64(b.tokens)
+	}
+	return r, err
+}
+
+func countLines(b []byte) int {
+	n := 0
+	for _, c := range b {
+		if c == '\n' {
+			n++
+		}
+	}
+	return n
+}
+
+func failed(r sendResult) error {
+	if r.Failed > 0 {
+		return fmt.Errorf("%d of %d requests failed: %s", r.Failed, r.Requests, r.FirstErr)
+	}
+	return nil
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// scaleStep is one concurrency step of the token path.
+type scaleStep struct {
+	Sessions int    `json:"sessions"`
+	Tokens   int    `json:"tokens_per_session"`
+	CPU      cpuRun `json:"cpu"`
+	Memory   memRun `json:"memory"`
+	Evicted  int64  `json:"sessions_evicted"`
+}
+
+// scale: K sessions in flight at once for each K, one token per session per
+// batch (a hook batch at high concurrency), on a fresh collector each.
+func (e *env) scale(ks []int, tokensTotal int) ([]scaleStep, error) {
+	var out []scaleStep
+	for _, k := range ks {
+		c, a, err := e.startOurs(fmt.Sprintf("scale-%d", k), "")
+		if err != nil {
+			return nil, err
+		}
+		hp := e.hookPoster(a)
+		step := scaleStep{Sessions: k, Tokens: max(10, tokensTotal/k)}
+		step.Memory, err = measureMemory(e.ctx, c, fmt.Sprintf("scale %d", k), k, 4,
+			func(b []batch) sendResult { return hp.run(e.ctx, b, e.workers) },
+			func(*generator) func([]wEvent) []byte { return ndjson })
+		if err == nil {
+			w := workload{Sessions: k, Tokens: step.Tokens, Waves: 1, BatchLines: 1024, SlowShare: 0.02}
+			evs := newGenerator(w, uint64(k)).all()
+			for i := range evs {
+				evs[i].s.id = "k" + evs[i].s.id[1:]
+			}
+			nd := chunk(evs, w.BatchLines, ndjson)
+			step.CPU, err = measureCPU(c, e.sink, fmt.Sprintf("scale %d", k), func() (sendResult, error) {
+				r := hp.run(e.ctx, nd, e.workers)
+				return r, failed(r)
+			}, settleHTTP(c))
+		}
+		if m, merr := c.metrics(); merr == nil {
+			step.Evicted = int64(m.sum("otelcol_processor_token_session_sessions", map[string]string{"outcome": "evicted"}))
+		}
+		hp.close()
+		c.stop()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, step)
+	}
+	return out, nil
+}
+
+// rateStep is one offered rate of the saturation sweep.
+type rateStep struct {
+	Offered      float64 `json:"offered_events_per_second"`
+	Achieved     float64 `json:"achieved_events_per_second"`
+	CollectorCPU float64 `json:"collector_cores"`
+	CPUPerMEv    float64 `json:"cpu_seconds_per_million_events"`
+	Dropped      int64   `json:"events_dropped"`
+	Failed       int64   `json:"failed_requests"`
+	Saturated    bool    `json:"saturated"`
+}
+
+type saturation struct {
+	Sessions    int        `json:"sessions"`
+	StepSeconds float64    `json:"step_seconds"`
+	Steps       []rateStep `json:"steps"`
+	Saturation  float64    `json:"saturation_events_per_second"`
+	Profile     string     `json:"profile"`
+	TopFuncs    []string   `json:"profile_top"`
+}
+
+// tokenStream is an endless stream of token events of sessions concurrent
+// sessions (their starts first), encoded on the fly in batches.
+type tokenStream struct {
+	ids   []string
+	last  []uint64
+	next  int
+	start bool
+	ev    tokenevent.Event
+	buf   []byte
+}
+
+func newTokenStream(prefix string, sessions int) *tokenStream {
+	ts := &tokenStream{start: true}
+	now := uint64(time.Now().UnixNano())
+	for i := range sessions {
+		ts.ids = append(ts.ids, fmt.Sprintf("chatcmpl-%s%031x", prefix, i))
+		ts.last = append(ts.last, now)
+	}
+	return ts
+}
+
+func (ts *tokenStream) batch(lines int) batch {
+	buf := make([]byte, 0, lines*100)
+	b := batch{events: lines}
+	for range lines {
+		ts.ev.Reset()
+		i := ts.next
+		ts.ev.SessionID = ts.ids[i]
+		if ts.start {
+			ts.ev.Kind, ts.ev.TimeUnixNano = tokenevent.KindStart, ts.last[i]
+			ts.ev.Model, ts.ev.Operation, ts.ev.Engine = benchModel, tokenevent.OperationChat, "vllm-0"
+		} else {
+			ts.last[i] += uint64(30 * time.Millisecond)
+			ts.ev.Kind, ts.ev.TimeUnixNano = tokenevent.KindToken, ts.last[i]
+			b.tokens++
+		}
+		buf = tokenevent.AppendJSON(buf, &ts.ev)
+		if ts.next++; ts.next == len(ts.ids) {
+			ts.next, ts.start = 0, false
+		}
+	}
+	b.body = buf
+	return b
+}
+
+// saturate offers rising event rates until the achieved rate falls below 95%
+// of the offered one or events are lost, then profiles the collector at the
+// rate that saturated it.
+func (e *env) saturate(rates []float64, sessions int, stepDur time.Duration) (*saturation, error) {
+	c, a, err := e.startOurs("saturation", "")
+	if err != nil {
+		return nil, err
+	}
+	defer c.stop()
+	hp := e.hookPoster(a)
+	defer hp.close()
+	ts := newTokenStream("s", sessions)
+	next := func() (batch, bool) { return ts.batch(1000), true }
+	// Open the sessions first.
+	hp.paced(e.ctx, e.workers, 0, 0, func() (batch, bool) {
+		if !ts.start {
+			return batch{}, false
+		}
+		return ts.batch(min(1000, sessions-ts.next)), true
+	})
+	s := &saturation{Sessions: sessions, StepSeconds: stepDur.Seconds()}
+	for _, rate := range rates {
+		c.waitIdle(5 * time.Second)
+		t0 := cpuSeconds(c.pid())
+		r := hp.paced(e.ctx, e.workers, rate, stepDur, next)
+		cpu := cpuSeconds(c.pid()) - t0
+		st := rateStep{
+			Offered: rate, Achieved: float64(r.Accepted) / r.Elapsed.Seconds(), CollectorCPU: cpu / r.Elapsed.Seconds(),
+			Dropped: r.Events - r.Accepted, Failed: r.Failed,
+		}
+		if r.Accepted > 0 {
+			st.CPUPerMEv = cpu / float64(r.Accepted) * 1e6
+		}
+		st.Saturated = st.Achieved < 0.95*rate || st.Dropped > 0
+		log.Printf("saturation: offered %.0f/s achieved %.0f/s, collector %.2f cores, %.2f CPU-s per M events, dropped %d",
+			rate, st.Achieved, st.CollectorCPU, st.CPUPerMEv, st.Dropped)
+		s.Steps = append(s.Steps, st)
+		if st.Saturated {
+			s.Saturation = st.Achieved
+			break
+		}
+	}
+	if s.Saturation == 0 && len(s.Steps) > 0 {
+		s.Saturation = s.Steps[len(s.Steps)-1].Achieved
+	}
+	// Profile at the saturating rate (or the highest offered).
+	s.Profile = filepath.Join(e.out, "saturation-cpu.pprof")
+	done := make(chan error, 1)
+	go func() { done <- c.cpuProfile(e.ctx, 5*time.Second, s.Profile) }()
+	hp.paced(e.ctx, e.workers, s.Steps[len(s.Steps)-1].Offered, 6*time.Second, next)
+	if err := <-done; err != nil {
+		return s, fmt.Errorf("profile: %w", err)
+	}
+	s.TopFuncs, err = pprofTop(s.Profile, 15)
+	return s, err
+}
+
+// pprofTop lists the functions with the most cumulative-flat CPU in the
+// profile, as `go tool pprof -top` prints them.
+func pprofTop(profile string, n int) ([]string, error) {
+	out, err := exec.Command("go", "tool", "pprof", "-top", fmt.Sprintf("-nodecount=%d", n), profile).Output()
+	if err != nil {
+		return nil, fmt.Errorf("go tool pprof: %w", err)
+	}
+	var lines []string
+	table := false
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "flat ") {
+			table = true
+		}
+		if table && strings.TrimSpace(l) != "" {
+			lines = append(lines, l)
+		}
+	}
+	_ = os.WriteFile(profile+".top.txt", out, 0o644)
+	return lines, nil
+}
