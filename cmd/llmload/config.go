@@ -49,6 +49,9 @@ type Config struct {
 	// Traceparent sends a fresh W3C traceparent (random trace ID, sampled)
 	// with every request, so spans made from it can be matched to requests.
 	Traceparent bool
+	// RampUp spreads the start of the closed loop's workers evenly over
+	// this long, so a run does not begin with Concurrency requests at once.
+	RampUp time.Duration
 }
 
 // Dist is a distribution of token counts: fixed N, uniform:A-B or normal:MEAN,SD.
@@ -155,6 +158,7 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.StringVar(&c.Out, "out", "", "write the full result as JSON to this file")
 	fs.BoolVar(&c.Quiet, "quiet", false, "no progress line on stderr")
 	fs.StringVar(&c.RequestsOut, "requests-out", "", "write one NDJSON line per request (warm-up included and flagged) to this file: timings, tokens, error, trace_id")
+	fs.DurationVar(&c.RampUp, "ramp-up", 0, "closed loop: start the -concurrency workers evenly over this long instead of all at once (the requests of the ramp count like any other; see -warmup)")
 	fs.BoolVar(&c.Traceparent, "traceparent", false, "send a fresh W3C traceparent (random trace ID, sampled flag) with each request; its trace ID goes into -requests-out")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
@@ -218,6 +222,9 @@ func (c Config) Validate() error {
 	}
 	if c.Rate == 0 && c.Concurrency == 0 {
 		errs = append(errs, errors.New("give -concurrency N or -rate R"))
+	}
+	if c.RampUp < 0 || (c.RampUp > 0 && c.Rate > 0) {
+		errs = append(errs, errors.New("-ramp-up must be >= 0, and is for the closed loop only (not with -rate)"))
 	}
 	if c.Requests < 0 || c.Duration < 0 {
 		errs = append(errs, errors.New("-requests and -duration must be >= 0"))

@@ -30,6 +30,7 @@ type Params struct {
 	SLOTTFTms        float64 `json:"slo_ttft_ms"`
 	SLOTPOTms        float64 `json:"slo_tpot_ms"`
 	SLOE2Ems         float64 `json:"slo_e2e_ms"`
+	RampUpS          float64 `json:"ramp_up_s"`
 }
 
 // Report is the result of a run; it is what -out writes.
@@ -68,6 +69,7 @@ func paramsOf(c Config) Params {
 		LongShare: c.LongShare, LongPromptTokens: c.LongPromptTokens,
 		Seed: c.Seed, IgnoreEOS: c.IgnoreEOS,
 		SLOTTFTms: ms(c.SLOTTFT), SLOTPOTms: ms(c.SLOTPOT), SLOE2Ems: ms(c.SLOE2E),
+		RampUpS: c.RampUp.Seconds(),
 	}
 }
 

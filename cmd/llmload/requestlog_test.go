@@ -148,3 +148,34 @@ func TestParseFlagsRequestsOutAndTraceparent(t *testing.T) {
 	assert.Equal(t, "r.ndjson", cfg.RequestsOut)
 	assert.True(t, cfg.Traceparent)
 }
+
+// TestRampUp: the closed loop's workers start evenly over -ramp-up; the
+// requests are long enough that no worker starts a second one meanwhile.
+func TestRampUp(t *testing.T) {
+	u := newUpstream(t, script{firstDelay: 500 * time.Millisecond, chunks: 1, usage: 1})
+	cfg := baseConfig(u)
+	cfg.Concurrency = 4
+	cfg.Requests = 4
+	cfg.RampUp = 400 * time.Millisecond
+	cfg.RequestsOut = filepath.Join(t.TempDir(), "requests.ndjson")
+	retryTiming(t, func(a *assert.Assertions) {
+		_, err := Run(context.Background(), cfg, nil)
+		require.NoError(t, err)
+		recs := readRequestLog(t, cfg.RequestsOut)
+		require.Len(t, recs, 4)
+		starts := make([]float64, len(recs))
+		for i, rec := range recs {
+			starts[i] = float64(rec.StartUnixNano) / 1e6
+		}
+		sort.Float64s(starts)
+		// Timers never fire early, so the lower bound is firm (bar worker
+		// 0's own start being late); the upper one allows for scheduling.
+		for i := range starts {
+			a.GreaterOrEqual(starts[i]-starts[0], float64(i)*100-20, "worker %d starts at its share of the ramp", i)
+			a.Less(starts[i]-starts[0], float64(i)*100+100, "worker %d", i)
+		}
+	})
+
+	cfg.Rate = 5
+	assert.Error(t, cfg.Validate(), "-ramp-up is for the closed loop only")
+}

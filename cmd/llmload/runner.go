@@ -196,8 +196,11 @@ func (r *runner) execute(reqCtx context.Context, spec *RequestSpec) {
 // runClosedLoop keeps cfg.Concurrency requests in flight.
 func (r *runner) runClosedLoop(ctx, reqCtx context.Context) {
 	var wg sync.WaitGroup
-	for range r.cfg.Concurrency {
+	for i := range r.cfg.Concurrency {
 		wg.Go(func() {
+			if !r.rampDelay(ctx, i) {
+				return
+			}
 			for {
 				spec, ok := r.next(ctx)
 				if !ok {
@@ -208,6 +211,21 @@ func (r *runner) runClosedLoop(ctx, reqCtx context.Context) {
 		})
 	}
 	wg.Wait()
+}
+
+// rampDelay waits worker i's share of -ramp-up; false if ctx ended first.
+func (r *runner) rampDelay(ctx context.Context, i int) bool {
+	if r.cfg.RampUp <= 0 || i == 0 {
+		return true
+	}
+	t := time.NewTimer(r.cfg.RampUp * time.Duration(i) / time.Duration(r.cfg.Concurrency))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // runOpenLoop issues requests at Poisson arrivals of cfg.Rate per second,
