@@ -29,7 +29,7 @@ func newAddrs(sink string) addrs {
 // token_session (logs, traces and metrics instances, one session table) →
 // otlp exporter to the driver's sink, with token_session's defaults (sampling
 // TTFT 500 ms, TPOT 80 ms, 1% of the rest) except a session table large enough
-// for the 100k-session step. extra is YAML added under token_stream (proxy,
+// for the 100k-session step and the stall gap (stallYAML). extra is YAML added under token_stream (proxy,
 // vllm).
 func oursConfig(a addrs, extra string) string {
 	return fmt.Sprintf(`receivers:
@@ -43,6 +43,7 @@ func oursConfig(a addrs, extra string) string {
 processors:
   token_session:
     session: {max_active: 200000}
+%s
 exporters:
   otlp_grpc:
     endpoint: %s
@@ -55,7 +56,21 @@ service:
     logs: {receivers: [token_stream], processors: [token_session], exporters: [otlp_grpc]}
     traces: {receivers: [otlp], processors: [token_session], exporters: [otlp_grpc]}
     metrics: {receivers: [otlp%s], processors: [token_session], exporters: [otlp_grpc]}
-`, a.hooksHTTP, a.hooksUDP, extra, a.otlp, a.sink, a.pprof, telemetryYAML(a.telemetry), metricsReceivers(extra))
+`, a.hooksHTTP, a.hooksUDP, extra, a.otlp, stallYAML(extra), a.sink, a.pprof, telemetryYAML(a.telemetry), metricsReceivers(extra))
+}
+
+// stallYAML: freeze detection runs on the collector's clock (no token for
+// stall::consecutive × stall::gap since the last one arrived), while the
+// driver replays engine-time streams faster than real time for few sessions
+// and slower for 100k (a round of one token per session then takes longer
+// than the 450 ms default). So the driver's pacing is not read as freezes,
+// runs fed by the driver use a 2 s gap; the e2e run (real time) keeps the
+// defaults. The workload's engine-time gaps are far below either.
+func stallYAML(extra string) string {
+	if extra != "" {
+		return ""
+	}
+	return "    stall: {gap: 2s}"
 }
 
 func metricsReceivers(extra string) string {

@@ -101,28 +101,48 @@ type memRun struct {
 	Path             string  `json:"path"`
 	Sessions         int     `json:"sessions"`
 	TokensHeld       int     `json:"tokens_per_session_so_far"`
-	IdleRSS          int64   `json:"idle_rss_bytes"`
+	IdleRSS          int64   `json:"fresh_rss_bytes"`
 	RSS              int64   `json:"rss_bytes"`
 	IdleHeap         int64   `json:"idle_heap_after_gc_bytes"`
 	Heap             int64   `json:"heap_after_gc_bytes"`
 	RSSPerSession    float64 `json:"rss_bytes_per_session"`
 	HeapPerSession   float64 `json:"heap_bytes_per_session"`
 	SecondsToMeasure float64 `json:"seconds_from_first_event_to_measurement"`
+	// LogsMeanwhile is what the pipeline exported while the sessions were
+	// opened: no session has ended, so for ours these are stall alerts,
+	// which would mean stall records in the sessions; it should be 0.
+	LogsMeanwhile int64 `json:"log_records_exported_meanwhile"`
 }
 
-// measureMemory opens K sessions (their starts and tokens first tokens each,
+// measureMemory opens K sessions (their starts and first tokens tokens each,
 // as fast as the collector takes them), measures RSS and the heap left after a
 // forced GC against the idle figures, then ends the sessions.
-func measureMemory(ctx context.Context, c *collector, path string, k, tokens int, sendFn func([]batch) sendResult, enc func(*generator) func([]wEvent) []byte) (memRun, error) {
-	c.waitIdle(10 * time.Second)
+func measureMemory(ctx context.Context, c *collector, sk *sink, path string, k, tokens int, sendFn func([]batch) sendResult, enc func(*generator) func([]wEvent) []byte, settle func()) (memRun, error) {
+	// RSS: growth from the fresh process, the runtime's working memory
+	// included (an upper bound of what the sessions cost). Heap: warm up
+	// first, with a few sessions that end, so that what grows once (buffer
+	// pools, the exporter's queue, connections) is in the idle figure and
+	// not charged to the sessions.
+	idleRSS := rssBytes(c.pid())
+	// Few sessions, so that the session table (whose slots are reused)
+	// is not grown in advance.
+	warm := newGenerator(workload{Sessions: 64, Tokens: tokens, Waves: 1, BatchLines: 1024}, uint64(k)+3)
+	warm.newWave()
+	for i := range warm.sessions {
+		warm.sessions[i].id = "w" + warm.sessions[i].id[1:]
+	}
+	if res := sendFn(chunk(warm.steps(nil, 0, tokens+2), 1024, enc(warm))); res.Failed > 0 {
+		return memRun{}, fmt.Errorf("%s warm-up: %d requests failed: %s", path, res.Failed, res.FirstErr)
+	}
+	settle()
 	idleHeap, err := c.heapAfterGC()
 	if err != nil {
 		return memRun{}, err
 	}
-	idleRSS := rssBytes(c.pid())
 	g := newGenerator(workload{Sessions: k, Tokens: tokens, Waves: 1, BatchLines: 1024}, uint64(k)+7)
 	g.newWave()
 	open := chunk(g.steps(nil, 0, tokens+1), 1024, enc(g))
+	logs0 := sk.counts().LogRecords
 	t0 := time.Now()
 	if res := sendFn(open); res.Failed > 0 {
 		return memRun{}, fmt.Errorf("%s: %d requests failed: %s", path, res.Failed, res.FirstErr)
@@ -135,7 +155,7 @@ func measureMemory(ctx context.Context, c *collector, path string, k, tokens int
 	m := memRun{
 		Path: path, Sessions: k, TokensHeld: tokens, IdleRSS: idleRSS, RSS: rss, IdleHeap: idleHeap, Heap: heap,
 		RSSPerSession: float64(rss-idleRSS) / float64(k), HeapPerSession: float64(heap-idleHeap) / float64(k),
-		SecondsToMeasure: time.Since(t0).Seconds(),
+		SecondsToMeasure: time.Since(t0).Seconds(), LogsMeanwhile: sk.counts().LogRecords - logs0,
 	}
 	log.Printf("%s: %d sessions × %d tokens in flight: RSS %.0f B/session, heap %.0f B/session (measured %.1fs after the first event)",
 		path, k, tokens, m.RSSPerSession, m.HeapPerSession, m.SecondsToMeasure)

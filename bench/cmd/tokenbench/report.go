@@ -283,11 +283,12 @@ func markdown(r fullReport, proxyMD []byte) string {
 	if s := t.Saturation; s != nil {
 		p("\n## Event rate to saturation (hooks HTTP, %d sessions streaming, %.0f s per step)\n\n", s.Sessions, s.StepSeconds)
 		p("The load generator runs on the same %d cores, so the collector's share at saturation is what the generator leaves it.\n\n", r.Machine.Cores)
-		p("| offered events/s | achieved events/s | collector cores | CPU-s per M events | dropped | failed requests |\n|---:|---:|---:|---:|---:|---:|\n")
+		p("| offered events/s | achieved events/s | collector cores | load generator + sink cores | CPU-s per M events | dropped | failed requests |\n|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, st := range s.Steps {
-			p("| %.0f | %.0f | %.2f | %.3f | %d | %d |\n", st.Offered, st.Achieved, st.CollectorCPU, st.CPUPerMEv, st.Dropped, st.Failed)
+			p("| %.0f | %.0f | %.2f | %.2f | %.3f | %d | %d |\n", st.Offered, st.Achieved, st.CollectorCPU, st.DriverCPU, st.CPUPerMEv, st.Dropped, st.Failed)
 		}
-		p("\nSaturation: %.0f events/s achieved. CPU profile of the collector at that rate (`%s`), top functions:\n\n```\n%s\n```\n", s.Saturation, filepath.Base(s.Profile), strings.Join(s.TopFuncs, "\n"))
+		p("\nSaturation: %.0f events/s achieved. CPU profile of the collector at that rate (`%s`), top functions by own CPU:\n\n```\n%s\n```\n\nand with their callees:\n\n```\n%s\n```\n",
+			s.Saturation, filepath.Base(s.Profile), strings.Join(s.TopFuncs, "\n"), strings.Join(s.TopCum, "\n"))
 	}
 	if e := t.E2E; e != nil {
 		p("\n## End to end at the demo's load\n\n`bin/vllmsim` (defaults) behind the collector's proxy, its /metrics scraped every second, `token_session` → otlp sink; "+

@@ -79,14 +79,14 @@ func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
 
 	// Memory first, on collectors that have done nothing yet, so that the
 	// idle RSS is a fresh process's and not one grown by the throughput runs.
-	if res.MemOurs, err = measureMemory(e.ctx, ours, "hooks_http", e.memK, e.memToks,
+	if res.MemOurs, err = measureMemory(e.ctx, ours, e.sink, "hooks_http", e.memK, e.memToks,
 		func(b []batch) sendResult { return hp.run(e.ctx, b, e.workers) },
-		func(*generator) func([]wEvent) []byte { return ndjson }); err != nil {
+		func(*generator) func([]wEvent) []byte { return ndjson }, settleHTTP(ours)); err != nil {
 		return nil, err
 	}
-	if res.MemStock, err = measureMemory(e.ctx, stock, "stock", e.memK, e.memToks,
+	if res.MemStock, err = measureMemory(e.ctx, stock, e.sink, "stock", e.memK, e.memToks,
 		func(b []batch) sendResult { return sp.run(e.ctx, b, e.workers) },
-		func(g *generator) func([]wEvent) []byte { return g.otlpSpans }); err != nil {
+		func(g *generator) func([]wEvent) []byte { return g.otlpSpans }, settleStock(stock)); err != nil {
 		return nil, err
 	}
 	if res.MemStock.SecondsToMeasure >= 5 {
@@ -220,9 +220,9 @@ func (e *env) scale(ks []int, tokensTotal int) ([]scaleStep, error) {
 		}
 		hp := e.hookPoster(a)
 		step := scaleStep{Sessions: k, Tokens: max(10, tokensTotal/k)}
-		step.Memory, err = measureMemory(e.ctx, c, fmt.Sprintf("scale %d", k), k, 4,
+		step.Memory, err = measureMemory(e.ctx, c, e.sink, fmt.Sprintf("scale %d", k), k, 4,
 			func(b []batch) sendResult { return hp.run(e.ctx, b, e.workers) },
-			func(*generator) func([]wEvent) []byte { return ndjson })
+			func(*generator) func([]wEvent) []byte { return ndjson }, settleHTTP(c))
 		if err == nil {
 			w := workload{Sessions: k, Tokens: step.Tokens, Waves: 1, BatchLines: 1024, SlowShare: 0.02}
 			evs := newGenerator(w, uint64(k)).all()
@@ -253,6 +253,7 @@ type rateStep struct {
 	Offered      float64 `json:"offered_events_per_second"`
 	Achieved     float64 `json:"achieved_events_per_second"`
 	CollectorCPU float64 `json:"collector_cores"`
+	DriverCPU    float64 `json:"load_generator_and_sink_cores"`
 	CPUPerMEv    float64 `json:"cpu_seconds_per_million_events"`
 	Dropped      int64   `json:"events_dropped"`
 	Failed       int64   `json:"failed_requests"`
@@ -265,7 +266,8 @@ type saturation struct {
 	Steps       []rateStep `json:"steps"`
 	Saturation  float64    `json:"saturation_events_per_second"`
 	Profile     string     `json:"profile"`
-	TopFuncs    []string   `json:"profile_top"`
+	TopFuncs    []string   `json:"profile_top_flat"`
+	TopCum      []string   `json:"profile_top_cum"`
 }
 
 // tokenStream is an endless stream of token events of sessions concurrent
@@ -325,7 +327,22 @@ func (e *env) saturate(rates []float64, sessions int, stepDur time.Duration) (*s
 	hp := e.hookPoster(a)
 	defer hp.close()
 	ts := newTokenStream("s", sessions)
-	next := func() (batch, bool) { return ts.batch(1000), true }
+	// Each step's batches are encoded before it starts, so that the driver's
+	// CPU during the step goes to sending only.
+	prepared := func(rate float64, d time.Duration) func() (batch, bool) {
+		bs := make([]batch, int(rate*d.Seconds()/1000)+1)
+		for i := range bs {
+			bs[i] = ts.batch(1000)
+		}
+		return func() (batch, bool) {
+			if len(bs) == 0 {
+				return batch{}, false
+			}
+			b := bs[0]
+			bs = bs[1:]
+			return b, true
+		}
+	}
 	// Open the sessions first.
 	hp.paced(e.ctx, e.workers, 0, 0, func() (batch, bool) {
 		if !ts.start {
@@ -335,20 +352,22 @@ func (e *env) saturate(rates []float64, sessions int, stepDur time.Duration) (*s
 	})
 	s := &saturation{Sessions: sessions, StepSeconds: stepDur.Seconds()}
 	for _, rate := range rates {
+		next := prepared(rate, stepDur)
 		c.waitIdle(5 * time.Second)
-		t0 := cpuSeconds(c.pid())
+		t0, d0 := cpuSeconds(c.pid()), cpuSeconds(os.Getpid())
 		r := hp.paced(e.ctx, e.workers, rate, stepDur, next)
 		cpu := cpuSeconds(c.pid()) - t0
 		st := rateStep{
 			Offered: rate, Achieved: float64(r.Accepted) / r.Elapsed.Seconds(), CollectorCPU: cpu / r.Elapsed.Seconds(),
-			Dropped: r.Events - r.Accepted, Failed: r.Failed,
+			DriverCPU: (cpuSeconds(os.Getpid()) - d0) / r.Elapsed.Seconds(),
+			Dropped:   r.Events - r.Accepted, Failed: r.Failed,
 		}
 		if r.Accepted > 0 {
 			st.CPUPerMEv = cpu / float64(r.Accepted) * 1e6
 		}
 		st.Saturated = st.Achieved < 0.95*rate || st.Dropped > 0
-		log.Printf("saturation: offered %.0f/s achieved %.0f/s, collector %.2f cores, %.2f CPU-s per M events, dropped %d",
-			rate, st.Achieved, st.CollectorCPU, st.CPUPerMEv, st.Dropped)
+		log.Printf("saturation: offered %.0f/s achieved %.0f/s, collector %.2f cores (driver %.2f), %.2f CPU-s per M events, dropped %d",
+			rate, st.Achieved, st.CollectorCPU, st.DriverCPU, st.CPUPerMEv, st.Dropped)
 		s.Steps = append(s.Steps, st)
 		if st.Saturated {
 			s.Saturation = st.Achieved
@@ -360,20 +379,31 @@ func (e *env) saturate(rates []float64, sessions int, stepDur time.Duration) (*s
 	}
 	// Profile at the saturating rate (or the highest offered).
 	s.Profile = filepath.Join(e.out, "saturation-cpu.pprof")
+	rate := s.Steps[len(s.Steps)-1].Offered
+	next := prepared(rate, 6*time.Second)
 	done := make(chan error, 1)
 	go func() { done <- c.cpuProfile(e.ctx, 5*time.Second, s.Profile) }()
-	hp.paced(e.ctx, e.workers, s.Steps[len(s.Steps)-1].Offered, 6*time.Second, next)
+	hp.paced(e.ctx, e.workers, rate, 6*time.Second, next)
 	if err := <-done; err != nil {
 		return s, fmt.Errorf("profile: %w", err)
 	}
-	s.TopFuncs, err = pprofTop(s.Profile, 15)
+	if s.TopFuncs, err = pprofTop(s.Profile, 15, false); err != nil {
+		return s, err
+	}
+	s.TopCum, err = pprofTop(s.Profile, 30, true)
 	return s, err
 }
 
-// pprofTop lists the functions with the most cumulative-flat CPU in the
-// profile, as `go tool pprof -top` prints them.
-func pprofTop(profile string, n int) ([]string, error) {
-	out, err := exec.Command("go", "tool", "pprof", "-top", fmt.Sprintf("-nodecount=%d", n), profile).Output()
+// pprofTop is the table `go tool pprof -top` prints: the n functions with the
+// most CPU of their own (flat), or with their callees (cum).
+func pprofTop(profile string, n int, cum bool) ([]string, error) {
+	args := []string{"tool", "pprof", "-top", fmt.Sprintf("-nodecount=%d", n)}
+	suffix := ".top.txt"
+	if cum {
+		args = append(args, "-cum")
+		suffix = ".topcum.txt"
+	}
+	out, err := exec.Command("go", append(args, profile)...).Output()
 	if err != nil {
 		return nil, fmt.Errorf("go tool pprof: %w", err)
 	}
@@ -387,6 +417,6 @@ func pprofTop(profile string, n int) ([]string, error) {
 			lines = append(lines, l)
 		}
 	}
-	_ = os.WriteFile(profile+".top.txt", out, 0o644)
+	_ = os.WriteFile(profile+suffix, out, 0o644)
 	return lines, nil
 }
