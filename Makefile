@@ -5,6 +5,8 @@
 #   make test    gofmt, go vet, the Python hook tests and go test -race,
 #                end-to-end tests against ./bin/otelcol-llm included
 #   make bench   the Go benchmarks and bench/run.sh (bench/results/results.md)
+#   make demo    vllmsim + the collector + llmload, scenario by scenario, into a
+#                report folder (DURATION=10s per point, OUT=demo-report)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -60,6 +62,18 @@ test: fmt-check vet python-test go-test
 # and nginx (bench/run.sh): bench/results/results.md and results.json.
 bench: $(OTELCOL)
 	BENCHTIME=$(BENCHTIME) bench/run.sh
+
+# The demo's tools are rebuilt every time (go build caches); llmdemo starts
+# and stops every process it needs, on loopback only.
+DURATION ?= 10s
+OUT      ?= demo-report
+
+.PHONY: demo
+demo: $(OTELCOL)
+	$(GO) build -o $(BIN_DIR)/vllmsim ./cmd/vllmsim
+	$(GO) build -o $(BIN_DIR)/llmload ./cmd/llmload
+	$(GO) build -o $(BIN_DIR)/llmdemo ./cmd/llmdemo
+	$(BIN_DIR)/llmdemo -bin $(BIN_DIR) -duration $(DURATION) -out $(OUT)
 
 clean:
 	rm -rf $(BUILD_DIR) $(BIN_DIR)

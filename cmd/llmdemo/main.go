@@ -1,0 +1,83 @@
+// Command llmdemo runs `make demo`: for every scenario point it starts
+// vllmsim, the collector (token_stream proxy in front of the simulator, a
+// scrape of its /metrics, token_session) and llmload through the proxy,
+// collects what the collector exports in an OTLP sink of its own, and
+// writes a report folder with client-side and collector-side figures side
+// by side, and plots.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"syscall"
+	"time"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/demo"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("llmdemo", flag.ContinueOnError)
+	binDir := fs.String("bin", "bin", "folder with otelcol-llm, vllmsim and llmload")
+	out := fs.String("out", "demo-report", "report folder (created; earlier contents of the same names are replaced)")
+	duration := fs.Duration("duration", 10*time.Second, "load duration of each scenario point")
+	only := fs.String("only", "", "run only the points whose name (e.g. b-c100) matches this regular expression")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	var filter *regexp.Regexp
+	if *only != "" {
+		var err error
+		if filter, err = regexp.Compile(*only); err != nil {
+			fmt.Fprintln(os.Stderr, "llmdemo: -only:", err)
+			return 2
+		}
+	}
+	if *duration < time.Second {
+		fmt.Fprintln(os.Stderr, "llmdemo: -duration must be at least 1s")
+		return 2
+	}
+	bins := demo.Binaries{
+		Collector: filepath.Join(*binDir, "otelcol-llm"),
+		Sim:       filepath.Join(*binDir, "vllmsim"),
+		Load:      filepath.Join(*binDir, "llmload"),
+	}
+	for _, b := range []string{bins.Collector, bins.Sim, bins.Load} {
+		if _, err := os.Stat(b); err != nil {
+			fmt.Fprintf(os.Stderr, "llmdemo: %v (make demo builds it)\n", err)
+			return 2
+		}
+	}
+	var points []demo.Point
+	for _, p := range demo.DefaultPoints(*duration) {
+		if filter == nil || filter.MatchString(p.Name()) {
+			points = append(points, p)
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	start := time.Now()
+	logf := func(format string, args ...any) {
+		fmt.Printf("[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+	rep, err := demo.Run(ctx, bins, points, *out, logf)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "llmdemo:", err)
+		return 1
+	}
+	logf("report: %s (%d points in %s)", filepath.Join(*out, "report.md"), len(rep.Points), time.Since(start).Round(time.Second))
+	return 0
+}

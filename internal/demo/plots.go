@@ -1,0 +1,332 @@
+package demo
+
+import (
+	"fmt"
+	"image/color"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+)
+
+// Plot file names in the report folder.
+const (
+	PlotDistributions = "ttft_tpot_fp16_fp8.png"
+	PlotSweep         = "p99_ttft_vs_concurrency.png"
+	PlotStalls        = "stalls_kv.png"
+)
+
+var (
+	colorA     = color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff} // fp16, chunked prefill off
+	colorB     = color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff} // fp8
+	colorC     = color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff} // chunked prefill on
+	colorExtra = color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff}
+	dashed     = []vg.Length{vg.Points(5), vg.Points(3)}
+)
+
+// writePlots draws the plots whose points were run and returns their file
+// names.
+func writePlots(rep *Report, out string) ([]string, error) {
+	var written []string
+	byName := map[string]*PointResult{}
+	var sweepB, sweepC []*PointResult
+	for _, r := range rep.Points {
+		byName[r.Point.Name()] = r
+		switch r.Point.Scenario {
+		case ScenarioSweep:
+			sweepB = append(sweepB, r)
+		case ScenarioChunked:
+			sweepC = append(sweepC, r)
+		}
+	}
+	if fp16, fp8 := byName[ScenarioQuant+"-fp16"], byName[ScenarioQuant+"-fp8"]; fp16 != nil && fp8 != nil {
+		if err := plotDistributions(filepath.Join(out, PlotDistributions), fp16, fp8); err != nil {
+			return written, err
+		}
+		written = append(written, PlotDistributions)
+	}
+	if len(sweepB) > 0 || len(sweepC) > 0 {
+		if err := plotSweep(filepath.Join(out, PlotSweep), sweepB, sweepC); err != nil {
+			return written, err
+		}
+		written = append(written, PlotSweep)
+		var pts []*PointResult
+		for _, s := range [][]*PointResult{sweepB, sweepC} {
+			if len(s) > 0 {
+				pts = append(pts, s[len(s)-1]) // the highest concurrency
+			}
+		}
+		if err := plotStalls(filepath.Join(out, PlotStalls), pts); err != nil {
+			return written, err
+		}
+		written = append(written, PlotStalls)
+	}
+	return written, nil
+}
+
+func newLine(xys plotter.XYs, c color.Color, dash bool) (*plotter.Line, error) {
+	l, err := plotter.NewLine(xys)
+	if err != nil {
+		return nil, err
+	}
+	l.Color = c
+	l.Width = vg.Points(1.5)
+	if dash {
+		l.Dashes = dashed
+	}
+	return l, nil
+}
+
+// empiricalCDF of the values, as steps.
+func empiricalCDF(vals []float64) plotter.XYs {
+	v := slices.Clone(vals)
+	slices.Sort(v)
+	xys := make(plotter.XYs, 0, len(v)+1)
+	for i, x := range v {
+		xys = append(xys, plotter.XY{X: x, Y: float64(i+1) / float64(len(v))})
+	}
+	return xys
+}
+
+func histCDF(h expHistogram, unit float64) plotter.XYs {
+	xs, ps := h.cdf()
+	xys := make(plotter.XYs, len(xs))
+	for i := range xs {
+		xys[i] = plotter.XY{X: xs[i] * unit, Y: ps[i]}
+	}
+	return xys
+}
+
+func plotDistributions(path string, fp16, fp8 *PointResult) error {
+	tiles := make([]*plot.Plot, 2)
+	for i, metric := range []string{"TTFT", "TPOT"} {
+		p := plot.New()
+		p.Title.Text = metric + " distribution, fp16 vs fp8 (concurrency " + fmt.Sprint(fp16.concurrency()) + ")"
+		p.X.Label.Text = metric + " (ms)"
+		p.Y.Label.Text = "share of requests at or below"
+		p.Y.Min, p.Y.Max = 0, 1
+		p.Add(plotter.NewGrid())
+		p.Legend.Top, p.Legend.Left = false, false
+		p.Legend.YOffs = vg.Points(40)
+		for _, s := range []struct {
+			r *PointResult
+			c color.Color
+		}{{fp16, colorA}, {fp8, colorB}} {
+			var vals []float64
+			for _, q := range s.r.requests {
+				if !q.OK {
+					continue
+				}
+				if metric == "TTFT" {
+					vals = append(vals, q.TTFTms)
+				} else if q.OutputTokens > 1 {
+					vals = append(vals, q.TPOTms)
+				}
+			}
+			h := s.r.Collector.ttftHist
+			if metric == "TPOT" {
+				h = s.r.Collector.tpotHist
+			}
+			client, err := newLine(empiricalCDF(vals), s.c, false)
+			if err != nil {
+				return err
+			}
+			client.StepStyle = plotter.PostStep
+			coll, err := newLine(histCDF(h, 1000), s.c, true)
+			if err != nil {
+				return err
+			}
+			p.Add(client, coll)
+			p.Legend.Add(s.r.Point.Engine.Profile+" client", client)
+			p.Legend.Add(s.r.Point.Engine.Profile+" collector", coll)
+		}
+		tiles[i] = p
+	}
+	return saveTiles(path, [][]*plot.Plot{tiles}, 11*vg.Inch, 4.5*vg.Inch)
+}
+
+func sweepSeries(pts []*PointResult, y func(*PointResult) float64) plotter.XYs {
+	var xys plotter.XYs
+	for _, r := range pts {
+		v := y(r)
+		if math.IsNaN(v) {
+			continue
+		}
+		xys = append(xys, plotter.XY{X: float64(r.concurrency()), Y: v})
+	}
+	return xys
+}
+
+func addSweepLine(p *plot.Plot, name string, xys plotter.XYs, c color.Color, dash bool, glyph draw.GlyphDrawer) error {
+	if len(xys) == 0 {
+		return nil
+	}
+	l, s, err := plotter.NewLinePoints(xys)
+	if err != nil {
+		return err
+	}
+	l.Color, l.Width = c, vg.Points(1.5)
+	if dash {
+		l.Dashes = dashed
+	}
+	s.Color, s.Shape, s.Radius = c, glyph, vg.Points(3)
+	p.Add(l, s)
+	p.Legend.Add(name, l, s)
+	return nil
+}
+
+func plotSweep(path string, b, c []*PointResult) error {
+	tile := func(title, ylabel string) *plot.Plot {
+		p := plot.New()
+		p.Title.Text = title
+		p.X.Label.Text = "concurrent requests"
+		p.Y.Label.Text = ylabel
+		p.Y.Min = 0
+		p.Add(plotter.NewGrid())
+		p.Legend.Top, p.Legend.Left = true, true
+		return p
+	}
+	p99 := tile("p99 TTFT vs concurrency (10% long prompts)", "p99 TTFT (ms)")
+	p50 := tile("p50 TTFT vs concurrency", "p50 TTFT (ms)")
+	stalls := tile("stall alerts (collector)", "stall alerts during the point")
+	pre := tile("pre-emptions (scraped vllm:num_preemptions_total)", "pre-emptions during the point")
+	for _, s := range []struct {
+		pts   []*PointResult
+		label string
+		c     color.Color
+	}{{b, "chunked prefill off", colorA}, {c, "chunked prefill + prefill priority", colorC}} {
+		if len(s.pts) == 0 {
+			continue
+		}
+		lines := []struct {
+			p     *plot.Plot
+			name  string
+			dash  bool
+			glyph draw.GlyphDrawer
+			y     func(*PointResult) float64
+		}{
+			{p99, s.label + ", client", false, draw.CircleGlyph{}, func(r *PointResult) float64 { return r.Client.TTFT.P99 }},
+			{p99, s.label + ", collector", true, draw.TriangleGlyph{}, func(r *PointResult) float64 { return r.Collector.TTFT.P99 }},
+			{p50, s.label + ", client", false, draw.CircleGlyph{}, func(r *PointResult) float64 { return r.Client.TTFT.P50 }},
+			{p50, s.label + ", collector", true, draw.TriangleGlyph{}, func(r *PointResult) float64 { return r.Collector.TTFT.P50 }},
+			{stalls, s.label, false, draw.SquareGlyph{}, func(r *PointResult) float64 { return float64(len(r.Collector.StallAlerts)) }},
+			{pre, s.label, false, draw.CircleGlyph{}, func(r *PointResult) float64 { return r.Collector.PreemptionCount }},
+		}
+		for _, l := range lines {
+			if err := addSweepLine(l.p, l.name, sweepSeries(s.pts, l.y), s.c, l.dash, l.glyph); err != nil {
+				return err
+			}
+		}
+	}
+	return saveTiles(path, [][]*plot.Plot{{p99, p50}, {stalls, pre}}, 12*vg.Inch, 8*vg.Inch)
+}
+
+func plotStalls(path string, pts []*PointResult) error {
+	kv := plot.New()
+	kv.Title.Text = "engine KV-cache usage (scraped every 500 ms) and stall alerts (x) at the KV usage they carry"
+	kv.Y.Label.Text = "KV usage (%)"
+	kv.Y.Min, kv.Y.Max = 0, 105
+	stalls := plot.New()
+	stalls.Title.Text = "stall alerts (cumulative, by the time of detection)"
+	stalls.Y.Label.Text = "stall alerts"
+	pre := plot.New()
+	pre.Title.Text = "pre-emptions (vllm:num_preemptions_total, scraped)"
+	pre.Y.Label.Text = "pre-emptions"
+	pre.X.Label.Text = "seconds since the load started"
+	for _, p := range []*plot.Plot{kv, stalls, pre} {
+		p.Add(plotter.NewGrid())
+		p.Legend.Top, p.Legend.Left = true, true
+		p.X.Min = 0
+		p.Y.Min = 0
+	}
+	colors := []color.Color{colorA, colorC, colorExtra}
+	for i, r := range pts {
+		col := colors[i%len(colors)]
+		name := fmt.Sprintf("%s (concurrency %d)", r.Point.Name(), r.concurrency())
+		k := r.Collector
+		var kvXY, alertXY, cumXY, preXY plotter.XYs
+		for _, s := range k.KVUsage {
+			kvXY = append(kvXY, plotter.XY{X: s.T, Y: 100 * s.V})
+		}
+		cumXY = append(cumXY, plotter.XY{})
+		for j, a := range k.StallAlerts {
+			if a.KVUsage >= 0 {
+				alertXY = append(alertXY, plotter.XY{X: a.T, Y: 100 * a.KVUsage})
+			}
+			cumXY = append(cumXY, plotter.XY{X: a.T, Y: float64(j + 1)})
+		}
+		for _, s := range k.Preemptions {
+			preXY = append(preXY, plotter.XY{X: s.T, Y: s.V})
+		}
+		if len(kvXY) > 0 {
+			l, err := newLine(kvXY, col, false)
+			if err != nil {
+				return err
+			}
+			kv.Add(l)
+			kv.Legend.Add(name+" KV usage", l)
+		}
+		if len(alertXY) > 0 {
+			sc, err := plotter.NewScatter(alertXY)
+			if err != nil {
+				return err
+			}
+			sc.Color, sc.Shape, sc.Radius = col, draw.CrossGlyph{}, vg.Points(3)
+			kv.Add(sc)
+			kv.Legend.Add(name+" stall alert", sc)
+		}
+		l, err := newLine(cumXY, col, false)
+		if err != nil {
+			return err
+		}
+		l.StepStyle = plotter.PostStep
+		stalls.Add(l)
+		stalls.Legend.Add(name, l)
+		if len(preXY) > 0 {
+			l, err := newLine(preXY, col, false)
+			if err != nil {
+				return err
+			}
+			pre.Add(l)
+			pre.Legend.Add(name, l)
+		}
+	}
+	// One time axis for all three.
+	var xmax float64
+	for _, p := range []*plot.Plot{kv, stalls, pre} {
+		xmax = max(xmax, p.X.Max)
+	}
+	for _, p := range []*plot.Plot{kv, stalls, pre} {
+		p.X.Max = xmax
+	}
+	return saveTiles(path, [][]*plot.Plot{{kv}, {stalls}, {pre}}, 10*vg.Inch, 10*vg.Inch)
+}
+
+func saveTiles(path string, plots [][]*plot.Plot, w, h vg.Length) error {
+	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(100))
+	dc := draw.New(img)
+	t := draw.Tiles{Rows: len(plots), Cols: len(plots[0]),
+		PadX: vg.Millimeter * 6, PadY: vg.Millimeter * 6,
+		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
+	canvases := plot.Align(plots, t, dc)
+	for j := range plots {
+		for i := range plots[j] {
+			plots[j][i].Draw(canvases[j][i])
+		}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

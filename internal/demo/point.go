@@ -1,0 +1,345 @@
+package demo
+
+import (
+	"bufio"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+)
+
+// collectorConfig is the collector's configuration for every point: the
+// token_stream proxy in front of the simulator and a scrape of its
+// /metrics, token_session with exponential histograms flushed every
+// second, everything out over OTLP/HTTP to the demo's sink.
+//
+//go:embed collector.yaml
+var collectorConfig []byte
+
+// Binaries are the programs a point runs.
+type Binaries struct {
+	Collector string // otelcol-llm
+	Sim       string // vllmsim
+	Load      string // llmload
+}
+
+// Model is the model name vllmsim serves and llmload asks for.
+const Model = "meta-llama/Llama-3.1-8B-Instruct"
+
+// Engine is the simulated engine of a point (vllmsim flags).
+type Engine struct {
+	Profile         string `json:"profile"`
+	KVBlocks        int    `json:"kv_blocks"`
+	ChunkedPrefill  bool   `json:"chunked_prefill"`
+	PrefillPriority bool   `json:"prefill_priority"`
+	// MaxNumBatchedTokens is the step's token budget with chunked prefill
+	// (0: vllmsim's default).
+	MaxNumBatchedTokens int `json:"max_num_batched_tokens,omitempty"`
+}
+
+func (e Engine) args(addr string) []string {
+	args := []string{"-addr", addr, "-model", Model, "-profile", e.Profile,
+		"-kv-blocks", strconv.Itoa(e.KVBlocks),
+		"-chunked-prefill=" + strconv.FormatBool(e.ChunkedPrefill),
+		"-prefill-priority=" + strconv.FormatBool(e.PrefillPriority)}
+	if e.MaxNumBatchedTokens > 0 {
+		args = append(args, "-max-num-batched-tokens", strconv.Itoa(e.MaxNumBatchedTokens))
+	}
+	return args
+}
+
+// Load is the load of a point (llmload flags).
+type Load struct {
+	Concurrency      int           `json:"concurrency"`
+	Duration         time.Duration `json:"duration_ns"`
+	RampUp           time.Duration `json:"ramp_up_ns"`
+	PromptTokens     string        `json:"prompt_tokens"`
+	OutputTokens     string        `json:"output_tokens"`
+	LongShare        float64       `json:"long_share"`
+	LongPromptTokens int           `json:"long_prompt_tokens"`
+	Seed             uint64        `json:"seed"`
+}
+
+func (l Load) args(url, dir string) []string {
+	return []string{"-url", url, "-model", Model, "-quiet", "-traceparent",
+		"-concurrency", strconv.Itoa(l.Concurrency), "-duration", l.Duration.String(), "-ramp-up", l.RampUp.String(),
+		"-prompt-tokens", l.PromptTokens, "-output-tokens", l.OutputTokens,
+		"-long-share", strconv.FormatFloat(l.LongShare, 'g', -1, 64),
+		"-long-prompt-tokens", strconv.Itoa(l.LongPromptTokens),
+		"-seed", strconv.FormatUint(l.Seed, 10),
+		"-out", filepath.Join(dir, "llmload.json"),
+		"-requests-out", filepath.Join(dir, "requests.ndjson")}
+}
+
+// Point is one run: a fresh simulator and collector under one load.
+type Point struct {
+	Scenario string `json:"scenario"` // "a", "b", "c"
+	Label    string `json:"label"`
+	Engine   Engine `json:"engine"`
+	Load     Load   `json:"load"`
+}
+
+// Name is the point's folder name in the report.
+func (p Point) Name() string { return p.Scenario + "-" + p.Label }
+
+// ClientFigures are llmload's results (its -out JSON) for the point.
+type ClientFigures struct {
+	Completed         int       `json:"completed"`
+	Failed            int       `json:"failed"`
+	TTFT              Quantiles `json:"ttft"`
+	TPOT              Quantiles `json:"tpot"`
+	RequestThroughput float64   `json:"request_throughput"`
+	OutputThroughput  float64   `json:"output_throughput"`
+}
+
+// llmloadResult is the part of llmload's -out JSON the demo reads.
+type llmloadResult struct {
+	Completed         int     `json:"completed"`
+	Failed            int     `json:"failed"`
+	RequestThroughput float64 `json:"request_throughput"`
+	OutputThroughput  float64 `json:"output_throughput"`
+	TTFT              *struct {
+		P50 float64 `json:"p50"`
+		P99 float64 `json:"p99"`
+	} `json:"ttft_ms"`
+	TPOT *struct {
+		P50 float64 `json:"p50"`
+		P99 float64 `json:"p99"`
+	} `json:"tpot_ms"`
+}
+
+// requestRecord is the part of an llmload -requests-out line the demo
+// reads.
+type requestRecord struct {
+	Index         int     `json:"index"`
+	Warmup        bool    `json:"warmup"`
+	StartUnixNano int64   `json:"start_unix_nano"`
+	OK            bool    `json:"ok"`
+	Interrupted   bool    `json:"interrupted"`
+	TTFTms        float64 `json:"ttft_ms"`
+	TPOTms        float64 `json:"tpot_ms"`
+	OutputTokens  int     `json:"output_tokens"`
+	TraceID       string  `json:"trace_id"`
+}
+
+// Slow sessions are those the collector's sampling rules must keep: TTFT
+// above 500 ms or TPOT above 80 ms (the token_session defaults in
+// collector.yaml). A session counts as slow on the client side only when it
+// is beyond the threshold by slowMargin, so timing noise between the client
+// and the proxy cannot make a borderline session look missed.
+const (
+	slowTTFTms = 500
+	slowTPOTms = 80
+	slowMargin = 0.05
+)
+
+// SlowCheck compares the client's slow sessions with the collector's spans.
+type SlowCheck struct {
+	Slow     int      `json:"slow"`      // client-side slow sessions
+	WithSpan int      `json:"with_span"` // of those, present as a span with the client's trace ID
+	Missing  []string `json:"missing,omitempty"`
+}
+
+// PointResult is everything measured at one point.
+type PointResult struct {
+	Point      Point              `json:"point"`
+	Client     ClientFigures      `json:"client"`
+	Collector  CollectorFigures   `json:"collector"`
+	Slow       SlowCheck          `json:"slow_sessions"`
+	CPUSeconds map[string]float64 `json:"cpu_seconds"` // per process, user+system
+	WallS      float64            `json:"wall_s"`      // the load's span, first request to last answer
+	Dir        string             `json:"dir"`
+	requests   []requestRecord
+}
+
+// CPUCores is the mean number of cores the three processes used while the
+// load ran (their whole lives' CPU time over the load's wall time: an upper
+// bound).
+func (r *PointResult) CPUCores() float64 {
+	if r.WallS <= 0 {
+		return 0
+	}
+	var s float64
+	for _, v := range r.CPUSeconds {
+		s += v
+	}
+	return s / r.WallS
+}
+
+// Progress receives one line per step.
+type Progress func(format string, args ...any)
+
+// RunPoint runs one point with its files in dir: the simulator, the
+// collector in front of it, the load through the collector's proxy; then it
+// waits for the collector to have counted every session, stops the
+// collector (which flushes) and the simulator, and reads the figures.
+// Every process it started is stopped when it returns, error or not.
+func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress Progress) (res *PointResult, err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	cfgPath := filepath.Join(dir, "collector.yaml")
+	if err := os.WriteFile(cfgPath, collectorConfig, 0o644); err != nil {
+		return nil, err
+	}
+	var started []*process
+	defer func() {
+		// Reverse order: the load, then the collector, then the engine.
+		for i := len(started) - 1; i >= 0; i-- {
+			if stopErr := started[i].stop(); stopErr != nil && err == nil {
+				err = stopErr
+			}
+		}
+	}()
+
+	simAddr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	sim, err := startProcess("vllmsim", filepath.Join(dir, "vllmsim.log"), bins.Sim, p.Engine.args(simAddr), nil)
+	if err != nil {
+		return nil, err
+	}
+	started = append(started, sim)
+	if err := sim.waitHTTP(ctx, "http://"+simAddr+"/health", 30*time.Second); err != nil {
+		return nil, err
+	}
+
+	snk, err := startSink()
+	if err != nil {
+		return nil, err
+	}
+	defer snk.close()
+	var addrs [3]string
+	for i := range addrs {
+		if addrs[i], err = freeAddr(); err != nil {
+			return nil, err
+		}
+	}
+	proxyAddr, otlpAddr, healthAddr := addrs[0], addrs[1], addrs[2]
+	col, err := startProcess("otelcol-llm", filepath.Join(dir, "otelcol.log"), bins.Collector, []string{"--config", cfgPath}, []string{
+		"PROXY_ENDPOINT=" + proxyAddr, "UPSTREAM_URL=http://" + simAddr, "METRICS_URL=http://" + simAddr + "/metrics",
+		"OTLP_ENDPOINT=" + otlpAddr, "HEALTH_ENDPOINT=" + healthAddr, "SINK_URL=" + snk.url(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	started = append(started, col)
+	if err := col.waitHTTP(ctx, "http://"+healthAddr+"/", 60*time.Second); err != nil {
+		return nil, err
+	}
+
+	progress("load: %d concurrent requests for %s", p.Load.Concurrency, p.Load.Duration)
+	load, err := startProcess("llmload", filepath.Join(dir, "llmload.log"), bins.Load, p.Load.args("http://"+proxyAddr, dir), nil)
+	if err != nil {
+		return nil, err
+	}
+	started = append(started, load)
+	if err := load.wait(ctx); err != nil {
+		return nil, err
+	}
+
+	res = &PointResult{Point: p, Dir: dir, CPUSeconds: map[string]float64{}}
+	if res.requests, err = readRequests(filepath.Join(dir, "requests.ndjson")); err != nil {
+		return nil, err
+	}
+	var finished float64
+	first, last := int64(0), int64(0)
+	for _, r := range res.requests {
+		if !r.Interrupted {
+			finished++
+		}
+		if r.StartUnixNano > 0 && (first == 0 || r.StartUnixNano < first) {
+			first = r.StartUnixNano
+		}
+		last = max(last, r.StartUnixNano)
+	}
+	if err := snk.waitSessions(ctx, finished, 15*time.Second); err != nil {
+		progress("warning: %v", err)
+	}
+	// The collector flushes its metrics once more as it stops.
+	if err := col.stop(); err != nil {
+		return nil, err
+	}
+	if err := sim.stop(); err != nil {
+		return nil, err
+	}
+	for _, pr := range started {
+		res.CPUSeconds[pr.name] = pr.cpuSeconds()
+	}
+	if res.Client, err = readClient(filepath.Join(dir, "llmload.json")); err != nil {
+		return nil, err
+	}
+	startAt := time.Unix(0, first)
+	res.Collector = snk.figures(startAt)
+	if res.Client.RequestThroughput > 0 {
+		res.WallS = float64(res.Client.Completed) / res.Client.RequestThroughput
+	}
+	res.Slow = checkSlow(res.requests, res.Collector.Spans)
+	return res, nil
+}
+
+func readRequests(path string) ([]requestRecord, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []requestRecord
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var r requestRecord
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		out = append(out, r)
+	}
+	return out, sc.Err()
+}
+
+func readClient(path string) (ClientFigures, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ClientFigures{}, err
+	}
+	var r llmloadResult
+	if err := json.Unmarshal(data, &r); err != nil {
+		return ClientFigures{}, fmt.Errorf("%s: %w", path, err)
+	}
+	if r.TTFT == nil || r.TPOT == nil {
+		return ClientFigures{}, errors.New(path + ": no request completed")
+	}
+	return ClientFigures{
+		Completed: r.Completed, Failed: r.Failed,
+		TTFT:              Quantiles{P50: r.TTFT.P50, P99: r.TTFT.P99},
+		TPOT:              Quantiles{P50: r.TPOT.P50, P99: r.TPOT.P99},
+		RequestThroughput: r.RequestThroughput, OutputThroughput: r.OutputThroughput,
+	}, nil
+}
+
+// checkSlow finds, for every session the client saw as slow, the span with
+// its trace ID.
+func checkSlow(reqs []requestRecord, spans []Span) SlowCheck {
+	have := make(map[string]bool, len(spans))
+	for _, s := range spans {
+		have[s.TraceID] = true
+	}
+	var c SlowCheck
+	for _, r := range reqs {
+		if !r.OK || !(r.TTFTms > slowTTFTms*(1+slowMargin) || (r.OutputTokens > 1 && r.TPOTms > slowTPOTms*(1+slowMargin))) {
+			continue
+		}
+		c.Slow++
+		if have[r.TraceID] {
+			c.WithSpan++
+		} else if len(c.Missing) < 10 {
+			c.Missing = append(c.Missing, r.TraceID)
+		}
+	}
+	return c
+}

@@ -1,0 +1,116 @@
+package demo
+
+import (
+	"fmt"
+	"math"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// f1 formats a figure with one decimal, "–" when there is none.
+func f1(v float64) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+
+// diff formats client − collector.
+func diff(client, collector float64) string {
+	d := client - collector
+	if math.IsNaN(d) || math.IsInf(d, 0) {
+		return "–"
+	}
+	return fmt.Sprintf("%+.1f", d)
+}
+
+func (r *PointResult) concurrency() int { return r.Point.Load.Concurrency }
+
+// markdown renders report.md.
+func markdown(rep *Report, runErr error) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# make demo report\n\n")
+	fmt.Fprintf(&b, "Started %s, %d points in %.0f s. Each point: a fresh `vllmsim`, the collector (`token_stream` proxy in front of it, "+
+		"`/metrics` scraped every 500 ms, `token_session` with exponential histograms) and `llmload` through the proxy.\n\n",
+		rep.StartedAt.Format("2006-01-02 15:04:05 UTC"), len(rep.Points), rep.WallS)
+	if runErr != nil {
+		fmt.Fprintf(&b, "**The run did not finish:** %v. The tables hold the points done.\n\n", runErr)
+	}
+
+	b.WriteString("## Latency: client vs collector (ms)\n\n")
+	b.WriteString("Client: `llmload`, every request of the point. Collector: quantiles of its `gen_ai.server.time_to_first_token` and " +
+		"`gen_ai.server.time_per_output_token` exponential histograms. Δ = client − collector.\n\n")
+	b.WriteString("| point | conc. | TTFT p50 client | collector | Δ | TTFT p99 client | collector | Δ | TPOT p50 client | collector | Δ | TPOT p99 client | collector | Δ |\n")
+	b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, r := range rep.Points {
+		c, k := r.Client, r.Collector
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Point.Name(), r.concurrency(),
+			f1(c.TTFT.P50), f1(k.TTFT.P50), diff(c.TTFT.P50, k.TTFT.P50),
+			f1(c.TTFT.P99), f1(k.TTFT.P99), diff(c.TTFT.P99, k.TTFT.P99),
+			f1(c.TPOT.P50), f1(k.TPOT.P50), diff(c.TPOT.P50, k.TPOT.P50),
+			f1(c.TPOT.P99), f1(k.TPOT.P99), diff(c.TPOT.P99, k.TPOT.P99))
+	}
+
+	b.WriteString("\n## Throughput and what the collector saw\n\n")
+	b.WriteString("| point | requests ok / failed | sessions counted | req/s | output tok/s | spans kept (by reason) | slow sessions with a span | stall alerts | pre-emptions | max KV usage | CPU cores |\n")
+	b.WriteString("|---|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|\n")
+	for _, r := range rep.Points {
+		c, k := r.Client, r.Collector
+		fmt.Fprintf(&b, "| %s | %d / %d | %.0f | %.2f | %.0f | %d %s | %d / %d | %d | %.0f | %.0f%% | %.2f |\n", r.Point.Name(),
+			c.Completed, c.Failed, k.Sessions, c.RequestThroughput, c.OutputThroughput,
+			k.SpansKept, reasons(k.SpansByReason), r.Slow.WithSpan, r.Slow.Slow,
+			len(k.StallAlerts), k.PreemptionCount, 100*k.MaxKVUsage, r.CPUCores())
+	}
+
+	b.WriteString("\n## Scenarios\n\n")
+	for _, sc := range []string{ScenarioQuant, ScenarioSweep, ScenarioChunked} {
+		var pts []*PointResult
+		for _, r := range rep.Points {
+			if r.Point.Scenario == sc {
+				pts = append(pts, r)
+			}
+		}
+		if len(pts) == 0 {
+			continue
+		}
+		p := pts[0].Point
+		fmt.Fprintf(&b, "- **%s**: vllmsim `%s`; llmload `-prompt-tokens %s -output-tokens %s -long-share %g -long-prompt-tokens %d -duration %s`, concurrency %s.\n",
+			ScenarioTitles[sc], strings.Join(p.Engine.args("…")[2:], " "), p.Load.PromptTokens, p.Load.OutputTokens,
+			p.Load.LongShare, p.Load.LongPromptTokens, p.Load.Duration, concurrencies(pts))
+	}
+
+	b.WriteString("\n## Plots\n\n")
+	for _, p := range rep.Plots {
+		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(p, filepath.Ext(p)), p)
+	}
+
+	b.WriteString("## Files\n\n`points/<point>/`: `vllmsim.log`, `otelcol.log`, `llmload.log` (its table), `llmload.json` (its result), " +
+		"`requests.ndjson` (one line per request with its trace ID), `collector.yaml`. `report.json` has every figure above, " +
+		"the scraped KV usage and pre-emption series and the stall alerts.\n")
+	return b.String()
+}
+
+func reasons(m map[string]int) string {
+	if len(m) == 0 {
+		return ""
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return "(" + strings.Join(parts, ", ") + ")"
+}
+
+func concurrencies(pts []*PointResult) string {
+	s := make([]string, len(pts))
+	for i, r := range pts {
+		s[i] = fmt.Sprint(r.concurrency())
+	}
+	return strings.Join(s, ", ")
+}

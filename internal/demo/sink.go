@@ -1,0 +1,416 @@
+package demo
+
+import (
+	"compress/gzip"
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/plog/plogotlp"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
+	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
+)
+
+// Names of what the sink picks out of the collector's output.
+const (
+	metricSessions    = "llm.sessions"
+	metricStalls      = "llm.session.stalls"
+	metricTTFT        = "gen_ai.server.time_to_first_token"
+	metricTPOT        = "gen_ai.server.time_per_output_token"
+	metricKVUsage     = "vllm:kv_cache_usage_perc"
+	metricPreemptions = "vllm:num_preemptions_total"
+	metricWaiting     = "vllm:num_requests_waiting"
+	eventStall        = "llm.session.stall"
+	eventSummary      = "llm.session.summary"
+)
+
+// Sample is one scraped engine value.
+type Sample struct {
+	T float64 `json:"t"` // seconds since the load started
+	V float64 `json:"v"`
+	// at is the absolute time; T is filled in against the load's start.
+	at time.Time
+}
+
+// Span is what the report needs of one session span.
+type Span struct {
+	TraceID        string  `json:"trace_id"`
+	TTFTms         float64 `json:"ttft_ms"`
+	TPOTms         float64 `json:"tpot_ms"`
+	Outcome        string  `json:"outcome"`
+	SamplingReason string  `json:"sampling_reason"`
+	Stalls         int64   `json:"stalls"`
+}
+
+// StallAlert is one llm.session.stall record.
+type StallAlert struct {
+	T       float64 `json:"t"` // seconds since the load started
+	TraceID string  `json:"trace_id"`
+	KVUsage float64 `json:"kv_usage"` // vllm.kv_cache_usage when detected; -1 if absent
+	at      time.Time
+}
+
+// sink is an OTLP/HTTP receiver (protobuf, optionally gzip) that keeps the
+// figures the report is made of. Cumulative metrics are kept as their
+// latest value per attribute set.
+type sink struct {
+	srv  *http.Server
+	addr string
+	done chan struct{}
+
+	mu          sync.Mutex
+	sessions    map[string]float64 // attribute set -> latest cumulative count
+	sessionsOK  map[string]float64 // the completed ones
+	stalls      map[string]float64
+	ttft, tpot  map[string]expHistogram
+	kv          []Sample
+	preemptions []Sample
+	waiting     []Sample
+	spans       []Span
+	alerts      []StallAlert
+	summaries   int
+	badRequests int
+}
+
+func startSink() (*sink, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &sink{
+		addr: ln.Addr().String(), done: make(chan struct{}),
+		sessions: map[string]float64{}, sessionsOK: map[string]float64{}, stalls: map[string]float64{},
+		ttft: map[string]expHistogram{}, tpot: map[string]expHistogram{},
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/metrics", s.handle(s.metrics))
+	mux.HandleFunc("POST /v1/traces", s.handle(s.traces))
+	mux.HandleFunc("POST /v1/logs", s.handle(s.logs))
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		defer close(s.done)
+		_ = s.srv.Serve(ln)
+	}()
+	return s, nil
+}
+
+func (s *sink) url() string { return "http://" + s.addr }
+
+func (s *sink) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = s.srv.Shutdown(ctx)
+	<-s.done
+}
+
+// handle reads a request body and hands it to decode; the answer is an
+// empty success (an empty protobuf message is zero bytes).
+func (s *sink) handle(decode func([]byte) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var body io.Reader = http.MaxBytesReader(w, r.Body, 64<<20)
+		if r.Header.Get("Content-Encoding") == "gzip" {
+			zr, err := gzip.NewReader(body)
+			if err != nil {
+				s.fail(w, err)
+				return
+			}
+			defer zr.Close()
+			body = zr
+		}
+		data, err := io.ReadAll(body)
+		if err == nil {
+			err = decode(data)
+		}
+		if err != nil {
+			s.fail(w, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.WriteHeader(http.StatusOK)
+	}
+}
+
+func (s *sink) fail(w http.ResponseWriter, err error) {
+	s.mu.Lock()
+	s.badRequests++
+	s.mu.Unlock()
+	// 400 is permanent for the exporter: it does not retry garbage.
+	http.Error(w, err.Error(), http.StatusBadRequest)
+}
+
+func attrKey(m pcommon.Map) string {
+	parts := make([]string, 0, m.Len())
+	for k, v := range m.All() {
+		parts = append(parts, k+"="+v.AsString())
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+func (s *sink) metrics(data []byte) error {
+	req := pmetricotlp.NewExportRequest()
+	if err := req.UnmarshalProto(data); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, rm := range req.Metrics().ResourceMetrics().All() {
+		for _, sm := range rm.ScopeMetrics().All() {
+			for _, m := range sm.Metrics().All() {
+				s.metric(m)
+			}
+		}
+	}
+	return nil
+}
+
+// metric takes one metric; called with s.mu held.
+func (s *sink) metric(m pmetric.Metric) {
+	switch m.Name() {
+	case metricSessions, metricStalls:
+		if m.Type() != pmetric.MetricTypeSum {
+			return
+		}
+		for _, dp := range m.Sum().DataPoints().All() {
+			key := attrKey(dp.Attributes())
+			if m.Name() == metricStalls {
+				s.stalls[key] = dp.DoubleValue() + float64(dp.IntValue())
+				continue
+			}
+			v := float64(dp.IntValue()) + dp.DoubleValue()
+			s.sessions[key] = v
+			if o, ok := dp.Attributes().Get("llm.session.outcome"); ok && o.Str() == "completed" {
+				s.sessionsOK[key] = v
+			}
+		}
+	case metricTTFT, metricTPOT:
+		if m.Type() != pmetric.MetricTypeExponentialHistogram {
+			return
+		}
+		dst := s.ttft
+		if m.Name() == metricTPOT {
+			dst = s.tpot
+		}
+		for _, dp := range m.ExponentialHistogram().DataPoints().All() {
+			dst[attrKey(dp.Attributes())] = expHistogramOf(dp)
+		}
+	case metricKVUsage, metricWaiting:
+		if m.Type() != pmetric.MetricTypeGauge {
+			return
+		}
+		for _, dp := range m.Gauge().DataPoints().All() {
+			smp := Sample{at: dp.Timestamp().AsTime(), V: dp.DoubleValue() + float64(dp.IntValue())}
+			if m.Name() == metricKVUsage {
+				s.kv = append(s.kv, smp)
+			} else {
+				s.waiting = append(s.waiting, smp)
+			}
+		}
+	case metricPreemptions:
+		if m.Type() != pmetric.MetricTypeSum {
+			return
+		}
+		for _, dp := range m.Sum().DataPoints().All() {
+			s.preemptions = append(s.preemptions, Sample{at: dp.Timestamp().AsTime(), V: dp.DoubleValue() + float64(dp.IntValue())})
+		}
+	}
+}
+
+func (s *sink) traces(data []byte) error {
+	req := ptraceotlp.NewExportRequest()
+	if err := req.UnmarshalProto(data); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, rs := range req.Traces().ResourceSpans().All() {
+		for _, ss := range rs.ScopeSpans().All() {
+			for _, sp := range ss.Spans().All() {
+				a := sp.Attributes()
+				if _, ok := a.Get("llm.session.id"); !ok {
+					continue // not a session span
+				}
+				s.spans = append(s.spans, Span{
+					TraceID:        sp.TraceID().String(),
+					TTFTms:         attrFloat(a, "llm.session.ttft") * 1000,
+					TPOTms:         attrFloat(a, "llm.session.tpot") * 1000,
+					Outcome:        attrStr(a, "llm.session.outcome"),
+					SamplingReason: attrStr(a, "llm.session.sampling.reason"),
+					Stalls:         attrInt(a, "llm.session.stalls"),
+				})
+			}
+		}
+	}
+	return nil
+}
+
+func (s *sink) logs(data []byte) error {
+	req := plogotlp.NewExportRequest()
+	if err := req.UnmarshalProto(data); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, rl := range req.Logs().ResourceLogs().All() {
+		for _, sl := range rl.ScopeLogs().All() {
+			for _, lr := range sl.LogRecords().All() {
+				switch lr.EventName() {
+				case eventStall:
+					kv := -1.0
+					if v, ok := lr.Attributes().Get("vllm.kv_cache_usage"); ok {
+						kv = v.Double()
+					}
+					s.alerts = append(s.alerts, StallAlert{at: lr.Timestamp().AsTime(), TraceID: lr.TraceID().String(), KVUsage: kv})
+				case eventSummary:
+					s.summaries++
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func attrFloat(m pcommon.Map, k string) float64 {
+	if v, ok := m.Get(k); ok {
+		return v.Double()
+	}
+	return 0
+}
+
+func attrInt(m pcommon.Map, k string) int64 {
+	if v, ok := m.Get(k); ok {
+		return v.Int()
+	}
+	return 0
+}
+
+func attrStr(m pcommon.Map, k string) string {
+	if v, ok := m.Get(k); ok {
+		return v.AsString()
+	}
+	return ""
+}
+
+// sessionCount is the number of sessions counted so far, all outcomes.
+func (s *sink) sessionCount() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n float64
+	for _, v := range s.sessions {
+		n += v
+	}
+	return n
+}
+
+// waitSessions waits until the collector has counted want sessions (its
+// metrics are flushed every second), or the timeout passes.
+func (s *sink) waitSessions(ctx context.Context, want float64, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for s.sessionCount() < want {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the collector counted %g sessions of %g within %s", s.sessionCount(), want, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// CollectorFigures are the collector-side results of one point, read from
+// what it exported.
+type CollectorFigures struct {
+	Sessions          float64 `json:"sessions"`           // llm.sessions, all outcomes
+	SessionsCompleted float64 `json:"sessions_completed"` // llm.sessions{outcome=completed}
+	TTFT              Quantiles
+	TPOT              Quantiles
+	// TTFTBucketWidth is the relative width of the TTFT histogram's buckets
+	// (base − 1): the bound of its quantiles' error.
+	TTFTBucketWidth float64        `json:"ttft_bucket_width"`
+	TPOTBucketWidth float64        `json:"tpot_bucket_width"`
+	Spans           []Span         `json:"spans"`
+	SpansKept       int            `json:"spans_kept"`
+	SpansByReason   map[string]int `json:"spans_by_reason"`
+	Summaries       int            `json:"summaries"`
+	StallEpisodes   float64        `json:"stall_episodes"` // llm.session.stalls
+	StallAlerts     []StallAlert   `json:"stall_alerts"`
+	KVUsage         []Sample       `json:"kv_usage"`
+	Preemptions     []Sample       `json:"preemptions"` // vllm:num_preemptions_total as scraped
+	Waiting         []Sample       `json:"waiting"`
+	MaxKVUsage      float64        `json:"max_kv_usage"`
+	PreemptionCount float64        `json:"preemption_count"` // the counter's last value
+	BadRequests     int            `json:"bad_otlp_requests"`
+	ttftHist        expHistogram
+	tpotHist        expHistogram
+}
+
+// Quantiles are p50 and p99 in ms.
+type Quantiles struct {
+	P50 float64 `json:"p50_ms"`
+	P99 float64 `json:"p99_ms"`
+}
+
+// figures summarizes what the sink holds, times relative to start.
+func (s *sink) figures(start time.Time) CollectorFigures {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := CollectorFigures{SpansByReason: map[string]int{}, Summaries: s.summaries, BadRequests: s.badRequests}
+	for _, v := range s.sessions {
+		f.Sessions += v
+	}
+	for _, v := range s.sessionsOK {
+		f.SessionsCompleted += v
+	}
+	for _, v := range s.stalls {
+		f.StallEpisodes += v
+	}
+	for _, k := range slices.Sorted(maps.Keys(s.ttft)) {
+		f.ttftHist = f.ttftHist.merge(s.ttft[k])
+	}
+	for _, k := range slices.Sorted(maps.Keys(s.tpot)) {
+		f.tpotHist = f.tpotHist.merge(s.tpot[k])
+	}
+	f.TTFT = Quantiles{P50: f.ttftHist.quantile(0.5) * 1000, P99: f.ttftHist.quantile(0.99) * 1000}
+	f.TPOT = Quantiles{P50: f.tpotHist.quantile(0.5) * 1000, P99: f.tpotHist.quantile(0.99) * 1000}
+	f.TTFTBucketWidth, f.TPOTBucketWidth = f.ttftHist.relativeBucketWidth(), f.tpotHist.relativeBucketWidth()
+	f.Spans = slices.Clone(s.spans)
+	f.SpansKept = len(s.spans)
+	for _, sp := range s.spans {
+		f.SpansByReason[sp.SamplingReason]++
+	}
+	rel := func(t time.Time) float64 { return t.Sub(start).Seconds() }
+	for _, a := range s.alerts {
+		a.T = rel(a.at)
+		f.StallAlerts = append(f.StallAlerts, a)
+	}
+	sort.Slice(f.StallAlerts, func(i, j int) bool { return f.StallAlerts[i].T < f.StallAlerts[j].T })
+	series := func(in []Sample) []Sample {
+		out := make([]Sample, len(in))
+		for i, smp := range in {
+			smp.T = rel(smp.at)
+			out[i] = smp
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].T < out[j].T })
+		return out
+	}
+	f.KVUsage, f.Preemptions, f.Waiting = series(s.kv), series(s.preemptions), series(s.waiting)
+	for _, smp := range f.KVUsage {
+		f.MaxKVUsage = max(f.MaxKVUsage, smp.V)
+	}
+	if n := len(f.Preemptions); n > 0 {
+		f.PreemptionCount = f.Preemptions[n-1].V
+	}
+	return f
+}

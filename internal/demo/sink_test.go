@@ -1,0 +1,130 @@
+package demo
+
+import (
+	"bytes"
+	"compress/gzip"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/pdata/plog/plogotlp"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
+	"go.opentelemetry.io/collector/pdata/ptrace"
+	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func post(t *testing.T, url string, body []byte, gz bool) int {
+	t.Helper()
+	if gz {
+		var b bytes.Buffer
+		w := gzip.NewWriter(&b)
+		_, _ = w.Write(body)
+		require.NoError(t, w.Close())
+		body = b.Bytes()
+	}
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-protobuf")
+	if gz {
+		req.Header.Set("Content-Encoding", "gzip")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// metricsAt builds a flush of the collector: cumulative session counts, a
+// TTFT histogram and one scrape of the engine.
+func metricsAt(ts time.Time, completed, errored int64, kv float64, preempt int64) pmetric.Metrics {
+	md := pmetric.NewMetrics()
+	sm := md.ResourceMetrics().AppendEmpty().ScopeMetrics().AppendEmpty()
+	sessions := sm.Metrics().AppendEmpty()
+	sessions.SetName(metricSessions)
+	sum := sessions.SetEmptySum()
+	for outcome, n := range map[string]int64{"completed": completed, "error": errored} {
+		dp := sum.DataPoints().AppendEmpty()
+		dp.Attributes().PutStr("llm.session.outcome", outcome)
+		dp.SetIntValue(n)
+	}
+	ttft := sm.Metrics().AppendEmpty()
+	ttft.SetName(metricTTFT)
+	dp := ttft.SetEmptyExponentialHistogram().DataPoints().AppendEmpty()
+	dp.SetScale(0)
+	dp.Positive().SetOffset(-2) // (0.25, 0.5], (0.5, 1]
+	dp.Positive().BucketCounts().FromRaw([]uint64{uint64(completed), 0})
+	dp.SetCount(uint64(completed))
+	gauge := sm.Metrics().AppendEmpty()
+	gauge.SetName(metricKVUsage)
+	g := gauge.SetEmptyGauge().DataPoints().AppendEmpty()
+	g.SetTimestamp(pcommon.NewTimestampFromTime(ts))
+	g.SetDoubleValue(kv)
+	pre := sm.Metrics().AppendEmpty()
+	pre.SetName(metricPreemptions)
+	p := pre.SetEmptySum().DataPoints().AppendEmpty()
+	p.SetTimestamp(pcommon.NewTimestampFromTime(ts))
+	p.SetDoubleValue(float64(preempt))
+	return md
+}
+
+func TestSink(t *testing.T) {
+	s, err := startSink()
+	require.NoError(t, err)
+	defer s.close()
+	start := time.Unix(1000, 0)
+
+	// Two flushes: the sink keeps the latest cumulative value of each series.
+	for i, flush := range []pmetric.Metrics{metricsAt(start.Add(time.Second), 3, 0, 0.5, 1), metricsAt(start.Add(2*time.Second), 7, 1, 0.9, 4)} {
+		body, err := pmetricotlp.NewExportRequestFromMetrics(flush).MarshalProto()
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, post(t, s.url()+"/v1/metrics", body, i == 1))
+	}
+
+	td := ptrace.NewTraces()
+	span := td.ResourceSpans().AppendEmpty().ScopeSpans().AppendEmpty().Spans().AppendEmpty()
+	span.SetTraceID(pcommon.TraceID{1, 2, 3})
+	span.Attributes().PutStr("llm.session.id", "s1")
+	span.Attributes().PutDouble("llm.session.ttft", 0.75)
+	span.Attributes().PutStr("llm.session.sampling.reason", "ttft")
+	other := td.ResourceSpans().AppendEmpty().ScopeSpans().AppendEmpty().Spans().AppendEmpty()
+	other.SetName("llm_request") // not a session span
+	body, err := ptraceotlp.NewExportRequestFromTraces(td).MarshalProto()
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, post(t, s.url()+"/v1/traces", body, false))
+
+	ld := plog.NewLogs()
+	lr := ld.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty().LogRecords().AppendEmpty()
+	lr.SetEventName(eventStall)
+	lr.SetTimestamp(pcommon.NewTimestampFromTime(start.Add(1500 * time.Millisecond)))
+	lr.Attributes().PutDouble("vllm.kv_cache_usage", 0.8)
+	body, err = plogotlp.NewExportRequestFromLogs(ld).MarshalProto()
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, post(t, s.url()+"/v1/logs", body, false))
+
+	assert.Equal(t, http.StatusBadRequest, post(t, s.url()+"/v1/logs", []byte("not protobuf \xff\xff"), false))
+
+	f := s.figures(start)
+	assert.Equal(t, 8.0, f.Sessions)
+	assert.Equal(t, 7.0, f.SessionsCompleted)
+	assert.InDelta(t, 1000*0.25*1.41421356, f.TTFT.P50, 1e-3, "all 7 in (0.25, 0.5]: the median sits at the log-middle")
+	require.Len(t, f.Spans, 1)
+	assert.Equal(t, Span{TraceID: "01020300000000000000000000000000", TTFTms: 750, SamplingReason: "ttft"}, f.Spans[0])
+	assert.Equal(t, map[string]int{"ttft": 1}, f.SpansByReason)
+	require.Len(t, f.StallAlerts, 1)
+	assert.Equal(t, 1.5, f.StallAlerts[0].T)
+	assert.Equal(t, 0.8, f.StallAlerts[0].KVUsage)
+	assert.Equal(t, []float64{1, 2}, []float64{f.KVUsage[0].T, f.KVUsage[1].T})
+	assert.Equal(t, 0.9, f.MaxKVUsage)
+	assert.Equal(t, 4.0, f.PreemptionCount)
+	assert.Equal(t, 1, f.BadRequests)
+}

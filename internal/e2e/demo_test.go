@@ -1,0 +1,77 @@
+package e2e
+
+import (
+	"context"
+	"math"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/demo"
+)
+
+// TestDemoPipeline is `make demo` in short form: vllmsim behind the
+// collector's proxy, its /metrics scraped, llmload through the proxy, the
+// collector's output in the demo's OTLP sink. The collector's figures must
+// agree with the client's: TTFT p50 and p99 within 5% (or 2 ms), every
+// session the client finished counted in llm.sessions, every session the
+// client saw as slow present as a span with the client's trace ID.
+func TestDemoPipeline(t *testing.T) {
+	collectorBin := collectorBinary(t)
+	bins := demo.Binaries{Collector: collectorBin, Sim: buildTool(t, "vllmsim"), Load: buildTool(t, "llmload")}
+
+	// All clients start at once and 30% of the prompts are long (3000
+	// words, ~165 ms of prefill each) with chunked prefill off: the first
+	// requests queue behind a second of prefill, so the run has slow
+	// sessions (TTFT > 500 ms) for the span check as well as fast ones.
+	p := demo.Point{
+		Scenario: demo.ScenarioSweep, Label: "e2e",
+		Engine: demo.Engine{Profile: "fp16", KVBlocks: 4096},
+		Load: demo.Load{Concurrency: 16, Duration: 4 * time.Second, PromptTokens: "uniform:200-800", OutputTokens: "32",
+			LongShare: 0.3, LongPromptTokens: 3000, Seed: 7},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := demo.RunPoint(ctx, bins, p, t.TempDir(), t.Logf)
+	require.NoError(t, err)
+
+	c, k := res.Client, res.Collector
+	t.Logf("client: %d ok, %d failed; TTFT p50 %.1f p99 %.1f ms; TPOT p50 %.1f p99 %.1f ms", c.Completed, c.Failed, c.TTFT.P50, c.TTFT.P99, c.TPOT.P50, c.TPOT.P99)
+	t.Logf("collector: %g sessions; TTFT p50 %.1f p99 %.1f ms (bucket width %.1f%%); %d spans; %d of %d slow sessions with a span",
+		k.Sessions, k.TTFT.P50, k.TTFT.P99, 100*k.TTFTBucketWidth, k.SpansKept, res.Slow.WithSpan, res.Slow.Slow)
+	require.Positive(t, c.Completed)
+	assert.Zero(t, c.Failed)
+	assert.Zero(t, k.BadRequests, "the sink could read everything the collector sent")
+
+	within := func(name string, client, collector float64) {
+		tol := math.Max(0.05*client, 2)
+		assert.InDelta(t, client, collector, tol, "%s: client %.1f ms, collector %.1f ms", name, client, collector)
+	}
+	within("TTFT p50", c.TTFT.P50, k.TTFT.P50)
+	within("TTFT p99", c.TTFT.P99, k.TTFT.P99)
+	within("TPOT p50", c.TPOT.P50, k.TPOT.P50)
+
+	assert.InDelta(t, float64(c.Completed), k.SessionsCompleted, 0, "every finished session is counted, as completed")
+	assert.InDelta(t, float64(c.Completed+c.Failed), k.Sessions, 0, "and no other")
+
+	assert.Positive(t, res.Slow.Slow, "the run must have slow sessions for the span check to mean anything")
+	assert.Equal(t, res.Slow.Slow, res.Slow.WithSpan, "slow sessions without a span: %v", res.Slow.Missing)
+
+	assert.NotEmpty(t, k.KVUsage, "the simulator's /metrics was scraped")
+	assert.Positive(t, k.MaxKVUsage)
+}
+
+// buildTool builds ./cmd/<name> into the test's temporary folder.
+func buildTool(t *testing.T, name string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), name)
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/"+name)
+	cmd.Dir = filepath.Join("..", "..")
+	b, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go build %s: %s", name, b)
+	return out
+}
