@@ -11,7 +11,8 @@
 # Writes $OUT_DIR/results.md and results.json (default bench/results), with
 # the logs, configs and profile beside them.
 # Env: BENCHTIME (Go benchmarks, default 1s), OUT_DIR, PROXY_DURATION (10s),
-#      E2E_DURATION (20s), TOKENBENCH_FLAGS (extra tokenbench flags).
+#      E2E_DURATION (20s), TOKENBENCH_FLAGS (extra tokenbench flags),
+#      PROXY_BENCH=0 (skip the proxy benchmark).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -54,6 +55,6 @@ phase go-benchmarks go_benchmarks
 phase stock-build bench/stock/build.sh
 phase tools tools
 phase tokenbench tokenbench
-phase proxy proxy
+[[ ${PROXY_BENCH:-1} == 0 ]] || phase proxy proxy
 bin/tokenbench -report -out "$OUT"
 cat "$OUT/results.md"

@@ -34,7 +34,10 @@ type e2eResult struct {
 
 func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (*e2eResult, error) {
 	upstream := freeAddr()
-	sim := exec.Command(vllmsim, "-addr", upstream)
+	// The demo's heaviest point (internal/demo: scenario b at 200, chunked
+	// prefill off, a KV pool that runs out): pre-emptions and stalls.
+	sim := exec.Command(vllmsim, "-addr", upstream, "-model", benchModel, "-profile", "fp16", "-kv-blocks", "4096",
+		"-chunked-prefill=false", "-prefill-priority=false")
 	simLog, err := os.Create(filepath.Join(e.out, "vllmsim.log"))
 	if err != nil {
 		return nil, err
@@ -87,7 +90,8 @@ func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (
 	outFile := filepath.Join(e.out, "e2e-llmload.json")
 	load := exec.CommandContext(e.ctx, llmload, "-url", "http://"+proxy, "-model", benchModel,
 		"-concurrency", fmt.Sprint(concurrency), "-duration", dur.String(), "-warmup", "0",
-		"-prompt-tokens", "uniform:200-800", "-output-tokens", "uniform:64-256", "-quiet", "-out", outFile)
+		"-ramp-up", "3s", "-prompt-tokens", "uniform:200-800", "-output-tokens", "128", "-long-share", "0.1", "-long-prompt-tokens", "3000",
+		"-seed", "1", "-traceparent", "-quiet", "-out", outFile)
 	load.Stdout, load.Stderr = simLog, simLog
 	t0, w0 := cpuSeconds(c.pid()), time.Now()
 	if err := load.Run(); err != nil {

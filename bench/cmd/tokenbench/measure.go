@@ -160,5 +160,7 @@ func measureMemory(ctx context.Context, c *collector, sk *sink, path string, k, 
 	log.Printf("%s: %d sessions × %d tokens in flight: RSS %.0f B/session, heap %.0f B/session (measured %.1fs after the first event)",
 		path, k, tokens, m.RSSPerSession, m.HeapPerSession, m.SecondsToMeasure)
 	sendFn(chunk(g.steps(nil, tokens+1, tokens+2), 1024, enc(g)))
+	// What the ended sessions produce belongs to this run, not the next.
+	settle()
 	return m, ctx.Err()
 }

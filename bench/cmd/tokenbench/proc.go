@@ -122,6 +122,26 @@ func cpuSeconds(pid int) float64 {
 	return float64(t) / clockTicks
 }
 
+// machineBusySeconds is the CPU time all processes on the machine have used
+// (the first line of /proc/stat: everything but idle and iowait).
+func machineBusySeconds() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	total := int64(0)
+	for i, v := range f[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		total += n
+	}
+	return float64(total) / clockTicks
+}
+
 // rssBytes is the resident set size of pid.
 func rssBytes(pid int) int64 {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))

@@ -256,7 +256,7 @@ func markdown(r fullReport, proxyMD []byte) string {
 			"%d events per hook batch / spans per OTLP request (%d tokens of each session per batch), sent by %s; UDP in %d-byte datagrams (the Go hook client's default), paced at %.0f events/s. "+
 			"Sink: an OTLP/gRPC server in the driver. Stock: `otelcol-stock` (contrib v0.161.0), each token a span (from the previous token to this one) and the request's span at its end, over OTLP/HTTP → "+
 			"`span_metrics` (all spans) and `tail_sampling` (latency > %s or 1%% probabilistic, decision_wait 5 s) → otlp. Ours: hooks → `token_session` (defaults: TTFT > 500 ms, TPOT > 80 ms, stalls, 1%%) → otlp.\n\n",
-			w.Waves, w.Sessions, w.Tokens, w.SlowShare*100, slowGap, w.BatchLines, w.BatchLines/w.Sessions, "4 concurrent HTTP clients", tp.UDPDatagramBytes, 400000.0, stockLatencyThreshold)
+			w.Waves, w.Sessions, w.Tokens, w.SlowShare*100, slowGap, w.BatchLines, w.BatchLines/w.Sessions, "4 concurrent HTTP clients", tp.UDPDatagramBytes, tp.UDPRate, stockLatencyThreshold)
 		p("| path | token events | collector CPU-s | tokens per CPU-s | CPU-s per M tokens | wall s | sink: spans / log records / metric points | lost |\n|---|---:|---:|---:|---:|---:|---|---:|\n")
 		for _, c := range []cpuRun{tp.HTTP, tp.UDP, tp.Stock} {
 			lost := c.Send.Events - c.Send.Accepted
@@ -282,17 +282,17 @@ func markdown(r fullReport, proxyMD []byte) string {
 	}
 	if s := t.Saturation; s != nil {
 		p("\n## Event rate to saturation (hooks HTTP, %d sessions streaming, %.0f s per step)\n\n", s.Sessions, s.StepSeconds)
-		p("The load generator runs on the same %d cores, so the collector's share at saturation is what the generator leaves it.\n\n", r.Machine.Cores)
-		p("| offered events/s | achieved events/s | collector cores | load generator + sink cores | CPU-s per M events | dropped | failed requests |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("The load generator and the sink run on the same %d cores, and so does whatever else the machine runs (its cores are listed), so the collector's share at saturation is what they leave it.\n\n", r.Machine.Cores)
+		p("| offered events/s | achieved events/s | collector cores | load generator + sink cores | other processes' cores | collector CPU-s per M events | dropped | failed requests |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, st := range s.Steps {
-			p("| %.0f | %.0f | %.2f | %.2f | %.3f | %d | %d |\n", st.Offered, st.Achieved, st.CollectorCPU, st.DriverCPU, st.CPUPerMEv, st.Dropped, st.Failed)
+			p("| %.0f | %.0f | %.2f | %.2f | %.2f | %.3f | %d | %d |\n", st.Offered, st.Achieved, st.CollectorCPU, st.DriverCPU, st.OtherCPU, st.CPUPerMEv, st.Dropped, st.Failed)
 		}
 		p("\nSaturation: %.0f events/s achieved. CPU profile of the collector at that rate (`%s`), top functions by own CPU:\n\n```\n%s\n```\n\nand with their callees:\n\n```\n%s\n```\n",
 			s.Saturation, filepath.Base(s.Profile), strings.Join(s.TopFuncs, "\n"), strings.Join(s.TopCum, "\n"))
 	}
 	if e := t.E2E; e != nil {
-		p("\n## End to end at the demo's load\n\n`bin/vllmsim` (defaults) behind the collector's proxy, its /metrics scraped every second, `token_session` → otlp sink; "+
-			"`llmload -concurrency %d` (prompts 200–800, outputs 64–256 tokens) for %.0f s.\n\n", e.Concurrency, e.DurationSeconds)
+		p("\n## End to end at the demo's load\n\nThe demo's heaviest point: `bin/vllmsim -profile fp16 -kv-blocks 4096 -chunked-prefill=false` behind the collector's proxy, its /metrics scraped every second, "+
+			"`token_session` (defaults) → otlp sink; `llmload -concurrency %d -ramp-up 3s` (prompts 200–800 words, 10%% of 3000, 128 output tokens); %.0f s from the first request to the last answer.\n\n", e.Concurrency, e.DurationSeconds)
 		p("| requests | output tokens/s | collector CPU-s | collector cores | CPU-s per M tokens | RSS idle → median / max | sessions ended |\n|---:|---:|---:|---:|---:|---|---:|\n")
 		p("| %d (%d failed) | %.0f | %.2f | %.3f | %.1f | %s → %s / %s | %.0f |\n\n", e.Completed, e.Failed, e.TokensPerSecond, e.CPUSeconds, e.Cores, e.CPUPerMTokens,
 			bytesText(float64(e.IdleRSS)), bytesText(float64(e.RSSMedian)), bytesText(float64(e.RSSMax)), e.Sessions)

@@ -30,6 +30,7 @@ type tokenPathResult struct {
 	RSSStockVsOurs     float64 `json:"memory_per_session_ratio_stock_vs_ours_rss"`
 	StockSpansExpected int64   `json:"stock_spans_sent"`
 	UDPDatagramBytes   int     `json:"udp_datagram_bytes"`
+	UDPRate            float64 `json:"udp_events_per_second_offered"`
 }
 
 type env struct {
@@ -59,7 +60,7 @@ func (e *env) hookPoster(a addrs) *poster {
 // tokenPath runs the comparison: the same workload through hooks HTTP, hooks
 // UDP and the stock pipeline, then K sessions in flight in ours and in stock.
 func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
-	res := &tokenPathResult{Workload: w, UDPDatagramBytes: e.udpBytes}
+	res := &tokenPathResult{Workload: w, UDPDatagramBytes: e.udpBytes, UDPRate: e.udpRate}
 
 	ours, a, err := e.startOurs("ours", "")
 	if err != nil {
@@ -92,10 +93,6 @@ func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
 	if res.MemStock.SecondsToMeasure >= 5 {
 		log.Printf("warning: stock memory measured %.1fs after the first span, after decision_wait", res.MemStock.SecondsToMeasure)
 	}
-	// The stock collector exports its sampled memory-run traces after
-	// decision_wait; let it, so that they do not land in the next run's
-	// counts.
-	settleStock(stock)()
 
 	// One generator per path, the same seed: the same events, new session IDs
 	// would be the same too, so each collector sees each session once.
@@ -132,9 +129,13 @@ func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
 	}
 	if m, err = ours.metrics(); err == nil {
 		res.UDP.Send.Accepted = int64(m.sum("otelcol_receiver_token_stream_accepted_events", map[string]string{"transport": "udp"}) - before)
-		// The CPU was spent on the events that arrived.
+		// The CPU was spent on the events that arrived: charge it to the
+		// tokens among them.
 		if lost := total - res.UDP.Send.Accepted; lost > 0 && res.UDP.CPUSeconds > 0 {
 			log.Printf("hooks_udp: %d of %d events lost before the receiver", lost, total)
+			arrived := float64(res.UDP.TokenEvents) * float64(res.UDP.Send.Accepted) / float64(total)
+			res.UDP.TokensPerCPUSecond = arrived / res.UDP.CPUSeconds
+			res.UDP.CPUSecPerMTokens = res.UDP.CPUSeconds / arrived * 1e6
 		}
 	}
 
@@ -254,6 +255,7 @@ type rateStep struct {
 	Achieved     float64 `json:"achieved_events_per_second"`
 	CollectorCPU float64 `json:"collector_cores"`
 	DriverCPU    float64 `json:"load_generator_and_sink_cores"`
+	OtherCPU     float64 `json:"other_processes_cores"`
 	CPUPerMEv    float64 `json:"cpu_seconds_per_million_events"`
 	Dropped      int64   `json:"events_dropped"`
 	Failed       int64   `json:"failed_requests"`
@@ -354,20 +356,20 @@ func (e *env) saturate(rates []float64, sessions int, stepDur time.Duration) (*s
 	for _, rate := range rates {
 		next := prepared(rate, stepDur)
 		c.waitIdle(5 * time.Second)
-		t0, d0 := cpuSeconds(c.pid()), cpuSeconds(os.Getpid())
+		t0, d0, m0 := cpuSeconds(c.pid()), cpuSeconds(os.Getpid()), machineBusySeconds()
 		r := hp.paced(e.ctx, e.workers, rate, stepDur, next)
-		cpu := cpuSeconds(c.pid()) - t0
+		cpu, driver := cpuSeconds(c.pid())-t0, cpuSeconds(os.Getpid())-d0
 		st := rateStep{
 			Offered: rate, Achieved: float64(r.Accepted) / r.Elapsed.Seconds(), CollectorCPU: cpu / r.Elapsed.Seconds(),
-			DriverCPU: (cpuSeconds(os.Getpid()) - d0) / r.Elapsed.Seconds(),
-			Dropped:   r.Events - r.Accepted, Failed: r.Failed,
+			DriverCPU: driver / r.Elapsed.Seconds(), OtherCPU: (machineBusySeconds() - m0 - cpu - driver) / r.Elapsed.Seconds(),
+			Dropped: r.Events - r.Accepted, Failed: r.Failed,
 		}
 		if r.Accepted > 0 {
 			st.CPUPerMEv = cpu / float64(r.Accepted) * 1e6
 		}
 		st.Saturated = st.Achieved < 0.95*rate || st.Dropped > 0
-		log.Printf("saturation: offered %.0f/s achieved %.0f/s, collector %.2f cores (driver %.2f), %.2f CPU-s per M events, dropped %d",
-			rate, st.Achieved, st.CollectorCPU, st.DriverCPU, st.CPUPerMEv, st.Dropped)
+		log.Printf("saturation: offered %.0f/s achieved %.0f/s, collector %.2f cores (driver %.2f, other processes %.2f), %.2f CPU-s per M events, dropped %d",
+			rate, st.Achieved, st.CollectorCPU, st.DriverCPU, st.OtherCPU, st.CPUPerMEv, st.Dropped)
 		s.Steps = append(s.Steps, st)
 		if st.Saturated {
 			s.Saturation = st.Achieved
