@@ -196,6 +196,17 @@ func plotSweep(path string, b, c []*PointResult) error {
 	p50 := tile("p50 TTFT vs concurrency", "p50 TTFT (ms)")
 	stalls := tile("stall alerts (collector)", "stall alerts during the point")
 	pre := tile("pre-emptions (scraped vllm:num_preemptions_total)", "pre-emptions during the point")
+	// Ticks at the sweep's concurrencies, not at round numbers.
+	var ticks []plot.Tick
+	for _, r := range append(slices.Clone(b), c...) {
+		x := float64(r.concurrency())
+		if !slices.ContainsFunc(ticks, func(t plot.Tick) bool { return t.Value == x }) {
+			ticks = append(ticks, plot.Tick{Value: x, Label: fmt.Sprint(r.concurrency())})
+		}
+	}
+	for _, p := range []*plot.Plot{p99, p50, stalls, pre} {
+		p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	}
 	for _, s := range []struct {
 		pts   []*PointResult
 		label string

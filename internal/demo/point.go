@@ -188,12 +188,17 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress 
 		return nil, err
 	}
 	var started []*process
+	var snk *sink
 	defer func() {
-		// Reverse order: the load, then the collector, then the engine.
+		// Reverse order: the load, then the collector, then the engine;
+		// the sink last, so that the collector's last flush finds it.
 		for i := len(started) - 1; i >= 0; i-- {
 			if stopErr := started[i].stop(); stopErr != nil && err == nil {
 				err = stopErr
 			}
+		}
+		if snk != nil {
+			snk.close()
 		}
 	}()
 
@@ -210,11 +215,9 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress 
 		return nil, err
 	}
 
-	snk, err := startSink()
-	if err != nil {
+	if snk, err = startSink(); err != nil {
 		return nil, err
 	}
-	defer snk.close()
 	var addrs [3]string
 	for i := range addrs {
 		if addrs[i], err = freeAddr(); err != nil {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -31,9 +33,13 @@ func (r *PointResult) concurrency() int { return r.Point.Load.Concurrency }
 func markdown(rep *Report, runErr error) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# make demo report\n\n")
-	fmt.Fprintf(&b, "Started %s, %d points in %.0f s. Each point: a fresh `vllmsim`, the collector (`token_stream` proxy in front of it, "+
+	fmt.Fprintf(&b, "Started %s on %d CPUs, %d points in %.0f s. Each point: a fresh `vllmsim`, the collector (`token_stream` proxy in front of it, "+
 		"`/metrics` scraped every 500 ms, `token_session` with exponential histograms) and `llmload` through the proxy.\n\n",
-		rep.StartedAt.Format("2006-01-02 15:04:05 UTC"), len(rep.Points), rep.WallS)
+		rep.StartedAt.Format("2006-01-02 15:04:05 UTC"), runtime.NumCPU(), len(rep.Points), rep.WallS)
+	if rep.LoadAvg[0] > 0 {
+		fmt.Fprintf(&b, "Load average (1 min) %.2f at the start, %.2f at the end: timings are wall-clock, and other work on the machine moves them.\n\n",
+			rep.LoadAvg[0], rep.LoadAvg[1])
+	}
 	if runErr != nil {
 		fmt.Fprintf(&b, "**The run did not finish:** %v. The tables hold the points done.\n\n", runErr)
 	}
@@ -108,9 +114,11 @@ func reasons(m map[string]int) string {
 }
 
 func concurrencies(pts []*PointResult) string {
-	s := make([]string, len(pts))
-	for i, r := range pts {
-		s[i] = fmt.Sprint(r.concurrency())
+	var s []string
+	for _, r := range pts {
+		if c := fmt.Sprint(r.concurrency()); !slices.Contains(s, c) {
+			s = append(s, c)
+		}
 	}
 	return strings.Join(s, ", ")
 }

@@ -20,6 +20,9 @@ import (
 type Report struct {
 	StartedAt time.Time      `json:"started_at"`
 	WallS     float64        `json:"wall_s"`
+	// LoadAvg is /proc/loadavg's 1-minute figure at the start and the end:
+	// timings are wall-clock, so other work on the machine moves them.
+	LoadAvg [2]float64 `json:"load_avg"`
 	Points    []*PointResult `json:"points"`
 	Plots     []string       `json:"plots"`
 }
@@ -33,6 +36,7 @@ func Run(ctx context.Context, bins Binaries, points []Point, out string, progres
 		return nil, err
 	}
 	rep := &Report{StartedAt: time.Now().UTC()}
+	rep.LoadAvg[0] = loadAvg()
 	var runErr error
 	for i, p := range points {
 		step := func(format string, args ...any) {
@@ -43,6 +47,9 @@ func Run(ctx context.Context, bins Binaries, points []Point, out string, progres
 		t0 := time.Now()
 		res, err := RunPoint(ctx, bins, p, filepath.Join(out, "points", p.Name()), step)
 		if err != nil {
+			if ctx.Err() != nil {
+				err = errors.New("interrupted; every process it started is stopped")
+			}
 			runErr = fmt.Errorf("%s: %w", p.Name(), err)
 			break
 		}
@@ -54,6 +61,7 @@ func Run(ctx context.Context, bins Binaries, points []Point, out string, progres
 			len(res.Collector.StallAlerts), res.Collector.PreemptionCount, 100*res.Collector.MaxKVUsage, res.CPUCores())
 	}
 	rep.WallS = time.Since(rep.StartedAt).Seconds()
+	rep.LoadAvg[1] = loadAvg()
 	if len(rep.Points) == 0 {
 		return rep, runErr
 	}
@@ -77,4 +85,15 @@ func writeJSON(rep *Report, path string) error {
 		return err
 	}
 	return os.WriteFile(path, append(data, '\n'), 0o644)
+}
+
+// loadAvg is the 1-minute load average, 0 where /proc/loadavg is missing.
+func loadAvg() float64 {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	var v float64
+	_, _ = fmt.Sscan(string(data), &v)
+	return v
 }
