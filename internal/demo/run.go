@@ -18,13 +18,13 @@ import (
 
 // Report is the result of a demo run (report.json).
 type Report struct {
-	StartedAt time.Time      `json:"started_at"`
-	WallS     float64        `json:"wall_s"`
+	StartedAt time.Time `json:"started_at"`
+	WallS     float64   `json:"wall_s"`
 	// LoadAvg is /proc/loadavg's 1-minute figure at the start and the end:
 	// timings are wall-clock, so other work on the machine moves them.
-	LoadAvg [2]float64 `json:"load_avg"`
-	Points    []*PointResult `json:"points"`
-	Plots     []string       `json:"plots"`
+	LoadAvg [2]float64     `json:"load_avg"`
+	Points  []*PointResult `json:"points"`
+	Plots   []string       `json:"plots"`
 }
 
 // Run runs the points one after the other, with their files under
