@@ -65,9 +65,12 @@ type Table struct {
 	freezeAfter int64
 
 	sessions map[string]*Session
-	traces   map[pcommon.TraceID]traceRef
-	ended    endedSet
-	free     []*Session
+	// last is the session Apply found last, checked before the map: the
+	// events of a packed token record come in a row for one session.
+	last   *Session
+	traces map[pcommon.TraceID]traceRef
+	ended  endedSet
+	free   []*Session
 
 	// slots and clocks are dense, indexed by Session.slot: the per-token
 	// path writes one clocks entry instead of relinking lists (which would
@@ -138,7 +141,11 @@ func (t *Table) TraceActive(id pcommon.TraceID) (active, kept bool) {
 // Apply folds one event in. now is the collector's clock (Unix ns) when the
 // event arrived; the event's own time is the engine's.
 func (t *Table) Apply(ev *tokenevent.Event, now int64) {
-	s := t.sessions[ev.SessionID]
+	s := t.last
+	if s == nil || s.ID != ev.SessionID {
+		s = t.sessions[ev.SessionID]
+		t.last = s
+	}
 	switch ev.Kind {
 	case tokenevent.KindStart:
 		switch {
@@ -415,6 +422,9 @@ func (t *Table) end(s *Session, outcome Outcome, e *End) {
 	trace := t.traceRemove(s.TraceID, s.Keep)
 	t.obs.Ended(s, e, trace)
 	delete(t.sessions, s.ID)
+	if t.last == s {
+		t.last = nil
+	}
 	last := int32(len(t.slots) - 1)
 	moved := t.slots[last]
 	t.slots[s.slot], t.clocks[s.slot] = moved, t.clocks[last]

@@ -108,6 +108,11 @@ type Parser struct {
 	limits   Limits
 	scratch  []byte
 	interned map[string]string
+	// recent caches interned strings by idSlot, in front of interned: a
+	// hit costs a few loads and one comparison instead of the map's hash
+	// and probe, and with a few hundred sessions in flight nearly every
+	// token line hits.
+	recent [idSlots]string
 
 	// cursor over the current line
 	b []byte
@@ -507,15 +512,51 @@ func (p *Parser) internedStr(name string, dst *string) error {
 
 // intern returns b as a string, reusing the string of an earlier equal value.
 func (p *Parser) intern(b []byte) string {
-	if s, ok := p.interned[string(b)]; ok {
-		return s
+	slot := &p.recent[idSlot(b)]
+	if *slot == string(b) {
+		return *slot
 	}
-	if len(p.interned) >= maxInterned {
-		clear(p.interned)
+	s, ok := p.interned[string(b)]
+	if !ok {
+		if len(p.interned) >= maxInterned {
+			clear(p.interned)
+		}
+		s = string(b)
+		p.interned[s] = s
 	}
-	s := string(b)
-	p.interned[s] = s
+	*slot = s
 	return s
+}
+
+// idSlots is the size of the direct-mapped caches of session IDs (the
+// parser's intern cache, the record writer's open records).
+const (
+	idSlotBits = 10
+	idSlots    = 1 << idSlotBits
+)
+
+// idSlot is a cheap hash of a session ID for the direct-mapped caches: its
+// first, middle and last 8 bytes (where IDs differ: counters, UUIDs,
+// random suffixes) and its length, mixed by one multiplication. IDs that
+// collide only miss the cache.
+func idSlot[S string | []byte](id S) int {
+	n := len(id)
+	var h uint64
+	if n >= 8 {
+		h = le64(id[:8]) ^ bits.RotateLeft64(le64(id[n/2-4:n/2+4]), 21) ^ bits.RotateLeft64(le64(id[n-8:]), 42)
+	} else {
+		for i := range n {
+			h = h<<8 | uint64(id[i])
+		}
+	}
+	h ^= uint64(n)
+	return int((h * 0x9e3779b97f4a7c15) >> (64 - idSlotBits))
+}
+
+func le64[S string | []byte](b S) uint64 {
+	_ = b[7]
+	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
 }
 
 func (p *Parser) attributes(ev *Event) error {

@@ -3,6 +3,8 @@ package tokenevent
 import (
 	"encoding/hex"
 	"fmt"
+	"math"
+	"strconv"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
@@ -32,9 +34,21 @@ const (
 	// AttrTokenCount is the token count of a record holding one token event
 	// (absent means 1).
 	AttrTokenCount = "llm.token.count"
-	// AttrTokenTimes and AttrTokenCounts hold a packed token record: several
-	// token events of one session, as parallel int arrays of event times
-	// (Unix ns) and token counts. The record's timestamp is the first time.
+	// AttrTokenEvents holds a packed token record: several token events of
+	// one session as one string, the events separated by single spaces, each
+	// "<offset>" or "<offset>:<count>": offset is the event's time minus the
+	// record's timestamp in ns (decimal, negative for an event older than
+	// the record's first), count the event's token count, written only when
+	// it is not 1. The record's timestamp is the first event's time, so the
+	// first offset is 0: "0 20000113 39998760:3 60001002".
+	//
+	// One string is the densest form pdata can carry at a cost per record
+	// rather than per event: pdata boxes each element of an array attribute
+	// in an allocation of its own.
+	AttrTokenEvents = "llm.token.events"
+	// AttrTokenTimes and AttrTokenCounts hold the earlier packed form,
+	// still read: parallel int arrays of event times (Unix ns) and token
+	// counts.
 	AttrTokenTimes  = "llm.token.times_unix_nano"
 	AttrTokenCounts = "llm.token.counts"
 )
@@ -42,40 +56,94 @@ const (
 // RecordWriter appends token events to a log record slice. The token events
 // of one session between its start and end are packed into a single record,
 // since a pdata record per token is the dominant cost at high rates.
+//
+// A packed record's events are written into it when packing ends (Flush,
+// Reset, or the session's next start or end event), as one string of known
+// length, not event by event. So the records are complete only after Flush
+// or Reset.
 type RecordWriter struct {
 	records  plog.LogRecordSlice
 	observed pcommon.Timestamp
-	open     map[string]openTokenRecord
+	// open maps a session ID to its token record in opens, while packing.
+	open  map[string]int32
+	opens []openTokenRecord
+	// recent caches open by idSlot: 1 + the index in opens of the record
+	// last looked up there, a hint checked against opens. It spares most
+	// token events the map's hash and probe.
+	recent [idSlots]int32
+	// packed holds the events of all open records, each record's events
+	// chained from first to last through next.
+	packed []packedEvent
+	text   []byte // scratch for the AttrTokenEvents string
 }
 
 type openTokenRecord struct {
-	rec           plog.LogRecord
-	times, counts pcommon.Slice // empty until a second event is packed
-	packed        bool
+	id  string
+	rec plog.LogRecord
+	// first and last index packed; events counts them.
+	first, last, events int32
+}
+
+type packedEvent struct {
+	time, count int64
+	next        int32 // index in packed of the session's next event; -1 for none
 }
 
 // NewRecordWriter returns a writer with no destination; call Reset before use.
 func NewRecordWriter() *RecordWriter {
-	return &RecordWriter{open: make(map[string]openTokenRecord)}
+	return &RecordWriter{open: make(map[string]int32)}
 }
 
-// Reset points w at records, stamping new records with observed as their
-// observed timestamp. Packing never spans two Resets.
+// Reset completes the records of the previous destination (see Flush) and
+// points w at records, stamping new records with observed as their observed
+// timestamp. Packing never spans two Resets.
 func (w *RecordWriter) Reset(records plog.LogRecordSlice, observed pcommon.Timestamp) {
+	w.Flush()
 	w.records = records
 	w.observed = observed
+}
+
+// Flush completes the packed token records written so far. Events appended
+// after it go into new records.
+func (w *RecordWriter) Flush() {
+	for i := range w.opens {
+		w.complete(&w.opens[i])
+	}
 	clear(w.open)
+	// Cleared, not only truncated: a pooled writer must not keep the
+	// records it wrote alive.
+	clear(w.opens)
+	w.opens = w.opens[:0]
+	w.packed = w.packed[:0]
+}
+
+// openRecord returns the session's open token record, or nil.
+func (w *RecordWriter) openRecord(id string) *openTokenRecord {
+	slot := &w.recent[idSlot(id)]
+	// Only an open record is cached under its ID, and a session has at most
+	// one open record, so a record found here with that ID is the one.
+	if i := int(*slot) - 1; i >= 0 && i < len(w.opens) && w.opens[i].id == id && w.opens[i].events > 0 {
+		return &w.opens[i]
+	}
+	i, ok := w.open[id]
+	if !ok {
+		return nil
+	}
+	*slot = i + 1
+	return &w.opens[i]
 }
 
 // Append writes ev.
 func (w *RecordWriter) Append(ev *Event) {
-	if ev.Kind == KindToken {
-		if o, ok := w.open[ev.SessionID]; ok {
-			w.pack(ev, o)
+	if o := w.openRecord(ev.SessionID); o != nil {
+		if ev.Kind == KindToken {
+			w.pack(o, int64(ev.TimeUnixNano), ev.Count)
 			return
 		}
-	} else {
+		// Later tokens of the session go after this event, so into a new
+		// record: complete the open one now.
 		delete(w.open, ev.SessionID)
+		w.complete(o)
 	}
 	lr := w.records.AppendEmpty()
 	lr.SetTimestamp(pcommon.Timestamp(ev.TimeUnixNano))
@@ -106,11 +174,13 @@ func (w *RecordWriter) Append(ev *Event) {
 		}
 	case KindToken:
 		lr.SetEventName(EventNameToken)
+		attrs.EnsureCapacity(3)
 		attrs.PutStr(AttrSessionID, ev.SessionID)
-		if ev.Count != 1 {
-			attrs.PutInt(AttrTokenCount, ev.Count)
-		}
-		w.open[ev.SessionID] = openTokenRecord{rec: lr}
+		i := int32(len(w.opens))
+		w.open[ev.SessionID] = i
+		w.recent[idSlot(ev.SessionID)] = i + 1
+		w.opens = append(w.opens, openTokenRecord{id: ev.SessionID, rec: lr, first: -1, last: -1})
+		w.pack(&w.opens[i], int64(ev.TimeUnixNano), ev.Count)
 	case KindEnd:
 		lr.SetEventName(EventNameEnd)
 		attrs.EnsureCapacity(4)
@@ -125,28 +195,51 @@ func (w *RecordWriter) Append(ev *Event) {
 	}
 }
 
-// pack adds a token event to the session's open token record, turning a
-// single-event record into a packed one on the second event.
-func (w *RecordWriter) pack(ev *Event, o openTokenRecord) {
-	if !o.packed {
-		attrs := o.rec.Attributes()
-		first := int64(1)
-		if v, ok := attrs.Get(AttrTokenCount); ok {
-			first = v.Int()
-			attrs.Remove(AttrTokenCount)
-		}
-		attrs.PutEmptySlice(AttrTokenTimes)
-		attrs.PutEmptySlice(AttrTokenCounts)
-		// Fetch both after both Puts: a Put may move the attributes.
-		times, _ := attrs.Get(AttrTokenTimes)
-		counts, _ := attrs.Get(AttrTokenCounts)
-		o = openTokenRecord{rec: o.rec, times: times.Slice(), counts: counts.Slice(), packed: true}
-		o.times.AppendEmpty().SetInt(int64(o.rec.Timestamp()))
-		o.counts.AppendEmpty().SetInt(first)
-		w.open[ev.SessionID] = o
+// pack adds a token event to an open token record.
+func (w *RecordWriter) pack(o *openTokenRecord, time, count int64) {
+	i := int32(len(w.packed))
+	w.packed = append(w.packed, packedEvent{time: time, count: count, next: -1})
+	if o.last >= 0 {
+		w.packed[o.last].next = i
+	} else {
+		o.first = i
 	}
-	o.times.AppendEmpty().SetInt(int64(ev.TimeUnixNano))
-	o.counts.AppendEmpty().SetInt(ev.Count)
+	o.last = i
+	o.events++
+}
+
+// complete writes an open record's events into it: one event as the
+// single-event form, more as AttrTokenEvents. It leaves o empty, so
+// completing it again does nothing.
+func (w *RecordWriter) complete(o *openTokenRecord) {
+	switch {
+	case o.events == 1:
+		if c := w.packed[o.first].count; c != 1 {
+			o.rec.Attributes().PutInt(AttrTokenCount, c)
+		}
+	case o.events > 1:
+		w.text = appendPacked(w.text[:0], w.packed, o.first)
+		o.rec.Attributes().PutStr(AttrTokenEvents, string(w.text))
+	}
+	o.events, o.first, o.last = 0, -1, -1
+}
+
+// appendPacked appends the AttrTokenEvents form of the events chained from
+// packed[first] to dst. Event times are positive int64s, so no offset
+// overflows.
+func appendPacked(dst []byte, packed []packedEvent, first int32) []byte {
+	base := packed[first].time
+	for i := first; i >= 0; i = packed[i].next {
+		if i != first {
+			dst = append(dst, ' ')
+		}
+		dst = strconv.AppendInt(dst, packed[i].time-base, 10)
+		if c := packed[i].count; c != 1 {
+			dst = append(dst, ':')
+			dst = strconv.AppendInt(dst, c, 10)
+		}
+	}
+	return dst
 }
 
 func putNonEmpty(m pcommon.Map, k, v string) {
@@ -245,6 +338,20 @@ func readStart(lr plog.LogRecord, attrs pcommon.Map, ev *Event, fn func(*Event))
 }
 
 func readToken(attrs pcommon.Map, ev *Event, fn func(*Event)) error {
+	if v, ok := attrs.Get(AttrTokenEvents); ok {
+		if v.Type() != pcommon.ValueTypeStr {
+			return &FieldError{Field: AttrTokenEvents, Reason: "want a string, got " + v.Type().String()}
+		}
+		base := ev.TimeUnixNano
+		if base > math.MaxInt64 {
+			return &FieldError{Field: "time_unix_nano", Reason: "want at most 2^63-1"}
+		}
+		// Checked whole before fn sees any event: a record is valid or not.
+		if err := scanPacked(v.Str(), int64(base), nil, nil); err != nil {
+			return err
+		}
+		return scanPacked(v.Str(), int64(base), ev, fn)
+	}
 	tv, packed := attrs.Get(AttrTokenTimes)
 	if !packed {
 		n, err := intAttr(attrs, AttrTokenCount, 1)
@@ -278,6 +385,58 @@ func readToken(attrs pcommon.Map, ev *Event, fn func(*Event)) error {
 		fn(ev)
 	}
 	return nil
+}
+
+// scanPacked reads the AttrTokenEvents form s of a record stamped base,
+// calling fn for each event when fn is not nil.
+func scanPacked(s string, base int64, ev *Event, fn func(*Event)) error {
+	for i, n := 0, 0; ; n++ {
+		off, j, ok := packedInt(s, i, true)
+		count := int64(1)
+		if ok && j < len(s) && s[j] == ':' {
+			count, j, ok = packedInt(s, j+1, false)
+			ok = ok && count >= 1
+		}
+		if !ok || (j < len(s) && s[j] != ' ') {
+			return &FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: want <offset ns>[:<count>], events separated by one space", n)}
+		}
+		// base >= 0, so only a positive offset can overflow, and it wraps
+		// below zero.
+		t := base + off
+		if t <= 0 {
+			return &FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: time is not a positive int64", n)}
+		}
+		if fn != nil {
+			ev.TimeUnixNano, ev.Count = uint64(t), count
+			fn(ev)
+		}
+		if j == len(s) {
+			return nil
+		}
+		i = j + 1
+	}
+}
+
+// packedInt reads a decimal int64 from s[i:], with a leading '-' if signed:
+// 1 to 19 digits.
+func packedInt(s string, i int, signed bool) (v int64, next int, ok bool) {
+	neg := signed && i < len(s) && s[i] == '-'
+	if neg {
+		i++
+	}
+	start := i
+	var u uint64
+	for i < len(s) && i-start < 19 && s[i]-'0' <= 9 {
+		u = u*10 + uint64(s[i]-'0')
+		i++
+	}
+	if i == start || u > math.MaxInt64 || (i < len(s) && s[i]-'0' <= 9) {
+		return 0, i, false
+	}
+	if neg {
+		return -int64(u), i, true
+	}
+	return int64(u), i, true
 }
 
 func readEnd(attrs pcommon.Map, ev *Event, fn func(*Event)) error {

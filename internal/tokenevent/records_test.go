@@ -1,7 +1,9 @@
 package tokenevent
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -31,6 +33,7 @@ func writeAll(t *testing.T, lines ...string) plog.LogRecordSlice {
 		require.NoError(t, p.Parse([]byte(l), &ev), "line %d", i+1)
 		w.Append(&ev)
 	}
+	w.Flush()
 	return records
 }
 
@@ -97,13 +100,142 @@ func TestRecordsSingleTokenNotPacked(t *testing.T) {
 }
 
 func TestRecordsPackedShape(t *testing.T) {
-	records := writeAll(t, `{"event":"token","session_id":"a","time_unix_nano":5,"count":7}`, `{"event":"token","session_id":"a","time_unix_nano":9}`)
+	records := writeAll(t,
+		`{"event":"token","session_id":"a","time_unix_nano":1000,"count":7}`,
+		`{"event":"token","session_id":"a","time_unix_nano":20001000}`,
+		`{"event":"token","session_id":"a","time_unix_nano":400,"count":2}`,
+		`{"event":"token","session_id":"a","time_unix_nano":40001000}`)
 	require.Equal(t, 1, records.Len())
+	assert.Equal(t, pcommon.Timestamp(1000), records.At(0).Timestamp())
 	assert.Equal(t, map[string]any{
 		AttrSessionID:   "a",
-		AttrTokenTimes:  []any{int64(5), int64(9)},
-		AttrTokenCounts: []any{int64(7), int64(1)},
+		AttrTokenEvents: "0:7 20000000 -600:2 40000000",
 	}, records.At(0).Attributes().AsRaw())
+}
+
+// Records packed as int arrays (the form before AttrTokenEvents) are read
+// as before.
+func TestReadRecordIntArrays(t *testing.T) {
+	lr := plog.NewLogRecord()
+	lr.SetEventName(EventNameToken)
+	lr.SetTimestamp(5)
+	lr.Attributes().PutStr(AttrSessionID, "a")
+	require.NoError(t, lr.Attributes().PutEmptySlice(AttrTokenTimes).FromRaw([]any{int64(5), int64(9)}))
+	require.NoError(t, lr.Attributes().PutEmptySlice(AttrTokenCounts).FromRaw([]any{int64(7), int64(1)}))
+	var got []Event
+	var ev Event
+	require.NoError(t, ReadRecord(lr, &ev, func(e *Event) { got = append(got, clone(e)) }))
+	want := []Event{
+		{Kind: KindToken, SessionID: "a", TimeUnixNano: 5, Count: 7, PromptTokens: -1, CompletionTokens: -1},
+		{Kind: KindToken, SessionID: "a", TimeUnixNano: 9, Count: 1, PromptTokens: -1, CompletionTokens: -1},
+	}
+	assert.Equal(t, want, got)
+}
+
+// packedRecord is a token record of session "s" stamped ts whose events are
+// the AttrTokenEvents string events.
+func packedRecord(ts uint64, events string) plog.LogRecord {
+	lr := plog.NewLogRecord()
+	lr.SetEventName(EventNameToken)
+	lr.SetTimestamp(pcommon.Timestamp(ts))
+	lr.Attributes().PutStr(AttrSessionID, "s")
+	lr.Attributes().PutStr(AttrTokenEvents, events)
+	return lr
+}
+
+func TestReadPackedEvents(t *testing.T) {
+	var got [][2]int64
+	var ev Event
+	lr := packedRecord(1000, "0 5:2 -999 9223372036854774807:9223372036854775807")
+	require.NoError(t, ReadRecord(lr, &ev, func(e *Event) { got = append(got, [2]int64{int64(e.TimeUnixNano), e.Count}) }))
+	assert.Equal(t, [][2]int64{{1000, 1}, {1005, 2}, {1, 1}, {math.MaxInt64, math.MaxInt64}}, got)
+}
+
+func TestReadPackedEventsErrors(t *testing.T) {
+	for _, tt := range []struct{ events, want string }{
+		{"", "event 0: want <offset ns>[:<count>], events separated by one space"},
+		{"0 ", "event 1: want <offset ns>[:<count>], events separated by one space"},
+		{"0  5", "event 1: want <offset ns>[:<count>], events separated by one space"},
+		{" 0", "event 0: want <offset ns>[:<count>], events separated by one space"},
+		{"0 5:0", "event 1: want <offset ns>[:<count>], events separated by one space"},
+		{"0 5:-1", "event 1: want <offset ns>[:<count>], events separated by one space"},
+		{"0 5:", "event 1: want <offset ns>[:<count>], events separated by one space"},
+		{"0,5", "event 0: want <offset ns>[:<count>], events separated by one space"},
+		{"0 x", "event 1: want <offset ns>[:<count>], events separated by one space"},
+		{"-", "event 0: want <offset ns>[:<count>], events separated by one space"},
+		{"0 12345678901234567890", "event 1: want <offset ns>[:<count>], events separated by one space"},
+		{"0 9223372036854775808", "event 1: want <offset ns>[:<count>], events separated by one space"},
+		{"0 -1000", "event 1: time is not a positive int64"},
+		{"0 9223372036854775807", "event 1: time is not a positive int64"},
+	} {
+		t.Run(tt.events, func(t *testing.T) {
+			called := false
+			var ev Event
+			err := ReadRecord(packedRecord(1000, tt.events), &ev, func(*Event) { called = true })
+			require.EqualError(t, err, AttrTokenEvents+": "+tt.want)
+			assert.False(t, called, "fn called for an invalid record")
+		})
+	}
+	lr := packedRecord(1000, "0")
+	lr.Attributes().PutInt(AttrTokenEvents, 3)
+	var ev Event
+	require.EqualError(t, ReadRecord(lr, &ev, func(*Event) {}), AttrTokenEvents+": want a string, got Int")
+	lr = packedRecord(math.MaxInt64+1, "0")
+	require.EqualError(t, ReadRecord(lr, &ev, func(*Event) {}), "time_unix_nano: want at most 2^63-1")
+}
+
+// FuzzPackedEvents checks that any token events of one session, in any
+// order, come back from the record the writer packs them into, and that the
+// reader never panics on an arbitrary AttrTokenEvents string; what it
+// accepts the writer writes back as the same events.
+func FuzzPackedEvents(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, "0 20000113 -5:3")
+	f.Add([]byte{255, 255, 255, 255, 255, 255, 255, 127, 1, 0, 0, 0, 0, 0, 0, 0}, "0:1")
+	f.Fuzz(func(t *testing.T, raw []byte, text string) {
+		var want []Event
+		for len(raw) >= 9 {
+			tm := binary.LittleEndian.Uint64(raw) & math.MaxInt64
+			c := int64(raw[8]) + 1
+			if raw[8] == 255 {
+				c = math.MaxInt64
+			}
+			raw = raw[9:]
+			if tm == 0 {
+				continue
+			}
+			want = append(want, Event{Kind: KindToken, SessionID: "s", TimeUnixNano: tm, Count: c, PromptTokens: -1, CompletionTokens: -1})
+		}
+		records := plog.NewLogRecordSlice()
+		w := NewRecordWriter()
+		w.Reset(records, 1)
+		for i := range want {
+			w.Append(&want[i])
+		}
+		w.Flush()
+		var got []Event
+		var ev Event
+		for i := range records.Len() {
+			require.NoError(t, ReadRecord(records.At(i), &ev, func(e *Event) { got = append(got, clone(e)) }))
+		}
+		assert.Equal(t, want, got)
+
+		lr := packedRecord(1_700_000_000_000_000_000, text)
+		var read []Event
+		if ReadRecord(lr, &ev, func(e *Event) { read = append(read, clone(e)) }) != nil {
+			return
+		}
+		again := plog.NewLogRecordSlice()
+		w.Reset(again, 1)
+		for i := range read {
+			w.Append(&read[i])
+		}
+		w.Flush()
+		var reread []Event
+		for i := range again.Len() {
+			require.NoError(t, ReadRecord(again.At(i), &ev, func(e *Event) { reread = append(reread, clone(e)) }))
+		}
+		assert.Equal(t, read, reread)
+	})
 }
 
 func TestReadRecordErrors(t *testing.T) {
@@ -128,6 +260,12 @@ func TestReadRecordErrors(t *testing.T) {
 			lr.Attributes().PutStr(AttrSessionID, "s")
 			lr.Attributes().PutInt(AttrTokenCount, 0)
 		}, AttrTokenCount + ": must be at least 1"},
+		{"packed not a string", func(lr plog.LogRecord) {
+			lr.SetEventName(EventNameToken)
+			lr.SetTimestamp(1)
+			lr.Attributes().PutStr(AttrSessionID, "s")
+			lr.Attributes().PutEmptySlice(AttrTokenEvents)
+		}, AttrTokenEvents + ": want a string, got Slice"},
 		{"ragged packed", func(lr plog.LogRecord) {
 			lr.SetEventName(EventNameToken)
 			lr.SetTimestamp(1)
@@ -194,6 +332,7 @@ func BenchmarkRecordWriter(b *testing.B) {
 		for i := range evs {
 			w.Append(&evs[i])
 		}
+		w.Flush()
 	}
 	b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(b.N*len(evs)), "ns/event")
 }

@@ -74,6 +74,7 @@ func BenchmarkConsumeLogsTokens(b *testing.B) {
 						w.Append(&ev)
 					}
 				}
+				w.Flush()
 				b.StartTimer()
 				if err := lp.ConsumeLogs(context.Background(), ld); err != nil {
 					b.Fatal(err)

@@ -136,6 +136,7 @@ func goldenBatch(evs ...tokenevent.Event) plog.Logs {
 	for i := range evs {
 		w.Append(&evs[i])
 	}
+	w.Flush()
 	return ld
 }
 

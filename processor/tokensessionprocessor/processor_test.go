@@ -86,6 +86,7 @@ func events(evs ...tokenevent.Event) plog.Logs {
 	for i := range evs {
 		w.Append(&evs[i])
 	}
+	w.Flush()
 	return ld
 }
 

@@ -215,6 +215,7 @@ func (d *batchDecoder) decode(body []byte, observed time.Time) {
 	sl.Scope().SetName(scopeName)
 	d.writer.Reset(sl.LogRecords(), pcommon.NewTimestampFromTime(observed))
 	d.parser.ParseBatch(body, d.maxLines, d.onEvent, d.onError)
+	d.writer.Flush()
 }
 
 func (d *batchDecoder) onEvent(ev *tokenevent.Event) {
