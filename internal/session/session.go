@@ -118,7 +118,10 @@ type Session struct {
 	Attachment any
 
 	// window of the latest per-token gaps, in µs to keep a session small.
-	gaps    []uint32
+	gaps []uint32
+	// gapSum is the sum of gaps, kept as they are pushed: the window TPOT
+	// is checked on every token.
+	gapSum  uint64
 	gapNext uint16
 	gapLen  uint16
 	// slowRun counts the consecutive slow per-token gaps, which began after
@@ -168,11 +171,7 @@ func (s *Session) WindowTPOT() (d time.Duration, ok bool) {
 	if s.gapLen == 0 {
 		return 0, false
 	}
-	var sum uint64
-	for _, g := range s.gaps[:s.gapLen] {
-		sum += uint64(g)
-	}
-	return time.Duration(sum/uint64(s.gapLen)) * time.Microsecond, true
+	return time.Duration(s.gapSum/uint64(s.gapLen)) * time.Microsecond, true
 }
 
 // Duration is from start (or the first event seen) to the last token or end.
@@ -197,6 +196,8 @@ func (s *Session) Duration(e *End) time.Duration { return s.duration(e.Time) }
 func (s *Session) pushGap(g time.Duration, n int64) {
 	us := uint32(min(g/time.Microsecond, 1<<32-1))
 	for range min(n, int64(len(s.gaps))) {
+		// The slot overwritten is 0 until the window is full.
+		s.gapSum += uint64(us) - uint64(s.gaps[s.gapNext])
 		s.gaps[s.gapNext] = us
 		s.gapNext = uint16((int(s.gapNext) + 1) % len(s.gaps))
 		s.gapLen = uint16(min(int(s.gapLen)+1, len(s.gaps)))

@@ -346,11 +346,7 @@ func readToken(attrs pcommon.Map, ev *Event, fn func(*Event)) error {
 		if base > math.MaxInt64 {
 			return &FieldError{Field: "time_unix_nano", Reason: "want at most 2^63-1"}
 		}
-		// Checked whole before fn sees any event: a record is valid or not.
-		if err := scanPacked(v.Str(), int64(base), nil, nil); err != nil {
-			return err
-		}
-		return scanPacked(v.Str(), int64(base), ev, fn)
+		return readPacked(v.Str(), int64(base), ev, fn)
 	}
 	tv, packed := attrs.Get(AttrTokenTimes)
 	if !packed {
@@ -387,34 +383,76 @@ func readToken(attrs pcommon.Map, ev *Event, fn func(*Event)) error {
 	return nil
 }
 
-// scanPacked reads the AttrTokenEvents form s of a record stamped base,
-// calling fn for each event when fn is not nil.
-func scanPacked(s string, base int64, ev *Event, fn func(*Event)) error {
+// readPacked reads the AttrTokenEvents form s of a record stamped base,
+// all of it before fn sees any event: a record is valid or not. Up to
+// len(buf) events are decoded once into buf, more are scanned twice.
+func readPacked(s string, base int64, ev *Event, fn func(*Event)) error {
+	var buf [64]packedEvent
+	n, err := scanPacked(s, base, buf[:])
+	if err != nil {
+		return err
+	}
+	if n > len(buf) {
+		scanPackedTo(s, base, ev, fn)
+		return nil
+	}
+	for _, p := range buf[:n] {
+		ev.TimeUnixNano, ev.Count = uint64(p.time), p.count
+		fn(ev)
+	}
+	return nil
+}
+
+// scanPacked checks s, storing its first len(buf) events in buf, and
+// returns the number of events.
+func scanPacked(s string, base int64, buf []packedEvent) (int, error) {
 	for i, n := 0, 0; ; n++ {
-		off, j, ok := packedInt(s, i, true)
-		count := int64(1)
-		if ok && j < len(s) && s[j] == ':' {
-			count, j, ok = packedInt(s, j+1, false)
-			ok = ok && count >= 1
+		t, count, j, err := packedEntry(s, i, base, n)
+		if err != nil {
+			return 0, err
 		}
-		if !ok || (j < len(s) && s[j] != ' ') {
-			return &FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: want <offset ns>[:<count>], events separated by one space", n)}
-		}
-		// base >= 0, so only a positive offset can overflow, and it wraps
-		// below zero.
-		t := base + off
-		if t <= 0 {
-			return &FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: time is not a positive int64", n)}
-		}
-		if fn != nil {
-			ev.TimeUnixNano, ev.Count = uint64(t), count
-			fn(ev)
+		if n < len(buf) {
+			buf[n] = packedEvent{time: t, count: count}
 		}
 		if j == len(s) {
-			return nil
+			return n + 1, nil
 		}
 		i = j + 1
 	}
+}
+
+// scanPackedTo calls fn for each event of s, which scanPacked accepted.
+func scanPackedTo(s string, base int64, ev *Event, fn func(*Event)) {
+	for i, n := 0, 0; ; n++ {
+		t, count, j, _ := packedEntry(s, i, base, n)
+		ev.TimeUnixNano, ev.Count = uint64(t), count
+		fn(ev)
+		if j == len(s) {
+			return
+		}
+		i = j + 1
+	}
+}
+
+// packedEntry reads event n, "<offset>[:<count>]", from s[i:], returning
+// its time and count and where it ends: at the end of s or at the space
+// before the next event.
+func packedEntry(s string, i int, base int64, n int) (t, count int64, next int, err error) {
+	off, j, ok := packedInt(s, i, true)
+	count = 1
+	if ok && j < len(s) && s[j] == ':' {
+		count, j, ok = packedInt(s, j+1, false)
+		ok = ok && count >= 1
+	}
+	if !ok || (j < len(s) && s[j] != ' ') {
+		return 0, 0, 0, &FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: want <offset ns>[:<count>], events separated by one space", n)}
+	}
+	// base >= 0, so only a positive offset can overflow, and it wraps
+	// below zero.
+	if t = base + off; t <= 0 {
+		return 0, 0, 0, &FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: time is not a positive int64", n)}
+	}
+	return t, count, j, nil
 }
 
 // packedInt reads a decimal int64 from s[i:], with a leading '-' if signed:

@@ -151,6 +151,37 @@ func TestReadPackedEvents(t *testing.T) {
 	assert.Equal(t, [][2]int64{{1000, 1}, {1005, 2}, {1, 1}, {math.MaxInt64, math.MaxInt64}}, got)
 }
 
+// A record of more events than the reader decodes in one pass is read in
+// two.
+func TestPackedRoundTripLong(t *testing.T) {
+	for _, n := range []int{2, 63, 64, 65, 1000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			var want []Event
+			for i := range n {
+				want = append(want, Event{Kind: KindToken, SessionID: "s", TimeUnixNano: uint64(1_700_000_000_000_000_000 + i*20_000_017 - (i%7)*1000),
+					Count: int64(1 + i%3), PromptTokens: -1, CompletionTokens: -1})
+			}
+			records := plog.NewLogRecordSlice()
+			w := NewRecordWriter()
+			w.Reset(records, 1)
+			for i := range want {
+				w.Append(&want[i])
+			}
+			w.Flush()
+			require.Equal(t, 1, records.Len())
+			assert.Equal(t, want, readAll(t, records))
+			// Invalid at the very end: no event reaches fn.
+			lr := records.At(0)
+			v, _ := lr.Attributes().Get(AttrTokenEvents)
+			lr.Attributes().PutStr(AttrTokenEvents, v.Str()+" x")
+			called := false
+			var ev Event
+			require.Error(t, ReadRecord(lr, &ev, func(*Event) { called = true }))
+			assert.False(t, called)
+		})
+	}
+}
+
 func TestReadPackedEventsErrors(t *testing.T) {
 	for _, tt := range []struct{ events, want string }{
 		{"", "event 0: want <offset ns>[:<count>], events separated by one space"},
