@@ -67,7 +67,7 @@ func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, h
 	if err != nil {
 		return nil, fmt.Errorf("proxy::upstream::endpoint: %w", err)
 	}
-	client, err := cfg.Upstream.ToClient(ctx, host.GetExtensions(), r.settings.TelemetrySettings)
+	client, err := upstreamClient(ctx, cfg.Upstream, host, r.settings.TelemetrySettings)
 	if err != nil {
 		return nil, fmt.Errorf("proxy::upstream: %w", err)
 	}
@@ -99,6 +99,7 @@ func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, h
 		return nil, fmt.Errorf("proxy: listen on %s: %w", cfg.ServerConfig.NetAddr.Endpoint, err)
 	}
 	p.addr = ln.Addr()
+	ln = connListener{ln}
 	p.batch = newEventBatcher(r, obs)
 	r.settings.Logger.Info("Token stream proxy listening", zap.String("endpoint", ln.Addr().String()), zap.String("upstream", upstream.Redacted()))
 	p.done.Add(1)
@@ -239,14 +240,17 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 }
 
 // relayStream forwards the upstream's events to the client as they come,
-// one flush per event, observing each.
+// observing each. The events of one read from the upstream go out in one
+// flush: they were all there at once, and a flush is a system call (its
+// cost is most of the proxy's per event).
 func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Context, upstream io.Reader, strip bool) {
 	flusher, _ := w.(http.Flusher)
 	parser := sse.NewParser(0)
 	buf := make([]byte, sseReadBuffer)
 	clientGone := false
+	var now time.Time // when the read holding the event returned
+	unflushed := false
 	onEvent := func(ev *sse.Event) error {
-		now := time.Now()
 		if ev.HasData && !ev.Oversized {
 			if f, ok := inspectChunk(ev.Data); ok {
 				if f.completionTokens >= 0 {
@@ -267,18 +271,21 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 			clientGone = true
 			return err
 		}
-		if flusher != nil {
-			flusher.Flush()
-		}
+		unflushed = true
 		return nil
 	}
 	var readErr error
 	for {
 		n, err := upstream.Read(buf)
 		if n > 0 {
+			now = time.Now()
 			if ferr := parser.Feed(buf[:n], onEvent); ferr != nil {
 				break
 			}
+			if unflushed && flusher != nil {
+				flusher.Flush()
+			}
+			unflushed = false
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
@@ -290,7 +297,7 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 			break
 		}
 	}
-	now := time.Now()
+	now = time.Now()
 	switch {
 	case clientGone || clientCtx.Err() != nil:
 		s.end(now, "", finishReasonAbort)

@@ -45,11 +45,12 @@ func BenchmarkProxyRelayEvent(b *testing.B) {
 	p.batch = newEventBatcher(r, obs)
 	defer p.batch.shutdown()
 	w := &discardResponse{h: http.Header{}}
+	data := stream.String()
 	b.ReportAllocs()
 	b.SetBytes(int64(stream.Len()))
 	for b.Loop() {
 		s := &proxySession{p: p, id: "bench", completionTokens: -1, promptTokens: -1}
-		s.relayStream(w, context.Background(), strings.NewReader(stream.String()), false)
+		s.relayStream(w, context.Background(), strings.NewReader(data), false)
 	}
 	b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(b.N*events), "ns/event")
 }
