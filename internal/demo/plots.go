@@ -70,6 +70,48 @@ func writePlots(rep *Report, out string) ([]string, error) {
 	return written, nil
 }
 
+// roundTicks puts about six ticks at round values (1, 2 or 5 times a power
+// of ten), labelled without trailing zeros: gonum's default ticker labels
+// 0 to 25 with two ticks, "0.00" and "25.00".
+type roundTicks struct{}
+
+func (roundTicks) Ticks(lo, hi float64) []plot.Tick {
+	if !(hi > lo) {
+		return []plot.Tick{{Value: lo, Label: fmt.Sprint(lo)}}
+	}
+	raw := (hi - lo) / 6
+	mag := math.Pow(10, math.Floor(math.Log10(raw)))
+	step := mag
+	for _, m := range []float64{2, 5, 10} {
+		if step >= raw {
+			break
+		}
+		step = m * mag
+	}
+	var ticks []plot.Tick
+	for v := math.Ceil(lo/step) * step; v <= hi+step*1e-9; v += step {
+		v = math.Round(v/step) * step
+		if v == 0 {
+			v = 0 // not -0
+		}
+		ticks = append(ticks, plot.Tick{Value: v, Label: fmt.Sprint(v)})
+		// Unlabelled minor ticks halfway.
+		if mid := v + step/2; mid <= hi {
+			ticks = append(ticks, plot.Tick{Value: mid})
+		}
+	}
+	return ticks
+}
+
+// newPlot is a plot with round ticks and a grid.
+func newPlot() *plot.Plot {
+	p := plot.New()
+	p.X.Tick.Marker = roundTicks{}
+	p.Y.Tick.Marker = roundTicks{}
+	p.Add(plotter.NewGrid())
+	return p
+}
+
 func newLine(xys plotter.XYs, c color.Color, dash bool) (*plotter.Line, error) {
 	l, err := plotter.NewLine(xys)
 	if err != nil {
@@ -106,12 +148,11 @@ func histCDF(h expHistogram, unit float64) plotter.XYs {
 func plotDistributions(path string, fp16, fp8 *PointResult) error {
 	tiles := make([]*plot.Plot, 2)
 	for i, metric := range []string{"TTFT", "TPOT"} {
-		p := plot.New()
+		p := newPlot()
 		p.Title.Text = metric + " distribution, fp16 vs fp8 (concurrency " + fmt.Sprint(fp16.concurrency()) + ")"
 		p.X.Label.Text = metric + " (ms)"
 		p.Y.Label.Text = "share of requests at or below"
 		p.Y.Min, p.Y.Max = 0, 1
-		p.Add(plotter.NewGrid())
 		p.Legend.Top, p.Legend.Left = false, false
 		p.Legend.YOffs = vg.Points(40)
 		for _, s := range []struct {
@@ -183,12 +224,11 @@ func addSweepLine(p *plot.Plot, name string, xys plotter.XYs, c color.Color, das
 
 func plotSweep(path string, b, c []*PointResult) error {
 	tile := func(title, ylabel string) *plot.Plot {
-		p := plot.New()
+		p := newPlot()
 		p.Title.Text = title
 		p.X.Label.Text = "concurrent requests"
 		p.Y.Label.Text = ylabel
 		p.Y.Min = 0
-		p.Add(plotter.NewGrid())
 		p.Legend.Top, p.Legend.Left = true, true
 		return p
 	}
@@ -239,23 +279,25 @@ func plotSweep(path string, b, c []*PointResult) error {
 }
 
 func plotStalls(path string, pts []*PointResult) error {
-	kv := plot.New()
+	kv := newPlot()
 	kv.Title.Text = "engine KV-cache usage (scraped every 500 ms) and stall alerts (x) at the KV usage they carry"
 	kv.Y.Label.Text = "KV usage (%)"
 	kv.Y.Min, kv.Y.Max = 0, 105
-	stalls := plot.New()
+	stalls := newPlot()
 	stalls.Title.Text = "stall alerts (cumulative, by the time of detection)"
 	stalls.Y.Label.Text = "stall alerts"
-	pre := plot.New()
+	pre := newPlot()
 	pre.Title.Text = "pre-emptions (vllm:num_preemptions_total, scraped)"
 	pre.Y.Label.Text = "pre-emptions"
 	pre.X.Label.Text = "seconds since the load started"
 	for _, p := range []*plot.Plot{kv, stalls, pre} {
-		p.Add(plotter.NewGrid())
 		p.Legend.Top, p.Legend.Left = true, true
 		p.X.Min = 0
 		p.Y.Min = 0
 	}
+	// The pool is full for most of the run, and fills during the ramp-up:
+	// the legend goes low in the middle.
+	kv.Legend.Top, kv.Legend.XOffs, kv.Legend.YOffs = false, 3*vg.Inch, vg.Points(10)
 	colors := []color.Color{colorA, colorC, colorExtra}
 	for i, r := range pts {
 		col := colors[i%len(colors)]

@@ -100,7 +100,9 @@ func (p *process) cpuSeconds() float64 {
 func (p *process) waitHTTP(ctx context.Context, url string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	client := &http.Client{Timeout: time.Second}
+	// No keep-alive: no idle connection (and its goroutines) outlives the
+	// check.
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
