@@ -2,6 +2,7 @@ package tokenevent
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/bits"
@@ -199,6 +200,16 @@ func (p *Parser) parseCompactToken(line []byte, ev *Event) bool {
 // anything else is left to the general parser.
 func compactUint(line []byte, i int) (v uint64, next int, ok bool) {
 	start := i
+	// Eight digits at a time while there are: a time_unix_nano has 19, and
+	// reading it a digit at a time was a tenth of the path's cost.
+	for i+8 <= len(line) && i-start <= 19-8 {
+		x := binary.LittleEndian.Uint64(line[i:])
+		if !eightDigits(x) {
+			break
+		}
+		v = v*100_000_000 + eightDigitsValue(x)
+		i += 8
+	}
 	for i < len(line) && i-start < 19 {
 		c := line[i] - '0'
 		if c > 9 {
@@ -211,6 +222,23 @@ func compactUint(line []byte, i int) (v uint64, next int, ok bool) {
 		return 0, i, false
 	}
 	return v, i, true
+}
+
+// eightDigits reports whether the 8 bytes of x (little-endian) are all
+// ASCII digits: each byte is 0x3_, and adding 6 to it does not carry out of
+// the low nibble (no byte carries into the next, as all are below 0x40).
+func eightDigits(x uint64) bool {
+	const hi = 0xF0F0F0F0F0F0F0F0
+	return x&hi == 0x3030303030303030 && (x+0x0606060606060606)&hi == 0x3030303030303030
+}
+
+// eightDigitsValue is the number eight ASCII digits spell, the first in the
+// lowest byte of x: pairs, then quads, then the eight are combined by
+// multiplications within the word (as simdjson parses eight digits).
+func eightDigitsValue(x uint64) uint64 {
+	x = (x & 0x0F0F0F0F0F0F0F0F) * (1 + 10<<8) >> 8
+	x = (x & 0x00FF00FF00FF00FF) * (1 + 100<<16) >> 16
+	return (x & 0x0000FFFF0000FFFF) * (1 + 10000<<32) >> 32
 }
 
 // ParseBatch parses an NDJSON body line by line. It calls onEvent for each

@@ -3,6 +3,8 @@ package tokenevent
 import (
 	"bytes"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -272,4 +274,47 @@ func BenchmarkParseBatch(b *testing.B) {
 	}
 	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "events/s")
 	b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(n), "ns/event")
+}
+
+// compactUintByDigit is compactUint a digit at a time, the reference for
+// its eight-digit steps.
+func compactUintByDigit(line []byte, i int) (uint64, int, bool) {
+	start := i
+	var v uint64
+	for i < len(line) && i-start < 19 && line[i]-'0' <= 9 {
+		v = v*10 + uint64(line[i]-'0')
+		i++
+	}
+	if i == start || (line[start] == '0' && i-start > 1) || v > math.MaxInt64 {
+		return 0, i, false
+	}
+	return v, i, true
+}
+
+func TestCompactUint(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	alphabet := []byte("0123456789/:,}a \x00\xff")
+	for range 200_000 {
+		line := make([]byte, rng.IntN(28))
+		for j := range line {
+			if rng.IntN(8) == 0 {
+				line[j] = alphabet[rng.IntN(len(alphabet))]
+			} else {
+				line[j] = '0' + byte(rng.IntN(10))
+			}
+		}
+		i := 0
+		if len(line) > 0 {
+			i = rng.IntN(len(line))
+		}
+		v, next, ok := compactUint(line, i)
+		wv, wnext, wok := compactUintByDigit(line, i)
+		require.Equal(t, [3]any{wv, wnext, wok}, [3]any{v, next, ok}, "%q from %d", line, i)
+	}
+	for _, s := range []string{"1700000000000000000", "9223372036854775807", "9223372036854775808", "99999999", "12345678", "00000000"} {
+		v, _, ok := compactUint([]byte(s), 0)
+		wv, _, wok := compactUintByDigit([]byte(s), 0)
+		assert.Equal(t, wv, v, s)
+		assert.Equal(t, wok, ok, s)
+	}
 }
