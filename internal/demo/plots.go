@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -88,13 +90,17 @@ func (roundTicks) Ticks(lo, hi float64) []plot.Tick {
 		}
 		step = m * mag
 	}
+	// As many decimals as the step has: 3×0.2 prints as 0.6, not
+	// 0.6000000000000001.
+	decimals := max(0, int(-math.Floor(math.Log10(step)+1e-9)))
 	var ticks []plot.Tick
-	for v := math.Ceil(lo/step) * step; v <= hi+step*1e-9; v += step {
-		v = math.Round(v/step) * step
-		if v == 0 {
-			v = 0 // not -0
+	for k := math.Ceil(lo / step); k*step <= hi+step*1e-9; k++ {
+		v := k * step
+		label := strconv.FormatFloat(v, 'f', decimals, 64)
+		if strings.Trim(label, "-0.") == "" {
+			label = "0" // not -0
 		}
-		ticks = append(ticks, plot.Tick{Value: v, Label: fmt.Sprint(v)})
+		ticks = append(ticks, plot.Tick{Value: v, Label: label})
 		// Unlabelled minor ticks halfway.
 		if mid := v + step/2; mid <= hi {
 			ticks = append(ticks, plot.Tick{Value: mid})
@@ -153,8 +159,14 @@ func plotDistributions(path string, fp16, fp8 *PointResult) error {
 		p.X.Label.Text = metric + " (ms)"
 		p.Y.Label.Text = "share of requests at or below"
 		p.Y.Min, p.Y.Max = 0, 1
+		// Where the curves are not: low on the right for TTFT (they rise
+		// early), high and right of the middle for TPOT (fp8 left, fp16
+		// far right).
 		p.Legend.Top, p.Legend.Left = false, false
 		p.Legend.YOffs = vg.Points(40)
+		if metric == "TPOT" {
+			p.Legend.Top, p.Legend.XOffs, p.Legend.YOffs = true, -0.4*vg.Inch, 0
+		}
 		for _, s := range []struct {
 			r *PointResult
 			c color.Color
