@@ -1,18 +1,33 @@
 #!/usr/bin/env bash
 # Proxy benchmark: per-SSE-event latency and CPU of the collector's
 # token_stream proxy side by side with nginx (and no proxy at all).
-# Usage: bench/proxy/run.sh            (from anywhere; writes results.md/.json here)
+# Usage: bench/proxy/run.sh            (from anywhere)
 # Env:   DURATION=15s N=64 GAP=20ms CONCURRENCY="100 500" COLLECTOR=bin/otelcol-llm
+#        PORT_BASE=18000 (upstream; +1 collector, +2 nginx, +3 collector pprof)
+#        OUT_DIR=<dir>  write <dir>/proxy.json and <dir>/proxy.md
+#                       (default: results.json and results.md next to this script)
+#        PROFILE=1      also save a 5 s CPU profile of the collector at each C
+#                       (pprof extension) as collector-cpu-c<C>.pprof in the output dir
+# Time: 6 runs of DURATION plus ~8 s each (tail of the last streams, pauses),
+# plus building the two helpers: about 2.5 min with DURATION=15s, 1.5 min with 5s.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
+if [[ -n ${OUT_DIR:-} ]]; then
+  mkdir -p "$OUT_DIR"; OUT_DIR=$(cd "$OUT_DIR" && pwd)
+  OUT_JSON=$OUT_DIR/proxy.json OUT_MD=$OUT_DIR/proxy.md
+else
+  OUT_DIR=$HERE OUT_JSON=$HERE/results.json OUT_MD=$HERE/results.md
+fi
+PROFILE=${PROFILE:-0}
 DURATION=${DURATION:-15s}
 N=${N:-64}
 GAP=${GAP:-20ms}
 CONCURRENCY=${CONCURRENCY:-"100 500"}
 COLLECTOR=${COLLECTOR:-$ROOT/bin/otelcol-llm}
-UP_PORT=18000 COL_PORT=18001 NGX_PORT=18002
+PORT_BASE=${PORT_BASE:-18000}
+UP_PORT=$PORT_BASE COL_PORT=$((PORT_BASE + 1)) NGX_PORT=$((PORT_BASE + 2)) PPROF_PORT=$((PORT_BASE + 3))
 TCK=$(getconf CLK_TCK)
 
 WORK=$(mktemp -d /tmp/bench-proxy.XXXXXX)
@@ -40,6 +55,9 @@ fi
 
 # --- configs ---------------------------------------------------------------
 cat >"$WORK/collector.yaml" <<YAML
+extensions:
+  pprof:
+    endpoint: 127.0.0.1:$PPROF_PORT
 receivers:
   token_stream:
     proxy:
@@ -55,6 +73,7 @@ exporters:
   debug:
     verbosity: basic
 service:
+  extensions: [pprof]
   telemetry:
     logs: {level: warn}
     metrics: {level: none}
@@ -100,13 +119,22 @@ http {
 NGX
 
 # --- helpers ---------------------------------------------------------------
-ticks() { # utime+stime of the given pids, in clock ticks
-  local t=0 p s
+ticks() { # "utime stime" of the given pids, in clock ticks
+  local u=0 k=0 p s
   for p in "$@"; do
     s=$(cat "/proc/$p/stat" 2>/dev/null) || continue
     s=${s##*) }            # fields from 3 on
     set -- $s
-    t=$((t + ${12} + ${13}))   # fields 14 and 15
+    u=$((u + ${12})); k=$((k + ${13}))   # fields 14 and 15
+  done
+  echo $u $k
+}
+ctxsw() { # voluntary + involuntary context switches of every thread of the given pids
+  local t=0 p f
+  for p in "$@"; do
+    for f in /proc/$p/task/*/status; do
+      t=$((t + $(awk '/ctxt_switches/{s+=$2} END{print s+0}' "$f" 2>/dev/null || echo 0)))
+    done
   done
   echo $t
 }
@@ -133,15 +161,18 @@ for C in $CONCURRENCY; do
       nginx)     port=$NGX_PORT; pids() { nginx_pids; } ;;
     esac
     kill -USR1 $UP_PID; sleep 0.2; up_before=$(tail -1 "$WORK/upstream.log")
-    p_before=$(ticks $(pids)); up_t0=$(ticks $UP_PID); rss_before=$(rss_kb $COL_PID)
+    read -r pu0 pk0 < <(ticks $(pids)); read -r uu0 uk0 < <(ticks $UP_PID); cs0=$(ctxsw $(pids)); rss_before=$(rss_kb $COL_PID)
     : >"$WORK/rss.txt"
     if [[ $path == collector ]]; then
       ( while sleep 0.5; do rss_kb $COL_PID >>"$WORK/rss.txt"; done ) & RSS_PID=$!; PIDS+=($RSS_PID)
+      if [[ $PROFILE == 1 ]]; then
+        ( sleep 3; curl -sf -o "$OUT_DIR/collector-cpu-c$C.pprof" "http://127.0.0.1:$PPROF_PORT/debug/pprof/profile?seconds=5" ) & PIDS+=($!)
+      fi
     fi
     echo "run: $path C=$C ..." >&2
     out=$("$WORK/client" -url "http://127.0.0.1:$port/v1/chat/completions" -c "$C" -duration "$DURATION" -label "$path")
     [[ $path == collector ]] && kill $RSS_PID 2>/dev/null
-    p_after=$(ticks $(pids)); up_t1=$(ticks $UP_PID)
+    read -r pu1 pk1 < <(ticks $(pids)); read -r uu1 uk1 < <(ticks $UP_PID); cs1=$(ctxsw $(pids))
     kill -USR1 $UP_PID; sleep 0.2; up_after=$(tail -1 "$WORK/upstream.log")
     rss_med=0; rss_max=0
     if [[ $path == collector ]]; then
@@ -149,12 +180,15 @@ for C in $CONCURRENCY; do
       read -r rss_med rss_max < <(head -n -2 "$WORK/rss.txt" | tail -n +5 | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]+0, a[NR]+0}')
     fi
     echo "$out" | jq -c --arg path "$path" --argjson c "$C" --argjson tck "$TCK" \
-      --argjson pt "$((p_after - p_before))" --argjson ut "$((up_t1 - up_t0))" \
+      --argjson pt "$((pu1 + pk1 - pu0 - pk0))" --argjson pk "$((pk1 - pk0))" --argjson ut "$((uu1 + uk1 - uu0 - uk0))" \
+      --argjson cs "$((cs1 - cs0))" \
       --argjson rss_idle "$COL_RSS_IDLE" --argjson rss_before "$rss_before" --argjson rss_med "$rss_med" --argjson rss_max "$rss_max" \
       --argjson up_before "$up_before" --argjson up_after "$up_after" '
       . + {path: $path, c: $c,
            proxy_cpu_s: ($pt / $tck), upstream_cpu_s: ($ut / $tck),
            proxy_cpu_us_per_event: (if $path == "direct" then null else ($pt / $tck * 1e6 / .total_content_events) end),
+           proxy_sys_us_per_event: (if $path == "direct" then null else ($pk / $tck * 1e6 / .total_content_events) end),
+           proxy_ctxsw_per_event: (if $path == "direct" then null else ($cs / .total_content_events) end),
            upstream_connections: ($up_after.connections - $up_before.connections),
            upstream_requests: ($up_after.requests - $up_before.requests)}
       + (if $path == "collector" then {collector_rss_idle_kb: $rss_idle, collector_rss_before_kb: $rss_before,
@@ -176,24 +210,29 @@ jq -s --arg n "$N" --arg gap "$GAP" --arg dur "$DURATION" --arg cores "$(nproc)"
        | $g[] | {path, c, p50_us, p99_us, events_per_s, errors,
                  added_p50_us: (.p50_us - $d.p50_us), added_p99_us: (.p99_us - $d.p99_us),
                  cpu_us_per_event: .proxy_cpu_us_per_event,
+                 sys_us_per_event: .proxy_sys_us_per_event,
+                 ctxsw_per_event: .proxy_ctxsw_per_event,
                  cpu_ratio_collector_nginx: (if .path=="collector" then .proxy_cpu_us_per_event / $x.proxy_cpu_us_per_event else null end),
                  upstream_connections,
                  mem_kb_per_stream: (if .path=="collector" then ((.collector_rss_run_median_kb - .collector_rss_idle_kb) / .c) else null end)} ]}' \
-   "$RUNS" >"$HERE/results.json"
+   "$RUNS" >"$OUT_JSON"
 
 {
   echo "# Proxy benchmark: what a proxy adds per SSE event"
   echo
   echo "$(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, N=$N content chunks every $GAP per stream, $DURATION per run (first 2 s not sampled),"
   echo "client, upstream and proxy on the same machine (127.0.0.1). Latency = client receive time − upstream send time of each content chunk."
-  echo "CPU = utime+stime of the proxying process(es) during the run ÷ content events (collector: one process; nginx: master + workers)."
+  echo "CPU = utime+stime of the proxying process(es) during the run ÷ content events (collector: one process; nginx: master + workers);"
+  echo "of which kernel = the stime part. Context switches = voluntary + involuntary, all threads, ÷ content events."
+  if [[ $PROFILE == 1 ]]; then echo "PROFILE=1: the collector was CPU-profiled for 5 s of each run, which adds to its CPU figures."; fi
   echo
-  echo "| path | C | events/s | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU µs/event | CPU collector/nginx | upstream conns | errors |"
-  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-  jq -r '.summary[] | "| \(.path) | \(.c) | \(.events_per_s|round) | \(.p50_us|round) | \(.p99_us|round) | \(if .path=="direct" then "—" else (.added_p50_us|round|tostring) end) | \(if .path=="direct" then "—" else (.added_p99_us|round|tostring) end) | \(if .cpu_us_per_event==null then "—" else (.cpu_us_per_event*10|round/10|tostring) end) | \(if .cpu_ratio_collector_nginx==null then "" else (.cpu_ratio_collector_nginx*100|round/100|tostring) end) | \(.upstream_connections) | \(.errors) |"' "$HERE/results.json"
+  echo "| path | C | events/s | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU µs/event | of which kernel | CPU collector/nginx | ctx switches/event | upstream conns | errors |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  jq -r 'def r1: if . == null then "—" else (.*10|round/10|tostring) end;
+    .summary[] | "| \(.path) | \(.c) | \(.events_per_s|round) | \(.p50_us|round) | \(.p99_us|round) | \(if .path=="direct" then "—" else (.added_p50_us|round|tostring) end) | \(if .path=="direct" then "—" else (.added_p99_us|round|tostring) end) | \(.cpu_us_per_event|r1) | \(.sys_us_per_event|r1) | \(if .cpu_ratio_collector_nginx==null then "" else (.cpu_ratio_collector_nginx*100|round/100|tostring) end) | \(if .ctxsw_per_event==null then "—" else (.ctxsw_per_event*100|round/100|tostring) end) | \(.upstream_connections) | \(.errors) |"' "$OUT_JSON"
   echo
-  jq -r '.runs[] | select(.path=="collector") | "Collector memory at C=\(.c): RSS idle \(.collector_rss_idle_kb) kB (after start-up), before run \(.collector_rss_before_kb) kB, during run median \(.collector_rss_run_median_kb) kB / max \(.collector_rss_run_max_kb) kB → \(((.collector_rss_run_median_kb - .collector_rss_idle_kb) / .c)|round) kB per open stream (median − idle) ÷ C."' "$HERE/results.json"
+  jq -r '.runs[] | select(.path=="collector") | "Collector memory at C=\(.c): RSS idle \(.collector_rss_idle_kb) kB (after start-up), before run \(.collector_rss_before_kb) kB, during run median \(.collector_rss_run_median_kb) kB / max \(.collector_rss_run_max_kb) kB → \(((.collector_rss_run_median_kb - .collector_rss_idle_kb) / .c)|round) kB per open stream (median − idle) ÷ C."' "$OUT_JSON"
   echo
-  echo "nginx $(jq -r .nginx_version "$HERE/results.json") (worker_processes auto, proxy_buffering off, HTTP/1.1 keepalive upstream); collector $COLLECTOR (token_stream proxy → token_session → debug basic)."
-} >"$HERE/results.md"
-cat "$HERE/results.md"
+  echo "nginx $(jq -r .nginx_version "$OUT_JSON") (worker_processes auto, proxy_buffering off, HTTP/1.1 keepalive upstream); collector $COLLECTOR (token_stream proxy → token_session → debug basic)."
+} >"$OUT_MD"
+cat "$OUT_MD"
