@@ -229,6 +229,10 @@ func doRequest(ctx context.Context, client *http.Client, cfg *Config, url string
 	return res
 }
 
+// maxTrailingBytes bounds what is read after [DONE] (servers send nothing
+// there; a broken one cannot hold the client).
+const maxTrailingBytes = 64 << 10
+
 type httpStatusError struct{ code int }
 
 func (e httpStatusError) Error() string { return fmt.Sprintf("http %d", e.code) }
@@ -384,6 +388,11 @@ func stream(client *http.Client, req *http.Request, res *Result) error {
 			return err
 		}
 	}
+	// Read on to the end of the body, as vllm bench serve does: closing it
+	// unread would close the connection (no reuse, a new connection in the
+	// next request's TTFT) and tell a proxy that the client went away while
+	// it was still finishing the stream. Nothing is timed after [DONE].
+	_, _ = io.Copy(io.Discard, io.LimitReader(br, maxTrailingBytes))
 	if first.IsZero() {
 		return errNoContent
 	}

@@ -6,10 +6,14 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -178,4 +182,25 @@ func TestRampUp(t *testing.T) {
 
 	cfg.Rate = 5
 	assert.Error(t, cfg.Validate(), "-ramp-up is for the closed loop only")
+}
+
+// TestConnectionReuse: the body is read to its end after [DONE], so the
+// connection goes back to the pool: sequential requests share one.
+func TestConnectionReuse(t *testing.T) {
+	var conns atomic.Int64
+	u := &upstream{sc: script{firstDelay: 5 * time.Millisecond, gap: 2 * time.Millisecond, chunks: 3, usage: 3}}
+	u.Server = httptest.NewUnstartedServer(http.HandlerFunc(u.handle))
+	u.Server.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	u.Start()
+	t.Cleanup(u.Close)
+	cfg := baseConfig(u)
+	cfg.Requests = 8
+	rep, err := Run(context.Background(), cfg, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 8, rep.Completed)
+	assert.EqualValues(t, 1, conns.Load(), "one connection for 8 sequential requests")
 }
