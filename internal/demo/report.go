@@ -2,6 +2,7 @@ package demo
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"path/filepath"
 	"runtime"
@@ -59,12 +60,12 @@ func markdown(rep *Report, runErr error) string {
 	}
 
 	b.WriteString("\n## Throughput and what the collector saw\n\n")
-	b.WriteString("| point | requests ok / failed | sessions counted | req/s | output tok/s | spans kept (by reason) | slow sessions with a span | stall alerts | pre-emptions | max KV usage | CPU cores |\n")
+	b.WriteString("| point | requests ok / failed | sessions counted (not completed) | req/s | output tok/s | spans kept (by reason) | slow sessions with a span | stall alerts | pre-emptions | max KV usage | CPU cores |\n")
 	b.WriteString("|---|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|\n")
 	for _, r := range rep.Points {
 		c, k := r.Client, r.Collector
-		fmt.Fprintf(&b, "| %s | %d / %d | %.0f | %.2f | %.0f | %d %s | %d / %d | %d | %.0f | %.0f%% | %.2f |\n", r.Point.Name(),
-			c.Completed, c.Failed, k.Sessions, c.RequestThroughput, c.OutputThroughput,
+		fmt.Fprintf(&b, "| %s | %d / %d | %.0f %s | %.2f | %.0f | %d %s | %d / %d | %d | %.0f | %.0f%% | %.2f |\n", r.Point.Name(),
+			c.Completed, c.Failed, k.Sessions, otherOutcomes(k.SessionsByOutcome), c.RequestThroughput, c.OutputThroughput,
 			k.SpansKept, reasons(k.SpansByReason), r.Slow.WithSpan, r.Slow.Slow,
 			len(k.StallAlerts), k.PreemptionCount, 100*k.MaxKVUsage, r.CPUCores())
 	}
@@ -95,6 +96,20 @@ func markdown(rep *Report, runErr error) string {
 		"`requests.ndjson` (one line per request with its trace ID), `collector.yaml`. `report.json` has every figure above, " +
 		"the scraped KV usage and pre-emption series and the stall alerts.\n")
 	return b.String()
+}
+
+// otherOutcomes lists the sessions that did not complete, by outcome.
+func otherOutcomes(m map[string]float64) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if k != "completed" && m[k] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %g", k, m[k]))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "(" + strings.Join(parts, ", ") + ")"
 }
 
 func reasons(m map[string]int) string {

@@ -70,7 +70,7 @@ type sink struct {
 
 	mu          sync.Mutex
 	sessions    map[string]float64 // attribute set -> latest cumulative count
-	sessionsOK  map[string]float64 // the completed ones
+	outcomes    map[string]string  // attribute set -> its llm.session.outcome
 	stalls      map[string]float64
 	ttft, tpot  map[string]expHistogram
 	kv          []Sample
@@ -89,7 +89,7 @@ func startSink() (*sink, error) {
 	}
 	s := &sink{
 		addr: ln.Addr().String(), done: make(chan struct{}),
-		sessions: map[string]float64{}, sessionsOK: map[string]float64{}, stalls: map[string]float64{},
+		sessions: map[string]float64{}, outcomes: map[string]string{}, stalls: map[string]float64{},
 		ttft: map[string]expHistogram{}, tpot: map[string]expHistogram{},
 	}
 	mux := http.NewServeMux()
@@ -187,10 +187,9 @@ func (s *sink) metric(m pmetric.Metric) {
 				s.stalls[key] = dp.DoubleValue() + float64(dp.IntValue())
 				continue
 			}
-			v := float64(dp.IntValue()) + dp.DoubleValue()
-			s.sessions[key] = v
-			if o, ok := dp.Attributes().Get("llm.session.outcome"); ok && o.Str() == "completed" {
-				s.sessionsOK[key] = v
+			s.sessions[key] = float64(dp.IntValue()) + dp.DoubleValue()
+			if o, ok := dp.Attributes().Get("llm.session.outcome"); ok {
+				s.outcomes[key] = o.Str()
 			}
 		}
 	case metricTTFT, metricTPOT:
@@ -332,8 +331,9 @@ func (s *sink) waitSessions(ctx context.Context, want float64, timeout time.Dura
 // CollectorFigures are the collector-side results of one point, read from
 // what it exported.
 type CollectorFigures struct {
-	Sessions          float64 `json:"sessions"`           // llm.sessions, all outcomes
-	SessionsCompleted float64 `json:"sessions_completed"` // llm.sessions{outcome=completed}
+	Sessions          float64            `json:"sessions"`           // llm.sessions, all outcomes
+	SessionsCompleted float64            `json:"sessions_completed"` // llm.sessions{outcome=completed}
+	SessionsByOutcome map[string]float64 `json:"sessions_by_outcome"`
 	TTFT              Quantiles
 	TPOT              Quantiles
 	// TTFTBucketWidth is the relative width of the TTFT histogram's buckets
@@ -367,12 +367,12 @@ func (s *sink) figures(start time.Time) CollectorFigures {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f := CollectorFigures{SpansByReason: map[string]int{}, Summaries: s.summaries, BadRequests: s.badRequests}
-	for _, v := range s.sessions {
+	f.SessionsByOutcome = map[string]float64{}
+	for k, v := range s.sessions {
 		f.Sessions += v
+		f.SessionsByOutcome[s.outcomes[k]] += v
 	}
-	for _, v := range s.sessionsOK {
-		f.SessionsCompleted += v
-	}
+	f.SessionsCompleted = f.SessionsByOutcome["completed"]
 	for _, v := range s.stalls {
 		f.StallEpisodes += v
 	}

@@ -55,7 +55,7 @@ func TestDemoPipeline(t *testing.T) {
 	within("TTFT p99", c.TTFT.P99, k.TTFT.P99)
 	within("TPOT p50", c.TPOT.P50, k.TPOT.P50)
 
-	assert.InDelta(t, float64(c.Completed), k.SessionsCompleted, 0, "every finished session is counted, as completed")
+	assert.InDelta(t, float64(c.Completed), k.SessionsCompleted, 0, "every finished session is counted, as completed; by outcome: %v", k.SessionsByOutcome)
 	assert.InDelta(t, float64(c.Completed+c.Failed), k.Sessions, 0, "and no other")
 
 	assert.Positive(t, res.Slow.Slow, "the run must have slow sessions for the span check to mean anything")
