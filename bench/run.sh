@@ -46,6 +46,11 @@ tokenbench() {
     -vllmsim bin/vllmsim -llmload bin/llmload -e2e-duration "${E2E_DURATION:-20s}" ${TOKENBENCH_FLAGS:-}
 }
 proxy() {
+  # Older versions of the proxy script write into bench/proxy/ only.
+  if ! grep -q OUT_DIR bench/proxy/run.sh; then
+    echo "bench/proxy/run.sh does not take OUT_DIR: proxy benchmark skipped" >&2
+    return 0
+  fi
   OUT_DIR=$OUT DURATION=${PROXY_DURATION:-10s} bench/proxy/run.sh
 }
 
