@@ -116,8 +116,9 @@ type memRun struct {
 
 // measureMemory opens K sessions (their starts and first tokens tokens each,
 // as fast as the collector takes them), measures RSS and the heap left after a
-// forced GC against the idle figures, then ends the sessions.
-func measureMemory(ctx context.Context, c *collector, sk *sink, path string, k, tokens int, sendFn func([]batch) sendResult, enc func(*generator) func([]wEvent) []byte, settle func()) (memRun, error) {
+// forced GC against the idle figures (and writes a heap profile if asked),
+// then ends the sessions.
+func measureMemory(ctx context.Context, c *collector, sk *sink, path string, k, tokens int, sendFn func([]batch) sendResult, enc func(*generator) func([]wEvent) []byte, settle func(), heapProfile string) (memRun, error) {
 	// RSS: growth from the fresh process, the runtime's working memory
 	// included (an upper bound of what the sessions cost). Heap: warm up
 	// first, with a few sessions that end, so that what grows once (buffer
@@ -159,6 +160,11 @@ func measureMemory(ctx context.Context, c *collector, sk *sink, path string, k, 
 	}
 	log.Printf("%s: %d sessions × %d tokens in flight: RSS %.0f B/session, heap %.0f B/session (measured %.1fs after the first event)",
 		path, k, tokens, m.RSSPerSession, m.HeapPerSession, m.SecondsToMeasure)
+	if heapProfile != "" {
+		if err := c.heapProfile(heapProfile); err != nil {
+			return m, err
+		}
+	}
 	sendFn(chunk(g.steps(nil, tokens+1, tokens+2), 1024, enc(g)))
 	// What the ended sessions produce belongs to this run, not the next.
 	settle()

@@ -227,6 +227,20 @@ func (c *collector) cpuProfile(ctx context.Context, d time.Duration, path string
 	return os.WriteFile(path, b, 0o644)
 }
 
+// heapProfile writes the collector's heap profile (after a GC) to path.
+func (c *collector) heapProfile(path string) error {
+	resp, err := http.Get("http://" + c.pprofAddr + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
 // telemetry reads the collector's self-telemetry.
 func (c *collector) metrics() (selfMetrics, error) {
 	resp, err := http.Get("http://" + c.telemetry + "/metrics")

@@ -283,6 +283,11 @@ func markdown(r fullReport, proxyMD []byte) string {
 				s.CPU.CPUSecPerMTokens, s.CPU.TokensPerCPUSecond, s.Evicted)
 		}
 	}
+	for _, st := range t.Scale {
+		if len(st.HeapTop) > 0 {
+			p("\nHeap profile with %d sessions open (`%s`, in-use space, whole process):\n\n```\n%s\n```\n", st.Sessions, filepath.Base(st.HeapProfile), strings.Join(st.HeapTop, "\n"))
+		}
+	}
 	if s := t.Saturation; s != nil {
 		p("\n## Event rate to saturation (hooks HTTP, %d sessions streaming, %.0f s per step)\n\n", s.Sessions, s.StepSeconds)
 		p("The load generator and the sink run on the same %d cores, and so does whatever else the machine runs (its cores are listed), so the collector's share at saturation is what they leave it.\n\n", r.Machine.Cores)

@@ -82,12 +82,12 @@ func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
 	// idle RSS is a fresh process's and not one grown by the throughput runs.
 	if res.MemOurs, err = measureMemory(e.ctx, ours, e.sink, "hooks_http", e.memK, e.memToks,
 		func(b []batch) sendResult { return hp.run(e.ctx, b, e.workers) },
-		func(*generator) func([]wEvent) []byte { return ndjson }, settleHTTP(ours)); err != nil {
+		func(*generator) func([]wEvent) []byte { return ndjson }, settleHTTP(ours), ""); err != nil {
 		return nil, err
 	}
 	if res.MemStock, err = measureMemory(e.ctx, stock, e.sink, "stock", e.memK, e.memToks,
 		func(b []batch) sendResult { return sp.run(e.ctx, b, e.workers) },
-		func(g *generator) func([]wEvent) []byte { return g.otlpSpans }, settleStock(stock)); err != nil {
+		func(g *generator) func([]wEvent) []byte { return g.otlpSpans }, settleStock(stock), ""); err != nil {
 		return nil, err
 	}
 	if res.MemStock.SecondsToMeasure >= 5 {
@@ -208,6 +208,9 @@ type scaleStep struct {
 	CPU      cpuRun `json:"cpu"`
 	Memory   memRun `json:"memory"`
 	Evicted  int64  `json:"sessions_evicted"`
+	// HeapProfile (largest step only) is taken with the K sessions open.
+	HeapProfile string   `json:"heap_profile,omitempty"`
+	HeapTop     []string `json:"heap_profile_top,omitempty"`
 }
 
 // scale: K sessions in flight at once for each K, one token per session per
@@ -221,9 +224,13 @@ func (e *env) scale(ks []int, tokensTotal int) ([]scaleStep, error) {
 		}
 		hp := e.hookPoster(a)
 		step := scaleStep{Sessions: k, Tokens: max(10, tokensTotal/k)}
+		if k == ks[len(ks)-1] {
+			// What the sessions' memory is made of, at the largest step.
+			step.HeapProfile = filepath.Join(e.out, fmt.Sprintf("heap-%d.pprof", k))
+		}
 		step.Memory, err = measureMemory(e.ctx, c, e.sink, fmt.Sprintf("scale %d", k), k, 4,
 			func(b []batch) sendResult { return hp.run(e.ctx, b, e.workers) },
-			func(*generator) func([]wEvent) []byte { return ndjson }, settleHTTP(c))
+			func(*generator) func([]wEvent) []byte { return ndjson }, settleHTTP(c), step.HeapProfile)
 		if err == nil {
 			w := workload{Sessions: k, Tokens: step.Tokens, Waves: 1, BatchLines: 1024, SlowShare: 0.02}
 			evs := newGenerator(w, uint64(k)).all()
@@ -235,6 +242,9 @@ func (e *env) scale(ks []int, tokensTotal int) ([]scaleStep, error) {
 				r := hp.run(e.ctx, nd, e.workers)
 				return r, failed(r)
 			}, settleHTTP(c))
+		}
+		if err == nil && step.HeapProfile != "" {
+			step.HeapTop, err = pprofTop(step.HeapProfile, 12, false, "-sample_index=inuse_space")
 		}
 		if m, merr := c.metrics(); merr == nil {
 			step.Evicted = int64(m.sum("otelcol_processor_token_session_sessions", map[string]string{"outcome": "evicted"}))
@@ -402,17 +412,16 @@ func (e *env) saturate(rates []float64, sessions int, stepDur time.Duration) (*s
 	if s.TopFuncs, err = pprofTop(s.Profile, 15, false); err != nil {
 		return s, err
 	}
-	s.TopCum, err = pprofTop(s.Profile, 30, true)
+	s.TopCum, err = pprofTop(s.Profile, 30, true, "-cum")
 	return s, err
 }
 
 // pprofTop is the table `go tool pprof -top` prints: the n functions with the
 // most CPU of their own (flat), or with their callees (cum).
-func pprofTop(profile string, n int, cum bool) ([]string, error) {
-	args := []string{"tool", "pprof", "-top", fmt.Sprintf("-nodecount=%d", n)}
+func pprofTop(profile string, n int, cum bool, extra ...string) ([]string, error) {
+	args := append([]string{"tool", "pprof", "-top", fmt.Sprintf("-nodecount=%d", n)}, extra...)
 	suffix := ".top.txt"
 	if cum {
-		args = append(args, "-cum")
 		suffix = ".topcum.txt"
 	}
 	out, err := exec.Command("go", append(args, profile)...).Output()
