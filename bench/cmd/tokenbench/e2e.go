@@ -30,6 +30,10 @@ type e2eResult struct {
 	Sessions        float64 `json:"sessions_ended"`
 	// Drops, from the collector's own telemetry; every one must be 0.
 	Drops map[string]float64 `json:"drops"`
+	// CountersExported are the event counters the collector exported (a
+	// counter never incremented may be absent: zero).
+	CountersExported []string `json:"counters_exported"`
+	Accepted         float64  `json:"receiver_accepted_events"`
 }
 
 func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (*e2eResult, error) {
@@ -137,6 +141,14 @@ func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (
 		return nil, err
 	}
 	res.Sessions = m.sum("otelcol_processor_token_session_sessions", nil)
+	for _, n := range []string{"otelcol_receiver_token_stream_accepted_events", "otelcol_receiver_token_stream_refused_events",
+		"otelcol_receiver_token_stream_rejected_events", "otelcol_processor_token_session_output_failures",
+		"otelcol_processor_token_session_invalid_records", "otelcol_exporter_send_failed_log_records", "otelcol_exporter_sent_log_records"} {
+		if m.has(n) {
+			res.CountersExported = append(res.CountersExported, n)
+		}
+	}
+	res.Accepted = m.sum("otelcol_receiver_token_stream_accepted_events", nil)
 	res.Drops = map[string]float64{
 		"receiver_refused_events":        m.sum("otelcol_receiver_token_stream_refused_events", nil),
 		"receiver_rejected_events":       m.sum("otelcol_receiver_token_stream_rejected_events", nil),

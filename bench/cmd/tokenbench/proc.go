@@ -294,6 +294,14 @@ func (m selfMetrics) sum(name string, match map[string]string) float64 {
 	return total
 }
 
+// has tells whether the collector exports the metric at all (a counter
+// that was never incremented may be absent, which also means zero).
+func (m selfMetrics) has(name string) bool {
+	_, a := m[name]
+	_, b := m[name+"_total"]
+	return a || b
+}
+
 // sumPrefix adds up every counter whose name starts with prefix.
 func (m selfMetrics) sumPrefix(prefix string) float64 {
 	total := 0.0

@@ -304,6 +304,9 @@ func markdown(r fullReport, proxyMD []byte) string {
 		p("| requests | output tokens/s | collector CPU-s | collector cores | CPU-s per M tokens | RSS idle → median / max | sessions ended |\n|---:|---:|---:|---:|---:|---|---:|\n")
 		p("| %d (%d failed) | %.0f | %.2f | %.3f | %.1f | %s → %s / %s | %.0f |\n\n", e.Completed, e.Failed, e.TokensPerSecond, e.CPUSeconds, e.Cores, e.CPUPerMTokens,
 			bytesText(float64(e.IdleRSS)), bytesText(float64(e.RSSMedian)), bytesText(float64(e.RSSMax)), e.Sessions)
+		p("Token events accepted by the receiver: %.0f; the client saw %d output tokens (one per chunk) and %d requests, i.e. %d events with a start and an end each. "+
+			"Counters the collector exported: %s (a counter never incremented is not exported: zero).\n\n",
+			e.Accepted, e.OutputTokens, e.Completed+e.Failed, e.OutputTokens+2*int64(e.Completed+e.Failed), strings.Join(e.CountersExported, ", "))
 		p("Drops (collector self-telemetry): ")
 		var parts []string
 		for _, k := range sortedKeys(e.Drops) {
