@@ -2,13 +2,21 @@
 // (/v1/chat/completions, /v1/completions with SSE streaming, /v1/models,
 // /health, /metrics) so the collector can be run and tested without a GPU.
 //
-// Inside, a continuous-batching scheduler steps in real time: prefill cost
-// grows with prompt tokens, a decode step's cost with the batch size; a KV
-// block pool (16 tokens per block) whose exhaustion pre-empts the newest
-// running request; chunked prefill and prefill-priority switches; fp16 and
-// fp8 speed profiles. Prompt length is the number of words of the prompt;
-// every request produces exactly max_tokens tokens (the last is EOS, finish
-// reason "stop", unless ignore_eos is set: then "length").
+// Inside, a continuous-batching scheduler steps in real time. A step lasts
+// as long as the slower of its arithmetic and its memory reads (a
+// roofline):
+//
+//	step-overhead + max((P+D)·prefill-per-token, decode-base + D·decode-per-seq)
+//
+// for P prompt tokens and D decoding sequences, so a decode step is
+// bandwidth-bound and prompt tokens ride along on it almost for free up to
+// the crossover, while a long prefill is compute-bound and stretches the
+// step for every decode in it. A KV block pool (16 tokens per block) whose
+// exhaustion pre-empts the newest running request; chunked prefill and
+// prefill-priority switches; fp16 and fp8 speed profiles. Prompt length is
+// the number of words of the prompt; every request produces exactly
+// max_tokens tokens (the last is EOS, finish reason "stop", unless
+// ignore_eos is set: then "length").
 package main
 
 import (
@@ -53,23 +61,37 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	c := &o.cfg
 	fs := flag.NewFlagSet("vllmsim", flag.ContinueOnError)
 	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprint(out, `Usage of vllmsim: a vLLM engine simulator (OpenAI-compatible API, /metrics).
+
+A step computing P prompt tokens and D decode tokens (one per decoding
+sequence) lasts, as a roofline (arithmetic and memory reads overlap):
+
+  step-overhead + max((P+D) * prefill-per-token * pf,
+                      (decode-base + D * decode-per-seq) * df)
+
+with pf, df = 1 for fp16 and the -fp8-*-factor flags for fp8.
+
+`)
+		fs.PrintDefaults()
+	}
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8000", "listen address")
 	fs.StringVar(&c.Model, "model", c.Model, "served model name")
-	fs.StringVar(&c.Profile, "profile", c.Profile, "speed profile: fp16 or fp8 (fp8 scales decode steps by -fp8-decode-factor, prefill by -fp8-prefill-factor)")
+	fs.StringVar(&c.Profile, "profile", c.Profile, "speed profile: fp16 or fp8 (fp8 scales the memory term by -fp8-decode-factor, the arithmetic by -fp8-prefill-factor)")
 	fs.IntVar(&c.KVBlocks, "kv-blocks", c.KVBlocks, "KV cache blocks of 16 tokens")
 	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "most sequences in one batch")
 	fs.IntVar(&c.MaxModelLen, "max-model-len", c.MaxModelLen, "longest prompt+output in tokens")
 	fs.BoolVar(&c.ChunkedPrefill, "chunked-prefill", c.ChunkedPrefill, "split long prefills across steps within the token budget")
 	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, "token budget of one step (without chunked prefill raised to -max-model-len)")
-	fs.BoolVar(&c.PrefillPriority, "prefill-priority", c.PrefillPriority, "admit waiting prefills first and run no decodes in their steps (vLLM V0); default decode first (V1)")
+	fs.BoolVar(&c.PrefillPriority, "prefill-priority", c.PrefillPriority, "admit waiting prompts first and run no decodes in their steps (vLLM V0 without chunked prefill); default decodes first, prompts fill the rest of the budget (V0 with chunked prefill, V1)")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the token text generator")
 	fs.IntVar(&o.defaultMaxTokens, "default-max-tokens", 128, "max_tokens when a request gives none")
 	fs.DurationVar(&c.Cost.StepOverhead, "step-overhead", c.Cost.StepOverhead, "fixed cost of every step")
-	fs.DurationVar(&c.Cost.PrefillPerToken, "prefill-per-token", c.Cost.PrefillPerToken, "prefill cost per prompt token (fp16)")
-	fs.DurationVar(&c.Cost.DecodeBase, "decode-base", c.Cost.DecodeBase, "decode step cost independent of batch size (weights read, fp16)")
-	fs.DurationVar(&c.Cost.DecodePerSeq, "decode-per-seq", c.Cost.DecodePerSeq, "decode step cost per sequence in the batch (KV read, fp16)")
-	fs.Float64Var(&c.Cost.FP8DecodeFactor, "fp8-decode-factor", c.Cost.FP8DecodeFactor, "decode cost factor of the fp8 profile")
-	fs.Float64Var(&c.Cost.FP8PrefillFactor, "fp8-prefill-factor", c.Cost.FP8PrefillFactor, "prefill cost factor of the fp8 profile")
+	fs.DurationVar(&c.Cost.PrefillPerToken, "prefill-per-token", c.Cost.PrefillPerToken, "arithmetic per token of a step, prompt or decode (compute-bound, fp16)")
+	fs.DurationVar(&c.Cost.DecodeBase, "decode-base", c.Cost.DecodeBase, "memory reads of every step: the weights (bandwidth-bound, fp16)")
+	fs.DurationVar(&c.Cost.DecodePerSeq, "decode-per-seq", c.Cost.DecodePerSeq, "memory reads per decoding sequence in a step: its KV cache (fp16)")
+	fs.Float64Var(&c.Cost.FP8DecodeFactor, "fp8-decode-factor", c.Cost.FP8DecodeFactor, "factor of the fp8 profile on the memory term (weights and KV reads)")
+	fs.Float64Var(&c.Cost.FP8PrefillFactor, "fp8-prefill-factor", c.Cost.FP8PrefillFactor, "factor of the fp8 profile on the arithmetic term")
 	fs.StringVar(&o.hook, "hook", "", "send token events with pkg/tokenhook to this endpoint, e.g. udp://127.0.0.1:4321 (empty: off)")
 	if err := fs.Parse(args); err != nil {
 		return o, err

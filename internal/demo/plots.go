@@ -263,7 +263,7 @@ func plotSweep(path string, b, c []*PointResult) error {
 		pts   []*PointResult
 		label string
 		c     color.Color
-	}{{b, "chunked prefill off", colorA}, {c, "chunked prefill + prefill priority", colorC}} {
+	}{{b, "chunked prefill off", colorA}, {c, "chunked prefill on", colorC}} {
 		if len(s.pts) == 0 {
 			continue
 		}

@@ -32,15 +32,25 @@ const (
 	ProfileFP8  = "fp8"
 )
 
-// Cost is the step cost model. A step that computes P prefill tokens and D
-// decode tokens (one per decoding sequence) lasts
+// Cost is the step cost model, a roofline. A step that computes P prefill
+// tokens and D decode tokens (one per decoding sequence) lasts
 //
-//	StepOverhead + P*PrefillPerToken*pf + [D>0]*(DecodeBase + D*DecodePerSeq)*df
+//	StepOverhead + max(compute, memory)
+//	compute = (P + D) * PrefillPerToken * pf
+//	memory  = (DecodeBase + D*DecodePerSeq) * df
 //
 // where pf and df are 1 for fp16 and FP8PrefillFactor / FP8DecodeFactor for
-// fp8. Prefill is compute-bound (linear in tokens); a decode step is
-// bandwidth-bound: it reads all weights once (DecodeBase) plus each
-// sequence's KV cache (DecodePerSeq).
+// fp8. On a GPU the matrix units and the memory traffic of one forward pass
+// overlap, so the pass takes as long as the slower of the two, not their
+// sum. Every token of the step costs the same arithmetic (PrefillPerToken);
+// every step reads all weights once (DecodeBase) and, per decoding
+// sequence, its KV cache (DecodePerSeq). A decode-only step is therefore
+// bandwidth-bound: with the defaults, 64 sequences need 3.5 ms of arithmetic
+// but 24.8 ms of reads. A prefill of a few hundred tokens rides along in
+// that spare arithmetic almost for free, which is where chunked prefill's
+// throughput comes from (Sarathi-Serve's "piggybacking"); a prefill of
+// thousands of tokens is compute-bound and stretches the step for every
+// decode in it.
 type Cost struct {
 	StepOverhead     time.Duration
 	PrefillPerToken  time.Duration
@@ -73,9 +83,10 @@ type Config struct {
 	ChunkedPrefill      bool   // split prefills across steps to fit the budget
 	MaxNumBatchedTokens int    // token budget of one step
 	// PrefillPriority makes the scheduler admit waiting requests first, and
-	// a step that admits new prefills runs no decodes (vLLM V0's default
-	// scheduler). Off: running requests first, waiting ones fill the rest
-	// of the budget (vLLM V1).
+	// a step that admits new prefills runs no decodes: vLLM V0's scheduler
+	// without chunked prefill. Off: running requests first, waiting ones
+	// fill the rest of the budget, which is what V0 switches to when
+	// chunked prefill is on, and how V1 always schedules.
 	PrefillPriority bool
 	Seed            uint64
 	Cost            Cost
@@ -119,17 +130,18 @@ func (c Config) validate() error {
 }
 
 // StepCost is the duration of a step computing prefillTokens prompt tokens
-// and decodeSeqs decode tokens.
+// and decodeSeqs decode tokens (see Cost). An empty step costs nothing.
 func (c Config) StepCost(prefillTokens, decodeSeqs int) time.Duration {
+	if prefillTokens+decodeSeqs == 0 {
+		return 0
+	}
 	pf, df := 1.0, 1.0
 	if c.Profile == ProfileFP8 {
 		pf, df = c.Cost.FP8PrefillFactor, c.Cost.FP8DecodeFactor
 	}
-	d := float64(c.Cost.StepOverhead) + float64(prefillTokens)*float64(c.Cost.PrefillPerToken)*pf
-	if decodeSeqs > 0 {
-		d += (float64(c.Cost.DecodeBase) + float64(decodeSeqs)*float64(c.Cost.DecodePerSeq)) * df
-	}
-	return time.Duration(d)
+	compute := float64(prefillTokens+decodeSeqs) * float64(c.Cost.PrefillPerToken) * pf
+	memory := (float64(c.Cost.DecodeBase) + float64(decodeSeqs)*float64(c.Cost.DecodePerSeq)) * df
+	return c.Cost.StepOverhead + time.Duration(max(compute, memory))
 }
 
 // Params are what a request asks for.
