@@ -173,30 +173,19 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 	_, _ = rand.Read(spanID[:])
 
 	// The body streams to the upstream through the scanner.
-	scanner := &requestScanner{}
-	body, bodyWriter := io.Pipe()
-	bodyDone := make(chan bool, 1)
-	go func() {
-		added, err := copyScanned(bodyWriter, req.Body, scanner)
-		bodyWriter.CloseWithError(err)
-		bodyDone <- added
-	}()
+	body := &scannedBody{src: req.Body}
 	out, err := http.NewRequestWithContext(req.Context(), http.MethodPost, p.upstreamURL(req.URL), body)
 	if err != nil {
-		_ = body.CloseWithError(err)
-		<-bodyDone
 		http.Error(w, "bad request", http.StatusBadRequest)
 		return
 	}
 	copyRequestHeaders(out.Header, req.Header)
-	out.Header.Set("traceparent", fmt.Sprintf("00-%s-%s-01", hex.EncodeToString(traceID[:]), hex.EncodeToString(spanID[:])))
+	out.Header["Traceparent"] = []string{traceparent(traceID, spanID)}
 	if traceState != "" {
 		out.Header.Set("tracestate", traceState)
 	}
 	resp, err := p.client.Do(out)
-	_ = body.CloseWithError(io.ErrClosedPipe)
-	injected := <-bodyDone
-	model, _, _ := scanner.requestInfo()
+	model, injected := body.stop()
 	s.emit(tokenevent.KindStart, s.started, func(ev *tokenevent.Event) {
 		ev.TraceID, ev.SpanID, ev.ParentSpanID = traceID, spanID, parentSpanID
 		ev.Model, ev.Operation, ev.Engine = model, op, p.engine
@@ -345,34 +334,6 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// requestBuffers hold request bodies on their way to the upstream; a body is
-// only copied while it uploads, so the buffers are shared.
-var requestBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
-
-// copyScanned copies the request body through the scanner, then adds
-// include_usage where the request streams without it.
-func copyScanned(dst io.Writer, src io.Reader, s *requestScanner) (bool, error) {
-	bp := requestBuffers.Get().(*[]byte)
-	defer requestBuffers.Put(bp)
-	buf := *bp
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			if fwd := s.scan(buf[:n]); len(fwd) > 0 {
-				if _, werr := dst.Write(fwd); werr != nil {
-					return false, werr
-				}
-			}
-		}
-		if errors.Is(err, io.EOF) {
-			return s.finish(dst, true)
-		}
-		if err != nil {
-			return false, err
-		}
-	}
-}
-
 func (p *proxyServer) upstreamURL(in *url.URL) string {
 	u := *p.upstream
 	u.Path = strings.TrimSuffix(p.upstream.Path, "/") + in.Path
@@ -411,6 +372,17 @@ func parseTraceContext(h http.Header) (trace pcommon.TraceID, parent pcommon.Spa
 	}
 	_, _ = rand.Read(trace[:])
 	return trace, pcommon.SpanID{}, ""
+}
+
+// traceparent is the W3C header naming span as the parent, sampled.
+func traceparent(trace pcommon.TraceID, span pcommon.SpanID) string {
+	var b [55]byte
+	copy(b[:], "00-")
+	hex.Encode(b[3:35], trace[:])
+	b[35] = '-'
+	hex.Encode(b[36:52], span[:])
+	copy(b[52:], "-01")
+	return string(b[:])
 }
 
 func newSessionID() string {

@@ -2,7 +2,9 @@ package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiv
 
 import (
 	"bytes"
+	"errors"
 	"io"
+	"sync"
 )
 
 // maxModelBytes bounds the model name the request scanner keeps.
@@ -232,4 +234,92 @@ func (s *requestScanner) requestInfo() (model string, stream, usageRequested boo
 		model = string(s.model)
 	}
 	return model, s.stream, s.hasStreamOpts && s.includeUsage
+}
+
+// scannedBody is the upstream request's body: the client's body passed
+// through the scanner as the transport reads it, in the reads it comes in,
+// with include_usage added at its end. (A pipe and a copying goroutine per
+// request did the same at a higher price.)
+//
+// The transport reads it on a goroutine of its own, and may still be
+// reading when the response has come (an upstream can answer before the
+// whole body is sent), so stop ends it and reads what the scanner found
+// under the lock that the reads take.
+type scannedBody struct {
+	src io.Reader
+
+	mu      sync.Mutex
+	s       requestScanner
+	tail    bytes.Buffer // what the scanner held back, and the added member
+	eof     bool         // src has ended: only tail is left to send
+	added   bool
+	started bool // the transport has begun reading src
+	stopped bool
+}
+
+// unsentScanBytes is how much of a body that was never sent (the upstream
+// unreachable) stop still reads to find the model.
+const unsentScanBytes = 32 << 10
+
+var errBodyStopped = errors.New("the response came: request body no longer forwarded")
+
+func (b *scannedBody) Read(p []byte) (int, error) {
+	for {
+		b.mu.Lock()
+		switch {
+		case b.stopped:
+			b.mu.Unlock()
+			return 0, errBodyStopped
+		case b.eof:
+			n, err := b.tail.Read(p)
+			b.mu.Unlock()
+			return n, err // io.EOF once the tail is sent
+		}
+		b.started = true
+		b.mu.Unlock()
+
+		// Not under the lock: this waits for the client.
+		n, err := b.src.Read(p)
+
+		b.mu.Lock()
+		if b.stopped {
+			b.mu.Unlock()
+			return 0, errBodyStopped
+		}
+		fwd := len(b.s.scan(p[:n]))
+		if errors.Is(err, io.EOF) {
+			b.eof = true
+			b.added, _ = b.s.finish(&b.tail, true)
+			err = nil
+		}
+		b.mu.Unlock()
+		if fwd > 0 || err != nil {
+			return fwd, err
+		}
+	}
+}
+
+func (b *scannedBody) Close() error { return nil }
+
+// stop ends the body and reports the request's model and whether
+// include_usage was added. When the transport never read the body, the
+// start of it is read here for the model; no read of the transport's can
+// be under way then, and none will start.
+func (b *scannedBody) stop() (model string, injected bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.stopped = true
+	if !b.started {
+		var buf [4096]byte
+		for read := 0; read < unsentScanBytes && !b.s.modelFull; {
+			n, err := b.src.Read(buf[:])
+			b.s.scan(buf[:n])
+			read += n
+			if err != nil {
+				break
+			}
+		}
+	}
+	model, _, _ = b.s.requestInfo()
+	return model, b.added
 }

@@ -2,8 +2,10 @@ package tokenstreamreceiver
 
 import (
 	"bytes"
+	"io"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -137,5 +139,79 @@ func FuzzRequestScanner(f *testing.F) {
 		if added && buf.Len() <= len(body) {
 			t.Fatalf("injection without growth")
 		}
+	})
+}
+
+// oneByteReader returns its input a byte per Read, the last byte with
+// io.EOF, as a client trickling its body would.
+type oneByteReader struct{ b []byte }
+
+func (r *oneByteReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	p[0], r.b = r.b[0], r.b[1:]
+	if len(r.b) == 0 {
+		return 1, io.EOF
+	}
+	return 1, nil
+}
+
+func TestScannedBody(t *testing.T) {
+	const in = `{"model":"m","stream":true,"messages":[]}` + "\n"
+	const want = `{"model":"m","stream":true,"messages":[],"stream_options":{"include_usage":true}}` + "\n"
+	for name, src := range map[string]io.Reader{
+		"whole":     strings.NewReader(in),
+		"trickled":  &oneByteReader{b: []byte(in)},
+		"with EOF":  iotest.DataErrReader(strings.NewReader(in)),
+		"half/half": iotest.HalfReader(strings.NewReader(in)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := &scannedBody{src: src}
+			got, err := io.ReadAll(b)
+			require.NoError(t, err)
+			assert.Equal(t, want, string(got))
+			model, injected := b.stop()
+			assert.Equal(t, "m", model)
+			assert.True(t, injected)
+			_, err = b.Read(make([]byte, 8))
+			assert.ErrorIs(t, err, errBodyStopped)
+		})
+	}
+
+	t.Run("stopped before the end", func(t *testing.T) {
+		pr, pw := io.Pipe()
+		b := &scannedBody{src: pr}
+		go func() { _, _ = io.WriteString(pw, `{"model":"m","stream":true,`) }()
+		buf := make([]byte, 64)
+		n, err := b.Read(buf)
+		require.NoError(t, err)
+		assert.Equal(t, `{"model":"m","stream":true,`, string(buf[:n]))
+		readErr := make(chan error, 1)
+		go func() { // the transport, still reading while the response has come
+			_, rerr := b.Read(buf)
+			readErr <- rerr
+		}()
+		model, injected := b.stop()
+		assert.Equal(t, "m", model)
+		assert.False(t, injected, "nothing added to a body that did not end")
+		go func() { _, _ = io.WriteString(pw, `"max_tokens":8}`) }()
+		assert.ErrorIs(t, <-readErr, errBodyStopped)
+		pr.Close() // ends the write if the read above never reached the pipe
+	})
+
+	t.Run("never sent", func(t *testing.T) { // the upstream was unreachable
+		b := &scannedBody{src: strings.NewReader(`{"messages":[{"role":"user","content":"` + strings.Repeat("x", 10000) + `"}],"model":"m","stream":true}`)}
+		model, injected := b.stop()
+		assert.Equal(t, "m", model, "found past the first read")
+		assert.False(t, injected)
+	})
+
+	t.Run("client error", func(t *testing.T) {
+		b := &scannedBody{src: iotest.ErrReader(io.ErrUnexpectedEOF)}
+		_, err := b.Read(make([]byte, 8))
+		assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
+		_, injected := b.stop()
+		assert.False(t, injected)
 	})
 }
