@@ -209,14 +209,27 @@ type batchDecoder struct {
 // decode parses body into d.logs, counting accepted and rejected lines and
 // keeping the first lineErrorsKept errors.
 func (d *batchDecoder) decode(body []byte, observed time.Time) {
+	d.begin(observed)
+	d.add(body)
+	d.finish()
+}
+
+// begin starts a batch that add fills with one or more bodies (UDP
+// datagrams read together) and finish completes.
+func (d *batchDecoder) begin(observed time.Time) {
 	d.logs = plog.NewLogs()
 	d.accepted, d.rejected, d.errs = 0, 0, d.errs[:0]
 	sl := d.logs.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty()
 	sl.Scope().SetName(scopeName)
 	d.writer.Reset(sl.LogRecords(), pcommon.NewTimestampFromTime(observed))
-	d.parser.ParseBatch(body, d.maxLines, d.onEvent, d.onError)
-	d.writer.Flush()
 }
+
+// add parses one body into the batch; line limits and numbers are per body.
+func (d *batchDecoder) add(body []byte) {
+	d.parser.ParseBatch(body, d.maxLines, d.onEvent, d.onError)
+}
+
+func (d *batchDecoder) finish() { d.writer.Flush() }
 
 func (d *batchDecoder) onEvent(ev *tokenevent.Event) {
 	d.accepted++

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -335,6 +336,44 @@ func TestUDP(t *testing.T) {
 			counter(t, tr.tel, "otelcol_receiver_token_stream_rejected_events", "udp") == 2
 	}, 10*time.Second, 5*time.Millisecond)
 	assert.Equal(t, []string{startLine, tok1, tok2, endLine}, events(t, tr.sink))
+}
+
+// Datagrams read together go to the pipeline as one batch; every event
+// arrives once, in order within its session, whatever the grouping.
+func TestUDPBurst(t *testing.T) {
+	tr := startReceiver(t, new(consumertest.LogsSink), func(c *Config) { c.Hooks.HTTP = configoptional.None[HTTPConfig]() })
+	var want []string
+	// Bursts of 20 datagrams sent back to back (16 KB, well within a
+	// default socket receive buffer, so none is dropped before it is read).
+	for burst := range 5 {
+		var datagrams []string
+		for d := range 20 {
+			var lines []string
+			for i := range 10 {
+				n := (burst*20+d)*10 + i
+				ev := tokenevent.Event{Kind: tokenevent.KindToken, SessionID: fmt.Sprintf("s-%d", n%3),
+					TimeUnixNano: uint64(1_700_000_000_000_000_000 + n*1000), Count: 1}
+				lines = append(lines, strings.TrimSpace(string(tokenevent.AppendJSON(nil, &ev))))
+			}
+			datagrams = append(datagrams, strings.Join(lines, "\n"))
+			want = append(want, lines...)
+		}
+		sendUDP(t, tr.udp, datagrams...)
+		require.Eventually(t, func() bool {
+			return counter(t, tr.tel, "otelcol_receiver_token_stream_accepted_events", "udp") == int64(len(want))
+		}, 10*time.Second, 5*time.Millisecond)
+	}
+	bySession := func(lines []string) map[string][]string {
+		m := map[string][]string{}
+		p := tokenevent.NewParser(tokenevent.Limits{})
+		var ev tokenevent.Event
+		for _, l := range lines {
+			require.NoError(t, p.Parse([]byte(l), &ev))
+			m[ev.SessionID] = append(m[ev.SessionID], l)
+		}
+		return m
+	}
+	assert.Equal(t, bySession(want), bySession(events(t, tr.sink)))
 }
 
 func TestUDPRefusedKeepsListening(t *testing.T) {
