@@ -299,7 +299,7 @@ func markdown(r fullReport, proxyMD []byte) string {
 			s.Saturation, filepath.Base(s.Profile), strings.Join(s.TopFuncs, "\n"), strings.Join(s.TopCum, "\n"))
 	}
 	if e := t.E2E; e != nil {
-		p("\n## End to end at the demo's load\n\nThe demo's heaviest point: `bin/vllmsim -profile fp16 -kv-blocks 4096 -chunked-prefill=false` behind the collector's proxy, its /metrics scraped every second, "+
+		p("\n## End to end at the demo's load\n\nThe demo's heaviest point: `bin/vllmsim -profile fp16 -kv-blocks 4096 -chunked-prefill=false -prefill-priority=true` behind the collector's proxy, its /metrics scraped every second, "+
 			"`token_session` (defaults) → otlp sink; `llmload -concurrency %d -ramp-up 3s` (prompts 200–800 words, 10%% of 3000, 128 output tokens); %.0f s from the first request to the last answer.\n\n", e.Concurrency, e.DurationSeconds)
 		p("| requests | output tokens/s | collector CPU-s | collector cores | CPU-s per M tokens | RSS idle → median / max | sessions ended |\n|---:|---:|---:|---:|---:|---|---:|\n")
 		p("| %d (%d failed) | %.0f | %.2f | %.3f | %.1f | %s → %s / %s | %.0f |\n\n", e.Completed, e.Failed, e.TokensPerSecond, e.CPUSeconds, e.Cores, e.CPUPerMTokens,
