@@ -38,8 +38,9 @@ type e2eResult struct {
 
 func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (*e2eResult, error) {
 	upstream := freeAddr()
-
-
+	// The demo's heaviest point (internal/demo: scenario b at 200, chunked
+	// prefill off, prefill first, a KV pool that runs out): pre-emptions
+	// and stalls.
 	sim := exec.Command(vllmsim, "-addr", upstream, "-model", benchModel, "-profile", "fp16", "-kv-blocks", "4096",
 		"-chunked-prefill=false", "-prefill-priority=true")
 	simLog, err := os.Create(filepath.Join(e.out, "vllmsim.log"))
