@@ -22,7 +22,8 @@ const maxDatagramBytes = 65507
 // arrives within coalesceWait, up to coalesceBytes in all. Under load a
 // pipeline call then carries many datagrams instead of one (a hook client
 // sends at most 8 KiB in one), and its cost per call is shared; when the
-// hooks are quiet a datagram waits coalesceWait at most.
+// hooks are quiet a datagram waits coalesceWait at most. The records are
+// the same as if each datagram went alone: packing does not span datagrams.
 const (
 	coalesceWait  = 100 * time.Microsecond
 	coalesceBytes = 256 << 10
@@ -92,7 +93,6 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 		d.begin(time.Now())
 		d.add(buf[:n])
 		closed := l.readQueued(d, buf)
-		d.finish()
 		// A refused batch is counted by consume; UDP has no one to tell.
 		_ = l.r.consume(ctx, l.obs, d, transportUDP)
 		l.r.release(d)

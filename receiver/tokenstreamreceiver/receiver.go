@@ -211,11 +211,10 @@ type batchDecoder struct {
 func (d *batchDecoder) decode(body []byte, observed time.Time) {
 	d.begin(observed)
 	d.add(body)
-	d.finish()
 }
 
 // begin starts a batch that add fills with one or more bodies (UDP
-// datagrams read together) and finish completes.
+// datagrams read together).
 func (d *batchDecoder) begin(observed time.Time) {
 	d.logs = plog.NewLogs()
 	d.accepted, d.rejected, d.errs = 0, 0, d.errs[:0]
@@ -224,12 +223,12 @@ func (d *batchDecoder) begin(observed time.Time) {
 	d.writer.Reset(sl.LogRecords(), pcommon.NewTimestampFromTime(observed))
 }
 
-// add parses one body into the batch; line limits and numbers are per body.
+// add parses one body into the batch; line limits and numbers are per body,
+// and so is packing: the records are those of the body on its own.
 func (d *batchDecoder) add(body []byte) {
 	d.parser.ParseBatch(body, d.maxLines, d.onEvent, d.onError)
+	d.writer.Flush()
 }
-
-func (d *batchDecoder) finish() { d.writer.Flush() }
 
 func (d *batchDecoder) onEvent(ev *tokenevent.Event) {
 	d.accepted++
