@@ -598,9 +598,9 @@ class RealCollectorTest(unittest.TestCase):
 
         self.assertEqual(sorted(token_events(recs)), sorted(tokens))
         for rec, attrs in by_name["llm.token"]:
-            times = attrs.get("llm.token.times_unix_nano")
-            if times:  # a packed record is stamped with its first event's time
-                self.assertEqual(int(rec["timeUnixNano"]), times[0])
+            packed = attrs.get("llm.token.events")
+            if packed:  # a packed record is stamped with its first event's time
+                self.assertEqual(packed.split(" ")[0].split(":")[0], "0")
 
         rec, attrs = by_name["llm.session.end"][0]
         self.assertEqual(int(rec["timeUnixNano"]), end)
@@ -682,11 +682,13 @@ def token_events(recs):
     for rec, attrs in recs:
         if rec.get("eventName") != "llm.token":
             continue
-        times = attrs.get("llm.token.times_unix_nano")
-        if times is not None:
-            counts = attrs.get("llm.token.counts")
-            assert counts is not None and len(counts) == len(times), attrs
-            out.extend(zip(times, counts))
+        packed = attrs.get("llm.token.events")
+        if packed is not None:
+            # "<offset ns from the record's time>[:<count>]", space-separated
+            base = int(rec["timeUnixNano"])
+            for event in packed.split(" "):
+                offset, _, count = event.partition(":")
+                out.append((base + int(offset), int(count) if count else 1))
         else:
             out.append((int(rec["timeUnixNano"]), attrs.get("llm.token.count", 1)))
     return out
