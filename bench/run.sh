@@ -12,7 +12,7 @@
 # the logs, configs and profile beside them.
 # Env: BENCHTIME (Go benchmarks, default 1s), OUT_DIR, PROXY_DURATION (10s),
 #      E2E_DURATION (20s), TOKENBENCH_FLAGS (extra tokenbench flags),
-#      PROXY_BENCH=0 (skip the proxy benchmark).
+#      PROXY_BENCH=0 (skip the proxy benchmark), PROXY_PORT_BASE (28100).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -51,7 +51,9 @@ proxy() {
     echo "bench/proxy/run.sh does not take OUT_DIR: proxy benchmark skipped" >&2
     return 0
   fi
-  OUT_DIR=$OUT DURATION=${PROXY_DURATION:-10s} bench/proxy/run.sh
+  # Ports of its own, away from the proxy script's default (18000-18003),
+  # which a developer may be running by hand at the same time.
+  OUT_DIR=$OUT DURATION=${PROXY_DURATION:-10s} PORT_BASE=${PROXY_PORT_BASE:-28100} bench/proxy/run.sh
 }
 
 [[ -x bin/otelcol-llm ]] || { echo "bin/otelcol-llm missing: make build" >&2; exit 1; }
