@@ -1,6 +1,7 @@
 package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -237,11 +238,17 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 	parser := sse.NewParser(0)
 	buf := make([]byte, sseReadBuffer)
 	clientGone := false
+	// finished: the upstream sent [DONE], so the generation is whole. A
+	// client that closes the stream after that (many stop reading at
+	// [DONE]) did not abort anything.
+	finished := false
 	var now time.Time // when the read holding the event returned
 	unflushed := false
 	onEvent := func(ev *sse.Event) error {
 		if ev.HasData && !ev.Oversized {
-			if f, ok := inspectChunk(ev.Data); ok {
+			if bytes.Equal(ev.Data, doneData) {
+				finished = true
+			} else if f, ok := inspectChunk(ev.Data); ok {
 				if f.completionTokens >= 0 {
 					s.completionTokens = f.completionTokens
 				}
@@ -288,6 +295,8 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 	}
 	now = time.Now()
 	switch {
+	case finished:
+		s.end(now, "", s.finishReason)
 	case clientGone || clientCtx.Err() != nil:
 		s.end(now, "", finishReasonAbort)
 	case readErr != nil:

@@ -394,6 +394,38 @@ func TestProxyClientDisconnectAbortsUpstream(t *testing.T) {
 	}, 10*time.Second, 5*time.Millisecond, "the upstream request is cancelled")
 }
 
+// A client that stops reading at [DONE] and closes the stream before the
+// upstream ends its response (vllm bench serve, many SDKs) got the whole
+// answer: its session is completed, not aborted.
+func TestProxyClientLeavingAfterDoneCompletes(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	require.Contains(t, chat[len(chat)-1], "[DONE]")
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, chat, func(int) time.Duration { return time.Millisecond })
+		<-r.Context().Done() // holds the response open until the proxy gives up on it
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink)
+	req, err := http.NewRequest(http.MethodPost, tr.proxyURL()+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	br := bufio.NewReader(resp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		require.NoError(t, err)
+		if strings.HasPrefix(line, "data: [DONE]") {
+			break
+		}
+	}
+	resp.Body.Close()
+	evs := sessionEvents(t, sink, 1)
+	end := evs[len(evs)-1]
+	assert.Equal(t, tokenevent.KindEnd, end.Kind)
+	assert.Equal(t, "stop", end.FinishReason)
+	assert.Empty(t, end.Error)
+}
+
 func TestProxyConcurrentStreamsNoCrossTalk(t *testing.T) {
 	chat, _ := fixtureStreams(t)
 	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
