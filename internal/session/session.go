@@ -83,6 +83,12 @@ type Stall struct {
 
 // Session is one streamed request. The Table owns it: an Observer may read
 // it during a callback and must not keep it afterwards (it is reused).
+//
+// Its size matters (issue 7: at most 512 B per in-flight session): the
+// word-sized fields come first and the small ones last so that no padding
+// sits between them, the gap window lives in the Table's dense array, and
+// what few sessions have sits behind one pointer (extra). 240 B, a size
+// class of its own; TestSessionSize guards it.
 type Session struct {
 	ID           string
 	TraceID      pcommon.TraceID
@@ -91,12 +97,8 @@ type Session struct {
 	Model        string
 	Operation    string
 	Engine       string
-	Attributes   []tokenevent.Attribute
 	// PromptTokens is -1 when unknown.
 	PromptTokens int64
-	// HasStart is false while the session was created by a token event that
-	// overtook its start (UDP reordering).
-	HasStart bool
 
 	// Engine times in Unix ns; 0 when not seen.
 	StartTime, FirstTokenTime, LastTokenTime int64
@@ -105,33 +107,72 @@ type Session struct {
 	MaxGap         time.Duration
 	WindowTPOTMax  time.Duration
 	StallCount     int
-	// Stalls are the first MaxStallRecords episodes.
-	Stalls []Stall
 
-	// Verdict, final at the end; Keep may be set early (TTFT, stall).
-	Keep      bool
-	Reasons   Reason
+	// Threshold is part of the verdict (see Keep).
 	Threshold sampling.Threshold
-	Outcome   Outcome
 
 	// Attachment is the Observer's own per-session data.
 	Attachment any
 
-	// window of the latest per-token gaps, in µs to keep a session small.
-	gaps []uint32
-	// gapSum is the sum of gaps, kept as they are pushed: the window TPOT
-	// is checked on every token.
-	gapSum  uint64
-	gapNext uint16
-	gapLen  uint16
-	// slowRun counts the consecutive slow per-token gaps, which began after
-	// the token at slowSince.
-	slowRun   int32
-	slowSince int64
-	inStall   bool
+	// extra holds the start attributes and the stall records; nil until a
+	// session has either, and kept (emptied) when the Session is reused.
+	extra *extra
 
+	// gapSum is the sum of the window's gaps (in the Table's gap window),
+	// kept as they are pushed: the window TPOT is checked on every token.
+	gapSum uint64
+	// slowSince is the time of the token after which the run of slow gaps
+	// (slowRun) began.
+	slowSince int64
+
+	// slowRun counts the consecutive slow per-token gaps.
+	slowRun int32
 	// slot is the session's index in the table's dense arrays.
 	slot int32
+	// gapNext is the window position the next gap goes to; gapLen how many
+	// of the window's gaps are set.
+	gapNext uint16
+	gapLen  uint16
+
+	// HasStart is false while the session was created by a token event that
+	// overtook its start (UDP reordering).
+	HasStart bool
+	// Verdict, final at the end; Keep may be set early (TTFT, stall).
+	Keep    bool
+	Reasons Reason
+	Outcome Outcome
+	inStall bool
+}
+
+// extra is what most sessions do not have: start attributes (the proxy
+// sends none) and stall records. Behind one pointer it costs a session 8 B
+// instead of 48.
+type extra struct {
+	attributes []tokenevent.Attribute
+	stalls     []Stall
+}
+
+// Attributes are the start event's extra attributes.
+func (s *Session) Attributes() []tokenevent.Attribute {
+	if s.extra == nil {
+		return nil
+	}
+	return s.extra.attributes
+}
+
+// Stalls are the first MaxStallRecords stall episodes.
+func (s *Session) Stalls() []Stall {
+	if s.extra == nil {
+		return nil
+	}
+	return s.extra.stalls
+}
+
+func (s *Session) ensureExtra() *extra {
+	if s.extra == nil {
+		s.extra = new(extra)
+	}
+	return s.extra
 }
 
 // End is what the end event said; the zero End with CompletionTokens -1
@@ -191,28 +232,7 @@ func (s *Session) duration(end int64) time.Duration {
 // session ended without one.
 func (s *Session) Duration(e *End) time.Duration { return s.duration(e.Time) }
 
-// pushGap adds n per-token gaps of g to the window and returns the window
-// TPOT after it.
-func (s *Session) pushGap(g time.Duration, n int64) {
-	us := uint32(min(g/time.Microsecond, 1<<32-1))
-	for range min(n, int64(len(s.gaps))) {
-		// The slot overwritten is 0 until the window is full.
-		s.gapSum += uint64(us) - uint64(s.gaps[s.gapNext])
-		s.gaps[s.gapNext] = us
-		s.gapNext = uint16((int(s.gapNext) + 1) % len(s.gaps))
-		s.gapLen = uint16(min(int(s.gapLen)+1, len(s.gaps)))
-	}
-	if w, _ := s.WindowTPOT(); w > s.WindowTPOTMax {
-		s.WindowTPOTMax = w
-	}
-}
-
-// reset clears s for reuse, keeping the window's storage.
-func (s *Session) reset(window int) {
-	gaps := s.gaps
-	if cap(gaps) < window {
-		gaps = make([]uint32, window)
-	}
-	clear(gaps[:window])
-	*s = Session{gaps: gaps[:window], PromptTokens: -1}
+// reset clears s for reuse, keeping its extra (emptied when s ended).
+func (s *Session) reset() {
+	*s = Session{extra: s.extra, PromptTokens: -1}
 }

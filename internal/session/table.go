@@ -3,6 +3,7 @@ package session
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
@@ -78,6 +79,11 @@ type Table struct {
 	// sequentially, which for 100 000 sessions takes a fraction of a ms.
 	slots  []*Session
 	clocks []clock
+	// gaps holds each session's window of the latest per-token gaps, in µs,
+	// Window entries per slot: dense rather than a slice per session, which
+	// would cost a slice header and an allocation rounded up to its size
+	// class (issue 7).
+	gaps []uint32
 
 	Counters Counters
 }
@@ -257,7 +263,7 @@ func (t *Table) create(id string, now int64) *Session {
 	} else {
 		s = new(Session)
 	}
-	s.reset(t.cfg.Window)
+	s.reset()
 	s.ID = id
 	randomID(s.TraceID[:])
 	randomID(s.SpanID[:])
@@ -266,6 +272,9 @@ func (t *Table) create(id string, now int64) *Session {
 	s.slot = int32(len(t.slots))
 	t.slots = append(t.slots, s)
 	t.clocks = append(t.clocks, clock{lastSeen: now})
+	n := len(t.gaps)
+	t.gaps = slices.Grow(t.gaps, t.cfg.Window)[:n+t.cfg.Window]
+	clear(t.gaps[n:])
 	return s
 }
 
@@ -294,7 +303,8 @@ func (t *Table) fillStart(s *Session, ev *tokenevent.Event) {
 	s.Model, s.Operation, s.Engine = ev.Model, ev.Operation, ev.Engine
 	s.PromptTokens = ev.PromptTokens
 	if len(ev.Attributes) > 0 {
-		s.Attributes = append(s.Attributes[:0], ev.Attributes...)
+		x := s.ensureExtra()
+		x.attributes = append(x.attributes[:0], ev.Attributes...)
 	}
 	if s.FirstTokenTime != 0 && s.FirstTokenTime < s.StartTime {
 		t.Counters.OutOfOrder++
@@ -328,7 +338,7 @@ func (t *Table) token(s *Session, at, count, now int64) {
 	}
 	s.LastTokenTime = at
 	s.MaxGap = max(s.MaxGap, gap)
-	s.pushGap(gap, count)
+	t.pushGap(s, gap, count)
 	t.obs.Gap(s, gap, count)
 	if gap <= t.cfg.StallGap {
 		s.slowRun = 0
@@ -341,17 +351,41 @@ func (t *Table) token(s *Session, at, count, now int64) {
 	s.slowRun = int32(min(int64(s.slowRun)+count, math.MaxInt32))
 	if !s.inStall && int(s.slowRun) >= t.cfg.StallConsecutive {
 		c.lastTokenSeen = 0
-		t.stall(s, Stall{DetectedAt: at, Since: s.slowSince, Gaps: s.latestGaps(t.cfg.StallConsecutive)})
+		t.stall(s, Stall{DetectedAt: at, Since: s.slowSince, Gaps: t.latestGaps(s, t.cfg.StallConsecutive)})
 	}
 }
 
-// latestGaps returns up to n of the window's latest gaps, oldest first.
-func (s *Session) latestGaps(n int) []time.Duration {
+// window returns s's window of per-token gaps.
+func (t *Table) window(s *Session) []uint32 {
+	w := t.cfg.Window
+	return t.gaps[int(s.slot)*w : (int(s.slot)+1)*w : (int(s.slot)+1)*w]
+}
+
+// pushGap adds n per-token gaps of g to s's window and updates its
+// maximum window TPOT.
+func (t *Table) pushGap(s *Session, g time.Duration, n int64) {
+	gaps := t.window(s)
+	us := uint32(min(g/time.Microsecond, 1<<32-1))
+	for range min(n, int64(len(gaps))) {
+		// The slot overwritten is 0 until the window is full.
+		s.gapSum += uint64(us) - uint64(gaps[s.gapNext])
+		gaps[s.gapNext] = us
+		s.gapNext = uint16((int(s.gapNext) + 1) % len(gaps))
+		s.gapLen = uint16(min(int(s.gapLen)+1, len(gaps)))
+	}
+	if w, _ := s.WindowTPOT(); w > s.WindowTPOTMax {
+		s.WindowTPOTMax = w
+	}
+}
+
+// latestGaps returns up to n of s's latest gaps, oldest first.
+func (t *Table) latestGaps(s *Session, n int) []time.Duration {
+	gaps := t.window(s)
 	n = min(n, int(s.gapLen))
 	out := make([]time.Duration, n)
 	for i := range n {
-		j := (int(s.gapNext) - n + i + len(s.gaps)) % len(s.gaps)
-		out[i] = time.Duration(s.gaps[j]) * time.Microsecond
+		j := (int(s.gapNext) - n + i + len(gaps)) % len(gaps)
+		out[i] = time.Duration(gaps[j]) * time.Microsecond
 	}
 	return out
 }
@@ -359,8 +393,9 @@ func (s *Session) latestGaps(n int) []time.Duration {
 func (t *Table) stall(s *Session, st Stall) {
 	s.inStall = true
 	s.StallCount++
-	if len(s.Stalls) < t.cfg.MaxStallRecords {
-		s.Stalls = append(s.Stalls, st)
+	if len(s.Stalls()) < t.cfg.MaxStallRecords {
+		x := s.ensureExtra()
+		x.stalls = append(x.stalls, st)
 	}
 	t.obs.Stalled(s, &st)
 	if t.cfg.Sampling.Stalls {
@@ -428,13 +463,23 @@ func (t *Table) end(s *Session, outcome Outcome, e *End) {
 	last := int32(len(t.slots) - 1)
 	moved := t.slots[last]
 	t.slots[s.slot], t.clocks[s.slot] = moved, t.clocks[last]
+	// The moved session's window goes with it: Window entries (40 B by
+	// default) copied per ended session.
+	copy(t.window(s), t.window(moved))
 	moved.slot = s.slot
 	t.slots[last] = nil
-	t.slots, t.clocks = t.slots[:last], t.clocks[:last]
+	w := t.cfg.Window
+	t.slots, t.clocks, t.gaps = t.slots[:last], t.clocks[:last], t.gaps[:int(last)*w]
 	t.ended.add(s.ID)
 	s.Attachment = nil
-	s.Attributes = s.Attributes[:0]
-	s.Stalls = nil
+	if x := s.extra; x != nil {
+		// Emptied, not dropped: the next session in this Session reuses the
+		// storage. Cleared so the old attributes' strings can be collected.
+		clear(x.attributes)
+		x.attributes = x.attributes[:0]
+		// The stall records' gap slices may be large; let them go.
+		x.stalls = nil
+	}
 	t.free = append(t.free, s)
 }
 

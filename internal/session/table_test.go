@@ -70,7 +70,7 @@ func (r *recorder) Ended(s *Session, e *End, tv TraceVerdict) {
 		ID: s.ID, Outcome: s.Outcome, TTFT: ttft, HasTTFT: hasTTFT, TPOT: tpot, HasTPOT: hasTPOT,
 		Window: w, WMax: s.WindowTPOTMax, MaxGap: s.MaxGap, Tokens: s.Tokens, Chunks: s.Chunks, Stalls: s.StallCount,
 		Keep: s.Keep, Reasons: s.Reasons, Threshold: s.Threshold, Duration: s.Duration(e), End: *e, Trace: tv,
-		StallRecords: append([]Stall(nil), s.Stalls...), HasStart: s.HasStart, Model: s.Model, Engine: s.Engine,
+		StallRecords: append([]Stall(nil), s.Stalls()...), HasStart: s.HasStart, Model: s.Model, Engine: s.Engine,
 	})
 }
 
@@ -185,6 +185,58 @@ func TestWindowTPOT(t *testing.T) {
 	assert.Equal(t, 36666*time.Microsecond, rec.ended[0].Window)
 	assert.Equal(t, 36666*time.Microsecond, rec.ended[0].WMax)
 	assert.Equal(t, []string{"w 10ms×1", "w 20ms×1", "w 30ms×1", "w 60ms×1"}, rec.gaps)
+}
+
+// The gap windows live in the table's dense array, by slot; ending a session
+// moves the last slot's session, with its window, into the freed slot.
+func TestWindowMovesWithItsSession(t *testing.T) {
+	tbl, rec := newTable(t, func(c *Config) { c.Window = 3; c.Sampling.Stalls = false })
+	apply(tbl, start("a", t0), start("b", t0), start("c", t0))
+	apply(tbl, tok("a", t0+10*ms, 1), tok("b", t0+10*ms, 1), tok("c", t0+10*ms, 1))
+	// Gaps: a 5 ms, b 20 ms, c 160 ms (slow, twice: one short of a stall).
+	apply(tbl, tok("a", t0+15*ms, 1), tok("b", t0+30*ms, 1), tok("c", t0+170*ms, 1))
+	apply(tbl, tok("b", t0+50*ms, 1), tok("c", t0+330*ms, 1))
+	// a ends: c moves from the last slot into a's.
+	apply(tbl, end("a", t0+400*ms, -1))
+	require.Len(t, rec.ended, 1)
+	assert.Equal(t, 5*time.Millisecond, rec.ended[0].Window)
+	// c's third slow gap completes a stall whose gaps come from its window,
+	// the two before the move included.
+	apply(tbl, tok("c", t0+490*ms, 1), tok("b", t0+500*ms, 1))
+	require.Len(t, rec.stalls, 1)
+	assert.Equal(t, []time.Duration{160 * time.Millisecond, 160 * time.Millisecond, 160 * time.Millisecond}, rec.stalls[0].Gaps)
+	// A new session takes the freed slot at the end with a clean window.
+	apply(tbl, start("d", t0+500*ms), tok("d", t0+510*ms, 1), tok("d", t0+511*ms, 1))
+	apply(tbl, end("b", t0+600*ms, -1), end("c", t0+600*ms, -1), end("d", t0+600*ms, -1))
+	require.Len(t, rec.ended, 4)
+	// b: 20, 20, 450 ms; c: 160 ms ×3; d: 1 ms.
+	assert.Equal(t, 163333*time.Microsecond, rec.ended[1].Window)
+	assert.Equal(t, 160*time.Millisecond, rec.ended[2].Window)
+	assert.Equal(t, time.Millisecond, rec.ended[3].Window)
+}
+
+// A Session is reused after its end; the next session in it starts without
+// the previous one's attributes and stall records.
+func TestReusedSessionStartsEmpty(t *testing.T) {
+	tbl, rec := newTable(t, func(c *Config) { c.StallConsecutive = 1 })
+	withAttrs := start("x", t0)
+	withAttrs.Attributes = []tokenevent.Attribute{{Key: "tenant", Value: "t1"}}
+	var attrs []tokenevent.Attribute
+	apply(tbl, withAttrs, tok("x", t0+10*ms, 1), tok("x", t0+300*ms, 1))
+	attrs = append(attrs, tbl.sessions["x"].Attributes()...)
+	apply(tbl, end("x", t0+300*ms, -1))
+	require.Len(t, rec.ended, 1)
+	assert.Len(t, rec.ended[0].StallRecords, 1)
+	assert.Equal(t, []tokenevent.Attribute{{Key: "tenant", Value: "t1"}}, attrs)
+
+	apply(tbl, start("y", t0+400*ms), tok("y", t0+410*ms, 1))
+	y := tbl.sessions["y"]
+	assert.Empty(t, y.Attributes())
+	assert.Empty(t, y.Stalls())
+	apply(tbl, end("y", t0+500*ms, -1))
+	require.Len(t, rec.ended, 2)
+	assert.Zero(t, rec.ended[1].Stalls)
+	assert.Empty(t, rec.ended[1].StallRecords)
 }
 
 func TestStallEpisodes(t *testing.T) {

@@ -127,9 +127,9 @@ func (c *core) putSessionAttributes(m pcommon.Map, s *session.Session, e *sessio
 	if s.Keep {
 		m.PutStr(attrSamplingReason, s.Reasons.String())
 	}
-	if len(s.Attributes) > 0 {
+	if len(s.Attributes()) > 0 {
 		am := m.PutEmptyMap(tokenevent.AttrSessionAttributes)
-		for _, a := range s.Attributes {
+		for _, a := range s.Attributes() {
 			am.PutStr(a.Key, a.Value)
 		}
 	}
@@ -164,13 +164,14 @@ func (c *core) appendSpan(ss ptrace.ScopeSpans, s *session.Session, e *session.E
 			ev.Attributes().PutDouble(attrTimeToFirstChunk, seconds(ttft))
 		}
 	}
-	for i := range s.Stalls {
+	stalls := s.Stalls()
+	for i := range stalls {
 		ev := span.Events().AppendEmpty()
 		ev.SetName(spanEventStall)
-		ev.SetTimestamp(pcommon.Timestamp(s.Stalls[i].DetectedAt))
-		putStall(ev.Attributes(), &s.Stalls[i])
+		ev.SetTimestamp(pcommon.Timestamp(stalls[i].DetectedAt))
+		putStall(ev.Attributes(), &stalls[i])
 		if h := c.engines.match(s.Engine); h != nil {
-			putStallContext(ev.Attributes(), h, s.Stalls[i].DetectedAt)
+			putStallContext(ev.Attributes(), h, stalls[i].DetectedAt)
 		}
 	}
 	switch s.Outcome {

@@ -449,7 +449,7 @@ func (c *core) dims(s *session.Session) sessionmetrics.Dims {
 	if n := len(c.cfg.Metrics.Dimensions); n > 0 {
 		d.Extra = make([]string, n)
 		for i, k := range c.cfg.Metrics.Dimensions {
-			for _, a := range s.Attributes {
+			for _, a := range s.Attributes() {
 				if a.Key == k {
 					d.Extra[i] = a.Value
 					break
