@@ -46,11 +46,6 @@ tokenbench() {
     -vllmsim bin/vllmsim -llmload bin/llmload -e2e-duration "${E2E_DURATION:-20s}" ${TOKENBENCH_FLAGS:-}
 }
 proxy() {
-  # Older versions of the proxy script write into bench/proxy/ only.
-  if ! grep -q OUT_DIR bench/proxy/run.sh; then
-    echo "bench/proxy/run.sh does not take OUT_DIR: proxy benchmark skipped" >&2
-    return 0
-  fi
   # Ports of its own, away from the proxy script's default (18000-18003),
   # which a developer may be running by hand at the same time.
   OUT_DIR=$OUT DURATION=${PROXY_DURATION:-10s} PORT_BASE=${PROXY_PORT_BASE:-28100} bench/proxy/run.sh
