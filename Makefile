@@ -13,7 +13,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := build
 
 GO           ?= go
-OCB_VERSION  := v0.165.0
+OCB_VERSION  := v0.161.0
 BIN_DIR      := $(CURDIR)/bin
 OCB          := $(BIN_DIR)/ocb-$(OCB_VERSION)
 OTELCOL      := $(BIN_DIR)/otelcol-llm

@@ -7,7 +7,7 @@
 // all three signals.
 //
 // It is a copy of go.opentelemetry.io/collector/internal/sharedcomponent
-// (v0.165.0, the helper the otlp receiver uses), which is internal upstream
+// (v0.161.0, the helper the otlp receiver uses), which is internal upstream
 // and so cannot be imported.
 package sharedcomponent // import "github.com/otelcol-llm/otelcol-llm/internal/sharedcomponent"
 
