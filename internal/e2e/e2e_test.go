@@ -35,6 +35,7 @@ import (
 	_ "google.golang.org/grpc/encoding/gzip" // the otlp exporter compresses with gzip
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenhook"
 )
 
@@ -124,10 +125,10 @@ func (s *sink) session(t *testing.T, id string) []string {
 	var out []string
 	var ev tokenevent.Event
 	for _, lr := range s.records() {
-		if !tokenevent.IsTokenEvent(lr) {
+		if !tokenrecord.IsTokenEvent(lr) {
 			continue
 		}
-		require.NoError(t, tokenevent.ReadRecord(lr, &ev, func(e *tokenevent.Event) {
+		require.NoError(t, tokenrecord.ReadRecord(lr, &ev, func(e *tokenevent.Event) {
 			if e.SessionID == id {
 				out = append(out, strings.TrimSpace(string(tokenevent.AppendJSON(nil, e))))
 			}

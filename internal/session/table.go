@@ -291,15 +291,15 @@ func randomID(b []byte) {
 func (t *Table) fillStart(s *Session, ev *tokenevent.Event) {
 	s.HasStart = true
 	s.StartTime = int64(ev.TimeUnixNano)
-	if !ev.TraceID.IsEmpty() && ev.TraceID != s.TraceID {
+	if trace := pcommon.TraceID(ev.TraceID); !trace.IsEmpty() && trace != s.TraceID {
 		t.traceRemove(s.TraceID, false)
-		s.TraceID = ev.TraceID
+		s.TraceID = trace
 		t.traceAdd(s.TraceID)
 	}
 	if !ev.SpanID.IsEmpty() {
-		s.SpanID = ev.SpanID
+		s.SpanID = pcommon.SpanID(ev.SpanID)
 	}
-	s.ParentSpanID = ev.ParentSpanID
+	s.ParentSpanID = pcommon.SpanID(ev.ParentSpanID)
 	s.Model, s.Operation, s.Engine = ev.Model, ev.Operation, ev.Engine
 	s.PromptTokens = ev.PromptTokens
 	if len(ev.Attributes) > 0 {

@@ -436,7 +436,7 @@ func TestTraceVerdicts(t *testing.T) {
 	tbl, rec := newTable(t, nil)
 	trace := pcommon.TraceID{1, 2, 3}
 	a, b := start("a", t0), start("b", t0)
-	a.TraceID, b.TraceID = trace, trace
+	a.TraceID, b.TraceID = tokenevent.TraceID(trace), tokenevent.TraceID(trace)
 	apply(tbl, a, b)
 	active, kept := tbl.TraceActive(trace)
 	assert.True(t, active)
@@ -512,7 +512,7 @@ func TestSamplingConsistentByTraceID(t *testing.T) {
 		for rep := range 2 {
 			id := fmt.Sprint(i, "-", rep)
 			s := start(id, t0)
-			s.TraceID = trace
+			s.TraceID = tokenevent.TraceID(trace)
 			apply(tbl, s, tok(id, t0+10*ms, 1), tok(id, t0+20*ms, 1), end(id, t0+20*ms, -1))
 		}
 		a, b := rec.ended[2*i], rec.ended[2*i+1]

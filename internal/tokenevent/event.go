@@ -1,13 +1,12 @@
-// Package tokenevent is the one home of the token event wire schema, version 1:
-// the NDJSON form engine hooks send (parse.go, encode.go) and the log record form
-// the collector carries between the token_stream receiver and the token_session
-// processor (records.go). Both sides use this package, so the processor reads
-// exactly what the receiver writes.
+// Package tokenevent is the one home of the token event model and of the wire
+// schema, version 1: the Event, the NDJSON form engine hooks send (parse.go,
+// encode.go) and the rules and limits every event is held to. It needs
+// nothing of the collector or pdata, so that pkg/tokenhook can use it without
+// pulling either into a user's build. The log record form the collector
+// carries between token_stream and token_session is internal/tokenrecord.
 package tokenevent // import "github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 
-import (
-	"go.opentelemetry.io/collector/pdata/pcommon"
-)
+import "encoding/hex"
 
 // Kind says which of the three wire events an Event is.
 type Kind uint8
@@ -40,6 +39,36 @@ const (
 	OperationTextCompletion = "text_completion"
 )
 
+// TraceID and SpanID are W3C trace context IDs: the bytes of pdata's
+// pcommon.TraceID and pcommon.SpanID (convert with a type conversion), kept
+// here so that the event model, and pkg/tokenhook with it, needs no pdata.
+type (
+	TraceID [16]byte
+	SpanID  [8]byte
+)
+
+// IsEmpty reports whether id is all zeros (no trace ID).
+func (id TraceID) IsEmpty() bool { return id == TraceID{} }
+
+// String returns id in lower-case hex, or "" when it is empty.
+func (id TraceID) String() string {
+	if id.IsEmpty() {
+		return ""
+	}
+	return hex.EncodeToString(id[:])
+}
+
+// IsEmpty reports whether id is all zeros (no span ID).
+func (id SpanID) IsEmpty() bool { return id == SpanID{} }
+
+// String returns id in lower-case hex, or "" when it is empty.
+func (id SpanID) String() string {
+	if id.IsEmpty() {
+		return ""
+	}
+	return hex.EncodeToString(id[:])
+}
+
 // Attribute is one entry of a start event's free-form string attributes.
 type Attribute struct {
 	Key   string
@@ -54,9 +83,9 @@ type Event struct {
 	TimeUnixNano uint64
 
 	// Start only.
-	TraceID      pcommon.TraceID
-	SpanID       pcommon.SpanID
-	ParentSpanID pcommon.SpanID
+	TraceID      TraceID
+	SpanID       SpanID
+	ParentSpanID SpanID
 	Model        string
 	Operation    string
 	PromptTokens int64

@@ -109,11 +109,11 @@ type Parser struct {
 	limits   Limits
 	scratch  []byte
 	interned map[string]string
-	// recent caches interned strings by idSlot, in front of interned: a
+	// recent caches interned strings by IDSlot, in front of interned: a
 	// hit costs a few loads and one comparison instead of the map's hash
 	// and probe, and with a few hundred sessions in flight nearly every
 	// token line hits.
-	recent [idSlots]string
+	recent [IDSlots]string
 
 	// cursor over the current line
 	b []byte
@@ -540,7 +540,7 @@ func (p *Parser) internedStr(name string, dst *string) error {
 
 // intern returns b as a string, reusing the string of an earlier equal value.
 func (p *Parser) intern(b []byte) string {
-	slot := &p.recent[idSlot(b)]
+	slot := &p.recent[IDSlot(b)]
 	if *slot == string(b) {
 		return *slot
 	}
@@ -556,18 +556,18 @@ func (p *Parser) intern(b []byte) string {
 	return s
 }
 
-// idSlots is the size of the direct-mapped caches of session IDs (the
-// parser's intern cache, the record writer's open records).
+// IDSlots is the size of the direct-mapped caches of session IDs (the
+// parser's intern cache, tokenrecord.RecordWriter's open records).
 const (
 	idSlotBits = 10
-	idSlots    = 1 << idSlotBits
+	IDSlots    = 1 << idSlotBits
 )
 
-// idSlot is a cheap hash of a session ID for the direct-mapped caches: its
+// IDSlot is a cheap hash of a session ID for the direct-mapped caches: its
 // first, middle and last 8 bytes (where IDs differ: counters, UUIDs,
 // random suffixes) and its length, mixed by one multiplication. IDs that
 // collide only miss the cache.
-func idSlot[S string | []byte](id S) int {
+func IDSlot[S string | []byte](id S) int {
 	n := len(id)
 	var h uint64
 	if n >= 8 {

@@ -11,8 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.opentelemetry.io/collector/pdata/pcommon"
-
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 )
 
@@ -183,9 +181,9 @@ func (c *Client) Start(s Start) {
 		Kind:             tokenevent.KindStart,
 		SessionID:        s.SessionID,
 		TimeUnixNano:     uint64(max(unixNano(s.Time), 0)),
-		TraceID:          pcommon.TraceID(s.TraceID),
-		SpanID:           pcommon.SpanID(s.SpanID),
-		ParentSpanID:     pcommon.SpanID(s.ParentSpanID),
+		TraceID:          tokenevent.TraceID(s.TraceID),
+		SpanID:           tokenevent.SpanID(s.SpanID),
+		ParentSpanID:     tokenevent.SpanID(s.ParentSpanID),
 		Model:            s.Model,
 		Operation:        s.Operation,
 		PromptTokens:     -1,

@@ -16,7 +16,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.uber.org/goleak"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
@@ -209,9 +208,9 @@ func session(c *Client, id string) []tokenevent.Event {
 	return []tokenevent.Event{
 		{
 			Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: ns,
-			TraceID:      pcommon.TraceID{0x0a, 0xf7, 0x65, 0x19, 0x16, 0xcd, 0x43, 0xdd, 0x84, 0x48, 0xeb, 0x21, 0x1c, 0x80, 0x31, 0x9c},
-			SpanID:       pcommon.SpanID{0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31},
-			ParentSpanID: pcommon.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
+			TraceID:      tokenevent.TraceID{0x0a, 0xf7, 0x65, 0x19, 0x16, 0xcd, 0x43, 0xdd, 0x84, 0x48, 0xeb, 0x21, 0x1c, 0x80, 0x31, 0x9c},
+			SpanID:       tokenevent.SpanID{0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31},
+			ParentSpanID: tokenevent.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
 			Model:        "meta-llama/Llama-3.1-8B-Instruct", Operation: "chat", PromptTokens: 812, Engine: "vllm-0",
 			Attributes: []tokenevent.Attribute{{Key: "quantization", Value: "fp8"}, {Key: "tenant", Value: "a \"quoted\"\n"}},
 			Count:      1, CompletionTokens: -1,

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/collector/processor/processortest"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
 
 func newBenchProcessor(b *testing.B) processor.Logs {
@@ -58,7 +59,7 @@ func BenchmarkConsumeLogsTokens(b *testing.B) {
 				b.Fatal(err)
 			}
 			const perSession = 10
-			w := tokenevent.NewRecordWriter()
+			w := tokenrecord.NewRecordWriter()
 			ev := tokenevent.Event{Kind: tokenevent.KindToken, Count: 1, PromptTokens: -1, CompletionTokens: -1}
 			t := now
 			var events int

@@ -26,6 +26,7 @@ import (
 
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
 
 // Golden-file tests of the token_session outputs: the session span, the
@@ -131,7 +132,7 @@ func (p *goldenPipes) feed(t *testing.T, evs ...tokenevent.Event) {
 func goldenBatch(evs ...tokenevent.Event) plog.Logs {
 	ld := plog.NewLogs()
 	sl := ld.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty()
-	w := tokenevent.NewRecordWriter()
+	w := tokenrecord.NewRecordWriter()
 	w.Reset(sl.LogRecords(), 1)
 	for i := range evs {
 		w.Append(&evs[i])
@@ -150,7 +151,7 @@ type goldenStartEvent struct {
 
 func (s goldenStartEvent) at(t int64) tokenevent.Event {
 	return tokenevent.Event{Kind: tokenevent.KindStart, SessionID: s.id, TimeUnixNano: uint64(t),
-		TraceID: s.trace, SpanID: s.span, ParentSpanID: s.parent, Model: s.model, Operation: s.operation,
+		TraceID: tokenevent.TraceID(s.trace), SpanID: tokenevent.SpanID(s.span), ParentSpanID: tokenevent.SpanID(s.parent), Model: s.model, Operation: s.operation,
 		Engine: s.engine, PromptTokens: s.promptTokens, Attributes: s.attrs, Count: 1, CompletionTokens: -1}
 }
 

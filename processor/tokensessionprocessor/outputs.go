@@ -11,6 +11,7 @@ import (
 
 	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
 
 // Event names of the records this processor emits.
@@ -91,22 +92,22 @@ func sessionStart(s *session.Session) int64 {
 // share.
 func (c *core) putSessionAttributes(m pcommon.Map, s *session.Session, e *session.End) {
 	m.EnsureCapacity(24)
-	putStr(m, tokenevent.AttrOperation, s.Operation)
+	putStr(m, tokenrecord.AttrOperation, s.Operation)
 	m.PutStr(attrProviderName, c.cfg.ProviderName)
-	putStr(m, tokenevent.AttrRequestModel, s.Model)
+	putStr(m, tokenrecord.AttrRequestModel, s.Model)
 	m.PutBool(attrRequestStream, true)
 	if s.PromptTokens >= 0 {
-		m.PutInt(tokenevent.AttrInputTokens, s.PromptTokens)
+		m.PutInt(tokenrecord.AttrInputTokens, s.PromptTokens)
 	}
 	if n := outputTokens(s, e); n >= 0 {
-		m.PutInt(tokenevent.AttrOutputTokens, n)
+		m.PutInt(tokenrecord.AttrOutputTokens, n)
 	}
 	if e.FinishReason != "" {
-		m.PutEmptySlice(tokenevent.AttrFinishReasons).AppendEmpty().SetStr(e.FinishReason)
+		m.PutEmptySlice(tokenrecord.AttrFinishReasons).AppendEmpty().SetStr(e.FinishReason)
 	}
-	putStr(m, tokenevent.AttrErrorType, errorType(s, e))
-	m.PutStr(tokenevent.AttrSessionID, s.ID)
-	putStr(m, tokenevent.AttrEngine, s.Engine)
+	putStr(m, tokenrecord.AttrErrorType, errorType(s, e))
+	m.PutStr(tokenrecord.AttrSessionID, s.ID)
+	putStr(m, tokenrecord.AttrEngine, s.Engine)
 	m.PutStr(attrSessionOutcome, s.Outcome.String())
 	if ttft, ok := s.TTFT(); ok {
 		m.PutDouble(attrTimeToFirstChunk, seconds(ttft))
@@ -128,7 +129,7 @@ func (c *core) putSessionAttributes(m pcommon.Map, s *session.Session, e *sessio
 		m.PutStr(attrSamplingReason, s.Reasons.String())
 	}
 	if len(s.Attributes()) > 0 {
-		am := m.PutEmptyMap(tokenevent.AttrSessionAttributes)
+		am := m.PutEmptyMap(tokenrecord.AttrSessionAttributes)
 		for _, a := range s.Attributes() {
 			am.PutStr(a.Key, a.Value)
 		}
@@ -254,11 +255,11 @@ func (c *core) appendStallAlert(records plog.LogRecordSlice, s *session.Session,
 	lr.SetSeverityNumber(plog.SeverityNumberWarn)
 	lr.SetSeverityText("WARN")
 	m := lr.Attributes()
-	m.PutStr(tokenevent.AttrSessionID, s.ID)
-	putStr(m, tokenevent.AttrOperation, s.Operation)
+	m.PutStr(tokenrecord.AttrSessionID, s.ID)
+	putStr(m, tokenrecord.AttrOperation, s.Operation)
 	m.PutStr(attrProviderName, c.cfg.ProviderName)
-	putStr(m, tokenevent.AttrRequestModel, s.Model)
-	putStr(m, tokenevent.AttrEngine, s.Engine)
+	putStr(m, tokenrecord.AttrRequestModel, s.Model)
+	putStr(m, tokenrecord.AttrEngine, s.Engine)
 	m.PutInt(attrSessionStalls, int64(s.StallCount))
 	m.PutInt(attrSessionChunks, s.Chunks)
 	putStall(m, st)

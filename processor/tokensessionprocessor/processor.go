@@ -19,6 +19,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
 
 // core is the one token_session behind the logs, metrics and traces
@@ -264,11 +265,11 @@ func (c *core) consumeLogs(ctx context.Context, ld plog.Logs) error {
 	ld.ResourceLogs().RemoveIf(func(rl plog.ResourceLogs) bool {
 		rl.ScopeLogs().RemoveIf(func(sl plog.ScopeLogs) bool {
 			sl.LogRecords().RemoveIf(func(lr plog.LogRecord) bool {
-				if !tokenevent.IsTokenEvent(lr) {
+				if !tokenrecord.IsTokenEvent(lr) {
 					return false
 				}
 				c.folding, c.isFolding = lr, true
-				err := tokenevent.ReadRecord(lr, &c.event, c.applyFn)
+				err := tokenrecord.ReadRecord(lr, &c.event, c.applyFn)
 				c.isFolding = false
 				if err != nil {
 					invalid++

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
 
 func TestMain(m *testing.M) {
@@ -81,7 +82,7 @@ func (p *pipelines) shutdown(t *testing.T) {
 func events(evs ...tokenevent.Event) plog.Logs {
 	ld := plog.NewLogs()
 	sl := ld.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty()
-	w := tokenevent.NewRecordWriter()
+	w := tokenrecord.NewRecordWriter()
 	w.Reset(sl.LogRecords(), 1)
 	for i := range evs {
 		w.Append(&evs[i])
@@ -98,8 +99,8 @@ var traceFast = pcommon.TraceID{0xbb, 2}
 var base = time.Now().UnixNano()
 
 func start(id string, trace pcommon.TraceID, at int64) tokenevent.Event {
-	return tokenevent.Event{Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: uint64(at), TraceID: trace,
-		SpanID: pcommon.SpanID{0x5e, byte(len(id))}, Model: "llama", Operation: "chat", Engine: "vllm-0", PromptTokens: 100,
+	return tokenevent.Event{Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: uint64(at), TraceID: tokenevent.TraceID(trace),
+		SpanID: tokenevent.SpanID{0x5e, byte(len(id))}, Model: "llama", Operation: "chat", Engine: "vllm-0", PromptTokens: 100,
 		Attributes: []tokenevent.Attribute{{Key: "quantization", Value: "fp8"}}, Count: 1, CompletionTokens: -1}
 }
 
@@ -168,7 +169,7 @@ func TestLogsFoldsTokenEventsAndEmitsSummaries(t *testing.T) {
 
 	records := allRecords(p.logSink.AllLogs())
 	for _, lr := range records {
-		assert.False(t, tokenevent.IsTokenEvent(lr), "token events stop here by default")
+		assert.False(t, tokenrecord.IsTokenEvent(lr), "token events stop here by default")
 	}
 	require.Len(t, records, 2, "the other record and one summary")
 	assert.Equal(t, "an application log", records[0].Body().Str())
@@ -208,9 +209,9 @@ func TestLogsPassAll(t *testing.T) {
 	p := newPipelines(t, func(c *Config) { c.PassTokenEvents = PassAll })
 	defer p.shutdown(t)
 	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(fastSession("fast")...)))
-	assert.Len(t, recordsNamed(p.logSink.AllLogs(), tokenevent.EventNameStart), 1)
-	assert.Len(t, recordsNamed(p.logSink.AllLogs(), tokenevent.EventNameToken), 1, "two token events packed in one record")
-	assert.Len(t, recordsNamed(p.logSink.AllLogs(), tokenevent.EventNameEnd), 1)
+	assert.Len(t, recordsNamed(p.logSink.AllLogs(), tokenrecord.EventNameStart), 1)
+	assert.Len(t, recordsNamed(p.logSink.AllLogs(), tokenrecord.EventNameToken), 1, "two token events packed in one record")
+	assert.Len(t, recordsNamed(p.logSink.AllLogs(), tokenrecord.EventNameEnd), 1)
 }
 
 func TestLogsPassSampled(t *testing.T) {
@@ -227,11 +228,11 @@ func TestLogsPassSampled(t *testing.T) {
 	var got []string
 	for _, lr := range allRecords(p.logSink.AllLogs()) {
 		names = append(names, lr.EventName())
-		if tokenevent.IsTokenEvent(lr) {
-			require.NoError(t, tokenevent.ReadRecord(lr, &ev, func(e *tokenevent.Event) { got = append(got, e.SessionID+" "+e.Kind.String()) }))
+		if tokenrecord.IsTokenEvent(lr) {
+			require.NoError(t, tokenrecord.ReadRecord(lr, &ev, func(e *tokenevent.Event) { got = append(got, e.SessionID+" "+e.Kind.String()) }))
 		}
 	}
-	assert.Equal(t, []string{tokenevent.EventNameStart, tokenevent.EventNameToken, tokenevent.EventNameToken, tokenevent.EventNameEnd, eventNameSummary}, names)
+	assert.Equal(t, []string{tokenrecord.EventNameStart, tokenrecord.EventNameToken, tokenrecord.EventNameToken, tokenrecord.EventNameEnd, eventNameSummary}, names)
 	assert.Equal(t, []string{"slow start", "slow token", "slow token", "slow token", "slow end"}, got, "only the sampled session's events, in order")
 	c, _ := cores.LoadOrStore(component.NewIDWithName(componentType, t.Name()), nil)
 	assert.Empty(t, c.Unwrap().sampledRecords, "nothing held after the sessions ended")

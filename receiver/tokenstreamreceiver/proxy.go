@@ -188,7 +188,7 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 	resp, err := p.client.Do(out)
 	model, injected := body.stop()
 	s.emit(tokenevent.KindStart, s.started, func(ev *tokenevent.Event) {
-		ev.TraceID, ev.SpanID, ev.ParentSpanID = traceID, spanID, parentSpanID
+		ev.TraceID, ev.SpanID, ev.ParentSpanID = tokenevent.TraceID(traceID), tokenevent.SpanID(spanID), tokenevent.SpanID(parentSpanID)
 		ev.Model, ev.Operation, ev.Engine = model, op, p.engine
 	})
 	if err != nil {

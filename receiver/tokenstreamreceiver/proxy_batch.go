@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
 
 // Token events the proxy observes are gathered from all streams and handed
@@ -37,7 +38,7 @@ type eventBatcher struct {
 
 	// Only the batcher's goroutine uses these.
 	writing []tokenevent.Event
-	writer  *tokenevent.RecordWriter
+	writer  *tokenrecord.RecordWriter
 
 	kick chan struct{}
 	stop chan struct{}
@@ -45,7 +46,7 @@ type eventBatcher struct {
 }
 
 func newEventBatcher(r *tokenStreamReceiver, obs *receiverhelper.ObsReport) *eventBatcher {
-	b := &eventBatcher{r: r, obs: obs, writer: tokenevent.NewRecordWriter(), kick: make(chan struct{}, 1), stop: make(chan struct{})}
+	b := &eventBatcher{r: r, obs: obs, writer: tokenrecord.NewRecordWriter(), kick: make(chan struct{}, 1), stop: make(chan struct{})}
 	b.done.Add(1)
 	go b.run()
 	return b

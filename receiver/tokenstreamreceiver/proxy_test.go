@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/collector/consumer/consumertest"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
 
 // fixtureStreams reads the vLLM SSE fixture (the project's copy of
@@ -124,7 +125,7 @@ func sessionEvents(t *testing.T, sink *consumertest.LogsSink, sessions int) []to
 			for _, rl := range ld.ResourceLogs().All() {
 				for _, sl := range rl.ScopeLogs().All() {
 					for _, lr := range sl.LogRecords().All() {
-						require.NoError(t, tokenevent.ReadRecord(lr, &ev, func(e *tokenevent.Event) {
+						require.NoError(t, tokenrecord.ReadRecord(lr, &ev, func(e *tokenevent.Event) {
 							c := *e
 							c.Attributes = nil
 							evs = append(evs, c)

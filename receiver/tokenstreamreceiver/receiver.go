@@ -18,6 +18,7 @@ import (
 
 	"github.com/otelcol-llm/otelcol-llm/internal/sharedcomponent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
 
 // tokenStreamReceiver runs the configured sources: the hook endpoints and the
@@ -88,7 +89,7 @@ func newTokenStreamReceiver(cfg *Config, set receiver.Settings, next consumer.Lo
 	r.batches.New = func() any {
 		return &batchDecoder{
 			parser:   tokenevent.NewParser(limits.parserLimits()),
-			writer:   tokenevent.NewRecordWriter(),
+			writer:   tokenrecord.NewRecordWriter(),
 			maxLines: limits.MaxLinesPerBatch,
 		}
 	}
@@ -197,7 +198,7 @@ const lineErrorsKept = 10
 // pooled: its parser keeps the session ID intern table warm between batches.
 type batchDecoder struct {
 	parser   *tokenevent.Parser
-	writer   *tokenevent.RecordWriter
+	writer   *tokenrecord.RecordWriter
 	maxLines int
 
 	logs     plog.Logs

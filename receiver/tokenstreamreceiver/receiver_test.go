@@ -29,6 +29,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
 
 func TestMain(m *testing.M) {
@@ -112,7 +113,7 @@ func events(t *testing.T, sink *consumertest.LogsSink) []string {
 			for _, sl := range rl.ScopeLogs().All() {
 				assert.Equal(t, scopeName, sl.Scope().Name())
 				for _, lr := range sl.LogRecords().All() {
-					require.NoError(t, tokenevent.ReadRecord(lr, &ev, func(e *tokenevent.Event) {
+					require.NoError(t, tokenrecord.ReadRecord(lr, &ev, func(e *tokenevent.Event) {
 						out = append(out, strings.TrimSpace(string(tokenevent.AppendJSON(nil, e))))
 					}))
 				}

@@ -176,7 +176,7 @@ func ndjson(evs []wEvent) []byte {
 		ev.Kind, ev.SessionID, ev.TimeUnixNano = e.kind, e.s.id, e.t
 		switch e.kind {
 		case tokenevent.KindStart:
-			ev.TraceID, ev.SpanID = e.s.trace, e.s.span
+			ev.TraceID, ev.SpanID = tokenevent.TraceID(e.s.trace), tokenevent.SpanID(e.s.span)
 			ev.Model, ev.Operation, ev.PromptTokens, ev.Engine = benchModel, tokenevent.OperationChat, e.s.prompt, "vllm-0"
 		case tokenevent.KindEnd:
 			ev.CompletionTokens, ev.FinishReason = int64(e.s.tokens), "length"

@@ -1,8 +1,9 @@
-package tokenevent
+package tokenrecord
 
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"math"
 	"testing"
 
@@ -12,10 +13,21 @@ import (
 	"go.opentelemetry.io/collector/pdata/plog"
 )
 
+// startLine is a start event with every field set.
+const startLine = `{"event":"start","session_id":"s-1","time_unix_nano":1700000000000000000,` +
+	`"trace_id":"0af7651916cd43dd8448eb211c80319c","span_id":"b7ad6b7169203331","parent_span_id":"00f067aa0ba902b7",` +
+	`"model":"meta-llama/Llama-3.1-8B-Instruct","operation":"chat","prompt_tokens":812,"engine":"vllm-0",` +
+	`"attributes":{"quantization":"fp8","tenant":"a"}}`
+
+const (
+	tokenLine = `{"event":"token","session_id":"s-1","time_unix_nano":1700000000250000000}`
+	endLine   = `{"event":"end","session_id":"s-1","time_unix_nano":1700000001000000000,"completion_tokens":42,"finish_reason":"stop"}`
+)
+
 // clone copies ev so it can outlive the callback that received it.
-func clone(ev *Event) Event {
+func clone(ev *tokenevent.Event) tokenevent.Event {
 	c := *ev
-	c.Attributes = append([]Attribute(nil), ev.Attributes...)
+	c.Attributes = append([]tokenevent.Attribute(nil), ev.Attributes...)
 	if len(c.Attributes) == 0 {
 		c.Attributes = nil
 	}
@@ -27,9 +39,9 @@ func writeAll(t *testing.T, lines ...string) plog.LogRecordSlice {
 	records := plog.NewLogRecordSlice()
 	w := NewRecordWriter()
 	w.Reset(records, 42)
-	p := NewParser(Limits{})
+	p := tokenevent.NewParser(tokenevent.Limits{})
 	for i, l := range lines {
-		var ev Event
+		var ev tokenevent.Event
 		require.NoError(t, p.Parse([]byte(l), &ev), "line %d", i+1)
 		w.Append(&ev)
 	}
@@ -37,12 +49,12 @@ func writeAll(t *testing.T, lines ...string) plog.LogRecordSlice {
 	return records
 }
 
-func readAll(t *testing.T, records plog.LogRecordSlice) []Event {
+func readAll(t *testing.T, records plog.LogRecordSlice) []tokenevent.Event {
 	t.Helper()
-	var out []Event
-	var ev Event
+	var out []tokenevent.Event
+	var ev tokenevent.Event
 	for i := range records.Len() {
-		require.NoError(t, ReadRecord(records.At(i), &ev, func(e *Event) { out = append(out, clone(e)) }))
+		require.NoError(t, ReadRecord(records.At(i), &ev, func(e *tokenevent.Event) { out = append(out, clone(e)) }))
 	}
 	return out
 }
@@ -59,10 +71,10 @@ func TestRecordsRoundTrip(t *testing.T) {
 		`{"event":"token","session_id":"s-2","time_unix_nano":1700000000290000000}`,
 		`{"event":"end","session_id":"s-2","time_unix_nano":1700000000300000000,"error":"aborted"}`,
 	}
-	var want []Event
-	p := NewParser(Limits{})
+	var want []tokenevent.Event
+	p := tokenevent.NewParser(tokenevent.Limits{})
 	for _, l := range lines {
-		var ev Event
+		var ev tokenevent.Event
 		require.NoError(t, p.Parse([]byte(l), &ev))
 		want = append(want, clone(&ev))
 	}
@@ -77,12 +89,12 @@ func TestRecordsRoundTrip(t *testing.T) {
 	}
 	assert.Equal(t, []string{EventNameStart, EventNameStart, EventNameToken, EventNameToken, EventNameEnd, EventNameEnd}, names)
 	assert.Equal(t, pcommon.TraceID(want[0].TraceID), records.At(0).TraceID())
-	assert.Equal(t, want[0].SpanID, records.At(0).SpanID())
+	assert.Equal(t, pcommon.SpanID(want[0].SpanID), records.At(0).SpanID())
 
 	// Per session the order is kept; across sessions packing regroups them.
 	got := readAll(t, records)
-	bySession := func(evs []Event) map[string][]Event {
-		m := map[string][]Event{}
+	bySession := func(evs []tokenevent.Event) map[string][]tokenevent.Event {
+		m := map[string][]tokenevent.Event{}
 		for _, e := range evs {
 			m[e.SessionID] = append(m[e.SessionID], e)
 		}
@@ -122,12 +134,12 @@ func TestReadRecordIntArrays(t *testing.T) {
 	lr.Attributes().PutStr(AttrSessionID, "a")
 	require.NoError(t, lr.Attributes().PutEmptySlice(AttrTokenTimes).FromRaw([]any{int64(5), int64(9)}))
 	require.NoError(t, lr.Attributes().PutEmptySlice(AttrTokenCounts).FromRaw([]any{int64(7), int64(1)}))
-	var got []Event
-	var ev Event
-	require.NoError(t, ReadRecord(lr, &ev, func(e *Event) { got = append(got, clone(e)) }))
-	want := []Event{
-		{Kind: KindToken, SessionID: "a", TimeUnixNano: 5, Count: 7, PromptTokens: -1, CompletionTokens: -1},
-		{Kind: KindToken, SessionID: "a", TimeUnixNano: 9, Count: 1, PromptTokens: -1, CompletionTokens: -1},
+	var got []tokenevent.Event
+	var ev tokenevent.Event
+	require.NoError(t, ReadRecord(lr, &ev, func(e *tokenevent.Event) { got = append(got, clone(e)) }))
+	want := []tokenevent.Event{
+		{Kind: tokenevent.KindToken, SessionID: "a", TimeUnixNano: 5, Count: 7, PromptTokens: -1, CompletionTokens: -1},
+		{Kind: tokenevent.KindToken, SessionID: "a", TimeUnixNano: 9, Count: 1, PromptTokens: -1, CompletionTokens: -1},
 	}
 	assert.Equal(t, want, got)
 }
@@ -145,9 +157,9 @@ func packedRecord(ts uint64, events string) plog.LogRecord {
 
 func TestReadPackedEvents(t *testing.T) {
 	var got [][2]int64
-	var ev Event
+	var ev tokenevent.Event
 	lr := packedRecord(1000, "0 5:2 -999 9223372036854774807:9223372036854775807")
-	require.NoError(t, ReadRecord(lr, &ev, func(e *Event) { got = append(got, [2]int64{int64(e.TimeUnixNano), e.Count}) }))
+	require.NoError(t, ReadRecord(lr, &ev, func(e *tokenevent.Event) { got = append(got, [2]int64{int64(e.TimeUnixNano), e.Count}) }))
 	assert.Equal(t, [][2]int64{{1000, 1}, {1005, 2}, {1, 1}, {math.MaxInt64, math.MaxInt64}}, got)
 }
 
@@ -156,9 +168,9 @@ func TestReadPackedEvents(t *testing.T) {
 func TestPackedRoundTripLong(t *testing.T) {
 	for _, n := range []int{2, 63, 64, 65, 1000} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			var want []Event
+			var want []tokenevent.Event
 			for i := range n {
-				want = append(want, Event{Kind: KindToken, SessionID: "s", TimeUnixNano: uint64(1_700_000_000_000_000_000 + i*20_000_017 - (i%7)*1000),
+				want = append(want, tokenevent.Event{Kind: tokenevent.KindToken, SessionID: "s", TimeUnixNano: uint64(1_700_000_000_000_000_000 + i*20_000_017 - (i%7)*1000),
 					Count: int64(1 + i%3), PromptTokens: -1, CompletionTokens: -1})
 			}
 			records := plog.NewLogRecordSlice()
@@ -175,8 +187,8 @@ func TestPackedRoundTripLong(t *testing.T) {
 			v, _ := lr.Attributes().Get(AttrTokenEvents)
 			lr.Attributes().PutStr(AttrTokenEvents, v.Str()+" x")
 			called := false
-			var ev Event
-			require.Error(t, ReadRecord(lr, &ev, func(*Event) { called = true }))
+			var ev tokenevent.Event
+			require.Error(t, ReadRecord(lr, &ev, func(*tokenevent.Event) { called = true }))
 			assert.False(t, called)
 		})
 	}
@@ -201,18 +213,18 @@ func TestReadPackedEventsErrors(t *testing.T) {
 	} {
 		t.Run(tt.events, func(t *testing.T) {
 			called := false
-			var ev Event
-			err := ReadRecord(packedRecord(1000, tt.events), &ev, func(*Event) { called = true })
+			var ev tokenevent.Event
+			err := ReadRecord(packedRecord(1000, tt.events), &ev, func(*tokenevent.Event) { called = true })
 			require.EqualError(t, err, AttrTokenEvents+": "+tt.want)
 			assert.False(t, called, "fn called for an invalid record")
 		})
 	}
 	lr := packedRecord(1000, "0")
 	lr.Attributes().PutInt(AttrTokenEvents, 3)
-	var ev Event
-	require.EqualError(t, ReadRecord(lr, &ev, func(*Event) {}), AttrTokenEvents+": want a string, got Int")
+	var ev tokenevent.Event
+	require.EqualError(t, ReadRecord(lr, &ev, func(*tokenevent.Event) {}), AttrTokenEvents+": want a string, got Int")
 	lr = packedRecord(math.MaxInt64+1, "0")
-	require.EqualError(t, ReadRecord(lr, &ev, func(*Event) {}), "time_unix_nano: want at most 2^63-1")
+	require.EqualError(t, ReadRecord(lr, &ev, func(*tokenevent.Event) {}), "time_unix_nano: want at most 2^63-1")
 }
 
 // FuzzPackedEvents checks that any token events of one session, in any
@@ -223,7 +235,7 @@ func FuzzPackedEvents(f *testing.F) {
 	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, "0 20000113 -5:3")
 	f.Add([]byte{255, 255, 255, 255, 255, 255, 255, 127, 1, 0, 0, 0, 0, 0, 0, 0}, "0:1")
 	f.Fuzz(func(t *testing.T, raw []byte, text string) {
-		var want []Event
+		var want []tokenevent.Event
 		for len(raw) >= 9 {
 			tm := binary.LittleEndian.Uint64(raw) & math.MaxInt64
 			c := int64(raw[8]) + 1
@@ -234,7 +246,7 @@ func FuzzPackedEvents(f *testing.F) {
 			if tm == 0 {
 				continue
 			}
-			want = append(want, Event{Kind: KindToken, SessionID: "s", TimeUnixNano: tm, Count: c, PromptTokens: -1, CompletionTokens: -1})
+			want = append(want, tokenevent.Event{Kind: tokenevent.KindToken, SessionID: "s", TimeUnixNano: tm, Count: c, PromptTokens: -1, CompletionTokens: -1})
 		}
 		records := plog.NewLogRecordSlice()
 		w := NewRecordWriter()
@@ -243,16 +255,16 @@ func FuzzPackedEvents(f *testing.F) {
 			w.Append(&want[i])
 		}
 		w.Flush()
-		var got []Event
-		var ev Event
+		var got []tokenevent.Event
+		var ev tokenevent.Event
 		for i := range records.Len() {
-			require.NoError(t, ReadRecord(records.At(i), &ev, func(e *Event) { got = append(got, clone(e)) }))
+			require.NoError(t, ReadRecord(records.At(i), &ev, func(e *tokenevent.Event) { got = append(got, clone(e)) }))
 		}
 		assert.Equal(t, want, got)
 
 		lr := packedRecord(1_700_000_000_000_000_000, text)
-		var read []Event
-		if ReadRecord(lr, &ev, func(e *Event) { read = append(read, clone(e)) }) != nil {
+		var read []tokenevent.Event
+		if ReadRecord(lr, &ev, func(e *tokenevent.Event) { read = append(read, clone(e)) }) != nil {
 			return
 		}
 		again := plog.NewLogRecordSlice()
@@ -261,9 +273,9 @@ func FuzzPackedEvents(f *testing.F) {
 			w.Append(&read[i])
 		}
 		w.Flush()
-		var reread []Event
+		var reread []tokenevent.Event
 		for i := range again.Len() {
-			require.NoError(t, ReadRecord(again.At(i), &ev, func(e *Event) { reread = append(reread, clone(e)) }))
+			require.NoError(t, ReadRecord(again.At(i), &ev, func(e *tokenevent.Event) { reread = append(reread, clone(e)) }))
 		}
 		assert.Equal(t, read, reread)
 	})
@@ -322,8 +334,8 @@ func TestReadRecordErrors(t *testing.T) {
 			lr := plog.NewLogRecord()
 			tt.build(lr)
 			called := false
-			var ev Event
-			err := ReadRecord(lr, &ev, func(*Event) { called = true })
+			var ev tokenevent.Event
+			err := ReadRecord(lr, &ev, func(*tokenevent.Event) { called = true })
 			require.EqualError(t, err, tt.want)
 			assert.False(t, called)
 		})
@@ -338,9 +350,9 @@ func TestReadRecordFromSDK(t *testing.T) {
 	lr.SetTimestamp(10)
 	lr.Attributes().PutStr(AttrSessionID, "s")
 	lr.Attributes().PutStr(AttrFinishReasons, "length")
-	var got []Event
-	var ev Event
-	require.NoError(t, ReadRecord(lr, &ev, func(e *Event) { got = append(got, clone(e)) }))
+	var got []tokenevent.Event
+	var ev tokenevent.Event
+	require.NoError(t, ReadRecord(lr, &ev, func(e *tokenevent.Event) { got = append(got, clone(e)) }))
 	require.Len(t, got, 1)
 	assert.Equal(t, "length", got[0].FinishReason)
 	assert.True(t, IsTokenEvent(lr))
@@ -349,10 +361,10 @@ func TestReadRecordFromSDK(t *testing.T) {
 // BenchmarkRecordWriter measures the receiver's per-event cost of building
 // log records from a parsed hook batch (100 sessions × 10 tokens).
 func BenchmarkRecordWriter(b *testing.B) {
-	evs := make([]Event, 0, 1000)
+	evs := make([]tokenevent.Event, 0, 1000)
 	for step := range 10 {
 		for s := range 100 {
-			evs = append(evs, Event{Kind: KindToken, SessionID: fmt.Sprintf("req-%08d", s), TimeUnixNano: uint64(1700000000000000000 + step*25_000_000), Count: 1})
+			evs = append(evs, tokenevent.Event{Kind: tokenevent.KindToken, SessionID: fmt.Sprintf("req-%08d", s), TimeUnixNano: uint64(1700000000000000000 + step*25_000_000), Count: 1})
 		}
 	}
 	w := NewRecordWriter()

@@ -1,8 +1,12 @@
-package tokenevent
+// Package tokenrecord is the log record form of token events: what the
+// token_stream receiver writes (RecordWriter) and token_session reads back
+// (ReadRecord), so both sides share one definition of the attributes.
+package tokenrecord // import "github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 
 import (
 	"encoding/hex"
 	"fmt"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"math"
 	"strconv"
 
@@ -17,7 +21,7 @@ const (
 	EventNameEnd   = "llm.session.end"
 )
 
-// Attribute keys of the log record form. GenAI semantic convention names are
+// tokenevent.Attribute keys of the log record form. GenAI semantic convention names are
 // used where one exists.
 const (
 	AttrSessionID         = "llm.session.id"
@@ -67,10 +71,10 @@ type RecordWriter struct {
 	// open maps a session ID to its token record in opens, while packing.
 	open  map[string]int32
 	opens []openTokenRecord
-	// recent caches open by idSlot: 1 + the index in opens of the record
+	// recent caches open by IDSlot: 1 + the index in opens of the record
 	// last looked up there, a hint checked against opens. It spares most
 	// token events the map's hash and probe.
-	recent [idSlots]int32
+	recent [tokenevent.IDSlots]int32
 	// packed holds the events of all open records, each record's events
 	// chained from first to last through next.
 	packed []packedEvent
@@ -119,7 +123,7 @@ func (w *RecordWriter) Flush() {
 
 // openRecord returns the session's open token record, or nil.
 func (w *RecordWriter) openRecord(id string) *openTokenRecord {
-	slot := &w.recent[idSlot(id)]
+	slot := &w.recent[tokenevent.IDSlot(id)]
 	// Only an open record is cached under its ID, and a session has at most
 	// one open record, so a record found here with that ID is the one.
 	if i := int(*slot) - 1; i >= 0 && i < len(w.opens) && w.opens[i].id == id && w.opens[i].events > 0 {
@@ -134,9 +138,9 @@ func (w *RecordWriter) openRecord(id string) *openTokenRecord {
 }
 
 // Append writes ev.
-func (w *RecordWriter) Append(ev *Event) {
+func (w *RecordWriter) Append(ev *tokenevent.Event) {
 	if o := w.openRecord(ev.SessionID); o != nil {
-		if ev.Kind == KindToken {
+		if ev.Kind == tokenevent.KindToken {
 			w.pack(o, int64(ev.TimeUnixNano), ev.Count)
 			return
 		}
@@ -150,10 +154,10 @@ func (w *RecordWriter) Append(ev *Event) {
 	lr.SetObservedTimestamp(w.observed)
 	attrs := lr.Attributes()
 	switch ev.Kind {
-	case KindStart:
+	case tokenevent.KindStart:
 		lr.SetEventName(EventNameStart)
-		lr.SetTraceID(ev.TraceID)
-		lr.SetSpanID(ev.SpanID)
+		lr.SetTraceID(pcommon.TraceID(ev.TraceID))
+		lr.SetSpanID(pcommon.SpanID(ev.SpanID))
 		attrs.EnsureCapacity(7)
 		attrs.PutStr(AttrSessionID, ev.SessionID)
 		if !ev.ParentSpanID.IsEmpty() {
@@ -172,16 +176,16 @@ func (w *RecordWriter) Append(ev *Event) {
 				m.PutStr(a.Key, a.Value)
 			}
 		}
-	case KindToken:
+	case tokenevent.KindToken:
 		lr.SetEventName(EventNameToken)
 		attrs.EnsureCapacity(3)
 		attrs.PutStr(AttrSessionID, ev.SessionID)
 		i := int32(len(w.opens))
 		w.open[ev.SessionID] = i
-		w.recent[idSlot(ev.SessionID)] = i + 1
+		w.recent[tokenevent.IDSlot(ev.SessionID)] = i + 1
 		w.opens = append(w.opens, openTokenRecord{id: ev.SessionID, rec: lr, first: -1, last: -1})
 		w.pack(&w.opens[i], int64(ev.TimeUnixNano), ev.Count)
-	case KindEnd:
+	case tokenevent.KindEnd:
 		lr.SetEventName(EventNameEnd)
 		attrs.EnsureCapacity(4)
 		attrs.PutStr(AttrSessionID, ev.SessionID)
@@ -260,19 +264,19 @@ func IsTokenEvent(lr plog.LogRecord) bool {
 // ReadRecord decodes a token event record, calling fn once per event: once
 // for a start, end or single token record, once per packed event otherwise.
 // ev is the Event passed to fn, reused between calls. It returns a
-// *FieldError naming the attribute at fault when lr is not a valid token
+// *tokenevent.FieldError naming the attribute at fault when lr is not a valid token
 // event record; fn is not called then.
-func ReadRecord(lr plog.LogRecord, ev *Event, fn func(*Event)) error {
+func ReadRecord(lr plog.LogRecord, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
 	ev.Reset()
 	switch lr.EventName() {
 	case EventNameStart:
-		ev.Kind = KindStart
+		ev.Kind = tokenevent.KindStart
 	case EventNameToken:
-		ev.Kind = KindToken
+		ev.Kind = tokenevent.KindToken
 	case EventNameEnd:
-		ev.Kind = KindEnd
+		ev.Kind = tokenevent.KindEnd
 	default:
-		return &FieldError{Field: "event_name", Reason: fmt.Sprintf("want a token event, got %q", lr.EventName())}
+		return &tokenevent.FieldError{Field: "event_name", Reason: fmt.Sprintf("want a token event, got %q", lr.EventName())}
 	}
 	attrs := lr.Attributes()
 	sid, err := strAttr(attrs, AttrSessionID)
@@ -280,26 +284,26 @@ func ReadRecord(lr plog.LogRecord, ev *Event, fn func(*Event)) error {
 		return err
 	}
 	if sid == "" {
-		return &FieldError{Field: AttrSessionID, Reason: "missing"}
+		return &tokenevent.FieldError{Field: AttrSessionID, Reason: "missing"}
 	}
 	ev.SessionID = sid
 	ev.TimeUnixNano = uint64(lr.Timestamp())
 	if ev.TimeUnixNano == 0 {
-		return &FieldError{Field: "time_unix_nano", Reason: "missing"}
+		return &tokenevent.FieldError{Field: "time_unix_nano", Reason: "missing"}
 	}
 	switch ev.Kind {
-	case KindStart:
+	case tokenevent.KindStart:
 		return readStart(lr, attrs, ev, fn)
-	case KindToken:
+	case tokenevent.KindToken:
 		return readToken(attrs, ev, fn)
 	default:
 		return readEnd(attrs, ev, fn)
 	}
 }
 
-func readStart(lr plog.LogRecord, attrs pcommon.Map, ev *Event, fn func(*Event)) error {
-	ev.TraceID = lr.TraceID()
-	ev.SpanID = lr.SpanID()
+func readStart(lr plog.LogRecord, attrs pcommon.Map, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
+	ev.TraceID = tokenevent.TraceID(lr.TraceID())
+	ev.SpanID = tokenevent.SpanID(lr.SpanID())
 	var err error
 	if ev.Operation, err = strAttr(attrs, AttrOperation); err != nil {
 		return err
@@ -319,32 +323,32 @@ func readStart(lr plog.LogRecord, attrs pcommon.Map, ev *Event, fn func(*Event))
 	}
 	if parent != "" {
 		if len(parent) != 16 {
-			return &FieldError{Field: AttrParentSpanID, Reason: fmt.Sprintf("want 16 hex digits, got %d", len(parent))}
+			return &tokenevent.FieldError{Field: AttrParentSpanID, Reason: fmt.Sprintf("want 16 hex digits, got %d", len(parent))}
 		}
 		if _, err := hex.Decode(ev.ParentSpanID[:], []byte(parent)); err != nil {
-			return &FieldError{Field: AttrParentSpanID, Reason: "want 16 hex digits"}
+			return &tokenevent.FieldError{Field: AttrParentSpanID, Reason: "want 16 hex digits"}
 		}
 	}
 	if v, ok := attrs.Get(AttrSessionAttributes); ok {
 		if v.Type() != pcommon.ValueTypeMap {
-			return &FieldError{Field: AttrSessionAttributes, Reason: "want a map, got " + v.Type().String()}
+			return &tokenevent.FieldError{Field: AttrSessionAttributes, Reason: "want a map, got " + v.Type().String()}
 		}
 		for k, a := range v.Map().All() {
-			ev.Attributes = append(ev.Attributes, Attribute{Key: k, Value: a.AsString()})
+			ev.Attributes = append(ev.Attributes, tokenevent.Attribute{Key: k, Value: a.AsString()})
 		}
 	}
 	fn(ev)
 	return nil
 }
 
-func readToken(attrs pcommon.Map, ev *Event, fn func(*Event)) error {
+func readToken(attrs pcommon.Map, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
 	if v, ok := attrs.Get(AttrTokenEvents); ok {
 		if v.Type() != pcommon.ValueTypeStr {
-			return &FieldError{Field: AttrTokenEvents, Reason: "want a string, got " + v.Type().String()}
+			return &tokenevent.FieldError{Field: AttrTokenEvents, Reason: "want a string, got " + v.Type().String()}
 		}
 		base := ev.TimeUnixNano
 		if base > math.MaxInt64 {
-			return &FieldError{Field: "time_unix_nano", Reason: "want at most 2^63-1"}
+			return &tokenevent.FieldError{Field: "time_unix_nano", Reason: "want at most 2^63-1"}
 		}
 		return readPacked(v.Str(), int64(base), ev, fn)
 	}
@@ -355,7 +359,7 @@ func readToken(attrs pcommon.Map, ev *Event, fn func(*Event)) error {
 			return err
 		}
 		if n < 1 {
-			return &FieldError{Field: AttrTokenCount, Reason: "must be at least 1"}
+			return &tokenevent.FieldError{Field: AttrTokenCount, Reason: "must be at least 1"}
 		}
 		ev.Count = n
 		fn(ev)
@@ -363,16 +367,16 @@ func readToken(attrs pcommon.Map, ev *Event, fn func(*Event)) error {
 	}
 	cv, ok := attrs.Get(AttrTokenCounts)
 	if tv.Type() != pcommon.ValueTypeSlice || !ok || cv.Type() != pcommon.ValueTypeSlice || tv.Slice().Len() != cv.Slice().Len() {
-		return &FieldError{Field: AttrTokenTimes, Reason: "want int arrays " + AttrTokenTimes + " and " + AttrTokenCounts + " of equal length"}
+		return &tokenevent.FieldError{Field: AttrTokenTimes, Reason: "want int arrays " + AttrTokenTimes + " and " + AttrTokenCounts + " of equal length"}
 	}
 	times, counts := tv.Slice(), cv.Slice()
 	for i := range times.Len() {
 		t, c := times.At(i), counts.At(i)
 		if t.Type() != pcommon.ValueTypeInt || t.Int() <= 0 {
-			return &FieldError{Field: AttrTokenTimes, Reason: fmt.Sprintf("element %d: want a positive int", i)}
+			return &tokenevent.FieldError{Field: AttrTokenTimes, Reason: fmt.Sprintf("element %d: want a positive int", i)}
 		}
 		if c.Type() != pcommon.ValueTypeInt || c.Int() < 1 {
-			return &FieldError{Field: AttrTokenCounts, Reason: fmt.Sprintf("element %d: want an int of at least 1", i)}
+			return &tokenevent.FieldError{Field: AttrTokenCounts, Reason: fmt.Sprintf("element %d: want an int of at least 1", i)}
 		}
 	}
 	for i := range times.Len() {
@@ -386,7 +390,7 @@ func readToken(attrs pcommon.Map, ev *Event, fn func(*Event)) error {
 // readPacked reads the AttrTokenEvents form s of a record stamped base,
 // all of it before fn sees any event: a record is valid or not. Up to
 // len(buf) events are decoded once into buf, more are scanned twice.
-func readPacked(s string, base int64, ev *Event, fn func(*Event)) error {
+func readPacked(s string, base int64, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
 	var buf [64]packedEvent
 	n, err := scanPacked(s, base, buf[:])
 	if err != nil {
@@ -422,7 +426,7 @@ func scanPacked(s string, base int64, buf []packedEvent) (int, error) {
 }
 
 // scanPackedTo calls fn for each event of s, which scanPacked accepted.
-func scanPackedTo(s string, base int64, ev *Event, fn func(*Event)) {
+func scanPackedTo(s string, base int64, ev *tokenevent.Event, fn func(*tokenevent.Event)) {
 	for i, n := 0, 0; ; n++ {
 		t, count, j, _ := packedEntry(s, i, base, n)
 		ev.TimeUnixNano, ev.Count = uint64(t), count
@@ -445,12 +449,12 @@ func packedEntry(s string, i int, base int64, n int) (t, count int64, next int, 
 		ok = ok && count >= 1
 	}
 	if !ok || (j < len(s) && s[j] != ' ') {
-		return 0, 0, 0, &FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: want <offset ns>[:<count>], events separated by one space", n)}
+		return 0, 0, 0, &tokenevent.FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: want <offset ns>[:<count>], events separated by one space", n)}
 	}
 	// base >= 0, so only a positive offset can overflow, and it wraps
 	// below zero.
 	if t = base + off; t <= 0 {
-		return 0, 0, 0, &FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: time is not a positive int64", n)}
+		return 0, 0, 0, &tokenevent.FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: time is not a positive int64", n)}
 	}
 	return t, count, j, nil
 }
@@ -477,7 +481,7 @@ func packedInt(s string, i int, signed bool) (v int64, next int, ok bool) {
 	return int64(u), i, true
 }
 
-func readEnd(attrs pcommon.Map, ev *Event, fn func(*Event)) error {
+func readEnd(attrs pcommon.Map, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
 	var err error
 	if ev.CompletionTokens, err = intAttr(attrs, AttrOutputTokens, -1); err != nil {
 		return err
@@ -494,7 +498,7 @@ func readEnd(attrs pcommon.Map, ev *Event, fn func(*Event)) error {
 		case pcommon.ValueTypeStr:
 			ev.FinishReason = v.Str()
 		default:
-			return &FieldError{Field: AttrFinishReasons, Reason: "want a string array, got " + v.Type().String()}
+			return &tokenevent.FieldError{Field: AttrFinishReasons, Reason: "want a string array, got " + v.Type().String()}
 		}
 	}
 	fn(ev)
@@ -507,7 +511,7 @@ func strAttr(m pcommon.Map, k string) (string, error) {
 		return "", nil
 	}
 	if v.Type() != pcommon.ValueTypeStr {
-		return "", &FieldError{Field: k, Reason: "want a string, got " + v.Type().String()}
+		return "", &tokenevent.FieldError{Field: k, Reason: "want a string, got " + v.Type().String()}
 	}
 	return v.Str(), nil
 }
@@ -518,7 +522,7 @@ func intAttr(m pcommon.Map, k string, absent int64) (int64, error) {
 		return absent, nil
 	}
 	if v.Type() != pcommon.ValueTypeInt || v.Int() < 0 {
-		return 0, &FieldError{Field: k, Reason: "want a non-negative int, got " + v.AsString()}
+		return 0, &tokenevent.FieldError{Field: k, Reason: "want a non-negative int, got " + v.AsString()}
 	}
 	return v.Int(), nil
 }
