@@ -6,12 +6,13 @@ package tokenrecord // import "github.com/otelcol-llm/otelcol-llm/internal/token
 import (
 	"encoding/hex"
 	"fmt"
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"math"
 	"strconv"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 )
 
 // Event names of the log records that carry token events in the collector.

@@ -3,7 +3,6 @@ package tokenrecord
 import (
 	"encoding/binary"
 	"fmt"
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"math"
 	"testing"
 
@@ -11,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 )
 
 // startLine is a start event with every field set.
