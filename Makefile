@@ -4,6 +4,9 @@
 #   make run     the collector with otelcol-config.yaml
 #   make test    gofmt, go vet, the Python hook tests and go test -race,
 #                end-to-end tests against ./bin/otelcol-llm included
+#   make generate          mdatagen (pinned in internal/tools/go.mod) over every
+#                          metadata.yaml: go generate ./...
+#   make check-generate    fails when the generated files are not current
 #   make bench   the Go benchmarks and bench/run.sh (bench/results/results.md)
 #   make demo    vllmsim + the collector + llmload, scenario by scenario, into a
 #                report folder (DURATION=10s per point, OUT=demo-report)
@@ -24,7 +27,7 @@ GO_SOURCES   := $(shell find . -name '*.go' -not -name '*_test.go' -not -path '.
                   -not -path './cmd/*' -not -path './bench/*' -not -path './internal/demo/*' -not -path './internal/e2e/*') go.mod go.sum
 BENCHTIME    ?= 1s
 
-.PHONY: build run test fmt-check vet python-test go-test bench clean
+.PHONY: build run test fmt-check vet python-test go-test bench clean generate check-generate
 
 build: $(OTELCOL)
 
@@ -41,6 +44,21 @@ $(BUILD_DIR)/main.go: builder-config.yaml go.mod $(OCB)
 
 $(OTELCOL): $(BUILD_DIR)/main.go $(GO_SOURCES)
 	cd $(BUILD_DIR) && CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ .
+
+MDATAGEN := $(BIN_DIR)/mdatagen
+
+$(MDATAGEN): internal/tools/go.mod internal/tools/go.sum
+	cd internal/tools && $(GO) build -o $@ go.opentelemetry.io/collector/cmd/mdatagen
+
+# The //go:generate lines call mdatagen by name: bin/ goes first on PATH.
+generate: $(MDATAGEN)
+	PATH="$(BIN_DIR):$$PATH" $(GO) generate ./...
+
+# For CI on a clean clone: regenerating must change nothing that is committed
+# and add nothing new.
+check-generate: generate
+	@if [ -n "$$(git status --porcelain --untracked-files=all)" ]; then \
+	  echo "generated files are not current; run make generate and commit:"; git status --short; exit 1; fi
 
 run: $(OTELCOL)
 	$(OTELCOL) --config otelcol-config.yaml
