@@ -21,10 +21,11 @@ BIN_DIR      := $(CURDIR)/bin
 OCB          := $(BIN_DIR)/ocb-$(OCB_VERSION)
 OTELCOL      := $(BIN_DIR)/otelcol-llm
 BUILD_DIR    := _build
-# Everything the binary is compiled from; tests, generated code and the
-# stand-alone tools (simulator, load generator, demo, benchmarks) excluded.
+# Everything the binary is compiled from; tests and their helpers, generated
+# code and the stand-alone tools (simulator, load generator, demo, benchmarks)
+# excluded.
 GO_SOURCES   := $(shell find . -name '*.go' -not -name '*_test.go' -not -path './$(BUILD_DIR)/*' -not -path './bin/*' \
-                  -not -path './cmd/*' -not -path './bench/*' -not -path './internal/demo/*' -not -path './internal/e2e/*') go.mod go.sum
+                  -not -path './cmd/*' -not -path './bench/*' -not -path './internal/e2e/*' -not -path './internal/testbin/*') go.mod go.sum
 BENCHTIME    ?= 1s
 
 .PHONY: build run test fmt-check vet python-test go-test bench clean generate check-generate

@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/demo"
+	"github.com/otelcol-llm/otelcol-llm/cmd/llmdemo/internal/demo"
 )
 
 func main() {

@@ -12,13 +12,15 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
 )
 
 // TestDistributionComponents holds the binary, builder-config.yaml and the
 // README's component table to the same list, and checks that the components
 // of the scale-out topology configure together.
 func TestDistributionComponents(t *testing.T) {
-	bin := collectorBinary(t)
+	bin := testbin.Collector(t)
 
 	out, err := exec.Command(bin, "components").CombinedOutput()
 	require.NoError(t, err, "%s", out)

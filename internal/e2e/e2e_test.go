@@ -2,8 +2,9 @@
 // runs it: a real process with a YAML config, fed by the hook clients, with
 // its output checked in an OTLP sink and on the debug exporter's stdout.
 //
-// The binary's path comes from OTELCOL_LLM_BIN (make test sets it). Without
-// it the tests skip, except under CI, where a missing binary is a failure.
+// The binary's path comes from OTELCOL_LLM_BIN (make test sets it; see
+// internal/testbin). Without it the tests skip, except under CI, where a
+// missing binary is a failure.
 package e2e
 
 import (
@@ -34,6 +35,7 @@ import (
 	"google.golang.org/grpc"
 	_ "google.golang.org/grpc/encoding/gzip" // the otlp exporter compresses with gzip
 
+	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenhook"
@@ -41,20 +43,6 @@ import (
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-func collectorBinary(t *testing.T) string {
-	t.Helper()
-	bin := os.Getenv("OTELCOL_LLM_BIN")
-	if bin == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("OTELCOL_LLM_BIN is not set: run the end-to-end tests through `make test`")
-		}
-		t.Skip("OTELCOL_LLM_BIN is not set; `make test` builds the collector and sets it")
-	}
-	_, err := os.Stat(bin)
-	require.NoError(t, err, "OTELCOL_LLM_BIN")
-	return bin
 }
 
 // sink is an OTLP/gRPC endpoint for logs, traces and metrics that keeps
@@ -238,7 +226,7 @@ type collector struct {
 // that it exits cleanly.
 func startCollector(t *testing.T, config, sinkAddr string, env ...string) *collector {
 	t.Helper()
-	bin := collectorBinary(t)
+	bin := testbin.Collector(t)
 	c := &collector{httpAddr: freePort(t, "tcp"), udpAddr: freePort(t, "udp"), otlpAddr: freePort(t, "tcp"), proxyAddr: freePort(t, "tcp"), output: &syncBuffer{}}
 	cmd := exec.Command(bin, "--config", filepath.Join("..", "..", "testdata", "e2e", config))
 	cmd.Env = append(os.Environ(), "HOOKS_HTTP_ENDPOINT="+c.httpAddr, "HOOKS_UDP_ENDPOINT="+c.udpAddr,

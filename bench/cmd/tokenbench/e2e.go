@@ -38,7 +38,7 @@ type e2eResult struct {
 
 func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (*e2eResult, error) {
 	upstream := freeAddr()
-	// The demo's heaviest point (internal/demo: scenario b at 200, chunked
+	// The demo's heaviest point (cmd/llmdemo: scenario b at 200, chunked
 	// prefill off, prefill first, a KV pool that runs out): pre-emptions
 	// and stalls.
 	sim := exec.Command(vllmsim, "-addr", upstream, "-model", benchModel, "-profile", "fp16", "-kv-blocks", "4096",

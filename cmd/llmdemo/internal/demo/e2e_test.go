@@ -1,17 +1,15 @@
-package e2e
+package demo
 
 import (
 	"context"
 	"math"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/demo"
+	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
 )
 
 // TestDemoPipeline is `make demo` in short form: vllmsim behind the
@@ -21,22 +19,21 @@ import (
 // session the client finished counted in llm.sessions, every session the
 // client saw as slow present as a span with the client's trace ID.
 func TestDemoPipeline(t *testing.T) {
-	collectorBin := collectorBinary(t)
-	bins := demo.Binaries{Collector: collectorBin, Sim: buildTool(t, "vllmsim"), Load: buildTool(t, "llmload")}
+	bins := Binaries{Collector: testbin.Collector(t), Sim: testbin.Build(t, "./cmd/vllmsim"), Load: testbin.Build(t, "./cmd/llmload")}
 
 	// All clients start at once and 30% of the prompts are long (3000
 	// words, ~165 ms of prefill each) with chunked prefill off: the first
 	// requests queue behind a second of prefill, so the run has slow
 	// sessions (TTFT > 500 ms) for the span check as well as fast ones.
-	p := demo.Point{
-		Scenario: demo.ScenarioSweep, Label: "e2e",
-		Engine: demo.Engine{Profile: "fp16", KVBlocks: 4096},
-		Load: demo.Load{Concurrency: 16, Duration: 4 * time.Second, PromptTokens: "uniform:200-800", OutputTokens: "32",
+	p := Point{
+		Scenario: ScenarioSweep, Label: "e2e",
+		Engine: Engine{Profile: "fp16", KVBlocks: 4096},
+		Load: Load{Concurrency: 16, Duration: 4 * time.Second, PromptTokens: "uniform:200-800", OutputTokens: "32",
 			LongShare: 0.3, LongPromptTokens: 3000, Seed: 7},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	res, err := demo.RunPoint(ctx, bins, p, t.TempDir(), t.Logf)
+	res, err := RunPoint(ctx, bins, p, t.TempDir(), t.Logf)
 	require.NoError(t, err)
 
 	c, k := res.Client, res.Collector
@@ -63,15 +60,4 @@ func TestDemoPipeline(t *testing.T) {
 
 	assert.NotEmpty(t, k.KVUsage, "the simulator's /metrics was scraped")
 	assert.Positive(t, k.MaxKVUsage)
-}
-
-// buildTool builds ./cmd/<name> into the test's temporary folder.
-func buildTool(t *testing.T, name string) string {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), name)
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/"+name)
-	cmd.Dir = filepath.Join("..", "..")
-	b, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build %s: %s", name, b)
-	return out
 }

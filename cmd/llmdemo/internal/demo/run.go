@@ -2,8 +2,8 @@
 // vllmsim, a collector proxying it and llmload through the proxy), reads
 // what the collector exported in an OTLP sink of its own, and writes a
 // report folder in which the client's figures and the collector's stand
-// side by side. cmd/llmdemo is its command line; internal/e2e runs a short
-// form of the same pipeline as a test.
+// side by side. cmd/llmdemo is its command line; e2e_test.go runs a short
+// form of the same pipeline against the built collector.
 package demo
 
 import (

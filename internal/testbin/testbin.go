@@ -1,0 +1,62 @@
+// Package testbin finds the binaries that end-to-end tests run: the built
+// distribution, and the project's own commands built for the test.
+//
+// The distribution's path comes from OTELCOL_LLM_BIN (make test sets it).
+// Without it the tests skip, except under CI, where a missing binary is a
+// failure: a CI run that skipped them would pass without testing anything.
+package testbin
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Collector returns the path of the built distribution, from
+// OTELCOL_LLM_BIN; it skips the test when the variable is unset, or fails it
+// under CI.
+func Collector(t testing.TB) string {
+	t.Helper()
+	bin := os.Getenv("OTELCOL_LLM_BIN")
+	if bin == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("OTELCOL_LLM_BIN is not set: run the end-to-end tests through `make test`")
+		}
+		t.Skip("OTELCOL_LLM_BIN is not set; `make test` builds the collector and sets it")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("OTELCOL_LLM_BIN: %v", err)
+	}
+	return bin
+}
+
+// Build builds the module's package pkg (a path from the module root, such
+// as ./cmd/vllmsim) into the test's temporary folder and returns the binary.
+func Build(t testing.TB, pkg string) string {
+	t.Helper()
+	root := ModuleRoot(t)
+	out := filepath.Join(t.TempDir(), filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+	}
+	return out
+}
+
+// ModuleRoot returns the folder of the module's go.mod, wherever in the
+// module the test runs.
+func ModuleRoot(t testing.TB) string {
+	t.Helper()
+	b, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatalf("go env GOMOD: %v", err)
+	}
+	gomod := strings.TrimSpace(string(b))
+	if gomod == "" || gomod == os.DevNull {
+		t.Fatal("go env GOMOD: the test does not run inside the module")
+	}
+	return filepath.Dir(gomod)
+}
