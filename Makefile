@@ -7,7 +7,8 @@
 #   make generate          mdatagen (pinned in internal/tools/go.mod) over every
 #                          metadata.yaml: go generate ./...
 #   make check-generate    fails when the generated files are not current
-#   make bench   the Go benchmarks and bench/run.sh (bench/results/results.md)
+#   make bench   the Go benchmarks and bench/run.sh, into bench/results/
+#                (git-ignored; README.md keeps the figures of one dated run)
 #   make demo    vllmsim + the collector + llmload, scenario by scenario, into a
 #                report folder (DURATION=10s per point, OUT=demo-report)
 
@@ -80,7 +81,8 @@ go-test: $(OTELCOL)
 test: fmt-check vet python-test go-test
 
 # The Go benchmarks, then the collector side by side with the stock pipeline
-# and nginx (bench/run.sh): bench/results/results.md and results.json.
+# and nginx (bench/run.sh): bench/results/results.md and results.json, in a
+# git-ignored folder, so that a run leaves the tree clean.
 bench: $(OTELCOL)
 	BENCHTIME=$(BENCHTIME) bench/run.sh
 

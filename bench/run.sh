@@ -8,8 +8,8 @@
 #     with a CPU profile, and the overhead at the demo's load (vllmsim +
 #     llmload -concurrency 200);
 #   - proxy (bench/proxy/run.sh): direct vs the collector's proxy vs nginx.
-# Writes $OUT_DIR/results.md and results.json (default bench/results), with
-# the logs, configs and profile beside them.
+# Writes $OUT_DIR/results.md and results.json (default bench/results, which
+# git ignores), with the logs, configs and profile beside them.
 # Env: BENCHTIME (Go benchmarks, default 1s), OUT_DIR, PROXY_DURATION (10s),
 #      E2E_DURATION (20s), TOKENBENCH_FLAGS (extra tokenbench flags),
 #      PROXY_BENCH=0 (skip the proxy benchmark), PROXY_PORT_BASE (28100).

@@ -5,7 +5,7 @@
 # Env:   DURATION=15s N=64 GAP=20ms CONCURRENCY="100 500" COLLECTOR=bin/otelcol-llm
 #        PORT_BASE=18000 (upstream; +1 collector, +2 nginx, +3 collector pprof)
 #        OUT_DIR=<dir>  write <dir>/proxy.json and <dir>/proxy.md
-#                       (default: results.json and results.md next to this script)
+#                       (default: bench/results/proxy, git-ignored)
 #        PROFILE=1      also save a 5 s CPU profile of the collector at each C
 #                       (pprof extension) as collector-cpu-c<C>.pprof in the output dir
 # Time: 6 runs of DURATION plus ~8 s each (tail of the last streams, pauses),
@@ -14,18 +14,18 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-if [[ -n ${OUT_DIR:-} ]]; then
-  mkdir -p "$OUT_DIR"; OUT_DIR=$(cd "$OUT_DIR" && pwd)
-  OUT_JSON=$OUT_DIR/proxy.json OUT_MD=$OUT_DIR/proxy.md
-else
-  OUT_DIR=$HERE OUT_JSON=$HERE/results.json OUT_MD=$HERE/results.md
-fi
+OUT_DIR=${OUT_DIR:-$ROOT/bench/results/proxy}
+mkdir -p "$OUT_DIR"; OUT_DIR=$(cd "$OUT_DIR" && pwd)
+OUT_JSON=$OUT_DIR/proxy.json OUT_MD=$OUT_DIR/proxy.md
 PROFILE=${PROFILE:-0}
 DURATION=${DURATION:-15s}
 N=${N:-64}
 GAP=${GAP:-20ms}
 CONCURRENCY=${CONCURRENCY:-"100 500"}
 COLLECTOR=${COLLECTOR:-$ROOT/bin/otelcol-llm}
+# The results name the collector by its path in the repository, not on the
+# machine that ran them.
+COLLECTOR_NAME=${COLLECTOR#"$ROOT"/}
 PORT_BASE=${PORT_BASE:-18000}
 UP_PORT=$PORT_BASE COL_PORT=$((PORT_BASE + 1)) NGX_PORT=$((PORT_BASE + 2)) PPROF_PORT=$((PORT_BASE + 3))
 TCK=$(getconf CLK_TCK)
@@ -200,7 +200,7 @@ done
 
 # --- results ---------------------------------------------------------------
 jq -s --arg n "$N" --arg gap "$GAP" --arg dur "$DURATION" --arg cores "$(nproc)" \
-   --arg nginx "$(nginx -v 2>&1 | sed 's/.*\///')" --arg collector "$COLLECTOR" '
+   --arg nginx "$(nginx -v 2>&1 | sed 's/.*\///')" --arg collector "$COLLECTOR_NAME" '
   . as $runs
   | {machine: {cores: ($cores|tonumber), clk_tck: '"$TCK"'}, params: {n: ($n|tonumber), gap: $gap, duration: $dur},
      nginx_version: $nginx, collector: $collector, runs: $runs,
@@ -233,6 +233,6 @@ jq -s --arg n "$N" --arg gap "$GAP" --arg dur "$DURATION" --arg cores "$(nproc)"
   echo
   jq -r '.runs[] | select(.path=="collector") | "Collector memory at C=\(.c): RSS idle \(.collector_rss_idle_kb) kB (after start-up), before run \(.collector_rss_before_kb) kB, during run median \(.collector_rss_run_median_kb) kB / max \(.collector_rss_run_max_kb) kB → \(((.collector_rss_run_median_kb - .collector_rss_idle_kb) / .c)|round) kB per open stream (median − idle) ÷ C."' "$OUT_JSON"
   echo
-  echo "nginx $(jq -r .nginx_version "$OUT_JSON") (worker_processes auto, proxy_buffering off, HTTP/1.1 keepalive upstream); collector $COLLECTOR (token_stream proxy → token_session → debug basic)."
+  echo "nginx $(jq -r .nginx_version "$OUT_JSON") (worker_processes auto, proxy_buffering off, HTTP/1.1 keepalive upstream); collector $COLLECTOR_NAME (token_stream proxy → token_session → debug basic)."
 } >"$OUT_MD"
 cat "$OUT_MD"
