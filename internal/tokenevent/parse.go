@@ -335,90 +335,235 @@ func (p *Parser) object(ev *Event) (uint32, error) {
 	}
 	p.i++
 	var seen uint32
-	p.skipSpace()
-	if p.i < len(p.b) && p.b[p.i] == '}' {
-		p.i++
-	} else {
-		for {
-			p.skipSpace()
-			key, err := p.str("")
-			if err != nil {
+	for first := true; ; first = false {
+		key, done, err := p.member(first, "")
+		if err != nil {
+			return 0, err
+		}
+		if done {
+			break
+		}
+		bit, ok := fieldBit(key)
+		if !ok {
+			// A line that is not JSON at all is reported as such, not as
+			// a schema error about the part read before the syntax broke.
+			unknown := &FieldError{Field: truncate(key), Reason: "unknown field"}
+			if err := p.skipRest(); err != nil {
 				return 0, err
 			}
-			bit, err := fieldBit(key)
-			if err != nil {
-				return 0, err
-			}
-			if seen&bit != 0 {
-				return 0, &FieldError{Field: fieldName(bit), Reason: "duplicate field"}
-			}
-			p.skipSpace()
-			if p.i >= len(p.b) || p.b[p.i] != ':' {
-				return 0, p.syntax("':'")
-			}
-			p.i++
-			p.skipSpace()
-			present, err := p.value(bit, ev)
-			if err != nil {
-				return 0, err
-			}
-			if present {
-				seen |= bit
-			}
-			p.skipSpace()
-			if p.i < len(p.b) && p.b[p.i] == ',' {
-				p.i++
-				continue
-			}
-			if p.i < len(p.b) && p.b[p.i] == '}' {
-				p.i++
-				break
-			}
-			return 0, p.syntax("',' or '}'")
+			return 0, unknown
+		}
+		if seen&bit != 0 {
+			return 0, &FieldError{Field: fieldName(bit), Reason: "duplicate field"}
+		}
+		present, err := p.value(bit, ev)
+		if err != nil {
+			return 0, err
+		}
+		if present {
+			seen |= bit
 		}
 	}
-	p.skipSpace()
-	if p.i != len(p.b) {
-		return 0, &FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: data after the object", p.i+1)}
-	}
-	return seen, nil
+	return seen, p.end()
 }
 
-func fieldBit(key []byte) (uint32, error) {
+// end checks that nothing but spaces follows the object.
+func (p *Parser) end() error {
+	p.skipSpace()
+	if p.i != len(p.b) {
+		return &FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: data after the object", p.i+1)}
+	}
+	return nil
+}
+
+// member steps to the next member of the object whose '{' has been read:
+// past the ',' before it unless first, its key and its ':'. It reports
+// done, with the cursor after the '}', at the end of the object. field
+// names the object for errors about a key that is not a string; empty
+// means the top-level object. The key is valid until the next read.
+func (p *Parser) member(first bool, field string) (key []byte, done bool, err error) {
+	if done, err = p.next(first, '}'); done || err != nil {
+		return nil, done, err
+	}
+	if key, err = p.str(field); err != nil {
+		return nil, false, err
+	}
+	p.skipSpace()
+	if p.i >= len(p.b) || p.b[p.i] != ':' {
+		return nil, false, p.syntax("':'")
+	}
+	p.i++
+	p.skipSpace()
+	return key, false, nil
+}
+
+// next steps to the next entry of an object or array closed by end: past
+// the ',' before it unless first. It reports done, with the cursor after
+// end, when there is none.
+func (p *Parser) next(first bool, end byte) (done bool, err error) {
+	p.skipSpace()
+	if p.i < len(p.b) && p.b[p.i] == end {
+		p.i++
+		return true, nil
+	}
+	if !first {
+		if p.i >= len(p.b) || p.b[p.i] != ',' {
+			return false, p.syntax("',' or '" + string(end) + "'")
+		}
+		p.i++
+		p.skipSpace()
+	}
+	return false, nil
+}
+
+// skipRest checks the syntax of the rest of the top-level object, from the
+// value of a member on: the values, the members after it, the end.
+func (p *Parser) skipRest() error {
+	for first := true; ; first = false {
+		if !first {
+			_, done, err := p.member(false, "")
+			if err != nil {
+				return err
+			}
+			if done {
+				return p.end()
+			}
+		}
+		if err := p.skipValue(0); err != nil {
+			return err
+		}
+	}
+}
+
+// maxSkipDepth bounds the nesting skipValue follows, and with it its stack.
+const maxSkipDepth = 64
+
+// skipValue checks the syntax of any JSON value at the cursor and steps
+// past it.
+func (p *Parser) skipValue(depth int) error {
+	if p.i >= len(p.b) {
+		return p.syntax("a value")
+	}
+	switch c := p.b[p.i]; {
+	case c == '"':
+		_, err := p.str("")
+		return err
+	case c == '{' || c == '[':
+		if depth >= maxSkipDepth {
+			return &FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: nested deeper than %d", p.i+1, maxSkipDepth)}
+		}
+		p.i++
+		if c == '{' {
+			for first := true; ; first = false {
+				_, done, err := p.member(first, "")
+				if err != nil || done {
+					return err
+				}
+				if err := p.skipValue(depth + 1); err != nil {
+					return err
+				}
+			}
+		}
+		for first := true; ; first = false {
+			if done, err := p.next(first, ']'); done || err != nil {
+				return err
+			}
+			if err := p.skipValue(depth + 1); err != nil {
+				return err
+			}
+		}
+	case c == 't' || c == 'f' || c == 'n':
+		for _, lit := range [...]string{"true", "false", "null"} {
+			if len(p.b)-p.i >= len(lit) && string(p.b[p.i:p.i+len(lit)]) == lit {
+				p.i += len(lit)
+				return nil
+			}
+		}
+		return p.syntax("a value")
+	default:
+		return p.number()
+	}
+}
+
+// number checks the syntax of a JSON number at the cursor and steps past
+// it: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+func (p *Parser) number() error {
+	b, i := p.b, p.i
+	digits := func() int {
+		start := i
+		for i < len(b) && b[i]-'0' <= 9 {
+			i++
+		}
+		return i - start
+	}
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch n := digits(); {
+	case n == 0:
+		p.i = i
+		return p.syntax("a value")
+	case n > 1 && b[i-n] == '0':
+		return &FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: number with a leading zero", i-n+1)}
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if digits() == 0 {
+			p.i = i
+			return p.syntax("a digit")
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			p.i = i
+			return p.syntax("a digit")
+		}
+	}
+	p.i = i
+	return nil
+}
+
+// fieldBit returns the bit of the field named key, or false for an unknown
+// field.
+func fieldBit(key []byte) (uint32, bool) {
 	// A switch on string(key) compiles to a comparison without allocating.
 	switch string(key) {
 	case "event":
-		return fEvent, nil
+		return fEvent, true
 	case "session_id":
-		return fSessionID, nil
+		return fSessionID, true
 	case "time_unix_nano":
-		return fTime, nil
+		return fTime, true
 	case "count":
-		return fCount, nil
+		return fCount, true
 	case "trace_id":
-		return fTraceID, nil
+		return fTraceID, true
 	case "span_id":
-		return fSpanID, nil
+		return fSpanID, true
 	case "parent_span_id":
-		return fParentSpanID, nil
+		return fParentSpanID, true
 	case "model":
-		return fModel, nil
+		return fModel, true
 	case "operation":
-		return fOperation, nil
+		return fOperation, true
 	case "prompt_tokens":
-		return fPromptTokens, nil
+		return fPromptTokens, true
 	case "engine":
-		return fEngine, nil
+		return fEngine, true
 	case "attributes":
-		return fAttributes, nil
+		return fAttributes, true
 	case "completion_tokens":
-		return fCompletionTokens, nil
+		return fCompletionTokens, true
 	case "finish_reason":
-		return fFinishReason, nil
+		return fFinishReason, true
 	case "error":
-		return fError, nil
+		return fError, true
 	}
-	return 0, &FieldError{Field: truncate(key), Reason: "unknown field"}
+	return 0, false
 }
 
 func fieldName(bit uint32) string { return fieldNames[bits.TrailingZeros32(bit)] }
@@ -455,11 +600,8 @@ func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if len(s) == 0 {
-			return false, &FieldError{Field: name, Reason: "must not be empty"}
-		}
-		if len(s) > p.limits.MaxSessionIDBytes {
-			return false, &FieldError{Field: name, Reason: fmt.Sprintf("%d bytes, limit is %d", len(s), p.limits.MaxSessionIDBytes)}
+		if err := CheckSessionID(s, p.limits.MaxSessionIDBytes); err != nil {
+			return false, err
 		}
 		ev.SessionID = p.intern(s)
 	case fTime:
@@ -467,8 +609,8 @@ func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if v == 0 {
-			return false, &FieldError{Field: name, Reason: "must be greater than 0"}
+		if err := CheckTime(v); err != nil {
+			return false, err
 		}
 		ev.TimeUnixNano = v
 	case fCount:
@@ -476,8 +618,8 @@ func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if v == 0 {
-			return false, &FieldError{Field: name, Reason: "must be at least 1"}
+		if err := CheckCount(int64(v)); err != nil {
+			return false, err
 		}
 		ev.Count = int64(v)
 	case fPromptTokens:
@@ -499,14 +641,11 @@ func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		switch string(s) {
-		case OperationChat:
-			ev.Operation = OperationChat
-		case OperationTextCompletion:
-			ev.Operation = OperationTextCompletion
-		default:
-			return false, &FieldError{Field: name, Reason: fmt.Sprintf("want chat or text_completion, got %q", truncate(s))}
+		op, ferr := CheckOperation(s)
+		if ferr != nil {
+			return false, ferr
 		}
+		ev.Operation = op
 	case fModel:
 		return true, p.internedStr(name, &ev.Model)
 	case fEngine:
@@ -593,50 +732,20 @@ func (p *Parser) attributes(ev *Event) error {
 		return &FieldError{Field: name, Reason: "want an object of strings"}
 	}
 	p.i++
-	p.skipSpace()
-	if p.i < len(p.b) && p.b[p.i] == '}' {
-		p.i++
-		return nil
-	}
-	for {
-		p.skipSpace()
-		k, err := p.str(name)
-		if err != nil {
+	for first := true; ; first = false {
+		k, done, err := p.member(first, name)
+		if err != nil || done {
 			return err
 		}
-		if len(k) == 0 {
-			return &FieldError{Field: name, Reason: "empty key"}
-		}
 		key := p.intern(k)
-		for _, a := range ev.Attributes {
-			if a.Key == key {
-				return &FieldError{Field: name + "." + key, Reason: "duplicate key"}
-			}
+		if err := CheckAttribute(ev.Attributes, key, p.limits.MaxAttributes); err != nil {
+			return err
 		}
-		if len(ev.Attributes) >= p.limits.MaxAttributes {
-			return &FieldError{Field: name, Reason: fmt.Sprintf("more than %d entries", p.limits.MaxAttributes)}
-		}
-		p.skipSpace()
-		if p.i >= len(p.b) || p.b[p.i] != ':' {
-			return p.syntax("':'")
-		}
-		p.i++
-		p.skipSpace()
 		v, err := p.str(name + "." + key)
 		if err != nil {
 			return err
 		}
 		ev.Attributes = append(ev.Attributes, Attribute{Key: key, Value: p.intern(v)})
-		p.skipSpace()
-		if p.i < len(p.b) && p.b[p.i] == ',' {
-			p.i++
-			continue
-		}
-		if p.i < len(p.b) && p.b[p.i] == '}' {
-			p.i++
-			return nil
-		}
-		return p.syntax("',' or '}'")
 	}
 }
 

@@ -121,6 +121,23 @@ func TestParseErrors(t *testing.T) {
 		{`{"event":"token","session_id":"s\q","time_unix_nano":1}`, `session_id: invalid escape \q`},
 		{"{\"event\":\"token\",\"session_id\":\"\xff\",\"time_unix_nano\":1}", `session_id: invalid UTF-8`},
 		{`{"event":"token","session_id":"s`, `session_id: unterminated string`},
+		// A line that is not JSON is reported as such, also after an
+		// unknown key; an unknown field only in a line that is JSON.
+		{`{"bad"}`, `invalid JSON at byte 7: want ':', got '}'`},
+		{`{"bad":}`, `invalid JSON at byte 8: want a value, got '}'`},
+		{`{"bad":1,}`, `invalid JSON at byte 10: want a string key, got '}'`},
+		{`{"bad":01}`, `invalid JSON at byte 8: number with a leading zero`},
+		{`{"bad":1.}`, `invalid JSON at byte 10: want a digit, got '}'`},
+		{`{"bad":1e+}`, `invalid JSON at byte 11: want a digit, got '}'`},
+		{`{"bad":tru}`, `invalid JSON at byte 8: want a value, got 't'`},
+		{`{"bad":[1,]}`, `invalid JSON at byte 11: want a value, got ']'`},
+		{`{"bad":[1 2]}`, `invalid JSON at byte 11: want ',' or ']', got '2'`},
+		{`{"bad":"x"} x`, `invalid JSON at byte 13: data after the object`},
+		{`{"bad":"x","event":"token"`, `invalid JSON: want ',' or '}', got end of line`},
+		{`{"bad":` + strings.Repeat("[", 65) + strings.Repeat("]", 65) + `}`, `invalid JSON at byte 72: nested deeper than 64`},
+		{`{"bad":{"a":[true,false,null,-1.5e-3,"\u00e9",{}],"b":[]},"c":0}`, `bad: unknown field`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"attributes":{"a"}}`, `invalid JSON at byte 71: want ':', got '}'`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"attributes":{"":"v"}}`, `attributes: empty key`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -188,7 +205,8 @@ func TestAppendJSONInvalidUTF8(t *testing.T) {
 
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{startLine, tokenLine, endLine, `{}`, `{"event":"token","session_id":"a","time_unix_nano":12,"count":3}`,
-		`{"event":"token","session_id":"a","time_unix_nano":012}`, `{"event":"token","session_id":"a","time_unix_nano":1,"count":0}`, `{"attributes":{"a":"\ud800"}}`, `{"event":"token","session_id":"\u00e9","time_unix_nano":1,"count":2}`} {
+		`{"event":"token","session_id":"a","time_unix_nano":012}`, `{"event":"token","session_id":"a","time_unix_nano":1,"count":0}`, `{"attributes":{"a":"\ud800"}}`, `{"event":"token","session_id":"\u00e9","time_unix_nano":1,"count":2}`,
+		`{"bad"}`, `{"bad":[1,{"x":-0.5E+2}],"event":"token"}`, `{"event":"token","x":[[[[]]]]}`} {
 		f.Add([]byte(s))
 	}
 	p := NewParser(Limits{})

@@ -22,7 +22,7 @@ const (
 	EventNameEnd   = "llm.session.end"
 )
 
-// tokenevent.Attribute keys of the log record form. GenAI semantic convention names are
+// Attribute keys of the log record form. GenAI semantic convention names are
 // used where one exists.
 const (
 	AttrSessionID         = "llm.session.id"
@@ -51,11 +51,6 @@ const (
 	// rather than per event: pdata boxes each element of an array attribute
 	// in an allocation of its own.
 	AttrTokenEvents = "llm.token.events"
-	// AttrTokenTimes and AttrTokenCounts hold the earlier packed form,
-	// still read: parallel int arrays of event times (Unix ns) and token
-	// counts.
-	AttrTokenTimes  = "llm.token.times_unix_nano"
-	AttrTokenCounts = "llm.token.counts"
 )
 
 // RecordWriter appends token events to a log record slice. The token events
@@ -353,38 +348,15 @@ func readToken(attrs pcommon.Map, ev *tokenevent.Event, fn func(*tokenevent.Even
 		}
 		return readPacked(v.Str(), int64(base), ev, fn)
 	}
-	tv, packed := attrs.Get(AttrTokenTimes)
-	if !packed {
-		n, err := intAttr(attrs, AttrTokenCount, 1)
-		if err != nil {
-			return err
-		}
-		if n < 1 {
-			return &tokenevent.FieldError{Field: AttrTokenCount, Reason: "must be at least 1"}
-		}
-		ev.Count = n
-		fn(ev)
-		return nil
+	n, err := intAttr(attrs, AttrTokenCount, 1)
+	if err != nil {
+		return err
 	}
-	cv, ok := attrs.Get(AttrTokenCounts)
-	if tv.Type() != pcommon.ValueTypeSlice || !ok || cv.Type() != pcommon.ValueTypeSlice || tv.Slice().Len() != cv.Slice().Len() {
-		return &tokenevent.FieldError{Field: AttrTokenTimes, Reason: "want int arrays " + AttrTokenTimes + " and " + AttrTokenCounts + " of equal length"}
+	if n < 1 {
+		return &tokenevent.FieldError{Field: AttrTokenCount, Reason: "must be at least 1"}
 	}
-	times, counts := tv.Slice(), cv.Slice()
-	for i := range times.Len() {
-		t, c := times.At(i), counts.At(i)
-		if t.Type() != pcommon.ValueTypeInt || t.Int() <= 0 {
-			return &tokenevent.FieldError{Field: AttrTokenTimes, Reason: fmt.Sprintf("element %d: want a positive int", i)}
-		}
-		if c.Type() != pcommon.ValueTypeInt || c.Int() < 1 {
-			return &tokenevent.FieldError{Field: AttrTokenCounts, Reason: fmt.Sprintf("element %d: want an int of at least 1", i)}
-		}
-	}
-	for i := range times.Len() {
-		ev.TimeUnixNano = uint64(times.At(i).Int())
-		ev.Count = counts.At(i).Int()
-		fn(ev)
-	}
+	ev.Count = n
+	fn(ev)
 	return nil
 }
 

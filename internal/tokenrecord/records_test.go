@@ -126,25 +126,6 @@ func TestRecordsPackedShape(t *testing.T) {
 	}, records.At(0).Attributes().AsRaw())
 }
 
-// Records packed as int arrays (the form before AttrTokenEvents) are read
-// as before.
-func TestReadRecordIntArrays(t *testing.T) {
-	lr := plog.NewLogRecord()
-	lr.SetEventName(EventNameToken)
-	lr.SetTimestamp(5)
-	lr.Attributes().PutStr(AttrSessionID, "a")
-	require.NoError(t, lr.Attributes().PutEmptySlice(AttrTokenTimes).FromRaw([]any{int64(5), int64(9)}))
-	require.NoError(t, lr.Attributes().PutEmptySlice(AttrTokenCounts).FromRaw([]any{int64(7), int64(1)}))
-	var got []tokenevent.Event
-	var ev tokenevent.Event
-	require.NoError(t, ReadRecord(lr, &ev, func(e *tokenevent.Event) { got = append(got, clone(e)) }))
-	want := []tokenevent.Event{
-		{Kind: tokenevent.KindToken, SessionID: "a", TimeUnixNano: 5, Count: 7, PromptTokens: -1, CompletionTokens: -1},
-		{Kind: tokenevent.KindToken, SessionID: "a", TimeUnixNano: 9, Count: 1, PromptTokens: -1, CompletionTokens: -1},
-	}
-	assert.Equal(t, want, got)
-}
-
 // packedRecord is a token record of session "s" stamped ts whose events are
 // the AttrTokenEvents string events.
 func packedRecord(ts uint64, events string) plog.LogRecord {
@@ -310,13 +291,6 @@ func TestReadRecordErrors(t *testing.T) {
 			lr.Attributes().PutStr(AttrSessionID, "s")
 			lr.Attributes().PutEmptySlice(AttrTokenEvents)
 		}, AttrTokenEvents + ": want a string, got Slice"},
-		{"ragged packed", func(lr plog.LogRecord) {
-			lr.SetEventName(EventNameToken)
-			lr.SetTimestamp(1)
-			lr.Attributes().PutStr(AttrSessionID, "s")
-			lr.Attributes().PutEmptySlice(AttrTokenTimes).AppendEmpty().SetInt(1)
-			lr.Attributes().PutEmptySlice(AttrTokenCounts)
-		}, AttrTokenTimes + ": want int arrays " + AttrTokenTimes + " and " + AttrTokenCounts + " of equal length"},
 		{"bad parent", func(lr plog.LogRecord) {
 			lr.SetEventName(EventNameStart)
 			lr.SetTimestamp(1)

@@ -1,0 +1,163 @@
+package tokenevent
+
+import (
+	"fmt"
+	"math"
+	"unicode/utf8"
+)
+
+// The rules every token event is held to, whatever form it arrives in: the
+// Parser applies them to wire lines, Event.Validate to events built in
+// memory (pkg/tokenhook checks what an engine hands it with them). Each
+// returns nil or a *FieldError naming the wire field.
+
+// CheckSessionID checks a session_id: not empty, and at most limit bytes
+// as the receiver decodes it (limit <= 0: DefaultMaxSessionIDBytes). An
+// invalid UTF-8 byte counts as the three bytes of the U+FFFD that
+// AppendJSON writes for it.
+func CheckSessionID[S ~string | ~[]byte](id S, limit int) *FieldError {
+	if len(id) == 0 {
+		return &FieldError{Field: "session_id", Reason: "must not be empty"}
+	}
+	if limit <= 0 {
+		limit = DefaultMaxSessionIDBytes
+	}
+	n := len(id)
+	// Decoding at most triples a length, so short IDs need no closer look.
+	if n > limit/3 {
+		n = decodedLen(id)
+	}
+	if n > limit {
+		return &FieldError{Field: "session_id", Reason: fmt.Sprintf("%d bytes, limit is %d", n, limit)}
+	}
+	return nil
+}
+
+// decodedLen is the length of s once AppendJSON has replaced each invalid
+// UTF-8 byte by U+FFFD and the parser has decoded the line.
+func decodedLen[S ~string | ~[]byte](s S) int {
+	n := len(s)
+	for i := 0; i < len(s); {
+		if s[i] < utf8.RuneSelf {
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(string(s[i:min(i+utf8.UTFMax, len(s))]))
+		if r == utf8.RuneError && size == 1 {
+			n += 2
+		}
+		i += size
+	}
+	return n
+}
+
+// CheckTime checks a time_unix_nano: after the epoch and within an int64.
+func CheckTime(t uint64) *FieldError {
+	if t == 0 {
+		return &FieldError{Field: "time_unix_nano", Reason: "must be greater than 0"}
+	}
+	if t > math.MaxInt64 {
+		return &FieldError{Field: "time_unix_nano", Reason: "integer out of range"}
+	}
+	return nil
+}
+
+// CheckCount checks the count of a token event: at least 1.
+func CheckCount(n int64) *FieldError {
+	if n < 1 {
+		return &FieldError{Field: "count", Reason: "must be at least 1"}
+	}
+	return nil
+}
+
+// CheckTokens checks a token total, prompt_tokens or completion_tokens
+// (field), that is present: not negative.
+func CheckTokens(field string, n int64) *FieldError {
+	if n < 0 {
+		return &FieldError{Field: field, Reason: fmt.Sprintf("must not be negative, got %d", n)}
+	}
+	return nil
+}
+
+// CheckOperation checks an operation and returns it as one of the
+// Operation constants.
+func CheckOperation[S ~string | ~[]byte](op S) (string, *FieldError) {
+	switch string(op) {
+	case OperationChat:
+		return OperationChat, nil
+	case OperationTextCompletion:
+		return OperationTextCompletion, nil
+	}
+	return "", &FieldError{Field: "operation", Reason: fmt.Sprintf("want chat or text_completion, got %q", truncate([]byte(op)))}
+}
+
+// CheckAttribute checks that an attribute with key may join attrs, a start
+// event's attributes so far: the key is not empty and not in attrs, and
+// attrs holds fewer than limit entries (limit <= 0: DefaultMaxAttributes).
+func CheckAttribute(attrs []Attribute, key string, limit int) *FieldError {
+	if key == "" {
+		return &FieldError{Field: "attributes", Reason: "empty key"}
+	}
+	for _, a := range attrs {
+		if a.Key == key {
+			return &FieldError{Field: "attributes." + key, Reason: "duplicate key"}
+		}
+	}
+	if limit <= 0 {
+		limit = DefaultMaxAttributes
+	}
+	if len(attrs) >= limit {
+		return &FieldError{Field: "attributes", Reason: fmt.Sprintf("more than %d entries", limit)}
+	}
+	return nil
+}
+
+// Validate checks ev against the rules and limits (zero: the defaults) the
+// Parser applies to the line AppendJSON writes for it, but the line's
+// length: an event Validate accepts encodes to a line the Parser accepts.
+// Fields the kind does not carry are ignored, as AppendJSON leaves them
+// out; zero IDs and empty strings mean absent, as there. Unlike the wire,
+// which has no way to write them, a token total below -1 (absent) is an
+// error rather than absent.
+func (ev *Event) Validate(limits Limits) error {
+	switch ev.Kind {
+	case KindStart, KindToken, KindEnd:
+	default:
+		return &FieldError{Field: "event", Reason: fmt.Sprintf("want start, token or end, got kind %d", ev.Kind)}
+	}
+	if err := CheckSessionID(ev.SessionID, limits.MaxSessionIDBytes); err != nil {
+		return err
+	}
+	if err := CheckTime(ev.TimeUnixNano); err != nil {
+		return err
+	}
+	switch ev.Kind {
+	case KindStart:
+		if ev.Operation != "" {
+			if _, err := CheckOperation(ev.Operation); err != nil {
+				return err
+			}
+		}
+		if ev.PromptTokens != -1 {
+			if err := CheckTokens("prompt_tokens", ev.PromptTokens); err != nil {
+				return err
+			}
+		}
+		for i, a := range ev.Attributes {
+			if err := CheckAttribute(ev.Attributes[:i], a.Key, limits.MaxAttributes); err != nil {
+				return err
+			}
+		}
+	case KindToken:
+		if err := CheckCount(ev.Count); err != nil {
+			return err
+		}
+	case KindEnd:
+		if ev.CompletionTokens != -1 {
+			if err := CheckTokens("completion_tokens", ev.CompletionTokens); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
