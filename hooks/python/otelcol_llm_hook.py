@@ -3,9 +3,14 @@
 Import this inside the inference engine's Python process (e.g. vLLM) and call
 ``start``/``token``/``end`` per streamed request. The calls never block: they
 validate their arguments, put a small tuple on a bounded in-memory queue and
-return. A daemon thread encodes the events as NDJSON (wire schema v1, see
-DESIGN.md "Token event model") and sends them in batches over UDP datagrams
-or HTTP POST. When the queue is full, events are dropped and counted.
+return. A daemon thread encodes the events as NDJSON (the token_stream
+receiver's wire schema v1: one JSON object per line, see the repository's
+README, "Token events") and sends them in batches over UDP datagrams or HTTP
+POST. When the queue is full, events are dropped and counted.
+
+What counts as invalid, how long lines, rejected lines, proxies, timeouts and
+retries are handled is the contract this client shares with the Go client,
+pkg/tokenhook: hooks/README.md.
 
 The API takes no prompt or completion text, so none can ever be sent or
 logged. Standard library only, Python 3.9+.
@@ -36,14 +41,25 @@ DEFAULT_UDP_BATCH_BYTES = 8 << 10
 # The largest payload of one UDP datagram.
 MAX_UDP_DATAGRAM_BYTES = 65507
 
-# The receiver's default limits (internal/tokenevent/parse.go); lines beyond
-# them would be rejected, so they are refused here already.
+# The receiver's default limits (the Go client takes them from
+# internal/tokenevent); lines beyond them would be rejected, so they are
+# refused here already.
 MAX_LINE_BYTES = 16 << 10
 MAX_SESSION_ID_BYTES = 256
 MAX_ATTRIBUTES = 32
 _MAX_INT64 = (1 << 63) - 1
 
 OPERATIONS = ("chat", "text_completion")
+
+DEFAULT_REQUEST_TIMEOUT = 5.0
+# A 503 whose Retry-After is at most this many seconds is retried once after
+# that delay; a longer one fails the batch, since events keep queueing (and
+# dropping) meanwhile.
+MAX_RETRY_AFTER_SECONDS = 1
+# How much of a response body is read.
+_MAX_RESPONSE_BYTES = 64 << 10
+# RFC 9110 token characters, for header names.
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 _log = logging.getLogger("otelcol_llm_hook")
 # Failures are logged at most this often, so a down collector cannot flood
@@ -124,6 +140,51 @@ def _check_hex_id(name, v, digits):
     return v.lower()
 
 
+def _set(ev, key, v):
+    """Put an optional field into ev unless it is unset (None)."""
+    if v is not None:
+        ev[key] = v
+
+
+def _check_operation(v):
+    if v is not None and v not in OPERATIONS:
+        raise ValueError("operation: want chat or text_completion, got %r" % (v,))
+    return v
+
+
+def _check_headers(headers):
+    """Return the headers to send, Content-Type set; raise ValueError for what could not be sent."""
+    hdrs = {}
+    for k, v in (headers or {}).items():
+        if type(k) is not str or type(v) is not str:
+            raise ValueError("headers: want str keys and values")
+        if not k or not _TOKEN_CHARS.issuperset(k):
+            raise ValueError("headers: invalid header name %r" % (k,))
+        if any(c in v for c in "\r\n\0"):
+            raise ValueError("headers: %s: value holds a line break or NUL" % (k,))
+        if k.lower() != "content-type":
+            hdrs[k] = v
+    hdrs["Content-Type"] = "application/x-ndjson"
+    return hdrs
+
+
+def _retry_after(headers):
+    """Return a Retry-After in whole seconds, or None when there is none."""
+    v = (headers.get("Retry-After") or "").strip() if headers is not None else ""
+    return min(int(v), 3600) if v.isdigit() and v.isascii() else None
+
+
+def _rejected_count(payload, n):
+    """The "rejected" count of a receiver answer, within 0..n; 0 for any other body."""
+    try:
+        r = json.loads(payload)
+    except ValueError:
+        return 0, None
+    if not isinstance(r, dict) or type(r.get("rejected")) is not int:
+        return 0, None
+    return min(max(r["rejected"], 0), n), r
+
+
 def _check_attributes(attributes):
     if attributes is None:
         return None
@@ -188,18 +249,21 @@ class Client:
     HTTP, 8 KiB for UDP). Batches hold whole lines; a line longer than this
     is dropped and counted.
     headers: extra HTTP headers, e.g. an Authorization header (never logged).
-    request_timeout: seconds one HTTP request may take.
+    HTTP only.
+    request_timeout: seconds one HTTP request may wait for each step
+    (connect, send, each read); default 5. HTTP only.
 
     ``start``/``token``/``end`` raise ValueError for invalid arguments (a bad
-    trace_id, a negative count, ...) and never block. ``stats()`` counts
-    events: ``sent`` (handed to UDP, or accepted in a 2xx HTTP response),
-    ``dropped`` (queue full, line too long, client closed), ``failed`` (in a
-    batch whose send failed: non-2xx status or transport error) and
-    ``rejected`` (lines a 2xx HTTP response reported as rejected).
+    trace_id, a negative count, ...), send nothing then, and never block.
+    ``stats()`` counts the events taken, each in one of: ``sent`` (handed to
+    UDP, or accepted by the receiver), ``dropped`` (queue full, client
+    closed), ``failed`` (the send failed: transport error, timeout, non-2xx
+    status) and ``rejected`` (lines the receiver reported as rejected, or too
+    long to send). The contract shared with the Go client: hooks/README.md.
     """
 
     def __init__(self, endpoint, queue_size=65536, flush_interval=0.1, max_batch_bytes=None, headers=None,
-                 *, request_timeout=5.0):
+                 *, request_timeout=None):
         self._transport, self._target = _parse_endpoint(endpoint)
         if type(queue_size) is not int or queue_size < 1:
             raise ValueError("queue_size: want a positive int, got %r" % (queue_size,))
@@ -212,16 +276,19 @@ class Client:
         if self._transport == "udp" and max_batch_bytes > MAX_UDP_DATAGRAM_BYTES:
             raise ValueError("max_batch_bytes: %d exceeds the largest UDP datagram (%d)"
                              % (max_batch_bytes, MAX_UDP_DATAGRAM_BYTES))
-        if not isinstance(request_timeout, (int, float)) or not request_timeout > 0:
+        if self._transport == "udp":
+            # Settings a UDP endpoint would silently ignore are mistakes: an
+            # Authorization header that is never sent, for one.
+            if headers:
+                raise ValueError("headers: set, but a udp:// endpoint sends no headers")
+            if request_timeout is not None:
+                raise ValueError("request_timeout: set, but a udp:// endpoint has no requests to time")
+        if request_timeout is None:
+            request_timeout = DEFAULT_REQUEST_TIMEOUT
+        if not isinstance(request_timeout, (int, float)) or isinstance(request_timeout, bool) \
+                or not request_timeout > 0:
             raise ValueError("request_timeout: want a positive number of seconds, got %r" % (request_timeout,))
-        hdrs = {}
-        for k, v in (headers or {}).items():
-            if type(k) is not str or type(v) is not str:
-                raise ValueError("headers: want str keys and values")
-            if k.lower() != "content-type":
-                hdrs[k] = v
-        hdrs["Content-Type"] = "application/x-ndjson"
-        self._headers = hdrs
+        self._headers = _check_headers(headers)
         self._queue_size = queue_size
         self._flush_interval = float(flush_interval)
         self._max_batch_bytes = max_batch_bytes
@@ -245,31 +312,14 @@ class Client:
         t = _check_time(time_unix_nano)
         ev = {"event": "start", "session_id": session_id, "time_unix_nano": t}
         # Optional fields in the order the Go encoder writes them.
-        v = _check_hex_id("trace_id", trace_id, 32)
-        if v is not None:
-            ev["trace_id"] = v
-        v = _check_hex_id("span_id", span_id, 16)
-        if v is not None:
-            ev["span_id"] = v
-        v = _check_hex_id("parent_span_id", parent_span_id, 16)
-        if v is not None:
-            ev["parent_span_id"] = v
-        v = _check_str("model", model)
-        if v is not None:
-            ev["model"] = v
-        if operation is not None:
-            if operation not in OPERATIONS:
-                raise ValueError("operation: want chat or text_completion, got %r" % (operation,))
-            ev["operation"] = operation
-        v = _check_uint("prompt_tokens", prompt_tokens)
-        if v is not None:
-            ev["prompt_tokens"] = v
-        v = _check_str("engine", engine)
-        if v is not None:
-            ev["engine"] = v
-        v = _check_attributes(attributes)
-        if v is not None:
-            ev["attributes"] = v
+        _set(ev, "trace_id", _check_hex_id("trace_id", trace_id, 32))
+        _set(ev, "span_id", _check_hex_id("span_id", span_id, 16))
+        _set(ev, "parent_span_id", _check_hex_id("parent_span_id", parent_span_id, 16))
+        _set(ev, "model", _check_str("model", model))
+        _set(ev, "operation", _check_operation(operation))
+        _set(ev, "prompt_tokens", _check_uint("prompt_tokens", prompt_tokens))
+        _set(ev, "engine", _check_str("engine", engine))
+        _set(ev, "attributes", _check_attributes(attributes))
         self._put((_START, ev))
 
     def token(self, session_id, time_unix_nano=None, count=1):
@@ -289,15 +339,9 @@ class Client:
         _check_session_id(session_id)
         t = _check_time(time_unix_nano)
         ev = {"event": "end", "session_id": session_id, "time_unix_nano": t}
-        v = _check_uint("completion_tokens", completion_tokens)
-        if v is not None:
-            ev["completion_tokens"] = v
-        v = _check_str("finish_reason", finish_reason)
-        if v is not None:
-            ev["finish_reason"] = v
-        v = _check_str("error", error)
-        if v is not None:
-            ev["error"] = v
+        _set(ev, "completion_tokens", _check_uint("completion_tokens", completion_tokens))
+        _set(ev, "finish_reason", _check_str("finish_reason", finish_reason))
+        _set(ev, "error", _check_str("error", error))
         self._put((_END, ev))
 
     def _put(self, item):
@@ -473,8 +517,9 @@ class Client:
         if batch:
             self._send_batch(batch, size)
         if too_long:
-            self._count(dropped=too_long)
-            self._log_failure("dropped %d events longer than %d bytes" % (too_long, max_line - 1))
+            # The receiver would reject them, or no batch can hold them.
+            self._count(rejected=too_long)
+            self._log_failure("rejected %d events longer than %d bytes" % (too_long, max_line - 1))
 
     def _send_batch(self, lines, size):
         body = b"".join(lines)
@@ -503,39 +548,43 @@ class Client:
         self._count(sent=n)
 
     def _send_http(self, body, n):
+        """POST a batch and count the receiver's verdict, as the Go client does.
+
+        The lines the answer names as rejected are rejected, whatever the
+        status; the others are sent on a 2xx and failed otherwise, as after a
+        transport error. A 503 with a Retry-After of at most one second is
+        retried once after that delay.
+        """
+        for attempt in (0, 1):
+            try:
+                status, headers, payload = self._post(body)
+            except (OSError, ValueError, http.client.HTTPException) as e:  # URLError, timeouts, resets
+                self._count(failed=n)
+                self._log_failure("HTTP POST of %d events failed: %s" % (n, e.__class__.__name__))
+                return
+            rejected, verdict = _rejected_count(payload, n)
+            if 200 <= status < 300:
+                self._count(sent=n - rejected, rejected=rejected)
+                if rejected:
+                    self._log_failure("collector rejected %d of %d events%s" % (rejected, n, _first_error(verdict)))
+                return
+            retry_after = _retry_after(headers)
+            if status == 503 and attempt == 0 and retry_after is not None and retry_after <= MAX_RETRY_AFTER_SECONDS:
+                time.sleep(retry_after)
+                continue
+            self._count(failed=n - rejected, rejected=rejected)
+            self._log_failure("HTTP POST of %d events failed: status %d%s" % (n, status, _first_error(verdict)))
+            return
+
+    def _post(self, body):
+        """Make one request; return (status, headers, body) for any status."""
         req = urllib.request.Request(self._target, data=body, headers=self._headers, method="POST")
         try:
             with self._opener.open(req, timeout=self._request_timeout) as resp:
-                status = resp.status
-                payload = resp.read(1 << 20)
+                return resp.status, resp.headers, resp.read(_MAX_RESPONSE_BYTES)
         except urllib.error.HTTPError as e:
-            e.close()
-            self._count(failed=n)
-            self._log_failure("HTTP POST of %d events failed: status %d" % (n, e.code))
-            return
-        except (OSError, ValueError, http.client.HTTPException) as e:  # URLError, timeouts, resets
-            self._count(failed=n)
-            self._log_failure("HTTP POST of %d events failed: %s" % (n, e.__class__.__name__))
-            return
-        if not 200 <= status < 300:
-            self._count(failed=n)
-            self._log_failure("HTTP POST of %d events failed: status %d" % (n, status))
-            return
-        accepted, rejected = n, 0
-        try:
-            r = json.loads(payload)
-            if type(r.get("accepted")) is int and type(r.get("rejected")) is int:
-                accepted, rejected = r["accepted"], r["rejected"]
-        except (ValueError, AttributeError):
-            pass
-        self._count(sent=accepted, rejected=rejected)
-        if rejected:
-            # Receiver messages name the line and field, never their text.
-            first = ""
-            errs = r.get("errors")
-            if isinstance(errs, list) and errs and isinstance(errs[0], dict):
-                first = ": line %s: %s" % (errs[0].get("line"), str(errs[0].get("message"))[:200])
-            self._log_failure("collector rejected %d of %d events%s" % (rejected, n, first))
+            with e:
+                return e.code, e.headers, e.read(_MAX_RESPONSE_BYTES)
 
     def _count(self, sent=0, dropped=0, failed=0, rejected=0):
         with self._lock:
@@ -551,6 +600,14 @@ class Client:
             s = self.stats()
             _log.warning("otelcol-llm hook: %s (totals: sent %d, dropped %d, failed %d, rejected %d)",
                          msg, s["sent"], s["dropped"], s["failed"], s["rejected"])
+
+
+def _first_error(verdict):
+    """": line N: message" of a receiver answer's first line error, or ""; it names a line and field, never text."""
+    errs = verdict.get("errors") if verdict else None
+    if isinstance(errs, list) and errs and isinstance(errs[0], dict):
+        return ": line %s: %s" % (errs[0].get("line"), str(errs[0].get("message"))[:200])
+    return ""
 
 
 # Clients still open, for fork and interpreter exit handling; weak so they

@@ -18,6 +18,7 @@ import threading
 import time
 import unittest
 import urllib.request
+from unittest import mock
 import warnings
 
 import otelcol_llm_hook as hook
@@ -82,8 +83,10 @@ class UDPSink:
 class HTTPSink:
     """A threaded http.server on 127.0.0.1:0 recording requests.
 
-    status/response set the answer; while gate is clear, handlers block
-    (after setting started), which stalls a client's sender thread.
+    status/response set the answer, unless answers holds (status, headers,
+    response) tuples: request i gets answers[i] while there is one. While
+    gate is clear, handlers block (after setting started), which stalls a
+    client's sender thread.
     Request headers are kept as http.client.HTTPMessage: case-insensitive.
     """
 
@@ -91,6 +94,7 @@ class HTTPSink:
         sink = self
         self.status = status
         self.response = response
+        self.answers = []
         self.requests = []  # (path, headers, body)
         self.lock = threading.Lock()
         self.gate = threading.Event()
@@ -103,13 +107,18 @@ class HTTPSink:
                 sink.started.set()
                 sink.gate.wait(10)
                 with sink.lock:
+                    i = len(sink.requests)
                     sink.requests.append((self.path, self.headers, body))
-                payload = sink.response
+                status, headers, payload = sink.status, {}, sink.response
+                if i < len(sink.answers):
+                    status, headers, payload = sink.answers[i]
                 if payload is None:
                     n = body.count(b"\n")
                     payload = {"accepted": n, "rejected": 0, "errors": []}
                 data = json.dumps(payload).encode()
-                self.send_response(sink.status)
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -208,6 +217,23 @@ class ValidationTest(unittest.TestCase):
         self.assertTrue(c.flush())
         self.assertEqual(c.stats(), {"sent": 0, "dropped": 0, "failed": 0, "rejected": 0})
 
+    def test_config_errors_raise(self):
+        udp = self.sink.endpoint
+        cases = {
+            "headers on udp": lambda: Client(udp, headers={"Authorization": "x"}),
+            "request_timeout on udp": lambda: Client(udp, request_timeout=1),
+            "request_timeout negative": lambda: Client("http://127.0.0.1:1", request_timeout=-1),
+            "request_timeout bool": lambda: Client("http://127.0.0.1:1", request_timeout=True),
+            "header name": lambda: Client("http://127.0.0.1:1", headers={"Bad Name": "x"}),
+            "header empty name": lambda: Client("http://127.0.0.1:1", headers={"": "x"}),
+            "header line break": lambda: Client("http://127.0.0.1:1", headers={"X-A": "a\r\nX-B: b"}),
+            "header not str": lambda: Client("http://127.0.0.1:1", headers={"X-A": 1}),
+        }
+        for name, call in cases.items():
+            with self.subTest(name), self.assertRaises(ValueError):
+                call()
+        Client(udp, headers={}).close()  # empty is not set
+
     def test_limits_accepted(self):
         c = self.client
         c.token("x" * 256, T0)
@@ -284,14 +310,14 @@ class UDPTest(unittest.TestCase):
             self.assertTrue(d.endswith(b"\n"))
         self.assertEqual(c.stats()["sent"], 40)
 
-    def test_line_longer_than_datagram_dropped_and_counted(self):
+    def test_line_longer_than_datagram_rejected(self):
         with Client(self.sink.endpoint) as c:
             c.token("before", T0)
             c.start("big", T0, attributes={"k%d" % i: "v" * 300 for i in range(30)})
             c.token("after", T0)
         lines = self.sink.lines(2)
         self.assertEqual([json.loads(ln)["session_id"] for ln in lines], ["before", "after"])
-        self.assertEqual(c.stats(), {"sent": 2, "dropped": 1, "failed": 0, "rejected": 0})
+        self.assertEqual(c.stats(), {"sent": 2, "dropped": 0, "failed": 0, "rejected": 1})
 
     def test_flush_interval_sends_without_close(self):
         c = Client(self.sink.endpoint, flush_interval=0.05)
@@ -412,6 +438,80 @@ class HTTPTest(unittest.TestCase):
         self.assertEqual(c.stats()["failed"], 1)
         self.sink.gate.set()
         c.close()
+
+    def test_503_with_short_retry_after_retried_once(self):
+        self.sink.answers = [(503, {"Retry-After": "0"}, {})]
+        with Client(self.sink.url) as c:
+            c.token("s", T0)
+            c.token("s", T0 + 1)
+        self.assertEqual(c.stats(), {"sent": 2, "dropped": 0, "failed": 0, "rejected": 0})
+        self.assertEqual(len(self.sink.requests), 2)
+
+    def test_503_retried_only_once(self):
+        self.sink.answers = [(503, {"Retry-After": "0"}, {})] * 3
+        with Client(self.sink.url) as c:
+            c.token("s", T0)
+        self.assertEqual(c.stats(), {"sent": 0, "dropped": 0, "failed": 1, "rejected": 0})
+        self.assertEqual(len(self.sink.requests), 2)
+
+    def test_503_without_short_retry_after_not_retried(self):
+        for headers in ({}, {"Retry-After": "5"}, {"Retry-After": "soon"}):
+            with self.subTest(headers=headers):
+                self.sink.requests = []
+                self.sink.answers = [(503, headers, {})]
+                with Client(self.sink.url) as c:
+                    c.token("s", T0)
+                self.assertEqual(c.stats(), {"sent": 0, "dropped": 0, "failed": 1, "rejected": 0})
+                self.assertEqual(len(self.sink.requests), 1)
+
+    def test_rejected_lines_of_an_error_status(self):
+        # The receiver answers 400 when no line of the batch is valid, and a
+        # 503 names the lines it rejected too: those are rejected, the rest failed.
+        for status, response, want in (
+                (400, {"accepted": 0, "rejected": 3, "errors": []}, {"failed": 0, "rejected": 3}),
+                (503, {"accepted": 0, "rejected": 1, "errors": [], "error": "pipeline refused the batch"},
+                 {"failed": 2, "rejected": 1}),
+                (200, {"accepted": 0, "rejected": 7}, {"failed": 0, "rejected": 3}),
+                (400, {"rejected": True}, {"failed": 3, "rejected": 0}),
+        ):
+            with self.subTest(status=status, response=response):
+                self.sink.status, self.sink.response = status, response
+                with Client(self.sink.url) as c:
+                    for i in range(3):
+                        c.token("s", T0 + i)
+                self.assertEqual(c.stats(), dict(want, sent=0, dropped=0))
+
+    def test_redirect_not_followed(self):
+        self.sink.answers = [(307, {"Location": "/elsewhere"}, {})]
+        with Client(self.sink.url) as c:
+            c.token("s", T0)
+        self.assertEqual(c.stats(), {"sent": 0, "dropped": 0, "failed": 1, "rejected": 0})
+        self.assertEqual([r[0] for r in self.sink.requests], ["/v1/token-events"])
+
+    def test_proxy_environment_ignored(self):
+        proxy = HTTPSink()
+        self.addCleanup(proxy.close)
+        env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "http_proxy", "https_proxy")}
+        env["http_proxy"] = env["HTTP_PROXY"] = "http://127.0.0.1:%d" % proxy.port
+        with mock.patch.dict(os.environ, env, clear=True):
+            # The environment does reach urllib's default opener.
+            req = urllib.request.Request(self.sink.url, data=b"{}\n", method="POST",
+                                         headers={"Content-Type": "application/x-ndjson"})
+            urllib.request.build_opener().open(req, timeout=5).close()
+            self.assertEqual(len(proxy.requests), 1)
+            with Client(self.sink.url) as c:
+                c.token("s", T0)
+        self.assertEqual(c.stats(), {"sent": 1, "dropped": 0, "failed": 0, "rejected": 0})
+        self.assertEqual(len(proxy.requests), 1)
+        self.assertEqual(self.sink.lines(), ['{"event":"token","session_id":"s","time_unix_nano":%d}' % T0])
+
+    def test_line_over_receiver_limit_rejected(self):
+        # Within the 1 MiB batch, but over the receiver's 16 KiB line limit.
+        with Client(self.sink.url) as c:
+            c.start("big", T0, attributes={"big": "x" * (16 << 10)})
+            c.token("s", T0)
+        self.assertEqual(c.stats(), {"sent": 1, "dropped": 0, "failed": 0, "rejected": 1})
+        self.assertEqual(len(self.sink.lines()), 1)
 
     def test_rejected_lines_counted(self):
         self.sink.response = {"accepted": 2, "rejected": 1, "errors": [{"line": 2, "message": "count: must be at least 1"}]}

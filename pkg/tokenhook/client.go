@@ -14,13 +14,42 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 )
 
-// Operation values for Start.Operation (GenAI semconv gen_ai.operation.name).
+// The event model is the collector's own (the wire schema v1 of the
+// token_stream receiver), free of pdata and of the collector.
+type (
+	// Event is one token event, as the receiver parses it from a line.
+	// Which fields count depends on Kind; the others are ignored.
+	// PromptTokens and CompletionTokens hold -1 when absent, zero IDs and
+	// empty strings are absent, and a token event's Count is at least 1.
+	Event = tokenevent.Event
+	// Kind says which of the three events an Event is.
+	Kind = tokenevent.Kind
+	// TraceID and SpanID are W3C trace context IDs.
+	TraceID = tokenevent.TraceID
+	SpanID  = tokenevent.SpanID
+	// Attribute is one of a start event's free-form string attributes.
+	Attribute = tokenevent.Attribute
+	// FieldError is the error for an invalid event: the wire field at
+	// fault and why.
+	FieldError = tokenevent.FieldError
+)
+
+// Event kinds.
+const (
+	KindStart = tokenevent.KindStart
+	KindToken = tokenevent.KindToken
+	KindEnd   = tokenevent.KindEnd
+)
+
+// Operation values for Event.Operation and Start.Operation (GenAI semconv
+// gen_ai.operation.name).
 const (
 	OperationChat           = tokenevent.OperationChat
 	OperationTextCompletion = tokenevent.OperationTextCompletion
 )
 
-// Start opens a session: the engine received a request. Zero fields are
+// Start holds the fields of a start Event in Go terms (a time.Time, a
+// flag for the optional prompt count), for Client.Start. Zero fields are
 // not sent.
 type Start struct {
 	// SessionID identifies the session in its Token and End events. Required.
@@ -44,7 +73,8 @@ type Start struct {
 	Attributes map[string]string
 }
 
-// End closes a session. Zero fields are not sent.
+// End holds the fields of an end Event in Go terms, for Client.End. Zero
+// fields are not sent.
 type End struct {
 	// SessionID is the ID given to Start. Required.
 	SessionID string
@@ -59,9 +89,10 @@ type End struct {
 	Error string
 }
 
-// Stats counts what happened to the events given to a Client. Once Close
-// has returned, Sent+Dropped+Failed is the number of Start, Token and End
-// calls.
+// Stats counts what happened to the events a Client took: each counts in
+// exactly one field, so once Close has returned, the sum is the number of
+// Start, Token, End and Send calls that returned nil (invalid events are
+// refused at the call and counted nowhere).
 type Stats struct {
 	// Sent counts events handed over: accepted by the receiver (HTTP) or
 	// written in a datagram (UDP, which has no acknowledgement).
@@ -69,12 +100,15 @@ type Stats struct {
 	// Dropped counts events never queued: the queue was full, or Close had
 	// been called.
 	Dropped uint64
-	// Failed counts events that were not delivered for any other reason:
-	// invalid (empty SessionID, time before 1970, Token count below 1,
-	// unknown Operation, negative token counts, empty attribute key), a
-	// line longer than MaxBatchBytes, a send error, a non-2xx HTTP status,
-	// or lines the receiver reported as rejected.
+	// Failed counts events whose send failed: a transport error or
+	// timeout, a non-2xx HTTP status (but for the lines the answer names as
+	// rejected), or Close giving up.
 	Failed uint64
+	// Rejected counts events whose line the receiver rejected (the
+	// "rejected" count of its answer), or that the client did not send
+	// since their line is longer than MaxBatchBytes or than the receiver's
+	// line limit.
+	Rejected uint64
 }
 
 // Client sends token events to a token_stream receiver. Its methods are safe
@@ -86,11 +120,12 @@ type Client struct {
 	wake    chan struct{} // capacity 1: a pending signal is enough
 	closed  atomic.Bool
 	dropped atomic.Uint64
-	// sent and failed are written by the background goroutine (and failed
-	// by callers for invalid events); keep them off the line callers write.
-	_      [64]byte
-	sent   atomic.Uint64
-	failed atomic.Uint64
+	// The other counters are written by the background goroutine; keep
+	// them off the line callers write.
+	_        [64]byte
+	sent     atomic.Uint64
+	failed   atomic.Uint64
+	rejected atomic.Uint64
 
 	stopOnce sync.Once
 	stop     chan struct{} // closed by Close: drain, flush, exit
@@ -126,12 +161,7 @@ func New(cfg Config) (*Client, error) {
 	} else {
 		hs := &httpSender{ctx: ctx, url: s.url, headers: s.headers, client: s.httpClient}
 		if hs.client == nil {
-			// A private pool, so Close can close its idle connections.
-			tr := &http.Transport{Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: true}
-			if dt, ok := http.DefaultTransport.(*http.Transport); ok {
-				tr = dt.Clone()
-			}
-			hs.client = &http.Client{Transport: tr, Timeout: DefaultHTTPTimeout}
+			hs.client = newHTTPClient(s.timeout)
 			hs.owned = true
 		}
 		snd = hs
@@ -144,7 +174,7 @@ func New(cfg Config) (*Client, error) {
 		done:   make(chan struct{}),
 		abort:  func() { cancel(); snd.abort() },
 	}
-	w := &worker{c: c, snd: snd, maxBatchBytes: s.maxBatchBytes, flushInterval: s.flushInterval}
+	w := &worker{c: c, snd: snd, maxLineBytes: min(s.maxBatchBytes, tokenevent.DefaultMaxLineBytes+1), maxBatchBytes: s.maxBatchBytes, flushInterval: s.flushInterval}
 	go func() {
 		defer close(c.done)
 		defer cancel()
@@ -154,94 +184,129 @@ func New(cfg Config) (*Client, error) {
 	return c, nil
 }
 
-// Token records a chunk of count tokens (at least 1) streamed at t (zero
-// means now). It never blocks and does not allocate.
-func (c *Client) Token(sessionID string, t time.Time, count int) {
-	if c == nil {
-		return
+// newHTTPClient returns the client a Config without HTTPClient gets: a
+// private connection pool (so Close can close its idle connections), no
+// proxy and no redirects. The collector runs next to the engine, so an
+// HTTP(S)_PROXY meant for outside traffic must not take the events, and a
+// redirect is a misconfigured endpoint to report, not to follow.
+func newHTTPClient(timeout time.Duration) *http.Client {
+	tr := &http.Transport{ForceAttemptHTTP2: true}
+	if dt, ok := http.DefaultTransport.(*http.Transport); ok {
+		tr = dt.Clone()
 	}
-	ns := unixNano(t)
-	if sessionID == "" || ns <= 0 || count < 1 {
-		c.failed.Add(1)
-		return
+	tr.Proxy = nil
+	return &http.Client{
+		Transport:     tr,
+		Timeout:       timeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
-	c.enqueue(item{sid: sessionID, t: ns, count: int64(count)})
 }
 
-// Start records the start of a session. It never blocks.
-func (c *Client) Start(s Start) {
+// Token records a chunk of count tokens (at least 1) streamed at t (zero
+// means now). It never blocks and does not allocate. It returns a
+// *FieldError, and sends nothing, when the event is invalid.
+func (c *Client) Token(sessionID string, t time.Time, count int) error {
 	if c == nil {
-		return
+		return nil
 	}
-	if c.closed.Load() {
-		c.dropped.Add(1)
-		return
+	ns := unixNano(t)
+	if err := tokenevent.CheckSessionID(sessionID, 0); err != nil {
+		return err
 	}
-	ev := &tokenevent.Event{
-		Kind:             tokenevent.KindStart,
-		SessionID:        s.SessionID,
-		TimeUnixNano:     uint64(max(unixNano(s.Time), 0)),
-		TraceID:          tokenevent.TraceID(s.TraceID),
-		SpanID:           tokenevent.SpanID(s.SpanID),
-		ParentSpanID:     tokenevent.SpanID(s.ParentSpanID),
-		Model:            s.Model,
-		Operation:        s.Operation,
-		PromptTokens:     -1,
-		Engine:           s.Engine,
-		Count:            1,
-		CompletionTokens: -1,
+	if err := tokenevent.CheckTime(ns); err != nil {
+		return err
 	}
-	valid := s.SessionID != "" && ev.TimeUnixNano > 0 &&
-		(s.Operation == "" || s.Operation == OperationChat || s.Operation == OperationTextCompletion)
+	if err := tokenevent.CheckCount(int64(count)); err != nil {
+		return err
+	}
+	c.enqueue(item{sid: sessionID, t: int64(ns), count: int64(count)})
+	return nil
+}
+
+// Start records the start of a session. It never blocks. It returns a
+// *FieldError, and sends nothing, when the event is invalid.
+func (c *Client) Start(s Start) error {
+	if c == nil {
+		return nil
+	}
+	ev := newEvent(tokenevent.KindStart, s.SessionID, s.Time)
+	ev.TraceID = s.TraceID
+	ev.SpanID = s.SpanID
+	ev.ParentSpanID = s.ParentSpanID
+	ev.Model = s.Model
+	ev.Operation = s.Operation
+	ev.Engine = s.Engine
 	if s.HasPromptTokens {
+		if err := tokenevent.CheckTokens("prompt_tokens", int64(s.PromptTokens)); err != nil {
+			return err
+		}
 		ev.PromptTokens = int64(s.PromptTokens)
-		valid = valid && s.PromptTokens >= 0
 	}
 	if len(s.Attributes) > 0 {
 		ev.Attributes = make([]tokenevent.Attribute, 0, len(s.Attributes))
 		for k, v := range s.Attributes {
-			valid = valid && k != ""
 			ev.Attributes = append(ev.Attributes, tokenevent.Attribute{Key: k, Value: v})
 		}
 		// Sorted, so the same attributes always encode the same way.
 		slices.SortFunc(ev.Attributes, func(a, b tokenevent.Attribute) int { return cmp.Compare(a.Key, b.Key) })
 	}
-	if !valid {
-		c.failed.Add(1)
-		return
-	}
-	c.enqueue(item{ev: ev})
+	return c.send(ev)
 }
 
-// End records the end of a session. It never blocks.
-func (c *Client) End(e End) {
+// End records the end of a session. It never blocks. It returns a
+// *FieldError, and sends nothing, when the event is invalid.
+func (c *Client) End(e End) error {
 	if c == nil {
-		return
+		return nil
 	}
-	if c.closed.Load() {
-		c.dropped.Add(1)
-		return
-	}
-	ev := &tokenevent.Event{
-		Kind:             tokenevent.KindEnd,
-		SessionID:        e.SessionID,
-		TimeUnixNano:     uint64(max(unixNano(e.Time), 0)),
-		PromptTokens:     -1,
-		Count:            1,
-		CompletionTokens: -1,
-		FinishReason:     e.FinishReason,
-		Error:            e.Error,
-	}
-	valid := e.SessionID != "" && ev.TimeUnixNano > 0
+	ev := newEvent(tokenevent.KindEnd, e.SessionID, e.Time)
+	ev.FinishReason = e.FinishReason
+	ev.Error = e.Error
 	if e.HasCompletionTokens {
+		if err := tokenevent.CheckTokens("completion_tokens", int64(e.CompletionTokens)); err != nil {
+			return err
+		}
 		ev.CompletionTokens = int64(e.CompletionTokens)
-		valid = valid && e.CompletionTokens >= 0
 	}
-	if !valid {
-		c.failed.Add(1)
-		return
+	return c.send(ev)
+}
+
+// Send records ev, of any kind, as the receiver would parse it: its
+// TimeUnixNano must be set (there is no "now" default here). It copies ev,
+// so the caller may reuse it. It never blocks. It returns a *FieldError,
+// and sends nothing, when the event is invalid.
+func (c *Client) Send(ev *Event) error {
+	if c == nil {
+		return nil
+	}
+	if ev.Kind == tokenevent.KindToken {
+		if err := ev.Validate(tokenevent.Limits{}); err != nil {
+			return err
+		}
+		c.enqueue(item{sid: ev.SessionID, t: int64(ev.TimeUnixNano), count: ev.Count})
+		return nil
+	}
+	cp := *ev
+	cp.Attributes = slices.Clone(ev.Attributes)
+	return c.send(&cp)
+}
+
+// newEvent returns an event of kind with every optional field absent.
+func newEvent(kind tokenevent.Kind, sessionID string, t time.Time) *tokenevent.Event {
+	ev := &tokenevent.Event{}
+	ev.Reset()
+	ev.Kind, ev.SessionID, ev.TimeUnixNano = kind, sessionID, unixNano(t)
+	return ev
+}
+
+// send validates a start or end event that is the client's own and queues
+// it.
+func (c *Client) send(ev *tokenevent.Event) error {
+	if err := ev.Validate(tokenevent.Limits{}); err != nil {
+		return err
 	}
 	c.enqueue(item{ev: ev})
+	return nil
 }
 
 func (c *Client) enqueue(it item) {
@@ -262,12 +327,13 @@ func (c *Client) enqueue(it item) {
 	}
 }
 
-// unixNano returns t in Unix nanoseconds, or now for a zero t.
-func unixNano(t time.Time) int64 {
+// unixNano returns t in Unix nanoseconds, now for a zero t, or 0 (no
+// valid time) for a t before 1970.
+func unixNano(t time.Time) uint64 {
 	if t.IsZero() {
-		return time.Now().UnixNano()
+		return uint64(time.Now().UnixNano())
 	}
-	return t.UnixNano()
+	return uint64(max(t.UnixNano(), 0))
 }
 
 // Stats returns the counters. It is safe to call at any time, also after
@@ -276,7 +342,7 @@ func (c *Client) Stats() Stats {
 	if c == nil {
 		return Stats{}
 	}
-	s := Stats{Sent: c.sent.Load(), Dropped: c.dropped.Load(), Failed: c.failed.Load()}
+	s := Stats{Sent: c.sent.Load(), Dropped: c.dropped.Load(), Failed: c.failed.Load(), Rejected: c.rejected.Load()}
 	select {
 	case <-c.done:
 		// An event that raced with Close into the queue after its last
@@ -314,6 +380,7 @@ func (c *Client) Close(ctx context.Context) error {
 type worker struct {
 	c             *Client
 	snd           sender
+	maxLineBytes  int // newline included
 	maxBatchBytes int
 	flushInterval time.Duration
 
@@ -364,8 +431,9 @@ func (w *worker) add(it item) {
 		ev.SessionID, ev.TimeUnixNano, ev.Count = it.sid, uint64(it.t), it.count
 	}
 	w.line = tokenevent.AppendJSON(w.line[:0], ev)
-	if len(w.line) > w.maxBatchBytes {
-		w.c.failed.Add(1)
+	if len(w.line) > w.maxLineBytes {
+		// The receiver would reject it, or no batch can hold it.
+		w.c.rejected.Add(1)
 		return
 	}
 	if len(w.batch)+len(w.line) > w.maxBatchBytes {
@@ -379,9 +447,10 @@ func (w *worker) flush() {
 	if w.events == 0 {
 		return
 	}
-	sent, reuse := w.snd.send(w.batch, w.events)
+	sent, rejected, reuse := w.snd.send(w.batch, w.events)
 	w.c.sent.Add(uint64(sent))
-	w.c.failed.Add(uint64(w.events - sent))
+	w.c.rejected.Add(uint64(rejected))
+	w.c.failed.Add(uint64(w.events - sent - rejected))
 	w.events = 0
 	if reuse {
 		w.batch = w.batch[:0]

@@ -451,11 +451,41 @@ func TestHTTPStatus(t *testing.T) {
 			want: Stats{Failed: 3}, requests: 2,
 		},
 		{
-			name: "rejected lines fail",
+			name: "rejected lines are rejected",
 			respond: func(w http.ResponseWriter, _ *http.Request, _ int) {
-				_, _ = io.WriteString(w, `{"accepted":2,"rejected":1,"errors":["line 2: session_id: 300 bytes, limit is 256"]}`)
+				_, _ = io.WriteString(w, `{"accepted":2,"rejected":1,"errors":[{"line":2,"message":"session_id: 300 bytes, limit is 256"}]}`)
 			},
-			want: Stats{Sent: 2, Failed: 1}, requests: 1,
+			want: Stats{Sent: 2, Rejected: 1}, requests: 1,
+		},
+		{
+			name: "a 400 naming every line rejects them",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ int) {
+				w.WriteHeader(http.StatusBadRequest)
+				_, _ = io.WriteString(w, `{"accepted":0,"rejected":3,"errors":[]}`)
+			},
+			want: Stats{Rejected: 3}, requests: 1,
+		},
+		{
+			name: "a 503 fails the lines it does not reject",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ int) {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = io.WriteString(w, `{"accepted":0,"rejected":1,"errors":[],"error":"pipeline refused the batch"}`)
+			},
+			want: Stats{Failed: 2, Rejected: 1}, requests: 1,
+		},
+		{
+			name: "a rejected count beyond the batch rejects the batch",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ int) {
+				_, _ = io.WriteString(w, `{"accepted":0,"rejected":7}`)
+			},
+			want: Stats{Rejected: 3}, requests: 1,
+		},
+		{
+			name: "a redirect is not followed and fails the batch",
+			respond: func(w http.ResponseWriter, r *http.Request, _ int) {
+				http.Redirect(w, r, "/elsewhere", http.StatusTemporaryRedirect)
+			},
+			want: Stats{Failed: 3}, requests: 1,
 		},
 		{
 			name:    "a 2xx without a verdict delivers all",
@@ -486,23 +516,87 @@ func TestHTTPTransportErrorFails(t *testing.T) {
 	assert.Equal(t, Stats{Failed: 1}, c.Stats())
 }
 
-func TestInvalidEventsFail(t *testing.T) {
+// Invalid events are refused at the call, with the error the receiver's
+// parser would give their line, and count nowhere; a line too long for a
+// batch is rejected on the sender's side.
+func TestInvalidEventsRefused(t *testing.T) {
 	transports(t, func(t *testing.T, col collector) {
 		c := newClient(t, Config{Endpoint: col.endpoint(), MaxBatchBytes: 512})
-		c.Token("", t0, 1)
-		c.Token("s-1", t0, 0)
-		c.Token("s-1", time.Unix(-1, 0), 1)
-		c.Start(Start{SessionID: "s-1", Operation: "embeddings"})
-		c.Start(Start{SessionID: "s-1", PromptTokens: -1, HasPromptTokens: true})
-		c.Start(Start{SessionID: "s-1", Attributes: map[string]string{"": "x"}})
-		c.Start(Start{Time: t0})
-		c.End(End{SessionID: "s-1", CompletionTokens: -2, HasCompletionTokens: true})
-		c.Start(Start{SessionID: "s-1", Attributes: map[string]string{"big": strings.Repeat("x", 512)}}) // longer than a batch
-		c.Token("s-1", t0, 1)
+		for _, tc := range []struct {
+			call func() error
+			want string
+		}{
+			{func() error { return c.Token("", t0, 1) }, "session_id: must not be empty"},
+			{func() error { return c.Token(strings.Repeat("x", 257), t0, 1) }, "session_id: 257 bytes, limit is 256"},
+			{func() error { return c.Token("s-1", t0, 0) }, "count: must be at least 1"},
+			{func() error { return c.Token("s-1", time.Unix(-1, 0), 1) }, "time_unix_nano: must be greater than 0"},
+			{func() error { return c.Start(Start{SessionID: "s-1", Operation: "embeddings"}) }, `operation: want chat or text_completion, got "embeddings"`},
+			{func() error { return c.Start(Start{SessionID: "s-1", PromptTokens: -1, HasPromptTokens: true}) }, "prompt_tokens: must not be negative, got -1"},
+			{func() error { return c.Start(Start{SessionID: "s-1", Attributes: map[string]string{"": "x"}}) }, "attributes: empty key"},
+			{func() error { return c.Start(Start{SessionID: "s-1", Attributes: manyAttributes(33)}) }, "attributes: more than 32 entries"},
+			{func() error { return c.Start(Start{Time: t0}) }, "session_id: must not be empty"},
+			{func() error { return c.End(End{SessionID: "s-1", CompletionTokens: -2, HasCompletionTokens: true}) }, "completion_tokens: must not be negative, got -2"},
+			{func() error { return c.Send(&Event{Kind: KindToken, SessionID: "s-1", TimeUnixNano: 1}) }, "count: must be at least 1"},
+			{func() error { return c.Send(&Event{Kind: KindEnd, SessionID: "s-1"}) }, "time_unix_nano: must be greater than 0"},
+			{func() error { return c.Send(&Event{SessionID: "s-1", TimeUnixNano: 1}) }, "event: want start, token or end, got kind 0"},
+		} {
+			err := tc.call()
+			require.EqualError(t, err, tc.want)
+			var fe *FieldError
+			require.ErrorAs(t, err, &fe)
+		}
+		require.NoError(t, c.Start(Start{SessionID: "s-1", Attributes: map[string]string{"big": strings.Repeat("x", 512)}})) // longer than a batch
+		require.NoError(t, c.Token("s-1", t0, 1))
 		closeClient(t, c)
-		assert.Equal(t, Stats{Sent: 1, Failed: 9}, c.Stats())
+		assert.Equal(t, Stats{Sent: 1, Rejected: 1}, c.Stats())
 		require.Eventually(t, func() bool { return countReceived(col) == 1 }, waitFor, tick)
 		assert.Equal(t, "s-1", received(t, col)[0].SessionID)
+	})
+}
+
+func manyAttributes(n int) map[string]string {
+	m := make(map[string]string, n)
+	for i := range n {
+		m[fmt.Sprint("k", i)] = "v"
+	}
+	return m
+}
+
+// A line longer than the receiver's line limit is not sent, even when it
+// would fit a batch.
+func TestLineOverReceiverLimitRejected(t *testing.T) {
+	col := newHTTPCollector(t, nil)
+	c := newClient(t, Config{Endpoint: col.endpoint()})
+	require.NoError(t, c.Start(Start{SessionID: "s-1", Time: t0, Attributes: map[string]string{"big": strings.Repeat("x", tokenevent.DefaultMaxLineBytes)}}))
+	require.NoError(t, c.Token("s-1", t0, 1))
+	closeClient(t, c)
+	assert.Equal(t, Stats{Sent: 1, Rejected: 1}, c.Stats())
+	assert.Len(t, received(t, col), 1)
+}
+
+// Send takes the collector's Event and sends what the receiver parses back.
+func TestSendEvents(t *testing.T) {
+	transports(t, func(t *testing.T, col collector) {
+		c := newClient(t, Config{Endpoint: col.endpoint()})
+		ns := uint64(t0.UnixNano())
+		attrs := []Attribute{{Key: "tenant", Value: "a"}}
+		want := []Event{
+			{Kind: KindStart, SessionID: "s-1", TimeUnixNano: ns, TraceID: TraceID{1}, Model: "m", Operation: OperationChat, PromptTokens: 0, Attributes: attrs, Count: 1, CompletionTokens: -1},
+			{Kind: KindToken, SessionID: "s-1", TimeUnixNano: ns + 1, PromptTokens: -1, Count: 2, CompletionTokens: -1},
+			{Kind: KindEnd, SessionID: "s-1", TimeUnixNano: ns + 2, PromptTokens: -1, Count: 1, CompletionTokens: 2, FinishReason: "stop"},
+		}
+		for i := range want {
+			ev := want[i]
+			ev.Attributes = slices.Clone(ev.Attributes)
+			require.NoError(t, c.Send(&ev))
+			if len(ev.Attributes) > 0 {
+				ev.Attributes[0].Value = "changed after Send" // Send copied them
+			}
+		}
+		closeClient(t, c)
+		require.Eventually(t, func() bool { return countReceived(col) == len(want) }, waitFor, tick)
+		assert.Equal(t, want, received(t, col))
+		assert.Equal(t, Stats{Sent: 3}, c.Stats())
 	})
 }
 
@@ -530,4 +624,15 @@ func TestNilClientIgnoresCalls(t *testing.T) {
 	c.End(End{SessionID: "s-1"})
 	assert.Equal(t, Stats{}, c.Stats())
 	assert.NoError(t, c.Close(context.Background()))
+}
+
+func TestHTTPTimeoutFails(t *testing.T) {
+	col, entered, release := blockingHTTP(t)
+	c := newClient(t, Config{Endpoint: col.endpoint(), Timeout: 50 * time.Millisecond, FlushInterval: time.Millisecond})
+	require.NoError(t, c.Token("s-1", t0, 1))
+	waitClosed(t, entered, "the batch never reached the receiver")
+	require.Eventually(t, func() bool { return c.Stats().Failed == 1 }, waitFor, tick, "the request outlived its Timeout")
+	release()
+	closeClient(t, c)
+	assert.Equal(t, Stats{Failed: 1}, c.Stats())
 }

@@ -21,8 +21,9 @@ const (
 	DefaultFlushInterval     = 100 * time.Millisecond
 	DefaultHTTPMaxBatchBytes = 1 << 20
 	DefaultUDPMaxBatchBytes  = 8 << 10
-	// DefaultHTTPTimeout bounds one POST when Config.HTTPClient is nil.
-	DefaultHTTPTimeout = 10 * time.Second
+	// DefaultHTTPTimeout bounds one POST when Config.HTTPClient is nil and
+	// Config.Timeout is zero.
+	DefaultHTTPTimeout = 5 * time.Second
 	// MaxUDPBatchBytes is the largest UDP payload an IPv4 datagram can carry.
 	MaxUDPBatchBytes = 65507
 )
@@ -50,8 +51,15 @@ type Config struct {
 	FlushInterval time.Duration
 	// Headers are added to every HTTP request, e.g. Authorization. HTTP only.
 	Headers map[string]string
+	// Timeout bounds one HTTP request, from connecting to reading the
+	// answer; a request that takes longer fails its batch. Default
+	// DefaultHTTPTimeout. HTTP only, and not with HTTPClient, which brings
+	// its own.
+	Timeout time.Duration
 	// HTTPClient sends the HTTP requests. Default: a private client with
-	// its own connection pool and a DefaultHTTPTimeout timeout. HTTP only.
+	// its own connection pool and the Timeout, which neither uses a proxy
+	// (HTTP_PROXY and the like are ignored) nor follows redirects (a 3xx
+	// answer fails the batch). HTTP only.
 	HTTPClient *http.Client
 }
 
@@ -63,6 +71,7 @@ type settings struct {
 	queueSize     int
 	maxBatchBytes int
 	flushInterval time.Duration
+	timeout       time.Duration // HTTP without httpClient only
 	headers       http.Header
 	httpClient    *http.Client
 }
@@ -75,6 +84,7 @@ func (cfg Config) resolve() (settings, error) {
 		queueSize:     cfg.QueueSize,
 		maxBatchBytes: cfg.MaxBatchBytes,
 		flushInterval: cfg.FlushInterval,
+		timeout:       cfg.Timeout,
 		httpClient:    cfg.HTTPClient,
 	}
 	ep, err := parseEndpoint(cfg.Endpoint)
@@ -87,6 +97,14 @@ func (cfg Config) resolve() (settings, error) {
 		errs = append(errs, fmt.Errorf("QueueSize: must not be negative, got %d", s.queueSize))
 	} else if s.queueSize == 0 {
 		s.queueSize = DefaultQueueSize
+	}
+	switch {
+	case s.timeout < 0:
+		errs = append(errs, fmt.Errorf("Timeout: must not be negative, got %v", s.timeout))
+	case s.timeout > 0 && cfg.HTTPClient != nil:
+		errs = append(errs, errors.New("Timeout: set, but HTTPClient brings its own (set its Timeout)"))
+	case s.timeout == 0 && cfg.HTTPClient == nil:
+		s.timeout = DefaultHTTPTimeout
 	}
 	if s.flushInterval < 0 {
 		errs = append(errs, fmt.Errorf("FlushInterval: must not be negative, got %v", s.flushInterval))
@@ -113,6 +131,10 @@ func (cfg Config) resolve() (settings, error) {
 		if cfg.HTTPClient != nil {
 			errs = append(errs, errors.New("HTTPClient: set, but the endpoint is udp://"))
 		}
+		if cfg.Timeout != 0 {
+			errs = append(errs, errors.New("Timeout: set, but a udp:// endpoint has no requests to time"))
+		}
+		s.timeout = 0
 	}
 	if len(cfg.Headers) > 0 {
 		s.headers = make(http.Header, len(cfg.Headers))

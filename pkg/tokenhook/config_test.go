@@ -30,6 +30,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{Config{Endpoint: "udp://127.0.0.1", FlushInterval: -time.Second}, []string{"FlushInterval: must not be negative"}},
 		{Config{Endpoint: "udp://127.0.0.1", Headers: map[string]string{"Authorization": "x"}}, []string{"Headers: set, but a udp:// endpoint sends no headers"}},
 		{Config{Endpoint: "udp://127.0.0.1", HTTPClient: http.DefaultClient}, []string{"HTTPClient: set, but the endpoint is udp://"}},
+		{Config{Endpoint: "udp://127.0.0.1", Timeout: time.Second}, []string{"Timeout: set, but a udp:// endpoint has no requests to time"}},
+		{Config{Endpoint: "http://127.0.0.1", Timeout: -time.Second}, []string{"Timeout: must not be negative, got -1s"}},
+		{Config{Endpoint: "http://127.0.0.1", Timeout: time.Second, HTTPClient: http.DefaultClient}, []string{"Timeout: set, but HTTPClient brings its own"}},
 		{Config{Endpoint: "http://127.0.0.1", Headers: map[string]string{"Bad Name": "x"}}, []string{`Headers: invalid header name "Bad Name"`}},
 		{Config{Endpoint: "http://127.0.0.1", Headers: map[string]string{"X-A": "a\r\nX-B: b"}}, []string{"Headers: X-A: value holds a line break"}},
 		{
@@ -64,6 +67,9 @@ func TestConfigDefaults(t *testing.T) {
 			require.NoError(t, err)
 			tc.want.queueSize = DefaultQueueSize
 			tc.want.flushInterval = DefaultFlushInterval
+			if !tc.want.udp {
+				tc.want.timeout = DefaultHTTPTimeout
+			}
 			assert.Equal(t, tc.want, s)
 		})
 	}
@@ -71,4 +77,24 @@ func TestConfigDefaults(t *testing.T) {
 	s, err := Config{Endpoint: "udp://127.0.0.1", QueueSize: 8, MaxBatchBytes: 512, FlushInterval: time.Second}.resolve()
 	require.NoError(t, err)
 	assert.Equal(t, settings{udp: true, addr: "127.0.0.1:4321", queueSize: 8, maxBatchBytes: 512, flushInterval: time.Second}, s)
+
+	s, err = Config{Endpoint: "http://collector", Timeout: time.Second}.resolve()
+	require.NoError(t, err)
+	assert.Equal(t, time.Second, s.timeout)
+	s, err = Config{Endpoint: "http://collector", HTTPClient: http.DefaultClient}.resolve()
+	require.NoError(t, err)
+	assert.Equal(t, time.Duration(0), s.timeout, "HTTPClient brings its own")
+}
+
+// The client of its own neither takes a proxy from the environment nor
+// follows redirects (the redirect itself is in TestHTTPStatus). Go's
+// ProxyFromEnvironment never proxies loopback and reads the environment
+// once per process, so this looks at the transport rather than sending.
+func TestOwnHTTPClientUsesNoProxy(t *testing.T) {
+	c := newHTTPClient(time.Second)
+	tr, ok := c.Transport.(*http.Transport)
+	require.True(t, ok)
+	assert.Nil(t, tr.Proxy)
+	assert.Equal(t, time.Second, c.Timeout)
+	assert.Equal(t, http.ErrUseLastResponse, c.CheckRedirect(nil, nil))
 }

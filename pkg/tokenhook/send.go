@@ -17,9 +17,10 @@ import (
 // sender delivers batches for the background goroutine.
 type sender interface {
 	// send delivers batch, which holds events whole lines, and returns how
-	// many of them were delivered, and whether batch may be overwritten
-	// now (false when a transport may still read it).
-	send(batch []byte, events int) (sent int, reuse bool)
+	// many of them were delivered and how many the receiver rejected (the
+	// rest failed), and whether batch may be overwritten now (false when a
+	// transport may still read it).
+	send(batch []byte, events int) (sent, rejected int, reuse bool)
 	// abort makes the send under way and all later ones fail at once. It
 	// is called from another goroutine.
 	abort()
@@ -32,11 +33,11 @@ type udpSender struct {
 	conn net.Conn
 }
 
-func (s *udpSender) send(batch []byte, events int) (int, bool) {
+func (s *udpSender) send(batch []byte, events int) (int, int, bool) {
 	if _, err := s.conn.Write(batch); err != nil {
-		return 0, true
+		return 0, 0, true
 	}
-	return events, true
+	return events, 0, true
 }
 
 // abort sets a write deadline in the past, which fails pending and later
@@ -63,37 +64,39 @@ type httpSender struct {
 	resp    bytes.Buffer
 }
 
-// send posts batch and counts the receiver's verdict. A 2xx answer delivers
-// the batch except the lines the receiver reports as "rejected"; any other
-// status or a transport error fails it all. A 503 with a Retry-After of at
-// most one second is retried once after that delay.
-func (s *httpSender) send(batch []byte, events int) (int, bool) {
+// send posts batch and counts the receiver's verdict: the lines its answer
+// names as rejected are rejected, whatever the status; the others are
+// delivered on a 2xx and failed otherwise, as after a transport error. A
+// 503 with a Retry-After of at most one second is retried once after that
+// delay.
+func (s *httpSender) send(batch []byte, events int) (int, int, bool) {
 	reuse := true
 	for attempt := 0; ; attempt++ {
 		status, retryAfter, rejected, held, err := s.post(batch)
 		reuse = reuse && !held
+		rejected = min(max(rejected, 0), events)
 		switch {
 		case err != nil:
-			return 0, reuse
+			return 0, 0, reuse
 		case status >= 200 && status < 300:
-			return events - min(max(rejected, 0), events), reuse
+			return events - rejected, rejected, reuse
 		case status == http.StatusServiceUnavailable && attempt == 0 && retryAfter >= 0 && retryAfter <= maxRetryAfter:
 			t := time.NewTimer(retryAfter)
 			select {
 			case <-t.C:
 			case <-s.ctx.Done():
 				t.Stop()
-				return 0, reuse
+				return 0, rejected, reuse
 			}
 		default:
-			return 0, reuse
+			return 0, rejected, reuse
 		}
 	}
 }
 
 // post makes one request. retryAfter is -1 when the response has no
-// Retry-After in seconds; held reports that the transport may still read
-// batch.
+// Retry-After in seconds; rejected is the "rejected" count of the answer,
+// if it has one; held reports that the transport may still read batch.
 func (s *httpSender) post(batch []byte) (status int, retryAfter time.Duration, rejected int, held bool, err error) {
 	body := &requestBody{Reader: bytes.NewReader(batch), closed: make(chan struct{})}
 	req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, s.url, body)
@@ -102,8 +105,9 @@ func (s *httpSender) post(batch []byte) (status int, retryAfter time.Duration, r
 	}
 	req.ContentLength = int64(len(batch))
 	req.GetBody = func() (io.ReadCloser, error) {
-		// A redirect or a retry of the transport reads batch again, out of
-		// our sight.
+		// A redirect or a retry of the transport (of a Config.HTTPClient:
+		// our own follows no redirects) reads batch again, out of our
+		// sight.
 		body.copied.Store(true)
 		return io.NopCloser(bytes.NewReader(batch)), nil
 	}
@@ -135,12 +139,13 @@ func (s *httpSender) post(batch []byte) (status int, retryAfter time.Duration, r
 	if secs, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get("Retry-After"))); err == nil && secs >= 0 {
 		retryAfter = time.Duration(min(secs, 3600)) * time.Second
 	}
-	// The receiver answers {"accepted":N,"rejected":M,"errors":[...]}; any
-	// other body means nothing was rejected.
+	// The receiver answers {"accepted":N,"rejected":M,"errors":[...]},
+	// also with a 400 when no line was valid; any other body means no line
+	// was rejected.
 	var verdict struct {
 		Rejected int `json:"rejected"`
 	}
-	if resp.StatusCode >= 200 && resp.StatusCode < 300 && json.Unmarshal(s.resp.Bytes(), &verdict) == nil {
+	if json.Unmarshal(s.resp.Bytes(), &verdict) == nil {
 		rejected = verdict.Rejected
 	}
 	return resp.StatusCode, retryAfter, rejected, false, nil
