@@ -229,28 +229,7 @@ func (c *Client) Start(s Start) error {
 	if c == nil {
 		return nil
 	}
-	ev := newEvent(tokenevent.KindStart, s.SessionID, s.Time)
-	ev.TraceID = s.TraceID
-	ev.SpanID = s.SpanID
-	ev.ParentSpanID = s.ParentSpanID
-	ev.Model = s.Model
-	ev.Operation = s.Operation
-	ev.Engine = s.Engine
-	if s.HasPromptTokens {
-		if err := tokenevent.CheckTokens("prompt_tokens", int64(s.PromptTokens)); err != nil {
-			return err
-		}
-		ev.PromptTokens = int64(s.PromptTokens)
-	}
-	if len(s.Attributes) > 0 {
-		ev.Attributes = make([]tokenevent.Attribute, 0, len(s.Attributes))
-		for k, v := range s.Attributes {
-			ev.Attributes = append(ev.Attributes, tokenevent.Attribute{Key: k, Value: v})
-		}
-		// Sorted, so the same attributes always encode the same way.
-		slices.SortFunc(ev.Attributes, func(a, b tokenevent.Attribute) int { return cmp.Compare(a.Key, b.Key) })
-	}
-	return c.send(ev)
+	return c.send(s.event())
 }
 
 // End records the end of a session. It never blocks. It returns a
@@ -259,16 +238,30 @@ func (c *Client) End(e End) error {
 	if c == nil {
 		return nil
 	}
-	ev := newEvent(tokenevent.KindEnd, e.SessionID, e.Time)
-	ev.FinishReason = e.FinishReason
-	ev.Error = e.Error
-	if e.HasCompletionTokens {
-		if err := tokenevent.CheckTokens("completion_tokens", int64(e.CompletionTokens)); err != nil {
-			return err
+	return c.send(e.event())
+}
+
+// event returns the start Event s describes.
+func (s Start) event() (*tokenevent.Event, error) {
+	ev := newEvent(tokenevent.KindStart, s.SessionID, s.Time)
+	ev.TraceID, ev.SpanID, ev.ParentSpanID = s.TraceID, s.SpanID, s.ParentSpanID
+	ev.Model, ev.Operation, ev.Engine = s.Model, s.Operation, s.Engine
+	if len(s.Attributes) > 0 {
+		ev.Attributes = make([]tokenevent.Attribute, 0, len(s.Attributes))
+		for k, v := range s.Attributes {
+			ev.Attributes = append(ev.Attributes, tokenevent.Attribute{Key: k, Value: v})
 		}
-		ev.CompletionTokens = int64(e.CompletionTokens)
+		// Sorted, so the same attributes always encode the same way.
+		slices.SortFunc(ev.Attributes, func(a, b tokenevent.Attribute) int { return cmp.Compare(a.Key, b.Key) })
 	}
-	return c.send(ev)
+	return ev, setTokens(&ev.PromptTokens, "prompt_tokens", s.PromptTokens, s.HasPromptTokens)
+}
+
+// event returns the end Event e describes.
+func (e End) event() (*tokenevent.Event, error) {
+	ev := newEvent(tokenevent.KindEnd, e.SessionID, e.Time)
+	ev.FinishReason, ev.Error = e.FinishReason, e.Error
+	return ev, setTokens(&ev.CompletionTokens, "completion_tokens", e.CompletionTokens, e.HasCompletionTokens)
 }
 
 // Send records ev, of any kind, as the receiver would parse it: its
@@ -288,7 +281,20 @@ func (c *Client) Send(ev *Event) error {
 	}
 	cp := *ev
 	cp.Attributes = slices.Clone(ev.Attributes)
-	return c.send(&cp)
+	return c.send(&cp, nil)
+}
+
+// setTokens sets the token total *dst, of the wire field, to n if has is
+// set (and n is a count).
+func setTokens(dst *int64, field string, n int, has bool) error {
+	if !has {
+		return nil
+	}
+	if err := tokenevent.CheckTokens(field, int64(n)); err != nil {
+		return err
+	}
+	*dst = int64(n)
+	return nil
 }
 
 // newEvent returns an event of kind with every optional field absent.
@@ -300,8 +306,11 @@ func newEvent(kind tokenevent.Kind, sessionID string, t time.Time) *tokenevent.E
 }
 
 // send validates a start or end event that is the client's own and queues
-// it.
-func (c *Client) send(ev *tokenevent.Event) error {
+// it, unless building it failed with err.
+func (c *Client) send(ev *tokenevent.Event, err error) error {
+	if err != nil {
+		return err
+	}
 	if err := ev.Validate(tokenevent.Limits{}); err != nil {
 		return err
 	}

@@ -481,6 +481,14 @@ func TestHTTPStatus(t *testing.T) {
 			want: Stats{Rejected: 3}, requests: 1,
 		},
 		{
+			name: "a rejected count that is not an integer rejects nothing",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ int) {
+				w.WriteHeader(http.StatusBadRequest)
+				_, _ = io.WriteString(w, `{"rejected":true}`)
+			},
+			want: Stats{Failed: 3}, requests: 1,
+		},
+		{
 			name: "a redirect is not followed and fails the batch",
 			respond: func(w http.ResponseWriter, r *http.Request, _ int) {
 				http.Redirect(w, r, "/elsewhere", http.StatusTemporaryRedirect)

@@ -93,24 +93,16 @@ func (cfg Config) resolve() (settings, error) {
 	}
 	s.udp, s.addr, s.url = ep.udp, ep.addr, ep.url
 
-	if s.queueSize < 0 {
-		errs = append(errs, fmt.Errorf("QueueSize: must not be negative, got %d", s.queueSize))
-	} else if s.queueSize == 0 {
-		s.queueSize = DefaultQueueSize
+	s.queueSize = orDefault("QueueSize", s.queueSize, DefaultQueueSize, &errs)
+	s.flushInterval = orDefault("FlushInterval", s.flushInterval, DefaultFlushInterval, &errs)
+	timeout := DefaultHTTPTimeout
+	if cfg.HTTPClient != nil {
+		timeout = 0
+		if cfg.Timeout > 0 {
+			errs = append(errs, errors.New("Timeout: set, but HTTPClient brings its own (set its Timeout)"))
+		}
 	}
-	switch {
-	case s.timeout < 0:
-		errs = append(errs, fmt.Errorf("Timeout: must not be negative, got %v", s.timeout))
-	case s.timeout > 0 && cfg.HTTPClient != nil:
-		errs = append(errs, errors.New("Timeout: set, but HTTPClient brings its own (set its Timeout)"))
-	case s.timeout == 0 && cfg.HTTPClient == nil:
-		s.timeout = DefaultHTTPTimeout
-	}
-	if s.flushInterval < 0 {
-		errs = append(errs, fmt.Errorf("FlushInterval: must not be negative, got %v", s.flushInterval))
-	} else if s.flushInterval == 0 {
-		s.flushInterval = DefaultFlushInterval
-	}
+	s.timeout = orDefault("Timeout", s.timeout, timeout, &errs)
 	switch {
 	case s.maxBatchBytes < 0:
 		errs = append(errs, fmt.Errorf("MaxBatchBytes: must not be negative, got %d", s.maxBatchBytes))
@@ -154,6 +146,18 @@ func (cfg Config) resolve() (settings, error) {
 		return settings{}, fmt.Errorf("tokenhook: invalid Config: %w", errors.Join(errs...))
 	}
 	return s, nil
+}
+
+// orDefault returns v, or def when v is zero; a negative v is an error
+// about field.
+func orDefault[T int | time.Duration](field string, v, def T, errs *[]error) T {
+	if v < 0 {
+		*errs = append(*errs, fmt.Errorf("%s: must not be negative, got %v", field, v))
+	}
+	if v == 0 {
+		return def
+	}
+	return v
 }
 
 type endpoint struct {
