@@ -1,7 +1,8 @@
 # otelcol-llm: build, run and test the distribution.
 #
 #   make build   ./bin/otelcol-llm (ocb generates _build/, go compiles it)
-#   make run     the collector with otelcol-config.yaml
+#   make run     the collector with otelcol-dev.yaml (every session kept and
+#                printed); CONFIG=otelcol-config.yaml for the production-shaped one
 #   make test    gofmt, go vet, the Python hook tests and go test -race,
 #                end-to-end tests against ./bin/otelcol-llm included
 #   make generate          mdatagen (pinned in internal/tools/go.mod) over every
@@ -62,8 +63,13 @@ check-generate: generate
 	@if [ -n "$$(git status --porcelain --untracked-files=all)" ]; then \
 	  echo "generated files are not current; run make generate and commit:"; git status --short; exit 1; fi
 
+# otelcol-dev.yaml keeps and prints every session, so that the first request
+# shows something; otelcol-config.yaml (OTLP_BACKEND=host:port) samples and
+# exports as in production.
+CONFIG ?= otelcol-dev.yaml
+
 run: $(OTELCOL)
-	$(OTELCOL) --config otelcol-config.yaml
+	$(OTELCOL) --config $(CONFIG)
 
 fmt-check:
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi

@@ -220,18 +220,30 @@ type collector struct {
 	stop                                   func()
 }
 
+// newCollector picks free loopback ports for the collector's endpoints.
+func newCollector(t *testing.T) *collector {
+	return &collector{httpAddr: freePort(t, "tcp"), udpAddr: freePort(t, "udp"), otlpAddr: freePort(t, "tcp"), proxyAddr: freePort(t, "tcp"), output: &syncBuffer{}}
+}
+
 // startCollector runs the distribution with testdata/e2e/<config>, its
 // endpoints on free loopback ports and its exporter pointed at sinkAddr. It
 // stops the process (SIGTERM) when the test ends, or at c.stop, and checks
 // that it exits cleanly.
 func startCollector(t *testing.T, config, sinkAddr string, env ...string) *collector {
 	t.Helper()
-	bin := testbin.Collector(t)
-	c := &collector{httpAddr: freePort(t, "tcp"), udpAddr: freePort(t, "udp"), otlpAddr: freePort(t, "tcp"), proxyAddr: freePort(t, "tcp"), output: &syncBuffer{}}
-	cmd := exec.Command(bin, "--config", filepath.Join("..", "..", "testdata", "e2e", config))
-	cmd.Env = append(os.Environ(), "HOOKS_HTTP_ENDPOINT="+c.httpAddr, "HOOKS_UDP_ENDPOINT="+c.udpAddr,
-		"OTLP_ENDPOINT="+c.otlpAddr, "PROXY_ENDPOINT="+c.proxyAddr, "SINK_ENDPOINT="+sinkAddr)
-	cmd.Env = append(cmd.Env, env...)
+	c := newCollector(t)
+	env = append([]string{"HOOKS_HTTP_ENDPOINT=" + c.httpAddr, "HOOKS_UDP_ENDPOINT=" + c.udpAddr,
+		"OTLP_ENDPOINT=" + c.otlpAddr, "PROXY_ENDPOINT=" + c.proxyAddr, "SINK_ENDPOINT=" + sinkAddr}, env...)
+	c.run(t, []string{"--config", filepath.Join("..", "..", "testdata", "e2e", config)}, env)
+	return c
+}
+
+// run starts the distribution with args, env added to the test's
+// environment, and returns once it is ready; see startCollector.
+func (c *collector) run(t *testing.T, args, env []string) {
+	t.Helper()
+	cmd := exec.Command(testbin.Collector(t), args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = c.output, c.output
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
@@ -261,7 +273,6 @@ func startCollector(t *testing.T, config, sinkAddr string, env ...string) *colle
 		return strings.Contains(c.output.String(), "Everything is ready")
 	}, 60*time.Second, 20*time.Millisecond)
 	require.Contains(t, c.output.String(), "Everything is ready", "collector exited early")
-	return c
 }
 
 // session returns the wire lines of one complete session with the given ID.
