@@ -30,21 +30,22 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports every invalid field at once.
+// Validate reports every invalid field at once, each named by its key
+// under the token_session processor's traces key.
 func (c Config) Validate() error {
 	var errs []error
 	if c.MaxHeldSpans <= 0 {
-		errs = append(errs, fmt.Errorf("MaxHeldSpans: want > 0, got %d", c.MaxHeldSpans))
+		errs = append(errs, fmt.Errorf("max_held_spans: must be positive, got %d", c.MaxHeldSpans))
 	}
 	if c.MaxHold <= 0 {
-		errs = append(errs, fmt.Errorf("MaxHold: want > 0, got %s", c.MaxHold))
+		errs = append(errs, fmt.Errorf("max_hold: must be positive, got %s", c.MaxHold))
 	}
 	switch {
 	case c.VerdictCacheSize <= 0:
-		errs = append(errs, fmt.Errorf("VerdictCacheSize: want > 0, got %d", c.VerdictCacheSize))
+		errs = append(errs, fmt.Errorf("verdict_cache_size: must be positive, got %d", c.VerdictCacheSize))
 	case c.VerdictCacheSize > math.MaxInt32:
 		// Entries link to each other by int32 index to keep them small.
-		errs = append(errs, fmt.Errorf("VerdictCacheSize: want <= %d, got %d", math.MaxInt32, c.VerdictCacheSize))
+		errs = append(errs, fmt.Errorf("verdict_cache_size: at most %d, got %d", math.MaxInt32, c.VerdictCacheSize))
 	}
 	return errors.Join(errs...)
 }

@@ -21,11 +21,11 @@ func TestDefaultConfigIsValid(t *testing.T) {
 func TestNewNamesEveryInvalidField(t *testing.T) {
 	_, err := New(Config{MaxHeldSpans: 0, MaxHold: -time.Second, VerdictCacheSize: -1})
 	require.Error(t, err)
-	assert.ErrorContains(t, err, "MaxHeldSpans: want > 0, got 0")
-	assert.ErrorContains(t, err, "MaxHold: want > 0, got -1s")
-	assert.ErrorContains(t, err, "VerdictCacheSize: want > 0, got -1")
+	assert.ErrorContains(t, err, "max_held_spans: must be positive, got 0")
+	assert.ErrorContains(t, err, "max_hold: must be positive, got -1s")
+	assert.ErrorContains(t, err, "verdict_cache_size: must be positive, got -1")
 
 	cfg := DefaultConfig()
 	cfg.VerdictCacheSize = math.MaxInt32 + 1
-	assert.ErrorContains(t, cfg.Validate(), "VerdictCacheSize: want <= 2147483647")
+	assert.ErrorContains(t, cfg.Validate(), "verdict_cache_size: at most 2147483647")
 }

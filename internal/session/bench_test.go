@@ -9,13 +9,11 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 )
 
+// nopObserver keeps a pointer per session, as the processor does.
 type nopObserver struct{}
 
-func (nopObserver) Started(*Session)                   {}
-func (nopObserver) Gap(*Session, time.Duration, int64) {}
-func (nopObserver) Stalled(*Session, *Stall)           {}
-func (nopObserver) KeptEarly(*Session)                 {}
-func (nopObserver) Ended(*Session, *End, TraceVerdict) {}
+func (nopObserver) Started(*Session) *struct{}                    { return nil }
+func (nopObserver) Gap(*Session, *struct{}, time.Duration, int64) {}
 
 func sessionIDs(n int) []string {
 	ids := make([]string, n)
@@ -35,9 +33,10 @@ func BenchmarkFoldToken(b *testing.B) {
 				b.Fatal(err)
 			}
 			ids := sessionIDs(active)
+			var reports []Report[*struct{}]
 			now := t0
 			for _, id := range ids {
-				tbl.Apply(&tokenevent.Event{Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: uint64(now), PromptTokens: -1, CompletionTokens: -1, Count: 1}, now)
+				reports = tbl.Release(tbl.Apply(&tokenevent.Event{Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: uint64(now), PromptTokens: -1, CompletionTokens: -1, Count: 1}, now, reports))
 			}
 			ev := tokenevent.Event{Kind: tokenevent.KindToken, Count: 1, PromptTokens: -1, CompletionTokens: -1}
 			b.ReportAllocs()
@@ -45,7 +44,7 @@ func BenchmarkFoldToken(b *testing.B) {
 			for b.Loop() {
 				ev.SessionID = ids[i]
 				ev.TimeUnixNano = uint64(now)
-				tbl.Apply(&ev, now)
+				reports = tbl.Release(tbl.Apply(&ev, now, reports))
 				if i++; i == len(ids) {
 					// Every session gets a token every 20 ms: decoding at
 					// 50 tokens/s, no stall path taken.
@@ -71,11 +70,12 @@ func BenchmarkRetainedPerSession(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		var reports []Report[*struct{}]
 		for i, id := range ids {
 			ev := tokenevent.Event{Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: uint64(t0 + int64(i)), Model: "m", PromptTokens: 100, CompletionTokens: -1, Count: 1}
-			tbl.Apply(&ev, t0)
+			reports = tbl.Release(tbl.Apply(&ev, t0, reports))
 			ev = tokenevent.Event{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: uint64(t0 + int64(i) + 1e6), Count: 1}
-			tbl.Apply(&ev, t0)
+			reports = tbl.Release(tbl.Apply(&ev, t0, reports))
 		}
 		ids = nil
 		runtime.GC()

@@ -2,8 +2,9 @@
 // token events into sessions and measures them (TTFT, TPOT, per-token gaps,
 // window TPOT, stalls), ends them (completed, error, aborted, timeout,
 // evicted, shutdown) and gives each a sampling verdict. It is plain Go: time
-// comes in as arguments (the injectable clock), results go out through an
-// Observer, and no goroutine runs here.
+// comes in as arguments (the injectable clock), results go out as Reports
+// appended to the caller's slice and handled after the call (an Observer
+// only keeps the caller's per-session state), and no goroutine runs here.
 package session // import "github.com/otelcol-llm/otelcol-llm/internal/session"
 
 import (
@@ -12,8 +13,10 @@ import (
 	"time"
 )
 
-// Config holds the session semantics. DefaultConfig gives the documented
-// defaults.
+// Config holds the session semantics. DefaultConfig gives the defaults the
+// token_session processor documents in its README. Validate names each
+// setting by its key in the processor's configuration (window,
+// stall::gap, session::idle_timeout, sampling::ttft, ...).
 type Config struct {
 	// Window is how many of the latest per-token gaps the window TPOT averages.
 	Window int
@@ -56,7 +59,8 @@ type SamplingConfig struct {
 // maxWindow bounds Window; a session's window is indexed with 16 bits.
 const maxWindow = 4096
 
-// DefaultConfig returns the defaults of DESIGN.md.
+// DefaultConfig returns the defaults, which the token_session processor's
+// README lists with each key.
 func DefaultConfig() Config {
 	return Config{
 		Window:           10,
@@ -76,34 +80,41 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports every invalid setting, named by its field.
+// Validate reports every invalid setting at once, each named by its key
+// path in the token_session configuration.
 func (c Config) Validate() error {
 	var errs []error
-	positive := func(name string, v int64) {
+	positive := func(name string, v int) {
 		if v <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %d", name, v))
 		}
 	}
-	positive("window", int64(c.Window))
+	positiveDuration := func(name string, d time.Duration) {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", name, d))
+		}
+	}
+	nonNegativeDuration := func(name string, d time.Duration) {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s: must not be negative, got %s", name, d))
+		}
+	}
+	positive("window", c.Window)
 	if c.Window > maxWindow {
 		errs = append(errs, fmt.Errorf("window: at most %d, got %d", maxWindow, c.Window))
 	}
-	positive("stall.gap", int64(c.StallGap))
-	positive("stall.consecutive", int64(c.StallConsecutive))
+	positiveDuration("stall::gap", c.StallGap)
+	positive("stall::consecutive", c.StallConsecutive)
 	if c.MaxStallRecords < 0 {
-		errs = append(errs, fmt.Errorf("stall.max_records: must not be negative, got %d", c.MaxStallRecords))
+		errs = append(errs, fmt.Errorf("stall::max_records: must not be negative, got %d", c.MaxStallRecords))
 	}
-	positive("session.idle_timeout", int64(c.IdleTimeout))
-	positive("session.max_active", int64(c.MaxActive))
-	positive("session.ended_memory", int64(c.EndedMemory))
-	if c.Sampling.TTFT < 0 {
-		errs = append(errs, fmt.Errorf("sampling.ttft: must not be negative, got %s", c.Sampling.TTFT))
-	}
-	if c.Sampling.TPOT < 0 {
-		errs = append(errs, fmt.Errorf("sampling.tpot: must not be negative, got %s", c.Sampling.TPOT))
-	}
+	positiveDuration("session::idle_timeout", c.IdleTimeout)
+	positive("session::max_active", c.MaxActive)
+	positive("session::ended_memory", c.EndedMemory)
+	nonNegativeDuration("sampling::ttft", c.Sampling.TTFT)
+	nonNegativeDuration("sampling::tpot", c.Sampling.TPOT)
 	if p := c.Sampling.NormalPercent; !(p >= 0 && p <= 100) {
-		errs = append(errs, fmt.Errorf("sampling.normal_percent: must be within [0, 100], got %v", p))
+		errs = append(errs, fmt.Errorf("sampling::normal_percent: must be within [0, 100], got %v", p))
 	}
 	return errors.Join(errs...)
 }

@@ -82,13 +82,14 @@ type Stall struct {
 }
 
 // Session is one streamed request. The Table owns it: an Observer may read
-// it during a callback and must not keep it afterwards (it is reused).
+// it during a call, and a Report's user until it releases the Report; none
+// may keep it afterwards (it is reused).
 //
 // Its size matters (issue 7: at most 512 B per in-flight session): the
 // word-sized fields come first and the small ones last so that no padding
-// sits between them, the gap window lives in the Table's dense array, and
-// what few sessions have sits behind one pointer (extra). 240 B, a size
-// class of its own; TestSessionSize guards it.
+// sits between them, the gap window and the Observer's state live in the
+// Table's dense arrays, and what few sessions have sits behind one pointer
+// (extra). 224 B, a size class of its own; TestSessionSize guards it.
 type Session struct {
 	ID           string
 	TraceID      pcommon.TraceID
@@ -110,9 +111,6 @@ type Session struct {
 
 	// Threshold is part of the verdict (see Keep).
 	Threshold sampling.Threshold
-
-	// Attachment is the Observer's own per-session data.
-	Attachment any
 
 	// extra holds the start attributes and the stall records; nil until a
 	// session has either, and kept (emptied) when the Session is reused.

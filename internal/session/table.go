@@ -12,25 +12,58 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 )
 
-// Observer receives what the Table learns. Calls happen inside Table
-// methods, so they must not block and must not call back into the Table.
-// For a session, Started comes first and Ended last.
-type Observer interface {
+// Observer keeps the Table user's per-session state S: Started makes it
+// and Gap updates it, on the per-token path, where a Report per gap would
+// cost. They are called inside Table methods, so they must not block and
+// must not call back into the Table. What needs more than S (outputs, held
+// spans) comes out as Reports instead, handled after the Table returns.
+type Observer[S any] interface {
 	// Started: a new session. HasStart is false when a token event arrived
 	// before the start; its start fields are filled in later.
-	Started(s *Session)
+	Started(s *Session) S
 	// Gap: n per-token gaps of g each (a chunk of n tokens arriving g·n
 	// after the previous one).
-	Gap(s *Session, g time.Duration, n int64)
-	// Stalled: a stall episode began; st is valid during the call only.
-	Stalled(s *Session, st *Stall)
-	// KeptEarly: the session's verdict became keep before its end (a TTFT
-	// breach at the first token, or a stall), so the trace can be released.
-	KeptEarly(s *Session)
-	// Ended: the session ended; its verdict is final. TraceDone tells
-	// whether it was the last active session of its trace, and TraceKept
-	// whether any session of the trace was kept.
-	Ended(s *Session, e *End, trace TraceVerdict)
+	Gap(s *Session, state S, g time.Duration, n int64)
+}
+
+// ReportKind is what a Report tells.
+type ReportKind uint8
+
+const (
+	// ReportStalled: a stall episode began (Report.Stall, StallCount and
+	// Chunks).
+	ReportStalled ReportKind = iota + 1
+	// ReportKeptEarly: the session's verdict became keep before its end (a
+	// TTFT breach at the first token, or a stall), so the trace can be
+	// released.
+	ReportKeptEarly
+	// ReportEnded: the session ended and its verdict is final (Report.End
+	// and Trace). It is the session's last report.
+	ReportEnded
+)
+
+// Report is something the Table learned that its user acts on after the
+// call that made it: Apply, Tick and Shutdown append Reports to a slice the
+// caller owns, in the order things happened. The Session stays valid until
+// the caller hands the Reports back with Release; what may change before
+// that (a later event of the same batch) is copied into the Report.
+type Report[S any] struct {
+	Kind    ReportKind
+	Session *Session
+	// State is the session's state as the Observer left it.
+	State S
+
+	// Stall is the episode of a ReportStalled; StallCount and Chunks are
+	// the session's when it was detected.
+	Stall      Stall
+	StallCount int
+	Chunks     int64
+
+	// End and Trace are those of a ReportEnded: what the end event said,
+	// and whether this was the last active session of its trace (Done) and
+	// any session of the trace was kept (Kept).
+	End   End
+	Trace TraceVerdict
 }
 
 // TraceVerdict is the state of a session's trace when the session ends.
@@ -58,10 +91,11 @@ type Counters struct {
 	OutOfOrder uint64
 }
 
-// Table holds the active sessions. It is not safe for concurrent use.
-type Table struct {
+// Table holds the active sessions and the state S its Observer keeps for
+// each. It is not safe for concurrent use.
+type Table[S any] struct {
 	cfg         Config
-	obs         Observer
+	obs         Observer[S]
 	normal      sampling.Threshold
 	freezeAfter int64
 
@@ -84,6 +118,11 @@ type Table struct {
 	// would cost a slice header and an allocation rounded up to its size
 	// class (issue 7).
 	gaps []uint32
+	// states holds each session's Observer state, by slot like clocks.
+	states []S
+
+	// reports collects the Reports of the call under way; nil between calls.
+	reports []Report[S]
 
 	Counters Counters
 }
@@ -103,7 +142,7 @@ type traceRef struct {
 }
 
 // NewTable returns an empty table.
-func NewTable(cfg Config, obs Observer) (*Table, error) {
+func NewTable[S any](cfg Config, obs Observer[S]) (*Table[S], error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -117,7 +156,7 @@ func NewTable(cfg Config, obs Observer) (*Table, error) {
 		}
 		normal = th
 	}
-	return &Table{
+	return &Table[S]{
 		cfg:         cfg,
 		obs:         obs,
 		normal:      normal,
@@ -129,24 +168,51 @@ func NewTable(cfg Config, obs Observer) (*Table, error) {
 }
 
 // Active returns the number of active sessions.
-func (t *Table) Active() int { return len(t.sessions) }
+func (t *Table[S]) Active() int { return len(t.sessions) }
 
 // Contains reports whether the session is active.
-func (t *Table) Contains(id string) bool {
+func (t *Table[S]) Contains(id string) bool {
 	_, ok := t.sessions[id]
 	return ok
 }
 
 // TraceActive reports whether an active session belongs to the trace, and
 // whether one of them has already been kept.
-func (t *Table) TraceActive(id pcommon.TraceID) (active, kept bool) {
+func (t *Table[S]) TraceActive(id pcommon.TraceID) (active, kept bool) {
 	r, ok := t.traces[id]
 	return ok, r.kept
 }
 
-// Apply folds one event in. now is the collector's clock (Unix ns) when the
-// event arrived; the event's own time is the engine's.
-func (t *Table) Apply(ev *tokenevent.Event, now int64) {
+// Apply folds one event in and appends what the caller must act on to
+// reports. now is the collector's clock (Unix ns) when the event arrived;
+// the event's own time is the engine's.
+func (t *Table[S]) Apply(ev *tokenevent.Event, now int64, reports []Report[S]) []Report[S] {
+	t.reports = reports
+	t.apply(ev, now)
+	return t.takeReports()
+}
+
+func (t *Table[S]) takeReports() []Report[S] {
+	r := t.reports
+	t.reports = nil
+	return r
+}
+
+// Release hands the ended sessions of reports back to the table for reuse
+// and returns reports emptied, for the next call. Call it once the reports
+// are handled; a Report's Session must not be used afterwards.
+func (t *Table[S]) Release(reports []Report[S]) []Report[S] {
+	for i := range reports {
+		if reports[i].Kind == ReportEnded {
+			t.recycle(reports[i].Session)
+		}
+	}
+	// Cleared so that the stall gaps and states they hold can be collected.
+	clear(reports)
+	return reports[:0]
+}
+
+func (t *Table[S]) apply(ev *tokenevent.Event, now int64) {
 	s := t.last
 	if s == nil || s.ID != ev.SessionID {
 		s = t.sessions[ev.SessionID]
@@ -160,7 +226,7 @@ func (t *Table) Apply(ev *tokenevent.Event, now int64) {
 		case s == nil:
 			s = t.create(ev.SessionID, now)
 			t.fillStart(s, ev)
-			t.obs.Started(s)
+			t.started(s)
 		case s.HasStart:
 			t.Counters.DuplicateStarts++
 			t.touch(s, now)
@@ -177,7 +243,7 @@ func (t *Table) Apply(ev *tokenevent.Event, now int64) {
 			}
 			t.Counters.OrphanTokens++
 			s = t.create(ev.SessionID, now)
-			t.obs.Started(s)
+			t.started(s)
 		}
 		t.token(s, int64(ev.TimeUnixNano), ev.Count, now)
 	case tokenevent.KindEnd:
@@ -203,10 +269,11 @@ func (t *Table) Apply(ev *tokenevent.Event, now int64) {
 }
 
 // Tick ends the sessions idle for longer than the idle timeout and reports
-// the sessions whose decoding froze. Call it often (every few tens of ms)
-// for freezes to be reported promptly; it scans a dense array of two
-// timestamps per session.
-func (t *Table) Tick(now int64) {
+// the sessions whose decoding froze, appending to reports. Call it often
+// (every few tens of ms) for freezes to be reported promptly; it scans a
+// dense array of two timestamps per session.
+func (t *Table[S]) Tick(now int64, reports []Report[S]) []Report[S] {
+	t.reports = reports
 	// Backwards, since ending a session moves the last slot into its place.
 	for i := len(t.slots) - 1; i >= 0; i-- {
 		c := &t.clocks[i]
@@ -221,20 +288,24 @@ func (t *Table) Tick(now int64) {
 			t.stall(s, Stall{DetectedAt: s.LastTokenTime + t.freezeAfter, Since: s.LastTokenTime, Freeze: true})
 		}
 	}
+	return t.takeReports()
 }
 
-// Shutdown ends every active session with OutcomeShutdown.
-func (t *Table) Shutdown() {
+// Shutdown ends every active session with OutcomeShutdown, appending their
+// reports to reports.
+func (t *Table[S]) Shutdown(reports []Report[S]) []Report[S] {
+	t.reports = reports
 	for i := len(t.slots) - 1; i >= 0; i-- {
 		t.end(t.slots[i], OutcomeShutdown, &End{CompletionTokens: -1})
 	}
+	return t.takeReports()
 }
 
 // evictionSamples is how many sessions an eviction compares: evicting the
 // least recently active of a random sample approximates LRU at O(1) cost.
 const evictionSamples = 8
 
-func (t *Table) evict() {
+func (t *Table[S]) evict() {
 	victim := -1
 	if len(t.slots) <= evictionSamples {
 		for i := range t.slots {
@@ -253,7 +324,7 @@ func (t *Table) evict() {
 	t.end(t.slots[victim], OutcomeEvicted, &End{CompletionTokens: -1})
 }
 
-func (t *Table) create(id string, now int64) *Session {
+func (t *Table[S]) create(id string, now int64) *Session {
 	if len(t.sessions) >= t.cfg.MaxActive {
 		t.evict()
 	}
@@ -272,11 +343,16 @@ func (t *Table) create(id string, now int64) *Session {
 	s.slot = int32(len(t.slots))
 	t.slots = append(t.slots, s)
 	t.clocks = append(t.clocks, clock{lastSeen: now})
+	var zero S
+	t.states = append(t.states, zero)
 	n := len(t.gaps)
 	t.gaps = slices.Grow(t.gaps, t.cfg.Window)[:n+t.cfg.Window]
 	clear(t.gaps[n:])
 	return s
 }
+
+// started has the Observer make the state of the new session s.
+func (t *Table[S]) started(s *Session) { t.states[s.slot] = t.obs.Started(s) }
 
 func randomID(b []byte) {
 	for i := 0; i < len(b); i += 8 {
@@ -288,7 +364,7 @@ func randomID(b []byte) {
 	}
 }
 
-func (t *Table) fillStart(s *Session, ev *tokenevent.Event) {
+func (t *Table[S]) fillStart(s *Session, ev *tokenevent.Event) {
 	s.HasStart = true
 	s.StartTime = int64(ev.TimeUnixNano)
 	if trace := pcommon.TraceID(ev.TraceID); !trace.IsEmpty() && trace != s.TraceID {
@@ -311,7 +387,7 @@ func (t *Table) fillStart(s *Session, ev *tokenevent.Event) {
 	}
 }
 
-func (t *Table) token(s *Session, at, count, now int64) {
+func (t *Table[S]) token(s *Session, at, count, now int64) {
 	s.Chunks++
 	s.Tokens += count
 	c := &t.clocks[s.slot]
@@ -339,7 +415,7 @@ func (t *Table) token(s *Session, at, count, now int64) {
 	s.LastTokenTime = at
 	s.MaxGap = max(s.MaxGap, gap)
 	t.pushGap(s, gap, count)
-	t.obs.Gap(s, gap, count)
+	t.obs.Gap(s, t.states[s.slot], gap, count)
 	if gap <= t.cfg.StallGap {
 		s.slowRun = 0
 		if s.inStall {
@@ -356,14 +432,14 @@ func (t *Table) token(s *Session, at, count, now int64) {
 }
 
 // window returns s's window of per-token gaps.
-func (t *Table) window(s *Session) []uint32 {
+func (t *Table[S]) window(s *Session) []uint32 {
 	w := t.cfg.Window
 	return t.gaps[int(s.slot)*w : (int(s.slot)+1)*w : (int(s.slot)+1)*w]
 }
 
 // pushGap adds n per-token gaps of g to s's window and updates its
 // maximum window TPOT.
-func (t *Table) pushGap(s *Session, g time.Duration, n int64) {
+func (t *Table[S]) pushGap(s *Session, g time.Duration, n int64) {
 	gaps := t.window(s)
 	us := uint32(min(g/time.Microsecond, 1<<32-1))
 	for range min(n, int64(len(gaps))) {
@@ -379,7 +455,7 @@ func (t *Table) pushGap(s *Session, g time.Duration, n int64) {
 }
 
 // latestGaps returns up to n of s's latest gaps, oldest first.
-func (t *Table) latestGaps(s *Session, n int) []time.Duration {
+func (t *Table[S]) latestGaps(s *Session, n int) []time.Duration {
 	gaps := t.window(s)
 	n = min(n, int(s.gapLen))
 	out := make([]time.Duration, n)
@@ -390,26 +466,27 @@ func (t *Table) latestGaps(s *Session, n int) []time.Duration {
 	return out
 }
 
-func (t *Table) stall(s *Session, st Stall) {
+func (t *Table[S]) stall(s *Session, st Stall) {
 	s.inStall = true
 	s.StallCount++
 	if len(s.Stalls()) < t.cfg.MaxStallRecords {
 		x := s.ensureExtra()
 		x.stalls = append(x.stalls, st)
 	}
-	t.obs.Stalled(s, &st)
+	t.reports = append(t.reports, Report[S]{Kind: ReportStalled, Session: s, State: t.states[s.slot],
+		Stall: st, StallCount: s.StallCount, Chunks: s.Chunks})
 	if t.cfg.Sampling.Stalls {
 		t.keepEarly(s, ReasonStall)
 	}
 }
 
-func (t *Table) checkTTFT(s *Session) {
+func (t *Table[S]) checkTTFT(s *Session) {
 	if ttft, ok := s.TTFT(); ok && t.cfg.Sampling.TTFT > 0 && ttft > t.cfg.Sampling.TTFT {
 		t.keepEarly(s, ReasonTTFT)
 	}
 }
 
-func (t *Table) keepEarly(s *Session, r Reason) {
+func (t *Table[S]) keepEarly(s *Session, r Reason) {
 	s.Reasons |= r
 	if s.Keep {
 		return
@@ -419,12 +496,12 @@ func (t *Table) keepEarly(s *Session, r Reason) {
 	ref := t.traces[s.TraceID]
 	ref.kept = true
 	t.traces[s.TraceID] = ref
-	t.obs.KeptEarly(s)
+	t.reports = append(t.reports, Report[S]{Kind: ReportKeptEarly, Session: s, State: t.states[s.slot]})
 }
 
 // decide sets the final verdict: kept when a rule matches, else by the
 // consistent probabilistic draw on the trace ID (OTEP 235).
-func (t *Table) decide(s *Session, e *End) {
+func (t *Table[S]) decide(s *Session, e *End) {
 	p := t.cfg.Sampling
 	if ttft, ok := s.TTFT(); ok && p.TTFT > 0 && ttft > p.TTFT {
 		s.Reasons |= ReasonTTFT
@@ -451,27 +528,34 @@ func (t *Table) decide(s *Session, e *End) {
 	}
 }
 
-func (t *Table) end(s *Session, outcome Outcome, e *End) {
+// end ends s and reports it; s goes back to the free list when the caller
+// releases the report.
+func (t *Table[S]) end(s *Session, outcome Outcome, e *End) {
 	s.Outcome = outcome
 	t.decide(s, e)
 	trace := t.traceRemove(s.TraceID, s.Keep)
-	t.obs.Ended(s, e, trace)
+	t.reports = append(t.reports, Report[S]{Kind: ReportEnded, Session: s, State: t.states[s.slot], End: *e, Trace: trace})
 	delete(t.sessions, s.ID)
 	if t.last == s {
 		t.last = nil
 	}
 	last := int32(len(t.slots) - 1)
 	moved := t.slots[last]
-	t.slots[s.slot], t.clocks[s.slot] = moved, t.clocks[last]
+	t.slots[s.slot], t.clocks[s.slot], t.states[s.slot] = moved, t.clocks[last], t.states[last]
 	// The moved session's window goes with it: Window entries (40 B by
 	// default) copied per ended session.
 	copy(t.window(s), t.window(moved))
 	moved.slot = s.slot
 	t.slots[last] = nil
+	var zero S
+	t.states[last] = zero
 	w := t.cfg.Window
-	t.slots, t.clocks, t.gaps = t.slots[:last], t.clocks[:last], t.gaps[:int(last)*w]
+	t.slots, t.clocks, t.states, t.gaps = t.slots[:last], t.clocks[:last], t.states[:last], t.gaps[:int(last)*w]
 	t.ended.add(s.ID)
-	s.Attachment = nil
+}
+
+// recycle puts an ended session, its report handled, on the free list.
+func (t *Table[S]) recycle(s *Session) {
 	if x := s.extra; x != nil {
 		// Emptied, not dropped: the next session in this Session reuses the
 		// storage. Cleared so the old attributes' strings can be collected.
@@ -483,13 +567,13 @@ func (t *Table) end(s *Session, outcome Outcome, e *End) {
 	t.free = append(t.free, s)
 }
 
-func (t *Table) traceAdd(id pcommon.TraceID) {
+func (t *Table[S]) traceAdd(id pcommon.TraceID) {
 	r := t.traces[id]
 	r.active++
 	t.traces[id] = r
 }
 
-func (t *Table) traceRemove(id pcommon.TraceID, kept bool) TraceVerdict {
+func (t *Table[S]) traceRemove(id pcommon.TraceID, kept bool) TraceVerdict {
 	r := t.traces[id]
 	r.active--
 	r.kept = r.kept || kept
@@ -502,7 +586,7 @@ func (t *Table) traceRemove(id pcommon.TraceID, kept bool) TraceVerdict {
 }
 
 // touch records activity on s.
-func (t *Table) touch(s *Session, now int64) { t.clocks[s.slot].lastSeen = now }
+func (t *Table[S]) touch(s *Session, now int64) { t.clocks[s.slot].lastSeen = now }
 
 // endedSet remembers the latest ended session IDs, oldest forgotten first.
 type endedSet struct {

@@ -51,30 +51,65 @@ type recorder struct {
 	ended   []ended
 }
 
-func (r *recorder) Started(s *Session) { r.started = append(r.started, s.ID) }
-func (r *recorder) Gap(s *Session, g time.Duration, n int64) {
+func (r *recorder) Started(s *Session) struct{} {
+	r.started = append(r.started, s.ID)
+	return struct{}{}
+}
+
+func (r *recorder) Gap(s *Session, _ struct{}, g time.Duration, n int64) {
 	r.gaps = append(r.gaps, fmt.Sprintf("%s %v×%d", s.ID, g, n))
 }
 
-func (r *recorder) Stalled(s *Session, st *Stall) {
-	c := *st
-	c.Gaps = append([]time.Duration(nil), st.Gaps...)
-	r.stalls = append(r.stalls, c)
-}
-func (r *recorder) KeptEarly(s *Session) { r.early = append(r.early, s.ID) }
-func (r *recorder) Ended(s *Session, e *End, tv TraceVerdict) {
-	ttft, hasTTFT := s.TTFT()
-	tpot, hasTPOT := s.TPOT(e.CompletionTokens)
-	w, _ := s.WindowTPOT()
-	r.ended = append(r.ended, ended{
-		ID: s.ID, Outcome: s.Outcome, TTFT: ttft, HasTTFT: hasTTFT, TPOT: tpot, HasTPOT: hasTPOT,
-		Window: w, WMax: s.WindowTPOTMax, MaxGap: s.MaxGap, Tokens: s.Tokens, Chunks: s.Chunks, Stalls: s.StallCount,
-		Keep: s.Keep, Reasons: s.Reasons, Threshold: s.Threshold, Duration: s.Duration(e), End: *e, Trace: tv,
-		StallRecords: append([]Stall(nil), s.Stalls()...), HasStart: s.HasStart, Model: s.Model, Engine: s.Engine,
-	})
+// record copies out what the reports tell, as the processor reads them
+// after each call.
+func (r *recorder) record(reports []Report[struct{}]) {
+	for i := range reports {
+		rp := &reports[i]
+		s := rp.Session
+		switch rp.Kind {
+		case ReportStalled:
+			c := rp.Stall
+			c.Gaps = append([]time.Duration(nil), rp.Stall.Gaps...)
+			r.stalls = append(r.stalls, c)
+		case ReportKeptEarly:
+			r.early = append(r.early, s.ID)
+		case ReportEnded:
+			e := &rp.End
+			ttft, hasTTFT := s.TTFT()
+			tpot, hasTPOT := s.TPOT(e.CompletionTokens)
+			w, _ := s.WindowTPOT()
+			r.ended = append(r.ended, ended{
+				ID: s.ID, Outcome: s.Outcome, TTFT: ttft, HasTTFT: hasTTFT, TPOT: tpot, HasTPOT: hasTPOT,
+				Window: w, WMax: s.WindowTPOTMax, MaxGap: s.MaxGap, Tokens: s.Tokens, Chunks: s.Chunks, Stalls: s.StallCount,
+				Keep: s.Keep, Reasons: s.Reasons, Threshold: s.Threshold, Duration: s.Duration(e), End: *e, Trace: rp.Trace,
+				StallRecords: append([]Stall(nil), s.Stalls()...), HasStart: s.HasStart, Model: s.Model, Engine: s.Engine,
+			})
+		}
+	}
 }
 
-func newTable(t *testing.T, mutate func(*Config)) (*Table, *recorder) {
+// testTable is a Table whose reports go to its recorder after every call,
+// then back to the table.
+type testTable struct {
+	*Table[struct{}]
+	rec     *recorder
+	reports []Report[struct{}]
+}
+
+func (tt *testTable) handle(reports []Report[struct{}]) {
+	tt.rec.record(reports)
+	tt.reports = tt.Table.Release(reports)
+}
+
+func (tt *testTable) Apply(ev *tokenevent.Event, now int64) {
+	tt.handle(tt.Table.Apply(ev, now, tt.reports))
+}
+
+func (tt *testTable) Tick(now int64) { tt.handle(tt.Table.Tick(now, tt.reports)) }
+
+func (tt *testTable) Shutdown() { tt.handle(tt.Table.Shutdown(tt.reports)) }
+
+func newTable(t *testing.T, mutate func(*Config)) (*testTable, *recorder) {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Sampling.NormalPercent = 0 // only rules keep, unless a test says otherwise
@@ -84,7 +119,7 @@ func newTable(t *testing.T, mutate func(*Config)) (*Table, *recorder) {
 	rec := &recorder{}
 	tbl, err := NewTable(cfg, rec)
 	require.NoError(t, err)
-	return tbl, rec
+	return &testTable{Table: tbl, rec: rec}, rec
 }
 
 func start(id string, at int64) *tokenevent.Event {
@@ -100,7 +135,7 @@ func end(id string, at, completion int64) *tokenevent.Event {
 }
 
 // apply feeds events with the arrival clock equal to the event time.
-func apply(tbl *Table, evs ...*tokenevent.Event) {
+func apply(tbl *testTable, evs ...*tokenevent.Event) {
 	for _, ev := range evs {
 		tbl.Apply(ev, int64(ev.TimeUnixNano))
 	}
@@ -350,6 +385,49 @@ func TestEvictionLeastRecentlyActive(t *testing.T) {
 	assert.Equal(t, 2, tbl.Active())
 }
 
+// A session ended by an eviction is reported from inside Apply; the new
+// session of the same call must not reuse it before the caller has read the
+// report and released it.
+func TestReportedSessionReusedOnlyAfterRelease(t *testing.T) {
+	tbl, err := NewTable(DefaultConfig(), &recorder{})
+	require.NoError(t, err)
+	tbl.cfg.MaxActive = 1
+	reports := tbl.Release(tbl.Apply(start("a", t0), t0, nil))
+	reports = tbl.Apply(start("b", t0+ms), t0+ms, reports)
+	require.Len(t, reports, 1)
+	a := reports[0].Session
+	assert.Equal(t, ReportEnded, reports[0].Kind)
+	assert.Equal(t, "a", a.ID, "the evicted session, intact")
+	assert.Equal(t, OutcomeEvicted, a.Outcome)
+	assert.NotSame(t, a, tbl.sessions["b"])
+	reports = tbl.Release(reports)
+	assert.Empty(t, reports)
+	reports = tbl.Apply(start("c", t0+2*ms), t0+2*ms, reports)
+	require.Len(t, reports, 1)
+	assert.Equal(t, "b", reports[0].Session.ID)
+	assert.Same(t, a, tbl.sessions["c"], "released, then reused")
+}
+
+// Reports of one batch are handled after it: a stall report carries the
+// session's counts at detection, not those of the tokens after it.
+func TestStallReportCountsAtDetection(t *testing.T) {
+	tbl, err := NewTable(DefaultConfig(), &recorder{})
+	require.NoError(t, err)
+	var reports []Report[struct{}]
+	for _, ev := range []*tokenevent.Event{
+		start("s", t0), tok("s", t0+10*ms, 1), tok("s", t0+210*ms, 1), tok("s", t0+410*ms, 1),
+		tok("s", t0+610*ms, 1), tok("s", t0+620*ms, 1), tok("s", t0+630*ms, 1),
+	} {
+		reports = tbl.Apply(ev, int64(ev.TimeUnixNano), reports)
+	}
+	require.Len(t, reports, 2)
+	assert.Equal(t, ReportStalled, reports[0].Kind)
+	assert.Equal(t, 1, reports[0].StallCount)
+	assert.Equal(t, int64(4), reports[0].Chunks)
+	assert.Equal(t, ReportKeptEarly, reports[1].Kind)
+	assert.Equal(t, int64(6), reports[0].Session.Chunks)
+}
+
 func TestShutdownEndsAll(t *testing.T) {
 	tbl, rec := newTable(t, nil)
 	apply(tbl, start("a", t0), start("b", t0), tok("b", t0+5*ms, 1))
@@ -501,10 +579,7 @@ func TestSamplingRates(t *testing.T) {
 }
 
 func TestSamplingConsistentByTraceID(t *testing.T) {
-	cfg := DefaultConfig()
-	rec := &recorder{}
-	tbl, err := NewTable(cfg, rec)
-	require.NoError(t, err)
+	tbl, rec := newTable(t, func(c *Config) { *c = DefaultConfig() })
 	th, err := sampling.ProbabilityToThresholdWithPrecision(0.01, 4)
 	require.NoError(t, err)
 	for i := range 2000 {
@@ -527,10 +602,10 @@ func TestConfigValidate(t *testing.T) {
 	err := cfg.Validate()
 	require.Error(t, err)
 	for _, want := range []string{
-		"window: must be positive, got 0", "stall.gap: must be positive, got -1", "stall.consecutive: must be positive, got 0",
-		"stall.max_records: must not be negative, got -1", "session.idle_timeout: must be positive, got 0",
-		"session.max_active: must be positive, got 0", "session.ended_memory: must be positive, got 0",
-		"sampling.ttft: must not be negative, got -1ns", "sampling.normal_percent: must be within [0, 100], got 101",
+		"window: must be positive, got 0", "stall::gap: must be positive, got -1ns", "stall::consecutive: must be positive, got 0",
+		"stall::max_records: must not be negative, got -1", "session::idle_timeout: must be positive, got 0s",
+		"session::max_active: must be positive, got 0", "session::ended_memory: must be positive, got 0",
+		"sampling::ttft: must not be negative, got -1ns", "sampling::normal_percent: must be within [0, 100], got 101",
 	} {
 		assert.Contains(t, err.Error(), want)
 	}

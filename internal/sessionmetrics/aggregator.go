@@ -137,6 +137,7 @@ func New(cfg Config, start time.Time) (*Aggregator, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.normalized()
 	cfg.Dimensions = append([]string(nil), cfg.Dimensions...)
 	newMetric := func(name, unit, desc string, bounds []float64) endMetric {
 		return endMetric{name: name, unit: unit, desc: desc, bounds: bounds, series: make(map[string]*endSeries)}

@@ -128,31 +128,31 @@ func TestNewValidates(t *testing.T) {
 		{
 			name:    "zero config",
 			mutate:  func(c *Config) { *c = Config{} },
-			wantErr: []string{"CardinalityLimit: want at least 2 (one regular series plus the overflow series), got 0"},
+			wantErr: []string{"cardinality_limit: want at least 2 (one regular series plus the overflow series), got 0"},
 		},
 		{
 			name: "every problem at once",
 			mutate: func(c *Config) {
 				c.CardinalityLimit = 1
-				c.Temporality = 7
+				c.Temporality = "weekly"
 				c.Histogram = Exponential
 				c.ExponentialMaxSize = 1
 				c.Dimensions = []string{"tenant", "", "error.type", "tenant", "otel.metric.overflow"}
 			},
 			wantErr: []string{
-				"CardinalityLimit: want at least 2 (one regular series plus the overflow series), got 1",
-				"Temporality: want Cumulative or Delta, got 7",
-				"ExponentialMaxSize: want at least 2, got 1",
-				"Dimensions[1]: empty key",
-				`Dimensions[2]: "error.type" is set by the aggregator itself`,
-				`Dimensions[3]: "tenant" repeats Dimensions[0]`,
-				`Dimensions[4]: "otel.metric.overflow" is set by the aggregator itself`,
+				"cardinality_limit: want at least 2 (one regular series plus the overflow series), got 1",
+				`temporality: want cumulative or delta, got "weekly"`,
+				"exponential_max_size: want at least 2, got 1",
+				"dimensions::1: empty key",
+				`dimensions::2: "error.type" is set by the aggregator itself`,
+				`dimensions::3: "tenant" repeats dimensions::0`,
+				`dimensions::4: "otel.metric.overflow" is set by the aggregator itself`,
 			},
 		},
 		{
 			name:    "unknown histogram kind",
-			mutate:  func(c *Config) { c.Histogram = 3 },
-			wantErr: []string{"Histogram: want Explicit or Exponential, got 3"},
+			mutate:  func(c *Config) { c.Histogram = "linear" },
+			wantErr: []string{`histogram: want explicit or exponential, got "linear"`},
 		},
 	}
 	for _, tt := range tests {
@@ -174,18 +174,15 @@ func TestNewValidates(t *testing.T) {
 	}
 }
 
-func TestConfigText(t *testing.T) {
-	var tm Temporality
-	require.NoError(t, tm.UnmarshalText([]byte("Delta")))
-	assert.Equal(t, Delta, tm)
-	assert.Equal(t, "delta", tm.String())
-	assert.EqualError(t, tm.UnmarshalText([]byte("gauge")), `temporality: want cumulative or delta, got "gauge"`)
-
-	var hk HistogramKind
-	require.NoError(t, hk.UnmarshalText([]byte("exponential")))
-	assert.Equal(t, Exponential, hk)
-	assert.Equal(t, "exponential", hk.String())
-	assert.EqualError(t, hk.UnmarshalText([]byte("linear")), `histogram: want explicit or exponential, got "linear"`)
+// Temporality and Histogram are spelt in any case, as the configuration
+// gives them.
+func TestConfigAnyCase(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Temporality, cfg.Histogram = "Delta", "EXPONENTIAL"
+	a, err := New(cfg, t0)
+	require.NoError(t, err)
+	assert.Equal(t, Delta, a.cfg.Temporality)
+	assert.Equal(t, Exponential, a.cfg.Histogram)
 }
 
 var chatDims = Dims{Operation: "chat", Provider: "vllm", Model: "llama-3-8b", Engine: "vllm-0"}
@@ -380,7 +377,7 @@ func TestActiveGauge(t *testing.T) {
 		// Under Delta a series at 0 is reported once, then dropped.
 		{Delta, []map[string]int64{{"m1": 2}, {"m1": 1}, {"m1": 0}, nil}},
 	} {
-		t.Run(tt.temporality.String(), func(t *testing.T) {
+		t.Run(string(tt.temporality), func(t *testing.T) {
 			a := newAggregator(t, func(c *Config) { c.Temporality = tt.temporality })
 			d := Dims{Model: "m1"}
 			l1, l2 := a.SessionStarted(d), a.SessionStarted(d)
@@ -437,7 +434,7 @@ func TestCumulativeVsDelta(t *testing.T) {
 		},
 	}
 	for _, tt := range tests {
-		t.Run(tt.temporality.String(), func(t *testing.T) {
+		t.Run(string(tt.temporality), func(t *testing.T) {
 			a := newAggregator(t, func(c *Config) { c.Temporality = tt.temporality })
 			// A long session spanning both flushes, and one short session in each interval.
 			long := a.SessionStarted(chatDims)
@@ -558,7 +555,7 @@ func TestDeltaFreesCardinality(t *testing.T) {
 
 func TestExponentialOutput(t *testing.T) {
 	for _, temporality := range []Temporality{Cumulative, Delta} {
-		t.Run(temporality.String(), func(t *testing.T) {
+		t.Run(string(temporality), func(t *testing.T) {
 			a := newAggregator(t, func(c *Config) {
 				c.Histogram = Exponential
 				c.ExponentialMaxSize = 4

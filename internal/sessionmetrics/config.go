@@ -6,73 +6,29 @@ import (
 	"strings"
 )
 
-// Temporality is the aggregation temporality of the sums and histograms.
-type Temporality int
+// Temporality is the aggregation temporality of the sums and histograms,
+// spelt as in the configuration. It is a plain string, checked by
+// Validate, so that a misspelling is reported with every other problem
+// rather than stopping the decoding of the configuration.
+type Temporality string
 
 const (
 	// Cumulative reports totals since a series was created (the default).
-	Cumulative Temporality = iota
+	Cumulative Temporality = "cumulative"
 	// Delta reports what happened since the previous AppendTo and then resets.
-	Delta
+	Delta Temporality = "delta"
 )
 
-// String returns the configuration spelling: "cumulative" or "delta".
-func (t Temporality) String() string {
-	switch t {
-	case Cumulative:
-		return "cumulative"
-	case Delta:
-		return "delta"
-	}
-	return fmt.Sprintf("Temporality(%d)", int(t))
-}
-
-// UnmarshalText accepts "cumulative" or "delta" (any case), so the type can sit in a component config.
-func (t *Temporality) UnmarshalText(text []byte) error {
-	switch strings.ToLower(string(text)) {
-	case "cumulative":
-		*t = Cumulative
-	case "delta":
-		*t = Delta
-	default:
-		return fmt.Errorf("temporality: want cumulative or delta, got %q", text)
-	}
-	return nil
-}
-
-// HistogramKind selects how histograms are aggregated.
-type HistogramKind int
+// HistogramKind selects how histograms are aggregated, spelt as in the
+// configuration; a plain string like Temporality.
+type HistogramKind string
 
 const (
 	// Explicit uses the fixed bucket boundaries of each metric (the default).
-	Explicit HistogramKind = iota
+	Explicit HistogramKind = "explicit"
 	// Exponential uses base-2 exponential histograms with at most Config.ExponentialMaxSize buckets.
-	Exponential
+	Exponential HistogramKind = "exponential"
 )
-
-// String returns the configuration spelling: "explicit" or "exponential".
-func (k HistogramKind) String() string {
-	switch k {
-	case Explicit:
-		return "explicit"
-	case Exponential:
-		return "exponential"
-	}
-	return fmt.Sprintf("HistogramKind(%d)", int(k))
-}
-
-// UnmarshalText accepts "explicit" or "exponential" (any case).
-func (k *HistogramKind) UnmarshalText(text []byte) error {
-	switch strings.ToLower(string(text)) {
-	case "explicit":
-		*k = Explicit
-	case "exponential":
-		*k = Exponential
-	default:
-		return fmt.Errorf("histogram: want explicit or exponential, got %q", text)
-	}
-	return nil
-}
 
 // Default limits.
 const (
@@ -89,9 +45,9 @@ type Config struct {
 	// the overflow point included, as in the OTel SDK: CardinalityLimit-1 regular sets, and every
 	// further set is folded into one point with only otel.metric.overflow=true.
 	CardinalityLimit int
-	// Temporality of sums and histograms.
+	// Temporality of sums and histograms; any case.
 	Temporality Temporality
-	// Histogram selects explicit or exponential histograms for all histogram metrics.
+	// Histogram selects explicit or exponential histograms for all histogram metrics; any case.
 	Histogram HistogramKind
 	// ExponentialMaxSize is the maximum number of buckets of an exponential histogram; only checked
 	// when Histogram is Exponential.
@@ -115,36 +71,46 @@ var builtinKeys = []string{
 	attrTokenType, attrOutcome, attrSampled, attrOverflow,
 }
 
-// Validate reports every problem of the configuration, each naming its field.
+// normalized returns c with Temporality and Histogram in lower case, as
+// the constants spell them.
+func (c Config) normalized() Config {
+	c.Temporality = Temporality(strings.ToLower(string(c.Temporality)))
+	c.Histogram = HistogramKind(strings.ToLower(string(c.Histogram)))
+	return c
+}
+
+// Validate reports every problem of the configuration at once, each named
+// by its key under the token_session processor's metrics key.
 func (c Config) Validate() error {
 	var errs []error
 	if c.CardinalityLimit < 2 {
-		errs = append(errs, fmt.Errorf("CardinalityLimit: want at least 2 (one regular series plus the overflow series), got %d", c.CardinalityLimit))
+		errs = append(errs, fmt.Errorf("cardinality_limit: want at least 2 (one regular series plus the overflow series), got %d", c.CardinalityLimit))
 	}
-	switch c.Temporality {
+	n := c.normalized()
+	switch n.Temporality {
 	case Cumulative, Delta:
 	default:
-		errs = append(errs, fmt.Errorf("Temporality: want Cumulative or Delta, got %d", int(c.Temporality)))
+		errs = append(errs, fmt.Errorf("temporality: want cumulative or delta, got %q", c.Temporality))
 	}
-	switch c.Histogram {
+	switch n.Histogram {
 	case Explicit:
 	case Exponential:
 		if c.ExponentialMaxSize < 2 {
-			errs = append(errs, fmt.Errorf("ExponentialMaxSize: want at least 2, got %d", c.ExponentialMaxSize))
+			errs = append(errs, fmt.Errorf("exponential_max_size: want at least 2, got %d", c.ExponentialMaxSize))
 		}
 	default:
-		errs = append(errs, fmt.Errorf("Histogram: want Explicit or Exponential, got %d", int(c.Histogram)))
+		errs = append(errs, fmt.Errorf("histogram: want explicit or exponential, got %q", c.Histogram))
 	}
 	seen := make(map[string]int, len(c.Dimensions))
 	for i, key := range c.Dimensions {
 		switch {
 		case key == "":
-			errs = append(errs, fmt.Errorf("Dimensions[%d]: empty key", i))
+			errs = append(errs, fmt.Errorf("dimensions::%d: empty key", i))
 		case isBuiltinKey(key):
-			errs = append(errs, fmt.Errorf("Dimensions[%d]: %q is set by the aggregator itself", i, key))
+			errs = append(errs, fmt.Errorf("dimensions::%d: %q is set by the aggregator itself", i, key))
 		default:
 			if j, dup := seen[key]; dup {
-				errs = append(errs, fmt.Errorf("Dimensions[%d]: %q repeats Dimensions[%d]", i, key, j))
+				errs = append(errs, fmt.Errorf("dimensions::%d: %q repeats dimensions::%d", i, key, j))
 			} else {
 				seen[key] = i
 			}

@@ -89,9 +89,10 @@ type MetricsConfig struct {
 	FlushInterval    time.Duration `mapstructure:"flush_interval"`
 	Dimensions       []string      `mapstructure:"dimensions"`
 	CardinalityLimit int           `mapstructure:"cardinality_limit"`
-	// Temporality: cumulative (default) or delta.
+	// Temporality: cumulative (default) or delta. A plain string, checked
+	// by Validate with the other settings.
 	Temporality sessionmetrics.Temporality `mapstructure:"temporality"`
-	// Histogram: explicit (default) or exponential.
+	// Histogram: explicit (default) or exponential; checked like Temporality.
 	Histogram sessionmetrics.HistogramKind `mapstructure:"histogram"`
 	// ExponentialMaxSize is the most buckets of an exponential histogram.
 	ExponentialMaxSize int `mapstructure:"exponential_max_size"`
@@ -142,18 +143,14 @@ func (cfg *Config) sessionConfig() session.Config {
 	}
 }
 
-func (cfg *Config) metricsConfig() (sessionmetrics.Config, error) {
-	mc := sessionmetrics.Config{
+func (cfg *Config) metricsConfig() sessionmetrics.Config {
+	return sessionmetrics.Config{
 		Dimensions:         cfg.Metrics.Dimensions,
 		CardinalityLimit:   cfg.Metrics.CardinalityLimit,
 		Temporality:        cfg.Metrics.Temporality,
 		Histogram:          cfg.Metrics.Histogram,
 		ExponentialMaxSize: cfg.Metrics.ExponentialMaxSize,
 	}
-	if err := mc.Validate(); err != nil {
-		return mc, fmt.Errorf("metrics: %w", err)
-	}
-	return mc, nil
 }
 
 func (cfg *Config) heldSpansConfig() heldspans.Config {
@@ -162,7 +159,8 @@ func (cfg *Config) heldSpansConfig() heldspans.Config {
 
 var _ confmap.Validator = (*Config)(nil)
 
-// Validate reports every invalid setting at once, each named by its key.
+// Validate reports every invalid setting at once, each named by its key
+// path (stall::check_interval, traces::max_held_spans).
 func (cfg *Config) Validate() error {
 	errs := []error{cfg.sessionConfig().Validate()}
 	switch cfg.PassTokenEvents {
@@ -174,16 +172,28 @@ func (cfg *Config) Validate() error {
 		errs = append(errs, errors.New("provider_name: must not be empty"))
 	}
 	if cfg.Stall.CheckInterval <= 0 {
-		errs = append(errs, fmt.Errorf("stall.check_interval: must be positive, got %s", cfg.Stall.CheckInterval))
+		errs = append(errs, fmt.Errorf("stall::check_interval: must be positive, got %s", cfg.Stall.CheckInterval))
 	}
 	if cfg.Metrics.FlushInterval <= 0 {
-		errs = append(errs, fmt.Errorf("metrics.flush_interval: must be positive, got %s", cfg.Metrics.FlushInterval))
+		errs = append(errs, fmt.Errorf("metrics::flush_interval: must be positive, got %s", cfg.Metrics.FlushInterval))
 	}
-	if _, err := cfg.metricsConfig(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := cfg.heldSpansConfig().Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("traces: %w", err))
-	}
+	errs = append(errs, under("metrics", cfg.metricsConfig().Validate()), under("traces", cfg.heldSpansConfig().Validate()))
 	return errors.Join(errs...)
+}
+
+// under puts each error of err (one, or several joined) under key: the
+// internal packages name their settings relative to their own section.
+func under(key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	errs := []error{err}
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = joined.Unwrap()
+	}
+	out := make([]error, len(errs))
+	for i, e := range errs {
+		out[i] = fmt.Errorf("%s::%w", key, e)
+	}
+	return errors.Join(out...)
 }

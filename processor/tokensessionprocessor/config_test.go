@@ -2,6 +2,7 @@ package tokensessionprocessor
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,27 +66,36 @@ func TestConfigCustom(t *testing.T) {
 	assert.Equal(t, TracesConfig{MaxHeldSpans: 1000, MaxHold: time.Minute, VerdictCacheSize: 2000}, cfg.Traces)
 }
 
+// Every problem is reported at once, each named by its YAML key path; the
+// spellings of temporality and histogram are checked with the others, not
+// at decoding, where they would hide them.
 func TestConfigInvalidReportsEveryProblem(t *testing.T) {
 	_, err := loadConfig(t, "invalid")
 	require.Error(t, err)
-	for _, want := range []string{
+	want := []string{
 		`pass_token_events: want none, sampled or all, got "some"`,
 		"provider_name: must not be empty",
 		"window: must be positive, got 0",
-		"stall.consecutive: must be positive, got -1",
-		"stall.check_interval: must be positive, got 0s",
-		"sampling.normal_percent: must be within [0, 100], got 150",
-		`metrics: `,
-		"CardinalityLimit: want at least 2",
-		`"gen_ai.request.model" is set by the aggregator itself`,
-		"traces: ",
-	} {
-		assert.Contains(t, err.Error(), want)
+		"stall::consecutive: must be positive, got -1",
+		"stall::check_interval: must be positive, got 0s",
+		"sampling::normal_percent: must be within [0, 100], got 150",
+		"metrics::flush_interval: must be positive, got -1s",
+		"metrics::cardinality_limit: want at least 2 (one regular series plus the overflow series), got 1",
+		`metrics::dimensions::0: "gen_ai.request.model" is set by the aggregator itself`,
+		`metrics::temporality: want cumulative or delta, got "weekly"`,
+		`metrics::histogram: want explicit or exponential, got "linear"`,
+		"traces::max_held_spans: must be positive, got 0",
+		"traces::max_hold: must be positive, got 0s",
 	}
+	for _, w := range want {
+		assert.Contains(t, err.Error(), w)
+	}
+	assert.Len(t, strings.Split(err.Error(), "\n"), len(want), "one line per problem:\n%v", err)
 }
 
 func TestConfigBadTemporality(t *testing.T) {
 	cm := confmap.NewFromStringMap(map[string]any{"metrics": map[string]any{"temporality": "sometimes"}})
-	err := cm.Unmarshal(createDefaultConfig())
-	require.ErrorContains(t, err, `temporality: want cumulative or delta, got "sometimes"`)
+	cfg := createDefaultConfig()
+	require.NoError(t, cm.Unmarshal(cfg), "checked by Validate, with every other problem")
+	require.EqualError(t, cfg.Validate(), `metrics::temporality: want cumulative or delta, got "sometimes"`)
 }

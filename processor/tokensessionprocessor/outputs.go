@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/session"
+	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
@@ -244,8 +245,10 @@ func (c *core) appendSummary(records plog.LogRecordSlice, s *session.Session, e 
 	c.putSessionAttributes(lr.Attributes(), s, e)
 }
 
-// appendStallAlert writes the alert for a stall episode just detected.
-func (c *core) appendStallAlert(records plog.LogRecordSlice, s *session.Session, st *session.Stall, now pcommon.Timestamp) {
+// appendStallAlert writes the alert for the stall episode r reports, with
+// the session's counts when it was detected.
+func (c *core) appendStallAlert(records plog.LogRecordSlice, r *session.Report[*sessionmetrics.Live], now pcommon.Timestamp) {
+	s, st := r.Session, &r.Stall
 	lr := records.AppendEmpty()
 	lr.SetEventName(eventNameStall)
 	lr.SetTimestamp(pcommon.Timestamp(st.DetectedAt))
@@ -260,8 +263,8 @@ func (c *core) appendStallAlert(records plog.LogRecordSlice, s *session.Session,
 	m.PutStr(attrProviderName, c.cfg.ProviderName)
 	putStr(m, tokenrecord.AttrRequestModel, s.Model)
 	putStr(m, tokenrecord.AttrEngine, s.Engine)
-	m.PutInt(attrSessionStalls, int64(s.StallCount))
-	m.PutInt(attrSessionChunks, s.Chunks)
+	m.PutInt(attrSessionStalls, int64(r.StallCount))
+	m.PutInt(attrSessionChunks, r.Chunks)
 	putStall(m, st)
 	if h := c.engines.match(s.Engine); h != nil {
 		putStallContext(m, h, st.DetectedAt)

@@ -32,7 +32,7 @@ type core struct {
 	telemetry *processorTelemetry
 
 	mu      sync.Mutex
-	table   *session.Table
+	table   *session.Table[*sessionmetrics.Live]
 	metrics *sessionmetrics.Aggregator
 	held    *heldspans.Buffer
 	pending outputs
@@ -40,13 +40,13 @@ type core struct {
 	nowTS    pcommon.Timestamp
 	nowNanos int64
 	event    tokenevent.Event
-	applyFn  func(*tokenevent.Event)
+	// applyFn folds an event into the table, collecting its reports in
+	// reports; bound once so that folding a record allocates nothing.
+	applyFn func(*tokenevent.Event)
+	reports []session.Report[*sessionmetrics.Live]
 	// With pass_token_events: sampled, the token event records of each
-	// active session, and the record being folded (an end record reaches
-	// Ended before it could be added to its session's records).
+	// active session.
 	sampledRecords map[string]plog.LogRecordSlice
-	folding        plog.LogRecord
-	isFolding      bool
 	// engines is the engine state read from the metrics pipeline.
 	engines  engineStates
 	counters session.Counters // as last reported to telemetry
@@ -81,14 +81,10 @@ func (o *outputs) records(provider string) plog.LogRecordSlice {
 func newCore(cfg *Config, set processor.Settings) (*core, error) {
 	c := &core{cfg: cfg, set: set, stop: make(chan struct{})}
 	var err error
-	if c.table, err = session.NewTable(cfg.sessionConfig(), c); err != nil {
+	if c.table, err = session.NewTable[*sessionmetrics.Live](cfg.sessionConfig(), c); err != nil {
 		return nil, err
 	}
-	mc, err := cfg.metricsConfig()
-	if err != nil {
-		return nil, err
-	}
-	if c.metrics, err = sessionmetrics.New(mc, time.Now()); err != nil {
+	if c.metrics, err = sessionmetrics.New(cfg.metricsConfig(), time.Now()); err != nil {
 		return nil, err
 	}
 	if c.held, err = heldspans.New(cfg.heldSpansConfig()); err != nil {
@@ -97,7 +93,7 @@ func newCore(cfg *Config, set processor.Settings) (*core, error) {
 	if c.telemetry, err = newProcessorTelemetry(set, c); err != nil {
 		return nil, err
 	}
-	c.applyFn = c.applyEvent
+	c.applyFn = func(ev *tokenevent.Event) { c.reports = c.table.Apply(ev, c.nowNanos, c.reports) }
 	c.pending = newOutputs()
 	if cfg.PassTokenEvents == PassSampled {
 		c.sampledRecords = make(map[string]plog.LogRecordSlice)
@@ -143,7 +139,8 @@ func (c *core) Shutdown(ctx context.Context) error {
 	now := time.Now()
 	c.mu.Lock()
 	c.setNow(now)
-	c.table.Shutdown()
+	c.reports = c.table.Shutdown(c.reports)
+	c.handleReports(nil)
 	c.held.Flush(c.pending.traces)
 	out := c.takePending()
 	md := c.sessionMetrics(now)
@@ -168,7 +165,8 @@ func (c *core) run() {
 		case now := <-tick.C:
 			c.mu.Lock()
 			c.setNow(now)
-			c.table.Tick(c.nowNanos)
+			c.reports = c.table.Tick(c.nowNanos, c.reports)
+			c.handleReports(nil)
 			if n := c.held.Expire(now, c.pending.traces); n > 0 {
 				c.telemetry.expiredSpans.Add(ctx, int64(n))
 			}
@@ -268,9 +266,8 @@ func (c *core) consumeLogs(ctx context.Context, ld plog.Logs) error {
 				if !tokenrecord.IsTokenEvent(lr) {
 					return false
 				}
-				c.folding, c.isFolding = lr, true
 				err := tokenrecord.ReadRecord(lr, &c.event, c.applyFn)
-				c.isFolding = false
+				c.handleReports(&lr)
 				if err != nil {
 					invalid++
 					if invalid == 1 {
@@ -304,8 +301,6 @@ func (c *core) consumeLogs(ctx context.Context, ld plog.Logs) error {
 	}
 	return c.nextLogs.ConsumeLogs(ctx, ld)
 }
-
-func (c *core) applyEvent(ev *tokenevent.Event) { c.table.Apply(ev, c.nowNanos) }
 
 // consumeMetrics reads the engine state from the metrics passing through
 // (for the sessions' engine context) and passes them on; the session
@@ -362,41 +357,59 @@ func (c *core) consumeTraces(ctx context.Context, td ptrace.Traces) error {
 	return c.nextTraces.ConsumeTraces(ctx, td)
 }
 
-// The session.Observer side: called by the table under mu.
+// The session.Observer side: called by the table under mu, it keeps the
+// sessions' metric state.
 
-func (c *core) Started(s *session.Session) {
-	s.Attachment = c.metrics.SessionStarted(c.dims(s))
+func (c *core) Started(s *session.Session) *sessionmetrics.Live {
+	return c.metrics.SessionStarted(c.dims(s))
 }
 
-func (c *core) Gap(s *session.Session, g time.Duration, n int64) {
-	c.metrics.ObserveGap(s.Attachment.(*sessionmetrics.Live), g, n)
+func (c *core) Gap(_ *session.Session, live *sessionmetrics.Live, g time.Duration, n int64) {
+	c.metrics.ObserveGap(live, g, n)
 }
 
-func (c *core) Stalled(s *session.Session, st *session.Stall) {
-	c.metrics.Stall(s.Attachment.(*sessionmetrics.Live))
+// handleReports acts on what the table reported during the call just made,
+// in order, then hands the reports back. folded is the token event record
+// they came from, nil for a tick or shutdown: with pass_token_events:
+// sampled, the end record of a kept session goes out after the records
+// held for it. Call with mu held.
+func (c *core) handleReports(folded *plog.LogRecord) {
+	for i := range c.reports {
+		r := &c.reports[i]
+		switch r.Kind {
+		case session.ReportStalled:
+			c.stalled(r)
+		case session.ReportKeptEarly:
+			if kept, _ := c.held.Release(r.Session.TraceID, true, c.pending.traces); kept > 0 {
+				c.telemetry.releasedSpans += int64(kept)
+			}
+		case session.ReportEnded:
+			c.ended(r, folded)
+		}
+	}
+	c.reports = c.table.Release(c.reports)
+}
+
+func (c *core) stalled(r *session.Report[*sessionmetrics.Live]) {
+	c.metrics.Stall(r.State)
 	if c.nextLogs != nil {
-		c.appendStallAlert(c.pending.records(c.cfg.ProviderName), s, st, c.nowTS)
+		c.appendStallAlert(c.pending.records(c.cfg.ProviderName), r, c.nowTS)
 	}
 }
 
-func (c *core) KeptEarly(s *session.Session) {
-	if kept, _ := c.held.Release(s.TraceID, true, c.pending.traces); kept > 0 {
-		c.telemetry.releasedSpans += int64(kept)
-	}
-}
-
-func (c *core) Ended(s *session.Session, e *session.End, trace session.TraceVerdict) {
+func (c *core) ended(r *session.Report[*sessionmetrics.Live], folded *plog.LogRecord) {
+	s, e := r.Session, &r.End
 	ttft, hasTTFT := s.TTFT()
 	tpot, hasTPOT := s.TPOT(e.CompletionTokens)
-	r := sessionmetrics.Result{
+	res := sessionmetrics.Result{
 		ErrorType: errorType(s, e), Outcome: s.Outcome.String(), Sampled: s.Keep,
 		TTFT: ttft, HasTTFT: hasTTFT, TPOT: tpot, HasTPOT: hasTPOT, Duration: s.Duration(e),
 		InputTokens: s.PromptTokens, HasInputTokens: s.PromptTokens >= 0,
 	}
 	if n := outputTokens(s, e); n >= 0 {
-		r.OutputTokens, r.HasOutputTokens = n, true
+		res.OutputTokens, res.HasOutputTokens = n, true
 	}
-	c.metrics.SessionEnded(s.Attachment.(*sessionmetrics.Live), r)
+	c.metrics.SessionEnded(r.State, res)
 	c.telemetry.sessionEnded(s.Outcome, s.Keep)
 	if c.sampledRecords != nil {
 		recs, ok := c.sampledRecords[s.ID]
@@ -406,8 +419,9 @@ func (c *core) Ended(s *session.Session, e *session.End, trace session.TraceVerd
 			if ok {
 				recs.MoveAndAppendTo(out)
 			}
-			if c.isFolding && c.event.SessionID == s.ID {
-				c.folding.CopyTo(out.AppendEmpty())
+			// c.event is the folded record's last event: its session.
+			if folded != nil && c.event.SessionID == s.ID {
+				folded.CopyTo(out.AppendEmpty())
 			}
 		}
 	}
@@ -419,8 +433,8 @@ func (c *core) Ended(s *session.Session, e *session.End, trace session.TraceVerd
 			c.appendSpan(c.pendingScopeSpans(), s, e)
 		}
 	}
-	if trace.Done {
-		kept, dropped := c.held.Release(s.TraceID, trace.Kept, c.pending.traces)
+	if r.Trace.Done {
+		kept, dropped := c.held.Release(s.TraceID, r.Trace.Kept, c.pending.traces)
 		c.telemetry.releasedSpans += int64(kept)
 		c.telemetry.droppedSpans += int64(dropped)
 	}
