@@ -1,4 +1,4 @@
-package tokenstreamreceiver
+package openaistream
 
 import (
 	"bytes"
@@ -16,37 +16,37 @@ func TestInspectChunk(t *testing.T) {
 	tests := []struct {
 		name string
 		data string
-		want chunkFacts
+		want ChunkFacts
 		ok   bool
 	}{
 		{"role chunk", `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
-			chunkFacts{completionTokens: -1, promptTokens: -1}, true},
+			ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, true},
 		{"content", `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[{"index":0,"delta":{"content":"The"},"logprobs":null,"finish_reason":null}]}`,
-			chunkFacts{content: true, completionTokens: -1, promptTokens: -1}, true},
+			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1}, true},
 		{"reasoning", `{"choices":[{"index":0,"delta":{"reasoning_content":"Let me think"}}]}`,
-			chunkFacts{content: true, completionTokens: -1, promptTokens: -1}, true},
+			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1}, true},
 		{"tool call", `{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}`,
-			chunkFacts{content: true, completionTokens: -1, promptTokens: -1}, true},
+			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1}, true},
 		{"EOS finish chunk", `{"choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`,
-			chunkFacts{finishReason: "stop", completionTokens: -1, promptTokens: -1}, true},
+			ChunkFacts{FinishReason: "stop", CompletionTokens: -1, PromptTokens: -1}, true},
 		{"usage chunk", `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[],"usage":{"prompt_tokens":42,"total_tokens":50,"completion_tokens":8}}`,
-			chunkFacts{usageOnly: true, completionTokens: 8, promptTokens: 42}, true},
+			ChunkFacts{UsageOnly: true, CompletionTokens: 8, PromptTokens: 42}, true},
 		{"completions text with usage null", `{"id":"cmpl-9d","object":"text_completion","created":1754000200,"model":"m","choices":[{"index":0,"text":" Paris","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}`,
-			chunkFacts{content: true, completionTokens: -1, promptTokens: -1}, true},
+			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1}, true},
 		{"completions last token", `{"choices":[{"index":0,"text":" It","finish_reason":"length"}],"usage":null}`,
-			chunkFacts{content: true, finishReason: "length", completionTokens: -1, promptTokens: -1}, true},
+			ChunkFacts{Content: true, FinishReason: "length", CompletionTokens: -1, PromptTokens: -1}, true},
 		{"continuous usage on a content chunk", `{"choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":5,"completion_tokens":1}}`,
-			chunkFacts{content: true, completionTokens: 1, promptTokens: 5}, true},
+			ChunkFacts{Content: true, CompletionTokens: 1, PromptTokens: 5}, true},
 		{"empty tool calls", `{"choices":[{"delta":{"tool_calls":[ ]},"tool_calls":null}]}`,
-			chunkFacts{completionTokens: -1, promptTokens: -1}, true},
+			ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, true},
 		{"escaped finish reason", `{"choices":[{"finish_reason":"st\u006fp"}]}`,
-			chunkFacts{finishReason: "stop", completionTokens: -1, promptTokens: -1}, true},
-		{"done", `[DONE]`, chunkFacts{completionTokens: -1, promptTokens: -1}, false},
-		{"malformed", `{"choices":[`, chunkFacts{completionTokens: -1, promptTokens: -1}, false},
+			ChunkFacts{FinishReason: "stop", CompletionTokens: -1, PromptTokens: -1}, true},
+		{"done", `[DONE]`, ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, false},
+		{"malformed", `{"choices":[`, ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, ok := inspectChunk([]byte(tt.data))
+			got, ok := InspectChunk([]byte(tt.data))
 			assert.Equal(t, tt.ok, ok)
 			assert.Equal(t, tt.want, got)
 		})
@@ -54,7 +54,7 @@ func TestInspectChunk(t *testing.T) {
 }
 
 // referenceChunk reads a chunk with encoding/json: the meaning the walker
-// in inspectChunk must agree with.
+// in InspectChunk must agree with.
 type referenceChunk struct {
 	Choices []struct {
 		Delta *struct {
@@ -73,8 +73,8 @@ type referenceChunk struct {
 	} `json:"usage"`
 }
 
-func referenceInspect(data []byte) (chunkFacts, bool) {
-	f := chunkFacts{completionTokens: -1, promptTokens: -1}
+func referenceInspect(data []byte) (ChunkFacts, bool) {
+	f := ChunkFacts{CompletionTokens: -1, PromptTokens: -1}
 	if bytes.Equal(bytes.TrimSpace(data), doneData) {
 		return f, false
 	}
@@ -92,23 +92,23 @@ func referenceInspect(data []byte) (chunkFacts, bool) {
 	}
 	for _, ch := range c.Choices {
 		if nonEmpty(ch.FinishReason) {
-			f.finishReason = *ch.FinishReason
+			f.FinishReason = *ch.FinishReason
 		}
 		if nonEmpty(ch.Text) || toolCalls(ch.ToolCalls) {
-			f.content = true
+			f.Content = true
 		}
 		if d := ch.Delta; d != nil && (nonEmpty(d.Content) || nonEmpty(d.Reasoning) || nonEmpty(d.ReasoningContent) || toolCalls(d.ToolCalls)) {
-			f.content = true
+			f.Content = true
 		}
 	}
 	if c.Usage != nil {
 		if c.Usage.CompletionTokens != nil {
-			f.completionTokens = *c.Usage.CompletionTokens
+			f.CompletionTokens = *c.Usage.CompletionTokens
 		}
 		if c.Usage.PromptTokens != nil {
-			f.promptTokens = *c.Usage.PromptTokens
+			f.PromptTokens = *c.Usage.PromptTokens
 		}
-		f.usageOnly = len(c.Choices) == 0
+		f.UsageOnly = len(c.Choices) == 0
 	}
 	return f, true
 }
@@ -191,7 +191,7 @@ func fixtureChunks(t testing.TB) [][]byte {
 func TestInspectChunkMatchesEncodingJSON(t *testing.T) {
 	for _, c := range fixtureChunks(t) {
 		want, wantOK := referenceInspect(c)
-		got, ok := inspectChunk(c)
+		got, ok := InspectChunk(c)
 		assert.Equal(t, wantOK, ok, "%s", c)
 		assert.Equal(t, want, got, "%s", c)
 	}
@@ -203,7 +203,7 @@ func FuzzInspectChunk(f *testing.F) {
 	}
 	f.Add([]byte(`{"choices":[{"delta":{"tool_calls":[{"index":0}]}}],"usage":{"completion_tokens":3}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		got, ok := inspectChunk(data)
+		got, ok := InspectChunk(data)
 		want, wantOK := referenceInspect(data)
 		if wantOK && !ok {
 			t.Fatalf("encoding/json reads %q, the walker does not", data)
@@ -220,7 +220,7 @@ func BenchmarkInspectChunk(b *testing.B) {
 	chunk := fixtureChunks(b)[1]
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, ok := inspectChunk(chunk); !ok {
+		if _, ok := InspectChunk(chunk); !ok {
 			b.Fatal("not a chunk")
 		}
 	}

@@ -1,4 +1,4 @@
-package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
+package openaistream // import "github.com/otelcol-llm/otelcol-llm/internal/openaistream"
 
 import (
 	"bytes"
@@ -236,16 +236,17 @@ func (s *requestScanner) requestInfo() (model string, stream, usageRequested boo
 	return model, s.stream, s.hasStreamOpts && s.includeUsage
 }
 
-// scannedBody is the upstream request's body: the client's body passed
+// ScannedBody is the upstream request's body: the client's body passed
 // through the scanner as the transport reads it, in the reads it comes in,
-// with include_usage added at its end. (A pipe and a copying goroutine per
-// request did the same at a higher price.)
+// with include_usage added at its end when the request streams without
+// asking for usage. (A pipe and a copying goroutine per request did the same
+// at a higher price.)
 //
 // The transport reads it on a goroutine of its own, and may still be
 // reading when the response has come (an upstream can answer before the
-// whole body is sent), so stop ends it and reads what the scanner found
+// whole body is sent), so Stop ends it and reads what the scanner found
 // under the lock that the reads take.
-type scannedBody struct {
+type ScannedBody struct {
 	src io.Reader
 
 	mu      sync.Mutex
@@ -258,18 +259,22 @@ type scannedBody struct {
 }
 
 // unsentScanBytes is how much of a body that was never sent (the upstream
-// unreachable) stop still reads to find the model.
+// unreachable) Stop still reads to find the model.
 const unsentScanBytes = 32 << 10
 
-var errBodyStopped = errors.New("the response came: request body no longer forwarded")
+// NewScannedBody returns the body that forwards src.
+func NewScannedBody(src io.Reader) *ScannedBody { return &ScannedBody{src: src} }
 
-func (b *scannedBody) Read(p []byte) (int, error) {
+// ErrBodyStopped is what a Read returns after Stop.
+var ErrBodyStopped = errors.New("the response came: request body no longer forwarded")
+
+func (b *ScannedBody) Read(p []byte) (int, error) {
 	for {
 		b.mu.Lock()
 		switch {
 		case b.stopped:
 			b.mu.Unlock()
-			return 0, errBodyStopped
+			return 0, ErrBodyStopped
 		case b.eof:
 			n, err := b.tail.Read(p)
 			b.mu.Unlock()
@@ -284,7 +289,7 @@ func (b *scannedBody) Read(p []byte) (int, error) {
 		b.mu.Lock()
 		if b.stopped {
 			b.mu.Unlock()
-			return 0, errBodyStopped
+			return 0, ErrBodyStopped
 		}
 		fwd := len(b.s.scan(p[:n]))
 		if errors.Is(err, io.EOF) {
@@ -299,13 +304,14 @@ func (b *scannedBody) Read(p []byte) (int, error) {
 	}
 }
 
-func (b *scannedBody) Close() error { return nil }
+// Close does nothing: the client's body is the server's to close.
+func (b *ScannedBody) Close() error { return nil }
 
-// stop ends the body and reports the request's model and whether
+// Stop ends the body and reports the request's model and whether
 // include_usage was added. When the transport never read the body, the
 // start of it is read here for the model; no read of the transport's can
 // be under way then, and none will start.
-func (b *scannedBody) stop() (model string, injected bool) {
+func (b *ScannedBody) Stop() (model string, injected bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.stopped = true

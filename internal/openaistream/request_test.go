@@ -1,4 +1,4 @@
-package tokenstreamreceiver
+package openaistream
 
 import (
 	"bytes"
@@ -167,21 +167,21 @@ func TestScannedBody(t *testing.T) {
 		"half/half": iotest.HalfReader(strings.NewReader(in)),
 	} {
 		t.Run(name, func(t *testing.T) {
-			b := &scannedBody{src: src}
+			b := NewScannedBody(src)
 			got, err := io.ReadAll(b)
 			require.NoError(t, err)
 			assert.Equal(t, want, string(got))
-			model, injected := b.stop()
+			model, injected := b.Stop()
 			assert.Equal(t, "m", model)
 			assert.True(t, injected)
 			_, err = b.Read(make([]byte, 8))
-			assert.ErrorIs(t, err, errBodyStopped)
+			assert.ErrorIs(t, err, ErrBodyStopped)
 		})
 	}
 
 	t.Run("stopped before the end", func(t *testing.T) {
 		pr, pw := io.Pipe()
-		b := &scannedBody{src: pr}
+		b := NewScannedBody(pr)
 		go func() { _, _ = io.WriteString(pw, `{"model":"m","stream":true,`) }()
 		buf := make([]byte, 64)
 		n, err := b.Read(buf)
@@ -192,26 +192,26 @@ func TestScannedBody(t *testing.T) {
 			_, rerr := b.Read(buf)
 			readErr <- rerr
 		}()
-		model, injected := b.stop()
+		model, injected := b.Stop()
 		assert.Equal(t, "m", model)
 		assert.False(t, injected, "nothing added to a body that did not end")
 		go func() { _, _ = io.WriteString(pw, `"max_tokens":8}`) }()
-		assert.ErrorIs(t, <-readErr, errBodyStopped)
+		assert.ErrorIs(t, <-readErr, ErrBodyStopped)
 		pr.Close() // ends the write if the read above never reached the pipe
 	})
 
 	t.Run("never sent", func(t *testing.T) { // the upstream was unreachable
-		b := &scannedBody{src: strings.NewReader(`{"messages":[{"role":"user","content":"` + strings.Repeat("x", 10000) + `"}],"model":"m","stream":true}`)}
-		model, injected := b.stop()
+		b := NewScannedBody(strings.NewReader(`{"messages":[{"role":"user","content":"` + strings.Repeat("x", 10000) + `"}],"model":"m","stream":true}`))
+		model, injected := b.Stop()
 		assert.Equal(t, "m", model, "found past the first read")
 		assert.False(t, injected)
 	})
 
 	t.Run("client error", func(t *testing.T) {
-		b := &scannedBody{src: iotest.ErrReader(io.ErrUnexpectedEOF)}
+		b := NewScannedBody(iotest.ErrReader(io.ErrUnexpectedEOF))
 		_, err := b.Read(make([]byte, 8))
 		assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
-		_, injected := b.stop()
+		_, injected := b.Stop()
 		assert.False(t, injected)
 	})
 }

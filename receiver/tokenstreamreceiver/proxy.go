@@ -1,7 +1,6 @@
 package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -24,6 +23,7 @@ import (
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.uber.org/zap"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/openaistream"
 	"github.com/otelcol-llm/otelcol-llm/internal/sse"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 )
@@ -174,7 +174,7 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 	_, _ = rand.Read(spanID[:])
 
 	// The body streams to the upstream through the scanner.
-	body := &scannedBody{src: req.Body}
+	body := openaistream.NewScannedBody(req.Body)
 	out, err := http.NewRequestWithContext(req.Context(), http.MethodPost, p.upstreamURL(req.URL), body)
 	if err != nil {
 		http.Error(w, "bad request", http.StatusBadRequest)
@@ -186,7 +186,7 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 		out.Header.Set("tracestate", traceState)
 	}
 	resp, err := p.client.Do(out)
-	model, injected := body.stop()
+	model, injected := body.Stop()
 	s.emit(tokenevent.KindStart, s.started, func(ev *tokenevent.Event) {
 		ev.TraceID, ev.SpanID, ev.ParentSpanID = tokenevent.TraceID(traceID), tokenevent.SpanID(spanID), tokenevent.SpanID(parentSpanID)
 		ev.Model, ev.Operation, ev.Engine = model, op, p.engine
@@ -246,19 +246,19 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 	unflushed := false
 	onEvent := func(ev *sse.Event) error {
 		if ev.HasData && !ev.Oversized {
-			if bytes.Equal(ev.Data, doneData) {
+			if openaistream.IsDone(ev.Data) {
 				finished = true
-			} else if f, ok := inspectChunk(ev.Data); ok {
-				if f.completionTokens >= 0 {
-					s.completionTokens = f.completionTokens
+			} else if f, ok := openaistream.InspectChunk(ev.Data); ok {
+				if f.CompletionTokens >= 0 {
+					s.completionTokens = f.CompletionTokens
 				}
-				if f.finishReason != "" {
-					s.finishReason = f.finishReason
+				if f.FinishReason != "" {
+					s.finishReason = f.FinishReason
 				}
-				if f.content {
+				if f.Content {
 					s.token(now)
 				}
-				if strip && f.usageOnly {
+				if strip && f.UsageOnly {
 					return nil
 				}
 			}
@@ -321,8 +321,8 @@ func (s *proxySession) relayResponse(w http.ResponseWriter, clientCtx context.Co
 		}
 		return
 	}
-	if f, ok := inspectChunk(kept.b); ok {
-		s.completionTokens, s.finishReason = f.completionTokens, f.finishReason
+	if f, ok := openaistream.InspectChunk(kept.b); ok {
+		s.completionTokens, s.finishReason = f.CompletionTokens, f.FinishReason
 	}
 	count := max(s.completionTokens, 1)
 	s.chunks = count

@@ -1,0 +1,148 @@
+package openaistream // import "github.com/otelcol-llm/otelcol-llm/internal/openaistream"
+
+import "bytes"
+
+// jsonWalker walks JSON text without building values. Its methods report
+// false on malformed input.
+type jsonWalker struct {
+	b []byte
+	i int
+}
+
+func (s *jsonWalker) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+func (s *jsonWalker) peek() byte {
+	s.ws()
+	if s.i < len(s.b) {
+		return s.b[s.i]
+	}
+	return 0
+}
+
+// end reports whether only whitespace is left.
+func (s *jsonWalker) end() bool {
+	s.ws()
+	return s.i == len(s.b)
+}
+
+func (s *jsonWalker) null() bool {
+	if s.peek() == 'n' && bytes.HasPrefix(s.b[s.i:], []byte("null")) {
+		s.i += 4
+		return true
+	}
+	return false
+}
+
+// str reads a string and returns its raw contents (escapes not decoded).
+func (s *jsonWalker) str() ([]byte, bool) {
+	if s.peek() != '"' {
+		return nil, false
+	}
+	s.i++
+	start := s.i
+	for s.i < len(s.b) {
+		switch c := s.b[s.i]; {
+		case c == '"':
+			v := s.b[start:s.i]
+			s.i++
+			return v, true
+		case c == '\\':
+			s.i += 2
+		case c < 0x20:
+			return nil, false
+		default:
+			s.i++
+		}
+	}
+	return nil, false
+}
+
+func (s *jsonWalker) number() ([]byte, bool) {
+	s.ws()
+	start := s.i
+	for s.i < len(s.b) {
+		c := s.b[s.i]
+		if (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E' {
+			s.i++
+			continue
+		}
+		break
+	}
+	return s.b[start:s.i], s.i > start
+}
+
+// object walks an object, calling member for each key; member must read
+// the value.
+func (s *jsonWalker) object(member func(key []byte) bool) bool {
+	return s.items('{', '}', func() bool {
+		key, ok := s.str()
+		if !ok || s.peek() != ':' {
+			return false
+		}
+		s.i++
+		return member(key)
+	})
+}
+
+// array walks an array, calling elem for each element; elem must read it.
+func (s *jsonWalker) array(elem func() bool) bool { return s.items('[', ']', elem) }
+
+// items walks the comma-separated items between opening and closing,
+// calling item to read each: the one loop of objects and arrays.
+func (s *jsonWalker) items(opening, closing byte, item func() bool) bool {
+	if s.peek() != opening {
+		return false
+	}
+	s.i++
+	if s.peek() == closing {
+		s.i++
+		return true
+	}
+	for {
+		if !item() {
+			return false
+		}
+		switch s.peek() {
+		case ',':
+			s.i++
+		case closing:
+			s.i++
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+// skip reads any value.
+func (s *jsonWalker) skip() bool {
+	switch c := s.peek(); {
+	case c == '{':
+		return s.object(func([]byte) bool { return s.skip() })
+	case c == '[':
+		return s.array(s.skip)
+	case c == '"':
+		_, ok := s.str()
+		return ok
+	case c == 't' && bytes.HasPrefix(s.b[s.i:], []byte("true")):
+		s.i += 4
+		return true
+	case c == 'f' && bytes.HasPrefix(s.b[s.i:], []byte("false")):
+		s.i += 5
+		return true
+	case c == 'n':
+		return s.null()
+	default:
+		_, ok := s.number()
+		return ok
+	}
+}
