@@ -104,5 +104,9 @@ demo: $(OTELCOL)
 	$(GO) build -o $(BIN_DIR)/llmdemo ./cmd/llmdemo
 	$(BIN_DIR)/llmdemo -bin $(BIN_DIR) -duration $(DURATION) -out $(OUT)
 
+# bin/ goes whole: the binaries, mdatagen, the stock baseline of make bench
+# (bin/otelcol-stock, rebuilt by the next make bench) and ocb, which the
+# distribution and bench/stock share (one release train). The ocb-generated
+# sources go with them; results (bench/results/, demo-report/) stay.
 clean:
-	rm -rf $(BUILD_DIR) $(BIN_DIR)
+	rm -rf $(BUILD_DIR) bench/stock/_build $(BIN_DIR)
