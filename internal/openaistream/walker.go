@@ -83,22 +83,16 @@ func (s *jsonWalker) number() ([]byte, bool) {
 // object walks an object, calling member for each key; member must read
 // the value.
 func (s *jsonWalker) object(member func(key []byte) bool) bool {
-	return s.items('{', '}', func() bool {
-		key, ok := s.str()
-		if !ok || s.peek() != ':' {
-			return false
-		}
-		s.i++
-		return member(key)
-	})
+	return s.items('{', '}', nil, member)
 }
 
 // array walks an array, calling elem for each element; elem must read it.
-func (s *jsonWalker) array(elem func() bool) bool { return s.items('[', ']', elem) }
+func (s *jsonWalker) array(elem func() bool) bool { return s.items('[', ']', elem, nil) }
 
-// items walks the comma-separated items between opening and closing,
-// calling item to read each: the one loop of objects and arrays.
-func (s *jsonWalker) items(opening, closing byte, item func() bool) bool {
+// items is the one loop of objects and arrays: it walks the
+// comma-separated items between opening and closing, reading each with
+// member (an object's, after its key) or elem (an array's).
+func (s *jsonWalker) items(opening, closing byte, elem func() bool, member func(key []byte) bool) bool {
 	if s.peek() != opening {
 		return false
 	}
@@ -108,7 +102,16 @@ func (s *jsonWalker) items(opening, closing byte, item func() bool) bool {
 		return true
 	}
 	for {
-		if !item() {
+		if member != nil {
+			key, ok := s.str()
+			if !ok || s.peek() != ':' {
+				return false
+			}
+			s.i++
+			if !member(key) {
+				return false
+			}
+		} else if !elem() {
 			return false
 		}
 		switch s.peek() {

@@ -8,18 +8,18 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 	"sync"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/component/componentstatus"
-	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/zap"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/promconv"
 )
 
 // scrapeLogEvery is how often at most a failing target's errors are logged.
@@ -56,7 +56,7 @@ type vllmScraper struct {
 // vllmTarget is the state of one target, owned by its goroutine.
 type vllmTarget struct {
 	url  string
-	conv *converter
+	conv *promconv.Converter
 
 	lastLogged    time.Time // last failure logged
 	suppressed    int       // failures not logged since lastLogged
@@ -91,7 +91,7 @@ func startVLLMScraper(ctx context.Context, cfg *VLLMConfig, r *tokenStreamReceiv
 		if err != nil {
 			return nil, fmt.Errorf("vllm::targets: %w", err)
 		}
-		targets = append(targets, &vllmTarget{url: raw, conv: newConverter(targetResource(u))})
+		targets = append(targets, &vllmTarget{url: raw, conv: promconv.NewConverter(scopeName, promconv.TargetResource(u))})
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -100,27 +100,6 @@ func startVLLMScraper(ctx context.Context, cfg *VLLMConfig, r *tokenStreamReceiv
 		go s.run(runCtx, t)
 	}
 	return s, nil
-}
-
-// targetResource sets the resource attributes of a target: server.address,
-// server.port (the scheme's default when the URL has none) and
-// service.instance.id (host:port).
-func targetResource(u *url.URL) func(pcommon.Resource) {
-	host, port := u.Hostname(), u.Port()
-	if port == "" {
-		port = "80"
-		if u.Scheme == "https" {
-			port = "443"
-		}
-	}
-	portNum, _ := strconv.ParseInt(port, 10, 64)
-	instance := net.JoinHostPort(host, port)
-	return func(res pcommon.Resource) {
-		attrs := res.Attributes()
-		attrs.PutStr("server.address", host)
-		attrs.PutInt("server.port", portNum)
-		attrs.PutStr("service.instance.id", instance)
-	}
 }
 
 func (s *vllmScraper) shutdown() {
@@ -154,10 +133,10 @@ func (s *vllmScraper) scrape(ctx context.Context, t *vllmTarget) {
 		s.failed(ctx, t, reason, err)
 		return
 	}
-	md := t.conv.convert(fams, now)
-	if t.conv.dropped > 0 {
+	md := t.conv.Convert(fams, now)
+	if t.conv.Dropped() > 0 {
 		s.r.settings.Logger.Debug("invalid histogram data points dropped",
-			zap.String("target", t.url), zap.Int("dropped", t.conv.dropped))
+			zap.String("target", t.url), zap.Int("dropped", t.conv.Dropped()))
 	}
 	s.recovered(t)
 	n := md.DataPointCount()
@@ -177,7 +156,7 @@ func (s *vllmScraper) fetch(ctx context.Context, t *vllmTarget) (fams map[string
 	if err != nil {
 		return nil, reasonConnection, err
 	}
-	req.Header.Set("Accept", acceptHeader)
+	req.Header.Set("Accept", promconv.AcceptHeader)
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return nil, transportReason(err), err
@@ -199,7 +178,7 @@ func (s *vllmScraper) fetch(ctx context.Context, t *vllmTarget) (fams map[string
 	if int64(len(body)) > limit {
 		return nil, reasonOversized, fmt.Errorf("body exceeds max_body_bytes (%d)", limit)
 	}
-	parsed, err := parseExposition(body, resp.Header.Get("Content-Type"))
+	parsed, err := promconv.ParseExposition(body, resp.Header.Get("Content-Type"))
 	if err != nil {
 		return nil, reasonParse, fmt.Errorf("parsing the exposition: %w", err)
 	}

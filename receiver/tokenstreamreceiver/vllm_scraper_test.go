@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +26,31 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 )
+
+const textContentType = "text/plain; version=0.0.4; charset=utf-8"
+
+func readFixture(t *testing.T) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "testdata", "fixtures", "vllm", "metrics-v1.prom"))
+	require.NoError(t, err)
+	return b
+}
+
+// metricsByName indexes the metrics of a single-resource, single-scope batch.
+func metricsByName(t *testing.T, md pmetric.Metrics) map[string]pmetric.Metric {
+	t.Helper()
+	require.Equal(t, 1, md.ResourceMetrics().Len())
+	sms := md.ResourceMetrics().At(0).ScopeMetrics()
+	require.Equal(t, 1, sms.Len())
+	assert.Equal(t, scopeName, sms.At(0).Scope().Name())
+	out := map[string]pmetric.Metric{}
+	for _, m := range sms.At(0).Metrics().All() {
+		_, dup := out[m.Name()]
+		require.False(t, dup, "metric %s emitted twice", m.Name())
+		out[m.Name()] = m
+	}
+	return out
+}
 
 // statusHost records the status events reported to it.
 type statusHost struct {

@@ -1,4 +1,4 @@
-package tokenstreamreceiver
+package promconv
 
 import (
 	"flag"
@@ -20,7 +20,7 @@ import (
 // Golden-file tests of the vllm source: a /metrics exposition converted to
 // pmetric. Regenerate the files with
 //
-//	go test ./receiver/tokenstreamreceiver/ -run TestVLLMGolden -update-vllm-golden
+//	go test ./internal/promconv/ -run TestVLLMGolden -update-vllm-golden
 //
 // (the run that writes them fails on purpose, as golden.WriteMetrics does),
 // then read the diff: the figures TestVLLMGoldenFigures checks were worked
@@ -48,11 +48,11 @@ func fixtureBytes(tb testing.TB) []byte {
 }
 
 // goldenConverter is the converter of the golden target, with its resource.
-func goldenConverter(t *testing.T) *converter {
+func goldenConverter(t *testing.T) *Converter {
 	t.Helper()
 	u, err := url.Parse(goldenTarget)
 	require.NoError(t, err)
-	return newConverter(targetResource(u))
+	return NewConverter(testScope, TargetResource(u))
 }
 
 // checkGolden compares md with testdata/golden/name, or rewrites the file
@@ -136,7 +136,7 @@ func TestVLLMGoldenFigures(t *testing.T) {
 	assert.Equal(t, map[string]any{
 		"server.address": "vllm-0.example", "server.port": int64(8000), "service.instance.id": "vllm-0.example:8000",
 	}, rm.Resource().Attributes().AsRaw())
-	assert.Equal(t, scopeName, rm.ScopeMetrics().At(0).Scope().Name())
+	assert.Equal(t, testScope, rm.ScopeMetrics().At(0).Scope().Name())
 
 	// 36 families in the fixture, 16 of them _created gauges: 20 metrics,
 	// 4 gauges, 6 counters, 10 histograms; 23 points (request_success has 4).
@@ -535,7 +535,7 @@ func TestVLLMMultiprocessMatchesGolden(t *testing.T) {
 func TestVLLMMultiprocessDataParallel(t *testing.T) {
 	mp := multiprocessBody(dataParallelBody)
 	require.False(t, hasCreatedSeries(mp))
-	c := newConverter(nil)
+	c := NewConverter(testScope, nil)
 	t1, t2 := time.Unix(1754000600, 0), time.Unix(1754000615, 0)
 
 	got := metricsByName(t, convertBody(t, c, mp, textContentType, t1))

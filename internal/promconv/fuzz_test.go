@@ -1,4 +1,4 @@
-package tokenstreamreceiver
+package promconv
 
 import (
 	"bytes"
@@ -123,17 +123,17 @@ func FuzzConvertExposition(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte, ct uint8) {
 		contentType := fuzzContentTypes[int(ct)%len(fuzzContentTypes)]
-		fams, err := parseExposition(body, contentType)
+		fams, err := ParseExposition(body, contentType)
 		if err != nil {
 			if fams != nil {
 				t.Fatalf("families returned along with error %v", err)
 			}
 			return
 		}
-		c := newConverter(nil)
+		c := NewConverter(testScope, nil)
 		now := time.Unix(1754000600, 0)
 		for range 2 {
-			md := c.convert(fams, now)
+			md := c.Convert(fams, now)
 			if err := checkWellFormed(md); err != nil {
 				t.Fatalf("content type %q: %v", contentType, err)
 			}
@@ -186,14 +186,14 @@ func TestConvertExpositionSeeds(t *testing.T) {
 	var parsed, failed int
 	for i, s := range seeds {
 		contentType := fuzzContentTypes[int(s.ct)%len(fuzzContentTypes)]
-		fams, err := parseExposition(s.body, contentType)
+		fams, err := ParseExposition(s.body, contentType)
 		if err != nil {
 			failed++
 			continue
 		}
 		parsed++
-		c := newConverter(nil)
-		if err := checkWellFormed(c.convert(fams, time.Unix(1754000600, 0))); err != nil {
+		c := NewConverter(testScope, nil)
+		if err := checkWellFormed(c.Convert(fams, time.Unix(1754000600, 0))); err != nil {
 			t.Errorf("seed %d: %v", i, err)
 		}
 	}
@@ -208,12 +208,12 @@ func TestConvertExpositionSeeds(t *testing.T) {
 func TestVLLMConversionRejects(t *testing.T) {
 	convert := func(t *testing.T, body []byte, contentType string) (md pmetric.Metrics, panicked any) {
 		t.Helper()
-		fams, err := parseExposition(body, contentType)
+		fams, err := ParseExposition(body, contentType)
 		if err != nil {
 			t.Fatalf("parse: %v", err)
 		}
 		defer func() { panicked = recover() }()
-		return newConverter(nil).convert(fams, time.Unix(1754000600, 0)), nil
+		return NewConverter(testScope, nil).Convert(fams, time.Unix(1754000600, 0)), nil
 	}
 	// A histogram family whose metric carries no histogram (possible in
 	// protobuf) used to panic in deCumulate.
@@ -231,7 +231,7 @@ func TestVLLMConversionRejects(t *testing.T) {
 		body := binary.AppendUvarint(nil, 1<<30)
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		_, err := parseExposition(body, protoContentType)
+		_, err := ParseExposition(body, protoContentType)
 		runtime.ReadMemStats(&after)
 		if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 64<<20 {
 			t.Errorf("a %d-byte body made parseExposition allocate %d bytes (err %v)", len(body), alloc, err)

@@ -1,4 +1,4 @@
-package tokenstreamreceiver
+package promconv
 
 import (
 	"bufio"
@@ -15,6 +15,10 @@ import (
 	"go.opentelemetry.io/collector/pdata/pmetric"
 )
 
+// testScope is the scope the token_stream receiver converts under, which the
+// golden files record.
+const testScope = "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
+
 const (
 	textContentType        = "text/plain; version=0.0.4; charset=utf-8"
 	openMetricsContentType = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -29,11 +33,11 @@ func readFixture(t *testing.T) []byte {
 }
 
 // convertBody parses body and converts it with c at now.
-func convertBody(t *testing.T, c *converter, body, contentType string, now time.Time) pmetric.Metrics {
+func convertBody(t *testing.T, c *Converter, body, contentType string, now time.Time) pmetric.Metrics {
 	t.Helper()
-	fams, err := parseExposition([]byte(body), contentType)
+	fams, err := ParseExposition([]byte(body), contentType)
 	require.NoError(t, err)
-	return c.convert(fams, now)
+	return c.Convert(fams, now)
 }
 
 // metricsByName indexes the metrics of a single-resource, single-scope batch.
@@ -42,7 +46,7 @@ func metricsByName(t *testing.T, md pmetric.Metrics) map[string]pmetric.Metric {
 	require.Equal(t, 1, md.ResourceMetrics().Len())
 	sms := md.ResourceMetrics().At(0).ScopeMetrics()
 	require.Equal(t, 1, sms.Len())
-	assert.Equal(t, scopeName, sms.At(0).Scope().Name())
+	assert.Equal(t, testScope, sms.At(0).Scope().Name())
 	out := map[string]pmetric.Metric{}
 	for _, m := range sms.At(0).Metrics().All() {
 		_, dup := out[m.Name()]
@@ -61,7 +65,7 @@ func attrsOf(m pcommon.Map) map[string]any { return m.AsRaw() }
 func TestConvertFixtureTypes(t *testing.T) {
 	body := readFixture(t)
 	now := time.Unix(1754000600, 0)
-	md := convertBody(t, newConverter(nil), string(body), textContentType, now)
+	md := convertBody(t, NewConverter(testScope, nil), string(body), textContentType, now)
 	got := metricsByName(t, md)
 
 	// Every family the fixture declares is emitted with the matching type,
@@ -130,7 +134,7 @@ func TestConvertFixtureTypes(t *testing.T) {
 }
 
 func TestConvertFixtureHistograms(t *testing.T) {
-	md := convertBody(t, newConverter(nil), string(readFixture(t)), textContentType, time.Unix(1754000600, 0))
+	md := convertBody(t, NewConverter(testScope, nil), string(readFixture(t)), textContentType, time.Unix(1754000600, 0))
 	got := metricsByName(t, md)
 
 	// vllm:request_prompt_tokens, by hand from the fixture: cumulative
@@ -173,7 +177,7 @@ func TestConvertFixtureHistograms(t *testing.T) {
 }
 
 func TestConvertCounterStartAndReset(t *testing.T) {
-	c := newConverter(nil)
+	c := NewConverter(testScope, nil)
 	t1, t2, t3 := time.Unix(100, 0), time.Unix(105, 0), time.Unix(110, 0)
 	point := func(md pmetric.Metrics, name string) pmetric.NumberDataPoint {
 		m, ok := metricsByName(t, md)[name]
@@ -197,7 +201,7 @@ func TestConvertCounterStartAndReset(t *testing.T) {
 
 	// With _created the start is the creation time, and a restart brings a
 	// new one.
-	c = newConverter(nil)
+	c = NewConverter(testScope, nil)
 	withCreated := func(v, created string) string {
 		return body(v) + "# TYPE vllm:num_preemptions_created gauge\nvllm:num_preemptions_created{engine=\"0\"} " + created + "\n"
 	}
@@ -211,7 +215,7 @@ func TestConvertCounterStartAndReset(t *testing.T) {
 }
 
 func TestConvertHistogramReset(t *testing.T) {
-	c := newConverter(nil)
+	c := NewConverter(testScope, nil)
 	hist := func(b1, inf, sum string) string {
 		return "# TYPE x_seconds histogram\n" +
 			"x_seconds_bucket{le=\"0.1\"} " + b1 + "\n" +
@@ -239,7 +243,7 @@ func TestConvertOlderNamesPassThrough(t *testing.T) {
 		"vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.25\n" +
 		"# TYPE vllm:num_preemptions_total counter\n" +
 		"vllm:num_preemptions_total{model_name=\"m\"} 7\n"
-	got := metricsByName(t, convertBody(t, newConverter(nil), body, textContentType, time.Unix(1, 0)))
+	got := metricsByName(t, convertBody(t, NewConverter(testScope, nil), body, textContentType, time.Unix(1, 0)))
 	require.Contains(t, got, "vllm:gpu_cache_usage_perc")
 	g := got["vllm:gpu_cache_usage_perc"]
 	assert.Equal(t, "GPU KV-cache usage. 1 means 100 percent usage.", g.Description())
@@ -261,7 +265,7 @@ func TestConvertOpenMetrics(t *testing.T) {
 		"vllm:e2e_request_latency_seconds_sum{engine=\"0\"} 4.5\n" +
 		"vllm:e2e_request_latency_seconds_created{engine=\"0\"} 1.754e+09\n" +
 		"# EOF\n"
-	got := metricsByName(t, convertBody(t, newConverter(nil), body, openMetricsContentType, time.Unix(1754000600, 0)))
+	got := metricsByName(t, convertBody(t, NewConverter(testScope, nil), body, openMetricsContentType, time.Unix(1754000600, 0)))
 	require.Len(t, got, 3)
 	sum := got["vllm:num_preemptions_total"]
 	require.Equal(t, pmetric.MetricTypeSum, sum.Type())
@@ -288,7 +292,7 @@ func TestParseExpositionGarbage(t *testing.T) {
 			if name == "openmetrics2" {
 				ct = "application/openmetrics-text; version=2.0.0; charset=utf-8"
 			}
-			_, err := parseExposition([]byte(body), ct)
+			_, err := ParseExposition([]byte(body), ct)
 			assert.Error(t, err)
 		})
 	}
@@ -301,14 +305,14 @@ func TestConvertDropsInvalidHistogram(t *testing.T) {
 		"h_bucket{le=\"+Inf\"} 5\n" +
 		"h_count 5\n" +
 		"h_sum 1\n"
-	c := newConverter(nil)
+	c := NewConverter(testScope, nil)
 	got := metricsByName(t, convertBody(t, c, body, textContentType, time.Unix(1, 0)))
 	assert.Equal(t, 0, got["h"].Histogram().DataPoints().Len())
-	assert.Equal(t, 1, c.dropped)
+	assert.Equal(t, 1, c.Dropped())
 }
 
 func TestConvertForgetsVanishedSeries(t *testing.T) {
-	c := newConverter(nil)
+	c := NewConverter(testScope, nil)
 	convertBody(t, c, "# TYPE a_total counter\na_total 1\n", textContentType, time.Unix(1, 0))
 	assert.Len(t, c.series, 1)
 	convertBody(t, c, "# TYPE b_total counter\nb_total 1\n", textContentType, time.Unix(2, 0))

@@ -1,92 +1,18 @@
-package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
+package promconv // import "github.com/otelcol-llm/otelcol-llm/internal/promconv"
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"mime"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/pmetric"
 )
-
-// acceptHeader asks for the classic text format first: it is what
-// expfmt parses completely. OpenMetrics 1.0 is accepted as well.
-const acceptHeader = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
-
-const openMetricsType = "application/openmetrics-text"
-
-// parseExposition parses a /metrics body with expfmt, choosing the format by
-// the response's Content-Type: the classic text format (0.0.4; also when the
-// type is missing or unknown) or OpenMetrics 1.0 (read by the same text
-// parser, as expfmt.NewDecoder does). Delimited protobuf is refused: expfmt
-// allocates what a message's length prefix claims, so a six-byte body could
-// exhaust memory (and the scraper never asks for protobuf).
-//
-// For OpenMetrics the text parser files the samples of a counter declared as
-// `# TYPE x counter` under an untyped family `x_total`; such families are
-// turned back into counters, so a counter is named `x_total` in either
-// format.
-func parseExposition(body []byte, contentType string) (map[string]*dto.MetricFamily, error) {
-	format := expfmt.NewFormat(expfmt.TypeTextPlain)
-	mediaType, _, _ := mime.ParseMediaType(contentType)
-	switch mediaType {
-	case openMetricsType:
-		format = expfmt.Format(contentType)
-	case expfmt.ProtoType:
-		return nil, fmt.Errorf("content type %q: protobuf exposition not supported, want text or OpenMetrics", contentType)
-	}
-	dec := expfmt.NewDecoder(bytes.NewReader(body), format)
-	fams := make(map[string]*dto.MetricFamily)
-	for {
-		mf := &dto.MetricFamily{}
-		err := dec.Decode(mf)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-		fams[mf.GetName()] = mf
-	}
-	if mediaType == openMetricsType {
-		fixOpenMetricsCounters(body, fams)
-	}
-	return fams, nil
-}
-
-// fixOpenMetricsCounters retypes the untyped `x_total` families of counters
-// declared as `# TYPE x counter`.
-func fixOpenMetricsCounters(body []byte, fams map[string]*dto.MetricFamily) {
-	sc := bufio.NewScanner(bytes.NewReader(body))
-	sc.Buffer(nil, len(body)+1)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) != 4 || f[0] != "#" || f[1] != "TYPE" || !strings.EqualFold(f[3], "counter") {
-			continue
-		}
-		mf := fams[f[2]+"_total"]
-		if mf == nil || mf.GetType() != dto.MetricType_UNTYPED {
-			continue
-		}
-		mf.Type = dto.MetricType_COUNTER.Enum()
-		for _, m := range mf.GetMetric() {
-			if m.Untyped != nil {
-				m.Counter = &dto.Counter{Value: m.Untyped.Value}
-				m.Untyped = nil
-			}
-		}
-	}
-}
 
 // seriesState is what a converter remembers of one cumulative series between
 // scrapes.
@@ -96,10 +22,11 @@ type seriesState struct {
 	gen   uint64  // the scrape it was last seen in
 }
 
-// converter turns the metric families of one target's scrapes into pmetric,
+// Converter turns the metric families of one target's scrapes into pmetric,
 // keeping the start times of its cumulative series. It is used by one
 // goroutine at a time.
-type converter struct {
+type Converter struct {
+	scope    string
 	resource func(pcommon.Resource)
 	series   map[string]*seriesState
 	gen      uint64
@@ -108,11 +35,18 @@ type converter struct {
 	dropped int
 }
 
-func newConverter(resource func(pcommon.Resource)) *converter {
-	return &converter{resource: resource, series: make(map[string]*seriesState)}
+// NewConverter returns the converter of one target: its metrics go under
+// the instrumentation scope named scope, on a resource that resource (when
+// not nil) fills.
+func NewConverter(scope string, resource func(pcommon.Resource)) *Converter {
+	return &Converter{scope: scope, resource: resource, series: make(map[string]*seriesState)}
 }
 
-// convert converts one scrape taken at now. Rules:
+// Dropped is the number of data points the last Convert left out as
+// invalid.
+func (c *Converter) Dropped() int { return c.dropped }
+
+// Convert converts one scrape taken at now. Rules:
 //   - gauge and untyped → gauge;
 //   - counter → cumulative monotonic sum, named as the family is (`x_total`);
 //   - histogram → cumulative explicit-bucket histogram: bounds are the finite
@@ -125,7 +59,7 @@ func newConverter(resource func(pcommon.Resource)) *converter {
 //     histogram's count) goes down;
 //   - labels → data point attributes; the data point time is the sample's
 //     timestamp when exposed, else now.
-func (c *converter) convert(fams map[string]*dto.MetricFamily, now time.Time) pmetric.Metrics {
+func (c *Converter) Convert(fams map[string]*dto.MetricFamily, now time.Time) pmetric.Metrics {
 	c.gen++
 	c.dropped = 0
 	ts := pcommon.NewTimestampFromTime(now)
@@ -135,7 +69,7 @@ func (c *converter) convert(fams map[string]*dto.MetricFamily, now time.Time) pm
 		c.resource(rm.Resource())
 	}
 	sm := rm.ScopeMetrics().AppendEmpty()
-	sm.Scope().SetName(scopeName)
+	sm.Scope().SetName(c.scope)
 
 	consumed := make(map[string]bool)
 	names := make([]string, 0, len(fams))
@@ -244,7 +178,7 @@ func pointTime(m *dto.Metric, now pcommon.Timestamp) pcommon.Timestamp {
 	return now
 }
 
-func (c *converter) gauge(sm pmetric.ScopeMetrics, mf *dto.MetricFamily, now pcommon.Timestamp) {
+func (c *Converter) gauge(sm pmetric.ScopeMetrics, mf *dto.MetricFamily, now pcommon.Timestamp) {
 	dps := newMetric(sm, mf).SetEmptyGauge().DataPoints()
 	for _, m := range mf.GetMetric() {
 		dp := dps.AppendEmpty()
@@ -258,7 +192,7 @@ func (c *converter) gauge(sm pmetric.ScopeMetrics, mf *dto.MetricFamily, now pco
 	}
 }
 
-func (c *converter) counter(sm pmetric.ScopeMetrics, mf *dto.MetricFamily, created map[string]pcommon.Timestamp, now pcommon.Timestamp) {
+func (c *Converter) counter(sm pmetric.ScopeMetrics, mf *dto.MetricFamily, created map[string]pcommon.Timestamp, now pcommon.Timestamp) {
 	sum := newMetric(sm, mf).SetEmptySum()
 	sum.SetAggregationTemporality(pmetric.AggregationTemporalityCumulative)
 	sum.SetIsMonotonic(true)
@@ -274,7 +208,7 @@ func (c *converter) counter(sm pmetric.ScopeMetrics, mf *dto.MetricFamily, creat
 	}
 }
 
-func (c *converter) histogram(sm pmetric.ScopeMetrics, mf *dto.MetricFamily, created map[string]pcommon.Timestamp, now pcommon.Timestamp) {
+func (c *Converter) histogram(sm pmetric.ScopeMetrics, mf *dto.MetricFamily, created map[string]pcommon.Timestamp, now pcommon.Timestamp) {
 	hist := newMetric(sm, mf).SetEmptyHistogram()
 	hist.SetAggregationTemporality(pmetric.AggregationTemporalityCumulative)
 	for _, m := range mf.GetMetric() {
@@ -386,7 +320,7 @@ func cmpFloat(a, b float64) int {
 // startTime returns the start time of a cumulative series: its `_created`
 // time when exposed, else the time it was first seen, renewed when its value
 // went down since the previous scrape (a reset).
-func (c *converter) startTime(name, key string, value float64, created map[string]pcommon.Timestamp, now pcommon.Timestamp) pcommon.Timestamp {
+func (c *Converter) startTime(name, key string, value float64, created map[string]pcommon.Timestamp, now pcommon.Timestamp) pcommon.Timestamp {
 	id := name + "\x00" + key
 	s := c.series[id]
 	switch {

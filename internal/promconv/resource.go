@@ -1,0 +1,30 @@
+package promconv // import "github.com/otelcol-llm/otelcol-llm/internal/promconv"
+
+import (
+	"net"
+	"net/url"
+	"strconv"
+
+	"go.opentelemetry.io/collector/pdata/pcommon"
+)
+
+// TargetResource sets the resource attributes of the target scraped at u:
+// server.address, server.port (the scheme's default when the URL has none)
+// and service.instance.id (host:port).
+func TargetResource(u *url.URL) func(pcommon.Resource) {
+	host, port := u.Hostname(), u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	portNum, _ := strconv.ParseInt(port, 10, 64)
+	instance := net.JoinHostPort(host, port)
+	return func(res pcommon.Resource) {
+		attrs := res.Attributes()
+		attrs.PutStr("server.address", host)
+		attrs.PutInt("server.port", portNum)
+		attrs.PutStr("service.instance.id", instance)
+	}
+}
