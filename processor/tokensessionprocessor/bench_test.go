@@ -15,12 +15,13 @@ import (
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
 )
 
 func newBenchProcessor(b *testing.B) processor.Logs {
 	cfg := createDefaultConfig()
 	cfg.Metrics.FlushInterval = time.Hour
-	set := processortest.NewNopSettings(componentType)
+	set := processortest.NewNopSettings(metadata.Type)
 	lp, err := NewFactory().CreateLogs(context.Background(), set, cfg, consumertest.NewNop())
 	if err != nil {
 		b.Fatal(err)
@@ -95,7 +96,7 @@ func BenchmarkRetainedPerSessionProcessor(b *testing.B) {
 	const n = 100_000
 	for b.Loop() {
 		cfg := createDefaultConfig()
-		set := processortest.NewNopSettings(componentType)
+		set := processortest.NewNopSettings(metadata.Type)
 		c, err := newCore(cfg, set)
 		if err != nil {
 			b.Fatal(err)
@@ -127,6 +128,6 @@ func BenchmarkRetainedPerSessionProcessor(b *testing.B) {
 		if c.table.Active() != n {
 			b.Fatalf("%d active sessions, want %d", c.table.Active(), n)
 		}
-		_ = c.telemetry.shutdown()
+		c.telemetry.shutdown()
 	}
 }

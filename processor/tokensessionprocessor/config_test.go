@@ -1,6 +1,7 @@
 package tokensessionprocessor
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,15 +15,16 @@ import (
 	"go.opentelemetry.io/collector/confmap/confmaptest"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
 )
 
 func loadConfig(t *testing.T, name string) (*Config, error) {
 	t.Helper()
 	cm, err := confmaptest.LoadConf(filepath.Join("testdata", "config.yaml"))
 	require.NoError(t, err)
-	id := component.NewID(componentType)
+	id := component.NewID(metadata.Type)
 	if name != "" {
-		id = component.NewIDWithName(componentType, name)
+		id = component.NewIDWithName(metadata.Type, name)
 	}
 	sub, err := cm.Sub(id.String())
 	require.NoError(t, err)
@@ -98,4 +100,84 @@ func TestConfigBadTemporality(t *testing.T) {
 	cfg := createDefaultConfig()
 	require.NoError(t, cm.Unmarshal(cfg), "checked by Validate, with every other problem")
 	require.EqualError(t, cfg.Validate(), `metrics::temporality: want cumulative or delta, got "sometimes"`)
+}
+
+// readmeBlocks returns the fenced blocks of the README whose info string
+// is lang ("yaml", or "" for plain ones).
+func readmeBlocks(t *testing.T, lang string) []string {
+	t.Helper()
+	b, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	var (
+		blocks []string
+		cur    *strings.Builder
+		keep   bool
+	)
+	for line := range strings.Lines(string(b)) {
+		fence, isFence := strings.CutPrefix(strings.TrimRight(line, "\n"), "```")
+		switch {
+		case isFence && cur == nil:
+			cur, keep = new(strings.Builder), fence == lang
+		case isFence:
+			if keep {
+				blocks = append(blocks, cur.String())
+			}
+			cur = nil
+		case cur != nil:
+			cur.WriteString(line)
+		}
+	}
+	require.Nil(t, cur, "unclosed block")
+	return blocks
+}
+
+// The README's configuration examples are true to the code: every
+// token_session in them validates, and the one with every key at its
+// default is the default config.
+func TestReadmeConfigs(t *testing.T) {
+	var defaults, checked int
+	for _, block := range readmeBlocks(t, "yaml") {
+		retrieved, err := confmap.NewRetrievedFromYAML([]byte(block))
+		require.NoError(t, err, block)
+		conf, err := retrieved.AsConf()
+		require.NoError(t, err, block)
+		procs, _ := conf.ToStringMap()["processors"].(map[string]any)
+		for id := range procs {
+			if !strings.HasPrefix(id, "token_session") {
+				continue
+			}
+			checked++
+			sub, err := conf.Sub("processors::" + id)
+			require.NoError(t, err)
+			cfg := createDefaultConfig()
+			require.NoError(t, sub.Unmarshal(cfg), id)
+			require.NoError(t, cfg.Validate(), id)
+			if strings.Contains(block, "pass_token_events: none") {
+				defaults++
+				if len(cfg.Metrics.Dimensions) == 0 {
+					cfg.Metrics.Dimensions = nil // dimensions: [] as the default's nil
+				}
+				assert.Equal(t, createDefaultConfig(), cfg, "the README's every key at its default")
+			}
+		}
+	}
+	assert.Equal(t, 1, defaults)
+	assert.GreaterOrEqual(t, checked, 4)
+}
+
+// The README's example of a config error is what Validate says (the
+// collector puts the component's key before the first line).
+func TestReadmeConfigError(t *testing.T) {
+	var example string
+	for _, block := range readmeBlocks(t, "") {
+		if strings.HasPrefix(block, "Error: ") {
+			example = block
+		}
+	}
+	require.NotEmpty(t, example)
+	cfg := createDefaultConfig()
+	cfg.Stall.CheckInterval = 0
+	cfg.Metrics.Temporality = "weekly"
+	cfg.Traces.MaxHeldSpans = 0
+	assert.Equal(t, strings.TrimPrefix(example, "Error: processors::token_session: "), cfg.Validate().Error()+"\n")
 }

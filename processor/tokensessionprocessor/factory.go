@@ -11,26 +11,18 @@ import (
 	"go.opentelemetry.io/collector/processor"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/sharedcomponent"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
 )
-
-const (
-	typeStr = "token_session"
-	// scopeName names this processor as the scope of what it emits and of
-	// its own telemetry.
-	scopeName = "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
-)
-
-var componentType = component.MustNewType(typeStr)
 
 // cores holds one core per component ID, shared by its pipelines.
 var cores = sharedcomponent.NewMap[component.ID, *core]()
 
 // NewFactory returns the factory of the token_session processor.
 func NewFactory() processor.Factory {
-	return processor.NewFactory(componentType, func() component.Config { return createDefaultConfig() },
-		processor.WithLogs(createLogs, component.StabilityLevelDevelopment),
-		processor.WithMetrics(createMetrics, component.StabilityLevelDevelopment),
-		processor.WithTraces(createTraces, component.StabilityLevelDevelopment))
+	return processor.NewFactory(metadata.Type, func() component.Config { return createDefaultConfig() },
+		processor.WithLogs(createLogs, metadata.LogsStability),
+		processor.WithMetrics(createMetrics, metadata.MetricsStability),
+		processor.WithTraces(createTraces, metadata.TracesStability))
 }
 
 func sharedCore(set processor.Settings, cfg component.Config) (*sharedcomponent.Component[*core], error) {

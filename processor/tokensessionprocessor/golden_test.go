@@ -27,6 +27,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
 )
 
 // Golden-file tests of the token_session outputs: the session span, the
@@ -92,8 +93,8 @@ func newGoldenPipes(t *testing.T, name string) *goldenPipes {
 	t.Helper()
 	cfg := goldenConfig()
 	require.NoError(t, cfg.Validate())
-	set := processortest.NewNopSettings(componentType)
-	set.ID = component.NewIDWithName(componentType, name)
+	set := processortest.NewNopSettings(metadata.Type)
+	set.ID = component.NewIDWithName(metadata.Type, name)
 	p := &goldenPipes{logSink: new(consumertest.LogsSink), metSink: new(consumertest.MetricsSink), trcSink: new(consumertest.TracesSink)}
 	f := NewFactory()
 	ctx := context.Background()

@@ -20,6 +20,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
 )
 
 // core is the one token_session behind the logs, metrics and traces
@@ -72,7 +73,7 @@ func (o *outputs) records(provider string) plog.LogRecordSlice {
 		rl := o.logs.ResourceLogs().AppendEmpty()
 		rl.Resource().Attributes().PutStr(attrServiceName, provider)
 		sl := rl.ScopeLogs().AppendEmpty()
-		sl.Scope().SetName(scopeName)
+		sl.Scope().SetName(metadata.ScopeName)
 		return sl.LogRecords()
 	}
 	return o.logs.ResourceLogs().At(0).ScopeLogs().At(0).LogRecords()
@@ -90,7 +91,7 @@ func newCore(cfg *Config, set processor.Settings) (*core, error) {
 	if c.held, err = heldspans.New(cfg.heldSpansConfig()); err != nil {
 		return nil, err
 	}
-	if c.telemetry, err = newProcessorTelemetry(set, c); err != nil {
+	if c.telemetry, err = newProcessorTelemetry(set); err != nil {
 		return nil, err
 	}
 	c.applyFn = func(ev *tokenevent.Event) { c.reports = c.table.Apply(ev, c.nowNanos, c.reports) }
@@ -147,7 +148,8 @@ func (c *core) Shutdown(ctx context.Context) error {
 	c.mu.Unlock()
 	c.emit(ctx, out)
 	c.emitMetrics(ctx, md)
-	return c.telemetry.shutdown()
+	c.telemetry.shutdown()
+	return nil
 }
 
 // run checks for timeouts and freezes, and flushes the session metrics.
@@ -168,7 +170,7 @@ func (c *core) run() {
 			c.reports = c.table.Tick(c.nowNanos, c.reports)
 			c.handleReports(nil)
 			if n := c.held.Expire(now, c.pending.traces); n > 0 {
-				c.telemetry.expiredSpans.Add(ctx, int64(n))
+				c.telemetry.expired(ctx, n)
 			}
 			out := c.takePending()
 			c.mu.Unlock()
@@ -207,49 +209,49 @@ func (c *core) sessionMetrics(now time.Time) pmetric.Metrics {
 	rm := md.ResourceMetrics().AppendEmpty()
 	rm.Resource().Attributes().PutStr(attrServiceName, c.cfg.ProviderName)
 	sm := rm.ScopeMetrics().AppendEmpty()
-	sm.Scope().SetName(scopeName)
+	sm.Scope().SetName(metadata.ScopeName)
 	c.metrics.AppendTo(sm, now)
 	return md
 }
 
 // emit hands outputs produced outside a logs or traces call (timeouts,
-// freezes, shutdown) to the pipelines. Failures are counted: session
-// telemetry must never block or fail the token stream.
+// freezes, shutdown) to the pipelines.
 func (c *core) emit(ctx context.Context, out outputs) {
 	c.emitLogs(ctx, out.logs)
 	c.emitTraces(ctx, out.traces)
 }
 
+// The emit functions pass what the processor made to a pipeline that uses
+// it, through emitTo.
+
 func (c *core) emitLogs(ctx context.Context, ld plog.Logs) {
-	if c.nextLogs == nil || ld.LogRecordCount() == 0 {
-		return
-	}
-	n := ld.LogRecordCount()
-	if err := c.nextLogs.ConsumeLogs(ctx, ld); err != nil {
-		c.telemetry.outputFailed(ctx, "logs", n)
-		c.set.Logger.Debug("next consumer refused session logs", zap.Error(err))
+	if c.nextLogs != nil {
+		emitTo(ctx, c, c.nextLogs.ConsumeLogs, ld, ld.LogRecordCount(), signalLogs)
 	}
 }
 
 func (c *core) emitTraces(ctx context.Context, td ptrace.Traces) {
-	if c.nextTraces == nil || td.SpanCount() == 0 {
-		return
-	}
-	n := td.SpanCount()
-	if err := c.nextTraces.ConsumeTraces(ctx, td); err != nil {
-		c.telemetry.outputFailed(ctx, "traces", n)
-		c.set.Logger.Debug("next consumer refused session spans", zap.Error(err))
+	if c.nextTraces != nil {
+		emitTo(ctx, c, c.nextTraces.ConsumeTraces, td, td.SpanCount(), signalTraces)
 	}
 }
 
 func (c *core) emitMetrics(ctx context.Context, md pmetric.Metrics) {
-	if c.nextMetrics == nil || md.DataPointCount() == 0 {
+	if c.nextMetrics != nil {
+		emitTo(ctx, c, c.nextMetrics.ConsumeMetrics, md, md.DataPointCount(), signalMetrics)
+	}
+}
+
+// emitTo hands n items of data to next, if there are any. A refusal is
+// counted and logged, not returned: session telemetry must never block or
+// fail the token stream.
+func emitTo[T any](ctx context.Context, c *core, next func(context.Context, T) error, data T, n int, s signal) {
+	if n == 0 {
 		return
 	}
-	n := md.DataPointCount()
-	if err := c.nextMetrics.ConsumeMetrics(ctx, md); err != nil {
-		c.telemetry.outputFailed(ctx, "metrics", n)
-		c.set.Logger.Debug("next consumer refused session metrics", zap.Error(err))
+	if err := next(ctx, data); err != nil {
+		c.telemetry.outputFailed(ctx, s, n)
+		c.set.Logger.Debug("next consumer refused session "+signalNames[s], zap.Error(err))
 	}
 }
 
@@ -292,7 +294,7 @@ func (c *core) consumeLogs(ctx context.Context, ld plog.Logs) error {
 	out := c.takePending()
 	c.mu.Unlock()
 	if invalid > 0 {
-		c.telemetry.invalidRecords.Add(ctx, int64(invalid))
+		c.telemetry.invalidRecords(ctx, invalid)
 	}
 	c.emitTraces(ctx, out.traces)
 	out.logs.ResourceLogs().MoveAndAppendTo(ld.ResourceLogs())
@@ -447,14 +449,14 @@ func (c *core) pendingScopeSpans() ptrace.ScopeSpans {
 	for i := range rss.Len() {
 		rs := rss.At(i)
 		if v, ok := rs.Resource().Attributes().Get(attrServiceName); ok && v.Str() == c.cfg.ProviderName &&
-			rs.ScopeSpans().Len() > 0 && rs.ScopeSpans().At(0).Scope().Name() == scopeName {
+			rs.ScopeSpans().Len() > 0 && rs.ScopeSpans().At(0).Scope().Name() == metadata.ScopeName {
 			return rs.ScopeSpans().At(0)
 		}
 	}
 	rs := rss.AppendEmpty()
 	rs.Resource().Attributes().PutStr(attrServiceName, c.cfg.ProviderName)
 	ss := rs.ScopeSpans().AppendEmpty()
-	ss.Scope().SetName(scopeName)
+	ss.Scope().SetName(metadata.ScopeName)
 	return ss
 }
 

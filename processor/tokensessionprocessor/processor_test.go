@@ -21,15 +21,13 @@ import (
 	"go.opentelemetry.io/collector/processor/processortest"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-	"go.uber.org/goleak"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata/metricdatatest"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadatatest"
 )
-
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
 
 const ms = int64(time.Millisecond)
 
@@ -52,8 +50,8 @@ func newPipelines(t *testing.T, mutate func(*Config)) *pipelines {
 		mutate(cfg)
 	}
 	require.NoError(t, cfg.Validate())
-	set := processortest.NewNopSettings(componentType)
-	set.ID = component.NewIDWithName(componentType, t.Name())
+	set := processortest.NewNopSettings(metadata.Type)
+	set.ID = component.NewIDWithName(metadata.Type, t.Name())
 	p := &pipelines{logSink: new(consumertest.LogsSink), metSink: new(consumertest.MetricsSink), trcSink: new(consumertest.TracesSink)}
 	f := NewFactory()
 	var err error
@@ -234,7 +232,7 @@ func TestLogsPassSampled(t *testing.T) {
 	}
 	assert.Equal(t, []string{tokenrecord.EventNameStart, tokenrecord.EventNameToken, tokenrecord.EventNameToken, tokenrecord.EventNameEnd, eventNameSummary}, names)
 	assert.Equal(t, []string{"slow start", "slow token", "slow token", "slow token", "slow end"}, got, "only the sampled session's events, in order")
-	c, _ := cores.LoadOrStore(component.NewIDWithName(componentType, t.Name()), nil)
+	c, _ := cores.LoadOrStore(component.NewIDWithName(metadata.Type, t.Name()), nil)
 	assert.Empty(t, c.Unwrap().sampledRecords, "nothing held after the sessions ended")
 }
 
@@ -386,7 +384,7 @@ func TestShutdownEndsActiveSessions(t *testing.T) {
 func TestLifecycle(t *testing.T) {
 	f := NewFactory()
 	cfg := createDefaultConfig()
-	set := processortest.NewNopSettings(componentType)
+	set := processortest.NewNopSettings(metadata.Type)
 	ctx := context.Background()
 	// Shutdown without Start.
 	lp, err := f.CreateLogs(ctx, set, cfg, consumertest.NewNop())
@@ -462,7 +460,7 @@ func TestSelfTelemetry(t *testing.T) {
 	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
 	cfg := createDefaultConfig()
 	cfg.Sampling.NormalPercent = 0
-	set := processortest.NewNopSettings(componentType)
+	set := processortest.NewNopSettings(metadata.Type)
 	set.TelemetrySettings = tel.NewTelemetrySettings()
 	sink := new(consumertest.LogsSink)
 	lp, err := NewFactory().CreateLogs(context.Background(), set, cfg, sink)
@@ -487,12 +485,48 @@ func TestSelfTelemetry(t *testing.T) {
 	attr := func(k, v string) func(attribute.Set) bool {
 		return func(s attribute.Set) bool { got, ok := s.Value(attribute.Key(k)); return ok && got.Emit() == v }
 	}
-	assert.Equal(t, int64(2), sum("otelcol_processor_token_session_sessions", attr("outcome", "completed")))
-	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_sessions", attr("outcome", "shutdown")), "the orphan's session")
-	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_sessions", attr("sampled", "true")))
+	assert.Equal(t, int64(2), sum("otelcol_processor_token_session_sessions_ended", attr("outcome", "completed")))
+	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_sessions_ended", attr("outcome", "shutdown")), "the orphan's session")
+	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_sessions_ended", attr("sampled", "true")))
 	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "late")))
 	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "orphan_end")))
 	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "orphan_token")))
+}
+
+// The span counters follow the held spans of TestTracesHeldUntilVerdict:
+// two held, one released with its kept session, one dropped with its
+// unsampled session and one dropped late.
+func TestSpanTelemetry(t *testing.T) {
+	tel := componenttest.NewTelemetry()
+	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
+	cfg := createDefaultConfig()
+	cfg.Sampling.NormalPercent = 0
+	set := metadatatest.NewSettings(tel)
+	ctx := context.Background()
+	lp, err := NewFactory().CreateLogs(ctx, set, cfg, new(consumertest.LogsSink))
+	require.NoError(t, err)
+	tp, err := NewFactory().CreateTraces(ctx, set, cfg, new(consumertest.TracesSink))
+	require.NoError(t, err)
+	require.NoError(t, lp.Start(ctx, componenttest.NewNopHost()))
+	require.NoError(t, tp.Start(ctx, componenttest.NewNopHost()))
+
+	require.NoError(t, lp.ConsumeLogs(ctx, events(start("slow", traceSlow, base), start("fast", traceFast, base))))
+	require.NoError(t, tp.ConsumeTraces(ctx, engineSpans(traceSlow, traceFast, pcommon.TraceID{0xcc})))
+	metadatatest.AssertEqualProcessorTokenSessionSpansHeld(t, tel, []metricdata.DataPoint[int64]{{Value: 2}}, metricdatatest.IgnoreTimestamp())
+	require.NoError(t, lp.ConsumeLogs(ctx, events(append(slowSession("slow")[1:], fastSession("fast")[1:]...)...)))
+	require.NoError(t, tp.ConsumeTraces(ctx, engineSpans(traceFast)))
+	metadatatest.AssertEqualProcessorTokenSessionSpansHeld(t, tel, []metricdata.DataPoint[int64]{{Value: 0}}, metricdatatest.IgnoreTimestamp())
+	require.NoError(t, lp.Shutdown(ctx))
+	require.NoError(t, tp.Shutdown(ctx))
+
+	one := []metricdata.DataPoint[int64]{{Value: 1}}
+	metadatatest.AssertEqualProcessorTokenSessionSpansDelayed(t, tel, []metricdata.DataPoint[int64]{{Value: 2}}, metricdatatest.IgnoreTimestamp())
+	metadatatest.AssertEqualProcessorTokenSessionSpansReleased(t, tel, one, metricdatatest.IgnoreTimestamp())
+	metadatatest.AssertEqualProcessorTokenSessionSpansDropped(t, tel, []metricdata.DataPoint[int64]{{Value: 2}}, metricdatatest.IgnoreTimestamp())
+	metadatatest.AssertEqualProcessorTokenSessionSessionsEnded(t, tel, []metricdata.DataPoint[int64]{
+		{Attributes: attribute.NewSet(attribute.String("outcome", "completed"), attribute.Bool("sampled", false)), Value: 1},
+		{Attributes: attribute.NewSet(attribute.String("outcome", "completed"), attribute.Bool("sampled", true)), Value: 1},
+	}, metricdatatest.IgnoreTimestamp())
 }
 
 // A session kept by the 1% draw carries its threshold in the tracestate,

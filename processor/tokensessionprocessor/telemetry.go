@@ -10,85 +10,91 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/session"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
 )
 
-// processorTelemetry is the processor's own metrics: every session's
-// outcome, every event it could not use as it came, every span it held,
-// dropped or could not hold, and every output the next consumer refused.
-type processorTelemetry struct {
-	processorID attribute.KeyValue
+// signal is a pipeline the processor emits to.
+type signal int
 
-	sessions       metric.Int64Counter
-	disorder       metric.Int64Counter
-	invalidRecords metric.Int64Counter
-	heldSpans      metric.Int64Counter
-	spanVerdicts   metric.Int64Counter
-	expiredSpans   metric.Int64Counter
-	outputFailures metric.Int64Counter
-	registration   metric.Registration
+const (
+	signalLogs signal = iota
+	signalMetrics
+	signalTraces
+)
+
+var signalNames = [...]string{"logs", "metrics", "traces"}
+
+// processorTelemetry is the processor's own metrics (metadata.yaml): every
+// session's outcome, every event it could not use as it came, every span it
+// held, released, dropped or could not hold, and every output the next
+// consumer refused. The collector adds otelcol.component.id to each.
+type processorTelemetry struct {
+	builder *metadata.TelemetryBuilder
 
 	// Read by the observable gauges.
-	active     atomic.Int64
-	heldNow    atomic.Int64
-	sessionSet [session.OutcomeShutdown + 1][2]metric.MeasurementOption
+	active  atomic.Int64
+	heldNow atomic.Int64
+
+	// Attribute sets built once: recording allocates nothing.
+	sessionSet  [session.OutcomeShutdown + 1][2]metric.AddOption
+	disorderSet [5]metric.AddOption
+	signalSet   [len(signalNames)]metric.AddOption
 
 	// Accumulated under the core's lock, reported by reportCounters.
 	releasedSpans int64
 	droppedSpans  int64
 }
 
-func newProcessorTelemetry(set processor.Settings, c *core) (*processorTelemetry, error) {
-	meter := set.MeterProvider.Meter(scopeName)
-	t := &processorTelemetry{processorID: attribute.String("processor", set.ID.String())}
+func newProcessorTelemetry(set processor.Settings) (*processorTelemetry, error) {
+	b, err := metadata.NewTelemetryBuilder(set.TelemetrySettings)
+	if err != nil {
+		return nil, err
+	}
+	t := &processorTelemetry{builder: b}
 	for o := session.OutcomeActive; o <= session.OutcomeShutdown; o++ {
 		for i, sampled := range []bool{false, true} {
-			t.sessionSet[o][i] = metric.WithAttributeSet(attribute.NewSet(t.processorID,
+			t.sessionSet[o][i] = metric.WithAttributeSet(attribute.NewSet(
 				attribute.String("outcome", o.String()), attribute.Bool("sampled", sampled)))
 		}
 	}
-	var errs []error
-	counter := func(name, desc, unit string) metric.Int64Counter {
-		ctr, err := meter.Int64Counter(name, metric.WithDescription(desc), metric.WithUnit(unit))
-		errs = append(errs, err)
-		return ctr
+	for i, kind := range disorderKinds {
+		t.disorderSet[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("kind", kind)))
 	}
-	t.sessions = counter("otelcol_processor_token_session_sessions", "Sessions ended, by outcome and sampling verdict.", "{session}")
-	t.disorder = counter("otelcol_processor_token_session_disorder_events",
-		"Token events that did not fit their session as they came, by kind: orphan_token (opened a session before its start), orphan_end and late (dropped), duplicate_start (ignored), out_of_order (no gap).", "{event}")
-	t.invalidRecords = counter("otelcol_processor_token_session_invalid_records", "Token event records that could not be read; dropped.", "{record}")
-	t.heldSpans = counter("otelcol_processor_token_session_held_spans_total", "Spans held until their session's verdict, or passed on because the hold was full (result=overflow).", "{span}")
-	t.spanVerdicts = counter("otelcol_processor_token_session_span_verdicts", "Held or late spans released (verdict=keep) or dropped (verdict=drop) by their session's verdict.", "{span}")
-	t.expiredSpans = counter("otelcol_processor_token_session_expired_spans", "Held spans released unsampled because their session outlasted traces::max_hold.", "{span}")
-	t.outputFailures = counter("otelcol_processor_token_session_output_failures", "Session logs, spans and metric points the next consumer refused; lost.", "{item}")
-	active, err := meter.Int64ObservableGauge("otelcol_processor_token_session_active_sessions", metric.WithDescription("Sessions in the table."), metric.WithUnit("{session}"))
-	errs = append(errs, err)
-	held, err := meter.Int64ObservableGauge("otelcol_processor_token_session_held_spans", metric.WithDescription("Spans held now."), metric.WithUnit("{span}"))
-	errs = append(errs, err)
-	if err := errors.Join(errs...); err != nil {
+	for i, name := range signalNames {
+		t.signalSet[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("signal", name)))
+	}
+	err = errors.Join(
+		b.RegisterProcessorTokenSessionSessionsActiveCallback(func(_ context.Context, o metric.Int64Observer) error {
+			o.Observe(t.active.Load())
+			return nil
+		}),
+		b.RegisterProcessorTokenSessionSpansHeldCallback(func(_ context.Context, o metric.Int64Observer) error {
+			o.Observe(t.heldNow.Load())
+			return nil
+		}))
+	if err != nil {
+		b.Shutdown()
 		return nil, err
 	}
-	attrs := metric.WithAttributeSet(attribute.NewSet(t.processorID))
-	t.registration, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		o.ObserveInt64(active, t.active.Load(), attrs)
-		o.ObserveInt64(held, t.heldNow.Load(), attrs)
-		return nil
-	}, active, held)
-	return t, err
+	return t, nil
 }
 
-func (t *processorTelemetry) shutdown() error {
-	if t.registration == nil {
-		return nil
-	}
-	return t.registration.Unregister()
-}
+func (t *processorTelemetry) shutdown() { t.builder.Shutdown() }
 
 func (t *processorTelemetry) sessionEnded(o session.Outcome, sampled bool) {
 	i := 0
 	if sampled {
 		i = 1
 	}
-	t.sessions.Add(context.Background(), 1, t.sessionSet[o][i])
+	t.builder.ProcessorTokenSessionSessionsEnded.Add(context.Background(), 1, t.sessionSet[o][i])
+}
+
+// disorderKinds are the kind attribute's values, in the order of
+// disorderCounts.
+var disorderKinds = [...]string{"orphan_token", "orphan_end", "late", "duplicate_start", "out_of_order"}
+
+func disorderCounts(c *session.Counters) [len(disorderKinds)]uint64 {
+	return [...]uint64{c.OrphanTokens, c.OrphanEnds, c.LateEvents, c.DuplicateStarts, c.OutOfOrder}
 }
 
 // reportCounters reports what changed since the last call: the table's
@@ -96,29 +102,21 @@ func (t *processorTelemetry) sessionEnded(o session.Outcome, sampled bool) {
 // the span verdicts accumulated under the lock.
 func (t *processorTelemetry) reportCounters(reported, now *session.Counters, active, held int) {
 	ctx := context.Background()
-	for _, d := range []struct {
-		kind    string
-		was, is uint64
-	}{
-		{"orphan_token", reported.OrphanTokens, now.OrphanTokens},
-		{"orphan_end", reported.OrphanEnds, now.OrphanEnds},
-		{"late", reported.LateEvents, now.LateEvents},
-		{"duplicate_start", reported.DuplicateStarts, now.DuplicateStarts},
-		{"out_of_order", reported.OutOfOrder, now.OutOfOrder},
-	} {
-		if d.is > d.was {
-			t.disorder.Add(ctx, int64(d.is-d.was), metric.WithAttributes(t.processorID, attribute.String("kind", d.kind)))
+	was, is := disorderCounts(reported), disorderCounts(now)
+	for i := range is {
+		if is[i] > was[i] {
+			t.builder.ProcessorTokenSessionDisorderEvents.Add(ctx, int64(is[i]-was[i]), t.disorderSet[i])
 		}
 	}
 	*reported = *now
 	t.active.Store(int64(active))
 	t.heldNow.Store(int64(held))
 	if t.releasedSpans > 0 {
-		t.spanVerdicts.Add(ctx, t.releasedSpans, metric.WithAttributes(t.processorID, attribute.String("verdict", "keep")))
+		t.builder.ProcessorTokenSessionSpansReleased.Add(ctx, t.releasedSpans)
 		t.releasedSpans = 0
 	}
 	if t.droppedSpans > 0 {
-		t.spanVerdicts.Add(ctx, t.droppedSpans, metric.WithAttributes(t.processorID, attribute.String("verdict", "drop")))
+		t.builder.ProcessorTokenSessionSpansDropped.Add(ctx, t.droppedSpans)
 		t.droppedSpans = 0
 	}
 }
@@ -126,16 +124,24 @@ func (t *processorTelemetry) reportCounters(reported, now *session.Counters, act
 // spans reports the outcome of one traces batch.
 func (t *processorTelemetry) spans(ctx context.Context, held, dropped, overflow int) {
 	if held > 0 {
-		t.heldSpans.Add(ctx, int64(held), metric.WithAttributes(t.processorID, attribute.String("result", "held")))
+		t.builder.ProcessorTokenSessionSpansDelayed.Add(ctx, int64(held))
 	}
 	if overflow > 0 {
-		t.heldSpans.Add(ctx, int64(overflow), metric.WithAttributes(t.processorID, attribute.String("result", "overflow")))
+		t.builder.ProcessorTokenSessionSpansOverflowed.Add(ctx, int64(overflow))
 	}
 	if dropped > 0 {
-		t.spanVerdicts.Add(ctx, int64(dropped), metric.WithAttributes(t.processorID, attribute.String("verdict", "drop")))
+		t.builder.ProcessorTokenSessionSpansDropped.Add(ctx, int64(dropped))
 	}
 }
 
-func (t *processorTelemetry) outputFailed(ctx context.Context, signal string, n int) {
-	t.outputFailures.Add(ctx, int64(n), metric.WithAttributes(t.processorID, attribute.String("signal", signal)))
+func (t *processorTelemetry) expired(ctx context.Context, n int) {
+	t.builder.ProcessorTokenSessionSpansExpired.Add(ctx, int64(n))
+}
+
+func (t *processorTelemetry) invalidRecords(ctx context.Context, n int) {
+	t.builder.ProcessorTokenSessionInvalidRecords.Add(ctx, int64(n))
+}
+
+func (t *processorTelemetry) outputFailed(ctx context.Context, s signal, n int) {
+	t.builder.ProcessorTokenSessionOutputFailures.Add(ctx, int64(n), t.signalSet[s])
 }

@@ -247,7 +247,7 @@ func (e *env) scale(ks []int, tokensTotal int) ([]scaleStep, error) {
 			step.HeapTop, err = pprofTop(step.HeapProfile, 12, false, "-sample_index=inuse_space")
 		}
 		if m, merr := c.metrics(); merr == nil {
-			step.Evicted = int64(m.sum("otelcol_processor_token_session_sessions", map[string]string{"outcome": "evicted"}))
+			step.Evicted = int64(m.sum("otelcol_processor_token_session_sessions_ended", map[string]string{"outcome": "evicted"}))
 		}
 		hp.close()
 		c.stop()
