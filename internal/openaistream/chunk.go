@@ -57,10 +57,7 @@ func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
 	ok = s.object(func(key []byte) bool {
 		switch string(key) {
 		case "choices":
-			if s.null() {
-				return true
-			}
-			return s.array(func() bool {
+			return s.null() || s.array(func() bool {
 				choices++
 				return s.choice(&f)
 			})
@@ -90,10 +87,7 @@ func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
 
 // choice reads one element of choices.
 func (s *jsonWalker) choice(f *ChunkFacts) bool {
-	if s.null() {
-		return true
-	}
-	return s.object(func(key []byte) bool {
+	return s.null() || s.object(func(key []byte) bool {
 		switch string(key) {
 		case "text":
 			return s.nonEmptyString(&f.Content)
@@ -109,10 +103,7 @@ func (s *jsonWalker) choice(f *ChunkFacts) bool {
 			}
 			return ok
 		case "delta":
-			if s.null() {
-				return true
-			}
-			return s.object(func(key []byte) bool {
+			return s.null() || s.object(func(key []byte) bool {
 				switch string(key) {
 				case "content", "reasoning", "reasoning_content":
 					return s.nonEmptyString(&f.Content)

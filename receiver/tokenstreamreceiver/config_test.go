@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/collector/component/componenttest"
 	"go.opentelemetry.io/collector/confmap"
 	"go.opentelemetry.io/collector/confmap/confmaptest"
+
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
 
 func loadConfig(t *testing.T, id component.ID) (*Config, error) {
@@ -29,12 +31,12 @@ func TestConfigStruct(t *testing.T) {
 }
 
 func TestConfigNoSource(t *testing.T) {
-	_, err := loadConfig(t, component.NewID(componentType))
+	_, err := loadConfig(t, component.NewID(metadata.Type))
 	require.EqualError(t, err, "no source configured: set at least one of hooks::http, hooks::udp, proxy and vllm")
 }
 
 func TestConfigDefaults(t *testing.T) {
-	cfg, err := loadConfig(t, component.NewIDWithName(componentType, "defaults"))
+	cfg, err := loadConfig(t, component.NewIDWithName(metadata.Type, "defaults"))
 	require.NoError(t, err)
 	h := cfg.Hooks.HTTP.Get()
 	require.NotNil(t, h)
@@ -48,7 +50,7 @@ func TestConfigDefaults(t *testing.T) {
 }
 
 func TestConfigCustom(t *testing.T) {
-	cfg, err := loadConfig(t, component.NewIDWithName(componentType, "custom"))
+	cfg, err := loadConfig(t, component.NewIDWithName(metadata.Type, "custom"))
 	require.NoError(t, err)
 	h := cfg.Hooks.HTTP.Get()
 	assert.Equal(t, "0.0.0.0:14320", h.ServerConfig.NetAddr.Endpoint)
@@ -61,7 +63,7 @@ func TestConfigCustom(t *testing.T) {
 }
 
 func TestConfigInvalidReportsEveryProblem(t *testing.T) {
-	_, err := loadConfig(t, component.NewIDWithName(componentType, "invalid"))
+	_, err := loadConfig(t, component.NewIDWithName(metadata.Type, "invalid"))
 	require.Error(t, err)
 	for _, want := range []string{
 		`hooks::http::path: must start with '/', got "hooks"`,
@@ -75,7 +77,7 @@ func TestConfigInvalidReportsEveryProblem(t *testing.T) {
 }
 
 func TestConfigVLLMDefaults(t *testing.T) {
-	cfg, err := loadConfig(t, component.NewIDWithName(componentType, "vllm_defaults"))
+	cfg, err := loadConfig(t, component.NewIDWithName(metadata.Type, "vllm_defaults"))
 	require.NoError(t, err)
 	assert.False(t, cfg.Hooks.HTTP.HasValue())
 	assert.False(t, cfg.Proxy.HasValue())
@@ -90,7 +92,7 @@ func TestConfigVLLMDefaults(t *testing.T) {
 }
 
 func TestConfigVLLMCustom(t *testing.T) {
-	cfg, err := loadConfig(t, component.NewIDWithName(componentType, "vllm_custom"))
+	cfg, err := loadConfig(t, component.NewIDWithName(metadata.Type, "vllm_custom"))
 	require.NoError(t, err)
 	v := cfg.VLLM.Get()
 	require.NotNil(t, v)
@@ -105,7 +107,7 @@ func TestConfigVLLMCustom(t *testing.T) {
 }
 
 func TestConfigVLLMInvalid(t *testing.T) {
-	_, err := loadConfig(t, component.NewIDWithName(componentType, "vllm_invalid"))
+	_, err := loadConfig(t, component.NewIDWithName(metadata.Type, "vllm_invalid"))
 	require.Error(t, err)
 	for _, want := range []string{
 		`vllm::targets[1]: want an http(s) URL, got "x"`,
@@ -119,7 +121,7 @@ func TestConfigVLLMInvalid(t *testing.T) {
 	}
 	assert.NotContains(t, err.Error(), "no source configured")
 
-	_, err = loadConfig(t, component.NewIDWithName(componentType, "vllm_no_targets"))
+	_, err = loadConfig(t, component.NewIDWithName(metadata.Type, "vllm_no_targets"))
 	require.Error(t, err)
 	for _, want := range []string{
 		`vllm::targets: at least one target is required`,

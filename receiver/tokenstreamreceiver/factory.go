@@ -10,14 +10,10 @@ import (
 	"go.opentelemetry.io/collector/receiver"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
 
 const (
-	typeStr = "token_stream"
-	// scopeName names this receiver as the instrumentation scope of what it
-	// emits and of its own telemetry.
-	scopeName = "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
-
 	defaultHTTPEndpoint      = "localhost:4320"
 	defaultHTTPPath          = "/v1/token-events"
 	defaultUDPEndpoint       = "localhost:4321"
@@ -27,13 +23,11 @@ const (
 	defaultMaxRequestBodyMiB = 8
 )
 
-var componentType = component.MustNewType(typeStr)
-
 // NewFactory returns the factory of the token_stream receiver.
 func NewFactory() receiver.Factory {
-	return receiver.NewFactory(componentType, createDefaultConfig,
-		receiver.WithLogs(createLogs, component.StabilityLevelDevelopment),
-		receiver.WithMetrics(createMetrics, component.StabilityLevelDevelopment))
+	return receiver.NewFactory(metadata.Type, createDefaultConfig,
+		receiver.WithLogs(createLogs, metadata.LogsStability),
+		receiver.WithMetrics(createMetrics, metadata.MetricsStability))
 }
 
 func createDefaultConfig() component.Config {
@@ -62,24 +56,22 @@ func createDefaultConfig() component.Config {
 	}
 }
 
-// createLogs registers next as the logs consumer of the receiver shared by
-// the instances of cfg.
 func createLogs(_ context.Context, set receiver.Settings, cfg component.Config, next consumer.Logs) (receiver.Logs, error) {
-	r, err := loadOrCreateReceiver(cfg.(*Config), set)
-	if err != nil {
-		return nil, err
-	}
-	r.next = next
-	return r, nil
+	return withConsumer[receiver.Logs](cfg, set, func(r *tokenStreamReceiver) { r.next = next })
 }
 
-// createMetrics registers next as the metrics consumer of the receiver
-// shared by the instances of cfg.
 func createMetrics(_ context.Context, set receiver.Settings, cfg component.Config, next consumer.Metrics) (receiver.Metrics, error) {
+	return withConsumer[receiver.Metrics](cfg, set, func(r *tokenStreamReceiver) { r.nextMetrics = next })
+}
+
+// withConsumer registers a signal's consumer with the receiver shared by the
+// instances of cfg, creating it for the first one.
+func withConsumer[T component.Component](cfg component.Config, set receiver.Settings, register func(*tokenStreamReceiver)) (T, error) {
 	r, err := loadOrCreateReceiver(cfg.(*Config), set)
 	if err != nil {
-		return nil, err
+		var none T
+		return none, err
 	}
-	r.nextMetrics = next
-	return r, nil
+	register(r)
+	return any(r).(T), nil
 }

@@ -7,13 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"mime"
-	"net"
 	"net/http"
 	"sync"
 	"time"
 
 	"go.opentelemetry.io/collector/component"
-	"go.opentelemetry.io/collector/component/componentstatus"
+	"go.opentelemetry.io/collector/config/confighttp"
 	"go.opentelemetry.io/collector/consumer/consumererror"
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.uber.org/zap"
@@ -32,13 +31,13 @@ var ndjsonMediaTypes = map[string]bool{
 // retryAfterSeconds is what a 503 asks the client to wait before retrying.
 const retryAfterSeconds = "1"
 
-// hooksHTTPServer serves POST <path> with NDJSON token event batches.
+// hooksHTTPServer serves POST <path> with NDJSON token event batches. Every
+// answer is JSON, a wrong path's and a bad encoding's included.
 type hooksHTTPServer struct {
+	httpServer
 	r      *tokenStreamReceiver
 	obs    *receiverhelper.ObsReport
-	server *http.Server
-	addr   net.Addr // where it listens; tests start it on port 0
-	done   sync.WaitGroup
+	path   string
 	bodies sync.Pool // of *bytes.Buffer
 }
 
@@ -49,34 +48,17 @@ func startHooksHTTP(ctx context.Context, cfg *HTTPConfig, r *tokenStreamReceiver
 	if err != nil {
 		return nil, err
 	}
-	s := &hooksHTTPServer{r: r, obs: obs}
+	s := &hooksHTTPServer{r: r, obs: obs, path: cfg.Path}
 	s.bodies.New = func() any { return new(bytes.Buffer) }
-	mux := http.NewServeMux()
-	mux.Handle(cfg.Path, s)
-	s.server, err = cfg.ServerConfig.ToServer(ctx, host.GetExtensions(), r.settings.TelemetrySettings, mux)
-	if err != nil {
+	// confighttp answers a body it cannot decompress itself: in JSON too.
+	onError := confighttp.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, msg string, status int) {
+		writeResponse(w, status, &batchResponse{Error: msg})
+	})
+	if err := s.serve(ctx, &cfg.ServerConfig, s, host, r.settings.TelemetrySettings, nil, onError); err != nil {
 		return nil, fmt.Errorf("hooks::http: %w", err)
 	}
-	ln, err := cfg.ServerConfig.ToListener(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("hooks::http: listen on %s: %w", cfg.ServerConfig.NetAddr.Endpoint, err)
-	}
-	s.addr = ln.Addr()
-	r.settings.Logger.Info("Token event hook listening", zap.String("transport", "http"), zap.String("endpoint", ln.Addr().String()), zap.String("path", cfg.Path))
-	s.done.Add(1)
-	go func() {
-		defer s.done.Done()
-		if err := s.server.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			componentstatus.ReportStatus(host, componentstatus.NewFatalErrorEvent(err))
-		}
-	}()
+	r.logsLogger.Info("Token event hook listening", zap.String("transport", "http"), zap.String("endpoint", s.addr.String()), zap.String("path", cfg.Path))
 	return s, nil
-}
-
-func (s *hooksHTTPServer) shutdown(ctx context.Context) error {
-	err := s.server.Shutdown(ctx)
-	s.done.Wait()
-	return err
 }
 
 // batchResponse is the JSON body of every answer to a batch.
@@ -95,6 +77,10 @@ type lineError struct {
 }
 
 func (s *hooksHTTPServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	if req.URL.Path != s.path {
+		writeResponse(w, http.StatusNotFound, &batchResponse{Error: "no token event endpoint at " + req.URL.Path + ": POST batches to " + s.path})
+		return
+	}
 	if req.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		writeResponse(w, http.StatusMethodNotAllowed, &batchResponse{Error: "method " + req.Method + " not allowed: POST an NDJSON batch"})

@@ -57,7 +57,7 @@ func startHooksUDP(cfg *UDPConfig, r *tokenStreamReceiver, host component.Host) 
 			return nil, fmt.Errorf("hooks::udp::socket_buffer_size: %w", err)
 		}
 	}
-	r.settings.Logger.Info("Token event hook listening", zap.String("transport", "udp"), zap.String("endpoint", conn.LocalAddr().String()))
+	r.logsLogger.Info("Token event hook listening", zap.String("transport", "udp"), zap.String("endpoint", conn.LocalAddr().String()))
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &hooksUDPListener{r: r, obs: obs, conn: conn, cancel: cancel}
 	l.done.Add(1)
@@ -78,7 +78,7 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 			// listener; report and go on after a short pause so a persistent
 			// error cannot spin.
 			componentstatus.ReportStatus(host, componentstatus.NewRecoverableErrorEvent(err))
-			l.r.settings.Logger.Warn("UDP hook read failed", zap.Error(err))
+			l.r.logsLogger.Warn("UDP hook read failed", zap.Error(err))
 			select {
 			case <-ctx.Done():
 				return

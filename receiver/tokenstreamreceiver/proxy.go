@@ -14,11 +14,9 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/collector/component"
-	"go.opentelemetry.io/collector/component/componentstatus"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.uber.org/zap"
@@ -26,6 +24,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/openaistream"
 	"github.com/otelcol-llm/otelcol-llm/internal/sse"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxyconn"
 )
 
 // Paths the proxy observes; everything else is passed through untouched.
@@ -58,9 +57,7 @@ type proxyServer struct {
 	client      *http.Client
 	passthrough *httputil.ReverseProxy
 	batch       *eventBatcher
-	server      *http.Server
-	addr        net.Addr
-	done        sync.WaitGroup
+	httpServer
 }
 
 func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, host component.Host) (*proxyServer, error) {
@@ -68,7 +65,7 @@ func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, h
 	if err != nil {
 		return nil, fmt.Errorf("proxy::upstream::endpoint: %w", err)
 	}
-	client, err := upstreamClient(ctx, cfg.Upstream, host, r.settings.TelemetrySettings)
+	client, err := proxyconn.UpstreamClient(ctx, cfg.Upstream, host, r.settings.TelemetrySettings)
 	if err != nil {
 		return nil, fmt.Errorf("proxy::upstream: %w", err)
 	}
@@ -87,35 +84,21 @@ func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, h
 		Transport:     client.Transport,
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			r.settings.Logger.Debug("proxy: upstream unreachable", zap.Error(err))
+			r.logsLogger.Debug("proxy: upstream unreachable", zap.Error(err))
 			w.WriteHeader(http.StatusBadGateway)
 		},
 	}
-	p.server, err = cfg.ServerConfig.ToServer(ctx, host.GetExtensions(), r.settings.TelemetrySettings, p)
-	if err != nil {
+	p.batch = newEventBatcher(r, obs)
+	if err := p.serve(ctx, &cfg.ServerConfig, p, host, r.settings.TelemetrySettings, proxyconn.Listener); err != nil {
+		p.batch.shutdown()
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
-	ln, err := cfg.ServerConfig.ToListener(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("proxy: listen on %s: %w", cfg.ServerConfig.NetAddr.Endpoint, err)
-	}
-	p.addr = ln.Addr()
-	ln = connListener{ln}
-	p.batch = newEventBatcher(r, obs)
-	r.settings.Logger.Info("Token stream proxy listening", zap.String("endpoint", ln.Addr().String()), zap.String("upstream", upstream.Redacted()))
-	p.done.Add(1)
-	go func() {
-		defer p.done.Done()
-		if err := p.server.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			componentstatus.ReportStatus(host, componentstatus.NewFatalErrorEvent(err))
-		}
-	}()
+	r.logsLogger.Info("Token stream proxy listening", zap.String("endpoint", p.addr.String()), zap.String("upstream", upstream.Redacted()))
 	return p, nil
 }
 
 func (p *proxyServer) shutdown(ctx context.Context) error {
-	err := p.server.Shutdown(ctx)
-	p.done.Wait()
+	err := p.httpServer.shutdown(ctx)
 	p.batch.shutdown()
 	return err
 }
@@ -196,7 +179,7 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 			s.end(time.Now(), "", finishReasonAbort)
 			return
 		}
-		p.r.settings.Logger.Debug("proxy: upstream request failed", zap.String("upstream", p.upstream.Redacted()), zap.Error(err))
+		p.r.logsLogger.Debug("proxy: upstream request failed", zap.String("upstream", p.upstream.Redacted()), zap.Error(err))
 		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 			w.WriteHeader(http.StatusGatewayTimeout)
 			s.end(time.Now(), errUpstreamTimeout, "")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
 
 // Token events the proxy observes are gathered from all streams and handed
@@ -95,7 +96,7 @@ func (b *eventBatcher) flush() {
 	}
 	logs := plog.NewLogs()
 	sl := logs.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty()
-	sl.Scope().SetName(scopeName)
+	sl.Scope().SetName(metadata.ScopeName)
 	b.writer.Reset(sl.LogRecords(), pcommon.NewTimestampFromTime(time.Now()))
 	for i := range events {
 		b.writer.Append(&events[i])
@@ -105,14 +106,14 @@ func (b *eventBatcher) flush() {
 	n := logs.LogRecordCount()
 	err := b.r.next.ConsumeLogs(ctx, logs)
 	b.obs.EndLogsOp(ctx, "sse", n, err)
-	attrs := b.r.telemetry.attrs[transportProxy]
+	attrs := transportAttrs[transportProxy]
 	if err != nil {
 		// The streams went on regardless; only the observation is lost.
-		b.r.telemetry.refused.Add(ctx, int64(len(events)), attrs)
-		b.r.settings.Logger.Debug("pipeline refused proxy token events", zap.Int("events", len(events)), zap.Error(err))
+		b.r.telemetry.ReceiverTokenStreamRefusedEvents.Add(ctx, int64(len(events)), attrs)
+		b.r.logsLogger.Debug("pipeline refused proxy token events", zap.Int("events", len(events)), zap.Error(err))
 		return
 	}
-	b.r.telemetry.accepted.Add(ctx, int64(len(events)), attrs)
+	b.r.telemetry.ReceiverTokenStreamAcceptedEvents.Add(ctx, int64(len(events)), attrs)
 }
 
 func (b *eventBatcher) shutdown() {

@@ -10,6 +10,8 @@ import (
 	"go.opentelemetry.io/collector/consumer/consumertest"
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.opentelemetry.io/collector/receiver/receivertest"
+
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
 
 // discardResponse is a ResponseWriter and Flusher that drops what it gets.
@@ -36,7 +38,7 @@ func BenchmarkProxyRelayEvent(b *testing.B) {
 	}
 	stream.WriteString(chat[len(chat)-1])
 	events := 2 + repeats*7
-	r, err := newTokenStreamReceiver(createDefaultConfig().(*Config), receivertest.NewNopSettings(componentType), consumertest.NewNop())
+	r, err := newTokenStreamReceiver(createDefaultConfig().(*Config), receivertest.NewNopSettings(metadata.Type), consumertest.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -10,15 +10,19 @@ import (
 	"go.opentelemetry.io/collector/consumer"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/pipeline"
 	"go.opentelemetry.io/collector/receiver"
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/sharedcomponent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
 
 // tokenStreamReceiver runs the configured sources: the hook endpoints and the
@@ -32,11 +36,14 @@ import (
 // once through the shared component.
 type tokenStreamReceiver struct {
 	cfg         *Config
-	settings    receiver.Settings
-	next        consumer.Logs    // nil unless the receiver is in a logs pipeline
-	nextMetrics consumer.Metrics // nil unless the receiver is in a metrics pipeline
-	telemetry   *receiverTelemetry
+	settings    receiver.Settings // without the collector's otelcol.signal
+	next        consumer.Logs     // nil unless the receiver is in a logs pipeline
+	nextMetrics consumer.Metrics  // nil unless the receiver is in a metrics pipeline
+	telemetry   *metadata.TelemetryBuilder
 	batches     sync.Pool // of *batchDecoder
+
+	// The loggers of the sources of each signal, which name it.
+	logsLogger, metricsLogger *zap.Logger
 
 	// shared runs Start and Shutdown once for all signals; nil when the
 	// receiver was built directly (tests).
@@ -80,11 +87,16 @@ func loadOrCreateReceiver(cfg *Config, set receiver.Settings) (*tokenStreamRecei
 }
 
 func newTokenStreamReceiver(cfg *Config, set receiver.Settings, next consumer.Logs) (*tokenStreamReceiver, error) {
-	tel, err := newReceiverTelemetry(set)
+	set.TelemetrySettings = withoutSignal(set.TelemetrySettings)
+	tel, err := metadata.NewTelemetryBuilder(set.TelemetrySettings)
 	if err != nil {
 		return nil, err
 	}
-	r := &tokenStreamReceiver{cfg: cfg, settings: set, next: next, telemetry: tel}
+	r := &tokenStreamReceiver{
+		cfg: cfg, settings: set, next: next, telemetry: tel,
+		logsLogger:    set.Logger.With(zap.String(signalKey, pipeline.SignalLogs.String())),
+		metricsLogger: set.Logger.With(zap.String(signalKey, pipeline.SignalMetrics.String())),
+	}
 	limits := cfg.Hooks.Limits
 	r.batches.New = func() any {
 		return &batchDecoder{
@@ -170,6 +182,7 @@ func (r *tokenStreamReceiver) startLogSources(ctx context.Context, host componen
 }
 
 func (r *tokenStreamReceiver) shutdown(ctx context.Context) error {
+	defer r.telemetry.Shutdown()
 	var errs []error
 	if r.vllm != nil {
 		r.vllm.shutdown()
@@ -220,7 +233,7 @@ func (d *batchDecoder) begin(observed time.Time) {
 	d.logs = plog.NewLogs()
 	d.accepted, d.rejected, d.errs = 0, 0, d.errs[:0]
 	sl := d.logs.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty()
-	sl.Scope().SetName(scopeName)
+	sl.Scope().SetName(metadata.ScopeName)
 	d.writer.Reset(sl.LogRecords(), pcommon.NewTimestampFromTime(observed))
 }
 
@@ -255,9 +268,9 @@ func (r *tokenStreamReceiver) decoder() *batchDecoder { return r.batches.Get().(
 // consume hands a decoded batch to the pipeline, with the standard receiver
 // observability around it.
 func (r *tokenStreamReceiver) consume(ctx context.Context, obs *receiverhelper.ObsReport, d *batchDecoder, transport transportKind) error {
-	attrs := r.telemetry.attrs[transport]
+	attrs := transportAttrs[transport]
 	if d.rejected > 0 {
-		r.telemetry.rejected.Add(ctx, int64(d.rejected), attrs)
+		r.telemetry.ReceiverTokenStreamRejectedEvents.Add(ctx, int64(d.rejected), attrs)
 	}
 	if d.accepted == 0 {
 		return nil
@@ -267,11 +280,11 @@ func (r *tokenStreamReceiver) consume(ctx context.Context, obs *receiverhelper.O
 	err := r.next.ConsumeLogs(ctx, d.logs)
 	obs.EndLogsOp(ctx, "ndjson", n, err)
 	if err != nil {
-		r.telemetry.refused.Add(ctx, int64(d.accepted), attrs)
-		r.settings.Logger.Debug("pipeline refused token events", zap.Int("events", d.accepted), zap.Error(err))
+		r.telemetry.ReceiverTokenStreamRefusedEvents.Add(ctx, int64(d.accepted), attrs)
+		r.logsLogger.Debug("pipeline refused token events", zap.Int("events", d.accepted), zap.Error(err))
 		return err
 	}
-	r.telemetry.accepted.Add(ctx, int64(d.accepted), attrs)
+	r.telemetry.ReceiverTokenStreamAcceptedEvents.Add(ctx, int64(d.accepted), attrs)
 	return nil
 }
 
@@ -286,33 +299,43 @@ const (
 
 func (t transportKind) String() string { return [...]string{"http", "udp", "proxy"}[t] }
 
-// receiverTelemetry counts token events, which differ from the log records
-// the standard receiver metrics count: several token events of one session
-// are packed into one record. Together the three counters account for every
-// line received.
-type receiverTelemetry struct {
-	attrs    [transportKinds]metric.MeasurementOption
-	accepted metric.Int64Counter
-	rejected metric.Int64Counter
-	refused  metric.Int64Counter
+// transportAttrs are the attribute sets of the token event counters, one a
+// transport, built once: they are on every batch's path. The counters count
+// token events, not the log records the standard receiver metrics count
+// (several token events of one session are packed into one record).
+var transportAttrs = func() (attrs [transportKinds]metric.MeasurementOption) {
+	for k := range transportKinds {
+		attrs[k] = metric.WithAttributeSet(attribute.NewSet(attribute.String("transport", k.String())))
+	}
+	return attrs
+}()
+
+// signalKey is the attribute the collector adds to a component's telemetry
+// to name the pipeline signal it was created for.
+const signalKey = "otelcol.signal"
+
+// withoutSignal drops the otelcol.signal the collector injected in ts: the
+// logs and metrics instances share this receiver, created with the settings
+// of whichever came first, so the signal would be wrong for the other
+// (hooks logging as metrics). The otlp receiver does the same with a helper
+// internal to the collector; the interfaces are those of the collector's
+// injecting logger core and providers.
+func withoutSignal(ts component.TelemetrySettings) component.TelemetrySettings {
+	ts.Logger = ts.Logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		if d, ok := c.(attributeDropper[zapcore.Core]); ok {
+			return d.DropInjectedAttributes(signalKey)
+		}
+		return c
+	}))
+	if d, ok := ts.MeterProvider.(attributeDropper[metric.MeterProvider]); ok {
+		ts.MeterProvider = d.DropInjectedAttributes(signalKey)
+	}
+	if d, ok := ts.TracerProvider.(attributeDropper[trace.TracerProvider]); ok {
+		ts.TracerProvider = d.DropInjectedAttributes(signalKey)
+	}
+	return ts
 }
 
-func newReceiverTelemetry(set receiver.Settings) (*receiverTelemetry, error) {
-	meter := set.MeterProvider.Meter(scopeName)
-	t := &receiverTelemetry{}
-	for k := range transportKinds {
-		t.attrs[k] = metric.WithAttributeSet(attribute.NewSet(
-			attribute.String("receiver", set.ID.String()), attribute.String("transport", k.String())))
-	}
-	var errs, err error
-	t.accepted, err = meter.Int64Counter("otelcol_receiver_token_stream_accepted_events",
-		metric.WithDescription("Token events handed to the pipeline and accepted by it."), metric.WithUnit("{event}"))
-	errs = errors.Join(errs, err)
-	t.rejected, err = meter.Int64Counter("otelcol_receiver_token_stream_rejected_events",
-		metric.WithDescription("Token event lines rejected as invalid: malformed JSON, a schema violation or over a limit."), metric.WithUnit("{event}"))
-	errs = errors.Join(errs, err)
-	t.refused, err = meter.Int64Counter("otelcol_receiver_token_stream_refused_events",
-		metric.WithDescription("Valid token events the pipeline refused."), metric.WithUnit("{event}"))
-	errs = errors.Join(errs, err)
-	return t, errs
+type attributeDropper[T any] interface {
+	DropInjectedAttributes(attrs ...string) T
 }

@@ -26,15 +26,14 @@ import (
 	"go.opentelemetry.io/collector/receiver"
 	"go.opentelemetry.io/collector/receiver/receivertest"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
-
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
 
 const (
 	startLine = `{"event":"start","session_id":"s-1","time_unix_nano":1700000000000000000,"trace_id":"0af7651916cd43dd8448eb211c80319c","model":"llama","operation":"chat","prompt_tokens":12}`
@@ -65,7 +64,7 @@ func startReceiver(t *testing.T, next consumer.Logs, mutate func(*Config)) *test
 	require.NoError(t, cfg.Validate())
 	tel := componenttest.NewTelemetry()
 	t.Cleanup(func() { require.NoError(t, tel.Shutdown(context.Background())) })
-	set := receivertest.NewNopSettings(componentType)
+	set := receivertest.NewNopSettings(metadata.Type)
 	set.TelemetrySettings = tel.NewTelemetrySettings()
 	sink, _ := next.(*consumertest.LogsSink)
 	rcv, err := NewFactory().CreateLogs(context.Background(), set, cfg, next)
@@ -111,7 +110,7 @@ func events(t *testing.T, sink *consumertest.LogsSink) []string {
 	for _, ld := range sink.AllLogs() {
 		for _, rl := range ld.ResourceLogs().All() {
 			for _, sl := range rl.ScopeLogs().All() {
-				assert.Equal(t, scopeName, sl.Scope().Name())
+				assert.Equal(t, metadata.ScopeName, sl.Scope().Name())
 				for _, lr := range sl.LogRecords().All() {
 					require.NoError(t, tokenrecord.ReadRecord(lr, &ev, func(e *tokenevent.Event) {
 						out = append(out, strings.TrimSpace(string(tokenevent.AppendJSON(nil, e))))
@@ -134,6 +133,7 @@ func counter(t *testing.T, tel *componenttest.Telemetry, name, transport string)
 		if v, ok := dp.Attributes.Value("transport"); ok && v.AsString() == transport {
 			total += dp.Value
 		}
+		assert.Equal(t, 1, dp.Attributes.Len(), "attributes: transport")
 	}
 	return total
 }
@@ -143,7 +143,7 @@ func TestLifecycle(t *testing.T) {
 	cfg.Hooks.HTTP.GetOrInsertDefault().ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
 	cfg.Hooks.UDP.GetOrInsertDefault().Endpoint = "127.0.0.1:0"
 	f := NewFactory()
-	set := receivertest.NewNopSettings(componentType)
+	set := receivertest.NewNopSettings(metadata.Type)
 
 	// Shutdown without Start.
 	rcv, err := f.CreateLogs(context.Background(), set, cfg, consumertest.NewNop())
@@ -167,7 +167,7 @@ func TestStartFailsOnBusyPort(t *testing.T) {
 	cfg := createDefaultConfig().(*Config)
 	cfg.Hooks.HTTP.GetOrInsertDefault().ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
 	cfg.Hooks.UDP.GetOrInsertDefault().Endpoint = ln.LocalAddr().String()
-	rcv, err := NewFactory().CreateLogs(context.Background(), receivertest.NewNopSettings(componentType), cfg, consumertest.NewNop())
+	rcv, err := NewFactory().CreateLogs(context.Background(), receivertest.NewNopSettings(metadata.Type), cfg, consumertest.NewNop())
 	require.NoError(t, err)
 	err = rcv.Start(context.Background(), componenttest.NewNopHost())
 	require.ErrorContains(t, err, "hooks::udp: listen on "+ln.LocalAddr().String())
@@ -277,10 +277,17 @@ func TestHTTPEdgeCases(t *testing.T) {
 		assert.Equal(t, 2, resp.Accepted)
 	})
 	t.Run("other path", func(t *testing.T) {
-		resp, err := http.Post(strings.TrimSuffix(tr.url, "/v1/token-events")+"/v1/logs", "application/x-ndjson", strings.NewReader(tok1))
-		require.NoError(t, err)
-		resp.Body.Close()
-		assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+		status, _, resp := post(t, strings.TrimSuffix(tr.url, "/v1/token-events")+"/v1/logs", "application/x-ndjson", tok1)
+		assert.Equal(t, http.StatusNotFound, status)
+		assert.Equal(t, "no token event endpoint at /v1/logs: POST batches to /v1/token-events", resp.Error)
+	})
+	t.Run("bad gzip", func(t *testing.T) {
+		req, _ := http.NewRequest(http.MethodPost, tr.url, strings.NewReader("not gzip"))
+		req.Header.Set("Content-Type", "application/x-ndjson")
+		req.Header.Set("Content-Encoding", "gzip")
+		status, _, resp := do(t, req)
+		assert.Equal(t, http.StatusBadRequest, status)
+		assert.NotEmpty(t, resp.Error)
 	})
 }
 
@@ -410,3 +417,46 @@ var (
 	_ receiver.Logs       = (*tokenStreamReceiver)(nil)
 	_ component.Component = (*tokenStreamReceiver)(nil)
 )
+
+// signalCore is a logger core as the collector gives a component: it names
+// the signal of the pipeline the component was created for, and drops it on
+// request.
+type signalCore struct {
+	zapcore.Core
+	base zapcore.Core
+}
+
+func (c signalCore) DropInjectedAttributes(...string) zapcore.Core { return c.base }
+
+// The receiver is created for its metrics pipeline first, with settings that
+// say metrics: its hooks log as logs all the same, its scraper as metrics.
+func TestSourcesLogTheirSignal(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	set := receivertest.NewNopSettings(metadata.Type)
+	set.Logger = zap.New(signalCore{Core: core.With([]zap.Field{zap.String("otelcol.signal", "metrics")}), base: core})
+	cfg := createDefaultConfig().(*Config)
+	cfg.Hooks.HTTP.GetOrInsertDefault().ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
+	cfg.VLLM.GetOrInsertDefault().Targets = []string{"http://127.0.0.1:1/metrics"}
+	f := NewFactory()
+	mr, err := f.CreateMetrics(context.Background(), set, cfg, consumertest.NewNop())
+	require.NoError(t, err)
+	_, err = f.CreateLogs(context.Background(), set, cfg, consumertest.NewNop())
+	require.NoError(t, err)
+	require.NoError(t, mr.Start(context.Background(), componenttest.NewNopHost()))
+	t.Cleanup(func() { require.NoError(t, mr.Shutdown(context.Background())) })
+
+	signals := func(msg string) []any {
+		var out []any
+		for _, e := range logs.FilterMessage(msg).All() {
+			for _, f := range e.Context {
+				if f.Key == "otelcol.signal" {
+					out = append(out, f.String)
+				}
+			}
+		}
+		return out
+	}
+	assert.Equal(t, []any{"logs"}, signals("Token event hook listening"))
+	require.Eventually(t, func() bool { return len(signals("vllm scrape failed")) > 0 }, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, []any{"metrics"}, signals("vllm scrape failed"))
+}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
 
 // tokenPathWorkload is one round of hook traffic cut into NDJSON batches:
@@ -163,7 +164,7 @@ func newTokenPath(b *testing.B) *tokenStreamReceiver {
 	}
 	cfg := createDefaultConfig().(*Config)
 	cfg.Hooks.HTTP.GetOrInsertDefault().ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
-	r, err := newTokenStreamReceiver(cfg, receivertest.NewNopSettings(componentType), lp)
+	r, err := newTokenStreamReceiver(cfg, receivertest.NewNopSettings(metadata.Type), lp)
 	if err != nil {
 		b.Fatal(err)
 	}

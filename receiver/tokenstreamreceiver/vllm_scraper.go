@@ -20,12 +20,13 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/promconv"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
 
 // scrapeLogEvery is how often at most a failing target's errors are logged.
 const scrapeLogEvery = time.Minute
 
-// Reasons a scrape fails, the reason attribute of the scrape error counter.
+// Reasons a scrape fails, the reason attribute of the failed scrapes counter.
 const (
 	reasonConnection = "connection" // dial or transport error (e.g. refused)
 	reasonTimeout    = "timeout"    // the scrape took longer than the timeout
@@ -37,14 +38,12 @@ const (
 // vllmScraper scrapes each target in its own goroutine and hands what it
 // reads to the metrics consumer. A failing target never affects the others.
 type vllmScraper struct {
-	r        *tokenStreamReceiver
-	cfg      *VLLMConfig
-	host     component.Host
-	client   *http.Client
-	obs      *receiverhelper.ObsReport
-	errCount metric.Int64Counter
-	receiver attribute.KeyValue
-	timeout  time.Duration
+	r       *tokenStreamReceiver
+	cfg     *VLLMConfig
+	host    component.Host
+	client  *http.Client
+	obs     *receiverhelper.ObsReport
+	timeout time.Duration
 
 	cancel context.CancelFunc
 	done   sync.WaitGroup
@@ -70,20 +69,14 @@ func startVLLMScraper(ctx context.Context, cfg *VLLMConfig, r *tokenStreamReceiv
 	if err != nil {
 		return nil, err
 	}
-	errCount, err := r.settings.MeterProvider.Meter(scopeName).Int64Counter("otelcol_receiver_token_stream_scrape_errors",
-		metric.WithDescription("Failed scrapes of vllm targets, by target and reason."), metric.WithUnit("{scrape}"))
-	if err != nil {
-		return nil, err
-	}
 	client, err := cfg.Client.ToClient(ctx, host.GetExtensions(), r.settings.TelemetrySettings)
 	if err != nil {
 		return nil, fmt.Errorf("vllm::client: %w", err)
 	}
 	s := &vllmScraper{
-		r: r, cfg: cfg, host: host, client: client, obs: obs, errCount: errCount,
-		receiver: attribute.String("receiver", r.settings.ID.String()),
-		timeout:  cfg.scrapeTimeout(),
-		failing:  make(map[string]bool),
+		r: r, cfg: cfg, host: host, client: client, obs: obs,
+		timeout: cfg.scrapeTimeout(),
+		failing: make(map[string]bool),
 	}
 	targets := make([]*vllmTarget, 0, len(cfg.Targets))
 	for _, raw := range cfg.Targets {
@@ -91,7 +84,7 @@ func startVLLMScraper(ctx context.Context, cfg *VLLMConfig, r *tokenStreamReceiv
 		if err != nil {
 			return nil, fmt.Errorf("vllm::targets: %w", err)
 		}
-		targets = append(targets, &vllmTarget{url: raw, conv: promconv.NewConverter(scopeName, promconv.TargetResource(u))})
+		targets = append(targets, &vllmTarget{url: raw, conv: promconv.NewConverter(metadata.ScopeName, promconv.TargetResource(u))})
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -135,7 +128,7 @@ func (s *vllmScraper) scrape(ctx context.Context, t *vllmTarget) {
 	}
 	md := t.conv.Convert(fams, now)
 	if t.conv.Dropped() > 0 {
-		s.r.settings.Logger.Debug("invalid histogram data points dropped",
+		s.r.metricsLogger.Debug("invalid histogram data points dropped",
 			zap.String("target", t.url), zap.Int("dropped", t.conv.Dropped()))
 	}
 	s.recovered(t)
@@ -144,7 +137,7 @@ func (s *vllmScraper) scrape(ctx context.Context, t *vllmTarget) {
 	err = s.r.nextMetrics.ConsumeMetrics(opCtx, md)
 	s.obs.EndMetricsOp(opCtx, "prometheus", n, err)
 	if err != nil {
-		s.r.settings.Logger.Debug("pipeline refused engine metrics", zap.String("target", t.url), zap.Error(err))
+		s.r.metricsLogger.Debug("pipeline refused engine metrics", zap.String("target", t.url), zap.Error(err))
 	}
 }
 
@@ -197,10 +190,10 @@ func transportReason(err error) string {
 // scrapeLogEvery and reports a recoverable error when the target starts
 // failing.
 func (s *vllmScraper) failed(ctx context.Context, t *vllmTarget, reason string, err error) {
-	s.errCount.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(
-		s.receiver, attribute.String("target", t.url), attribute.String("reason", reason))))
+	s.r.telemetry.ReceiverTokenStreamFailedScrapes.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(
+		attribute.String("target", t.url), attribute.String("reason", reason))))
 	if now := time.Now(); now.Sub(t.lastLogged) >= scrapeLogEvery {
-		s.r.settings.Logger.Warn("vllm scrape failed", zap.String("target", t.url), zap.String("reason", reason),
+		s.r.metricsLogger.Warn("vllm scrape failed", zap.String("target", t.url), zap.String("reason", reason),
 			zap.Int("failures_not_logged", t.suppressed), zap.Error(err))
 		t.lastLogged, t.suppressed = now, 0
 	} else {
@@ -224,7 +217,7 @@ func (s *vllmScraper) recovered(t *vllmTarget) {
 	allOK := was && len(s.failing) == 0
 	s.mu.Unlock()
 	if now := time.Now(); was && now.Sub(t.lastRecovered) >= scrapeLogEvery {
-		s.r.settings.Logger.Info("vllm scrape recovered", zap.String("target", t.url))
+		s.r.metricsLogger.Info("vllm scrape recovered", zap.String("target", t.url))
 		t.lastRecovered = now
 	}
 	if allOK {

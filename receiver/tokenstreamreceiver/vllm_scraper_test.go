@@ -25,6 +25,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
 
 const textContentType = "text/plain; version=0.0.4; charset=utf-8"
@@ -42,7 +44,7 @@ func metricsByName(t *testing.T, md pmetric.Metrics) map[string]pmetric.Metric {
 	require.Equal(t, 1, md.ResourceMetrics().Len())
 	sms := md.ResourceMetrics().At(0).ScopeMetrics()
 	require.Equal(t, 1, sms.Len())
-	assert.Equal(t, scopeName, sms.At(0).Scope().Name())
+	assert.Equal(t, metadata.ScopeName, sms.At(0).Scope().Name())
 	out := map[string]pmetric.Metric{}
 	for _, m := range sms.At(0).Metrics().All() {
 		_, dup := out[m.Name()]
@@ -98,7 +100,7 @@ func startScraping(t *testing.T, targets []string, mutate func(*VLLMConfig)) *sc
 	require.NoError(t, cfg.Validate())
 	tel := componenttest.NewTelemetry()
 	t.Cleanup(func() { require.NoError(t, tel.Shutdown(context.Background())) })
-	set := receivertest.NewNopSettings(componentType)
+	set := receivertest.NewNopSettings(metadata.Type)
 	set.TelemetrySettings = tel.NewTelemetrySettings()
 	core, logs := observer.New(zapcore.DebugLevel)
 	set.Logger = zap.New(core)
@@ -144,7 +146,7 @@ func (st *scrapeTest) scrapesFrom(id string) int {
 
 func (st *scrapeTest) scrapeErrors(t *testing.T, target, reason string) int64 {
 	t.Helper()
-	m, err := st.tel.GetMetric("otelcol_receiver_token_stream_scrape_errors")
+	m, err := st.tel.GetMetric("otelcol_receiver_token_stream_failed_scrapes")
 	if err != nil {
 		return 0
 	}
@@ -152,10 +154,12 @@ func (st *scrapeTest) scrapeErrors(t *testing.T, target, reason string) int64 {
 	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
 		tv, _ := dp.Attributes.Value("target")
 		rv, _ := dp.Attributes.Value("reason")
-		rcv, _ := dp.Attributes.Value("receiver")
-		if tv.AsString() == target && rv.AsString() == reason && strings.HasPrefix(rcv.AsString(), componentType.String()) {
+		if tv.AsString() == target && rv.AsString() == reason {
 			total += dp.Value
 		}
+		// The component is named by the otelcol.component.id the collector
+		// adds, not by an attribute of the receiver's own.
+		assert.Equal(t, 2, dp.Attributes.Len(), "attributes: target and reason")
 	}
 	return total
 }
@@ -335,7 +339,7 @@ func TestLifecycleLogsAndMetrics(t *testing.T) {
 	v.Interval = 20 * time.Millisecond
 	require.NoError(t, cfg.Validate())
 	f := NewFactory()
-	set := receivertest.NewNopSettings(componentType)
+	set := receivertest.NewNopSettings(metadata.Type)
 
 	// Shutdown without Start.
 	lr, err := f.CreateLogs(context.Background(), set, cfg, consumertest.NewNop())
@@ -387,7 +391,7 @@ func TestSourcesFollowConsumers(t *testing.T) {
 	v := cfg.VLLM.GetOrInsertDefault()
 	v.Targets = []string{"http://127.0.0.1:1/metrics"}
 	f := NewFactory()
-	set := receivertest.NewNopSettings(componentType)
+	set := receivertest.NewNopSettings(metadata.Type)
 
 	mr, err := f.CreateMetrics(context.Background(), set, cfg, consumertest.NewNop())
 	require.NoError(t, err)

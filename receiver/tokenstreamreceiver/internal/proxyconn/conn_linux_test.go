@@ -1,4 +1,4 @@
-package tokenstreamreceiver
+package proxyconn
 
 import (
 	"bytes"
@@ -24,7 +24,7 @@ import (
 )
 
 // tcpPair returns both ends of a loopback TCP connection, the first one
-// wrapped by proxyConn.
+// wrapped by wrap.
 func tcpPair(t *testing.T) (*rawTCPConn, *net.TCPConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -39,7 +39,7 @@ func tcpPair(t *testing.T) (*rawTCPConn, *net.TCPConn) {
 	require.NoError(t, err)
 	peer := <-accepted
 	require.NotNil(t, peer)
-	raw, ok := proxyConn(d).(*rawTCPConn)
+	raw, ok := wrap(d).(*rawTCPConn)
 	require.True(t, ok, "a TCP connection is wrapped")
 	t.Cleanup(func() { raw.Close(); peer.Close() })
 	return raw, peer.(*net.TCPConn)
@@ -168,7 +168,7 @@ func TestProxyConnLeavesOtherConnsAlone(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	assert.Same(t, a, proxyConn(a))
+	assert.Same(t, a, wrap(a))
 }
 
 // The upstream client keeps every confighttp setting (here a header) and
@@ -183,7 +183,7 @@ func TestUpstreamClientUsesProxyConns(t *testing.T) {
 	cfg := confighttp.NewDefaultClientConfig()
 	cfg.Endpoint = up.URL
 	cfg.Headers = configopaque.MapList{{Name: "X-Engine-Key", Value: "k"}}
-	client, err := upstreamClient(context.Background(), cfg, componenttest.NewNopHost(), componenttest.NewNopTelemetrySettings())
+	client, err := UpstreamClient(context.Background(), cfg, componenttest.NewNopHost(), componenttest.NewNopTelemetrySettings())
 	require.NoError(t, err)
 	assert.Empty(t, cfg.Middlewares, "the caller's config is not changed")
 
@@ -206,7 +206,7 @@ func TestUpstreamClientUsesProxyConns(t *testing.T) {
 func TestConnListenerWrapsAcceptedConns(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	cl := connListener{ln}
+	cl := Listener(ln)
 	defer cl.Close()
 	go func() {
 		c, derr := net.Dial("tcp", ln.Addr().String())

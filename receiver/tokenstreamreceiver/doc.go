@@ -1,0 +1,16 @@
+// Package tokenstreamreceiver is the token_stream receiver. On the logs
+// signal it takes in the token events of LLM requests (start, token, end)
+// from engine hooks, as NDJSON posted over HTTP or sent in UDP datagrams,
+// and from a reverse proxy in front of an OpenAI-compatible server that
+// observes the completions streams it relays; it emits them as log records
+// in the record form of internal/tokenrecord. On the metrics signal it
+// scrapes engines' Prometheus /metrics endpoints (the vllm source).
+//
+// This package is the wiring: configuration, factory, lifecycle and the
+// sources' I/O. The codecs live apart: internal/tokenevent and
+// internal/tokenrecord (the event model and its records),
+// internal/openaistream (what the proxy reads in OpenAI traffic),
+// internal/sse (SSE framing) and internal/promconv (exposition to pmetric).
+//
+//go:generate mdatagen metadata.yaml
+package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"

@@ -1,0 +1,8 @@
+//go:build !linux
+
+package proxyconn // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxyconn"
+
+import "net"
+
+// wrap is c itself: the raw system call path is Linux only.
+func wrap(c net.Conn) net.Conn { return c }
