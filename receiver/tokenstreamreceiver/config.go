@@ -107,6 +107,7 @@ func (cfg *Config) Validate() error {
 		errs = append(errs, v.validate()...)
 	}
 	if p := cfg.Proxy.Get(); p != nil {
+		errs = append(errs, checkListenAddr("proxy::endpoint", &p.ServerConfig))
 		u, err := url.Parse(p.Upstream.Endpoint)
 		switch {
 		case err != nil:
@@ -115,8 +116,11 @@ func (cfg *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("proxy::upstream::endpoint: want an http(s) URL, got %q", p.Upstream.Endpoint))
 		}
 	}
-	if h := cfg.Hooks.HTTP.Get(); h != nil && !strings.HasPrefix(h.Path, "/") {
-		errs = append(errs, fmt.Errorf("hooks::http::path: must start with '/', got %q", h.Path))
+	if h := cfg.Hooks.HTTP.Get(); h != nil {
+		errs = append(errs, checkListenAddr("hooks::http::endpoint", &h.ServerConfig))
+		if !strings.HasPrefix(h.Path, "/") {
+			errs = append(errs, fmt.Errorf("hooks::http::path: must start with '/', got %q", h.Path))
+		}
 	}
 	if u := cfg.Hooks.UDP.Get(); u != nil {
 		if _, _, err := net.SplitHostPort(u.Endpoint); err != nil {
@@ -144,4 +148,16 @@ func (cfg *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("hooks::limits::max_line_bytes: %d exceeds the largest UDP datagram (%d)", l.MaxLineBytes, maxDatagramBytes))
 	}
 	return errors.Join(errs...)
+}
+
+// checkListenAddr reports a TCP listen endpoint that is no host:port, which
+// would otherwise only fail at start; a unix socket's is left to confighttp.
+func checkListenAddr(key string, s *confighttp.ServerConfig) error {
+	if !strings.HasPrefix(string(s.NetAddr.Transport), "tcp") && s.NetAddr.Transport != "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(s.NetAddr.Endpoint); err != nil {
+		return fmt.Errorf("%s: %w", key, err)
+	}
+	return nil
 }

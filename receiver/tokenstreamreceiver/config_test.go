@@ -2,6 +2,7 @@ package tokenstreamreceiver
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,5 +130,59 @@ func TestConfigVLLMInvalid(t *testing.T) {
 		`vllm::timeout: must not be negative, got -1s`,
 	} {
 		assert.Contains(t, err.Error(), want)
+	}
+}
+
+func TestConfigProxyDefaults(t *testing.T) {
+	cfg, err := loadConfig(t, component.NewIDWithName(metadata.Type, "proxy_defaults"))
+	require.NoError(t, err)
+	assert.False(t, cfg.Hooks.HTTP.HasValue())
+	assert.False(t, cfg.VLLM.HasValue())
+	p := cfg.Proxy.Get()
+	require.NotNil(t, p)
+	assert.Equal(t, "localhost:8001", p.ServerConfig.NetAddr.Endpoint)
+	assert.Equal(t, time.Duration(0), p.ServerConfig.WriteTimeout, "streams last as long as a completion")
+	assert.Equal(t, "http://localhost:8000", p.Upstream.Endpoint)
+}
+
+func TestConfigProxy(t *testing.T) {
+	cfg, err := loadConfig(t, component.NewIDWithName(metadata.Type, "proxy"))
+	require.NoError(t, err)
+	require.True(t, cfg.Hooks.HTTP.HasValue())
+	p := cfg.Proxy.Get()
+	require.NotNil(t, p)
+	assert.Equal(t, "0.0.0.0:8001", p.ServerConfig.NetAddr.Endpoint)
+	assert.Equal(t, 5*time.Second, p.ServerConfig.ReadHeaderTimeout)
+	assert.Equal(t, "https://vllm-0.example:8000/engine", p.Upstream.Endpoint)
+	assert.Equal(t, 10*time.Minute, p.Upstream.Timeout)
+	require.Len(t, p.Upstream.Headers, 1)
+	assert.Equal(t, "Authorization", p.Upstream.Headers[0].Name)
+	assert.Equal(t, "/etc/otelcol/engine-ca.pem", p.Upstream.TLS.CAFile)
+}
+
+// Every problem is reported at once, each named by its YAML key path.
+func TestConfigProxyInvalid(t *testing.T) {
+	_, err := loadConfig(t, component.NewIDWithName(metadata.Type, "proxy_invalid"))
+	require.Error(t, err)
+	assert.ElementsMatch(t, []string{
+		`hooks::http::endpoint: address no-port: missing port in address`,
+		`hooks::http::path: must start with '/', got "events"`,
+		`proxy::endpoint: address localhost: missing port in address`,
+		`proxy::upstream::endpoint: want an http(s) URL, got "vllm:8000"`,
+		`vllm::interval: must be positive, got 0s`,
+	}, strings.Split(err.Error(), "\n"))
+}
+
+// The errors of Validate name YAML keys, never the Go fields they are
+// decoded into.
+func TestConfigErrorsNameYAMLKeys(t *testing.T) {
+	for _, name := range []string{"invalid", "vllm_invalid", "vllm_no_targets", "proxy_invalid"} {
+		_, err := loadConfig(t, component.NewIDWithName(metadata.Type, name))
+		require.Error(t, err)
+		for _, line := range strings.Split(err.Error(), "\n") {
+			key, _, ok := strings.Cut(line, ": ")
+			require.True(t, ok, line)
+			assert.Regexp(t, `^[a-z_]+(\[\d+\])?(::[a-z_]+(\[\d+\])?)*$`, key, line)
+		}
 	}
 }
