@@ -1,7 +1,9 @@
 package tokenstreamreceiver
 
 import (
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -183,6 +185,34 @@ func TestConfigErrorsNameYAMLKeys(t *testing.T) {
 			key, _, ok := strings.Cut(line, ": ")
 			require.True(t, ok, line)
 			assert.Regexp(t, `^[a-z_]+(\[\d+\])?(::[a-z_]+(\[\d+\])?)*$`, key, line)
+		}
+	}
+}
+
+// Every YAML example of README.md configures the receiver validly, and the
+// complete ones use only the components they define.
+func TestREADMEExamples(t *testing.T) {
+	raw, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	blocks := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllSubmatch(raw, -1)
+	require.Len(t, blocks, 4)
+	for i, b := range blocks {
+		path := filepath.Join(t.TempDir(), "config.yaml")
+		require.NoError(t, os.WriteFile(path, b[1], 0o600))
+		cm, err := confmaptest.LoadConf(path)
+		require.NoError(t, err, "example %d", i)
+		sub, err := cm.Sub("receivers::token_stream")
+		require.NoError(t, err)
+		cfg := createDefaultConfig().(*Config)
+		require.NoError(t, sub.Unmarshal(cfg), "example %d", i)
+		require.NoError(t, confmap.Validate(cfg), "example %d", i)
+		pipelines, _ := cm.Get("service::pipelines").(map[string]any)
+		for name, p := range pipelines {
+			for _, kind := range []string{"receivers", "exporters"} {
+				for _, id := range p.(map[string]any)[kind].([]any) {
+					assert.True(t, cm.IsSet(kind+"::"+id.(string)), "example %d: pipeline %s uses %s %s, which it does not define", i, name, kind, id)
+				}
+			}
 		}
 	}
 }
