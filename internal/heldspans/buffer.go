@@ -257,30 +257,33 @@ func moveGroups(groups ptrace.ResourceSpansSlice, dst ptrace.Traces) {
 // findResource searches rss[:n] for a resource equal to res with the same
 // schema URL. Entity refs are not compared (pcommon does not expose them).
 func findResource(rss ptrace.ResourceSpansSlice, n int, res pcommon.Resource, schemaURL string) (ptrace.ResourceSpans, bool) {
-	for i := 0; i < n; i++ {
-		rs := rss.At(i)
+	return findFirst(n, rss.At, func(rs ptrace.ResourceSpans) bool {
 		r := rs.Resource()
-		if rs.SchemaUrl() == schemaURL &&
+		return rs.SchemaUrl() == schemaURL &&
 			r.DroppedAttributesCount() == res.DroppedAttributesCount() &&
-			r.Attributes().Equal(res.Attributes()) {
-			return rs, true
-		}
-	}
-	return ptrace.ResourceSpans{}, false
+			r.Attributes().Equal(res.Attributes())
+	})
 }
 
 // findScope searches sss[:n] for a scope equal to scope with the same schema URL.
 func findScope(sss ptrace.ScopeSpansSlice, n int, scope pcommon.InstrumentationScope, schemaURL string) (ptrace.ScopeSpans, bool) {
-	for i := 0; i < n; i++ {
-		ss := sss.At(i)
+	return findFirst(n, sss.At, func(ss ptrace.ScopeSpans) bool {
 		s := ss.Scope()
-		if ss.SchemaUrl() == schemaURL &&
+		return ss.SchemaUrl() == schemaURL &&
 			s.Name() == scope.Name() &&
 			s.Version() == scope.Version() &&
 			s.DroppedAttributesCount() == scope.DroppedAttributesCount() &&
-			s.Attributes().Equal(scope.Attributes()) {
-			return ss, true
+			s.Attributes().Equal(scope.Attributes())
+	})
+}
+
+// findFirst returns the first of elements at(0) … at(n-1) that match.
+func findFirst[E any](n int, at func(int) E, match func(E) bool) (E, bool) {
+	for i := range n {
+		if e := at(i); match(e) {
+			return e, true
 		}
 	}
-	return ptrace.ScopeSpans{}, false
+	var none E
+	return none, false
 }

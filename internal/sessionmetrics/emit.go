@@ -76,14 +76,7 @@ func (a *Aggregator) newHistogramMetric(ms pmetric.MetricSlice, name, unit, desc
 func (a *Aggregator) appendHistogramPoint(m pmetric.Metric, h *histogram, start, ts pcommon.Timestamp) pcommon.Map {
 	if a.cfg.Histogram == Exponential {
 		dp := m.ExponentialHistogram().DataPoints().AppendEmpty()
-		dp.SetStartTimestamp(start)
-		dp.SetTimestamp(ts)
-		dp.SetCount(h.count)
-		dp.SetSum(h.sum)
-		if h.count > 0 {
-			dp.SetMin(h.min)
-			dp.SetMax(h.max)
-		}
+		setHistogramPoint(dp, h, start, ts)
 		dp.SetScale(h.scale)
 		dp.SetZeroCount(h.zeroCount)
 		if len(h.counts) > 0 {
@@ -93,6 +86,25 @@ func (a *Aggregator) appendHistogramPoint(m pmetric.Metric, h *histogram, start,
 		return dp.Attributes()
 	}
 	dp := m.Histogram().DataPoints().AppendEmpty()
+	setHistogramPoint(dp, h, start, ts)
+	dp.ExplicitBounds().FromRaw(h.bounds)
+	dp.BucketCounts().FromRaw(h.counts)
+	return dp.Attributes()
+}
+
+// histogramPoint is what explicit and exponential histogram points share.
+type histogramPoint interface {
+	SetStartTimestamp(pcommon.Timestamp)
+	SetTimestamp(pcommon.Timestamp)
+	SetCount(uint64)
+	SetSum(float64)
+	SetMin(float64)
+	SetMax(float64)
+}
+
+// setHistogramPoint sets the fields every histogram point has: times,
+// count, sum, and min and max when there is a value.
+func setHistogramPoint[P histogramPoint](dp P, h *histogram, start, ts pcommon.Timestamp) {
 	dp.SetStartTimestamp(start)
 	dp.SetTimestamp(ts)
 	dp.SetCount(h.count)
@@ -101,53 +113,66 @@ func (a *Aggregator) appendHistogramPoint(m pmetric.Metric, h *histogram, start,
 		dp.SetMin(h.min)
 		dp.SetMax(h.max)
 	}
-	dp.ExplicitBounds().FromRaw(h.bounds)
-	dp.BucketCounts().FromRaw(h.counts)
-	return dp.Attributes()
 }
 
-// appendEnd writes an end-of-session histogram metric.
-func (a *Aggregator) appendEnd(ms pmetric.MetricSlice, em *endMetric, ts pcommon.Timestamp) {
-	points := len(em.order)
-	if em.overflow != nil {
-		points++
-	}
-	if points == 0 {
-		return
-	}
-	m := a.newHistogramMetric(ms, em.name, em.unit, em.desc, points)
-	for _, s := range em.order {
-		a.putEndAttrs(a.appendHistogramPoint(m, &s.h, a.startOf(s.start), ts), &s.attrs)
-	}
-	if s := em.overflow; s != nil {
-		putOverflow(a.appendHistogramPoint(m, &s.h, a.startOf(s.start), ts))
-	}
-}
-
-func (a *Aggregator) appendInterTokenLatency(ms pmetric.MetricSlice, ts pcommon.Timestamp) {
+// appendSeries is the skeleton every metric shares. It counts the series
+// to emit (those of order, then the overflow series if there is one, that
+// keep accepts) and, when there are any, makes the metric with room for
+// them (begin) and appends a point per series (point), whose attributes
+// are those of the series (attrs) or, for the overflow series, only
+// otel.metric.overflow.
+func appendSeries[S, M any](order []*S, overflow *S, keep func(*S) bool,
+	begin func(points int) M, point func(M, *S) pcommon.Map, attrs func(pcommon.Map, *S),
+) {
 	points := 0
-	for _, s := range a.liveOrder {
-		if s.itl.count > 0 {
+	for _, s := range order {
+		if keep(s) {
 			points++
 		}
 	}
-	o := a.liveOverflow
-	if o != nil && o.itl.count > 0 {
+	hasOverflow := overflow != nil && keep(overflow)
+	if hasOverflow {
 		points++
 	}
 	if points == 0 {
 		return
 	}
-	m := a.newHistogramMetric(ms, MetricInterTokenLatency, "s",
-		"Per-token gap between successive tokens of a session; a chunk of n tokens counts n times.", points)
-	for _, s := range a.liveOrder {
-		if s.itl.count > 0 {
-			a.putDims(a.appendHistogramPoint(m, &s.itl, a.startOf(s.start), ts), s.live.dims, "")
+	m := begin(points)
+	for _, s := range order {
+		if keep(s) {
+			attrs(point(m, s), s)
 		}
 	}
-	if o != nil && o.itl.count > 0 {
-		putOverflow(a.appendHistogramPoint(m, &o.itl, a.startOf(o.start), ts))
+	if hasOverflow {
+		putOverflow(point(m, overflow))
 	}
+}
+
+func every[S any](*S) bool { return true }
+
+// appendEnd writes an end-of-session histogram metric.
+func (a *Aggregator) appendEnd(ms pmetric.MetricSlice, em *endMetric, ts pcommon.Timestamp) {
+	appendSeries(em.order, em.overflow, every[endSeries],
+		func(points int) pmetric.Metric { return a.newHistogramMetric(ms, em.name, em.unit, em.desc, points) },
+		func(m pmetric.Metric, s *endSeries) pcommon.Map {
+			return a.appendHistogramPoint(m, &s.h, a.startOf(s.start), ts)
+		},
+		func(attrs pcommon.Map, s *endSeries) { a.putEndAttrs(attrs, &s.attrs) })
+}
+
+// putLiveDims writes the attributes of a live series.
+func (a *Aggregator) putLiveDims(attrs pcommon.Map, s *liveSeries) { a.putDims(attrs, s.live.dims, "") }
+
+func (a *Aggregator) appendInterTokenLatency(ms pmetric.MetricSlice, ts pcommon.Timestamp) {
+	appendSeries(a.liveOrder, a.liveOverflow, func(s *liveSeries) bool { return s.itl.count > 0 },
+		func(points int) pmetric.Metric {
+			return a.newHistogramMetric(ms, MetricInterTokenLatency, "s",
+				"Per-token gap between successive tokens of a session; a chunk of n tokens counts n times.", points)
+		},
+		func(m pmetric.Metric, s *liveSeries) pcommon.Map {
+			return a.appendHistogramPoint(m, &s.itl, a.startOf(s.start), ts)
+		},
+		a.putLiveDims)
 }
 
 func (a *Aggregator) newSumMetric(ms pmetric.MetricSlice, name, unit, desc string, points int) pmetric.NumberDataPointSlice {
@@ -173,79 +198,51 @@ func appendIntPoint(dps pmetric.NumberDataPointSlice, v int64, start, ts pcommon
 
 func (a *Aggregator) appendSessions(ms pmetric.MetricSlice, ts pcommon.Timestamp) {
 	em := &a.sessions
-	points := len(em.order)
-	if em.overflow != nil {
-		points++
-	}
-	if points == 0 {
-		return
-	}
-	dps := a.newSumMetric(ms, em.name, em.unit, em.desc, points)
-	for _, s := range em.order {
-		attrs := appendIntPoint(dps, int64(s.n), a.startOf(s.start), ts)
-		a.putEndAttrs(attrs, &s.attrs)
-		putStr(attrs, attrOutcome, s.attrs.outcome)
-		attrs.PutBool(attrSampled, s.attrs.sampled)
-	}
-	if s := em.overflow; s != nil {
-		putOverflow(appendIntPoint(dps, int64(s.n), a.startOf(s.start), ts))
-	}
+	appendSeries(em.order, em.overflow, every[endSeries],
+		func(points int) pmetric.NumberDataPointSlice {
+			return a.newSumMetric(ms, em.name, em.unit, em.desc, points)
+		},
+		func(dps pmetric.NumberDataPointSlice, s *endSeries) pcommon.Map {
+			return appendIntPoint(dps, int64(s.n), a.startOf(s.start), ts)
+		},
+		func(attrs pcommon.Map, s *endSeries) {
+			a.putEndAttrs(attrs, &s.attrs)
+			putStr(attrs, attrOutcome, s.attrs.outcome)
+			attrs.PutBool(attrSampled, s.attrs.sampled)
+		})
 }
 
 func (a *Aggregator) appendStalls(ms pmetric.MetricSlice, ts pcommon.Timestamp) {
 	// Under Cumulative every live series is emitted, at 0 until its first stall.
-	emit := func(s *liveSeries) bool { return a.cfg.Temporality == Cumulative || s.stalls > 0 }
-	points := 0
-	for _, s := range a.liveOrder {
-		if emit(s) {
-			points++
-		}
-	}
-	o := a.liveOverflow
-	if o != nil && emit(o) {
-		points++
-	}
-	if points == 0 {
-		return
-	}
-	dps := a.newSumMetric(ms, MetricStalls, "{stall}",
-		"Stall episodes: consecutive slow inter-token gaps, or a freeze with no token.", points)
-	for _, s := range a.liveOrder {
-		if emit(s) {
-			a.putDims(appendIntPoint(dps, int64(s.stalls), a.startOf(s.start), ts), s.live.dims, "")
-		}
-	}
-	if o != nil && emit(o) {
-		putOverflow(appendIntPoint(dps, int64(o.stalls), a.startOf(o.start), ts))
-	}
+	appendSeries(a.liveOrder, a.liveOverflow, func(s *liveSeries) bool { return a.cfg.Temporality == Cumulative || s.stalls > 0 },
+		func(points int) pmetric.NumberDataPointSlice {
+			return a.newSumMetric(ms, MetricStalls, "{stall}",
+				"Stall episodes: consecutive slow inter-token gaps, or a freeze with no token.", points)
+		},
+		func(dps pmetric.NumberDataPointSlice, s *liveSeries) pcommon.Map {
+			return appendIntPoint(dps, int64(s.stalls), a.startOf(s.start), ts)
+		},
+		a.putLiveDims)
 }
 
 func (a *Aggregator) appendActive(ms pmetric.MetricSlice, ts pcommon.Timestamp) {
-	points := len(a.liveOrder)
-	if a.liveOverflow != nil {
-		points++
-	}
-	if points == 0 {
-		return
-	}
-	m := ms.AppendEmpty()
-	m.SetName(MetricActiveSessions)
-	m.SetUnit("{session}")
-	m.SetDescription("Sessions started and not yet ended.")
-	dps := m.SetEmptyGauge().DataPoints()
-	dps.EnsureCapacity(points)
-	point := func(v int64) pcommon.Map {
-		dp := dps.AppendEmpty()
-		dp.SetTimestamp(ts)
-		dp.SetIntValue(v)
-		return dp.Attributes()
-	}
-	for _, s := range a.liveOrder {
-		a.putDims(point(s.active), s.live.dims, "")
-	}
-	if o := a.liveOverflow; o != nil {
-		putOverflow(point(o.active))
-	}
+	appendSeries(a.liveOrder, a.liveOverflow, every[liveSeries],
+		func(points int) pmetric.NumberDataPointSlice {
+			m := ms.AppendEmpty()
+			m.SetName(MetricActiveSessions)
+			m.SetUnit("{session}")
+			m.SetDescription("Sessions started and not yet ended.")
+			dps := m.SetEmptyGauge().DataPoints()
+			dps.EnsureCapacity(points)
+			return dps
+		},
+		func(dps pmetric.NumberDataPointSlice, s *liveSeries) pcommon.Map {
+			dp := dps.AppendEmpty()
+			dp.SetTimestamp(ts)
+			dp.SetIntValue(s.active)
+			return dp.Attributes()
+		},
+		a.putLiveDims)
 }
 
 // resetDelta starts a new delta interval.

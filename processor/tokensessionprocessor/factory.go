@@ -25,52 +25,47 @@ func NewFactory() processor.Factory {
 		processor.WithTraces(createTraces, metadata.TracesStability))
 }
 
-func sharedCore(set processor.Settings, cfg component.Config) (*sharedcomponent.Component[*core], error) {
-	return cores.LoadOrStore(set.ID, func() (*core, error) { return newCore(cfg.(*Config), set) })
-}
-
 // capabilities: the processor removes the token event records it folds and
 // the spans it holds from what it was given.
 var capabilities = consumer.Capabilities{MutatesData: true}
 
-func createLogs(_ context.Context, set processor.Settings, cfg component.Config, next consumer.Logs) (processor.Logs, error) {
-	c, err := sharedCore(set, cfg)
+// sharedComponent is the core of one component ID, started and stopped once
+// for all its pipelines.
+type sharedComponent = sharedcomponent.Component[*core]
+
+// withCore returns face, the processor of one signal, over the core of
+// set.ID, with next as that signal's next consumer (the others nil).
+func withCore[P any](set processor.Settings, cfg component.Config, face func(*sharedComponent) P,
+	logs consumer.Logs, metrics consumer.Metrics, traces consumer.Traces,
+) (P, error) {
+	var none P
+	c, err := cores.LoadOrStore(set.ID, func() (*core, error) { return newCore(cfg.(*Config), set) })
 	if err != nil {
-		return nil, err
+		return none, err
 	}
-	if err := c.Unwrap().setNext(next, nil, nil); err != nil {
-		return nil, err
+	if err := c.Unwrap().setNext(logs, metrics, traces); err != nil {
+		return none, err
 	}
-	return &logsProcessor{Component: c}, nil
+	return face(c), nil
+}
+
+func createLogs(_ context.Context, set processor.Settings, cfg component.Config, next consumer.Logs) (processor.Logs, error) {
+	return withCore(set, cfg, func(c *sharedComponent) processor.Logs { return &logsProcessor{c} }, next, nil, nil)
 }
 
 func createMetrics(_ context.Context, set processor.Settings, cfg component.Config, next consumer.Metrics) (processor.Metrics, error) {
-	c, err := sharedCore(set, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.Unwrap().setNext(nil, next, nil); err != nil {
-		return nil, err
-	}
-	return &metricsProcessor{Component: c}, nil
+	return withCore(set, cfg, func(c *sharedComponent) processor.Metrics { return &metricsProcessor{c} }, nil, next, nil)
 }
 
 func createTraces(_ context.Context, set processor.Settings, cfg component.Config, next consumer.Traces) (processor.Traces, error) {
-	c, err := sharedCore(set, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.Unwrap().setNext(nil, nil, next); err != nil {
-		return nil, err
-	}
-	return &tracesProcessor{Component: c}, nil
+	return withCore(set, cfg, func(c *sharedComponent) processor.Traces { return &tracesProcessor{c} }, nil, nil, next)
 }
 
 // The per-signal faces of the shared core. Start and Shutdown come from
 // the shared component, which runs them once for all three.
 
 type logsProcessor struct {
-	*sharedcomponent.Component[*core]
+	*sharedComponent
 }
 
 func (p *logsProcessor) Capabilities() consumer.Capabilities { return capabilities }
@@ -79,7 +74,7 @@ func (p *logsProcessor) ConsumeLogs(ctx context.Context, ld plog.Logs) error {
 }
 
 type metricsProcessor struct {
-	*sharedcomponent.Component[*core]
+	*sharedComponent
 }
 
 func (p *metricsProcessor) Capabilities() consumer.Capabilities { return capabilities }
@@ -88,7 +83,7 @@ func (p *metricsProcessor) ConsumeMetrics(ctx context.Context, md pmetric.Metric
 }
 
 type tracesProcessor struct {
-	*sharedcomponent.Component[*core]
+	*sharedComponent
 }
 
 func (p *tracesProcessor) Capabilities() consumer.Capabilities { return capabilities }
