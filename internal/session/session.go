@@ -87,9 +87,10 @@ type Stall struct {
 //
 // Its size matters (issue 7: at most 512 B per in-flight session): the
 // word-sized fields come first and the small ones last so that no padding
-// sits between them, the gap window and the Observer's state live in the
-// Table's dense arrays, and what few sessions have sits behind one pointer
-// (extra). 224 B, a size class of its own; TestSessionSize guards it.
+// sits between them, the gap window lives in the Table's dense array, and
+// what few sessions have sits behind one pointer (extra). 224 B; with the
+// Observer's state beside it (the Table's entry) 232 B, in the 240 B size
+// class. TestSessionSize guards both.
 type Session struct {
 	ID           string
 	TraceID      pcommon.TraceID

@@ -14,3 +14,11 @@ func TestSessionSize(t *testing.T) {
 		t.Errorf("Session is %d B, want at most 240 (see the comment on Session)", got)
 	}
 }
+
+// The Table allocates a Session with its Observer's state (a pointer, for
+// the processor) as one entry: 232 B, still in the 240 B size class.
+func TestEntrySize(t *testing.T) {
+	if got := unsafe.Sizeof(entry[*struct{}]{}); got > 240 {
+		t.Errorf("entry is %d B, want at most 240 (see the comment on Session)", got)
+	}
+}

@@ -22,7 +22,7 @@ type Observer[S any] interface {
 	// before the start; its start fields are filled in later.
 	Started(s *Session) S
 	// Gap: n per-token gaps of g each (a chunk of n tokens arriving g·n
-	// after the previous one).
+	// after the previous one); state is what Started returned for s.
 	Gap(s *Session, state S, g time.Duration, n int64)
 }
 
@@ -64,6 +64,17 @@ type Report[S any] struct {
 	// any session of the trace was kept (Kept).
 	End   End
 	Trace TraceVerdict
+
+	// entry is where Session and State live, for Release.
+	entry *entry[S]
+}
+
+// entry is a Session with its Observer state beside it: both are read on
+// every token, so they share the allocation and its cache lines (a
+// pointer-sized S makes the entry 232 B, in the 240 B size class).
+type entry[S any] struct {
+	Session
+	state S
 }
 
 // TraceVerdict is the state of a session's trace when the session ends.
@@ -99,30 +110,25 @@ type Table[S any] struct {
 	normal      sampling.Threshold
 	freezeAfter int64
 
-	sessions map[string]*Session
+	sessions map[string]*entry[S]
 	// last is the session Apply found last, checked before the map: the
 	// events of a packed token record come in a row for one session.
-	last   *Session
+	last   *entry[S]
 	traces map[pcommon.TraceID]traceRef
 	ended  endedSet
-	free   []*Session
+	free   []*entry[S]
 
 	// slots and clocks are dense, indexed by Session.slot: the per-token
 	// path writes one clocks entry instead of relinking lists (which would
 	// touch neighbouring sessions' memory), and Tick scans clocks
 	// sequentially, which for 100 000 sessions takes a fraction of a ms.
-	slots  []*Session
+	slots  []*entry[S]
 	clocks []clock
 	// gaps holds each session's window of the latest per-token gaps, in µs,
 	// Window entries per slot: dense rather than a slice per session, which
 	// would cost a slice header and an allocation rounded up to its size
 	// class (issue 7).
 	gaps []uint32
-	// states holds each session's Observer state, by slot like clocks.
-	states []S
-
-	// reports collects the Reports of the call under way; nil between calls.
-	reports []Report[S]
 
 	Counters Counters
 }
@@ -161,7 +167,7 @@ func NewTable[S any](cfg Config, obs Observer[S]) (*Table[S], error) {
 		obs:         obs,
 		normal:      normal,
 		freezeAfter: int64(cfg.StallGap) * int64(cfg.StallConsecutive),
-		sessions:    make(map[string]*Session),
+		sessions:    make(map[string]*entry[S]),
 		traces:      make(map[pcommon.TraceID]traceRef),
 		ended:       newEndedSet(cfg.EndedMemory),
 	}, nil
@@ -187,15 +193,8 @@ func (t *Table[S]) TraceActive(id pcommon.TraceID) (active, kept bool) {
 // reports. now is the collector's clock (Unix ns) when the event arrived;
 // the event's own time is the engine's.
 func (t *Table[S]) Apply(ev *tokenevent.Event, now int64, reports []Report[S]) []Report[S] {
-	t.reports = reports
-	t.apply(ev, now)
-	return t.takeReports()
-}
-
-func (t *Table[S]) takeReports() []Report[S] {
-	r := t.reports
-	t.reports = nil
-	return r
+	t.apply(ev, now, &reports)
+	return reports
 }
 
 // Release hands the ended sessions of reports back to the table for reuse
@@ -204,7 +203,7 @@ func (t *Table[S]) takeReports() []Report[S] {
 func (t *Table[S]) Release(reports []Report[S]) []Report[S] {
 	for i := range reports {
 		if reports[i].Kind == ReportEnded {
-			t.recycle(reports[i].Session)
+			t.recycle(reports[i].entry)
 		}
 	}
 	// Cleared so that the stall gaps and states they hold can be collected.
@@ -212,7 +211,7 @@ func (t *Table[S]) Release(reports []Report[S]) []Report[S] {
 	return reports[:0]
 }
 
-func (t *Table[S]) apply(ev *tokenevent.Event, now int64) {
+func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 	s := t.last
 	if s == nil || s.ID != ev.SessionID {
 		s = t.sessions[ev.SessionID]
@@ -224,7 +223,7 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64) {
 		case s == nil && t.ended.has(ev.SessionID):
 			t.Counters.LateEvents++
 		case s == nil:
-			s = t.create(ev.SessionID, now)
+			s = t.create(ev.SessionID, now, out)
 			t.fillStart(s, ev)
 			t.started(s)
 		case s.HasStart:
@@ -233,7 +232,7 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64) {
 		default:
 			t.fillStart(s, ev)
 			t.touch(s, now)
-			t.checkTTFT(s)
+			t.checkTTFT(s, out)
 		}
 	case tokenevent.KindToken:
 		if s == nil {
@@ -242,10 +241,10 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64) {
 				return
 			}
 			t.Counters.OrphanTokens++
-			s = t.create(ev.SessionID, now)
+			s = t.create(ev.SessionID, now, out)
 			t.started(s)
 		}
-		t.token(s, int64(ev.TimeUnixNano), ev.Count, now)
+		t.token(s, int64(ev.TimeUnixNano), ev.Count, now, out)
 	case tokenevent.KindEnd:
 		if s == nil {
 			if t.ended.has(ev.SessionID) {
@@ -264,7 +263,7 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64) {
 		case ev.FinishReason == finishReasonAbort:
 			outcome = OutcomeAborted
 		}
-		t.end(s, outcome, &e)
+		t.end(s, outcome, &e, out)
 	}
 }
 
@@ -273,39 +272,37 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64) {
 // (every few tens of ms) for freezes to be reported promptly; it scans a
 // dense array of two timestamps per session.
 func (t *Table[S]) Tick(now int64, reports []Report[S]) []Report[S] {
-	t.reports = reports
 	// Backwards, since ending a session moves the last slot into its place.
 	for i := len(t.slots) - 1; i >= 0; i-- {
 		c := &t.clocks[i]
 		s := t.slots[i]
 		switch {
 		case now-c.lastSeen > int64(t.cfg.IdleTimeout):
-			t.end(s, OutcomeTimeout, &End{CompletionTokens: -1})
+			t.end(s, OutcomeTimeout, &End{CompletionTokens: -1}, &reports)
 		case c.lastTokenSeen != 0 && now-c.lastTokenSeen > t.freezeAfter:
 			c.lastTokenSeen = 0
 			// Stamped on the engine's clock, like everything else about
 			// the session: the moment the freeze threshold was crossed.
-			t.stall(s, Stall{DetectedAt: s.LastTokenTime + t.freezeAfter, Since: s.LastTokenTime, Freeze: true})
+			t.stall(s, Stall{DetectedAt: s.LastTokenTime + t.freezeAfter, Since: s.LastTokenTime, Freeze: true}, &reports)
 		}
 	}
-	return t.takeReports()
+	return reports
 }
 
 // Shutdown ends every active session with OutcomeShutdown, appending their
 // reports to reports.
 func (t *Table[S]) Shutdown(reports []Report[S]) []Report[S] {
-	t.reports = reports
 	for i := len(t.slots) - 1; i >= 0; i-- {
-		t.end(t.slots[i], OutcomeShutdown, &End{CompletionTokens: -1})
+		t.end(t.slots[i], OutcomeShutdown, &End{CompletionTokens: -1}, &reports)
 	}
-	return t.takeReports()
+	return reports
 }
 
 // evictionSamples is how many sessions an eviction compares: evicting the
 // least recently active of a random sample approximates LRU at O(1) cost.
 const evictionSamples = 8
 
-func (t *Table[S]) evict() {
+func (t *Table[S]) evict(out *[]Report[S]) {
 	victim := -1
 	if len(t.slots) <= evictionSamples {
 		for i := range t.slots {
@@ -321,18 +318,18 @@ func (t *Table[S]) evict() {
 			}
 		}
 	}
-	t.end(t.slots[victim], OutcomeEvicted, &End{CompletionTokens: -1})
+	t.end(t.slots[victim], OutcomeEvicted, &End{CompletionTokens: -1}, out)
 }
 
-func (t *Table[S]) create(id string, now int64) *Session {
+func (t *Table[S]) create(id string, now int64, out *[]Report[S]) *entry[S] {
 	if len(t.sessions) >= t.cfg.MaxActive {
-		t.evict()
+		t.evict(out)
 	}
-	var s *Session
+	var s *entry[S]
 	if n := len(t.free); n > 0 {
 		s, t.free = t.free[n-1], t.free[:n-1]
 	} else {
-		s = new(Session)
+		s = new(entry[S])
 	}
 	s.reset()
 	s.ID = id
@@ -343,8 +340,6 @@ func (t *Table[S]) create(id string, now int64) *Session {
 	s.slot = int32(len(t.slots))
 	t.slots = append(t.slots, s)
 	t.clocks = append(t.clocks, clock{lastSeen: now})
-	var zero S
-	t.states = append(t.states, zero)
 	n := len(t.gaps)
 	t.gaps = slices.Grow(t.gaps, t.cfg.Window)[:n+t.cfg.Window]
 	clear(t.gaps[n:])
@@ -352,7 +347,7 @@ func (t *Table[S]) create(id string, now int64) *Session {
 }
 
 // started has the Observer make the state of the new session s.
-func (t *Table[S]) started(s *Session) { t.states[s.slot] = t.obs.Started(s) }
+func (t *Table[S]) started(s *entry[S]) { s.state = t.obs.Started(&s.Session) }
 
 func randomID(b []byte) {
 	for i := 0; i < len(b); i += 8 {
@@ -364,7 +359,7 @@ func randomID(b []byte) {
 	}
 }
 
-func (t *Table[S]) fillStart(s *Session, ev *tokenevent.Event) {
+func (t *Table[S]) fillStart(s *entry[S], ev *tokenevent.Event) {
 	s.HasStart = true
 	s.StartTime = int64(ev.TimeUnixNano)
 	if trace := pcommon.TraceID(ev.TraceID); !trace.IsEmpty() && trace != s.TraceID {
@@ -387,7 +382,7 @@ func (t *Table[S]) fillStart(s *Session, ev *tokenevent.Event) {
 	}
 }
 
-func (t *Table[S]) token(s *Session, at, count, now int64) {
+func (t *Table[S]) token(s *entry[S], at, count, now int64, out *[]Report[S]) {
 	s.Chunks++
 	s.Tokens += count
 	c := &t.clocks[s.slot]
@@ -400,7 +395,7 @@ func (t *Table[S]) token(s *Session, at, count, now int64) {
 		if s.StartTime != 0 && at < s.StartTime {
 			t.Counters.OutOfOrder++
 		}
-		t.checkTTFT(s)
+		t.checkTTFT(s, out)
 		return
 	}
 	if at < s.LastTokenTime {
@@ -415,7 +410,7 @@ func (t *Table[S]) token(s *Session, at, count, now int64) {
 	s.LastTokenTime = at
 	s.MaxGap = max(s.MaxGap, gap)
 	t.pushGap(s, gap, count)
-	t.obs.Gap(s, t.states[s.slot], gap, count)
+	t.obs.Gap(&s.Session, s.state, gap, count)
 	if gap <= t.cfg.StallGap {
 		s.slowRun = 0
 		if s.inStall {
@@ -427,19 +422,19 @@ func (t *Table[S]) token(s *Session, at, count, now int64) {
 	s.slowRun = int32(min(int64(s.slowRun)+count, math.MaxInt32))
 	if !s.inStall && int(s.slowRun) >= t.cfg.StallConsecutive {
 		c.lastTokenSeen = 0
-		t.stall(s, Stall{DetectedAt: at, Since: s.slowSince, Gaps: t.latestGaps(s, t.cfg.StallConsecutive)})
+		t.stall(s, Stall{DetectedAt: at, Since: s.slowSince, Gaps: t.latestGaps(s, t.cfg.StallConsecutive)}, out)
 	}
 }
 
 // window returns s's window of per-token gaps.
-func (t *Table[S]) window(s *Session) []uint32 {
+func (t *Table[S]) window(s *entry[S]) []uint32 {
 	w := t.cfg.Window
 	return t.gaps[int(s.slot)*w : (int(s.slot)+1)*w : (int(s.slot)+1)*w]
 }
 
 // pushGap adds n per-token gaps of g to s's window and updates its
 // maximum window TPOT.
-func (t *Table[S]) pushGap(s *Session, g time.Duration, n int64) {
+func (t *Table[S]) pushGap(s *entry[S], g time.Duration, n int64) {
 	gaps := t.window(s)
 	us := uint32(min(g/time.Microsecond, 1<<32-1))
 	for range min(n, int64(len(gaps))) {
@@ -455,7 +450,7 @@ func (t *Table[S]) pushGap(s *Session, g time.Duration, n int64) {
 }
 
 // latestGaps returns up to n of s's latest gaps, oldest first.
-func (t *Table[S]) latestGaps(s *Session, n int) []time.Duration {
+func (t *Table[S]) latestGaps(s *entry[S], n int) []time.Duration {
 	gaps := t.window(s)
 	n = min(n, int(s.gapLen))
 	out := make([]time.Duration, n)
@@ -466,27 +461,27 @@ func (t *Table[S]) latestGaps(s *Session, n int) []time.Duration {
 	return out
 }
 
-func (t *Table[S]) stall(s *Session, st Stall) {
+func (t *Table[S]) stall(s *entry[S], st Stall, out *[]Report[S]) {
 	s.inStall = true
 	s.StallCount++
 	if len(s.Stalls()) < t.cfg.MaxStallRecords {
 		x := s.ensureExtra()
 		x.stalls = append(x.stalls, st)
 	}
-	t.reports = append(t.reports, Report[S]{Kind: ReportStalled, Session: s, State: t.states[s.slot],
+	*out = append(*out, Report[S]{Kind: ReportStalled, Session: &s.Session, State: s.state, entry: s,
 		Stall: st, StallCount: s.StallCount, Chunks: s.Chunks})
 	if t.cfg.Sampling.Stalls {
-		t.keepEarly(s, ReasonStall)
+		t.keepEarly(s, ReasonStall, out)
 	}
 }
 
-func (t *Table[S]) checkTTFT(s *Session) {
+func (t *Table[S]) checkTTFT(s *entry[S], out *[]Report[S]) {
 	if ttft, ok := s.TTFT(); ok && t.cfg.Sampling.TTFT > 0 && ttft > t.cfg.Sampling.TTFT {
-		t.keepEarly(s, ReasonTTFT)
+		t.keepEarly(s, ReasonTTFT, out)
 	}
 }
 
-func (t *Table[S]) keepEarly(s *Session, r Reason) {
+func (t *Table[S]) keepEarly(s *entry[S], r Reason, out *[]Report[S]) {
 	s.Reasons |= r
 	if s.Keep {
 		return
@@ -496,12 +491,12 @@ func (t *Table[S]) keepEarly(s *Session, r Reason) {
 	ref := t.traces[s.TraceID]
 	ref.kept = true
 	t.traces[s.TraceID] = ref
-	t.reports = append(t.reports, Report[S]{Kind: ReportKeptEarly, Session: s, State: t.states[s.slot]})
+	*out = append(*out, Report[S]{Kind: ReportKeptEarly, Session: &s.Session, State: s.state, entry: s})
 }
 
 // decide sets the final verdict: kept when a rule matches, else by the
 // consistent probabilistic draw on the trace ID (OTEP 235).
-func (t *Table[S]) decide(s *Session, e *End) {
+func (t *Table[S]) decide(s *entry[S], e *End) {
 	p := t.cfg.Sampling
 	if ttft, ok := s.TTFT(); ok && p.TTFT > 0 && ttft > p.TTFT {
 		s.Reasons |= ReasonTTFT
@@ -530,32 +525,32 @@ func (t *Table[S]) decide(s *Session, e *End) {
 
 // end ends s and reports it; s goes back to the free list when the caller
 // releases the report.
-func (t *Table[S]) end(s *Session, outcome Outcome, e *End) {
+func (t *Table[S]) end(s *entry[S], outcome Outcome, e *End, out *[]Report[S]) {
 	s.Outcome = outcome
 	t.decide(s, e)
 	trace := t.traceRemove(s.TraceID, s.Keep)
-	t.reports = append(t.reports, Report[S]{Kind: ReportEnded, Session: s, State: t.states[s.slot], End: *e, Trace: trace})
+	*out = append(*out, Report[S]{Kind: ReportEnded, Session: &s.Session, State: s.state, entry: s, End: *e, Trace: trace})
 	delete(t.sessions, s.ID)
 	if t.last == s {
 		t.last = nil
 	}
 	last := int32(len(t.slots) - 1)
 	moved := t.slots[last]
-	t.slots[s.slot], t.clocks[s.slot], t.states[s.slot] = moved, t.clocks[last], t.states[last]
+	t.slots[s.slot], t.clocks[s.slot] = moved, t.clocks[last]
 	// The moved session's window goes with it: Window entries (40 B by
 	// default) copied per ended session.
 	copy(t.window(s), t.window(moved))
 	moved.slot = s.slot
 	t.slots[last] = nil
-	var zero S
-	t.states[last] = zero
 	w := t.cfg.Window
-	t.slots, t.clocks, t.states, t.gaps = t.slots[:last], t.clocks[:last], t.states[:last], t.gaps[:int(last)*w]
+	t.slots, t.clocks, t.gaps = t.slots[:last], t.clocks[:last], t.gaps[:int(last)*w]
 	t.ended.add(s.ID)
 }
 
 // recycle puts an ended session, its report handled, on the free list.
-func (t *Table[S]) recycle(s *Session) {
+func (t *Table[S]) recycle(s *entry[S]) {
+	var zero S
+	s.state = zero
 	if x := s.extra; x != nil {
 		// Emptied, not dropped: the next session in this Session reuses the
 		// storage. Cleared so the old attributes' strings can be collected.
@@ -586,7 +581,7 @@ func (t *Table[S]) traceRemove(id pcommon.TraceID, kept bool) TraceVerdict {
 }
 
 // touch records activity on s.
-func (t *Table[S]) touch(s *Session, now int64) { t.clocks[s.slot].lastSeen = now }
+func (t *Table[S]) touch(s *entry[S], now int64) { t.clocks[s.slot].lastSeen = now }
 
 // endedSet remembers the latest ended session IDs, oldest forgotten first.
 type endedSet struct {

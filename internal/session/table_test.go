@@ -399,13 +399,13 @@ func TestReportedSessionReusedOnlyAfterRelease(t *testing.T) {
 	assert.Equal(t, ReportEnded, reports[0].Kind)
 	assert.Equal(t, "a", a.ID, "the evicted session, intact")
 	assert.Equal(t, OutcomeEvicted, a.Outcome)
-	assert.NotSame(t, a, tbl.sessions["b"])
+	assert.NotSame(t, a, &tbl.sessions["b"].Session)
 	reports = tbl.Release(reports)
 	assert.Empty(t, reports)
 	reports = tbl.Apply(start("c", t0+2*ms), t0+2*ms, reports)
 	require.Len(t, reports, 1)
 	assert.Equal(t, "b", reports[0].Session.ID)
-	assert.Same(t, a, tbl.sessions["c"], "released, then reused")
+	assert.Same(t, a, &tbl.sessions["c"].Session, "released, then reused")
 }
 
 // Reports of one batch are handled after it: a stall report carries the
