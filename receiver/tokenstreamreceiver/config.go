@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/collector/config/confighttp"
 	"go.opentelemetry.io/collector/config/configoptional"
@@ -69,10 +70,36 @@ type UDPConfig struct {
 // confighttp client for the upstream (its endpoint is the upstream's URL).
 type ProxyConfig struct {
 	ServerConfig confighttp.ServerConfig `mapstructure:",squash"`
-	Upstream     confighttp.ClientConfig `mapstructure:"upstream"`
+	Upstream     UpstreamConfig          `mapstructure:"upstream"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
+}
+
+// UpstreamConfig is the proxy's client of the engine: confighttp's settings
+// and the proxy's own time bounds. A stream has no overall bound: it lasts
+// as long as its completion, as long as the engine keeps sending.
+type UpstreamConfig struct {
+	ClientConfig confighttp.ClientConfig `mapstructure:",squash"`
+	// ResponseHeaderTimeout bounds the wait for the upstream's response
+	// headers, from the request's start (504 on expiry). A non-streaming
+	// response's headers come with the whole completion.
+	ResponseHeaderTimeout time.Duration `mapstructure:"response_header_timeout"`
+	// StreamIdleTimeout bounds each wait for the upstream's next bytes once
+	// its headers arrived; 0 disables it.
+	StreamIdleTimeout time.Duration `mapstructure:"stream_idle_timeout"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// headerTimeout is response_header_timeout, or the deprecated
+// confighttp timeout when that is set (it used to bound the whole exchange).
+func (u *UpstreamConfig) headerTimeout() time.Duration {
+	if u.ClientConfig.Timeout > 0 {
+		return u.ClientConfig.Timeout
+	}
+	return u.ResponseHeaderTimeout
 }
 
 // LimitsConfig bounds what one request or datagram may carry.
@@ -108,12 +135,27 @@ func (cfg *Config) Validate() error {
 	}
 	if p := cfg.Proxy.Get(); p != nil {
 		errs = append(errs, checkListenAddr("proxy::endpoint", &p.ServerConfig))
-		u, err := url.Parse(p.Upstream.Endpoint)
+		u, err := url.Parse(p.Upstream.ClientConfig.Endpoint)
 		switch {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("proxy::upstream::endpoint: %w", err))
 		case u.Scheme != "http" && u.Scheme != "https", u.Host == "":
-			errs = append(errs, fmt.Errorf("proxy::upstream::endpoint: want an http(s) URL, got %q", p.Upstream.Endpoint))
+			errs = append(errs, fmt.Errorf("proxy::upstream::endpoint: want an http(s) URL, got %q", p.Upstream.ClientConfig.Endpoint))
+		}
+		for _, d := range []struct {
+			key string
+			v   time.Duration
+		}{
+			{"timeout", p.Upstream.ClientConfig.Timeout},
+			{"response_header_timeout", p.Upstream.ResponseHeaderTimeout},
+			{"stream_idle_timeout", p.Upstream.StreamIdleTimeout},
+		} {
+			if d.v < 0 {
+				errs = append(errs, fmt.Errorf("proxy::upstream::%s: must not be negative, got %s", d.key, d.v))
+			}
+		}
+		if p.Upstream.headerTimeout() == 0 {
+			errs = append(errs, errors.New("proxy::upstream::response_header_timeout: must be positive, got 0s"))
 		}
 	}
 	if h := cfg.Hooks.HTTP.Get(); h != nil {

@@ -144,7 +144,10 @@ func TestConfigProxyDefaults(t *testing.T) {
 	require.NotNil(t, p)
 	assert.Equal(t, "localhost:8001", p.ServerConfig.NetAddr.Endpoint)
 	assert.Equal(t, time.Duration(0), p.ServerConfig.WriteTimeout, "streams last as long as a completion")
-	assert.Equal(t, "http://localhost:8000", p.Upstream.Endpoint)
+	assert.Equal(t, "http://localhost:8000", p.Upstream.ClientConfig.Endpoint)
+	assert.Equal(t, 5*time.Minute, p.Upstream.ResponseHeaderTimeout)
+	assert.Equal(t, 5*time.Minute, p.Upstream.StreamIdleTimeout)
+	assert.Equal(t, time.Duration(0), p.Upstream.ClientConfig.Timeout, "no bound on a stream's length")
 }
 
 func TestConfigProxy(t *testing.T) {
@@ -155,11 +158,12 @@ func TestConfigProxy(t *testing.T) {
 	require.NotNil(t, p)
 	assert.Equal(t, "0.0.0.0:8001", p.ServerConfig.NetAddr.Endpoint)
 	assert.Equal(t, 5*time.Second, p.ServerConfig.ReadHeaderTimeout)
-	assert.Equal(t, "https://vllm-0.example:8000/engine", p.Upstream.Endpoint)
-	assert.Equal(t, 10*time.Minute, p.Upstream.Timeout)
-	require.Len(t, p.Upstream.Headers, 1)
-	assert.Equal(t, "Authorization", p.Upstream.Headers[0].Name)
-	assert.Equal(t, "/etc/otelcol/engine-ca.pem", p.Upstream.TLS.CAFile)
+	assert.Equal(t, "https://vllm-0.example:8000/engine", p.Upstream.ClientConfig.Endpoint)
+	assert.Equal(t, 2*time.Minute, p.Upstream.ResponseHeaderTimeout)
+	assert.Equal(t, 30*time.Second, p.Upstream.StreamIdleTimeout)
+	require.Len(t, p.Upstream.ClientConfig.Headers, 1)
+	assert.Equal(t, "Authorization", p.Upstream.ClientConfig.Headers[0].Name)
+	assert.Equal(t, "/etc/otelcol/engine-ca.pem", p.Upstream.ClientConfig.TLS.CAFile)
 }
 
 // Every problem is reported at once, each named by its YAML key path.
@@ -171,6 +175,8 @@ func TestConfigProxyInvalid(t *testing.T) {
 		`hooks::http::path: must start with '/', got "events"`,
 		`proxy::endpoint: address localhost: missing port in address`,
 		`proxy::upstream::endpoint: want an http(s) URL, got "vllm:8000"`,
+		`proxy::upstream::response_header_timeout: must be positive, got 0s`,
+		`proxy::upstream::stream_idle_timeout: must not be negative, got -1s`,
 		`vllm::interval: must be positive, got 0s`,
 	}, strings.Split(err.Error(), "\n"))
 }

@@ -2,6 +2,7 @@ package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiv
 
 import (
 	"context"
+	"time"
 
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/config/confighttp"
@@ -21,6 +22,12 @@ const (
 	defaultUpstream          = "http://localhost:8000"
 	defaultMaxLinesPerBatch  = 10_000
 	defaultMaxRequestBodyMiB = 8
+	// A non-streaming completion's headers come when it is whole, and a
+	// loaded engine queues requests: minutes, not seconds.
+	defaultResponseHeaderTimeout = 5 * time.Minute
+	// Envoy's stream_idle_timeout default; an engine under preemption
+	// pauses a stream for seconds, never minutes.
+	defaultStreamIdleTimeout = 5 * time.Minute
 )
 
 // NewFactory returns the factory of the token_stream receiver.
@@ -38,8 +45,12 @@ func createDefaultConfig() component.Config {
 	proxyServer.NetAddr.Endpoint = defaultProxyEndpoint
 	// Streams last as long as a completion: no write deadline by default.
 	proxyServer.WriteTimeout = 0
-	upstream := confighttp.NewDefaultClientConfig()
-	upstream.Endpoint = defaultUpstream
+	upstream := UpstreamConfig{
+		ClientConfig:          confighttp.NewDefaultClientConfig(),
+		ResponseHeaderTimeout: defaultResponseHeaderTimeout,
+		StreamIdleTimeout:     defaultStreamIdleTimeout,
+	}
+	upstream.ClientConfig.Endpoint = defaultUpstream
 	return &Config{
 		Proxy: configoptional.Default(ProxyConfig{ServerConfig: proxyServer, Upstream: upstream}),
 		VLLM:  configoptional.Default(defaultVLLMConfig()),

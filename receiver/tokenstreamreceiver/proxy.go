@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -37,6 +38,7 @@ var observedPaths = map[string]string{
 const (
 	errUpstreamUnreachable = "upstream_unreachable"
 	errUpstreamTimeout     = "upstream_timeout"
+	errUpstreamIdleTimeout = "upstream_idle_timeout"
 	errStreamBroken        = "upstream_stream_broken"
 	finishReasonAbort      = "abort"
 	// maxNonStreamingBody bounds the copy of a non-streaming response kept
@@ -61,14 +63,22 @@ type proxyServer struct {
 }
 
 func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, host component.Host) (*proxyServer, error) {
-	upstream, err := url.Parse(cfg.Upstream.Endpoint)
+	upstream, err := url.Parse(cfg.Upstream.ClientConfig.Endpoint)
 	if err != nil {
 		return nil, fmt.Errorf("proxy::upstream::endpoint: %w", err)
 	}
-	client, err := proxyconn.UpstreamClient(ctx, cfg.Upstream, host, r.settings.TelemetrySettings)
+	if cfg.Upstream.ClientConfig.Timeout > 0 {
+		r.logsLogger.Warn("proxy::upstream::timeout is deprecated and now bounds only the wait for response headers; use proxy::upstream::response_header_timeout")
+	}
+	clientCfg := cfg.Upstream.ClientConfig
+	// http.Client.Timeout would cut every stream longer than it: the
+	// proxy's bounds are the transport's (boundedTransport).
+	clientCfg.Timeout = 0
+	client, err := proxyconn.UpstreamClient(ctx, clientCfg, host, r.settings.TelemetrySettings)
 	if err != nil {
 		return nil, fmt.Errorf("proxy::upstream: %w", err)
 	}
+	client.Transport = &boundedTransport{base: client.Transport, header: cfg.Upstream.headerTimeout(), idle: cfg.Upstream.StreamIdleTimeout}
 	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
 		ReceiverID: r.settings.ID, Transport: "proxy", ReceiverCreateSettings: r.settings,
 	})
@@ -85,7 +95,11 @@ func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, h
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			r.logsLogger.Debug("proxy: upstream unreachable", zap.Error(err))
-			w.WriteHeader(http.StatusBadGateway)
+			if errors.Is(err, errHeaderTimeout) {
+				writeProxyError(w, http.StatusGatewayTimeout, errUpstreamTimeout)
+				return
+			}
+			writeProxyError(w, http.StatusBadGateway, errUpstreamUnreachable)
 		},
 	}
 	p.batch = newEventBatcher(r, obs)
@@ -181,11 +195,11 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 		}
 		p.r.logsLogger.Debug("proxy: upstream request failed", zap.String("upstream", p.upstream.Redacted()), zap.Error(err))
 		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
-			w.WriteHeader(http.StatusGatewayTimeout)
+			writeProxyError(w, http.StatusGatewayTimeout, errUpstreamTimeout)
 			s.end(time.Now(), errUpstreamTimeout, "")
 			return
 		}
-		w.WriteHeader(http.StatusBadGateway)
+		writeProxyError(w, http.StatusBadGateway, errUpstreamUnreachable)
 		s.end(time.Now(), errUpstreamUnreachable, "")
 		return
 	}
@@ -282,6 +296,8 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 		s.end(now, "", s.finishReason)
 	case clientGone || clientCtx.Err() != nil:
 		s.end(now, "", finishReasonAbort)
+	case errors.Is(readErr, errIdleTimeout):
+		s.end(now, errUpstreamIdleTimeout, s.finishReason)
 	case readErr != nil:
 		s.end(now, errStreamBroken, s.finishReason)
 	default:
@@ -297,9 +313,12 @@ func (s *proxySession) relayResponse(w http.ResponseWriter, clientCtx context.Co
 	_, err := io.Copy(io.MultiWriter(w, &kept), upstream)
 	now := time.Now()
 	if err != nil {
-		if clientCtx.Err() != nil {
+		switch {
+		case clientCtx.Err() != nil:
 			s.end(now, "", finishReasonAbort)
-		} else {
+		case errors.Is(err, errIdleTimeout):
+			s.end(now, errUpstreamIdleTimeout, "")
+		default:
 			s.end(now, errStreamBroken, "")
 		}
 		return
@@ -381,4 +400,111 @@ func newSessionID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return "proxy-" + hex.EncodeToString(b[:])
+}
+
+// proxyError is the body of an answer the proxy gives itself, in the shape
+// of OpenAI's (and vLLM's) error responses, so that clients' SDKs read it.
+type proxyError struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    int    `json:"code"`
+	} `json:"error"`
+}
+
+var proxyErrorMessages = map[string]string{
+	errUpstreamTimeout:     "the upstream sent no response headers in time",
+	errUpstreamUnreachable: "the upstream could not be reached",
+}
+
+func writeProxyError(w http.ResponseWriter, status int, errType string) {
+	var e proxyError
+	e.Error.Message, e.Error.Type, e.Error.Code = proxyErrorMessages[errType], errType, status
+	if e.Error.Message == "" {
+		e.Error.Message = http.StatusText(status)
+	}
+	body, _ := json.Marshal(&e)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// timeoutError is the error of a bound the proxy put on the upstream.
+type timeoutError string
+
+func (e timeoutError) Error() string { return string(e) }
+func (timeoutError) Timeout() bool   { return true }
+func (timeoutError) Temporary() bool { return true }
+
+var (
+	errHeaderTimeout = timeoutError("proxy: no response headers from the upstream within proxy::upstream::response_header_timeout")
+	errIdleTimeout   = timeoutError("proxy: upstream idle longer than proxy::upstream::stream_idle_timeout")
+)
+
+// boundedTransport puts the proxy's time bounds on every upstream exchange,
+// on both paths: header bounds the wait for the response headers, idle each
+// wait for the body's next bytes. Nothing bounds a stream's length, and the
+// time the proxy spends writing to a slow client is not the upstream's.
+type boundedTransport struct {
+	base   http.RoundTripper
+	header time.Duration
+	idle   time.Duration
+}
+
+func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithCancelCause(req.Context())
+	timer := time.AfterFunc(t.header, func() { cancel(errHeaderTimeout) })
+	resp, err := t.base.RoundTrip(req.WithContext(ctx))
+	if !timer.Stop() {
+		if err == nil {
+			resp.Body.Close()
+		}
+		cancel(nil)
+		return nil, errHeaderTimeout
+	}
+	if err != nil {
+		cancel(nil)
+		return nil, err
+	}
+	b := &idleBoundedBody{rc: resp.Body, ctx: ctx, cancel: cancel, idle: t.idle}
+	if t.idle > 0 {
+		b.timer = time.AfterFunc(time.Hour, func() { cancel(errIdleTimeout) })
+		b.timer.Stop()
+	}
+	resp.Body = b
+	return resp, nil
+}
+
+// idleBoundedBody is an upstream body whose every Read must bring bytes
+// within idle; the exchange's context ends when it is closed.
+type idleBoundedBody struct {
+	rc     io.ReadCloser
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	idle   time.Duration
+	timer  *time.Timer
+}
+
+func (b *idleBoundedBody) Read(p []byte) (int, error) {
+	if b.timer == nil {
+		return b.rc.Read(p)
+	}
+	b.timer.Reset(b.idle)
+	n, err := b.rc.Read(p)
+	b.timer.Stop()
+	if err != nil && !errors.Is(err, io.EOF) && context.Cause(b.ctx) == errIdleTimeout {
+		err = errIdleTimeout
+	}
+	return n, err
+}
+
+func (b *idleBoundedBody) Close() error {
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	err := b.rc.Close()
+	b.cancel(nil)
+	return err
 }

@@ -99,14 +99,17 @@ func replay(u *scriptedUpstream, w http.ResponseWriter, r *http.Request, events 
 	}
 }
 
-func startProxyReceiver(t *testing.T, upstream string, next *consumertest.LogsSink) *testReceiver {
+func startProxyReceiver(t *testing.T, upstream string, next *consumertest.LogsSink, opts ...func(*ProxyConfig)) *testReceiver {
 	t.Helper()
 	return startReceiver(t, next, func(c *Config) {
 		c.Hooks.HTTP = configoptional.None[HTTPConfig]()
 		c.Hooks.UDP = configoptional.None[UDPConfig]()
 		p := c.Proxy.GetOrInsertDefault()
 		p.ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
-		p.Upstream.Endpoint = upstream
+		p.Upstream.ClientConfig.Endpoint = upstream
+		for _, o := range opts {
+			o(p)
+		}
 	})
 }
 
@@ -311,23 +314,18 @@ func TestProxyUpstreamFailures(t *testing.T) {
 		assert.Equal(t, errUpstreamUnreachable, evs[len(evs)-1].Error)
 		assert.Equal(t, "m", evs[0].Model)
 	})
-	t.Run("timeout", func(t *testing.T) {
-		up := newScriptedUpstream(t, func(_ *scriptedUpstream, _ http.ResponseWriter, r *http.Request) {
-			<-r.Context().Done() // never answers
-		})
-		sink := new(consumertest.LogsSink)
-		tr := startReceiver(t, sink, func(c *Config) {
-			c.Hooks.HTTP = configoptional.None[HTTPConfig]()
-			c.Hooks.UDP = configoptional.None[UDPConfig]()
-			p := c.Proxy.GetOrInsertDefault()
-			p.ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
-			p.Upstream.Endpoint = up.URL
-			p.Upstream.Timeout = 100 * time.Millisecond
-		})
-		resp, _ := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
-		assert.Equal(t, http.StatusGatewayTimeout, resp.StatusCode)
-		evs := sessionEvents(t, sink, 1)
-		assert.Equal(t, errUpstreamTimeout, evs[len(evs)-1].Error)
+	t.Run("unreachable pass-through", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		addr := ln.Addr().String()
+		ln.Close()
+		tr := startProxyReceiver(t, "http://"+addr, new(consumertest.LogsSink))
+		resp, err := http.Get(tr.proxyURL() + "/v1/models")
+		require.NoError(t, err)
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+		assertOpenAIError(t, resp, string(got), errUpstreamUnreachable)
 	})
 	t.Run("broken stream", func(t *testing.T) {
 		chat, _ := fixtureStreams(t)
@@ -489,4 +487,103 @@ func TestProxyConcurrentStreamsNoCrossTalk(t *testing.T) {
 		assert.Equal(t, len(s.model)-1, s.tokens, "session %s (%s)", id, s.model)
 	}
 	client.CloseIdleConnections()
+}
+
+// assertOpenAIError checks an answer of the proxy's own: JSON in the shape
+// of OpenAI's error responses.
+func assertOpenAIError(t *testing.T, resp *http.Response, body, errType string) {
+	t.Helper()
+	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Code    int    `json:"code"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &e), body)
+	assert.NotEmpty(t, e.Error.Message)
+	assert.Equal(t, errType, e.Error.Type)
+	assert.Equal(t, resp.StatusCode, e.Error.Code)
+}
+
+// A stream lasts as long as its completion: neither the header bound nor
+// the deprecated timeout (which used to bound the whole exchange) cuts it.
+func TestProxyStreamOutlivesTimeouts(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, chat, func(int) time.Duration { return 40 * time.Millisecond })
+	})
+	for name, set := range map[string]func(*ProxyConfig){
+		"timeout (deprecated)":    func(p *ProxyConfig) { p.Upstream.ClientConfig.Timeout = 100 * time.Millisecond },
+		"response_header_timeout": func(p *ProxyConfig) { p.Upstream.ResponseHeaderTimeout = 100 * time.Millisecond },
+		"stream_idle_timeout":     func(p *ProxyConfig) { p.Upstream.StreamIdleTimeout = 200 * time.Millisecond },
+	} {
+		t.Run(name, func(t *testing.T) {
+			sink := new(consumertest.LogsSink)
+			tr := startProxyReceiver(t, up.URL, sink, set)
+			resp, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, nil)
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Equal(t, strings.Join(chat, ""), got, "the whole stream, [DONE] included, after %d×40 ms", len(chat))
+			evs := sessionEvents(t, sink, 1)
+			assert.Empty(t, evs[len(evs)-1].Error)
+			assert.Equal(t, "stop", evs[len(evs)-1].FinishReason)
+		})
+	}
+}
+
+func TestProxyHangBeforeHeaders(t *testing.T) {
+	up := newScriptedUpstream(t, func(_ *scriptedUpstream, _ http.ResponseWriter, r *http.Request) {
+		select { // never answers, until the proxy gives up
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+		}
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.Upstream.ResponseHeaderTimeout = 100 * time.Millisecond })
+	t0 := time.Now()
+	resp, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
+	assert.Less(t, time.Since(t0), 5*time.Second)
+	assert.Equal(t, http.StatusGatewayTimeout, resp.StatusCode)
+	assertOpenAIError(t, resp, got, errUpstreamTimeout)
+	evs := sessionEvents(t, sink, 1)
+	assert.Equal(t, errUpstreamTimeout, evs[len(evs)-1].Error)
+
+	// The pass-through paths have the same bound and answer.
+	presp, err := http.Get(tr.proxyURL() + "/v1/models")
+	require.NoError(t, err)
+	pgot, _ := io.ReadAll(presp.Body)
+	presp.Body.Close()
+	assert.Equal(t, http.StatusGatewayTimeout, presp.StatusCode)
+	assertOpenAIError(t, presp, string(pgot), errUpstreamTimeout)
+}
+
+func TestProxyHangMidStream(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, chat[:3], func(int) time.Duration { return time.Millisecond })
+		select { // hangs, until the proxy gives up
+		case <-r.Context().Done():
+			u.mu.Lock()
+			u.cancelled++
+			u.mu.Unlock()
+		case <-time.After(10 * time.Second):
+		}
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.Upstream.StreamIdleTimeout = 150 * time.Millisecond })
+	t0 := time.Now()
+	resp, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil) // fails on an unclean end
+	assert.Less(t, time.Since(t0), 5*time.Second)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, strings.Join(chat[:3], ""), got, "what came before the hang, then a clean end")
+	evs := sessionEvents(t, sink, 1)
+	end := evs[len(evs)-1]
+	assert.Equal(t, errUpstreamIdleTimeout, end.Error)
+	assert.Equal(t, tokenevent.KindToken, evs[1].Kind)
+	require.Eventually(t, func() bool {
+		up.mu.Lock()
+		defer up.mu.Unlock()
+		return up.cancelled == 1
+	}, 5*time.Second, 5*time.Millisecond, "the upstream request is cancelled")
 }
