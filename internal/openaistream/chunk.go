@@ -27,7 +27,19 @@ type ChunkFacts struct {
 	// CompletionTokens and PromptTokens from usage, -1 when absent.
 	CompletionTokens, PromptTokens int64
 	FinishReason                   string
+	// ErrorType is set when the payload is an error object, as vLLM sends
+	// one inside a 200 stream when generation fails (`data: {"error":
+	// {"message":…,"type":…,"code":…}}`, then [DONE]): the error's type,
+	// else its code, else EngineError.
+	ErrorType string
 }
+
+// EngineError is the ErrorType of an error object that names no type or
+// code.
+const EngineError = "engine_error"
+
+// maxErrorTypeBytes bounds an error type taken from the upstream.
+const maxErrorTypeBytes = 64
 
 var doneData = []byte("[DONE]")
 
@@ -61,6 +73,8 @@ func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
 				choices++
 				return s.choice(&f)
 			})
+		case "error":
+			return s.null() || s.errorObject(&f)
 		case "usage":
 			if s.null() {
 				return true
@@ -83,6 +97,53 @@ func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
 	}
 	f.UsageOnly = hasUsage && choices == 0
 	return f, true
+}
+
+// errorObject reads a non-null "error" member: an object with type and
+// code (either may be absent), or any other value.
+func (s *jsonWalker) errorObject(f *ChunkFacts) bool {
+	var typ, code []byte
+	s.ws()
+	if s.peek() != '{' {
+		f.ErrorType = EngineError
+		return s.skip()
+	}
+	ok := s.object(func(key []byte) bool {
+		switch string(key) {
+		case "type", "code":
+			s.ws()
+			var v []byte
+			var ok bool
+			switch s.peek() {
+			case '"':
+				v, ok = s.str()
+			case 'n':
+				return s.null()
+			default:
+				start := s.i
+				if ok = s.skip(); ok {
+					v = s.b[start:s.i]
+				}
+			}
+			if string(key) == "type" {
+				typ = v
+			} else {
+				code = v
+			}
+			return ok
+		}
+		return s.skip()
+	})
+	switch {
+	case len(typ) > 0:
+		f.ErrorType = DecodeString(typ, maxErrorTypeBytes)
+	case len(code) > 0:
+		f.ErrorType = DecodeString(code, maxErrorTypeBytes)
+	}
+	if f.ErrorType == "" {
+		f.ErrorType = EngineError
+	}
+	return ok
 }
 
 // choice reads one element of choices.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -41,6 +42,18 @@ func TestInspectChunk(t *testing.T) {
 			ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, true},
 		{"escaped finish reason", `{"choices":[{"finish_reason":"st\u006fp"}]}`,
 			ChunkFacts{FinishReason: "stop", CompletionTokens: -1, PromptTokens: -1}, true},
+		{"vLLM engine error", `{"error": {"object": "error", "message": "CUDA out of memory", "type": "InternalServerError", "param": null, "code": 500}}`,
+			ChunkFacts{ErrorType: "InternalServerError", CompletionTokens: -1, PromptTokens: -1}, true},
+		{"error code only", `{"error":{"message":"m","type":null,"code":"context_length_exceeded"}}`,
+			ChunkFacts{ErrorType: "context_length_exceeded", CompletionTokens: -1, PromptTokens: -1}, true},
+		{"error numeric code", `{"error":{"code":503}}`,
+			ChunkFacts{ErrorType: "503", CompletionTokens: -1, PromptTokens: -1}, true},
+		{"error string", `{"error":"boom"}`,
+			ChunkFacts{ErrorType: EngineError, CompletionTokens: -1, PromptTokens: -1}, true},
+		{"error null", `{"error":null,"choices":[]}`,
+			ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, true},
+		{"error type escaped and long", `{"error":{"type":"\u00e9` + strings.Repeat("é", 40) + `"}}`,
+			ChunkFacts{ErrorType: strings.Repeat("é", 32), CompletionTokens: -1, PromptTokens: -1}, true},
 		{"done", `[DONE]`, ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, false},
 		{"malformed", `{"choices":[`, ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, false},
 	}
@@ -71,6 +84,47 @@ type referenceChunk struct {
 		PromptTokens     *int64 `json:"prompt_tokens"`
 		CompletionTokens *int64 `json:"completion_tokens"`
 	} `json:"usage"`
+	Error json.RawMessage `json:"error"`
+}
+
+// referenceErrorType is the ErrorType of an "error" member's raw value.
+func referenceErrorType(raw json.RawMessage) string {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || bytes.Equal(t, []byte("null")) {
+		return ""
+	}
+	var obj map[string]json.RawMessage
+	if t[0] != '{' || json.Unmarshal(t, &obj) != nil {
+		return EngineError
+	}
+	text := func(v json.RawMessage) string {
+		var s string
+		if json.Unmarshal(v, &s) == nil {
+			return cutRunes(s, maxErrorTypeBytes)
+		}
+		if bytes.Equal(v, []byte("null")) {
+			return ""
+		}
+		return cutRunes(string(v), maxErrorTypeBytes)
+	}
+	if v := text(obj["type"]); v != "" {
+		return v
+	}
+	if v := text(obj["code"]); v != "" {
+		return v
+	}
+	return EngineError
+}
+
+// cutRunes cuts s to at most n bytes on a rune boundary.
+func cutRunes(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func referenceInspect(data []byte) (ChunkFacts, bool) {
@@ -110,12 +164,13 @@ func referenceInspect(data []byte) (ChunkFacts, bool) {
 		}
 		f.UsageOnly = len(c.Choices) == 0
 	}
+	f.ErrorType = referenceErrorType(c.Error)
 	return f, true
 }
 
 // chunkKeys are the keys the walker reads.
 var chunkKeys = []string{"choices", "usage", "completion_tokens", "prompt_tokens", "text", "tool_calls",
-	"finish_reason", "delta", "content", "reasoning", "reasoning_content"}
+	"finish_reason", "delta", "content", "reasoning", "reasoning_content", "error", "type", "code"}
 
 // readsDifferently reports whether valid JSON is read differently by
 // encoding/json and by the walker, which are both right about it: a

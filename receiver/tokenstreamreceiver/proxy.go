@@ -137,6 +137,8 @@ type proxySession struct {
 	completionTokens int64
 	promptTokens     int64
 	finishReason     string
+	// engineError: the upstream reported an error inside its 200 response.
+	engineError string
 }
 
 func (s *proxySession) emit(kind tokenevent.Kind, at time.Time, fill func(*tokenevent.Event)) {
@@ -252,6 +254,9 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 				if f.FinishReason != "" {
 					s.finishReason = f.FinishReason
 				}
+				if f.ErrorType != "" && s.engineError == "" {
+					s.engineError = f.ErrorType
+				}
 				if f.Content {
 					s.token(now)
 				}
@@ -292,6 +297,9 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 	}
 	now = time.Now()
 	switch {
+	case s.engineError != "":
+		// vLLM ends a failed generation with [DONE] all the same.
+		s.end(now, s.engineError, s.finishReason)
 	case finished:
 		s.end(now, "", s.finishReason)
 	case clientGone || clientCtx.Err() != nil:
@@ -325,6 +333,10 @@ func (s *proxySession) relayResponse(w http.ResponseWriter, clientCtx context.Co
 	}
 	if f, ok := openaistream.InspectChunk(kept.b); ok {
 		s.completionTokens, s.finishReason = f.CompletionTokens, f.FinishReason
+		if f.ErrorType != "" {
+			s.end(now, f.ErrorType, "")
+			return
+		}
 	}
 	count := max(s.completionTokens, 1)
 	s.chunks = count

@@ -587,3 +587,31 @@ func TestProxyHangMidStream(t *testing.T) {
 		return up.cancelled == 1
 	}, 5*time.Second, 5*time.Millisecond, "the upstream request is cancelled")
 }
+
+// vLLM reports a generation that fails after its 200 inside the stream, as
+// an error object followed by [DONE]: the session ends in error, with the
+// error's type (else its code), so that keep-errors sampling sees it.
+func TestProxyEngineErrorMidStream(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	for name, tt := range map[string]struct{ event, want string }{
+		"type": {`data: {"error": {"object": "error", "message": "CUDA out of memory", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\n", "InternalServerError"},
+		"code": {`data: {"error": {"message": "x", "code": "context_length_exceeded"}}` + "\n\n", "context_length_exceeded"},
+		"bare": {`data: {"error": "boom"}` + "\n\n", "engine_error"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			events := append(append([]string{}, chat[:3]...), tt.event, "data: [DONE]\n\n")
+			up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+				replay(u, w, r, events, func(int) time.Duration { return time.Millisecond })
+			})
+			sink := new(consumertest.LogsSink)
+			tr := startProxyReceiver(t, up.URL, sink)
+			resp, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, nil)
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Equal(t, strings.Join(events, ""), got, "the client gets the error as the engine sent it")
+			evs := sessionEvents(t, sink, 1)
+			end := evs[len(evs)-1]
+			assert.Equal(t, tokenevent.KindEnd, end.Kind)
+			assert.Equal(t, tt.want, end.Error)
+		})
+	}
+}
