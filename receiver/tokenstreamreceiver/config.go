@@ -134,7 +134,7 @@ func (cfg *Config) Validate() error {
 		errs = append(errs, v.validate()...)
 	}
 	if p := cfg.Proxy.Get(); p != nil {
-		errs = append(errs, checkListenAddr("proxy::endpoint", &p.ServerConfig))
+		errs = append(errs, checkListenAddr("proxy::endpoint", &p.ServerConfig), checkBodyLimit("proxy", &p.ServerConfig))
 		u, err := url.Parse(p.Upstream.ClientConfig.Endpoint)
 		switch {
 		case err != nil:
@@ -159,7 +159,7 @@ func (cfg *Config) Validate() error {
 		}
 	}
 	if h := cfg.Hooks.HTTP.Get(); h != nil {
-		errs = append(errs, checkListenAddr("hooks::http::endpoint", &h.ServerConfig))
+		errs = append(errs, checkListenAddr("hooks::http::endpoint", &h.ServerConfig), checkBodyLimit("hooks::http", &h.ServerConfig))
 		if !strings.HasPrefix(h.Path, "/") {
 			errs = append(errs, fmt.Errorf("hooks::http::path: must start with '/', got %q", h.Path))
 		}
@@ -190,6 +190,15 @@ func (cfg *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("hooks::limits::max_line_bytes: %d exceeds the largest UDP datagram (%d)", l.MaxLineBytes, maxDatagramBytes))
 	}
 	return errors.Join(errs...)
+}
+
+// checkBodyLimit reports a negative max_request_body_size, which confighttp
+// would silently replace by its own default (0 keeps that default).
+func checkBodyLimit(prefix string, s *confighttp.ServerConfig) error {
+	if s.MaxRequestBodySize < 0 {
+		return fmt.Errorf("%s::max_request_body_size: must not be negative, got %d", prefix, s.MaxRequestBodySize)
+	}
+	return nil
 }
 
 // checkListenAddr reports a TCP listen endpoint that is no host:port, which

@@ -70,6 +70,7 @@ func TestConfigInvalidReportsEveryProblem(t *testing.T) {
 	require.Error(t, err)
 	for _, want := range []string{
 		`hooks::http::path: must start with '/', got "hooks"`,
+		`hooks::http::max_request_body_size: must not be negative, got -1`,
 		`hooks::udp::endpoint: address no-port: missing port in address`,
 		`hooks::udp::socket_buffer_size: must not be negative, got -1`,
 		`hooks::limits::max_lines_per_batch: must be positive, got 0`,
@@ -174,6 +175,7 @@ func TestConfigProxyInvalid(t *testing.T) {
 		`hooks::http::endpoint: address no-port: missing port in address`,
 		`hooks::http::path: must start with '/', got "events"`,
 		`proxy::endpoint: address localhost: missing port in address`,
+		`proxy::max_request_body_size: must not be negative, got -5`,
 		`proxy::upstream::endpoint: want an http(s) URL, got "vllm:8000"`,
 		`proxy::upstream::response_header_timeout: must be positive, got 0s`,
 		`proxy::upstream::stream_idle_timeout: must not be negative, got -1s`,

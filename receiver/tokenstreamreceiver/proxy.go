@@ -15,11 +15,14 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/openaistream"
@@ -39,6 +42,9 @@ const (
 	errUpstreamUnreachable = "upstream_unreachable"
 	errUpstreamTimeout     = "upstream_timeout"
 	errUpstreamIdleTimeout = "upstream_idle_timeout"
+	// errBodyTooLarge is the client's fault: the proxy answers 413 and opens
+	// no session, so that the engine's error rate does not carry it.
+	errBodyTooLarge = "request_too_large"
 	errStreamBroken        = "upstream_stream_broken"
 	finishReasonAbort      = "abort"
 	// maxNonStreamingBody bounds the copy of a non-streaming response kept
@@ -173,10 +179,11 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 	_, _ = rand.Read(spanID[:])
 
 	// The body streams to the upstream through the scanner.
-	body := openaistream.NewScannedBody(req.Body)
+	limited := &bodyLimitReader{r: req.Body}
+	body := openaistream.NewScannedBody(limited)
 	out, err := http.NewRequestWithContext(req.Context(), http.MethodPost, p.upstreamURL(req.URL), body)
 	if err != nil {
-		http.Error(w, "bad request", http.StatusBadRequest)
+		writeProxyError(w, http.StatusBadRequest, "invalid_request")
 		return
 	}
 	copyRequestHeaders(out.Header, req.Header)
@@ -186,6 +193,17 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 	}
 	resp, err := p.client.Do(out)
 	model, injected := body.Stop()
+	if limit := limited.exceeded.Load(); limit > 0 {
+		// Whatever the upstream made of the cut body, the request was the
+		// client's error.
+		if err == nil {
+			resp.Body.Close()
+		}
+		writeProxyError(w, http.StatusRequestEntityTooLarge, errBodyTooLarge)
+		p.r.telemetry.ReceiverTokenStreamProxyRefusedRequests.Add(req.Context(), 1, refusalBodyTooLarge)
+		p.r.logsLogger.Debug("proxy: request body over max_request_body_size", zap.Int64("limit", limit))
+		return
+	}
 	s.emit(tokenevent.KindStart, s.started, func(ev *tokenevent.Event) {
 		ev.TraceID, ev.SpanID, ev.ParentSpanID = tokenevent.TraceID(traceID), tokenevent.SpanID(spanID), tokenevent.SpanID(parentSpanID)
 		ev.Model, ev.Operation, ev.Engine = model, op, p.engine
@@ -424,7 +442,26 @@ type proxyError struct {
 	} `json:"error"`
 }
 
+// bodyLimitReader notes that the client's body went over
+// max_request_body_size (confighttp's MaxBytesReader ends it with an error
+// the transport reports as its own failure).
+type bodyLimitReader struct {
+	r        io.Reader
+	exceeded atomic.Int64 // the limit, once it was hit
+}
+
+func (b *bodyLimitReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if mbe := (*http.MaxBytesError)(nil); err != nil && errors.As(err, &mbe) {
+		b.exceeded.Store(max(mbe.Limit, 1))
+	}
+	return n, err
+}
+
+var refusalBodyTooLarge = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "body_too_large")))
+
 var proxyErrorMessages = map[string]string{
+	errBodyTooLarge:        "the request body is larger than the proxy's max_request_body_size",
 	errUpstreamTimeout:     "the upstream sent no response headers in time",
 	errUpstreamUnreachable: "the upstream could not be reached",
 }

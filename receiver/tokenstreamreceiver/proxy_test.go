@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/config/configoptional"
 	"go.opentelemetry.io/collector/consumer/consumertest"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
@@ -613,5 +614,54 @@ func TestProxyEngineErrorMidStream(t *testing.T) {
 			assert.Equal(t, tokenevent.KindEnd, end.Kind)
 			assert.Equal(t, tt.want, end.Error)
 		})
+	}
+}
+
+// reasonCounter is a proxy counter's value for one reason.
+func reasonCounter(t *testing.T, tr *testReceiver, name, reason string) int64 {
+	t.Helper()
+	m, err := tr.tel.GetMetric(name)
+	if err != nil {
+		return 0
+	}
+	var total int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		if v, ok := dp.Attributes.Value("reason"); ok && v.AsString() == reason {
+			total += dp.Value
+		}
+	}
+	return total
+}
+
+// A body over the limit is the client's error: 413 with a JSON body, and
+// no session that would blame the engine for it.
+func TestProxyBodyOverLimit(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, chat, func(int) time.Duration { return 0 })
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.ServerConfig.MaxRequestBodySize = 1024 })
+	big := `{"model":"m","stream":true,"prompt":"` + strings.Repeat("x", 4096) + `"}`
+	for name, body := range map[string]io.Reader{
+		"content-length": strings.NewReader(big),
+		"chunked":        io.MultiReader(strings.NewReader(big)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			resp, err := http.Post(tr.proxyURL()+"/v1/chat/completions", "application/json", body)
+			require.NoError(t, err)
+			got, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+			assertOpenAIError(t, resp, string(got), errBodyTooLarge)
+		})
+	}
+	assert.Equal(t, int64(2), reasonCounter(t, tr, "otelcol_receiver_token_stream_proxy_refused_requests", "body_too_large"))
+	// A request within the limit still makes a session; it is the only one.
+	_, _ = postChat(t, tr.proxyURL(), `{"model":"ok","stream":true}`, nil)
+	evs := sessionEvents(t, sink, 1)
+	assert.Equal(t, "ok", evs[0].Model)
+	for _, ev := range evs {
+		assert.Equal(t, evs[0].SessionID, ev.SessionID, "no session for the refused requests")
 	}
 }

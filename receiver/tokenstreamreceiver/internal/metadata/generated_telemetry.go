@@ -23,13 +23,14 @@ func Tracer(settings component.TelemetrySettings) trace.Tracer {
 // TelemetryBuilder provides an interface for components to report telemetry
 // as defined in metadata and user config.
 type TelemetryBuilder struct {
-	meter                             metric.Meter
-	mu                                sync.Mutex
-	registrations                     []metric.Registration
-	ReceiverTokenStreamAcceptedEvents metric.Int64Counter
-	ReceiverTokenStreamFailedScrapes  metric.Int64Counter
-	ReceiverTokenStreamRefusedEvents  metric.Int64Counter
-	ReceiverTokenStreamRejectedEvents metric.Int64Counter
+	meter                                   metric.Meter
+	mu                                      sync.Mutex
+	registrations                           []metric.Registration
+	ReceiverTokenStreamAcceptedEvents       metric.Int64Counter
+	ReceiverTokenStreamFailedScrapes        metric.Int64Counter
+	ReceiverTokenStreamProxyRefusedRequests metric.Int64Counter
+	ReceiverTokenStreamRefusedEvents        metric.Int64Counter
+	ReceiverTokenStreamRejectedEvents       metric.Int64Counter
 }
 
 // TelemetryBuilderOption applies changes to default builder.
@@ -71,6 +72,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_receiver_token_stream_failed_scrapes",
 		metric.WithDescription("Failed scrapes of vllm targets, by target and reason. [Development]"),
 		metric.WithUnit("{scrape}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ReceiverTokenStreamProxyRefusedRequests, err = builder.meter.Int64Counter(
+		"otelcol_receiver_token_stream_proxy_refused_requests",
+		metric.WithDescription("Completions requests the proxy answered itself for the client's fault, without a session (the engine is not blamed for them), by reason. [Development]"),
+		metric.WithUnit("{request}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ReceiverTokenStreamRefusedEvents, err = builder.meter.Int64Counter(

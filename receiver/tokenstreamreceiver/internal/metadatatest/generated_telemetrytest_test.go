@@ -21,12 +21,16 @@ func TestSetupTelemetry(t *testing.T) {
 	defer tb.Shutdown()
 	tb.ReceiverTokenStreamAcceptedEvents.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamFailedScrapes.Add(context.Background(), 1)
+	tb.ReceiverTokenStreamProxyRefusedRequests.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamRefusedEvents.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamRejectedEvents.Add(context.Background(), 1)
 	AssertEqualReceiverTokenStreamAcceptedEvents(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamFailedScrapes(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualReceiverTokenStreamProxyRefusedRequests(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamRefusedEvents(t, testTel,
