@@ -256,6 +256,9 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 			return
 		}
 		e := End{Time: int64(ev.TimeUnixNano), CompletionTokens: ev.CompletionTokens, FinishReason: ev.FinishReason, ErrorType: ev.Error}
+		if s.PromptTokens < 0 && ev.PromptTokens >= 0 {
+			s.PromptTokens = ev.PromptTokens // known only at the end (the proxy's usage chunk)
+		}
 		outcome := OutcomeCompleted
 		switch {
 		case ev.Error != "":

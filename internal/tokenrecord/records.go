@@ -183,10 +183,15 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 		w.pack(&w.opens[i], int64(ev.TimeUnixNano), ev.Count)
 	case tokenevent.KindEnd:
 		lr.SetEventName(EventNameEnd)
-		attrs.EnsureCapacity(4)
+		attrs.EnsureCapacity(5)
 		attrs.PutStr(AttrSessionID, ev.SessionID)
 		if ev.CompletionTokens >= 0 {
 			attrs.PutInt(AttrOutputTokens, ev.CompletionTokens)
+		}
+		// An end may carry the input tokens when they are known only then
+		// (the proxy reads them from the stream's usage chunk).
+		if ev.PromptTokens >= 0 {
+			attrs.PutInt(AttrInputTokens, ev.PromptTokens)
 		}
 		if ev.FinishReason != "" {
 			attrs.PutEmptySlice(AttrFinishReasons).AppendEmpty().SetStr(ev.FinishReason)
@@ -457,6 +462,9 @@ func packedInt(s string, i int, signed bool) (v int64, next int, ok bool) {
 func readEnd(attrs pcommon.Map, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
 	var err error
 	if ev.CompletionTokens, err = intAttr(attrs, AttrOutputTokens, -1); err != nil {
+		return err
+	}
+	if ev.PromptTokens, err = intAttr(attrs, AttrInputTokens, -1); err != nil {
 		return err
 	}
 	if ev.Error, err = strAttr(attrs, AttrErrorType); err != nil {

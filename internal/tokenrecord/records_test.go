@@ -104,6 +104,28 @@ func TestRecordsRoundTrip(t *testing.T) {
 	assert.Equal(t, bySession(want), bySession(got))
 }
 
+// An end carries the input tokens when they are known only then (the
+// proxy reads them from the usage chunk); the NDJSON end has no field for
+// them, so the event is built here.
+func TestRecordsEndCarriesInputTokens(t *testing.T) {
+	records := plog.NewLogRecordSlice()
+	w := NewRecordWriter()
+	w.Reset(records, 42)
+	var ev tokenevent.Event
+	ev.Reset()
+	ev.Kind, ev.SessionID, ev.TimeUnixNano, ev.PromptTokens, ev.CompletionTokens = tokenevent.KindEnd, "s-1", 1700000000300000000, 42, 8
+	w.Append(&ev)
+	w.Flush()
+	require.Equal(t, 1, records.Len())
+	v, ok := records.At(0).Attributes().Get(AttrInputTokens)
+	require.True(t, ok)
+	assert.Equal(t, int64(42), v.Int())
+	got := readAll(t, records)
+	require.Len(t, got, 1)
+	assert.Equal(t, int64(42), got[0].PromptTokens)
+	assert.Equal(t, int64(8), got[0].CompletionTokens)
+}
+
 func TestRecordsSingleTokenNotPacked(t *testing.T) {
 	records := writeAll(t, `{"event":"token","session_id":"a","time_unix_nano":5,"count":7}`, `{"event":"token","session_id":"b","time_unix_nano":6}`)
 	require.Equal(t, 2, records.Len())

@@ -203,6 +203,23 @@ func TestLogsFoldsTokenEventsAndEmitsSummaries(t *testing.T) {
 	}, attrs)
 }
 
+// The proxy learns the input tokens from the stream's usage chunk, so its
+// end event carries them: the summary reports them as if the start had.
+func TestInputTokensFromTheEnd(t *testing.T) {
+	p := newPipelines(t, nil)
+	defer p.shutdown(t)
+	st := start("proxied", traceSlow, base)
+	st.PromptTokens = -1
+	e := end("proxied", base+650*ms)
+	e.PromptTokens = 42
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(st, tok("proxied", base+600*ms, 1), tok("proxied", base+620*ms, 1), e)))
+	sums := recordsNamed(p.logSink.AllLogs(), eventNameSummary)
+	require.Len(t, sums, 1)
+	v, ok := sums[0].Attributes().Get("gen_ai.usage.input_tokens")
+	require.True(t, ok)
+	assert.Equal(t, int64(42), v.Int())
+}
+
 func TestLogsPassAll(t *testing.T) {
 	p := newPipelines(t, func(c *Config) { c.PassTokenEvents = PassAll })
 	defer p.shutdown(t)

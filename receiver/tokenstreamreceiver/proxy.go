@@ -169,6 +169,7 @@ func (s *proxySession) end(at time.Time, errorType, finishReason string) {
 		} else if s.chunks > 0 {
 			ev.CompletionTokens = s.chunks
 		}
+		ev.PromptTokens = s.promptTokens
 	})
 }
 
@@ -269,6 +270,9 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 				if f.CompletionTokens >= 0 {
 					s.completionTokens = f.CompletionTokens
 				}
+				if f.PromptTokens >= 0 {
+					s.promptTokens = f.PromptTokens
+				}
 				if f.FinishReason != "" {
 					s.finishReason = f.FinishReason
 				}
@@ -350,7 +354,7 @@ func (s *proxySession) relayResponse(w http.ResponseWriter, clientCtx context.Co
 		return
 	}
 	if f, ok := openaistream.InspectChunk(kept.b); ok {
-		s.completionTokens, s.finishReason = f.CompletionTokens, f.FinishReason
+		s.completionTokens, s.promptTokens, s.finishReason = f.CompletionTokens, f.PromptTokens, f.FinishReason
 		if f.ErrorType != "" {
 			s.end(now, f.ErrorType, "")
 			return

@@ -200,6 +200,7 @@ func TestProxyStreamObservedAndForwardedAsIs(t *testing.T) {
 	assert.Equal(t, "Bearer secret", up.headers[0].Get("Authorization"), "forwarded to the upstream, never into telemetry")
 	assert.Equal(t, tokenevent.KindEnd, end.Kind)
 	assert.Equal(t, int64(8), end.CompletionTokens, "from the usage chunk")
+	assert.Equal(t, int64(42), end.PromptTokens, "from the usage chunk")
 	assert.Equal(t, "stop", end.FinishReason)
 	assert.Empty(t, end.Error)
 
@@ -252,6 +253,7 @@ func TestProxyNonStreaming(t *testing.T) {
 	assert.Equal(t, int64(3), evs[1].Count, "the whole response is the first token, with usage's count")
 	assert.GreaterOrEqual(t, time.Duration(evs[1].TimeUnixNano-evs[0].TimeUnixNano), 30*time.Millisecond)
 	assert.Equal(t, int64(3), evs[2].CompletionTokens)
+	assert.Equal(t, int64(6), evs[2].PromptTokens, "from usage")
 	assert.Equal(t, "stop", evs[2].FinishReason)
 }
 
