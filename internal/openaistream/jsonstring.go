@@ -8,8 +8,9 @@ import (
 // DecodeString decodes the raw bytes between a JSON string's quotes into
 // valid UTF-8 of at most limit bytes, for telemetry: escapes are decoded,
 // invalid bytes (and lone surrogates) become U+FFFD, and the result is cut
-// on a rune boundary. raw may itself be cut short (a capture bounded in
-// bytes): an escape it cuts is dropped.
+// on a rune boundary. An escape cut short at the end of raw is dropped. A
+// capture bounded at 6×limit raw bytes loses nothing: that many raw bytes
+// decode to at least limit bytes.
 func DecodeString(raw []byte, limit int) string {
 	out := make([]byte, 0, min(len(raw), limit))
 	add := func(r rune) bool {
@@ -23,9 +24,6 @@ func DecodeString(raw []byte, limit int) string {
 		c := raw[i]
 		if c != '\\' {
 			r, n := utf8.DecodeRune(raw[i:])
-			if r == utf8.RuneError && n <= 1 && !utf8.FullRune(raw[i:]) && i+n >= len(raw) {
-				break // a rune the capture cut
-			}
 			if !add(r) {
 				break
 			}

@@ -14,7 +14,7 @@ func TestDecodeString(t *testing.T) {
 		{"plain", `meta-llama/Llama-3.1-8B-Instruct`, "meta-llama/Llama-3.1-8B-Instruct"},
 		{"escapes", `a\"b\\c\/d\n\u00e9\ud83d\ude00`, "a\"b\\c/d\né\U0001F600"},
 		{"lone surrogate", `x\ud800y`, "x\uFFFDy"},
-		{"invalid UTF-8", "a\xffb\xc3", "a\uFFFDb"},
+		{"invalid UTF-8", "a\xffb\xc3", "a\uFFFDb\uFFFD"},
 		{"cut escape", `ab\u00`, "ab"},
 		{"cut backslash", `ab\`, "ab"},
 		{"cut on a rune boundary", strings.Repeat("é", 5), strings.Repeat("é", 3)}, // limit 7: 3 runes of 2 bytes

@@ -7,8 +7,13 @@ import (
 	"sync"
 )
 
-// maxModelBytes bounds the model name the request scanner keeps.
-const maxModelBytes = 256
+// maxModelBytes bounds the model name the request scanner reports, in
+// bytes of UTF-8 once decoded; maxModelRawBytes bounds what it keeps of the
+// JSON string, enough for maxModelBytes written as \uXXXX escapes.
+const (
+	maxModelBytes    = 256
+	maxModelRawBytes = 6 * maxModelBytes
+)
 
 // includeUsageMember is what the proxy adds to a streaming request that did
 // not ask for usage, so that the upstream reports the output token count.
@@ -168,7 +173,7 @@ func (s *requestScanner) stringByte(c byte) {
 			s.innerKey = append(s.innerKey, c)
 		}
 	case s.depth == 1 && s.capturing == captureModel:
-		if len(s.model) < maxModelBytes {
+		if len(s.model) < maxModelRawBytes {
 			s.model = append(s.model, c)
 		}
 	}
@@ -231,7 +236,9 @@ func (s *requestScanner) finish(w io.Writer, inject bool) (bool, error) {
 // requestInfo is what the scanner found, once the body has been read.
 func (s *requestScanner) requestInfo() (model string, stream, usageRequested bool) {
 	if s.modelFull {
-		model = string(s.model)
+		// Telemetry gets the name decoded, valid UTF-8 and cut on a rune
+		// boundary: strict backends reject a batch over one bad string.
+		model = DecodeString(s.model, maxModelBytes)
 	}
 	return model, s.stream, s.hasStreamOpts && s.includeUsage
 }

@@ -44,9 +44,9 @@ const (
 	errUpstreamIdleTimeout = "upstream_idle_timeout"
 	// errBodyTooLarge is the client's fault: the proxy answers 413 and opens
 	// no session, so that the engine's error rate does not carry it.
-	errBodyTooLarge = "request_too_large"
-	errStreamBroken        = "upstream_stream_broken"
-	finishReasonAbort      = "abort"
+	errBodyTooLarge   = "request_too_large"
+	errStreamBroken   = "upstream_stream_broken"
+	finishReasonAbort = "abort"
 	// maxNonStreamingBody bounds the copy of a non-streaming response kept
 	// to read its usage; the response itself always reaches the client.
 	maxNonStreamingBody = 1 << 20

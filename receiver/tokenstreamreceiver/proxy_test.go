@@ -13,6 +13,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -665,5 +666,33 @@ func TestProxyBodyOverLimit(t *testing.T) {
 	assert.Equal(t, "ok", evs[0].Model)
 	for _, ev := range evs {
 		assert.Equal(t, evs[0].SessionID, ev.SessionID, "no session for the refused requests")
+	}
+}
+
+// The model name goes into telemetry decoded, valid UTF-8, at most 256
+// bytes cut on a rune boundary, whatever the client wrote.
+func TestProxyHostileModelNames(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, chat, func(int) time.Duration { return 0 })
+	})
+	for name, tt := range map[string]struct{ model, want string }{
+		"escapes":         {`llama\u00e9\"\/`, `llamaé"/`},
+		"invalid UTF-8":   {"llama\xff\xc3", "llama\uFFFD\uFFFD"},
+		"lone surrogate":  {`x\ud800`, "x\uFFFD"},
+		"long, mid-rune":  {"a" + strings.Repeat("é", 300), "a" + strings.Repeat("é", 127)},
+		"long, escaped":   {strings.Repeat(`\u4e16`, 300), strings.Repeat("世", 85)},
+		"control escapes": {`a\u0000b\n`, "a\x00b\n"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			sink := new(consumertest.LogsSink)
+			tr := startProxyReceiver(t, up.URL, sink)
+			resp, _ := postChat(t, tr.proxyURL(), `{"model":"`+tt.model+`","stream":true}`, nil)
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			evs := sessionEvents(t, sink, 1)
+			assert.Equal(t, tt.want, evs[0].Model)
+			assert.True(t, utf8.ValidString(evs[0].Model))
+			assert.LessOrEqual(t, len(evs[0].Model), 256)
+		})
 	}
 }
