@@ -3,9 +3,11 @@ package tokenstreamreceiver
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/collector/consumer/consumertest"
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
@@ -60,3 +62,22 @@ func BenchmarkProxyRelayEvent(b *testing.B) {
 func newObsReportForTest(r *tokenStreamReceiver) (*receiverhelper.ObsReport, error) {
 	return receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{ReceiverID: r.settings.ID, Transport: "proxy", ReceiverCreateSettings: r.settings})
 }
+
+// BenchmarkIdleBoundedRead is what stream_idle_timeout adds to each read
+// from the upstream: re-arming and stopping its timer.
+func BenchmarkIdleBoundedRead(b *testing.B) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	body := &idleBoundedBody{rc: io.NopCloser(zeroReader{}), ctx: ctx, cancel: cancel, idle: time.Minute}
+	body.timer = time.AfterFunc(time.Hour, func() { cancel(errIdleTimeout) })
+	body.timer.Stop()
+	buf := make([]byte, 256)
+	b.ReportAllocs()
+	for b.Loop() {
+		_, _ = body.Read(buf)
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) { return len(p), nil }
