@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
@@ -94,8 +95,10 @@ func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, h
 	p := &proxyServer{r: r, upstream: upstream, engine: upstream.Host, client: client}
 	p.passthrough = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			// ReverseProxy has dropped the hop-by-hop fields and the
+			// forwarding ones; Host is the upstream's, as on the observed paths.
 			pr.SetURL(upstream)
-			pr.Out.Host = pr.In.Host
+			setForwardingFields(pr.Out.Header, pr.In)
 		},
 		Transport:     client.Transport,
 		FlushInterval: -1,
@@ -187,7 +190,7 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 		writeProxyError(w, http.StatusBadRequest, "invalid_request")
 		return
 	}
-	copyRequestHeaders(out.Header, req.Header)
+	out.Header = forwardedRequestHeader(req)
 	out.Header["Traceparent"] = []string{traceparent(traceID, spanID)}
 	if traceState != "" {
 		out.Header.Set("tracestate", traceState)
@@ -227,9 +230,7 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 	defer resp.Body.Close()
 
 	h := w.Header()
-	for k, vs := range resp.Header {
-		h[k] = vs
-	}
+	copyResponseHeader(h, resp.Header)
 	mediaType, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	streaming := mediaType == "text/event-stream" && resp.StatusCode == http.StatusOK
 	if streaming && injected {
@@ -386,18 +387,92 @@ func (p *proxyServer) upstreamURL(in *url.URL) string {
 	return u.String()
 }
 
-// hopHeaders are not forwarded (RFC 9110, section 7.6.1), nor the ones
-// the proxy sets itself.
+// The header policy of both paths (RFC 9110, section 7.6.1): the
+// hop-by-hop fields, those the Connection field names and
+// Proxy-Authorization (the proxy's own credentials, were it to ask for any)
+// are not forwarded, either way. Upstream, the client's address is appended
+// to X-Forwarded-For, X-Forwarded-Host and X-Forwarded-Proto say what the
+// client asked for, and Host is the upstream's (as nginx's proxy_pass does:
+// an upstream behind a virtual host or TLS needs its own name). Forwarded
+// is dropped rather than left unchecked: the X-Forwarded-* fields say the
+// same, from the proxy.
 var hopHeaders = map[string]bool{
-	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true, "Trailer": true,
-	"Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, "Accept-Encoding": true,
-	"Traceparent": true, "Tracestate": true,
+	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 }
 
-func copyRequestHeaders(dst, src http.Header) {
+// notForwarded are the request fields the proxy sets itself: the
+// forwarding fields on both paths (setForwardingFields); on the observed
+// paths (observedOnly) also the body's length (the usage member may be
+// added), Accept-Encoding (the proxy reads the stream, so the transport
+// negotiates its own compression) and the trace context (the upstream's
+// parent is the session span).
+var notForwarded = map[string]bool{
+	"Forwarded": true, "X-Forwarded-For": true, "X-Forwarded-Host": true, "X-Forwarded-Proto": true,
+}
+
+var observedOnly = map[string]bool{
+	"Content-Length": true, "Accept-Encoding": true, "Traceparent": true, "Tracestate": true,
+}
+
+// connectionNamed is the set of fields in's Connection field names.
+func connectionNamed(h http.Header) map[string]bool {
+	var named map[string]bool
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = textproto.TrimString(f); f != "" {
+				if named == nil {
+					named = map[string]bool{}
+				}
+				named[textproto.CanonicalMIMEHeaderKey(f)] = true
+			}
+		}
+	}
+	return named
+}
+
+// forwardedRequestHeader is the header of the upstream request made for
+// in on an observed path: what httputil.ReverseProxy does on the others.
+func forwardedRequestHeader(in *http.Request) http.Header {
+	named := connectionNamed(in.Header)
+	out := make(http.Header, len(in.Header)+3)
+	for k, vs := range in.Header {
+		if hopHeaders[k] || named[k] || notForwarded[k] || observedOnly[k] {
+			continue
+		}
+		out[k] = append([]string(nil), vs...)
+	}
+	setForwardingFields(out, in)
+	return out
+}
+
+// setForwardingFields sets the X-Forwarded-* fields of the upstream
+// request made for in, on both paths.
+func setForwardingFields(out http.Header, in *http.Request) {
+	out.Del("Forwarded")
+	if ip, _, err := net.SplitHostPort(in.RemoteAddr); err == nil {
+		if prior := in.Header["X-Forwarded-For"]; len(prior) > 0 {
+			ip = strings.Join(prior, ", ") + ", " + ip
+		}
+		out["X-Forwarded-For"] = []string{ip}
+	} else {
+		out.Del("X-Forwarded-For")
+	}
+	out["X-Forwarded-Host"] = []string{in.Host}
+	proto := "http"
+	if in.TLS != nil {
+		proto = "https"
+	}
+	out["X-Forwarded-Proto"] = []string{proto}
+}
+
+// copyResponseHeader copies the upstream's response fields but the
+// hop-by-hop ones, which were about the upstream's connection.
+func copyResponseHeader(dst, src http.Header) {
+	named := connectionNamed(src)
 	for k, vs := range src {
-		if !hopHeaders[k] {
-			dst[k] = append([]string(nil), vs...)
+		if !hopHeaders[k] && !named[k] {
+			dst[k] = vs
 		}
 	}
 }

@@ -60,6 +60,7 @@ type scriptedUpstream struct {
 	mu        sync.Mutex
 	bodies    []string
 	headers   []http.Header
+	hosts     []string
 	cancelled int
 }
 
@@ -71,6 +72,7 @@ func newScriptedUpstream(t *testing.T, handler func(u *scriptedUpstream, w http.
 		u.mu.Lock()
 		u.bodies = append(u.bodies, string(body))
 		u.headers = append(u.headers, r.Header.Clone())
+		u.hosts = append(u.hosts, r.Host)
 		u.mu.Unlock()
 		r.Body = io.NopCloser(strings.NewReader(string(body)))
 		handler(u, w, r)
@@ -694,5 +696,65 @@ func TestProxyHostileModelNames(t *testing.T) {
 			assert.True(t, utf8.ValidString(evs[0].Model))
 			assert.LessOrEqual(t, len(evs[0].Model), 256)
 		})
+	}
+}
+
+// One header policy on both paths (RFC 9110, section 7.6.1): the upstream
+// gets the same fields from an observed and a passed-through request, and
+// the client none of the upstream's hop-by-hop fields.
+func TestProxyHeaderPolicyParity(t *testing.T) {
+	up := newScriptedUpstream(t, func(_ *scriptedUpstream, w http.ResponseWriter, _ *http.Request) {
+		h := w.Header()
+		h.Set("Keep-Alive", "timeout=5")
+		h.Set("Connection", "X-Up-Hop")
+		h.Set("X-Up-Hop", "1")
+		h.Set("X-Up-End", "1")
+		h.Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[]}`)
+	})
+	tr := startProxyReceiver(t, up.URL, new(consumertest.LogsSink))
+	var responses []*http.Response
+	for _, path := range []string{"/v1/chat/completions", "/v1/embeddings"} {
+		req, err := http.NewRequest(http.MethodPost, tr.proxyURL()+path, strings.NewReader(`{"model":"m"}`))
+		require.NoError(t, err)
+		req.Host = "llm.example"
+		for k, v := range map[string]string{
+			"Authorization": "Bearer secret", "Content-Type": "application/json", "X-End": "1",
+			"Connection": "X-Hop", "X-Hop": "1", "Keep-Alive": "300", "Proxy-Authorization": "Basic cHJveHk=",
+			"Proxy-Connection": "keep-alive", "X-Forwarded-For": "203.0.113.7", "Forwarded": "for=198.51.100.1",
+			"X-Forwarded-Proto": "https",
+		} {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		responses = append(responses, resp)
+	}
+	require.Len(t, up.headers, 2)
+	observed, passed := up.headers[0].Clone(), up.headers[1].Clone()
+	assert.NotEmpty(t, observed.Get("Traceparent"), "the observed path's own")
+	for _, h := range []http.Header{observed, passed} {
+		h.Del("Traceparent")
+		h.Del("Content-Length")
+		for _, k := range []string{"Connection", "X-Hop", "Keep-Alive", "Proxy-Authorization", "Proxy-Connection", "Forwarded"} {
+			assert.Empty(t, h.Values(k), k)
+		}
+		assert.Equal(t, "203.0.113.7, 127.0.0.1", h.Get("X-Forwarded-For"), "the client's address appended")
+		assert.Equal(t, "llm.example", h.Get("X-Forwarded-Host"))
+		assert.Equal(t, "http", h.Get("X-Forwarded-Proto"), "what the proxy saw, not what the client claimed")
+		assert.Equal(t, "Bearer secret", h.Get("Authorization"))
+		assert.Equal(t, "1", h.Get("X-End"))
+	}
+	assert.Equal(t, observed, passed, "one policy on both paths")
+	upstreamHost := strings.TrimPrefix(up.URL, "http://")
+	assert.Equal(t, []string{upstreamHost, upstreamHost}, up.hosts, "Host: the upstream's on both paths")
+	for i, resp := range responses {
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Empty(t, resp.Header.Values("Keep-Alive"), "response %d", i)
+		assert.Empty(t, resp.Header.Values("X-Up-Hop"), "response %d", i)
+		assert.Empty(t, resp.Header.Values("Connection"), "response %d", i)
+		assert.Equal(t, "1", resp.Header.Get("X-Up-End"), "response %d", i)
 	}
 }
