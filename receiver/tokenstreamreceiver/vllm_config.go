@@ -1,8 +1,10 @@
 package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/collector/config/confighttp"
@@ -90,4 +92,44 @@ func (v *VLLMConfig) validate() []error {
 		errs = append(errs, fmt.Errorf("vllm::client::endpoint: not used, list the /metrics URLs in vllm::targets (got %q)", v.Client.Endpoint))
 	}
 	return errs
+}
+
+// redactedValue replaces credentials in a target URL shown to people.
+const redactedValue = "xxxxx"
+
+// redactURL is u as logs, status and telemetry show it: userinfo (user and
+// password alike: a user name alone is often a token) and every query value
+// replaced by xxxxx, query keys kept, fragment dropped. Every query value is
+// redacted, not only those with credential-like keys: a /metrics URL has no
+// query that identifies its engine, and a list of key names would miss some
+// token.
+func redactURL(u *url.URL) string {
+	r := *u
+	if r.User != nil {
+		r.User = url.User(redactedValue)
+	}
+	if r.RawQuery != "" {
+		q := r.Query()
+		for k, vs := range q {
+			for i := range vs {
+				vs[i] = redactedValue
+			}
+			q[k] = vs
+		}
+		r.RawQuery = q.Encode()
+	}
+	r.Fragment, r.RawFragment = "", ""
+	return r.String()
+}
+
+// redactURLError replaces the URL an HTTP client error carries (the request
+// URL with its user name and query; net/http masks only the password) by
+// the redacted one. The result is for logs and status only: it keeps the
+// message, not the chain.
+func redactURLError(err error, redacted string) error {
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.URL != "" && ue.URL != redacted {
+		return errors.New(strings.ReplaceAll(err.Error(), ue.URL, redacted))
+	}
+	return err
 }

@@ -54,7 +54,8 @@ type vllmScraper struct {
 
 // vllmTarget is the state of one target, owned by its goroutine.
 type vllmTarget struct {
-	url  string
+	url  string // as configured: may carry credentials, used only to scrape
+	name string // redacted: what logs, status and telemetry show
 	conv *promconv.Converter
 
 	lastLogged    time.Time // last failure logged
@@ -84,7 +85,10 @@ func startVLLMScraper(ctx context.Context, cfg *VLLMConfig, r *tokenStreamReceiv
 		if err != nil {
 			return nil, fmt.Errorf("vllm::targets: %w", err)
 		}
-		targets = append(targets, &vllmTarget{url: raw, conv: promconv.NewConverter(metadata.ScopeName, promconv.TargetResource(u))})
+		targets = append(targets, &vllmTarget{
+			url: raw, name: redactURL(u),
+			conv: promconv.NewConverter(metadata.ScopeName, promconv.TargetResource(u)),
+		})
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -123,13 +127,14 @@ func (s *vllmScraper) scrape(ctx context.Context, t *vllmTarget) {
 		return // shutting down
 	}
 	if err != nil {
+		err = redactURLError(err, t.name)
 		s.failed(ctx, t, reason, err)
 		return
 	}
 	md := t.conv.Convert(fams, now)
 	if t.conv.Dropped() > 0 {
 		s.r.metricsLogger.Debug("invalid histogram data points dropped",
-			zap.String("target", t.url), zap.Int("dropped", t.conv.Dropped()))
+			zap.String("target", t.name), zap.Int("dropped", t.conv.Dropped()))
 	}
 	s.recovered(t)
 	n := md.DataPointCount()
@@ -137,7 +142,7 @@ func (s *vllmScraper) scrape(ctx context.Context, t *vllmTarget) {
 	err = s.r.nextMetrics.ConsumeMetrics(opCtx, md)
 	s.obs.EndMetricsOp(opCtx, "prometheus", n, err)
 	if err != nil {
-		s.r.metricsLogger.Debug("pipeline refused engine metrics", zap.String("target", t.url), zap.Error(err))
+		s.r.metricsLogger.Debug("pipeline refused engine metrics", zap.String("target", t.name), zap.Error(err))
 	}
 }
 
@@ -191,9 +196,9 @@ func transportReason(err error) string {
 // failing.
 func (s *vllmScraper) failed(ctx context.Context, t *vllmTarget, reason string, err error) {
 	s.r.telemetry.ReceiverTokenStreamFailedScrapes.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(
-		attribute.String("target", t.url), attribute.String("reason", reason))))
+		attribute.String("target", t.name), attribute.String("reason", reason))))
 	if now := time.Now(); now.Sub(t.lastLogged) >= scrapeLogEvery {
-		s.r.metricsLogger.Warn("vllm scrape failed", zap.String("target", t.url), zap.String("reason", reason),
+		s.r.metricsLogger.Warn("vllm scrape failed", zap.String("target", t.name), zap.String("reason", reason),
 			zap.Int("failures_not_logged", t.suppressed), zap.Error(err))
 		t.lastLogged, t.suppressed = now, 0
 	} else {
@@ -205,7 +210,7 @@ func (s *vllmScraper) failed(ctx context.Context, t *vllmTarget, reason string, 
 	s.mu.Unlock()
 	if first {
 		componentstatus.ReportStatus(s.host, componentstatus.NewRecoverableErrorEvent(
-			fmt.Errorf("vllm scrape of %s failed (%s): %w", t.url, reason, err)))
+			fmt.Errorf("vllm scrape of %s failed (%s): %w", t.name, reason, err)))
 	}
 }
 
@@ -217,7 +222,7 @@ func (s *vllmScraper) recovered(t *vllmTarget) {
 	allOK := was && len(s.failing) == 0
 	s.mu.Unlock()
 	if now := time.Now(); was && now.Sub(t.lastRecovered) >= scrapeLogEvery {
-		s.r.metricsLogger.Info("vllm scrape recovered", zap.String("target", t.url))
+		s.r.metricsLogger.Info("vllm scrape recovered", zap.String("target", t.name))
 		t.lastRecovered = now
 	}
 	if allOK {

@@ -2,14 +2,17 @@ package tokenstreamreceiver
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -406,4 +409,88 @@ func TestSourcesFollowConsumers(t *testing.T) {
 	assert.NotNil(t, lr.(*tokenStreamReceiver).http)
 	assert.Nil(t, lr.(*tokenStreamReceiver).vllm)
 	require.NoError(t, lr.Shutdown(context.Background()))
+}
+
+// TestScrapeRedactsTargetCredentials: the user name, password and query
+// values of a target URL reach neither logs, nor status, nor telemetry, nor
+// the resource; the scrape itself still sends them.
+func TestScrapeRedactsTargetCredentials(t *testing.T) {
+	const user, pass, token = "alice-user", "s3cret-pass", "tok-123456"
+	var gotAuth, gotToken atomic.Value
+	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, p, _ := r.BasicAuth()
+		gotAuth.Store(u + ":" + p)
+		gotToken.Store(r.URL.Query().Get("token"))
+		http.Error(w, "boom", http.StatusInternalServerError)
+	}))
+	t.Cleanup(bad.Close)
+	good := fixtureServer(t)
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closedAddr := closed.Addr().String()
+	require.NoError(t, closed.Close())
+
+	withCreds := func(base string) string {
+		return strings.Replace(base, "http://", "http://"+user+":"+pass+"@", 1) + "/metrics?token=" + token + "&x=1"
+	}
+	targets := []string{withCreds(bad.URL), withCreds(good.URL), withCreds("http://" + closedAddr)}
+	st := startScraping(t, targets, nil)
+	require.Eventually(t, func() bool {
+		return st.scrapesFrom(instance(t, good.URL+"/metrics")) >= 2 &&
+			st.scrapeErrors(t, redactedTarget(bad.URL), reasonStatus) >= 2 &&
+			st.scrapeErrors(t, redactedTarget("http://"+closedAddr), reasonConnection) >= 2
+	}, 10*time.Second, 10*time.Millisecond)
+	assert.Equal(t, user+":"+pass, gotAuth.Load())
+	assert.Equal(t, token, gotToken.Load())
+
+	secrets := []string{user, pass, token}
+	noSecret := func(where, s string) {
+		t.Helper()
+		for _, sec := range secrets {
+			assert.NotContains(t, s, sec, where)
+		}
+	}
+	for _, e := range st.logs.All() {
+		noSecret("log message", e.Message)
+		for k, v := range e.ContextMap() {
+			noSecret("log field "+k, fmt.Sprint(v))
+		}
+	}
+	require.Len(t, st.host.recoverable(), 2)
+	for _, e := range st.host.recoverable() {
+		noSecret("status", e)
+	}
+	m, err := st.tel.GetMetric("otelcol_receiver_token_stream_failed_scrapes")
+	require.NoError(t, err)
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		for _, kv := range dp.Attributes.ToSlice() {
+			noSecret("failed_scrapes attribute", kv.Value.Emit())
+		}
+	}
+	for _, md := range st.sink.AllMetrics() {
+		for _, rm := range md.ResourceMetrics().All() {
+			for k, v := range rm.Resource().Attributes().All() {
+				noSecret("resource attribute "+k, v.AsString())
+			}
+		}
+	}
+}
+
+// redactedTarget is the target attribute of base+"/metrics?token=…&x=1"
+// with credentials.
+func redactedTarget(base string) string {
+	return strings.Replace(base, "http://", "http://xxxxx@", 1) + "/metrics?token=xxxxx&x=xxxxx"
+}
+
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://host:8000/metrics":                  "http://host:8000/metrics",
+		"https://u:p@host/metrics":                  "https://xxxxx@host/metrics",
+		"https://tokenonly@host/metrics":            "https://xxxxx@host/metrics",
+		"http://host/metrics?api_key=k&name=a#frag": "http://host/metrics?api_key=xxxxx&name=xxxxx",
+	} {
+		u, err := url.Parse(in)
+		require.NoError(t, err)
+		assert.Equal(t, want, redactURL(u), in)
+	}
 }
