@@ -82,7 +82,7 @@ type ProxyConfig struct {
 type UpstreamConfig struct {
 	ClientConfig confighttp.ClientConfig `mapstructure:",squash"`
 	// ResponseHeaderTimeout bounds the wait for the upstream's response
-	// headers, from the request's start (504 on expiry). A non-streaming
+	// headers once the request is written (504 on expiry). A non-streaming
 	// response's headers come with the whole completion.
 	ResponseHeaderTimeout time.Duration `mapstructure:"response_header_timeout"`
 	// StreamIdleTimeout bounds each wait for the upstream's next bytes once

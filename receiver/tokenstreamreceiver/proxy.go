@@ -11,11 +11,13 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -572,7 +574,8 @@ var (
 )
 
 // boundedTransport puts the proxy's time bounds on every upstream exchange,
-// on both paths: header bounds the wait for the response headers, idle each
+// on both paths: header bounds the wait for the response headers once the
+// request is written, idle each
 // wait for the body's next bytes. Nothing bounds a stream's length, and the
 // time the proxy spends writing to a slow client is not the upstream's.
 type boundedTransport struct {
@@ -583,9 +586,33 @@ type boundedTransport struct {
 
 func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx, cancel := context.WithCancelCause(req.Context())
-	timer := time.AfterFunc(t.header, func() { cancel(errHeaderTimeout) })
+	// As http.Transport's ResponseHeaderTimeout, the wait starts once the
+	// request is written: a slow upload is the client's, not the upstream's.
+	var fired atomic.Bool
+	timer := time.AfterFunc(time.Hour, func() {
+		fired.Store(true)
+		cancel(errHeaderTimeout)
+	})
+	timer.Stop()
+	// The body may still be being written after the response came: then
+	// the timer must not start any more.
+	var mu sync.Mutex
+	answered := false
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) {
+			mu.Lock()
+			if !answered {
+				timer.Reset(t.header)
+			}
+			mu.Unlock()
+		},
+	})
 	resp, err := t.base.RoundTrip(req.WithContext(ctx))
-	if !timer.Stop() {
+	mu.Lock()
+	answered = true
+	timer.Stop()
+	mu.Unlock()
+	if fired.Load() {
 		if err == nil {
 			resp.Body.Close()
 		}

@@ -758,3 +758,30 @@ func TestProxyHeaderPolicyParity(t *testing.T) {
 		assert.Equal(t, "1", resp.Header.Get("X-Up-End"), "response %d", i)
 	}
 }
+
+// The header bound starts once the request is written, as
+// http.Transport's ResponseHeaderTimeout: a client slow to upload does not
+// make the upstream time out.
+func TestProxySlowUploadIsNotAnUpstreamTimeout(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, chat, func(int) time.Duration { return 0 })
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.Upstream.ResponseHeaderTimeout = 100 * time.Millisecond })
+	pr, pw := io.Pipe()
+	go func() {
+		_, _ = io.WriteString(pw, `{"model":"m","stream":true,`)
+		time.Sleep(300 * time.Millisecond)
+		_, _ = io.WriteString(pw, `"stream_options":{"include_usage":true}}`)
+		pw.Close()
+	}()
+	resp, err := http.Post(tr.proxyURL()+"/v1/chat/completions", "application/json", pr)
+	require.NoError(t, err)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, strings.Join(chat, ""), string(got))
+	evs := sessionEvents(t, sink, 1)
+	assert.Empty(t, evs[len(evs)-1].Error)
+}
