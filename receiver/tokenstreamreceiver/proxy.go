@@ -104,12 +104,14 @@ func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, h
 		},
 		Transport:     client.Transport,
 		FlushInterval: -1,
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			r.logsLogger.Debug("proxy: upstream unreachable", zap.Error(err))
+		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
+			r.logsLogger.Debug("proxy: pass-through request failed", zap.String("upstream", upstream.Redacted()), zap.Error(err))
 			if errors.Is(err, errHeaderTimeout) {
+				r.telemetry.ReceiverTokenStreamProxyPassthroughFailures.Add(req.Context(), 1, passthroughTimeout)
 				writeProxyError(w, http.StatusGatewayTimeout, errUpstreamTimeout)
 				return
 			}
+			r.telemetry.ReceiverTokenStreamProxyPassthroughFailures.Add(req.Context(), 1, passthroughUnreachable)
 			writeProxyError(w, http.StatusBadGateway, errUpstreamUnreachable)
 		},
 	}
@@ -538,6 +540,11 @@ func (b *bodyLimitReader) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+var (
+	passthroughUnreachable = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "unreachable")))
+	passthroughTimeout     = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "timeout")))
+)
 
 var refusalBodyTooLarge = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "body_too_large")))
 

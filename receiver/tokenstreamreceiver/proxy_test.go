@@ -332,6 +332,7 @@ func TestProxyUpstreamFailures(t *testing.T) {
 		resp.Body.Close()
 		assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
 		assertOpenAIError(t, resp, string(got), errUpstreamUnreachable)
+		assert.Equal(t, int64(1), reasonCounter(t, tr, "otelcol_receiver_token_stream_proxy_passthrough_failures", "unreachable"))
 	})
 	t.Run("broken stream", func(t *testing.T) {
 		chat, _ := fixtureStreams(t)
@@ -562,6 +563,7 @@ func TestProxyHangBeforeHeaders(t *testing.T) {
 	presp.Body.Close()
 	assert.Equal(t, http.StatusGatewayTimeout, presp.StatusCode)
 	assertOpenAIError(t, presp, string(pgot), errUpstreamTimeout)
+	assert.Equal(t, int64(1), reasonCounter(t, tr, "otelcol_receiver_token_stream_proxy_passthrough_failures", "timeout"))
 }
 
 func TestProxyHangMidStream(t *testing.T) {

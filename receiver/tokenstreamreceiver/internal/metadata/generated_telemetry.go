@@ -23,14 +23,17 @@ func Tracer(settings component.TelemetrySettings) trace.Tracer {
 // TelemetryBuilder provides an interface for components to report telemetry
 // as defined in metadata and user config.
 type TelemetryBuilder struct {
-	meter                                   metric.Meter
-	mu                                      sync.Mutex
-	registrations                           []metric.Registration
-	ReceiverTokenStreamAcceptedEvents       metric.Int64Counter
-	ReceiverTokenStreamFailedScrapes        metric.Int64Counter
-	ReceiverTokenStreamProxyRefusedRequests metric.Int64Counter
-	ReceiverTokenStreamRefusedEvents        metric.Int64Counter
-	ReceiverTokenStreamRejectedEvents       metric.Int64Counter
+	meter                                       metric.Meter
+	mu                                          sync.Mutex
+	registrations                               []metric.Registration
+	ReceiverTokenStreamAcceptedEvents           metric.Int64Counter
+	ReceiverTokenStreamFailedScrapes            metric.Int64Counter
+	ReceiverTokenStreamInvalidDataPoints        metric.Int64Counter
+	ReceiverTokenStreamProxyPassthroughFailures metric.Int64Counter
+	ReceiverTokenStreamProxyRefusedRequests     metric.Int64Counter
+	ReceiverTokenStreamRefusedEvents            metric.Int64Counter
+	ReceiverTokenStreamRejectedEvents           metric.Int64Counter
+	ReceiverTokenStreamSkippedFamilies          metric.Int64Counter
 }
 
 // TelemetryBuilderOption applies changes to default builder.
@@ -74,6 +77,18 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		metric.WithUnit("{scrape}"),
 	)
 	errs = errors.Join(errs, err)
+	builder.ReceiverTokenStreamInvalidDataPoints, err = builder.meter.Int64Counter(
+		"otelcol_receiver_token_stream_invalid_data_points",
+		metric.WithDescription("Data points of scraped expositions left out as invalid (histograms with decreasing, repeated or infinite buckets or out-of-range counts). [Development]"),
+		metric.WithUnit("{datapoint}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ReceiverTokenStreamProxyPassthroughFailures, err = builder.meter.Int64Counter(
+		"otelcol_receiver_token_stream_proxy_passthrough_failures",
+		metric.WithDescription("Requests on the pass-through paths (no session) that the proxy answered itself because the upstream failed them, by reason. [Development]"),
+		metric.WithUnit("{request}"),
+	)
+	errs = errors.Join(errs, err)
 	builder.ReceiverTokenStreamProxyRefusedRequests, err = builder.meter.Int64Counter(
 		"otelcol_receiver_token_stream_proxy_refused_requests",
 		metric.WithDescription("Completions requests the proxy answered itself for the client's fault, without a session (the engine is not blamed for them), by reason. [Development]"),
@@ -90,6 +105,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_receiver_token_stream_rejected_events",
 		metric.WithDescription("Token event lines rejected as invalid: malformed JSON, a schema violation or over a limit. [Development]"),
 		metric.WithUnit("{event}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ReceiverTokenStreamSkippedFamilies, err = builder.meter.Int64Counter(
+		"otelcol_receiver_token_stream_skipped_families",
+		metric.WithDescription("Metric families of scraped expositions left out because no conversion exists for their type, by reason; the rest of the exposition is converted. [Development]"),
+		metric.WithUnit("{family}"),
 	)
 	errs = errors.Join(errs, err)
 	return &builder, errs

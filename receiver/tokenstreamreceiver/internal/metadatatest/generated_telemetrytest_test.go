@@ -21,13 +21,22 @@ func TestSetupTelemetry(t *testing.T) {
 	defer tb.Shutdown()
 	tb.ReceiverTokenStreamAcceptedEvents.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamFailedScrapes.Add(context.Background(), 1)
+	tb.ReceiverTokenStreamInvalidDataPoints.Add(context.Background(), 1)
+	tb.ReceiverTokenStreamProxyPassthroughFailures.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamProxyRefusedRequests.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamRefusedEvents.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamRejectedEvents.Add(context.Background(), 1)
+	tb.ReceiverTokenStreamSkippedFamilies.Add(context.Background(), 1)
 	AssertEqualReceiverTokenStreamAcceptedEvents(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamFailedScrapes(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualReceiverTokenStreamInvalidDataPoints(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualReceiverTokenStreamProxyPassthroughFailures(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamProxyRefusedRequests(t, testTel,
@@ -37,6 +46,9 @@ func TestSetupTelemetry(t *testing.T) {
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamRejectedEvents(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualReceiverTokenStreamSkippedFamilies(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 
