@@ -33,6 +33,9 @@ type Converter struct {
 	// dropped counts the data points of the last conversion that were left
 	// out as invalid (a histogram whose cumulative buckets decrease).
 	dropped int
+	// skipped counts the families of the last conversion that were left
+	// out, by reason.
+	skipped Skipped
 }
 
 // NewConverter returns the converter of one target: its metrics go under
@@ -45,6 +48,10 @@ func NewConverter(scope string, resource func(pcommon.Resource)) *Converter {
 // Dropped is the number of data points the last Convert left out as
 // invalid.
 func (c *Converter) Dropped() int { return c.dropped }
+
+// Skipped is the number of families the last Convert left out, by reason
+// (summaries and gauge histograms); nil when none.
+func (c *Converter) Skipped() Skipped { return c.skipped }
 
 // Convert converts one scrape taken at now. Rules:
 //   - gauge and untyped → gauge;
@@ -62,6 +69,7 @@ func (c *Converter) Dropped() int { return c.dropped }
 func (c *Converter) Convert(fams map[string]*dto.MetricFamily, now time.Time) pmetric.Metrics {
 	c.gen++
 	c.dropped = 0
+	c.skipped = nil
 	ts := pcommon.NewTimestampFromTime(now)
 	md := pmetric.NewMetrics()
 	rm := md.ResourceMetrics().AppendEmpty()
@@ -96,8 +104,12 @@ func (c *Converter) Convert(fams map[string]*dto.MetricFamily, now time.Time) pm
 			c.counter(sm, mf, created, ts)
 		case dto.MetricType_HISTOGRAM:
 			c.histogram(sm, mf, created, ts)
+		case dto.MetricType_SUMMARY:
+			c.skip(SkipSummary)
+		case dto.MetricType_GAUGE_HISTOGRAM:
+			c.skip(SkipGaugeHistogram)
 		default:
-			// Summaries and gauge histograms are not converted.
+			c.skip(SkipUnknownType)
 		}
 	}
 	for k, s := range c.series {
@@ -106,6 +118,13 @@ func (c *Converter) Convert(fams map[string]*dto.MetricFamily, now time.Time) pm
 		}
 	}
 	return md
+}
+
+func (c *Converter) skip(reason string) {
+	if c.skipped == nil {
+		c.skipped = make(Skipped)
+	}
+	c.skipped[reason]++
 }
 
 // createdName is the name of the family holding the creation times of mf's

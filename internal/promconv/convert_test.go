@@ -35,7 +35,7 @@ func readFixture(t *testing.T) []byte {
 // convertBody parses body and converts it with c at now.
 func convertBody(t *testing.T, c *Converter, body, contentType string, now time.Time) pmetric.Metrics {
 	t.Helper()
-	fams, err := ParseExposition([]byte(body), contentType)
+	fams, _, err := ParseExposition([]byte(body), contentType)
 	require.NoError(t, err)
 	return c.Convert(fams, now)
 }
@@ -292,7 +292,7 @@ func TestParseExpositionGarbage(t *testing.T) {
 			if name == "openmetrics2" {
 				ct = "application/openmetrics-text; version=2.0.0; charset=utf-8"
 			}
-			_, err := ParseExposition([]byte(body), ct)
+			_, _, err := ParseExposition([]byte(body), ct)
 			assert.Error(t, err)
 		})
 	}
@@ -320,4 +320,82 @@ func TestConvertForgetsVanishedSeries(t *testing.T) {
 	// a_total comes back: a new series, a new start.
 	md := convertBody(t, c, "# TYPE a_total counter\na_total 5\n", textContentType, time.Unix(3, 0))
 	assert.Equal(t, ts(3, 0), metricsByName(t, md)["a_total"].Sum().DataPoints().At(0).StartTimestamp())
+}
+
+// TestConvertOpenMetricsAllTypes: info, stateset and unknown families,
+// exemplars and second timestamps are read; a gauge histogram is skipped
+// alone, counted, and the rest of the exposition converted.
+func TestConvertOpenMetricsAllTypes(t *testing.T) {
+	body := "# HELP vllm:cache_config Information of the LLMEngine CacheConfig.\n" +
+		"# TYPE vllm:cache_config info\n" +
+		"vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\"} 1.0\n" +
+		"# TYPE engine_state stateset\n" +
+		"engine_state{engine_state=\"running\"} 1\n" +
+		"engine_state{engine_state=\"sleeping\"} 0\n" +
+		"# TYPE vllm:request_success counter\n" +
+		"vllm:request_success_total{engine=\"0\",finished_reason=\"stop\"} 7.0 # {trace_id=\"0123456789abcdef\"} 1.0 1754000000.5\n" +
+		"# TYPE vllm:e2e_request_latency_seconds histogram\n" +
+		"# UNIT vllm:e2e_request_latency_seconds seconds\n" +
+		"vllm:e2e_request_latency_seconds_bucket{engine=\"0\",le=\"1.0\"} 2.0 # {trace_id=\"ab\"} 0.5\n" +
+		"vllm:e2e_request_latency_seconds_bucket{engine=\"0\",le=\"+Inf\"} 3.0\n" +
+		"vllm:e2e_request_latency_seconds_count{engine=\"0\"} 3.0\n" +
+		"vllm:e2e_request_latency_seconds_sum{engine=\"0\"} 4.5\n" +
+		"# TYPE queue_depth gaugehistogram\n" +
+		"queue_depth_bucket{le=\"1.0\"} 1\n" +
+		"queue_depth_bucket{le=\"+Inf\"} 2\n" +
+		"queue_depth_gcount 2\n" +
+		"queue_depth_gsum 3\n" +
+		"# TYPE mystery unknown\n" +
+		"mystery{label=\"a # {not an exemplar}\"} 3 1754000001.25\n" +
+		"# EOF\n"
+	fams, skipped, err := ParseExposition([]byte(body), openMetricsContentType)
+	require.NoError(t, err)
+	assert.Equal(t, Skipped{SkipGaugeHistogram: 1}, skipped)
+	c := NewConverter(testScope, nil)
+	got := metricsByName(t, c.Convert(fams, time.Unix(1754000600, 0)))
+	assert.Nil(t, c.Skipped())
+
+	info := got["vllm:cache_config_info"]
+	require.Equal(t, pmetric.MetricTypeGauge, info.Type())
+	assert.Equal(t, "Information of the LLMEngine CacheConfig.", info.Description())
+	require.Equal(t, 1, info.Gauge().DataPoints().Len())
+	assert.Equal(t, 1.0, info.Gauge().DataPoints().At(0).DoubleValue())
+	assert.Equal(t, map[string]any{"block_size": "16", "cache_dtype": "auto"}, attrsOf(info.Gauge().DataPoints().At(0).Attributes()))
+
+	st := got["engine_state"]
+	require.Equal(t, pmetric.MetricTypeGauge, st.Type())
+	states := map[string]float64{}
+	for _, dp := range st.Gauge().DataPoints().All() {
+		v, _ := dp.Attributes().Get("engine_state")
+		states[v.Str()] = dp.DoubleValue()
+	}
+	assert.Equal(t, map[string]float64{"running": 1, "sleeping": 0}, states)
+
+	sum := got["vllm:request_success_total"]
+	require.Equal(t, pmetric.MetricTypeSum, sum.Type())
+	assert.Equal(t, 7.0, sum.Sum().DataPoints().At(0).DoubleValue())
+	h := got["vllm:e2e_request_latency_seconds"].Histogram().DataPoints().At(0)
+	assert.Equal(t, []uint64{2, 1}, h.BucketCounts().AsRaw())
+
+	my := got["mystery"]
+	require.Equal(t, pmetric.MetricTypeGauge, my.Type())
+	dp := my.Gauge().DataPoints().At(0)
+	assert.Equal(t, 3.0, dp.DoubleValue())
+	assert.Equal(t, map[string]any{"label": "a # {not an exemplar}"}, attrsOf(dp.Attributes()))
+	assert.Equal(t, ts(1754000001, 250e6), dp.Timestamp(), "OpenMetrics timestamps are seconds")
+
+	for _, name := range []string{"queue_depth", "queue_depth_bucket", "queue_depth_gcount", "queue_depth_gsum"} {
+		assert.NotContains(t, got, name)
+	}
+}
+
+func TestConvertCountsSkippedSummaries(t *testing.T) {
+	body := "# TYPE rpc_seconds summary\nrpc_seconds{quantile=\"0.5\"} 1\nrpc_seconds_sum 2\nrpc_seconds_count 3\nup 1\n"
+	fams, skipped, err := ParseExposition([]byte(body), textContentType)
+	require.NoError(t, err)
+	assert.Nil(t, skipped)
+	c := NewConverter(testScope, nil)
+	got := metricsByName(t, c.Convert(fams, time.Unix(1754000600, 0)))
+	assert.Contains(t, got, "up")
+	assert.Equal(t, Skipped{SkipSummary: 1}, c.Skipped())
 }

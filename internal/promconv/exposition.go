@@ -35,14 +35,23 @@ const openMetricsType = "application/openmetrics-text"
 // `# TYPE x counter` under an untyped family `x_total`; such families are
 // turned back into counters, so a counter is named `x_total` in either
 // format.
-func ParseExposition(body []byte, contentType string) (map[string]*dto.MetricFamily, error) {
+//
+// OpenMetrics bodies are first rewritten by normalizeOpenMetrics (info,
+// stateset and unknown families read as gauges and untyped, exemplars
+// dropped, timestamps in seconds); families of a type it cannot convert are
+// skipped, counted in the returned Skipped, and never fail the exposition.
+func ParseExposition(body []byte, contentType string) (map[string]*dto.MetricFamily, Skipped, error) {
 	format := expfmt.NewFormat(expfmt.TypeTextPlain)
 	mediaType, _, _ := mime.ParseMediaType(contentType)
 	switch mediaType {
 	case openMetricsType:
 		format = expfmt.Format(contentType)
 	case expfmt.ProtoType:
-		return nil, fmt.Errorf("content type %q: protobuf exposition not supported, want text or OpenMetrics", contentType)
+		return nil, nil, fmt.Errorf("content type %q: protobuf exposition not supported, want text or OpenMetrics", contentType)
+	}
+	var skipped Skipped
+	if mediaType == openMetricsType {
+		body, skipped = normalizeOpenMetrics(body)
 	}
 	dec := expfmt.NewDecoder(bytes.NewReader(body), format)
 	fams := make(map[string]*dto.MetricFamily)
@@ -53,14 +62,14 @@ func ParseExposition(body []byte, contentType string) (map[string]*dto.MetricFam
 			break
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		fams[mf.GetName()] = mf
 	}
 	if mediaType == openMetricsType {
 		fixOpenMetricsCounters(body, fams)
 	}
-	return fams, nil
+	return fams, skipped, nil
 }
 
 // fixOpenMetricsCounters retypes the untyped `x_total` families of counters

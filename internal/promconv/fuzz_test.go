@@ -94,6 +94,8 @@ func fuzzSeeds(tb testing.TB) []struct {
 		{[]byte("vllm:num_requests_running{engine=\"0\""), 0},
 		{[]byte("# TYPE x counter\nx_total 1\nx_created 1.754e+09\n# EOF\n"), 1},
 		{[]byte("# TYPE x counter\nx_total 1\n"), 1}, // OpenMetrics without # EOF
+		{[]byte("# TYPE i info\ni_info{v=\"1\"} 1\n# TYPE s stateset\ns{s=\"a\"} 1\n# TYPE u unknown\nu 1 17.5\n# EOF\n"), 1},
+		{[]byte("# TYPE g gaugehistogram\ng_bucket{le=\"+Inf\"} 1\ng_gcount 1\n# TYPE c counter\nc_total{a=\"}\\\" # {\"} 2 # {t=\"x\"} 1 3.5\n# EOF\n"), 1},
 		{[]byte(hist + "h_bucket{le=\"1\"} 5\nh_bucket{le=\"2\"} 3\nh_bucket{le=\"+Inf\"} 5\nh_count 5\nh_sum 1\n"), 0},
 		{[]byte(hist + "h_bucket{le=\"1\"} 5\nh_bucket{le=\"1\"} 5\nh_bucket{le=\"+Inf\"} 5\nh_count 5\n"), 0},
 		{[]byte(hist + "h_bucket{le=\"-Inf\"} 0\nh_bucket{le=\"NaN\"} 1\nh_bucket{le=\"+Inf\"} 2\nh_count 2\n"), 0},
@@ -123,7 +125,7 @@ func FuzzConvertExposition(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte, ct uint8) {
 		contentType := fuzzContentTypes[int(ct)%len(fuzzContentTypes)]
-		fams, err := ParseExposition(body, contentType)
+		fams, _, err := ParseExposition(body, contentType)
 		if err != nil {
 			if fams != nil {
 				t.Fatalf("families returned along with error %v", err)
@@ -186,7 +188,7 @@ func TestConvertExpositionSeeds(t *testing.T) {
 	var parsed, failed int
 	for i, s := range seeds {
 		contentType := fuzzContentTypes[int(s.ct)%len(fuzzContentTypes)]
-		fams, err := ParseExposition(s.body, contentType)
+		fams, _, err := ParseExposition(s.body, contentType)
 		if err != nil {
 			failed++
 			continue
@@ -208,7 +210,7 @@ func TestConvertExpositionSeeds(t *testing.T) {
 func TestVLLMConversionRejects(t *testing.T) {
 	convert := func(t *testing.T, body []byte, contentType string) (md pmetric.Metrics, panicked any) {
 		t.Helper()
-		fams, err := ParseExposition(body, contentType)
+		fams, _, err := ParseExposition(body, contentType)
 		if err != nil {
 			t.Fatalf("parse: %v", err)
 		}
@@ -231,7 +233,7 @@ func TestVLLMConversionRejects(t *testing.T) {
 		body := binary.AppendUvarint(nil, 1<<30)
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		_, err := ParseExposition(body, protoContentType)
+		_, _, err := ParseExposition(body, protoContentType)
 		runtime.ReadMemStats(&after)
 		if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 64<<20 {
 			t.Errorf("a %d-byte body made parseExposition allocate %d bytes (err %v)", len(body), alloc, err)

@@ -122,7 +122,7 @@ func (s *vllmScraper) run(ctx context.Context, t *vllmTarget) {
 
 func (s *vllmScraper) scrape(ctx context.Context, t *vllmTarget) {
 	now := time.Now()
-	fams, reason, err := s.fetch(ctx, t)
+	fams, skipped, reason, err := s.fetch(ctx, t)
 	if ctx.Err() != nil {
 		return // shutting down
 	}
@@ -132,10 +132,13 @@ func (s *vllmScraper) scrape(ctx context.Context, t *vllmTarget) {
 		return
 	}
 	md := t.conv.Convert(fams, now)
-	if t.conv.Dropped() > 0 {
+	if n := t.conv.Dropped(); n > 0 {
+		s.r.telemetry.ReceiverTokenStreamInvalidDataPoints.Add(ctx, int64(n))
 		s.r.metricsLogger.Debug("invalid histogram data points dropped",
-			zap.String("target", t.name), zap.Int("dropped", t.conv.Dropped()))
+			zap.String("target", t.name), zap.Int("dropped", n))
 	}
+	s.countSkipped(ctx, skipped)
+	s.countSkipped(ctx, t.conv.Skipped())
 	s.recovered(t)
 	n := md.DataPointCount()
 	opCtx := s.obs.StartMetricsOp(ctx)
@@ -147,40 +150,48 @@ func (s *vllmScraper) scrape(ctx context.Context, t *vllmTarget) {
 }
 
 // fetch GETs and parses one exposition; on failure it says why.
-func (s *vllmScraper) fetch(ctx context.Context, t *vllmTarget) (fams map[string]*dto.MetricFamily, reason string, err error) {
+func (s *vllmScraper) fetch(ctx context.Context, t *vllmTarget) (fams map[string]*dto.MetricFamily, skipped promconv.Skipped, reason string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url, http.NoBody)
 	if err != nil {
-		return nil, reasonConnection, err
+		return nil, nil, reasonConnection, err
 	}
 	req.Header.Set("Accept", promconv.AcceptHeader)
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return nil, transportReason(err), err
+		return nil, nil, transportReason(err), err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		// Drain a little so the connection can be reused.
 		_, _ = io.CopyN(io.Discard, resp.Body, 4096)
-		return nil, reasonStatus, fmt.Errorf("unexpected status %s", resp.Status)
+		return nil, nil, reasonStatus, fmt.Errorf("unexpected status %s", resp.Status)
 	}
 	limit := s.cfg.MaxBodyBytes
 	if resp.ContentLength > limit {
-		return nil, reasonOversized, fmt.Errorf("body of %d bytes exceeds max_body_bytes (%d)", resp.ContentLength, limit)
+		return nil, nil, reasonOversized, fmt.Errorf("body of %d bytes exceeds max_body_bytes (%d)", resp.ContentLength, limit)
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
-		return nil, transportReason(err), fmt.Errorf("reading the body: %w", err)
+		return nil, nil, transportReason(err), fmt.Errorf("reading the body: %w", err)
 	}
 	if int64(len(body)) > limit {
-		return nil, reasonOversized, fmt.Errorf("body exceeds max_body_bytes (%d)", limit)
+		return nil, nil, reasonOversized, fmt.Errorf("body exceeds max_body_bytes (%d)", limit)
 	}
-	parsed, err := promconv.ParseExposition(body, resp.Header.Get("Content-Type"))
+	parsed, skipped, err := promconv.ParseExposition(body, resp.Header.Get("Content-Type"))
 	if err != nil {
-		return nil, reasonParse, fmt.Errorf("parsing the exposition: %w", err)
+		return nil, nil, reasonParse, fmt.Errorf("parsing the exposition: %w", err)
 	}
-	return parsed, "", nil
+	return parsed, skipped, "", nil
+}
+
+// countSkipped counts the families left out of a scrape, by reason.
+func (s *vllmScraper) countSkipped(ctx context.Context, skipped promconv.Skipped) {
+	for reason, n := range skipped {
+		s.r.telemetry.ReceiverTokenStreamSkippedFamilies.Add(ctx, int64(n),
+			metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", reason))))
+	}
 }
 
 func transportReason(err error) string {

@@ -494,3 +494,56 @@ func TestRedactURL(t *testing.T) {
 		assert.Equal(t, want, redactURL(u), in)
 	}
 }
+
+// TestScrapeOpenMetricsAllTypes: an OpenMetrics answer with info, stateset,
+// exemplars, a gauge histogram, a summary and an invalid histogram is
+// scraped, not failed: the unsupported families alone are skipped and
+// counted, the invalid histogram point counted.
+func TestScrapeOpenMetricsAllTypes(t *testing.T) {
+	body := "# TYPE vllm:cache_config info\n" +
+		"vllm:cache_config_info{block_size=\"16\"} 1.0\n" +
+		"# TYPE engine_state stateset\n" +
+		"engine_state{engine_state=\"running\"} 1\n" +
+		"# TYPE vllm:request_success counter\n" +
+		"vllm:request_success_total{engine=\"0\"} 7.0 # {trace_id=\"0123456789abcdef\"} 1.0 1754000000.5\n" +
+		"# TYPE queue_depth gaugehistogram\n" +
+		"queue_depth_bucket{le=\"+Inf\"} 2\nqueue_depth_gcount 2\n" +
+		"# TYPE rpc_seconds summary\nrpc_seconds_sum 2\nrpc_seconds_count 3\n" +
+		"# TYPE bad histogram\nbad_bucket{le=\"1\"} 4\nbad_bucket{le=\"+Inf\"} 2\nbad_count 3\n" +
+		"# EOF\n"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
+		_, _ = w.Write([]byte(body))
+	}))
+	t.Cleanup(srv.Close)
+	target := srv.URL + "/metrics"
+	st := startScraping(t, []string{target}, nil)
+	require.Eventually(t, func() bool { return st.scrapesFrom(instance(t, target)) >= 2 }, 10*time.Second, 10*time.Millisecond)
+	assert.Zero(t, st.scrapeErrors(t, target, reasonParse))
+
+	got := metricsByName(t, st.sink.AllMetrics()[0])
+	for _, name := range []string{"vllm:cache_config_info", "engine_state", "vllm:request_success_total"} {
+		assert.Contains(t, got, name)
+	}
+	for _, name := range []string{"queue_depth", "queue_depth_bucket", "rpc_seconds"} {
+		assert.NotContains(t, got, name)
+	}
+	if bad, ok := got["bad"]; ok {
+		assert.Zero(t, bad.Histogram().DataPoints().Len())
+	}
+
+	skipped := map[string]int64{}
+	m, err := st.tel.GetMetric("otelcol_receiver_token_stream_skipped_families")
+	require.NoError(t, err)
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		r, _ := dp.Attributes.Value("reason")
+		skipped[r.AsString()] += dp.Value
+	}
+	scrapes := int64(st.scrapesFrom(instance(t, target)))
+	assert.GreaterOrEqual(t, skipped["gaugehistogram"], scrapes)
+	assert.GreaterOrEqual(t, skipped["summary"], scrapes)
+	assert.Len(t, skipped, 2)
+	inv, err := st.tel.GetMetric("otelcol_receiver_token_stream_invalid_data_points")
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, inv.Data.(metricdata.Sum[int64]).DataPoints[0].Value, scrapes)
+}
