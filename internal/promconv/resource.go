@@ -12,13 +12,7 @@ import (
 // server.address, server.port (the scheme's default when the URL has none)
 // and service.instance.id (host:port).
 func TargetResource(u *url.URL) func(pcommon.Resource) {
-	host, port := u.Hostname(), u.Port()
-	if port == "" {
-		port = "80"
-		if u.Scheme == "https" {
-			port = "443"
-		}
-	}
+	host, port := HostPort(u)
 	portNum, _ := strconv.ParseInt(port, 10, 64)
 	instance := net.JoinHostPort(host, port)
 	return func(res pcommon.Resource) {
@@ -27,4 +21,18 @@ func TargetResource(u *url.URL) func(pcommon.Resource) {
 		attrs.PutInt("server.port", portNum)
 		attrs.PutStr("service.instance.id", instance)
 	}
+}
+
+// HostPort is the host and port of u, the port being the scheme's default
+// (80, or 443 for https) when u has none. An engine's instance id is
+// net.JoinHostPort of them, on the scraper's side as on the proxy's.
+func HostPort(u *url.URL) (host, port string) {
+	host, port = u.Hostname(), u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return host, port
 }

@@ -94,7 +94,7 @@ func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, h
 	if err != nil {
 		return nil, err
 	}
-	p := &proxyServer{r: r, upstream: upstream, engine: upstream.Host, client: client}
+	p := &proxyServer{r: r, upstream: upstream, engine: engineName(upstream), client: client}
 	p.passthrough = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			// ReverseProxy has dropped the hop-by-hop fields and the

@@ -3,11 +3,14 @@ package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiv
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"time"
 
 	"go.opentelemetry.io/collector/config/confighttp"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/promconv"
 )
 
 const (
@@ -132,4 +135,13 @@ func redactURLError(err error, redacted string) error {
 		return errors.New(strings.ReplaceAll(err.Error(), ue.URL, redacted))
 	}
 	return err
+}
+
+// engineName names the engine served at u as the scraper names it (its
+// resource's service.instance.id): host:port, with the scheme's default port
+// when u has none. The proxy names its upstream the same way, so that
+// token_session finds the engine state of a proxied session among several
+// scraped targets.
+func engineName(u *url.URL) string {
+	return net.JoinHostPort(promconv.HostPort(u))
 }

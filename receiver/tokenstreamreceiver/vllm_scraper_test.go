@@ -29,6 +29,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/promconv"
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
 
@@ -546,4 +547,42 @@ func TestScrapeOpenMetricsAllTypes(t *testing.T) {
 	inv, err := st.tel.GetMetric("otelcol_receiver_token_stream_invalid_data_points")
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, inv.Data.(metricdata.Sum[int64]).DataPoints[0].Value, scrapes)
+}
+
+// TestEngineNameMatchesScraper: the proxy's engine name for its upstream
+// is the service.instance.id the scraper gives the same engine's target,
+// default ports included, so that sessions find their engine's state.
+func TestEngineNameMatchesScraper(t *testing.T) {
+	for upstream, want := range map[string]string{
+		"http://host/":           "host:80",
+		"https://host/":          "host:443",
+		"http://host:8000/":      "host:8000",
+		"http://[::1]/":          "[::1]:80",
+		"https://u:p@host:8443/": "host:8443",
+	} {
+		u, err := url.Parse(upstream)
+		require.NoError(t, err)
+		assert.Equal(t, want, engineName(u), upstream)
+
+		target, err := url.Parse(strings.TrimSuffix(upstream, "/") + "/metrics")
+		require.NoError(t, err)
+		res := pmetric.NewMetrics().ResourceMetrics().AppendEmpty().Resource()
+		promconv.TargetResource(target)(res)
+		id, ok := res.Attributes().Get("service.instance.id")
+		require.True(t, ok)
+		assert.Equal(t, engineName(u), id.Str(), "scraper and proxy name %s alike", upstream)
+	}
+}
+
+// TestProxyEngineNameHasDefaultPort: a proxy in front of http://host/ names
+// its sessions' engine host:80, as the scraper names that engine.
+func TestProxyEngineNameHasDefaultPort(t *testing.T) {
+	for upstream, want := range map[string]string{
+		"http://localhost/":      "localhost:80",
+		"https://localhost/":     "localhost:443",
+		"http://localhost:8000/": "localhost:8000",
+	} {
+		tr := startProxyReceiver(t, upstream, new(consumertest.LogsSink))
+		assert.Equal(t, want, tr.r.proxy.engine, upstream)
+	}
 }
