@@ -71,6 +71,13 @@ type UDPConfig struct {
 type ProxyConfig struct {
 	ServerConfig confighttp.ServerConfig `mapstructure:",squash"`
 	Upstream     UpstreamConfig          `mapstructure:"upstream"`
+	// ClientBodyTimeout bounds each wait for the client's next request
+	// body bytes (nginx's client_body_timeout): a slow-drip upload gets 408.
+	ClientBodyTimeout time.Duration `mapstructure:"client_body_timeout"`
+	// ClientSendTimeout bounds each write to the client (nginx's
+	// send_timeout): a client that stops reading is let go, and the
+	// upstream request with it.
+	ClientSendTimeout time.Duration `mapstructure:"client_send_timeout"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -146,12 +153,14 @@ func (cfg *Config) Validate() error {
 			key string
 			v   time.Duration
 		}{
-			{"timeout", p.Upstream.ClientConfig.Timeout},
-			{"response_header_timeout", p.Upstream.ResponseHeaderTimeout},
-			{"stream_idle_timeout", p.Upstream.StreamIdleTimeout},
+			{"client_body_timeout", p.ClientBodyTimeout},
+			{"client_send_timeout", p.ClientSendTimeout},
+			{"upstream::timeout", p.Upstream.ClientConfig.Timeout},
+			{"upstream::response_header_timeout", p.Upstream.ResponseHeaderTimeout},
+			{"upstream::stream_idle_timeout", p.Upstream.StreamIdleTimeout},
 		} {
 			if d.v < 0 {
-				errs = append(errs, fmt.Errorf("proxy::upstream::%s: must not be negative, got %s", d.key, d.v))
+				errs = append(errs, fmt.Errorf("proxy::%s: must not be negative, got %s", d.key, d.v))
 			}
 		}
 		if p.Upstream.headerTimeout() == 0 {

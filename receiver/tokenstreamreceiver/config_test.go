@@ -148,6 +148,8 @@ func TestConfigProxyDefaults(t *testing.T) {
 	assert.Equal(t, "http://localhost:8000", p.Upstream.ClientConfig.Endpoint)
 	assert.Equal(t, 5*time.Minute, p.Upstream.ResponseHeaderTimeout)
 	assert.Equal(t, 5*time.Minute, p.Upstream.StreamIdleTimeout)
+	assert.Equal(t, time.Minute, p.ClientBodyTimeout)
+	assert.Equal(t, time.Minute, p.ClientSendTimeout)
 	assert.Equal(t, time.Duration(0), p.Upstream.ClientConfig.Timeout, "no bound on a stream's length")
 }
 
@@ -162,6 +164,8 @@ func TestConfigProxy(t *testing.T) {
 	assert.Equal(t, "https://vllm-0.example:8000/engine", p.Upstream.ClientConfig.Endpoint)
 	assert.Equal(t, 2*time.Minute, p.Upstream.ResponseHeaderTimeout)
 	assert.Equal(t, 30*time.Second, p.Upstream.StreamIdleTimeout)
+	assert.Equal(t, 20*time.Second, p.ClientBodyTimeout)
+	assert.Equal(t, 2*time.Minute, p.ClientSendTimeout)
 	require.Len(t, p.Upstream.ClientConfig.Headers, 1)
 	assert.Equal(t, "Authorization", p.Upstream.ClientConfig.Headers[0].Name)
 	assert.Equal(t, "/etc/otelcol/engine-ca.pem", p.Upstream.ClientConfig.TLS.CAFile)
@@ -176,6 +180,7 @@ func TestConfigProxyInvalid(t *testing.T) {
 		`hooks::http::path: must start with '/', got "events"`,
 		`proxy::endpoint: address localhost: missing port in address`,
 		`proxy::max_request_body_size: must not be negative, got -5`,
+		`proxy::client_send_timeout: must not be negative, got -1s`,
 		`proxy::upstream::endpoint: want an http(s) URL, got "vllm:8000"`,
 		`proxy::upstream::response_header_timeout: must be positive, got 0s`,
 		`proxy::upstream::stream_idle_timeout: must not be negative, got -1s`,

@@ -28,6 +28,9 @@ const (
 	// Envoy's stream_idle_timeout default; an engine under preemption
 	// pauses a stream for seconds, never minutes.
 	defaultStreamIdleTimeout = 5 * time.Minute
+	// nginx's client_body_timeout and send_timeout.
+	defaultClientBodyTimeout = time.Minute
+	defaultClientSendTimeout = time.Minute
 )
 
 // NewFactory returns the factory of the token_stream receiver.
@@ -52,8 +55,11 @@ func createDefaultConfig() component.Config {
 	}
 	upstream.ClientConfig.Endpoint = defaultUpstream
 	return &Config{
-		Proxy: configoptional.Default(ProxyConfig{ServerConfig: proxyServer, Upstream: upstream}),
-		VLLM:  configoptional.Default(defaultVLLMConfig()),
+		Proxy: configoptional.Default(ProxyConfig{
+			ServerConfig: proxyServer, Upstream: upstream,
+			ClientBodyTimeout: defaultClientBodyTimeout, ClientSendTimeout: defaultClientSendTimeout,
+		}),
+		VLLM: configoptional.Default(defaultVLLMConfig()),
 		Hooks: HooksConfig{
 			HTTP: configoptional.Default(HTTPConfig{ServerConfig: httpServer, Path: defaultHTTPPath}),
 			UDP:  configoptional.Default(UDPConfig{Endpoint: defaultUDPEndpoint}),

@@ -15,6 +15,7 @@ import (
 	"net/http/httputil"
 	"net/textproto"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,9 +46,11 @@ const (
 	errUpstreamUnreachable = "upstream_unreachable"
 	errUpstreamTimeout     = "upstream_timeout"
 	errUpstreamIdleTimeout = "upstream_idle_timeout"
-	// errBodyTooLarge is the client's fault: the proxy answers 413 and opens
-	// no session, so that the engine's error rate does not carry it.
+	// errBodyTooLarge and errBodyTimeout are the client's fault: the proxy
+	// answers 413 or 408 and opens no session, so that the engine's error
+	// rate does not carry them.
 	errBodyTooLarge   = "request_too_large"
+	errBodyTimeout    = "request_timeout"
 	errStreamBroken   = "upstream_stream_broken"
 	finishReasonAbort = "abort"
 	// maxNonStreamingBody bounds the copy of a non-streaming response kept
@@ -68,6 +71,9 @@ type proxyServer struct {
 	client      *http.Client
 	passthrough *httputil.ReverseProxy
 	batch       *eventBatcher
+	// bodyTimeout and sendTimeout bound each read of the client's body and
+	// each write to the client (0: unbounded).
+	bodyTimeout, sendTimeout time.Duration
 	httpServer
 }
 
@@ -94,7 +100,7 @@ func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, h
 	if err != nil {
 		return nil, err
 	}
-	p := &proxyServer{r: r, upstream: upstream, engine: engineName(upstream), client: client}
+	p := &proxyServer{r: r, upstream: upstream, engine: engineName(upstream), client: client, bodyTimeout: cfg.ClientBodyTimeout, sendTimeout: cfg.ClientSendTimeout}
 	p.passthrough = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			// ReverseProxy has dropped the hop-by-hop fields and the
@@ -152,6 +158,8 @@ type proxySession struct {
 	finishReason     string
 	// engineError: the upstream reported an error inside its 200 response.
 	engineError string
+	// send bounds the writes to the client; nil: unbounded.
+	send *sendDeadline
 }
 
 func (s *proxySession) emit(kind tokenevent.Kind, at time.Time, fill func(*tokenevent.Event)) {
@@ -187,7 +195,12 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 	_, _ = rand.Read(spanID[:])
 
 	// The body streams to the upstream through the scanner.
-	limited := &bodyLimitReader{r: req.Body}
+	rc := http.NewResponseController(w)
+	limited := &bodyLimitReader{r: req.Body, rc: rc, timeout: p.bodyTimeout}
+	if p.sendTimeout > 0 {
+		s.send = &sendDeadline{rc: rc, timeout: p.sendTimeout}
+		defer s.send.clear()
+	}
 	body := openaistream.NewScannedBody(limited)
 	out, err := http.NewRequestWithContext(req.Context(), http.MethodPost, p.upstreamURL(req.URL), body)
 	if err != nil {
@@ -201,6 +214,17 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 	}
 	resp, err := p.client.Do(out)
 	model, injected := body.Stop()
+	if limited.timedOut.Load() {
+		if err == nil {
+			resp.Body.Close()
+		}
+		// The rest of the body will not come: the connection cannot be
+		// reused.
+		w.Header().Set("Connection", "close")
+		writeProxyError(w, http.StatusRequestTimeout, errBodyTimeout)
+		p.r.telemetry.ReceiverTokenStreamProxyRefusedRequests.Add(req.Context(), 1, refusalBodyTimeout)
+		return
+	}
 	if limit := limited.exceeded.Load(); limit > 0 {
 		// Whatever the upstream made of the cut body, the request was the
 		// client's error.
@@ -243,7 +267,7 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 	w.WriteHeader(resp.StatusCode)
 	switch {
 	case resp.StatusCode != http.StatusOK:
-		_, _ = io.Copy(w, resp.Body)
+		_, _ = io.Copy(armedWriter{w, s.send}, resp.Body)
 		s.end(time.Now(), strconv.Itoa(resp.StatusCode), "")
 	case streaming:
 		s.relayStream(w, req.Context(), resp.Body, injected)
@@ -304,6 +328,7 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 		n, err := upstream.Read(buf)
 		if n > 0 {
 			now = time.Now()
+			s.send.arm(now)
 			if ferr := parser.Feed(buf[:n], onEvent); ferr != nil {
 				break
 			}
@@ -345,7 +370,7 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 func (s *proxySession) relayResponse(w http.ResponseWriter, clientCtx context.Context, upstream io.Reader) {
 	var kept limitedBuffer
 	kept.limit = maxNonStreamingBody
-	_, err := io.Copy(io.MultiWriter(w, &kept), upstream)
+	_, err := io.Copy(io.MultiWriter(armedWriter{w, s.send}, &kept), upstream)
 	now := time.Now()
 	if err != nil {
 		switch {
@@ -528,17 +553,73 @@ type proxyError struct {
 // bodyLimitReader notes that the client's body went over
 // max_request_body_size (confighttp's MaxBytesReader ends it with an error
 // the transport reports as its own failure).
+//
+// It also bounds each wait for the client's next bytes with a read
+// deadline on the client's connection, cleared once the body is read.
 type bodyLimitReader struct {
 	r        io.Reader
+	rc       *http.ResponseController
+	timeout  time.Duration
 	exceeded atomic.Int64 // the limit, once it was hit
+	timedOut atomic.Bool
 }
 
 func (b *bodyLimitReader) Read(p []byte) (int, error) {
+	if b.timeout > 0 {
+		if b.rc.SetReadDeadline(time.Now().Add(b.timeout)) != nil {
+			b.timeout = 0 // not supported by this connection
+		}
+	}
 	n, err := b.r.Read(p)
-	if mbe := (*http.MaxBytesError)(nil); err != nil && errors.As(err, &mbe) {
+	if err == nil {
+		return n, nil
+	}
+	if b.timeout > 0 && errors.Is(err, io.EOF) {
+		// Whole: the connection's reads are the server's again. (After a
+		// timeout the deadline stays, so that the server gives up on the
+		// rest of the body too.)
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
 		b.exceeded.Store(max(mbe.Limit, 1))
+	} else if errors.Is(err, os.ErrDeadlineExceeded) {
+		b.timedOut.Store(true)
 	}
 	return n, err
+}
+
+// sendDeadline bounds the writes to the client with a write deadline on
+// its connection, armed before each batch of writes.
+type sendDeadline struct {
+	rc      *http.ResponseController
+	timeout time.Duration
+	off     bool // the connection does not support deadlines
+}
+
+func (d *sendDeadline) arm(now time.Time) {
+	if d == nil || d.off {
+		return
+	}
+	if d.rc.SetWriteDeadline(now.Add(d.timeout)) != nil {
+		d.off = true
+	}
+}
+
+func (d *sendDeadline) clear() {
+	if d != nil && !d.off {
+		_ = d.rc.SetWriteDeadline(time.Time{})
+	}
+}
+
+// armedWriter arms the send deadline before each write.
+type armedWriter struct {
+	w    io.Writer
+	send *sendDeadline
+}
+
+func (a armedWriter) Write(p []byte) (int, error) {
+	a.send.arm(time.Now())
+	return a.w.Write(p)
 }
 
 var (
@@ -546,10 +627,13 @@ var (
 	passthroughTimeout     = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "timeout")))
 )
 
+var refusalBodyTimeout = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "body_timeout")))
+
 var refusalBodyTooLarge = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "body_too_large")))
 
 var proxyErrorMessages = map[string]string{
 	errBodyTooLarge:        "the request body is larger than the proxy's max_request_body_size",
+	errBodyTimeout:         "the request body stalled for longer than the proxy's client_body_timeout",
 	errUpstreamTimeout:     "the upstream sent no response headers in time",
 	errUpstreamUnreachable: "the upstream could not be reached",
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -786,4 +787,79 @@ func TestProxySlowUploadIsNotAnUpstreamTimeout(t *testing.T) {
 	assert.Equal(t, strings.Join(chat, ""), string(got))
 	evs := sessionEvents(t, sink, 1)
 	assert.Empty(t, evs[len(evs)-1].Error)
+}
+
+// A client that sends its body drop by drop, then stalls, is the client's
+// fault: 408 with a JSON body, no session, counted.
+func TestProxySlowDripUpload(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, chat, func(int) time.Duration { return 0 })
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.ClientBodyTimeout = 150 * time.Millisecond })
+	conn, err := net.Dial("tcp", tr.r.proxy.addr.String())
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NoError(t, conn.SetDeadline(time.Now().Add(10*time.Second)))
+	_, err = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+	require.NoError(t, err)
+	for _, drop := range []string{`{"model"`, `:"m",`, `"stream":true,`} {
+		time.Sleep(50 * time.Millisecond) // within the bound: each drop re-arms it
+		_, err = io.WriteString(conn, drop)
+		require.NoError(t, err)
+	}
+	t0 := time.Now()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil) // then nothing more
+	require.NoError(t, err)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Less(t, time.Since(t0), 5*time.Second)
+	assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
+	assertOpenAIError(t, resp, string(got), errBodyTimeout)
+	assert.Equal(t, int64(1), reasonCounter(t, tr, "otelcol_receiver_token_stream_proxy_refused_requests", "body_timeout"))
+	time.Sleep(100 * time.Millisecond)
+	assert.Equal(t, 0, sink.LogRecordCount(), "no session for the client's error")
+}
+
+// A client that stops reading (its connection open, its window full) is
+// let go after client_send_timeout: its session ends aborted and the
+// upstream request is cancelled, instead of holding both forever.
+func TestProxyClientStopsReading(t *testing.T) {
+	event := "data: " + `{"choices":[{"index":0,"delta":{"content":"` + strings.Repeat("x", 4000) + `"}}]}` + "\n\n"
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		f := w.(http.Flusher)
+		for range 64 << 20 / len(event) { // far more than the sockets' buffers hold
+			if _, err := io.WriteString(w, event); err != nil {
+				break
+			}
+			f.Flush()
+		}
+		select {
+		case <-r.Context().Done():
+			u.mu.Lock()
+			u.cancelled++
+			u.mu.Unlock()
+		case <-time.After(10 * time.Second):
+		}
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.ClientSendTimeout = 200 * time.Millisecond })
+	conn, err := net.Dial("tcp", tr.r.proxy.addr.String())
+	require.NoError(t, err)
+	defer conn.Close()
+	body := `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`
+	_, err = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+	require.NoError(t, err)
+	// and never reads
+	evs := sessionEvents(t, sink, 1)
+	end := evs[len(evs)-1]
+	assert.Equal(t, tokenevent.KindEnd, end.Kind)
+	assert.Equal(t, finishReasonAbort, end.FinishReason)
+	require.Eventually(t, func() bool {
+		up.mu.Lock()
+		defer up.mu.Unlock()
+		return up.cancelled == 1
+	}, 10*time.Second, 5*time.Millisecond, "the upstream request is cancelled")
 }
