@@ -58,6 +58,10 @@ func (e *FieldError) Error() string {
 type LineError struct {
 	Line int
 	FieldError
+	// Unread is, for the error that cuts a batch at its line limit, the
+	// number of non-blank lines after Line that were not read either; the
+	// error stands for 1+Unread lines. 0 for any other error.
+	Unread int
 }
 
 func (e *LineError) Error() string {
@@ -244,7 +248,8 @@ func eightDigitsValue(x uint64) uint64 {
 // ParseBatch parses an NDJSON body line by line. It calls onEvent for each
 // valid line and onError for each invalid one; blank lines are skipped but
 // counted, so line numbers match the body. Lines after the first maxLines
-// non-blank ones are rejected (maxLines <= 0: no limit). The Event passed to
+// non-blank ones are not read (maxLines <= 0: no limit): one error, at the
+// first of them, stands for them all (its Unread counts the others). The Event passed to
 // onEvent is reused: copy what must outlive the call.
 func (p *Parser) ParseBatch(body []byte, maxLines int, onEvent func(*Event), onError func(*LineError)) {
 	ev := &p.batchEvent
@@ -262,8 +267,13 @@ func (p *Parser) ParseBatch(body []byte, maxLines int, onEvent func(*Event), onE
 			continue
 		}
 		if maxLines > 0 && taken >= maxLines {
-			onError(&LineError{Line: lineNo, FieldError: FieldError{Reason: fmt.Sprintf("batch holds more than %d lines", maxLines)}})
-			continue
+			// One error for the rest: an abusive body of millions of lines
+			// costs one count of its newlines, not an error per line.
+			unread := countLines(body)
+			onError(&LineError{Line: lineNo, Unread: unread, FieldError: FieldError{
+				Reason: fmt.Sprintf("batch holds more than %d lines: this line and the %d after it not read", maxLines, unread),
+			}})
+			return
 		}
 		taken++
 		if err := p.Parse(line, ev); err != nil {
@@ -272,6 +282,23 @@ func (p *Parser) ParseBatch(body []byte, maxLines int, onEvent func(*Event), onE
 		}
 		onEvent(ev)
 	}
+}
+
+// countLines counts the non-blank lines of body.
+func countLines(body []byte) int {
+	n := 0
+	for len(body) > 0 {
+		var line []byte
+		if j := bytes.IndexByte(body, '\n'); j >= 0 {
+			line, body = body[:j], body[j+1:]
+		} else {
+			line, body = body, nil
+		}
+		if len(trimSpace(line)) > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 func trimSpace(b []byte) []byte {

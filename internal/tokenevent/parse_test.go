@@ -178,7 +178,7 @@ func TestParseBatchMaxLines(t *testing.T) {
 	var errs []string
 	NewParser(Limits{}).ParseBatch([]byte(body), 3, func(*Event) { n++ }, func(e *LineError) { errs = append(errs, e.Error()) })
 	assert.Equal(t, 3, n)
-	assert.Equal(t, []string{"line 4: batch holds more than 3 lines", "line 5: batch holds more than 3 lines"}, errs)
+	assert.Equal(t, []string{"line 4: batch holds more than 3 lines: this line and the 1 after it not read"}, errs)
 }
 
 func TestAppendJSONRoundTrip(t *testing.T) {
@@ -334,4 +334,15 @@ func TestCompactUint(t *testing.T) {
 		assert.Equal(t, wv, v, s)
 		assert.Equal(t, wok, ok, s)
 	}
+}
+
+// TestParseBatchCutOnce: past the limit, one error stands for every
+// further non-blank line, however many.
+func TestParseBatchCutOnce(t *testing.T) {
+	body := tokenLine + "\n" + tokenLine + "\n\n  \n" + strings.Repeat("1\n\n", 1000) + "x"
+	var errs []*LineError
+	NewParser(Limits{}).ParseBatch([]byte(body), 1, func(*Event) {}, func(e *LineError) { c := *e; errs = append(errs, &c) })
+	require.Len(t, errs, 1)
+	assert.Equal(t, 2, errs[0].Line)
+	assert.Equal(t, 1001, errs[0].Unread, "999+1 lines of 1 and the x, blank lines not counted")
 }

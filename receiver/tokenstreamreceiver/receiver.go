@@ -204,7 +204,8 @@ func (r *tokenStreamReceiver) shutdown(ctx context.Context) error {
 }
 
 // lineErrorsKept is how many line errors a batch keeps for its response; the
-// rest are only counted.
+// rest are only counted, except the one that cuts the batch at its line
+// limit, always kept.
 const lineErrorsKept = 10
 
 // batchDecoder turns one request body or datagram into log records. It is
@@ -217,7 +218,9 @@ type batchDecoder struct {
 	logs     plog.Logs
 	accepted int
 	rejected int
-	errs     []*tokenevent.LineError
+	// truncated counts the bodies cut at maxLines.
+	truncated int
+	errs      []*tokenevent.LineError
 }
 
 // decode parses body into d.logs, counting accepted and rejected lines and
@@ -231,7 +234,7 @@ func (d *batchDecoder) decode(body []byte, observed time.Time) {
 // datagrams read together).
 func (d *batchDecoder) begin(observed time.Time) {
 	d.logs = plog.NewLogs()
-	d.accepted, d.rejected, d.errs = 0, 0, d.errs[:0]
+	d.accepted, d.rejected, d.truncated, d.errs = 0, 0, 0, d.errs[:0]
 	sl := d.logs.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty()
 	sl.Scope().SetName(metadata.ScopeName)
 	d.writer.Reset(sl.LogRecords(), pcommon.NewTimestampFromTime(observed))
@@ -250,8 +253,13 @@ func (d *batchDecoder) onEvent(ev *tokenevent.Event) {
 }
 
 func (d *batchDecoder) onError(e *tokenevent.LineError) {
-	d.rejected++
-	if len(d.errs) < lineErrorsKept {
+	d.rejected += 1 + e.Unread
+	if e.Unread > 0 {
+		d.truncated++
+	}
+	// The error cutting the batch is always kept: the client must learn
+	// that the rest was not read.
+	if len(d.errs) < lineErrorsKept || e.Unread > 0 {
 		d.errs = append(d.errs, e)
 	}
 }
@@ -271,6 +279,9 @@ func (r *tokenStreamReceiver) consume(ctx context.Context, obs *receiverhelper.O
 	attrs := transportAttrs[transport]
 	if d.rejected > 0 {
 		r.telemetry.ReceiverTokenStreamRejectedEvents.Add(ctx, int64(d.rejected), attrs)
+	}
+	if d.truncated > 0 {
+		r.telemetry.ReceiverTokenStreamTruncatedBatches.Add(ctx, int64(d.truncated), attrs)
 	}
 	if d.accepted == 0 {
 		return nil

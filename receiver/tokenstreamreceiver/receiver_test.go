@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -262,7 +263,7 @@ func TestHTTPEdgeCases(t *testing.T) {
 		status, _, resp := post(t, tr.url, "application/x-ndjson", tok1+"\n"+tok1+"\n"+tok1)
 		assert.Equal(t, http.StatusOK, status)
 		assert.Equal(t, 2, resp.Accepted)
-		assert.Equal(t, []lineError{{3, "batch holds more than 2 lines"}}, resp.Errors)
+		assert.Equal(t, []lineError{{3, "batch holds more than 2 lines: this line and the 0 after it not read"}}, resp.Errors)
 	})
 	t.Run("gzip", func(t *testing.T) {
 		var buf bytes.Buffer
@@ -459,4 +460,79 @@ func TestSourcesLogTheirSignal(t *testing.T) {
 	assert.Equal(t, []any{"logs"}, signals("Token event hook listening"))
 	require.Eventually(t, func() bool { return len(signals("vllm scrape failed")) > 0 }, 5*time.Second, 10*time.Millisecond)
 	assert.Equal(t, []any{"metrics"}, signals("vllm scrape failed"))
+}
+
+// abusiveBody is 8 MiB of "1\n": 4 Mi lines, every one invalid.
+func abusiveBody() []byte { return bytes.Repeat([]byte("1\n"), 4<<20) }
+
+// TestHooksHTTPAbusiveBodyBounded: a body of millions of lines past
+// max_lines_per_batch, plain or gzipped (a few kilobytes on the wire), is
+// cut at the limit with one error for the rest: the answer stays small and
+// says so, and every line is still counted as rejected.
+func TestHooksHTTPAbusiveBodyBounded(t *testing.T) {
+	body := abusiveBody()
+	const lines = 4 << 20
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write(body)
+	require.NoError(t, zw.Close())
+	tr := startReceiver(t, new(consumertest.LogsSink), func(c *Config) {
+		h := c.Hooks.HTTP.Get()
+		h.ServerConfig.MaxRequestBodySize = int64(len(body))
+	})
+	maxLines := tr.r.cfg.Hooks.Limits.MaxLinesPerBatch
+	for name, gzipped := range map[string]bool{"plain": false, "gzip": true} {
+		t.Run(name, func(t *testing.T) {
+			payload := body
+			if gzipped {
+				payload = gz.Bytes()
+			}
+			req, err := http.NewRequest(http.MethodPost, tr.url, bytes.NewReader(payload))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/x-ndjson")
+			if gzipped {
+				req.Header.Set("Content-Encoding", "gzip")
+			}
+			start := time.Now()
+			status, _, resp := do(t, req)
+			t.Logf("%s: %d bytes on the wire, answered in %s", name, len(payload), time.Since(start))
+			assert.Equal(t, http.StatusBadRequest, status)
+			assert.Zero(t, resp.Accepted)
+			assert.Equal(t, lines, resp.Rejected, "every line counted")
+			assert.LessOrEqual(t, len(resp.Errors), lineErrorsKept+1, "error entries bounded")
+			last := resp.Errors[len(resp.Errors)-1]
+			assert.Equal(t, maxLines+1, last.Line)
+			assert.Equal(t, fmt.Sprintf("batch holds more than %d lines: this line and the %d after it not read", maxLines, lines-maxLines-1), last.Message)
+		})
+	}
+	m, err := tr.tel.GetMetric("otelcol_receiver_token_stream_truncated_batches")
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), m.Data.(metricdata.Sum[int64]).DataPoints[0].Value)
+}
+
+// BenchmarkHooksHTTPAbusiveBody is the cost of one 8 MiB body of "1\n"
+// through the hook handler (no network, no gzip).
+func BenchmarkHooksHTTPAbusiveBody(b *testing.B) {
+	body := abusiveBody()
+	cfg := createDefaultConfig().(*Config)
+	h := cfg.Hooks.HTTP.GetOrInsertDefault()
+	h.ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
+	set := receivertest.NewNopSettings(metadata.Type)
+	rcv, err := NewFactory().CreateLogs(context.Background(), set, cfg, consumertest.NewNop())
+	require.NoError(b, err)
+	require.NoError(b, rcv.Start(context.Background(), componenttest.NewNopHost()))
+	b.Cleanup(func() { require.NoError(b, rcv.Shutdown(context.Background())) })
+	srv := rcv.(*tokenStreamReceiver).http
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		req := httptest.NewRequest(http.MethodPost, h.Path, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/x-ndjson")
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, req)
+		if w.Code != http.StatusBadRequest {
+			b.Fatalf("status %d", w.Code)
+		}
+	}
 }

@@ -34,6 +34,7 @@ type TelemetryBuilder struct {
 	ReceiverTokenStreamRefusedEvents            metric.Int64Counter
 	ReceiverTokenStreamRejectedEvents           metric.Int64Counter
 	ReceiverTokenStreamSkippedFamilies          metric.Int64Counter
+	ReceiverTokenStreamTruncatedBatches         metric.Int64Counter
 }
 
 // TelemetryBuilderOption applies changes to default builder.
@@ -111,6 +112,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_receiver_token_stream_skipped_families",
 		metric.WithDescription("Metric families of scraped expositions left out because no conversion exists for their type, by reason; the rest of the exposition is converted. [Development]"),
 		metric.WithUnit("{family}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ReceiverTokenStreamTruncatedBatches, err = builder.meter.Int64Counter(
+		"otelcol_receiver_token_stream_truncated_batches",
+		metric.WithDescription("Hook batches (a request body or datagram) cut at hooks::limits::max_lines_per_batch; their unread lines are counted as rejected events. [Development]"),
+		metric.WithUnit("{batch}"),
 	)
 	errs = errors.Join(errs, err)
 	return &builder, errs

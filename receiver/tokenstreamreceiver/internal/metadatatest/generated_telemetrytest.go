@@ -148,3 +148,19 @@ func AssertEqualReceiverTokenStreamSkippedFamilies(t *testing.T, tt *componentte
 	require.NoError(t, err)
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }
+
+func AssertEqualReceiverTokenStreamTruncatedBatches(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_receiver_token_stream_truncated_batches",
+		Description: "Hook batches (a request body or datagram) cut at hooks::limits::max_lines_per_batch; their unread lines are counted as rejected events. [Development]",
+		Unit:        "{batch}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_receiver_token_stream_truncated_batches")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}

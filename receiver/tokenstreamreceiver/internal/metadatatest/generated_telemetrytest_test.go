@@ -27,6 +27,7 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ReceiverTokenStreamRefusedEvents.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamRejectedEvents.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamSkippedFamilies.Add(context.Background(), 1)
+	tb.ReceiverTokenStreamTruncatedBatches.Add(context.Background(), 1)
 	AssertEqualReceiverTokenStreamAcceptedEvents(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
@@ -49,6 +50,9 @@ func TestSetupTelemetry(t *testing.T) {
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamSkippedFamilies(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualReceiverTokenStreamTruncatedBatches(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 
