@@ -2,6 +2,7 @@ package tokenstreamreceiver
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -20,10 +21,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/config/configoptional"
 	"go.opentelemetry.io/collector/consumer/consumertest"
+	"go.opentelemetry.io/collector/receiver/receivertest"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
 
 // fixtureStreams reads the vLLM SSE fixture (the project's copy of
@@ -862,4 +865,73 @@ func TestProxyClientStopsReading(t *testing.T) {
 		defer up.mu.Unlock()
 		return up.cancelled == 1
 	}, 10*time.Second, 5*time.Millisecond, "the upstream request is cancelled")
+}
+
+// splitReader returns data in reads of the sizes sizes gives, cycling.
+type splitReader struct {
+	data  []byte
+	sizes []byte
+	i     int
+}
+
+func (r *splitReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := len(r.data)
+	if len(r.sizes) > 0 {
+		n = 1 + int(r.sizes[r.i%len(r.sizes)])
+		r.i++
+	}
+	n = min(n, len(p), len(r.data))
+	copy(p, r.data[:n])
+	r.data = r.data[n:]
+	return n, nil
+}
+
+type bufferResponse struct {
+	discardResponse
+	bytes.Buffer
+}
+
+func (b *bufferResponse) Write(p []byte) (int, error) { return b.Buffer.Write(p) }
+
+// FuzzRelayStream: whatever the upstream sends and however its reads are
+// split, the client gets the upstream's bytes (minus the usage chunk the
+// proxy added and strips), and the session the same facts.
+func FuzzRelayStream(f *testing.F) {
+	chat, completions := fixtureStreams(&testing.T{})
+	f.Add([]byte(strings.Join(chat, "")), []byte{0, 7, 200}, true)
+	f.Add([]byte(strings.Join(completions, "")), []byte{3}, false)
+	f.Add([]byte("data: {\"error\":{\"type\":\"x\"}}\r\n\r\n: c\n\ndata: [DONE]\n\n"), []byte{1}, false)
+	f.Add([]byte("data: a\ndata: b\r\rid: 1\n\nretry: x"), []byte{}, true)
+	r, err := newTokenStreamReceiver(createDefaultConfig().(*Config), receivertest.NewNopSettings(metadata.Type), consumertest.NewNop())
+	require.NoError(f, err)
+	p := &proxyServer{r: r}
+	obs, _ := newObsReportForTest(r)
+	p.batch = newEventBatcher(r, obs)
+	f.Cleanup(p.batch.shutdown)
+	relay := func(data, sizes []byte, strip bool) (string, *proxySession) {
+		w := &bufferResponse{discardResponse: discardResponse{h: http.Header{}}}
+		s := &proxySession{p: p, id: "fuzz", completionTokens: -1, promptTokens: -1}
+		s.relayStream(w, context.Background(), &splitReader{data: data, sizes: sizes}, strip)
+		return w.String(), s
+	}
+	f.Fuzz(func(t *testing.T, data, sizes []byte, strip bool) {
+		whole, ws := relay(data, nil, strip)
+		split, ss := relay(data, sizes, strip)
+		if whole != split {
+			t.Fatalf("read splits %v change the client's bytes:\nwhole %q\nsplit %q", sizes, whole, split)
+		}
+		if !strip && whole != string(data) {
+			t.Fatalf("not forwarded as is:\nin  %q\nout %q", data, whole)
+		}
+		if strip && len(whole) > len(data) {
+			t.Fatalf("stripping added bytes: %q -> %q", data, whole)
+		}
+		if ws.chunks != ss.chunks || ws.completionTokens != ss.completionTokens || ws.promptTokens != ss.promptTokens ||
+			ws.finishReason != ss.finishReason || ws.engineError != ss.engineError {
+			t.Fatalf("read splits change the session: %+v vs %+v", *ws, *ss)
+		}
+	})
 }
