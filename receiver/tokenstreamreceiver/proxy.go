@@ -291,7 +291,11 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 	finished := false
 	var now time.Time // when the read holding the event returned
 	unflushed := false
+	oversized := int64(0)
 	onEvent := func(ev *sse.Event) error {
+		if ev.Oversized && !ev.Partial {
+			oversized++
+		}
 		if ev.HasData && !ev.Oversized {
 			if openaistream.IsDone(ev.Data) {
 				finished = true
@@ -348,6 +352,9 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 		}
 	}
 	now = time.Now()
+	if oversized > 0 {
+		s.p.r.telemetry.ReceiverTokenStreamProxyOversizedEvents.Add(context.Background(), oversized)
+	}
 	switch {
 	case s.engineError != "":
 		// vLLM ends a failed generation with [DONE] all the same.

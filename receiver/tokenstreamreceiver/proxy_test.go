@@ -867,6 +867,25 @@ func TestProxyClientStopsReading(t *testing.T) {
 	}, 10*time.Second, 5*time.Millisecond, "the upstream request is cancelled")
 }
 
+// An SSE event over the parser's bound (1 MiB) reaches the client
+// unchanged but is not read: counted, so that the loss of its tokens shows.
+func TestProxyOversizedEventCounted(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	huge := "data: " + `{"choices":[{"index":0,"delta":{"content":"` + strings.Repeat("x", 1<<20) + `"}}]}` + "\n\n"
+	events := append([]string{chat[0], huge}, chat[1:]...)
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, events, func(int) time.Duration { return 0 })
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink)
+	_, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, nil)
+	assert.Equal(t, strings.Join(events, ""), got)
+	sessionEvents(t, sink, 1)
+	m, err := tr.tel.GetMetric("otelcol_receiver_token_stream_proxy_oversized_events")
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), m.Data.(metricdata.Sum[int64]).DataPoints[0].Value)
+}
+
 // splitReader returns data in reads of the sizes sizes gives, cycling.
 type splitReader struct {
 	data  []byte
