@@ -169,8 +169,8 @@ func (cfg *Config) Validate() error {
 	}
 	if h := cfg.Hooks.HTTP.Get(); h != nil {
 		errs = append(errs, checkListenAddr("hooks::http::endpoint", &h.ServerConfig), checkBodyLimit("hooks::http", &h.ServerConfig))
-		if !strings.HasPrefix(h.Path, "/") {
-			errs = append(errs, fmt.Errorf("hooks::http::path: must start with '/', got %q", h.Path))
+		if err := checkHookPath(h.Path); err != nil {
+			errs = append(errs, fmt.Errorf("hooks::http::path: %w", err))
 		}
 	}
 	if u := cfg.Hooks.UDP.Get(); u != nil {
@@ -218,6 +218,29 @@ func checkListenAddr(key string, s *confighttp.ServerConfig) error {
 	}
 	if _, _, err := net.SplitHostPort(s.NetAddr.Endpoint); err != nil {
 		return fmt.Errorf("%s: %w", key, err)
+	}
+	return nil
+}
+
+// checkHookPath accepts a plain URL path: it starts with '/' and holds no
+// ServeMux pattern syntax (wildcards in braces, a method or host before
+// it), no whitespace, query, fragment or percent-escape, so that the path
+// the hook is served at is exactly the one written.
+func checkHookPath(p string) error {
+	switch {
+	case !strings.HasPrefix(p, "/"):
+		return fmt.Errorf("must start with '/', got %q", p)
+	case strings.ContainsAny(p, "{}"):
+		return fmt.Errorf("a plain path without pattern wildcards ('{', '}'), got %q", p)
+	case strings.ContainsFunc(p, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+		return fmt.Errorf("no spaces or control characters (a method prefix like \"POST /x\" is not a path), got %q", p)
+	case strings.ContainsAny(p, "?#"):
+		return fmt.Errorf("a path without query or fragment, got %q", p)
+	}
+	// Requests are matched on their decoded path: a percent-escape here
+	// would never match.
+	if u, err := url.Parse(p); err != nil || u.Path != p {
+		return fmt.Errorf("a path without percent-escapes, got %q", p)
 	}
 	return nil
 }

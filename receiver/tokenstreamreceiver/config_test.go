@@ -229,3 +229,32 @@ func TestREADMEExamples(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigHookPath: hooks::http::path is a plain path; ServeMux pattern
+// syntax and anything that is not the path served exactly as written is
+// refused at Validate, naming the key.
+func TestConfigHookPath(t *testing.T) {
+	for path, want := range map[string]string{
+		"/v1/token_events": "",
+		"/hooks/":          "",
+		"/a-b_c.d~e":       "",
+		"/v1/{x":           `hooks::http::path: a plain path without pattern wildcards ('{', '}'), got "/v1/{x"`,
+		"/v1/{id}":         `hooks::http::path: a plain path without pattern wildcards ('{', '}'), got "/v1/{id}"`,
+		"/v1/{$}":          `hooks::http::path: a plain path without pattern wildcards ('{', '}'), got "/v1/{$}"`,
+		"POST /v1/events":  `hooks::http::path: must start with '/', got "POST /v1/events"`,
+		"/v1/my events":    `hooks::http::path: no spaces or control characters (a method prefix like "POST /x" is not a path), got "/v1/my events"`,
+		"/v1/events?x=1":   `hooks::http::path: a path without query or fragment, got "/v1/events?x=1"`,
+		"/v1/%7Bx":         `hooks::http::path: a path without percent-escapes, got "/v1/%7Bx"`,
+		"example.com/v1":   `hooks::http::path: must start with '/', got "example.com/v1"`,
+		"":                 `hooks::http::path: must start with '/', got ""`,
+	} {
+		cfg := createDefaultConfig().(*Config)
+		cfg.Hooks.HTTP.GetOrInsertDefault().Path = path
+		err := cfg.Validate()
+		if want == "" {
+			assert.NoError(t, err, path)
+			continue
+		}
+		assert.EqualError(t, err, want, path)
+	}
+}
