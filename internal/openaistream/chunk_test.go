@@ -133,7 +133,7 @@ func referenceInspect(data []byte) (ChunkFacts, bool) {
 		return f, false
 	}
 	var c referenceChunk
-	if err := json.Unmarshal(data, &c); err != nil {
+	if err := json.Unmarshal(data, &c); err != nil || nestingDepth(data) > maxJSONDepth {
 		return f, false
 	}
 	nonEmpty := func(s *string) bool { return s != nil && *s != "" }

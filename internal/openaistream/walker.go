@@ -2,11 +2,20 @@ package openaistream // import "github.com/otelcol-llm/otelcol-llm/internal/open
 
 import "bytes"
 
+// maxJSONDepth bounds the nesting of objects and arrays a jsonWalker
+// enters: deeper input is reported malformed, so that a hostile payload
+// (a megabyte of '[') cannot grow the goroutine's stack by hundreds of
+// megabytes or overflow it. No chunk or request of an OpenAI-compatible
+// server nests anywhere near as deep (encoding/json-like decoders stop at
+// similar depths; Go's encoding/json at 10000, protobuf at 100).
+const maxJSONDepth = 64
+
 // jsonWalker walks JSON text without building values. Its methods report
-// false on malformed input.
+// false on malformed input, and on input nested deeper than maxJSONDepth.
 type jsonWalker struct {
-	b []byte
-	i int
+	b     []byte
+	i     int
+	depth int // objects and arrays entered and not yet left
 }
 
 func (s *jsonWalker) ws() {
@@ -96,6 +105,18 @@ func (s *jsonWalker) items(opening, closing byte, elem func() bool, member func(
 	if s.peek() != opening {
 		return false
 	}
+	if s.depth >= maxJSONDepth {
+		return false
+	}
+	s.depth++
+	ok := s.itemsIn(closing, elem, member)
+	s.depth--
+	return ok
+}
+
+// itemsIn walks the items after the opening byte, up to and including the
+// closing one.
+func (s *jsonWalker) itemsIn(closing byte, elem func() bool, member func(key []byte) bool) bool {
 	s.i++
 	if s.peek() == closing {
 		s.i++
