@@ -53,9 +53,10 @@ type requestScanner struct {
 	innerTarget bool
 	// closed: the top-level object ended; held holds the bytes from its
 	// closing brace on.
-	closed bool
-	held   []byte
-	broken bool
+	closed  bool
+	held    []byte
+	release []byte
+	broken  bool
 }
 
 type capture uint8
@@ -66,20 +67,53 @@ const (
 	captureStream
 )
 
+// maxHeldBytes bounds the whitespace held after the object's closing brace:
+// a body with more, or with anything else after it, is not one JSON object
+// and is forwarded unchanged, nothing held.
+const maxHeldBytes = 4 << 10
+
 // scan processes p and returns the prefix of p that can be forwarded now.
+// Bytes held back earlier that can go after all are left in release, to be
+// forwarded before anything else.
 func (s *requestScanner) scan(p []byte) []byte {
-	if s.closed || s.broken {
+	if s.broken {
+		return p
+	}
+	if s.closed {
+		for _, c := range p {
+			if c != ' ' && c != '\t' && c != '\r' && c != '\n' {
+				s.giveUp(p)
+				return nil
+			}
+		}
+		if len(s.held)+len(p) > maxHeldBytes {
+			s.giveUp(p)
+			return nil
+		}
 		s.held = append(s.held, p...)
 		return nil
 	}
 	for i, c := range p {
 		if s.step(c) {
 			s.closed = true
-			s.held = append(s.held, p[i:]...)
+			s.held = append(s.held, c)
+			if rest := s.scan(p[i+1:]); len(rest) > 0 || len(s.release) > 0 {
+				// Not one object after all: forward it all, in order.
+				s.release = append(s.release[:0], p[i:]...)
+				s.held = s.held[:0]
+			}
 			return p[:i]
 		}
 	}
 	return p
+}
+
+// giveUp ends the scan of a body that is not one JSON object: what was held
+// is released, followed by p.
+func (s *requestScanner) giveUp(p []byte) {
+	s.broken = true
+	s.release = append(append(s.release, s.held...), p...)
+	s.held = s.held[:0]
 }
 
 // step advances over one byte; it reports true on the top-level closing brace.
@@ -113,7 +147,7 @@ func (s *requestScanner) step(c byte) bool {
 		}
 		s.depth--
 		if s.depth == 0 {
-			return c == '}'
+			return c == '}' && !s.broken
 		}
 		if s.depth < 0 {
 			s.broken = true
@@ -282,6 +316,11 @@ func (b *ScannedBody) Read(p []byte) (int, error) {
 		case b.stopped:
 			b.mu.Unlock()
 			return 0, ErrBodyStopped
+		case len(b.s.release) > 0:
+			n := copy(p, b.s.release)
+			b.s.release = b.s.release[n:]
+			b.mu.Unlock()
+			return n, nil
 		case b.eof:
 			n, err := b.tail.Read(p)
 			b.mu.Unlock()

@@ -21,6 +21,8 @@ func scanAll(t *testing.T, body string, n int, inject bool) (out string, s *requ
 	for len(b) > 0 {
 		k := min(n, len(b))
 		buf.Write(s.scan(b[:k]))
+		buf.Write(s.release)
+		s.release = s.release[:0]
 		b = b[k:]
 	}
 	added, err := s.finish(&buf, inject)
@@ -126,6 +128,29 @@ func TestRequestScannerLargePromptHoldsNothing(t *testing.T) {
 	assert.LessOrEqual(t, cap(s.model)+cap(s.key)+cap(s.held), 1024)
 }
 
+// What follows the object's closing brace is held only while it is a
+// little whitespace: anything else, or more, and the body is forwarded as
+// it is, nothing held (it was held whole, up to max_request_body_size).
+func TestRequestScannerHoldsLittleAfterTheObject(t *testing.T) {
+	for name, body := range map[string]string{
+		"garbage after the object": `{"model":"m","stream":true}` + strings.Repeat("x", 1<<20),
+		"a stray leading brace":    `}` + strings.Repeat(`{"stream":true}`, 1<<16),
+		"much whitespace":          `{"model":"m","stream":true}` + strings.Repeat(" ", 1<<20),
+	} {
+		t.Run(name, func(t *testing.T) {
+			for _, n := range []int{1, 7, 4096, len(body)} {
+				out, s, added := scanAll(t, body, n, true)
+				assert.False(t, added)
+				assert.Equal(t, body, out, "read %d at a time", n)
+				assert.LessOrEqual(t, cap(s.held), 2*maxHeldBytes+n, "read %d at a time", n)
+			}
+		})
+	}
+	out, _, added := scanAll(t, `{"model":"m","stream":true}`+"  \n", 1, true)
+	assert.True(t, added, "a little whitespace after the object still takes the member")
+	assert.Equal(t, `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`+"  \n", out)
+}
+
 func FuzzRequestScanner(f *testing.F) {
 	f.Add([]byte(`{"model":"m","stream":true}`), 3)
 	f.Add([]byte(`{"a":"\"}","stream":true,"stream_options":{"include_usage":true}}`), 1)
@@ -137,7 +162,12 @@ func FuzzRequestScanner(f *testing.F) {
 		for len(b) > 0 {
 			k := min(n, len(b))
 			buf.Write(s.scan(b[:k]))
+			buf.Write(s.release)
+			s.release = s.release[:0]
 			b = b[k:]
+			if len(s.held) > maxHeldBytes+1 {
+				t.Fatalf("holds %d bytes", len(s.held))
+			}
 		}
 		added, err := s.finish(&buf, true)
 		if err != nil {
@@ -224,4 +254,24 @@ func TestScannedBody(t *testing.T) {
 		_, injected := b.Stop()
 		assert.False(t, injected)
 	})
+}
+
+func TestScannedBodyReleasesWhatFollowsTheObject(t *testing.T) {
+	for _, body := range []string{
+		`{"model":"m","stream":true} trailing`,
+		`{"model":"m","stream":true}` + strings.Repeat(" ", 3*maxHeldBytes) + "x",
+		`}{"model":"m","stream":true}`,
+	} {
+		for name, src := range map[string]io.Reader{
+			"byte by byte": &oneByteReader{b: []byte(body)},
+			"whole":        strings.NewReader(body),
+		} {
+			b := NewScannedBody(src)
+			got, err := io.ReadAll(b)
+			require.NoError(t, err)
+			assert.Equal(t, body, string(got), name)
+			_, injected := b.Stop()
+			assert.False(t, injected, name)
+		}
+	}
 }
