@@ -35,9 +35,15 @@ const (
 type hooksUDPListener struct {
 	r      *tokenStreamReceiver
 	obs    *receiverhelper.ObsReport
-	conn   net.PacketConn
+	conn   *net.UDPConn
 	cancel context.CancelFunc
 	done   sync.WaitGroup
+
+	// oob receives the socket's drop count (Linux: SO_RXQ_OVFL); nil when
+	// the kernel does not offer it. drops is the last count seen, owned by
+	// the read loop.
+	oob   []byte
+	drops uint32
 }
 
 func startHooksUDP(cfg *UDPConfig, r *tokenStreamReceiver, host component.Host) (*hooksUDPListener, error) {
@@ -47,12 +53,13 @@ func startHooksUDP(cfg *UDPConfig, r *tokenStreamReceiver, host component.Host) 
 	if err != nil {
 		return nil, err
 	}
-	conn, err := net.ListenPacket("udp", cfg.Endpoint)
+	pc, err := net.ListenPacket("udp", cfg.Endpoint)
 	if err != nil {
 		return nil, fmt.Errorf("hooks::udp: listen on %s: %w", cfg.Endpoint, err)
 	}
+	conn := pc.(*net.UDPConn)
 	if cfg.SocketBufferSize > 0 {
-		if err := conn.(*net.UDPConn).SetReadBuffer(cfg.SocketBufferSize); err != nil {
+		if err := conn.SetReadBuffer(cfg.SocketBufferSize); err != nil {
 			_ = conn.Close()
 			return nil, fmt.Errorf("hooks::udp::socket_buffer_size: %w", err)
 		}
@@ -60,6 +67,9 @@ func startHooksUDP(cfg *UDPConfig, r *tokenStreamReceiver, host component.Host) 
 	r.logsLogger.Info("Token event hook listening", zap.String("transport", "udp"), zap.String("endpoint", conn.LocalAddr().String()))
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &hooksUDPListener{r: r, obs: obs, conn: conn, cancel: cancel}
+	if enableDropCount(conn) {
+		l.oob = make([]byte, dropsOOBBytes)
+	}
 	l.done.Add(1)
 	go l.readLoop(ctx, host)
 	return l, nil
@@ -69,7 +79,7 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 	defer l.done.Done()
 	buf := make([]byte, maxDatagramBytes+1)
 	for {
-		n, _, err := l.conn.ReadFrom(buf)
+		n, err := l.read(buf)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -111,7 +121,7 @@ func (l *hooksUDPListener) readQueued(d *batchDecoder, buf []byte) (closed bool)
 		if err := l.conn.SetReadDeadline(time.Now().Add(coalesceWait)); err != nil {
 			return errors.Is(err, net.ErrClosed)
 		}
-		n, _, err := l.conn.ReadFrom(buf)
+		n, err := l.read(buf)
 		if err != nil {
 			return errors.Is(err, net.ErrClosed)
 		}
@@ -121,6 +131,26 @@ func (l *hooksUDPListener) readQueued(d *batchDecoder, buf []byte) (closed bool)
 		}
 	}
 	return false
+}
+
+// read reads one datagram and counts the datagrams the kernel dropped
+// since the last one read, for want of receive buffer: the kernel attaches
+// its count to the datagrams it queues, so drops are counted when the next
+// datagram after them is read.
+func (l *hooksUDPListener) read(buf []byte) (int, error) {
+	if l.oob == nil {
+		n, _, err := l.conn.ReadFrom(buf)
+		return n, err
+	}
+	n, oobn, _, _, err := l.conn.ReadMsgUDP(buf, l.oob)
+	if err == nil && oobn > 0 {
+		if total, ok := dropCount(l.oob[:oobn]); ok && total != l.drops {
+			// uint32 arithmetic: right across the counter's wrap too.
+			l.r.telemetry.ReceiverTokenStreamUDPDroppedDatagrams.Add(context.Background(), int64(total-l.drops))
+			l.drops = total
+		}
+	}
+	return n, err
 }
 
 func (l *hooksUDPListener) shutdown() error {

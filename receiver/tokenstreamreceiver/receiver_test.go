@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -535,4 +536,66 @@ func BenchmarkHooksHTTPAbusiveBody(b *testing.B) {
 			b.Fatalf("status %d", w.Code)
 		}
 	}
+}
+
+// gateConsumer blocks every ConsumeLogs until open is closed.
+type gateConsumer struct {
+	consumertest.LogsSink
+	open chan struct{}
+}
+
+func (g *gateConsumer) ConsumeLogs(ctx context.Context, ld plog.Logs) error {
+	<-g.open
+	return g.LogsSink.ConsumeLogs(ctx, ld)
+}
+
+// TestUDPKernelDropsCounted: datagrams the kernel drops while the listener
+// is held up by a blocked pipeline (its receive buffer full) are counted,
+// read from the socket (SO_RXQ_OVFL).
+func TestUDPKernelDropsCounted(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the kernel's drop count is read on Linux only")
+	}
+	gate := &gateConsumer{open: make(chan struct{})}
+	opened := false
+	release := func() {
+		if !opened {
+			opened = true
+			close(gate.open)
+		}
+	}
+	tr := startReceiver(t, gate, func(c *Config) {
+		c.Hooks.HTTP = configoptional.None[HTTPConfig]()
+		c.Hooks.UDP.Get().SocketBufferSize = 4096
+	})
+	t.Cleanup(release) // before the receiver's shutdown, registered earlier
+	conn, err := net.Dial("udp", tr.udp)
+	require.NoError(t, err)
+	defer conn.Close()
+	line := []byte(tok1 + "\n" + strings.Repeat(" ", 900) + "\n")
+	// The first datagram takes the listener into the blocked pipeline; the
+	// rest overflow the receive buffer.
+	_, err = conn.Write(line)
+	require.NoError(t, err)
+	time.Sleep(50 * time.Millisecond)
+	for range 300 {
+		_, err = conn.Write(line)
+		require.NoError(t, err)
+	}
+	release()
+	dropped := func() int64 {
+		m, err := tr.tel.GetMetric("otelcol_receiver_token_stream_udp_dropped_datagrams")
+		if err != nil {
+			return 0
+		}
+		return m.Data.(metricdata.Sum[int64]).DataPoints[0].Value
+	}
+	// The count rides on the datagrams queued after the drops.
+	require.Eventually(t, func() bool {
+		_, _ = conn.Write(line)
+		return dropped() > 0
+	}, 10*time.Second, 20*time.Millisecond)
+	accepted := int64(len(gate.AllLogs()))
+	t.Logf("dropped %d of 301 datagrams, %d batches accepted", dropped(), accepted)
+	assert.LessOrEqual(t, dropped(), int64(300))
 }

@@ -36,6 +36,7 @@ type TelemetryBuilder struct {
 	ReceiverTokenStreamRejectedEvents           metric.Int64Counter
 	ReceiverTokenStreamSkippedFamilies          metric.Int64Counter
 	ReceiverTokenStreamTruncatedBatches         metric.Int64Counter
+	ReceiverTokenStreamUDPDroppedDatagrams      metric.Int64Counter
 }
 
 // TelemetryBuilderOption applies changes to default builder.
@@ -125,6 +126,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_receiver_token_stream_truncated_batches",
 		metric.WithDescription("Hook batches (a request body or datagram) cut at hooks::limits::max_lines_per_batch; their unread lines are counted as rejected events. [Development]"),
 		metric.WithUnit("{batch}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ReceiverTokenStreamUDPDroppedDatagrams, err = builder.meter.Int64Counter(
+		"otelcol_receiver_token_stream_udp_dropped_datagrams",
+		metric.WithDescription("Datagrams the kernel dropped on the UDP hook socket for want of receive buffer (Linux, SO_RXQ_OVFL: counted when the next datagram is read); raise hooks::udp::socket_buffer_size when it grows. [Development]"),
+		metric.WithUnit("{datagram}"),
 	)
 	errs = errors.Join(errs, err)
 	return &builder, errs

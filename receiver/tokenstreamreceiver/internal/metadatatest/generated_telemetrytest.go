@@ -180,3 +180,19 @@ func AssertEqualReceiverTokenStreamTruncatedBatches(t *testing.T, tt *componentt
 	require.NoError(t, err)
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }
+
+func AssertEqualReceiverTokenStreamUDPDroppedDatagrams(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_receiver_token_stream_udp_dropped_datagrams",
+		Description: "Datagrams the kernel dropped on the UDP hook socket for want of receive buffer (Linux, SO_RXQ_OVFL: counted when the next datagram is read); raise hooks::udp::socket_buffer_size when it grows. [Development]",
+		Unit:        "{datagram}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_receiver_token_stream_udp_dropped_datagrams")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
