@@ -258,3 +258,25 @@ func TestConfigHookPath(t *testing.T) {
 		assert.EqualError(t, err, want, path)
 	}
 }
+
+// TestConfigVLLMErrorsRedactTargets: Validate's errors about targets, which
+// reach start-up logs, never quote a target's credentials.
+func TestConfigVLLMErrorsRedactTargets(t *testing.T) {
+	cfg := createDefaultConfig().(*Config)
+	v := cfg.VLLM.GetOrInsertDefault()
+	v.Targets = []string{
+		"ftp://user:s3cret@host/metrics?token=tok123",
+		"http://user:s3cret@host/metrics?token=tok123",
+		"http://user:s3cret@host/metrics?token=tok123",
+		"http://user:s3cret@host:bad/metrics?token=tok123",
+		"http://user:s3cret@host/metrics?token=tok123\x7f",
+	}
+	err := cfg.Validate()
+	require.Error(t, err)
+	for _, secret := range []string{"user", "s3cret", "tok123"} {
+		assert.NotContains(t, err.Error(), secret)
+	}
+	assert.Contains(t, err.Error(), `vllm::targets[0]: want an http(s) URL, got "ftp://xxxxx@host/metrics?token=xxxxx"`)
+	assert.Contains(t, err.Error(), `vllm::targets[2]: duplicate of vllm::targets[1] ("http://xxxxx@host/metrics?token=xxxxx")`)
+	t.Log(err)
+}

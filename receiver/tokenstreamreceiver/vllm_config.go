@@ -64,17 +64,22 @@ func (v *VLLMConfig) validate() []error {
 	}
 	seen := make(map[string]int, len(v.Targets))
 	for i, t := range v.Targets {
+		// Errors show targets redacted: they end up in start-up logs.
 		u, err := url.Parse(t)
 		switch {
 		case err != nil:
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // without the URL it quotes
+			}
 			errs = append(errs, fmt.Errorf("vllm::targets[%d]: %w", i, err))
 			continue
 		case u.Scheme != "http" && u.Scheme != "https", u.Host == "":
-			errs = append(errs, fmt.Errorf("vllm::targets[%d]: want an http(s) URL, got %q", i, t))
+			errs = append(errs, fmt.Errorf("vllm::targets[%d]: want an http(s) URL, got %q", i, redactURL(u)))
 			continue
 		}
 		if j, ok := seen[t]; ok {
-			errs = append(errs, fmt.Errorf("vllm::targets[%d]: duplicate of vllm::targets[%d] (%q)", i, j, t))
+			errs = append(errs, fmt.Errorf("vllm::targets[%d]: duplicate of vllm::targets[%d] (%q)", i, j, redactURL(u)))
 			continue
 		}
 		seen[t] = i
