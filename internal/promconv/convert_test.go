@@ -399,3 +399,21 @@ func TestConvertCountsSkippedSummaries(t *testing.T) {
 	assert.Contains(t, got, "up")
 	assert.Equal(t, Skipped{SkipSummary: 1}, c.Skipped())
 }
+
+// BenchmarkParseExposition is the cost of parsing the vLLM fixture, served
+// as the text format and as OpenMetrics (rewritten by normalizeOpenMetrics
+// first).
+func BenchmarkParseExposition(b *testing.B) {
+	body := fixtureBytes(b)
+	for name, ct := range map[string]string{"text": textContentType, "openmetrics": openMetricsContentType} {
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for range b.N {
+				if _, _, err := ParseExposition(body, ct); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

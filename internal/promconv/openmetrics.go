@@ -38,6 +38,9 @@ func normalizeOpenMetrics(body []byte) ([]byte, Skipped) {
 	lines := bytes.Split(body, []byte("\n"))
 	types := make(map[string]string)
 	for _, l := range lines {
+		if !bytes.HasPrefix(l, []byte("# TYPE ")) {
+			continue
+		}
 		if f := strings.Fields(string(l)); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
 			types[f[2]] = strings.ToLower(f[3])
 		}
