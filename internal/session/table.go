@@ -261,6 +261,8 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 		}
 		outcome := OutcomeCompleted
 		switch {
+		case ev.Error == tokenevent.ErrorShutdown:
+			outcome = OutcomeShutdown
 		case ev.Error != "":
 			outcome = OutcomeError
 		case ev.FinishReason == finishReasonAbort:

@@ -179,6 +179,12 @@ func TestFigures(t *testing.T) {
 			want:   ended{ID: "e", Outcome: OutcomeAborted, TTFT: 10 * time.Millisecond, HasTTFT: true, Tokens: 1, Chunks: 1, Duration: 20 * time.Millisecond},
 		},
 		{
+			// The proxy cut the stream at shutdown: ended as shutdown, not as an error.
+			name:   "cut at the source's shutdown",
+			events: []*tokenevent.Event{start("s", t0), tok("s", t0+10*ms, 1), {Kind: tokenevent.KindEnd, SessionID: "s", TimeUnixNano: uint64(t0 + 20*ms), Error: tokenevent.ErrorShutdown, CompletionTokens: -1}},
+			want:   ended{ID: "s", Outcome: OutcomeShutdown, TTFT: 10 * time.Millisecond, HasTTFT: true, Tokens: 1, Chunks: 1, Duration: 20 * time.Millisecond},
+		},
+		{
 			// TTFT 600 ms > 500 ms: kept (early, at the first token).
 			name:   "slow TTFT",
 			events: []*tokenevent.Event{start("f", t0), tok("f", t0+600*ms, 1), tok("f", t0+610*ms, 1), end("f", t0+610*ms, 2)},

@@ -39,6 +39,12 @@ const (
 	OperationTextCompletion = "text_completion"
 )
 
+// ErrorShutdown is the error an end event carries when its source stopped
+// before the session ended (the proxy cut the stream at shutdown): the
+// session ends as shutdown, as the sessions token_session still holds when
+// it stops do.
+const ErrorShutdown = "shutdown"
+
 // TraceID and SpanID are W3C trace context IDs: the bytes of pdata's
 // pcommon.TraceID and pcommon.SpanID (convert with a type conversion), kept
 // here so that the event model, and pkg/tokenhook with it, needs no pdata.

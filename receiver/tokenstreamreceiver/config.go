@@ -78,6 +78,17 @@ type ProxyConfig struct {
 	// send_timeout): a client that stops reading is let go, and the
 	// upstream request with it.
 	ClientSendTimeout time.Duration `mapstructure:"client_send_timeout"`
+	// DrainTimeout bounds how long Shutdown lets running streams finish
+	// after the listener closed; the streams still running then are cut and
+	// their sessions end as shutdown.
+	DrainTimeout time.Duration `mapstructure:"drain_timeout"`
+	// MaxStreams bounds the observed requests open at once (503 beyond it);
+	// 0 means no bound.
+	MaxStreams int `mapstructure:"max_streams"`
+	// EventQueueSize bounds the token events waiting for the pipeline; when
+	// it is full, further token events are dropped (counted) and the
+	// streams go on.
+	EventQueueSize int `mapstructure:"event_queue_size"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -155,6 +166,7 @@ func (cfg *Config) Validate() error {
 		}{
 			{"client_body_timeout", p.ClientBodyTimeout},
 			{"client_send_timeout", p.ClientSendTimeout},
+			{"drain_timeout", p.DrainTimeout},
 			{"upstream::timeout", p.Upstream.ClientConfig.Timeout},
 			{"upstream::response_header_timeout", p.Upstream.ResponseHeaderTimeout},
 			{"upstream::stream_idle_timeout", p.Upstream.StreamIdleTimeout},
@@ -162,6 +174,12 @@ func (cfg *Config) Validate() error {
 			if d.v < 0 {
 				errs = append(errs, fmt.Errorf("proxy::%s: must not be negative, got %s", d.key, d.v))
 			}
+		}
+		if p.MaxStreams < 0 {
+			errs = append(errs, fmt.Errorf("proxy::max_streams: must not be negative (0: no bound), got %d", p.MaxStreams))
+		}
+		if p.EventQueueSize <= 0 {
+			errs = append(errs, fmt.Errorf("proxy::event_queue_size: must be positive, got %d", p.EventQueueSize))
 		}
 		if p.Upstream.headerTimeout() == 0 {
 			errs = append(errs, errors.New("proxy::upstream::response_header_timeout: must be positive, got 0s"))

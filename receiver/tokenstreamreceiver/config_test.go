@@ -150,6 +150,9 @@ func TestConfigProxyDefaults(t *testing.T) {
 	assert.Equal(t, 5*time.Minute, p.Upstream.StreamIdleTimeout)
 	assert.Equal(t, time.Minute, p.ClientBodyTimeout)
 	assert.Equal(t, time.Minute, p.ClientSendTimeout)
+	assert.Equal(t, 20*time.Second, p.DrainTimeout)
+	assert.Equal(t, 1024, p.MaxStreams)
+	assert.Equal(t, 65536, p.EventQueueSize)
 	assert.Equal(t, time.Duration(0), p.Upstream.ClientConfig.Timeout, "no bound on a stream's length")
 }
 
@@ -166,6 +169,9 @@ func TestConfigProxy(t *testing.T) {
 	assert.Equal(t, 30*time.Second, p.Upstream.StreamIdleTimeout)
 	assert.Equal(t, 20*time.Second, p.ClientBodyTimeout)
 	assert.Equal(t, 2*time.Minute, p.ClientSendTimeout)
+	assert.Equal(t, 10*time.Second, p.DrainTimeout)
+	assert.Equal(t, 256, p.MaxStreams)
+	assert.Equal(t, 10000, p.EventQueueSize)
 	require.Len(t, p.Upstream.ClientConfig.Headers, 1)
 	assert.Equal(t, "Authorization", p.Upstream.ClientConfig.Headers[0].Name)
 	assert.Equal(t, "/etc/otelcol/engine-ca.pem", p.Upstream.ClientConfig.TLS.CAFile)
@@ -181,6 +187,9 @@ func TestConfigProxyInvalid(t *testing.T) {
 		`proxy::endpoint: address localhost: missing port in address`,
 		`proxy::max_request_body_size: must not be negative, got -5`,
 		`proxy::client_send_timeout: must not be negative, got -1s`,
+		`proxy::drain_timeout: must not be negative, got -1s`,
+		`proxy::max_streams: must not be negative (0: no bound), got -1`,
+		`proxy::event_queue_size: must be positive, got 0`,
 		`proxy::upstream::endpoint: want an http(s) URL, got "vllm:8000"`,
 		`proxy::upstream::response_header_timeout: must be positive, got 0s`,
 		`proxy::upstream::stream_idle_timeout: must not be negative, got -1s`,

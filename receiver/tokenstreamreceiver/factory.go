@@ -31,6 +31,17 @@ const (
 	// nginx's client_body_timeout and send_timeout.
 	defaultClientBodyTimeout = time.Minute
 	defaultClientSendTimeout = time.Minute
+	// Below Kubernetes' default grace period (30 s), which has the exporters'
+	// last flush to cover too; also how long a reload refuses connections at
+	// most.
+	defaultDrainTimeout = 20 * time.Second
+	// About 150 kB per open stream: 1024 streams is ~150 MB, and more than a
+	// few engines' worth of concurrent sequences (vLLM's max_num_seqs is 256
+	// by default).
+	defaultMaxStreams = 1024
+	// A second or so of the heaviest load the proxy carries (~50 k events/s)
+	// waiting for a slow pipeline, about 14 MB at ~210 B per event.
+	defaultEventQueueSize = 65_536
 )
 
 // NewFactory returns the factory of the token_stream receiver.
@@ -58,6 +69,7 @@ func createDefaultConfig() component.Config {
 		Proxy: configoptional.Default(ProxyConfig{
 			ServerConfig: proxyServer, Upstream: upstream,
 			ClientBodyTimeout: defaultClientBodyTimeout, ClientSendTimeout: defaultClientSendTimeout,
+			DrainTimeout: defaultDrainTimeout, MaxStreams: defaultMaxStreams, EventQueueSize: defaultEventQueueSize,
 		}),
 		VLLM: configoptional.Default(defaultVLLMConfig()),
 		Hooks: HooksConfig{

@@ -49,9 +49,13 @@ const (
 	// errBodyTooLarge and errBodyTimeout are the client's fault: the proxy
 	// answers 413 or 408 and opens no session, so that the engine's error
 	// rate does not carry them.
-	errBodyTooLarge   = "request_too_large"
-	errBodyTimeout    = "request_timeout"
-	errStreamBroken   = "upstream_stream_broken"
+	errBodyTooLarge = "request_too_large"
+	errBodyTimeout  = "request_timeout"
+	errStreamBroken = "upstream_stream_broken"
+	// errTooManyStreams and errShuttingDown are the proxy's own 503s: no
+	// session, the engine is not blamed.
+	errTooManyStreams = "too_many_streams"
+	errShuttingDown   = "shutting_down"
 	finishReasonAbort = "abort"
 	// maxNonStreamingBody bounds the copy of a non-streaming response kept
 	// to read its usage; the response itself always reaches the client.
@@ -74,6 +78,19 @@ type proxyServer struct {
 	// bodyTimeout and sendTimeout bound each read of the client's body and
 	// each write to the client (0: unbounded).
 	bodyTimeout, sendTimeout time.Duration
+	drainTimeout             time.Duration
+	maxStreams               int64
+	streams                  atomic.Int64 // observed requests open
+	// handlers counts the requests being served, pass-through ones too:
+	// Shutdown waits for them after it cut the streams.
+	handlers sync.WaitGroup
+	// draining is closed when Shutdown begins: new observed requests get
+	// 503. cut is cancelled when drain_timeout is over, ending the streams
+	// still running as shutdown sessions.
+	draining  chan struct{}
+	drainOnce sync.Once
+	cut       context.Context
+	cutAll    context.CancelCauseFunc
 	httpServer
 }
 
@@ -100,7 +117,12 @@ func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, h
 	if err != nil {
 		return nil, err
 	}
-	p := &proxyServer{r: r, upstream: upstream, engine: engineName(upstream), client: client, bodyTimeout: cfg.ClientBodyTimeout, sendTimeout: cfg.ClientSendTimeout}
+	p := &proxyServer{
+		r: r, upstream: upstream, engine: engineName(upstream), client: client,
+		bodyTimeout: cfg.ClientBodyTimeout, sendTimeout: cfg.ClientSendTimeout,
+		drainTimeout: cfg.DrainTimeout, maxStreams: int64(cfg.MaxStreams), draining: make(chan struct{}),
+	}
+	p.cut, p.cutAll = context.WithCancelCause(context.Background())
 	p.passthrough = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			// ReverseProxy has dropped the hop-by-hop fields and the
@@ -121,7 +143,7 @@ func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, h
 			writeProxyError(w, http.StatusBadGateway, errUpstreamUnreachable)
 		},
 	}
-	p.batch = newEventBatcher(r, obs)
+	p.batch = newEventBatcher(r, obs, cfg.EventQueueSize)
 	if err := p.serve(ctx, &cfg.ServerConfig, p, host, r.settings.TelemetrySettings, proxyconn.Listener); err != nil {
 		p.batch.shutdown()
 		return nil, fmt.Errorf("proxy: %w", err)
@@ -130,18 +152,82 @@ func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, h
 	return p, nil
 }
 
+// shutdown drains the proxy: the listener closes at once, running streams
+// may finish within drain_timeout (or ctx, if it ends first), and those
+// still running then are cut, their sessions ended as shutdown. The
+// collector calls it on a reload as on a stop, so a reload refuses new
+// connections for at most that long.
 func (p *proxyServer) shutdown(ctx context.Context) error {
-	err := p.httpServer.shutdown(ctx)
+	p.drainOnce.Do(func() { close(p.draining) })
+	drainCtx, cancel := context.WithTimeout(ctx, p.drainTimeout)
+	err := p.server.Shutdown(drainCtx)
+	cancel()
+	if err != nil {
+		// Streams outlived the drain: end them, give their handlers a
+		// moment to send the end event and close the response, then close
+		// the connections of any still blocked on a write.
+		p.cutAll(errProxyShutdown)
+		if !waitGroupWithin(&p.handlers, ctx, shutdownGrace) {
+			_ = p.server.Close()
+		}
+		err = nil
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+	}
+	p.handlers.Wait()
+	p.done.Wait()
+	p.cutAll(nil)
 	p.batch.shutdown()
 	return err
 }
 
+// shutdownGrace is how long cut streams get to end before their
+// connections are closed.
+const shutdownGrace = time.Second
+
+// waitGroupWithin waits for wg, at most d or until ctx ends; it reports
+// whether wg was done.
+func waitGroupWithin(wg *sync.WaitGroup, ctx context.Context, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+var errProxyShutdown = errors.New("proxy: drain_timeout over, stream cut at shutdown")
+
 func (p *proxyServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	p.handlers.Add(1)
+	defer p.handlers.Done()
 	op, ok := observedPaths[req.URL.Path]
 	if !ok || req.Method != http.MethodPost {
 		p.passthrough.ServeHTTP(w, req)
 		return
 	}
+	select {
+	case <-p.draining:
+		// A request on a connection kept alive since before the drain.
+		w.Header().Set("Connection", "close")
+		writeProxyError(w, http.StatusServiceUnavailable, errShuttingDown)
+		p.r.telemetry.ReceiverTokenStreamProxyRefusedRequests.Add(req.Context(), 1, refusalShutdown)
+		return
+	default:
+	}
+	if n := p.streams.Add(1); p.maxStreams > 0 && n > p.maxStreams {
+		p.streams.Add(-1)
+		writeProxyError(w, http.StatusServiceUnavailable, errTooManyStreams)
+		p.r.telemetry.ReceiverTokenStreamProxyRefusedRequests.Add(req.Context(), 1, refusalMaxStreams)
+		return
+	}
+	defer p.streams.Add(-1)
 	p.observe(w, req, op)
 }
 
@@ -202,7 +288,12 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 		defer s.send.clear()
 	}
 	body := openaistream.NewScannedBody(limited)
-	out, err := http.NewRequestWithContext(req.Context(), http.MethodPost, p.upstreamURL(req.URL), body)
+	// The upstream exchange ends with the client's request or when the
+	// drain is over.
+	ctx, cancel := context.WithCancelCause(req.Context())
+	defer cancel(nil)
+	defer context.AfterFunc(p.cut, func() { cancel(context.Cause(p.cut)) })()
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, p.upstreamURL(req.URL), body)
 	if err != nil {
 		writeProxyError(w, http.StatusBadRequest, "invalid_request")
 		return
@@ -241,6 +332,11 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 		ev.Model, ev.Operation, ev.Engine = model, op, p.engine
 	})
 	if err != nil {
+		if context.Cause(ctx) == errProxyShutdown {
+			writeProxyError(w, http.StatusServiceUnavailable, errShuttingDown)
+			s.end(time.Now(), tokenevent.ErrorShutdown, "")
+			return
+		}
 		if req.Context().Err() != nil {
 			s.end(time.Now(), "", finishReasonAbort)
 			return
@@ -270,9 +366,9 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 		_, _ = io.Copy(armedWriter{w, s.send}, resp.Body)
 		s.end(time.Now(), strconv.Itoa(resp.StatusCode), "")
 	case streaming:
-		s.relayStream(w, req.Context(), resp.Body, injected)
+		s.relayStream(w, ctx, resp.Body, injected)
 	default:
-		s.relayResponse(w, req.Context(), resp.Body)
+		s.relayResponse(w, ctx, resp.Body)
 	}
 }
 
@@ -361,6 +457,8 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 		s.end(now, s.engineError, s.finishReason)
 	case finished:
 		s.end(now, "", s.finishReason)
+	case context.Cause(clientCtx) == errProxyShutdown:
+		s.end(now, tokenevent.ErrorShutdown, s.finishReason)
 	case clientGone || clientCtx.Err() != nil:
 		s.end(now, "", finishReasonAbort)
 	case errors.Is(readErr, errIdleTimeout):
@@ -381,6 +479,8 @@ func (s *proxySession) relayResponse(w http.ResponseWriter, clientCtx context.Co
 	now := time.Now()
 	if err != nil {
 		switch {
+		case context.Cause(clientCtx) == errProxyShutdown:
+			s.end(now, tokenevent.ErrorShutdown, "")
 		case clientCtx.Err() != nil:
 			s.end(now, "", finishReasonAbort)
 		case errors.Is(err, errIdleTimeout):
@@ -638,11 +738,18 @@ var refusalBodyTimeout = metric.WithAttributeSet(attribute.NewSet(attribute.Stri
 
 var refusalBodyTooLarge = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "body_too_large")))
 
+var (
+	refusalMaxStreams = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "max_streams")))
+	refusalShutdown   = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "shutdown")))
+)
+
 var proxyErrorMessages = map[string]string{
 	errBodyTooLarge:        "the request body is larger than the proxy's max_request_body_size",
 	errBodyTimeout:         "the request body stalled for longer than the proxy's client_body_timeout",
 	errUpstreamTimeout:     "the upstream sent no response headers in time",
 	errUpstreamUnreachable: "the upstream could not be reached",
+	errTooManyStreams:      "the proxy has proxy::max_streams requests open; retry later",
+	errShuttingDown:        "the proxy is shutting down; retry",
 }
 
 func writeProxyError(w http.ResponseWriter, status int, errType string) {

@@ -3,11 +3,14 @@ package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiv
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
@@ -30,12 +33,23 @@ const (
 	eventBatchSize     = 1000
 )
 
+// The queue is bounded (proxy::event_queue_size): a pipeline that is slow
+// or blocked (an exporter's blocking queue) must not grow the proxy's memory
+// behind memory_limiter's back. Token events are dropped at the bound;
+// start and end events have a quarter more room, since losing one leaves a
+// session without its start (orphan tokens) or its end (ended only by the
+// idle timeout), where a lost token only thins the session's figures. At
+// most two queues' worth is held: one queued, one being handed over.
 type eventBatcher struct {
 	r   *tokenStreamReceiver
 	obs *receiverhelper.ObsReport
 
-	mu     sync.Mutex
-	queued []tokenevent.Event
+	mu       sync.Mutex
+	queued   []tokenevent.Event
+	stopped  bool
+	limit    int // token events
+	hardCap  int // start and end events
+	overflow atomic.Int64
 
 	// Only the batcher's goroutine uses these.
 	writing []tokenevent.Event
@@ -46,8 +60,11 @@ type eventBatcher struct {
 	done sync.WaitGroup
 }
 
-func newEventBatcher(r *tokenStreamReceiver, obs *receiverhelper.ObsReport) *eventBatcher {
-	b := &eventBatcher{r: r, obs: obs, writer: tokenrecord.NewRecordWriter(), kick: make(chan struct{}, 1), stop: make(chan struct{})}
+func newEventBatcher(r *tokenStreamReceiver, obs *receiverhelper.ObsReport, queueSize int) *eventBatcher {
+	b := &eventBatcher{
+		r: r, obs: obs, writer: tokenrecord.NewRecordWriter(), kick: make(chan struct{}, 1), stop: make(chan struct{}),
+		limit: queueSize, hardCap: queueSize + queueSize/4,
+	}
 	b.done.Add(1)
 	go b.run()
 	return b
@@ -57,6 +74,22 @@ func newEventBatcher(r *tokenStreamReceiver, obs *receiverhelper.ObsReport) *eve
 // events carry no attributes, so the copy shares nothing with ev.
 func (b *eventBatcher) add(ev *tokenevent.Event) {
 	b.mu.Lock()
+	if b.stopped {
+		b.mu.Unlock()
+		b.r.telemetry.ReceiverTokenStreamProxyDroppedEvents.Add(context.Background(), 1, dropShutdown)
+		return
+	}
+	limit := b.limit
+	if ev.Kind != tokenevent.KindToken {
+		limit = b.hardCap
+	}
+	if len(b.queued) >= limit {
+		b.mu.Unlock()
+		// Counted by the batcher's goroutine: a metric call per event
+		// under overload would slow the streams further.
+		b.overflow.Add(1)
+		return
+	}
 	b.queued = append(b.queued, *ev)
 	full := len(b.queued) >= eventBatchSize
 	b.mu.Unlock()
@@ -86,6 +119,9 @@ func (b *eventBatcher) run() {
 }
 
 func (b *eventBatcher) flush() {
+	if n := b.overflow.Swap(0); n > 0 {
+		b.r.telemetry.ReceiverTokenStreamProxyDroppedEvents.Add(context.Background(), n, dropQueueFull)
+	}
 	b.mu.Lock()
 	events := b.queued
 	b.queued = b.writing[:0]
@@ -116,7 +152,28 @@ func (b *eventBatcher) flush() {
 	b.r.telemetry.ReceiverTokenStreamAcceptedEvents.Add(ctx, int64(len(events)), attrs)
 }
 
+// shutdown hands over what is queued; the events added after it are
+// dropped and counted.
 func (b *eventBatcher) shutdown() {
+	b.mu.Lock()
+	if b.stopped {
+		b.mu.Unlock()
+		return
+	}
+	b.stopped = true
+	b.mu.Unlock()
 	close(b.stop)
 	b.done.Wait()
 }
+
+// queueLen is the number of events waiting for the next hand-over.
+func (b *eventBatcher) queueLen() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queued)
+}
+
+var (
+	dropQueueFull = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "queue_full")))
+	dropShutdown  = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "shutdown")))
+)

@@ -46,7 +46,7 @@ func BenchmarkProxyRelayEvent(b *testing.B) {
 	}
 	p := &proxyServer{r: r}
 	obs, _ := newObsReportForTest(r)
-	p.batch = newEventBatcher(r, obs)
+	p.batch = newEventBatcher(r, obs, defaultEventQueueSize)
 	defer p.batch.shutdown()
 	w := &discardResponse{h: http.Header{}}
 	data := stream.String()

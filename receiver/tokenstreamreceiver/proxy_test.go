@@ -928,7 +928,7 @@ func FuzzRelayStream(f *testing.F) {
 	require.NoError(f, err)
 	p := &proxyServer{r: r}
 	obs, _ := newObsReportForTest(r)
-	p.batch = newEventBatcher(r, obs)
+	p.batch = newEventBatcher(r, obs, defaultEventQueueSize)
 	f.Cleanup(p.batch.shutdown)
 	relay := func(data, sizes []byte, strip bool) (string, *proxySession) {
 		w := &bufferResponse{discardResponse: discardResponse{h: http.Header{}}}

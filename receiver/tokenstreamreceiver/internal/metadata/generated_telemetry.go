@@ -29,6 +29,7 @@ type TelemetryBuilder struct {
 	ReceiverTokenStreamAcceptedEvents           metric.Int64Counter
 	ReceiverTokenStreamFailedScrapes            metric.Int64Counter
 	ReceiverTokenStreamInvalidDataPoints        metric.Int64Counter
+	ReceiverTokenStreamProxyDroppedEvents       metric.Int64Counter
 	ReceiverTokenStreamProxyOversizedEvents     metric.Int64Counter
 	ReceiverTokenStreamProxyPassthroughFailures metric.Int64Counter
 	ReceiverTokenStreamProxyRefusedRequests     metric.Int64Counter
@@ -84,6 +85,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_receiver_token_stream_invalid_data_points",
 		metric.WithDescription("Data points of scraped expositions left out as invalid (histograms with decreasing, repeated or infinite buckets or out-of-range counts). [Development]"),
 		metric.WithUnit("{datapoint}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ReceiverTokenStreamProxyDroppedEvents, err = builder.meter.Int64Counter(
+		"otelcol_receiver_token_stream_proxy_dropped_events",
+		metric.WithDescription("Token events the proxy observed and dropped before the pipeline, by reason; the client's stream is never held back for them. [Development]"),
+		metric.WithUnit("{event}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ReceiverTokenStreamProxyOversizedEvents, err = builder.meter.Int64Counter(
