@@ -261,13 +261,14 @@ func (c *core) consumeLogs(ctx context.Context, ld plog.Logs) error {
 	now := time.Now()
 	c.mu.Lock()
 	c.setNow(now)
-	invalid := 0
+	invalid, tokenRecords := 0, 0
 	ld.ResourceLogs().RemoveIf(func(rl plog.ResourceLogs) bool {
 		rl.ScopeLogs().RemoveIf(func(sl plog.ScopeLogs) bool {
 			sl.LogRecords().RemoveIf(func(lr plog.LogRecord) bool {
 				if !tokenrecord.IsTokenEvent(lr) {
 					return false
 				}
+				tokenRecords++
 				err := tokenrecord.ReadRecord(lr, &c.event, c.applyFn)
 				c.handleReports(&lr)
 				if err != nil {
@@ -301,7 +302,19 @@ func (c *core) consumeLogs(ctx context.Context, ld plog.Logs) error {
 	if ld.ResourceLogs().Len() == 0 {
 		return nil
 	}
-	return c.nextLogs.ConsumeLogs(ctx, ld)
+	if tokenRecords == 0 {
+		return c.nextLogs.ConsumeLogs(ctx, ld)
+	}
+	// The batch's token events are folded: an error returned now would
+	// invite the sender to retry them (the hook endpoint answers 503), and
+	// a retry would fold the same tokens twice. What the next consumer
+	// refused is this processor's output, lost and counted as such.
+	n := ld.LogRecordCount()
+	if err := c.nextLogs.ConsumeLogs(ctx, ld); err != nil {
+		c.telemetry.outputFailed(ctx, signalLogs, n)
+		c.set.Logger.Debug("next consumer refused session logs after the token events were folded", zap.Error(err))
+	}
+	return nil
 }
 
 // consumeMetrics reads the engine state from the metrics passing through

@@ -2,6 +2,7 @@ package tokensessionprocessor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -508,6 +509,37 @@ func TestSelfTelemetry(t *testing.T) {
 	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "late")))
 	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "orphan_end")))
 	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "orphan_token")))
+}
+
+// A retry never double-counts: once a batch's token events are folded, a
+// refusal downstream is counted as lost output and not returned, so the
+// sender (the hook endpoint answers 503 to an error) does not send the same
+// tokens again. A batch without token events passes the refusal back.
+func TestRefusalAfterFoldingIsNotReturned(t *testing.T) {
+	tel := componenttest.NewTelemetry()
+	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
+	cfg := createDefaultConfig()
+	cfg.Sampling.NormalPercent = 100 // every session's summary goes on
+	set := processortest.NewNopSettings(metadata.Type)
+	set.TelemetrySettings = tel.NewTelemetrySettings()
+	refused := errors.New("exporter queue full")
+	lp, err := NewFactory().CreateLogs(context.Background(), set, cfg, consumertest.NewErr(refused))
+	require.NoError(t, err)
+	require.NoError(t, lp.Start(context.Background(), componenttest.NewNopHost()))
+	defer func() { require.NoError(t, lp.Shutdown(context.Background())) }()
+
+	require.NoError(t, lp.ConsumeLogs(context.Background(), events(fastSession("once")...)))
+	m, err := tel.GetMetric("otelcol_processor_token_session_output_failures")
+	require.NoError(t, err)
+	var lost int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		lost += dp.Value
+	}
+	assert.Equal(t, int64(1), lost, "the session summary the next consumer refused is counted")
+
+	plain := plog.NewLogs()
+	plain.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty().LogRecords().AppendEmpty().Body().SetStr("app log")
+	assert.ErrorIs(t, lp.ConsumeLogs(context.Background(), plain), refused, "no token events: the refusal is the sender's to handle")
 }
 
 // The span counters follow the held spans of TestTracesHeldUntilVerdict:

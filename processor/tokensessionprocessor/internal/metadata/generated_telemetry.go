@@ -124,7 +124,7 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionOutputFailures, err = builder.meter.Int64Counter(
 		"otelcol_processor_token_session_output_failures",
-		metric.WithDescription("Session logs, spans and metric points the next consumer refused; lost. [Development]"),
+		metric.WithDescription("Session logs, spans and metric points the next consumer refused, and the log records it refused together with token events already folded; lost (a refusal after folding is not returned, so that no sender retries tokens that were counted). [Development]"),
 		metric.WithUnit("{item}"),
 	)
 	errs = errors.Join(errs, err)

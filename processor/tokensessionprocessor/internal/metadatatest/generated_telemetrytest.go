@@ -56,7 +56,7 @@ func AssertEqualProcessorTokenSessionInvalidRecords(t *testing.T, tt *componentt
 func AssertEqualProcessorTokenSessionOutputFailures(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_processor_token_session_output_failures",
-		Description: "Session logs, spans and metric points the next consumer refused; lost. [Development]",
+		Description: "Session logs, spans and metric points the next consumer refused, and the log records it refused together with token events already folded; lost (a refusal after folding is not returned, so that no sender retries tokens that were counted). [Development]",
 		Unit:        "{item}",
 		Data: metricdata.Sum[int64]{
 			Temporality: metricdata.CumulativeTemporality,
