@@ -130,6 +130,9 @@ type Aggregator struct {
 	ttft, tpot, duration, tokens, sessions endMetric
 
 	overflowed uint64
+
+	models           map[string]struct{} // the models seen, up to MaxModels
+	modelsOverflowed uint64
 }
 
 // New returns an Aggregator; start is the start timestamp of the first interval.
@@ -147,6 +150,7 @@ func New(cfg Config, start time.Time) (*Aggregator, error) {
 		lastFlush: pcommon.NewTimestampFromTime(start),
 		keyBuf:    make([]byte, 0, 256),
 		live:      make(map[string]*liveSeries),
+		models:    make(map[string]struct{}),
 		ttft: newMetric(MetricTimeToFirstToken, "s",
 			"Time from the start of a streamed session to its first token with content.", ttftBounds),
 		tpot: newMetric(MetricTimePerOutputTok, "s",
@@ -164,6 +168,16 @@ func New(cfg Config, start time.Time) (*Aggregator, error) {
 // returns the handle for its later calls. It allocates only when it creates a series or the
 // series is over the cardinality limit.
 func (a *Aggregator) SessionStarted(d Dims) *Live {
+	if a.cfg.MaxModels > 0 && d.Model != "" {
+		if _, known := a.models[d.Model]; !known {
+			if len(a.models) < a.cfg.MaxModels {
+				a.models[strings.Clone(d.Model)] = struct{}{}
+			} else {
+				d.Model = ModelOverflow
+				a.modelsOverflowed++
+			}
+		}
+	}
 	key := a.appendLiveKey(a.keyBuf[:0], &d)
 	a.keyBuf = key[:0]
 	if s, ok := a.live[string(key)]; ok {
@@ -257,6 +271,10 @@ func (a *Aggregator) SessionEnded(l *Live, r Result) {
 // end-of-session metric point (TTFT, TPOT, duration, each token type, session count) that
 // overflowed.
 func (a *Aggregator) OverflowCount() uint64 { return a.overflowed }
+
+// ModelOverflowCount returns how many sessions were recorded with the model ModelOverflow since
+// New, their own model being beyond Config.MaxModels.
+func (a *Aggregator) ModelOverflowCount() uint64 { return a.modelsOverflowed }
 
 // SeriesCount returns the number of regular (not overflow) series held, summed over metrics, with
 // the live series counted once per live metric (inter-token latency, stalls, active).

@@ -1,6 +1,7 @@
 package sessionmetrics
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -365,6 +366,32 @@ func TestSessionsByOutcomeAndSampled(t *testing.T) {
 		got[key] = dp.IntValue()
 	}
 	assert.Equal(t, map[string]int64{"completed": 2, "completed/sampled": 1, "error/sampled/500": 1, "aborted": 1}, got)
+}
+
+// Models beyond max_models, as a client inventing names would send them,
+// share one series under ModelOverflow; the models seen first keep theirs,
+// and sessions without a model are not counted against the bound.
+func TestMaxModels(t *testing.T) {
+	a := newAggregator(t, func(c *Config) { c.MaxModels = 2 })
+	for _, model := range []string{"llama", "qwen", "", "invented-1", "invented-2", "llama", "invented-3"} {
+		d := chatDims
+		d.Model = model
+		a.SessionEnded(a.SessionStarted(d), Result{Outcome: "completed"})
+	}
+	got := intValues(t, findMetric(t, flush(a, t1), MetricSessions), "gen_ai.request.model")
+	assert.Equal(t, map[string]int64{"llama": 2, "qwen": 1, "": 1, ModelOverflow: 3}, got)
+	assert.Equal(t, uint64(3), a.ModelOverflowCount())
+
+	unbounded := newAggregator(t, func(c *Config) { c.MaxModels = 0 })
+	for i := range 300 {
+		d := chatDims
+		d.Model = fmt.Sprint("m", i)
+		unbounded.SessionEnded(unbounded.SessionStarted(d), Result{Outcome: "completed"})
+	}
+	assert.Zero(t, unbounded.ModelOverflowCount())
+
+	_, err := New(Config{CardinalityLimit: 10, Temporality: Cumulative, Histogram: Explicit, MaxModels: -1}, t0)
+	assert.EqualError(t, err, "max_models: must not be negative (0: no bound), got -1")
 }
 
 func TestActiveGauge(t *testing.T) {

@@ -34,7 +34,12 @@ const (
 const (
 	DefaultCardinalityLimit   = 2000
 	DefaultExponentialMaxSize = 160
+	DefaultMaxModels          = 100
 )
+
+// ModelOverflow is the gen_ai.request.model value the sessions of models
+// beyond Config.MaxModels are recorded under.
+const ModelOverflow = "_OTHER"
 
 // Config configures an Aggregator. Start from DefaultConfig; the zero Config is invalid.
 type Config struct {
@@ -52,6 +57,11 @@ type Config struct {
 	// ExponentialMaxSize is the maximum number of buckets of an exponential histogram; only checked
 	// when Histogram is Exponential.
 	ExponentialMaxSize int
+	// MaxModels bounds the distinct gen_ai.request.model values, for the life of the Aggregator:
+	// the model comes from the client's request, and without a bound invented names would take
+	// the whole CardinalityLimit from real series. Sessions of further models are recorded with
+	// the model ModelOverflow. 0 means no bound.
+	MaxModels int
 }
 
 // DefaultConfig returns the defaults: no extra dimensions, 2000 series per metric, cumulative,
@@ -62,6 +72,7 @@ func DefaultConfig() Config {
 		Temporality:        Cumulative,
 		Histogram:          Explicit,
 		ExponentialMaxSize: DefaultExponentialMaxSize,
+		MaxModels:          DefaultMaxModels,
 	}
 }
 
@@ -85,6 +96,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.CardinalityLimit < 2 {
 		errs = append(errs, fmt.Errorf("cardinality_limit: want at least 2 (one regular series plus the overflow series), got %d", c.CardinalityLimit))
+	}
+	if c.MaxModels < 0 {
+		errs = append(errs, fmt.Errorf("max_models: must not be negative (0: no bound), got %d", c.MaxModels))
 	}
 	n := c.normalized()
 	switch n.Temporality {

@@ -96,6 +96,10 @@ type MetricsConfig struct {
 	Histogram sessionmetrics.HistogramKind `mapstructure:"histogram"`
 	// ExponentialMaxSize is the most buckets of an exponential histogram.
 	ExponentialMaxSize int `mapstructure:"exponential_max_size"`
+	// MaxModels bounds the distinct model names in the metrics (the model
+	// comes from the client); further ones are recorded as _OTHER. 0: no
+	// bound.
+	MaxModels int `mapstructure:"max_models"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -123,7 +127,8 @@ func createDefaultConfig() *Config {
 		Sampling: SamplingConfig{TTFT: d.Sampling.TTFT, TPOT: d.Sampling.TPOT, Stalls: d.Sampling.Stalls,
 			Errors: d.Sampling.Errors, NormalPercent: d.Sampling.NormalPercent},
 		Metrics: MetricsConfig{FlushInterval: 15 * time.Second, CardinalityLimit: sessionmetrics.DefaultCardinalityLimit,
-			Temporality: sessionmetrics.Cumulative, Histogram: sessionmetrics.Explicit, ExponentialMaxSize: sessionmetrics.DefaultExponentialMaxSize},
+			Temporality: sessionmetrics.Cumulative, Histogram: sessionmetrics.Explicit, ExponentialMaxSize: sessionmetrics.DefaultExponentialMaxSize,
+			MaxModels: sessionmetrics.DefaultMaxModels},
 		Traces: TracesConfig{MaxHeldSpans: h.MaxHeldSpans, MaxHold: h.MaxHold, VerdictCacheSize: h.VerdictCacheSize},
 	}
 }
@@ -150,6 +155,7 @@ func (cfg *Config) metricsConfig() sessionmetrics.Config {
 		Temporality:        cfg.Metrics.Temporality,
 		Histogram:          cfg.Metrics.Histogram,
 		ExponentialMaxSize: cfg.Metrics.ExponentialMaxSize,
+		MaxModels:          cfg.Metrics.MaxModels,
 	}
 }
 

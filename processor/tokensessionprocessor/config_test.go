@@ -64,7 +64,7 @@ func TestConfigCustom(t *testing.T) {
 	assert.Equal(t, SessionConfig{IdleTimeout: time.Minute, MaxActive: 5000, EndedMemory: 1000}, cfg.Session)
 	assert.Equal(t, SamplingConfig{TTFT: time.Second, TPOT: 100 * time.Millisecond, Stalls: false, Errors: true, NormalPercent: 5}, cfg.Sampling)
 	assert.Equal(t, MetricsConfig{FlushInterval: 30 * time.Second, Dimensions: []string{"quantization", "tenant"}, CardinalityLimit: 500,
-		Temporality: sessionmetrics.Delta, Histogram: sessionmetrics.Exponential, ExponentialMaxSize: 80}, cfg.Metrics)
+		Temporality: sessionmetrics.Delta, Histogram: sessionmetrics.Exponential, ExponentialMaxSize: 80, MaxModels: 20}, cfg.Metrics)
 	assert.Equal(t, TracesConfig{MaxHeldSpans: 1000, MaxHold: time.Minute, VerdictCacheSize: 2000}, cfg.Traces)
 }
 
@@ -83,6 +83,7 @@ func TestConfigInvalidReportsEveryProblem(t *testing.T) {
 		"sampling::normal_percent: must be within [0, 100], got 150",
 		"metrics::flush_interval: must be positive, got -1s",
 		"metrics::cardinality_limit: want at least 2 (one regular series plus the overflow series), got 1",
+		"metrics::max_models: must not be negative (0: no bound), got -3",
 		`metrics::dimensions::0: "gen_ai.request.model" is set by the aggregator itself`,
 		`metrics::temporality: want cumulative or delta, got "weekly"`,
 		`metrics::histogram: want explicit or exponential, got "linear"`,

@@ -211,6 +211,7 @@ func (c *core) sessionMetrics(now time.Time) pmetric.Metrics {
 	sm := rm.ScopeMetrics().AppendEmpty()
 	sm.Scope().SetName(metadata.ScopeName)
 	c.metrics.AppendTo(sm, now)
+	c.telemetry.reportOverflows(context.Background(), c.metrics.OverflowCount(), c.metrics.ModelOverflowCount())
 	return md
 }
 

@@ -542,6 +542,57 @@ func TestRefusalAfterFoldingIsNotReturned(t *testing.T) {
 	assert.ErrorIs(t, lp.ConsumeLogs(context.Background(), plain), refused, "no token events: the refusal is the sender's to handle")
 }
 
+// metrics::max_models: a client inventing model names gets one _OTHER
+// series, and the sessions recorded under it are counted.
+func TestMaxModelsGuard(t *testing.T) {
+	tel := componenttest.NewTelemetry()
+	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
+	cfg := createDefaultConfig()
+	cfg.Metrics.MaxModels = 1
+	set := processortest.NewNopSettings(metadata.Type)
+	set.TelemetrySettings = tel.NewTelemetrySettings()
+	f := NewFactory()
+	metSink := new(consumertest.MetricsSink)
+	lp, err := f.CreateLogs(context.Background(), set, cfg, consumertest.NewNop())
+	require.NoError(t, err)
+	mp, err := f.CreateMetrics(context.Background(), set, cfg, metSink)
+	require.NoError(t, err)
+	for _, c := range []component.Component{lp, mp} {
+		require.NoError(t, c.Start(context.Background(), componenttest.NewNopHost()))
+	}
+	var evs []tokenevent.Event
+	for i, model := range []string{"llama", "invented-1", "invented-2"} {
+		id := fmt.Sprint("s", i)
+		session := fastSession(id)
+		session[0].Model = model
+		evs = append(evs, session...)
+	}
+	require.NoError(t, lp.ConsumeLogs(context.Background(), events(evs...)))
+	for _, c := range []component.Component{lp, mp} {
+		require.NoError(t, c.Shutdown(context.Background()))
+	}
+	models := map[string]int64{}
+	for _, md := range metSink.AllMetrics() {
+		for _, rm := range md.ResourceMetrics().All() {
+			for _, sm := range rm.ScopeMetrics().All() {
+				for _, m := range sm.Metrics().All() {
+					if m.Name() != "llm.sessions" {
+						continue
+					}
+					for _, dp := range m.Sum().DataPoints().All() {
+						v, _ := dp.Attributes().Get("gen_ai.request.model")
+						models[v.AsString()] += dp.IntValue()
+					}
+				}
+			}
+		}
+	}
+	assert.Equal(t, map[string]int64{"llama": 1, "_OTHER": 2}, models)
+	m, err := tel.GetMetric("otelcol_processor_token_session_models_overflowed")
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), m.Data.(metricdata.Sum[int64]).DataPoints[0].Value)
+}
+
 // The span counters follow the held spans of TestTracesHeldUntilVerdict:
 // two held, one released with its kept session, one dropped with its
 // unsampled session and one dropped late.

@@ -43,6 +43,9 @@ type processorTelemetry struct {
 	// Accumulated under the core's lock, reported by reportCounters.
 	releasedSpans int64
 	droppedSpans  int64
+
+	// The aggregator's overflow counts already reported.
+	metricOverflows, modelOverflows uint64
 }
 
 func newProcessorTelemetry(set processor.Settings) (*processorTelemetry, error) {
@@ -136,6 +139,18 @@ func (t *processorTelemetry) spans(ctx context.Context, held, dropped, overflow 
 
 func (t *processorTelemetry) expired(ctx context.Context, n int) {
 	t.builder.ProcessorTokenSessionSpansExpired.Add(ctx, int64(n))
+}
+
+// reportOverflows reports what the metrics aggregator recorded under an
+// overflow since the last call; its counts are totals.
+func (t *processorTelemetry) reportOverflows(ctx context.Context, metricOverflows, modelOverflows uint64) {
+	if d := metricOverflows - t.metricOverflows; d > 0 {
+		t.builder.ProcessorTokenSessionMetricOverflows.Add(ctx, int64(d))
+	}
+	if d := modelOverflows - t.modelOverflows; d > 0 {
+		t.builder.ProcessorTokenSessionModelsOverflowed.Add(ctx, int64(d))
+	}
+	t.metricOverflows, t.modelOverflows = metricOverflows, modelOverflows
 }
 
 func (t *processorTelemetry) invalidRecords(ctx context.Context, n int) {

@@ -25,20 +25,22 @@ func Tracer(settings component.TelemetrySettings) trace.Tracer {
 // TelemetryBuilder provides an interface for components to report telemetry
 // as defined in metadata and user config.
 type TelemetryBuilder struct {
-	meter                                metric.Meter
-	mu                                   sync.Mutex
-	registrations                        []metric.Registration
-	ProcessorTokenSessionDisorderEvents  metric.Int64Counter
-	ProcessorTokenSessionInvalidRecords  metric.Int64Counter
-	ProcessorTokenSessionOutputFailures  metric.Int64Counter
-	ProcessorTokenSessionSessionsActive  metric.Int64ObservableGauge
-	ProcessorTokenSessionSessionsEnded   metric.Int64Counter
-	ProcessorTokenSessionSpansDelayed    metric.Int64Counter
-	ProcessorTokenSessionSpansDropped    metric.Int64Counter
-	ProcessorTokenSessionSpansExpired    metric.Int64Counter
-	ProcessorTokenSessionSpansHeld       metric.Int64ObservableGauge
-	ProcessorTokenSessionSpansOverflowed metric.Int64Counter
-	ProcessorTokenSessionSpansReleased   metric.Int64Counter
+	meter                                 metric.Meter
+	mu                                    sync.Mutex
+	registrations                         []metric.Registration
+	ProcessorTokenSessionDisorderEvents   metric.Int64Counter
+	ProcessorTokenSessionInvalidRecords   metric.Int64Counter
+	ProcessorTokenSessionMetricOverflows  metric.Int64Counter
+	ProcessorTokenSessionModelsOverflowed metric.Int64Counter
+	ProcessorTokenSessionOutputFailures   metric.Int64Counter
+	ProcessorTokenSessionSessionsActive   metric.Int64ObservableGauge
+	ProcessorTokenSessionSessionsEnded    metric.Int64Counter
+	ProcessorTokenSessionSpansDelayed     metric.Int64Counter
+	ProcessorTokenSessionSpansDropped     metric.Int64Counter
+	ProcessorTokenSessionSpansExpired     metric.Int64Counter
+	ProcessorTokenSessionSpansHeld        metric.Int64ObservableGauge
+	ProcessorTokenSessionSpansOverflowed  metric.Int64Counter
+	ProcessorTokenSessionSpansReleased    metric.Int64Counter
 }
 
 // TelemetryBuilderOption applies changes to default builder.
@@ -120,6 +122,18 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_processor_token_session_invalid_records",
 		metric.WithDescription("Token event records that could not be read; dropped. [Development]"),
 		metric.WithUnit("{record}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionMetricOverflows, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_metric_overflows",
+		metric.WithDescription("Recordings of the session metrics that went to the overflow series (otel.metric.overflow=true) because a metric had metrics::cardinality_limit attribute sets. [Development]"),
+		metric.WithUnit("{recording}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionModelsOverflowed, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_models_overflowed",
+		metric.WithDescription("Sessions whose model was recorded as _OTHER in the session metrics, metrics::max_models models having been seen already. [Development]"),
+		metric.WithUnit("{session}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionOutputFailures, err = builder.meter.Int64Counter(

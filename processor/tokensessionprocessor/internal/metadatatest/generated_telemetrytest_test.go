@@ -30,6 +30,8 @@ func TestSetupTelemetry(t *testing.T) {
 	}))
 	tb.ProcessorTokenSessionDisorderEvents.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionInvalidRecords.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionMetricOverflows.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionModelsOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionOutputFailures.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionSessionsEnded.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionSpansDelayed.Add(context.Background(), 1)
@@ -41,6 +43,12 @@ func TestSetupTelemetry(t *testing.T) {
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionInvalidRecords(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionMetricOverflows(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionModelsOverflowed(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionOutputFailures(t, testTel,
