@@ -10,6 +10,11 @@
 #   make check-generate    fails when the generated files are not current
 #   make bench   the Go benchmarks and bench/run.sh, into bench/results/
 #                (git-ignored; README.md keeps the figures of one dated run)
+#   make soak    vllmsim + the collector (proxy, scrape, token_session) +
+#                llmload at 200 streams for SOAK_DURATION (default 15m): RSS, CPU,
+#                goroutines and open files every 10 s, a report in
+#                SOAK_OUT (bench/results/soak); fails on a lost session or
+#                unbounded growth
 #   make demo    vllmsim + the collector + llmload, scenario by scenario, into a
 #                report folder (DURATION=10s per point, OUT=demo-report)
 
@@ -30,7 +35,7 @@ GO_SOURCES   := $(shell find . -name '*.go' -not -name '*_test.go' -not -path '.
                   -not -path './cmd/*' -not -path './bench/*' -not -path './internal/e2e/*' -not -path './internal/testbin/*') go.mod go.sum
 BENCHTIME    ?= 1s
 
-.PHONY: build run test fmt-check vet python-test go-test bench clean generate check-generate
+.PHONY: build run test fmt-check vet python-test go-test bench soak clean generate check-generate
 
 build: $(OTELCOL)
 
@@ -91,6 +96,14 @@ test: fmt-check vet python-test go-test
 # git-ignored folder, so that a run leaves the tree clean.
 bench: $(OTELCOL)
 	BENCHTIME=$(BENCHTIME) bench/run.sh
+
+SOAK_DURATION ?= 15m
+SOAK_OUT      ?= bench/results/soak
+
+# The collector as an agent under steady load for SOAK_DURATION (bench/soak):
+# the report's last line is "soak: <N> requests, <N> sessions counted, ...".
+soak: $(OTELCOL)
+	$(GO) run ./bench/soak -collector $(OTELCOL) -duration $(SOAK_DURATION) -out $(SOAK_OUT)
 
 # The demo's tools are rebuilt every time (go build caches); llmdemo starts
 # and stops every process it needs, on loopback only.

@@ -1,0 +1,173 @@
+//go:build linux
+
+// Package benchproc runs the processes of the benchmark and soak harnesses
+// (the collector, vllmsim, llmload) and reads what they cost from /proc and
+// from the collector's own telemetry. Linux only: it reads /proc, and every
+// process it starts dies with the harness (Pdeathsig).
+package benchproc // import "github.com/otelcol-llm/otelcol-llm/internal/benchproc"
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Process is a started command whose output goes to a log file.
+type Process struct {
+	Cmd     *exec.Cmd
+	LogPath string
+	Started time.Time
+	exited  chan struct{}
+}
+
+// Start starts bin with args, its stdout and stderr going to dir/name.log.
+func Start(bin, dir, name string, args ...string) (*Process, error) {
+	logPath := filepath.Join(dir, name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Never outlive the harness, however it ends.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p := &Process{Cmd: cmd, LogPath: logPath, exited: make(chan struct{})}
+	p.Started = time.Now()
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, err
+	}
+	go func() { _ = cmd.Wait(); logFile.Close(); close(p.exited) }()
+	return p, nil
+}
+
+// Pid is the process's ID.
+func (p *Process) Pid() int { return p.Cmd.Process.Pid }
+
+// Exited is closed when the process has ended.
+func (p *Process) Exited() <-chan struct{} { return p.exited }
+
+// Stop sends SIGTERM and waits up to limit for the process to end, then
+// kills it. It reports whether the process ended on SIGTERM.
+func (p *Process) Stop(limit time.Duration) bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+	}
+	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+		return true
+	case <-time.After(limit):
+		_ = p.Cmd.Process.Kill()
+		<-p.exited
+		return false
+	}
+}
+
+// CPU is the process's user and system CPU time so far.
+func (p *Process) CPU() (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces: count from its ')'.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0, errors.New("short /proc stat")
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	// USER_HZ is 100 on Linux.
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+}
+
+// RSS is the process's resident set size in bytes.
+func (p *Process) RSS() (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid()))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("no VmRSS in /proc status")
+}
+
+// OpenFiles is the number of the process's open file descriptors.
+func (p *Process) OpenFiles() (int, error) {
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.Pid()))
+	return len(entries), err
+}
+
+// SelfMetrics reads a Prometheus text endpoint (the collector's own
+// telemetry at addr, /metrics): each family's value summed over its series,
+// by name, for counters and gauges.
+func SelfMetrics(addr string) (map[string]float64, error) {
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for name, mf := range fams {
+		for _, m := range mf.GetMetric() {
+			switch {
+			case m.Gauge != nil:
+				out[name] += m.Gauge.GetValue()
+			case m.Counter != nil:
+				out[name] += m.Counter.GetValue()
+			}
+		}
+	}
+	return out, nil
+}
+
+// FreeAddr returns a loopback address nothing listens on now.
+func FreeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// WaitListening waits until addr accepts connections, at most limit.
+func WaitListening(addr string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not listening after %s: %w", addr, limit, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
