@@ -116,7 +116,7 @@ func (s *sink) session(t *testing.T, id string) []string {
 		if !tokenrecord.IsTokenEvent(lr) {
 			continue
 		}
-		require.NoError(t, tokenrecord.ReadRecord(lr, &ev, func(e *tokenevent.Event) {
+		require.NoError(t, tokenrecord.ReadRecord(lr, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) {
 			if e.SessionID == id {
 				out = append(out, strings.TrimSpace(string(tokenevent.AppendJSON(nil, e))))
 			}

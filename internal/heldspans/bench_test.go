@@ -65,7 +65,7 @@ func BenchmarkHold(b *testing.B) {
 				b.StopTimer()
 				if done > 0 {
 					for t := done/10 - batch/10; t < done/10; t++ {
-						buf.Release(benchTraceID(t), false, ptrace.Traces{})
+						buf.Release(benchTraceID(t), false, th0, ptrace.Traces{})
 					}
 				}
 				n := min(batch, b.N-done)
@@ -99,12 +99,12 @@ func BenchmarkVerdictHit(b *testing.B) {
 	ids := make([]pcommon.TraceID, n)
 	for i := range ids {
 		ids[i] = benchTraceID(i)
-		buf.Release(ids[i], i%2 == 0, ptrace.Traces{})
+		buf.Release(ids[i], i%2 == 0, th0, ptrace.Traces{})
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		if _, known := buf.Verdict(ids[(i*7919)%n]); !known {
+		if _, _, known := buf.Verdict(ids[(i*7919)%n]); !known {
 			b.Fatal("miss")
 		}
 	}
@@ -115,12 +115,12 @@ func BenchmarkVerdictHit(b *testing.B) {
 func BenchmarkVerdictInsert(b *testing.B) {
 	c := newVerdictCache(100_000)
 	for i := range 200_000 {
-		c.put(benchTraceID(i), true)
+		c.put(benchTraceID(i), true, th0)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		c.put(benchTraceID(200_000+i), i%2 == 0)
+		c.put(benchTraceID(200_000+i), i%2 == 0, th0)
 	}
 }
 
@@ -156,7 +156,7 @@ func BenchmarkRelease(b *testing.B) {
 				dst := ptrace.NewTraces()
 				b.StartTimer()
 				for t := range n {
-					if kept, dropped := buf.Release(benchTraceID(done+t), keep, dst); kept+dropped != 10 {
+					if kept, dropped := buf.Release(benchTraceID(done+t), keep, th0, dst); kept+dropped != 10 {
 						b.Fatalf("released %d+%d", kept, dropped)
 					}
 				}

@@ -14,8 +14,10 @@
 package heldspans // import "github.com/otelcol-llm/otelcol-llm/internal/heldspans"
 
 import (
+	"strings"
 	"time"
 
+	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 )
@@ -108,9 +110,12 @@ func (b *Buffer) hold(traceID pcommon.TraceID, res pcommon.Resource, resSchemaUR
 	return true
 }
 
-// Release ends holding for traceID with its verdict. Kept spans are moved into
-// dst, merged into a ResourceSpans and ScopeSpans of dst with an equal resource
-// and scope when there is one, else appended with their own; dropped spans are
+// Release ends holding for traceID with its verdict: keep, with threshold th
+// (the OTEP 235 sampling threshold of the trace), or drop. A trace kept before
+// stays kept, at the lower of the two thresholds. Kept spans get the
+// threshold in their tracestate (StampThreshold) and are moved into dst,
+// merged into a ResourceSpans and ScopeSpans of dst with an equal resource and
+// scope when there is one, else appended with their own; dropped spans are
 // discarded (dst is not touched and may be the zero Traces). The verdict is
 // cached either way, also for a trace with no held spans, so later spans of
 // the trace are decided by Verdict. It returns how many spans were kept and
@@ -118,8 +123,9 @@ func (b *Buffer) hold(traceID pcommon.TraceID, res pcommon.Resource, resSchemaUR
 //
 // Merging compares each released resource with those already in dst, so pass
 // a dst that collects one flush, not an ever-growing one.
-func (b *Buffer) Release(traceID pcommon.TraceID, keep bool, dst ptrace.Traces) (kept, dropped int) {
-	b.verdicts.put(traceID, keep)
+func (b *Buffer) Release(traceID pcommon.TraceID, keep bool, th sampling.Threshold, dst ptrace.Traces) (kept, dropped int) {
+	b.verdicts.put(traceID, keep, th)
+	keep, th, _ = b.verdicts.get(traceID)
 	t := b.traces[traceID]
 	if t == nil {
 		return 0, 0
@@ -128,14 +134,48 @@ func (b *Buffer) Release(traceID pcommon.TraceID, keep bool, dst ptrace.Traces) 
 	if !keep {
 		return 0, t.spans
 	}
+	for _, rs := range t.groups.All() {
+		for _, ss := range rs.ScopeSpans().All() {
+			for _, span := range ss.Spans().All() {
+				StampThreshold(span.TraceState(), th)
+			}
+		}
+	}
 	moveGroups(t.groups, dst)
 	return t.spans, 0
 }
 
-// Verdict returns the cached verdict for traceID and whether there is one, and
-// marks it most recently used. It does not allocate.
-func (b *Buffer) Verdict(traceID pcommon.TraceID) (keep, known bool) {
+// Verdict returns the cached verdict for traceID (with the threshold of a
+// keep) and whether there is one, and marks it most recently used. It does
+// not allocate.
+func (b *Buffer) Verdict(traceID pcommon.TraceID) (keep bool, th sampling.Threshold, known bool) {
 	return b.verdicts.get(traceID)
+}
+
+// KeptTrace reports whether traceID was kept, with its threshold: the
+// session table's TraceMemory.
+func (b *Buffer) KeptTrace(traceID pcommon.TraceID) (sampling.Threshold, bool) {
+	keep, th, _ := b.verdicts.get(traceID)
+	return th, keep
+}
+
+// StampThreshold writes th, the sampling threshold of a kept span, into its
+// W3C tracestate's OTel entry (ot=th:…), keeping the other entries and rv, so
+// that span metrics and samplers downstream weigh it right (OTEP 235). A
+// span already sampled at a higher threshold keeps it; a tracestate that does
+// not parse is left as it is.
+func StampThreshold(ts pcommon.TraceState, th sampling.Threshold) {
+	w3c, err := sampling.NewW3CTraceState(ts.AsRaw())
+	if err != nil {
+		return
+	}
+	if w3c.OTelValue().UpdateTValueWithSampling(th) != nil {
+		return
+	}
+	var b strings.Builder
+	if w3c.Serialize(&b) == nil {
+		ts.FromRaw(b.String())
+	}
 }
 
 // Expire moves into dst, as kept, every held trace whose first held span

@@ -1,6 +1,7 @@
 package heldspans
 
 import (
+	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
 	"testing"
 	"time"
 
@@ -106,7 +107,7 @@ func TestReleaseKeepGroupsByResourceAndScope(t *testing.T) {
 	assert.Equal(t, 1, b.HeldTraces())
 
 	dst := ptrace.NewTraces()
-	kept, dropped := b.Release(trace, true, dst)
+	kept, dropped := b.Release(trace, true, th0, dst)
 	assert.Equal(t, 5, kept)
 	assert.Equal(t, 0, dropped)
 	assert.Equal(t, []string{
@@ -129,7 +130,7 @@ func TestReleaseKeepGroupsByResourceAndScope(t *testing.T) {
 	assert.Equal(t, trace, sp.TraceID())
 	assert.Equal(t, map[string]any{"gen_ai.request.model": "llama-3-8b"}, sp.Attributes().AsRaw())
 
-	keep, known := b.Verdict(trace)
+	keep, _, known := b.Verdict(trace)
 	assert.True(t, keep)
 	assert.True(t, known)
 }
@@ -143,7 +144,7 @@ func TestResourceSchemaURLAndDroppedCountSeparateGroups(t *testing.T) {
 	other.hold(b, tid(1), "b", t0)
 	dropped.hold(b, tid(1), "c", t0)
 	dst := ptrace.NewTraces()
-	b.Release(tid(1), true, dst)
+	b.Release(tid(1), true, th0, dst)
 	assert.Equal(t, []string{"vllm/s: a", "vllm/s: b", "vllm/s: c"}, layout(dst))
 }
 
@@ -155,9 +156,9 @@ func TestReleaseMergesIntoEqualGroupsOfDst(t *testing.T) {
 	newSource("gateway", "otelhttp").hold(b, tid(3), "three", t0)
 
 	dst := ptrace.NewTraces()
-	b.Release(tid(1), true, dst)
-	b.Release(tid(2), true, dst)
-	b.Release(tid(3), true, dst)
+	b.Release(tid(1), true, th0, dst)
+	b.Release(tid(2), true, th0, dst)
+	b.Release(tid(3), true, th0, dst)
 	assert.Equal(t, []string{
 		"vllm/vllm.tracing: one two",
 		"vllm/vllm.other: two-b",
@@ -173,7 +174,7 @@ func TestReleaseDropDiscardsAndCounts(t *testing.T) {
 	src.hold(b, tid(2), "other", t0)
 
 	dst := ptrace.NewTraces()
-	kept, dropped := b.Release(tid(1), false, dst)
+	kept, dropped := b.Release(tid(1), false, th0, dst)
 	assert.Equal(t, 0, kept)
 	assert.Equal(t, 2, dropped)
 	assert.Equal(t, 0, dst.ResourceSpans().Len())
@@ -181,7 +182,7 @@ func TestReleaseDropDiscardsAndCounts(t *testing.T) {
 	assert.Equal(t, []byte{2}, arrivalOrder(t, b))
 
 	// A drop never touches dst, so the zero Traces is fine there.
-	kept, dropped = b.Release(tid(2), false, ptrace.Traces{})
+	kept, dropped = b.Release(tid(2), false, th0, ptrace.Traces{})
 	assert.Equal(t, 0, kept)
 	assert.Equal(t, 1, dropped)
 }
@@ -191,16 +192,16 @@ func TestVerdictDecidesLateSpans(t *testing.T) {
 	src := newSource("vllm", "s")
 	src.hold(b, tid(1), "a", t0)
 	src.hold(b, tid(2), "b", t0)
-	b.Release(tid(1), true, ptrace.NewTraces())
-	b.Release(tid(2), false, ptrace.NewTraces())
+	b.Release(tid(1), true, th0, ptrace.NewTraces())
+	b.Release(tid(2), false, th0, ptrace.NewTraces())
 
-	keep, known := b.Verdict(tid(1))
+	keep, _, known := b.Verdict(tid(1))
 	assert.True(t, known)
 	assert.True(t, keep)
-	keep, known = b.Verdict(tid(2))
+	keep, _, known = b.Verdict(tid(2))
 	assert.True(t, known)
 	assert.False(t, keep)
-	_, known = b.Verdict(tid(3))
+	_, _, known = b.Verdict(tid(3))
 	assert.False(t, known)
 	assert.Equal(t, 2, b.CachedVerdicts())
 }
@@ -209,17 +210,17 @@ func TestVerdictCacheBoundEvictsLeastRecentlyUsed(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.VerdictCacheSize = 2
 	b := newBuffer(t, cfg)
-	b.Release(tid(1), true, ptrace.NewTraces())
-	b.Release(tid(2), false, ptrace.NewTraces())
-	_, known := b.Verdict(tid(1)) // 2 becomes least recently used
+	b.Release(tid(1), true, th0, ptrace.NewTraces())
+	b.Release(tid(2), false, th0, ptrace.NewTraces())
+	_, _, known := b.Verdict(tid(1)) // 2 becomes least recently used
 	require.True(t, known)
-	b.Release(tid(3), true, ptrace.NewTraces())
+	b.Release(tid(3), true, th0, ptrace.NewTraces())
 
-	_, known = b.Verdict(tid(2))
+	_, _, known = b.Verdict(tid(2))
 	assert.False(t, known)
-	_, known = b.Verdict(tid(1))
+	_, _, known = b.Verdict(tid(1))
 	assert.True(t, known)
-	_, known = b.Verdict(tid(3))
+	_, _, known = b.Verdict(tid(3))
 	assert.True(t, known)
 	assert.Equal(t, 2, b.CachedVerdicts())
 }
@@ -227,20 +228,72 @@ func TestVerdictCacheBoundEvictsLeastRecentlyUsed(t *testing.T) {
 func TestReleaseUnknownTraceCachesVerdict(t *testing.T) {
 	b := newBuffer(t, DefaultConfig())
 	dst := ptrace.NewTraces()
-	kept, dropped := b.Release(tid(9), true, dst)
+	kept, dropped := b.Release(tid(9), true, th0, dst)
 	assert.Equal(t, 0, kept)
 	assert.Equal(t, 0, dropped)
 	assert.Equal(t, 0, dst.ResourceSpans().Len())
-	keep, known := b.Verdict(tid(9))
+	keep, _, known := b.Verdict(tid(9))
 	assert.True(t, known)
 	assert.True(t, keep)
 
-	// Releasing twice is as harmless, and the later verdict wins.
-	kept, dropped = b.Release(tid(9), false, dst)
+	// Releasing twice is as harmless, and a keep is permanent: the trace
+	// was kept once (an agent's first model call), a later call's drop
+	// does not undo it.
+	kept, dropped = b.Release(tid(9), false, th0, dst)
 	assert.Equal(t, 0, kept+dropped)
-	keep, known = b.Verdict(tid(9))
+	keep, _, known = b.Verdict(tid(9))
 	assert.True(t, known)
-	assert.False(t, keep)
+	assert.True(t, keep)
+
+	// A drop is not: a later keep of the trace wins.
+	b.Release(tid(8), false, th0, dst)
+	b.Release(tid(8), true, th0, dst)
+	keep, _, _ = b.Verdict(tid(8))
+	assert.True(t, keep)
+}
+
+// Released spans carry the trace's sampling threshold in their tracestate,
+// with their own entries kept; the lowest threshold of the trace's keeps
+// wins, and a span already sampled at a higher one keeps its own.
+func TestReleaseStampsThreshold(t *testing.T) {
+	b := newBuffer(t, DefaultConfig())
+	src := newSource("gateway", "scope")
+	th := func(s string) sampling.Threshold {
+		v, err := sampling.TValueToThreshold(s)
+		require.NoError(t, err)
+		return v
+	}
+	plain := src.span(tid(1), "plain")
+	vendor := src.span(tid(1), "vendor")
+	vendor.TraceState().FromRaw("vendor=x,ot=rv:ffffffffffffff")
+	strict := src.span(tid(1), "strict")
+	strict.TraceState().FromRaw("ot=th:ff")
+	for _, sp := range []ptrace.Span{plain, vendor, strict} {
+		require.True(t, b.Hold(tid(1), src.rs.Resource(), "", src.ss.Scope(), "", sp, t0))
+	}
+	b.Release(tid(2), true, th("c"), ptrace.NewTraces()) // another trace: no effect
+	dst := ptrace.NewTraces()
+	kept, _ := b.Release(tid(1), true, th("8"), dst)
+	require.Equal(t, 3, kept)
+	// The trace calls the model again; that session is kept at a higher
+	// threshold: the trace's lower one stays.
+	b.Hold(tid(1), src.rs.Resource(), "", src.ss.Scope(), "", src.span(tid(1), "late"), t0)
+	kept, _ = b.Release(tid(1), true, th("c"), dst)
+	require.Equal(t, 1, kept)
+	got := map[string]string{}
+	for _, rs := range dst.ResourceSpans().All() {
+		for _, ss := range rs.ScopeSpans().All() {
+			for _, sp := range ss.Spans().All() {
+				got[sp.Name()] = sp.TraceState().AsRaw()
+			}
+		}
+	}
+	assert.Equal(t, map[string]string{
+		"plain":  "ot=th:8",
+		"vendor": "ot=rv:ffffffffffffff;th:8,vendor=x",
+		"strict": "ot=th:ff",
+		"late":   "ot=th:8",
+	}, got)
 }
 
 func TestMaxHeldSpansRefusesAndFreesOnRelease(t *testing.T) {
@@ -256,14 +309,14 @@ func TestMaxHeldSpansRefusesAndFreesOnRelease(t *testing.T) {
 	assert.Equal(t, 3, b.HeldSpans())
 	assert.Equal(t, []byte{1, 2}, arrivalOrder(t, b))
 
-	_, dropped := b.Release(tid(1), false, ptrace.NewTraces())
+	_, dropped := b.Release(tid(1), false, th0, ptrace.NewTraces())
 	assert.Equal(t, 2, dropped)
 	require.True(t, src.hold(b, tid(3), "e", t0))
 	require.True(t, src.hold(b, tid(3), "f", t0))
 	assert.False(t, src.hold(b, tid(3), "g", t0))
 
 	dst := ptrace.NewTraces()
-	kept, _ := b.Release(tid(2), true, dst)
+	kept, _ := b.Release(tid(2), true, th0, dst)
 	assert.Equal(t, 1, kept)
 	assert.Equal(t, []string{"vllm/s: c"}, layout(dst), "the refused span d was never held")
 }
@@ -282,7 +335,7 @@ func TestExpireReleasesOnlyOldTracesInArrivalOrder(t *testing.T) {
 	assert.Equal(t, []byte{1, 2, 3, 4}, arrivalOrder(t, b))
 
 	// Trace 3 gets its verdict early: it leaves the order from the middle.
-	b.Release(tid(3), false, ptrace.NewTraces())
+	b.Release(tid(3), false, th0, ptrace.NewTraces())
 	assert.Equal(t, []byte{1, 2, 4}, arrivalOrder(t, b))
 
 	dst := ptrace.NewTraces()
@@ -296,7 +349,7 @@ func TestExpireReleasesOnlyOldTracesInArrivalOrder(t *testing.T) {
 
 	// Expired traces get no verdict: a later span of theirs is held again,
 	// with a fresh wait, behind the traces already waiting.
-	_, known := b.Verdict(tid(1))
+	_, _, known := b.Verdict(tid(1))
 	assert.False(t, known)
 	src.hold(b, tid(1), "1c", t0.Add(7*time.Minute))
 	assert.Equal(t, []byte{4, 1}, arrivalOrder(t, b))
@@ -351,7 +404,7 @@ func TestHoldCopiesSpanResourceAndScope(t *testing.T) {
 	src.ss.Spans().RemoveIf(func(ptrace.Span) bool { return true })
 
 	dst := ptrace.NewTraces()
-	b.Release(tid(1), true, dst)
+	b.Release(tid(1), true, th0, dst)
 	assert.Equal(t, []string{"vllm/vllm.tracing: llm_request"}, layout(dst))
 	got := dst.ResourceSpans().At(0).ScopeSpans().At(0).Spans().At(0)
 	assert.Equal(t, map[string]any{"gen_ai.request.model": "llama-3-8b"}, got.Attributes().AsRaw())
@@ -360,7 +413,7 @@ func TestHoldCopiesSpanResourceAndScope(t *testing.T) {
 
 func TestVerdictDoesNotAllocate(t *testing.T) {
 	b := newBuffer(t, DefaultConfig())
-	b.Release(tid(1), true, ptrace.NewTraces())
+	b.Release(tid(1), true, th0, ptrace.NewTraces())
 	allocs := testing.AllocsPerRun(100, func() {
 		b.Verdict(tid(1))
 		b.Verdict(tid(2))
@@ -392,10 +445,13 @@ func TestHoldMoveTakesSpansOutOfTheBatch(t *testing.T) {
 
 	src.rs.Resource().Attributes().PutStr("service.name", "mutated")
 	dst := ptrace.NewTraces()
-	kept, _ := b.Release(tid(1), true, dst)
+	kept, _ := b.Release(tid(1), true, th0, dst)
 	assert.Equal(t, 2, kept)
 	assert.Equal(t, []string{"vllm/vllm.tracing: held-a held-b"}, layout(dst))
 	got := dst.ResourceSpans().At(0).ScopeSpans().At(0).Spans().At(1)
 	assert.Equal(t, tid(1), got.TraceID())
 	assert.Equal(t, map[string]any{"gen_ai.request.model": "llama-3-8b"}, got.Attributes().AsRaw())
 }
+
+// th0 is the threshold of a trace every sampler keeps.
+var th0 = sampling.AlwaysSampleThreshold

@@ -1,6 +1,9 @@
 package heldspans // import "github.com/otelcol-llm/otelcol-llm/internal/heldspans"
 
-import "go.opentelemetry.io/collector/pdata/pcommon"
+import (
+	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+)
 
 // verdictCache is a fixed-size LRU of sampling verdicts keyed by trace ID.
 // Entries are preallocated and linked by index, most recently used first, so
@@ -20,6 +23,7 @@ type verdictEntry struct {
 	id         pcommon.TraceID
 	prev, next int32
 	keep       bool
+	th         sampling.Threshold // of a keep
 }
 
 const none int32 = -1
@@ -34,20 +38,29 @@ func newVerdictCache(size int) *verdictCache {
 }
 
 // get returns the verdict for id and marks it most recently used.
-func (c *verdictCache) get(id pcommon.TraceID) (keep, known bool) {
+func (c *verdictCache) get(id pcommon.TraceID) (keep bool, th sampling.Threshold, known bool) {
 	i, ok := c.index[id]
 	if !ok {
-		return false, false
+		return false, sampling.NeverSampleThreshold, false
 	}
 	c.toFront(i)
-	return c.entries[i].keep, true
+	return c.entries[i].keep, c.entries[i].th, true
 }
 
 // put records the verdict for id as most recently used, evicting the least
-// recently used entry when the cache is full.
-func (c *verdictCache) put(id pcommon.TraceID, keep bool) {
+// recently used entry when the cache is full. A keep is never overwritten by
+// a drop, and a kept trace's threshold only goes down: a trace kept once
+// stays kept when it calls the model again.
+func (c *verdictCache) put(id pcommon.TraceID, keep bool, th sampling.Threshold) {
+	if !keep {
+		th = sampling.NeverSampleThreshold
+	}
 	if i, ok := c.index[id]; ok {
-		c.entries[i].keep = keep
+		e := &c.entries[i]
+		if keep && (!e.keep || sampling.ThresholdLessThan(th, e.th)) {
+			e.th = th
+		}
+		e.keep = e.keep || keep
 		c.toFront(i)
 		return
 	}
@@ -60,7 +73,7 @@ func (c *verdictCache) put(id pcommon.TraceID, keep bool) {
 		c.unlink(i)
 		delete(c.index, c.entries[i].id)
 	}
-	c.entries[i] = verdictEntry{id: id, keep: keep, prev: none, next: none}
+	c.entries[i] = verdictEntry{id: id, keep: keep, th: th, prev: none, next: none}
 	c.pushFront(i)
 	c.index[id] = i
 }

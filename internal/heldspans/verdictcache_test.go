@@ -27,41 +27,41 @@ func lruOrder(t *testing.T, c *verdictCache) []byte {
 
 func TestVerdictCacheEvictsLeastRecentlyUsed(t *testing.T) {
 	c := newVerdictCache(3)
-	c.put(tid(1), true)
-	c.put(tid(2), false)
-	c.put(tid(3), true)
+	c.put(tid(1), true, th0)
+	c.put(tid(2), false, th0)
+	c.put(tid(3), true, th0)
 	assert.Equal(t, []byte{3, 2, 1}, lruOrder(t, c))
 
-	keep, known := c.get(tid(1)) // refreshes 1: 2 is now the oldest
+	keep, _, known := c.get(tid(1)) // refreshes 1: 2 is now the oldest
 	assert.True(t, keep)
 	assert.True(t, known)
 	assert.Equal(t, []byte{1, 3, 2}, lruOrder(t, c))
 
-	c.put(tid(4), false)
+	c.put(tid(4), false, th0)
 	assert.Equal(t, []byte{4, 1, 3}, lruOrder(t, c))
-	_, known = c.get(tid(2))
+	_, _, known = c.get(tid(2))
 	assert.False(t, known, "2 was least recently used")
 
-	c.put(tid(3), false) // update in place refreshes and evicts nothing
+	c.put(tid(3), false, th0) // update in place refreshes and evicts nothing
 	assert.Equal(t, []byte{3, 4, 1}, lruOrder(t, c))
-	keep, known = c.get(tid(3))
-	assert.False(t, keep)
+	keep, _, known = c.get(tid(3))
+	assert.True(t, keep, "a keep is not undone")
 	assert.True(t, known)
 
-	c.put(tid(5), true)
-	c.put(tid(6), true)
+	c.put(tid(5), true, th0)
+	c.put(tid(6), true, th0)
 	assert.Equal(t, []byte{6, 5, 3}, lruOrder(t, c))
 	assert.Equal(t, 3, c.len())
 }
 
 func TestVerdictCacheOfOne(t *testing.T) {
 	c := newVerdictCache(1)
-	c.put(tid(1), true)
-	c.put(tid(1), false)
+	c.put(tid(1), true, th0)
+	c.put(tid(1), false, th0)
 	assert.Equal(t, []byte{1}, lruOrder(t, c))
-	c.put(tid(2), true)
+	c.put(tid(2), true, th0)
 	assert.Equal(t, []byte{2}, lruOrder(t, c))
-	_, known := c.get(tid(1))
+	_, _, known := c.get(tid(1))
 	assert.False(t, known)
 }
 
@@ -76,14 +76,14 @@ func TestVerdictCacheDoesNotAllocateInSteadyState(t *testing.T) {
 	// tombstones, and the map may grow once before it reaches a steady size.
 	for range 64 {
 		for _, id := range ids {
-			c.put(id, true)
+			c.put(id, true, th0)
 		}
 	}
 	n := 0
 	allocs := testing.AllocsPerRun(1000, func() {
-		c.put(ids[n%len(ids)], n%2 == 0) // always a miss: evicts
-		c.get(ids[n%len(ids)])           // hit
-		c.get(pcommon.TraceID{0xff})     // miss
+		c.put(ids[n%len(ids)], n%2 == 0, th0) // always a miss: evicts
+		c.get(ids[n%len(ids)])                // hit
+		c.get(pcommon.TraceID{0xff})          // miss
 		n++
 	})
 	assert.Zero(t, allocs)

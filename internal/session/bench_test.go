@@ -13,6 +13,7 @@ import (
 type nopObserver struct{}
 
 func (nopObserver) Started(*Session) *struct{}                    { return nil }
+func (nopObserver) Restarted(*Session, *struct{}) *struct{}       { return nil }
 func (nopObserver) Gap(*Session, *struct{}, time.Duration, int64) {}
 
 func sessionIDs(n int) []string {

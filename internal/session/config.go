@@ -29,8 +29,18 @@ type Config struct {
 	// MaxStallRecords bounds the stall episodes a session keeps in detail
 	// (for span events); all are counted.
 	MaxStallRecords int
+	// DeliverySlack is how late a source's events may arrive before its
+	// silence counts against its sessions. Freezes are judged on the
+	// engine's clock: a session is frozen when its source's latest engine
+	// time is StallConsecutive×StallGap past the session's last token. When
+	// the source itself goes quiet, its engine time is taken to advance
+	// with the collector's clock after DeliverySlack.
+	DeliverySlack time.Duration
 	// IdleTimeout ends a session that has received no event for this long.
 	IdleTimeout time.Duration
+	// MaxFutureSkew rejects an event stamped further ahead of the
+	// collector's clock than this (a hook with a bad clock).
+	MaxFutureSkew time.Duration
 	// MaxActive bounds the session table; a new session beyond it evicts the
 	// least recently active one.
 	MaxActive int
@@ -59,6 +69,11 @@ type SamplingConfig struct {
 // maxWindow bounds Window; a session's window is indexed with 16 bits.
 const maxWindow = 4096
 
+// maxBeforeStart is how far before its session's start an event may be
+// stamped (clocks of one host, read at different points of the request)
+// before it is rejected as impossible.
+const maxBeforeStart = time.Second
+
 // DefaultConfig returns the defaults, which the token_session processor's
 // README lists with each key.
 func DefaultConfig() Config {
@@ -67,7 +82,9 @@ func DefaultConfig() Config {
 		StallGap:         150 * time.Millisecond,
 		StallConsecutive: 3,
 		MaxStallRecords:  8,
+		DeliverySlack:    500 * time.Millisecond,
 		IdleTimeout:      5 * time.Minute,
+		MaxFutureSkew:    time.Minute,
 		MaxActive:        100_000,
 		EndedMemory:      16_384,
 		Sampling: SamplingConfig{
@@ -108,7 +125,9 @@ func (c Config) Validate() error {
 	if c.MaxStallRecords < 0 {
 		errs = append(errs, fmt.Errorf("stall::max_records: must not be negative, got %d", c.MaxStallRecords))
 	}
+	nonNegativeDuration("stall::delivery_slack", c.DeliverySlack)
 	positiveDuration("session::idle_timeout", c.IdleTimeout)
+	positiveDuration("session::max_future_skew", c.MaxFutureSkew)
 	positive("session::max_active", c.MaxActive)
 	positive("session::ended_memory", c.EndedMemory)
 	nonNegativeDuration("sampling::ttft", c.Sampling.TTFT)

@@ -34,8 +34,17 @@ var outcomeNames = [...]string{"active", "completed", "error", "aborted", "timeo
 func (o Outcome) String() string { return outcomeNames[o] }
 
 // finishReasonAbort is the finish reason vLLM (and the proxy) give an
-// aborted request.
-const finishReasonAbort = "abort"
+// aborted request; finishReasonError the one newer vLLM gives a request
+// that failed in the engine.
+const (
+	finishReasonAbort = "abort"
+	finishReasonError = "error"
+)
+
+// ErrorTypeEngine is the error type of a session whose engine said it
+// failed without saying how (finish_reason "error"), as the proxy names
+// an engine's error sent mid-stream.
+const ErrorTypeEngine = "engine_error"
 
 // Reason is the set of sampling rules that kept a session.
 type Reason uint8
@@ -48,9 +57,16 @@ const (
 	ReasonTimeout
 	// ReasonProbabilistic: kept by the NormalPercent draw, no rule matched.
 	ReasonProbabilistic
+	// ReasonTrace: no rule matched, but another session of its trace was
+	// kept; a keep holds for the whole trace.
+	ReasonTrace
+	// ReasonCorrected: kept early (a TTFT breach, a freeze) on figures that
+	// late or reordered events later corrected, so no rule matches at the
+	// end; the trace had been released as kept, and a keep is not undone.
+	ReasonCorrected
 )
 
-var reasonNames = [...]string{"ttft", "tpot", "stall", "error", "timeout", "probabilistic"}
+var reasonNames = [...]string{"ttft", "tpot", "stall", "error", "timeout", "probabilistic", "trace", "corrected"}
 
 // String lists the reasons joined by commas, e.g. "ttft,stall".
 func (r Reason) String() string {
@@ -81,16 +97,16 @@ type Stall struct {
 	Freeze bool
 }
 
-// Session is one streamed request. The Table owns it: an Observer may read
-// it during a call, and a Report's user until it releases the Report; none
-// may keep it afterwards (it is reused).
+// Session is one request, streamed or not. The Table owns it: an Observer
+// may read it during a call, and a Report's user until it releases the
+// Report; none may keep it afterwards (it is reused).
 //
 // Its size matters (issue 7: at most 512 B per in-flight session): the
 // word-sized fields come first and the small ones last so that no padding
 // sits between them, the gap window lives in the Table's dense array, and
-// what few sessions have sits behind one pointer (extra). 224 B; with the
-// Observer's state beside it (the Table's entry) 232 B, in the 240 B size
-// class. TestSessionSize guards both.
+// what few sessions have sits behind one pointer (extra). 248 B; with the
+// Observer's state beside it (the Table's entry) 256 B, a size class of its
+// own. TestSessionSize guards both.
 type Session struct {
 	ID           string
 	TraceID      pcommon.TraceID
@@ -107,8 +123,9 @@ type Session struct {
 	// Tokens is the sum of the token events' counts; Chunks the events.
 	Tokens, Chunks int64
 	MaxGap         time.Duration
-	WindowTPOTMax  time.Duration
-	StallCount     int
+	// WindowTPOTMax is the highest window TPOT over full windows (a session
+	// with fewer gaps than the window has none).
+	WindowTPOTMax time.Duration
 
 	// Threshold is part of the verdict (see Keep).
 	Threshold sampling.Threshold
@@ -123,7 +140,15 @@ type Session struct {
 	// slowSince is the time of the token after which the run of slow gaps
 	// (slowRun) began.
 	slowSince int64
+	// seqNext is 1 + the highest token seq seen (0 before any); seqSeen
+	// marks which of the 64 seqs up to it were seen, bit i for seqNext-1-i.
+	seqNext int64
+	seqSeen uint64
+	// source is the watermark of the source whose events the session
+	// comes from (its engine).
+	source *source
 
+	StallCount int32
 	// slowRun counts the consecutive slow per-token gaps.
 	slowRun int32
 	// slot is the session's index in the table's dense arrays.
@@ -136,11 +161,17 @@ type Session struct {
 	// HasStart is false while the session was created by a token event that
 	// overtook its start (UDP reordering).
 	HasStart bool
+	// NoStream: the request was not streamed (one response with every
+	// token): no first token, TPOT, gaps or stalls are measured.
+	NoStream bool
 	// Verdict, final at the end; Keep may be set early (TTFT, stall).
 	Keep    bool
 	Reasons Reason
 	Outcome Outcome
 	inStall bool
+	// inFreeze: the open stall episode is a freeze, withdrawn if a token
+	// stamped before it began arrives late.
+	inFreeze bool
 }
 
 // extra is what most sessions do not have: start attributes (the proxy
@@ -149,6 +180,41 @@ type Session struct {
 type extra struct {
 	attributes []tokenevent.Attribute
 	stalls     []Stall
+	// traceState is the caller's tracestate, when it parsed; rv and
+	// upstream its OTel entry's randomness and threshold, if present.
+	traceState  string
+	rv          sampling.Randomness
+	upstream    sampling.Threshold
+	hasRV       bool
+	hasUpstream bool
+}
+
+// TraceState is the caller's W3C tracestate, "" when none was given (or
+// it did not parse). The session span's tracestate is built on it.
+func (s *Session) TraceState() string {
+	if s.extra == nil {
+		return ""
+	}
+	return s.extra.traceState
+}
+
+// randomness is the session's sampling randomness: the caller's explicit
+// rv when it gave one, else the trace ID's (OTEP 235).
+func (s *Session) randomness() sampling.Randomness {
+	if x := s.extra; x != nil && x.hasRV {
+		return x.rv
+	}
+	return sampling.TraceIDToRandomness(s.TraceID)
+}
+
+// upstreamThreshold is the head-sampling threshold the caller's tracestate
+// says the trace was sampled with, when it has one this session's
+// randomness passes; ok is false otherwise.
+func (s *Session) upstreamThreshold() (sampling.Threshold, bool) {
+	if x := s.extra; x != nil && x.hasUpstream && x.upstream.ShouldSample(s.randomness()) {
+		return x.upstream, true
+	}
+	return sampling.Threshold{}, false
 }
 
 // Attributes are the start event's extra attributes.
@@ -174,8 +240,11 @@ func (s *Session) ensureExtra() *extra {
 	return s.extra
 }
 
-// End is what the end event said; the zero End with CompletionTokens -1
-// when the session ended without one (timeout, eviction, shutdown).
+// End is what the end event said. When the session ended without one
+// (timeout, eviction, shutdown), CompletionTokens is -1 and Time is 0, or,
+// for a session that had no token, when it was ended, on the engine's
+// clock: the worst requests, stuck before their first token, last until
+// the collector gave up on them.
 type End struct {
 	Time             int64
 	CompletionTokens int64
@@ -183,7 +252,8 @@ type End struct {
 	ErrorType        string
 }
 
-// TTFT is the time from start to first token; ok is false without both.
+// TTFT is the time from start to first token; ok is false without both
+// (a request not streamed has no first token).
 func (s *Session) TTFT() (d time.Duration, ok bool) {
 	if s.StartTime == 0 || s.FirstTokenTime == 0 {
 		return 0, false

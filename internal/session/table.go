@@ -24,6 +24,10 @@ type Observer[S any] interface {
 	// Gap: n per-token gaps of g each (a chunk of n tokens arriving g·n
 	// after the previous one); state is what Started returned for s.
 	Gap(s *Session, state S, g time.Duration, n int64)
+	// Restarted: the start of a session opened by an earlier token event
+	// arrived and filled in its model, engine and attributes; the state
+	// returned replaces state.
+	Restarted(s *Session, state S) S
 }
 
 // ReportKind is what a Report tells.
@@ -35,7 +39,7 @@ const (
 	ReportStalled ReportKind = iota + 1
 	// ReportKeptEarly: the session's verdict became keep before its end (a
 	// TTFT breach at the first token, or a stall), so the trace can be
-	// released.
+	// released (Report.Trace).
 	ReportKeptEarly
 	// ReportEnded: the session ended and its verdict is final (Report.End
 	// and Trace). It is the session's last report.
@@ -59,9 +63,9 @@ type Report[S any] struct {
 	StallCount int
 	Chunks     int64
 
-	// End and Trace are those of a ReportEnded: what the end event said,
-	// and whether this was the last active session of its trace (Done) and
-	// any session of the trace was kept (Kept).
+	// End is that of a ReportEnded: what the end event said. Trace is the
+	// verdict on the session's trace after a ReportEnded or
+	// ReportKeptEarly.
 	End   End
 	Trace TraceVerdict
 
@@ -77,13 +81,24 @@ type entry[S any] struct {
 	state S
 }
 
-// TraceVerdict is the state of a session's trace when the session ends.
+// TraceVerdict is the state of a session's trace when the session ends
+// or is kept early.
 type TraceVerdict struct {
 	// Done: no other active session shares the trace ID.
 	Done bool
-	// Kept: some session of the trace was kept.
+	// Kept: some session of the trace was kept, now or before (a keep
+	// holds for the whole trace).
 	Kept bool
+	// Threshold is the trace's sampling threshold when Kept: the lowest of
+	// its kept sessions', which every kept span of the trace carries.
+	Threshold sampling.Threshold
 }
+
+// TraceMemory tells the verdict given to a trace whose sessions have all
+// ended: kept, and with which threshold. The token_session processor
+// answers from its verdict cache, so that a trace once kept stays kept
+// when it calls the model again.
+type TraceMemory func(pcommon.TraceID) (th sampling.Threshold, kept bool)
 
 // Counters count the events the table could not use as they came; they
 // only grow.
@@ -100,6 +115,21 @@ type Counters struct {
 	// OutOfOrder token events were older than the session's latest token
 	// (or its start); they count as tokens but make no gap.
 	OutOfOrder uint64
+	// FutureEvents were stamped more than MaxFutureSkew ahead of the
+	// collector's clock, by kind (start, token, end); they are dropped.
+	FutureEvents [3]uint64
+	// EventsBeforeStart were stamped more than a second before their
+	// session's start, by kind (token, end; a start is never); dropped.
+	EventsBeforeStart [3]uint64
+	// DuplicateTokens repeated the seq of a token event already folded
+	// (a retry), or were too old to tell; they are dropped.
+	DuplicateTokens uint64
+	// WithdrawnFreezes were reported and then withdrawn, because a token
+	// stamped before the freeze began arrived late.
+	WithdrawnFreezes uint64
+	// InvalidTraceStates came on a start and could not be parsed; the
+	// session is sampled on its trace ID alone.
+	InvalidTraceStates uint64
 }
 
 // Table holds the active sessions and the state S its Observer keeps for
@@ -109,6 +139,11 @@ type Table[S any] struct {
 	obs         Observer[S]
 	normal      sampling.Threshold
 	freezeAfter int64
+	memory      TraceMemory
+
+	// sources are the watermarks of the sources sessions come from, by
+	// engine, each counting the active sessions that point to it.
+	sources map[string]*source
 
 	sessions map[string]*entry[S]
 	// last is the session Apply found last, checked before the map: the
@@ -135,6 +170,8 @@ type Table[S any] struct {
 
 // clock holds the collector times Tick looks at.
 type clock struct {
+	// firstSeen is when the session's first event arrived.
+	firstSeen int64
 	// lastSeen is when the latest event arrived.
 	lastSeen int64
 	// lastTokenSeen is when the latest token arrived while decoding; 0
@@ -145,6 +182,30 @@ type clock struct {
 type traceRef struct {
 	active int32
 	kept   bool
+	// th is the lowest threshold of the trace's kept sessions.
+	th sampling.Threshold
+}
+
+// source is the engine clock as one source's events show it: the latest
+// engine time seen and when (collector time) the source last sent
+// anything. A session is frozen when the source has moved on past its last
+// token, whatever the delivery lag; a silent source's clock is taken to run
+// on after the delivery slack.
+type source struct {
+	engineTime int64
+	seenAt     int64
+	sessions   int32
+	key        string
+}
+
+// engineNow estimates the source's engine clock at collector time now.
+func (src *source) engineNow(now int64, slack int64) int64 {
+	return src.engineTime + max(0, now-src.seenAt-slack)
+}
+
+func (src *source) observe(at, now int64) {
+	src.engineTime = max(src.engineTime, at)
+	src.seenAt = now
 }
 
 // NewTable returns an empty table.
@@ -168,6 +229,7 @@ func NewTable[S any](cfg Config, obs Observer[S]) (*Table[S], error) {
 		normal:      normal,
 		freezeAfter: int64(cfg.StallGap) * int64(cfg.StallConsecutive),
 		sessions:    make(map[string]*entry[S]),
+		sources:     make(map[string]*source),
 		traces:      make(map[pcommon.TraceID]traceRef),
 		ended:       newEndedSet(cfg.EndedMemory),
 	}, nil
@@ -182,11 +244,15 @@ func (t *Table[S]) Contains(id string) bool {
 	return ok
 }
 
+// SetTraceMemory gives the table the verdicts of traces whose sessions
+// have ended, so that a later session of a kept trace is kept too.
+func (t *Table[S]) SetTraceMemory(m TraceMemory) { t.memory = m }
+
 // TraceActive reports whether an active session belongs to the trace, and
-// whether one of them has already been kept.
-func (t *Table[S]) TraceActive(id pcommon.TraceID) (active, kept bool) {
+// whether one of them has already been kept, with the trace's threshold.
+func (t *Table[S]) TraceActive(id pcommon.TraceID) (active, kept bool, th sampling.Threshold) {
 	r, ok := t.traces[id]
-	return ok, r.kept
+	return ok, r.kept, r.th
 }
 
 // Apply folds one event in and appends what the caller must act on to
@@ -217,6 +283,18 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 		s = t.sessions[ev.SessionID]
 		t.last = s
 	}
+	at := int64(ev.TimeUnixNano)
+	kind := int(ev.Kind) - 1
+	if at-now > int64(t.cfg.MaxFutureSkew) {
+		// One token a year ahead would make a TPOT of thousands of hours
+		// and poison the cumulative sums for the life of the process.
+		t.Counters.FutureEvents[kind]++
+		return
+	}
+	if s != nil && s.HasStart && ev.Kind != tokenevent.KindStart && at < s.StartTime-int64(maxBeforeStart) {
+		t.Counters.EventsBeforeStart[kind]++
+		return
+	}
 	switch ev.Kind {
 	case tokenevent.KindStart:
 		switch {
@@ -224,15 +302,19 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 			t.Counters.LateEvents++
 		case s == nil:
 			s = t.create(ev.SessionID, now, out)
-			t.fillStart(s, ev)
+			t.fillStart(s, ev, out)
 			t.started(s)
 		case s.HasStart:
 			t.Counters.DuplicateStarts++
 			t.touch(s, now)
 		default:
-			t.fillStart(s, ev)
+			t.fillStart(s, ev, out)
+			s.state = t.obs.Restarted(&s.Session, s.state)
 			t.touch(s, now)
 			t.checkTTFT(s, out)
+		}
+		if s != nil {
+			s.source.observe(at, now)
 		}
 	case tokenevent.KindToken:
 		if s == nil {
@@ -242,9 +324,15 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 			}
 			t.Counters.OrphanTokens++
 			s = t.create(ev.SessionID, now, out)
+			t.setSource(s, "")
 			t.started(s)
 		}
-		t.token(s, int64(ev.TimeUnixNano), ev.Count, now, out)
+		if ev.HasSeq && !s.seqNew(int64(ev.Seq)) {
+			t.Counters.DuplicateTokens++
+			return
+		}
+		s.source.observe(at, now)
+		t.token(s, at, ev.Count, now, out)
 	case tokenevent.KindEnd:
 		if s == nil {
 			if t.ended.has(ev.SessionID) {
@@ -265,9 +353,14 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 			outcome = OutcomeShutdown
 		case ev.Error != "":
 			outcome = OutcomeError
+		case ev.FinishReason == finishReasonError:
+			// Newer vLLM ends a request that failed in the engine with
+			// finish_reason "error" and no error object.
+			outcome, e.ErrorType = OutcomeError, ErrorTypeEngine
 		case ev.FinishReason == finishReasonAbort:
 			outcome = OutcomeAborted
 		}
+		s.source.observe(at, now)
 		t.end(s, outcome, &e, out)
 	}
 }
@@ -283,8 +376,13 @@ func (t *Table[S]) Tick(now int64, reports []Report[S]) []Report[S] {
 		s := t.slots[i]
 		switch {
 		case now-c.lastSeen > int64(t.cfg.IdleTimeout):
-			t.end(s, OutcomeTimeout, &End{CompletionTokens: -1}, &reports)
-		case c.lastTokenSeen != 0 && now-c.lastTokenSeen > t.freezeAfter:
+			e := t.endedAt(s, now)
+			t.end(s, OutcomeTimeout, &e, &reports)
+		case c.lastTokenSeen != 0 && now-c.lastTokenSeen > t.freezeAfter &&
+			s.source.engineNow(now, int64(t.cfg.DeliverySlack))-s.LastTokenTime > t.freezeAfter:
+			// No token arrived for the freeze time, and the engine's clock
+			// as the session's source shows it has moved on that far: late
+			// delivery alone (a batch upstream, a busy CPU) raises nothing.
 			c.lastTokenSeen = 0
 			// Stamped on the engine's clock, like everything else about
 			// the session: the moment the freeze threshold was crossed.
@@ -295,19 +393,33 @@ func (t *Table[S]) Tick(now int64, reports []Report[S]) []Report[S] {
 }
 
 // Shutdown ends every active session with OutcomeShutdown, appending their
-// reports to reports.
-func (t *Table[S]) Shutdown(reports []Report[S]) []Report[S] {
+// reports to reports; now is the collector's clock.
+func (t *Table[S]) Shutdown(now int64, reports []Report[S]) []Report[S] {
 	for i := len(t.slots) - 1; i >= 0; i-- {
-		t.end(t.slots[i], OutcomeShutdown, &End{CompletionTokens: -1}, &reports)
+		s := t.slots[i]
+		e := t.endedAt(s, now)
+		t.end(s, OutcomeShutdown, &e, &reports)
 	}
 	return reports
+}
+
+// endedAt is the End of a session the table ends without an end event at
+// collector time now. A session that had a token ends at its last one; one
+// that had none (stuck in the queue, or before its first token) at now,
+// moved onto the engine's clock by the offset its first event showed.
+func (t *Table[S]) endedAt(s *entry[S], now int64) End {
+	e := End{CompletionTokens: -1}
+	if s.LastTokenTime == 0 && s.StartTime != 0 {
+		e.Time = s.StartTime + max(0, now-t.clocks[s.slot].firstSeen)
+	}
+	return e
 }
 
 // evictionSamples is how many sessions an eviction compares: evicting the
 // least recently active of a random sample approximates LRU at O(1) cost.
 const evictionSamples = 8
 
-func (t *Table[S]) evict(out *[]Report[S]) {
+func (t *Table[S]) evict(now int64, out *[]Report[S]) {
 	victim := -1
 	if len(t.slots) <= evictionSamples {
 		for i := range t.slots {
@@ -323,12 +435,14 @@ func (t *Table[S]) evict(out *[]Report[S]) {
 			}
 		}
 	}
-	t.end(t.slots[victim], OutcomeEvicted, &End{CompletionTokens: -1}, out)
+	s := t.slots[victim]
+	e := t.endedAt(s, now)
+	t.end(s, OutcomeEvicted, &e, out)
 }
 
 func (t *Table[S]) create(id string, now int64, out *[]Report[S]) *entry[S] {
 	if len(t.sessions) >= t.cfg.MaxActive {
-		t.evict(out)
+		t.evict(now, out)
 	}
 	var s *entry[S]
 	if n := len(t.free); n > 0 {
@@ -344,7 +458,7 @@ func (t *Table[S]) create(id string, now int64, out *[]Report[S]) *entry[S] {
 	t.traceAdd(s.TraceID)
 	s.slot = int32(len(t.slots))
 	t.slots = append(t.slots, s)
-	t.clocks = append(t.clocks, clock{lastSeen: now})
+	t.clocks = append(t.clocks, clock{firstSeen: now, lastSeen: now})
 	n := len(t.gaps)
 	t.gaps = slices.Grow(t.gaps, t.cfg.Window)[:n+t.cfg.Window]
 	clear(t.gaps[n:])
@@ -364,13 +478,21 @@ func randomID(b []byte) {
 	}
 }
 
-func (t *Table[S]) fillStart(s *entry[S], ev *tokenevent.Event) {
+// fillStart fills in what a start event says. For a session opened by an
+// earlier token (HasStart false), its verdict moves from the random trace it
+// was given to the real one.
+func (t *Table[S]) fillStart(s *entry[S], ev *tokenevent.Event, out *[]Report[S]) {
 	s.HasStart = true
 	s.StartTime = int64(ev.TimeUnixNano)
 	if trace := pcommon.TraceID(ev.TraceID); !trace.IsEmpty() && trace != s.TraceID {
-		t.traceRemove(s.TraceID, false)
+		t.traceRemove(s.TraceID, false, sampling.NeverSampleThreshold)
 		s.TraceID = trace
 		t.traceAdd(s.TraceID)
+		if s.Keep {
+			// Kept early (a stall) under the random trace: the keep
+			// belongs to the real one, whose spans may be held.
+			t.traceKeep(s, out)
+		}
 	}
 	if !ev.SpanID.IsEmpty() {
 		s.SpanID = pcommon.SpanID(ev.SpanID)
@@ -378,12 +500,89 @@ func (t *Table[S]) fillStart(s *entry[S], ev *tokenevent.Event) {
 	s.ParentSpanID = pcommon.SpanID(ev.ParentSpanID)
 	s.Model, s.Operation, s.Engine = ev.Model, ev.Operation, ev.Engine
 	s.PromptTokens = ev.PromptTokens
+	t.setSource(s, ev.Engine)
 	if len(ev.Attributes) > 0 {
 		x := s.ensureExtra()
 		x.attributes = append(x.attributes[:0], ev.Attributes...)
 	}
+	if ev.TraceState != "" {
+		t.readTraceState(s, ev.TraceState)
+	}
+	if ev.NoStream {
+		// Tokens that overtook the start were taken for a stream.
+		s.NoStream = true
+		s.FirstTokenTime, s.MaxGap, s.WindowTPOTMax = 0, 0, 0
+		t.clocks[s.slot].lastTokenSeen = 0
+	}
 	if s.FirstTokenTime != 0 && s.FirstTokenTime < s.StartTime {
 		t.Counters.OutOfOrder++
+	}
+}
+
+// readTraceState keeps the caller's tracestate and its OTel entry's
+// randomness (rv) and head-sampling threshold (th), which the verdict
+// honours (OTEP 235).
+func (t *Table[S]) readTraceState(s *entry[S], raw string) {
+	w3c, err := sampling.NewW3CTraceState(raw)
+	if err != nil {
+		t.Counters.InvalidTraceStates++
+		return
+	}
+	x := s.ensureExtra()
+	x.traceState = raw
+	ot := w3c.OTelValue()
+	x.rv, x.hasRV = ot.RValueRandomness()
+	x.upstream, x.hasUpstream = ot.TValueThreshold()
+}
+
+// setSource points s at the watermark of the source named engine.
+func (t *Table[S]) setSource(s *entry[S], engine string) {
+	if s.source != nil {
+		if cur := t.sources[engine]; cur == s.source {
+			return
+		}
+		t.releaseSource(s)
+	}
+	src := t.sources[engine]
+	if src == nil {
+		src = &source{key: engine}
+		t.sources[engine] = src
+	}
+	src.sessions++
+	s.source = src
+}
+
+func (t *Table[S]) releaseSource(s *entry[S]) {
+	src := s.source
+	s.source = nil
+	if src.sessions--; src.sessions == 0 {
+		delete(t.sources, src.key)
+	}
+}
+
+// seqNew marks seq seen and reports whether it was new. The latest 64 seqs
+// are remembered; an older one is taken for a duplicate, as it cannot be
+// told from one.
+func (s *Session) seqNew(seq int64) bool {
+	switch back := s.seqNext - 1 - seq; {
+	case back < 0:
+		if shift := -back; shift >= 64 {
+			s.seqSeen = 0
+		} else {
+			s.seqSeen <<= uint(shift)
+		}
+		s.seqSeen |= 1
+		s.seqNext = seq + 1
+		return true
+	case back >= 64:
+		return false
+	default:
+		bit := uint64(1) << uint(back)
+		if s.seqSeen&bit != 0 {
+			return false
+		}
+		s.seqSeen |= bit
+		return true
 	}
 }
 
@@ -392,6 +591,16 @@ func (t *Table[S]) token(s *entry[S], at, count, now int64, out *[]Report[S]) {
 	s.Tokens += count
 	c := &t.clocks[s.slot]
 	c.lastSeen = now
+	if s.NoStream {
+		// The whole response at once: its tokens count, its time is the
+		// request's end, and there is nothing to time between them.
+		s.LastTokenTime = max(s.LastTokenTime, at)
+		return
+	}
+	if s.inFreeze && at >= s.LastTokenTime && at-s.LastTokenTime <= t.freezeAfter {
+		// Made before the freeze began, only delivered late: no freeze.
+		t.withdrawFreeze(s)
+	}
 	if !s.inStall {
 		c.lastTokenSeen = now
 	}
@@ -419,7 +628,7 @@ func (t *Table[S]) token(s *entry[S], at, count, now int64, out *[]Report[S]) {
 	if gap <= t.cfg.StallGap {
 		s.slowRun = 0
 		if s.inStall {
-			s.inStall = false
+			s.inStall, s.inFreeze = false, false
 			c.lastTokenSeen = now
 		}
 		return
@@ -449,8 +658,12 @@ func (t *Table[S]) pushGap(s *entry[S], g time.Duration, n int64) {
 		s.gapNext = uint16((int(s.gapNext) + 1) % len(gaps))
 		s.gapLen = uint16(min(int(s.gapLen)+1, len(gaps)))
 	}
-	if w, _ := s.WindowTPOT(); w > s.WindowTPOTMax {
-		s.WindowTPOTMax = w
+	// Full windows only: over a partial one, a single long early gap
+	// would set the maximum.
+	if int(s.gapLen) == len(gaps) {
+		if w, _ := s.WindowTPOT(); w > s.WindowTPOTMax {
+			s.WindowTPOTMax = w
+		}
 	}
 }
 
@@ -467,17 +680,29 @@ func (t *Table[S]) latestGaps(s *entry[S], n int) []time.Duration {
 }
 
 func (t *Table[S]) stall(s *entry[S], st Stall, out *[]Report[S]) {
-	s.inStall = true
+	s.inStall, s.inFreeze = true, st.Freeze
 	s.StallCount++
 	if len(s.Stalls()) < t.cfg.MaxStallRecords {
 		x := s.ensureExtra()
 		x.stalls = append(x.stalls, st)
 	}
 	*out = append(*out, Report[S]{Kind: ReportStalled, Session: &s.Session, State: s.state, entry: s,
-		Stall: st, StallCount: s.StallCount, Chunks: s.Chunks})
+		Stall: st, StallCount: int(s.StallCount), Chunks: s.Chunks})
 	if t.cfg.Sampling.Stalls {
 		t.keepEarly(s, ReasonStall, out)
 	}
+}
+
+// withdrawFreeze takes back the open freeze of s: a token stamped before it
+// began has arrived. Its alert has gone out; the session's figures, span
+// and verdict no longer count it.
+func (t *Table[S]) withdrawFreeze(s *entry[S]) {
+	s.inStall, s.inFreeze = false, false
+	s.StallCount--
+	if x := s.extra; x != nil && len(x.stalls) > int(s.StallCount) {
+		x.stalls = x.stalls[:s.StallCount]
+	}
+	t.Counters.WithdrawnFreezes++
 }
 
 func (t *Table[S]) checkTTFT(s *entry[S], out *[]Report[S]) {
@@ -486,46 +711,99 @@ func (t *Table[S]) checkTTFT(s *entry[S], out *[]Report[S]) {
 	}
 }
 
+// keepEarly keeps s before its end, for reason r; the reasons are
+// recomputed from the final figures at the end (decide).
 func (t *Table[S]) keepEarly(s *entry[S], r Reason, out *[]Report[S]) {
 	s.Reasons |= r
 	if s.Keep {
 		return
 	}
 	s.Keep = true
-	s.Threshold = sampling.AlwaysSampleThreshold
-	ref := t.traces[s.TraceID]
-	ref.kept = true
-	t.traces[s.TraceID] = ref
-	*out = append(*out, Report[S]{Kind: ReportKeptEarly, Session: &s.Session, State: s.state, entry: s})
+	s.Threshold = t.ruleThreshold(s)
+	t.traceKeep(s, out)
 }
 
-// decide sets the final verdict: kept when a rule matches, else by the
-// consistent probabilistic draw on the trace ID (OTEP 235).
+// traceKeep marks the trace of the kept session s kept and reports it, so
+// that its held spans are released.
+func (t *Table[S]) traceKeep(s *entry[S], out *[]Report[S]) {
+	ref := t.traces[s.TraceID]
+	if !ref.kept || sampling.ThresholdLessThan(s.Threshold, ref.th) {
+		ref.th = s.Threshold
+	}
+	ref.kept = true
+	t.traces[s.TraceID] = ref
+	*out = append(*out, Report[S]{Kind: ReportKeptEarly, Session: &s.Session, State: s.state, entry: s,
+		Trace: TraceVerdict{Kept: true, Threshold: ref.th}})
+}
+
+// ruleThreshold is the threshold of a session a rule keeps: every one,
+// unless the caller's head sampler kept the trace at a probability of its
+// own, which the spans must go on saying (OTEP 235).
+func (t *Table[S]) ruleThreshold(s *entry[S]) sampling.Threshold {
+	if up, ok := s.upstreamThreshold(); ok {
+		return up
+	}
+	return sampling.AlwaysSampleThreshold
+}
+
+// decide sets the final verdict. The reasons are those the final figures
+// match (an early keep on figures later corrected is kept as corrected):
+// kept when a rule matches, else when another session of the trace was
+// kept (a keep holds for the whole trace), else by the consistent draw
+// on the session's randomness (OTEP 235), at the lower of NormalPercent
+// and the caller's own head-sampling probability.
 func (t *Table[S]) decide(s *entry[S], e *End) {
 	p := t.cfg.Sampling
+	var r Reason
 	if ttft, ok := s.TTFT(); ok && p.TTFT > 0 && ttft > p.TTFT {
-		s.Reasons |= ReasonTTFT
+		r |= ReasonTTFT
 	}
 	if tpot, ok := s.TPOT(e.CompletionTokens); ok && p.TPOT > 0 && tpot > p.TPOT {
-		s.Reasons |= ReasonTPOT
+		r |= ReasonTPOT
 	}
 	if p.Stalls && s.StallCount > 0 {
-		s.Reasons |= ReasonStall
+		r |= ReasonStall
 	}
 	if p.Errors && s.Outcome == OutcomeError {
-		s.Reasons |= ReasonError
+		r |= ReasonError
 	}
 	if p.Errors && s.Outcome == OutcomeTimeout {
-		s.Reasons |= ReasonTimeout
+		r |= ReasonTimeout
 	}
+	normal := t.normal
+	if up, ok := s.upstreamThreshold(); ok && sampling.ThresholdGreater(up, normal) {
+		normal = up
+	}
+	traceTh, traceKept := t.traceKept(s.TraceID)
 	switch {
-	case s.Reasons != 0:
-		s.Keep, s.Threshold = true, sampling.AlwaysSampleThreshold
-	case t.normal.ShouldSample(sampling.TraceIDToRandomness(s.TraceID)):
-		s.Keep, s.Threshold, s.Reasons = true, t.normal, ReasonProbabilistic
+	case r != 0:
+		s.Keep, s.Threshold, s.Reasons = true, t.ruleThreshold(s), r
+	case s.Keep:
+		s.Threshold, s.Reasons = t.ruleThreshold(s), ReasonCorrected
+	case traceKept:
+		s.Keep, s.Threshold, s.Reasons = true, traceTh, ReasonTrace
+	case normal.ShouldSample(s.randomness()):
+		s.Keep, s.Threshold, s.Reasons = true, normal, ReasonProbabilistic
 	default:
-		s.Keep, s.Threshold = false, t.normal
+		s.Keep, s.Threshold, s.Reasons = false, normal, 0
 	}
+	if s.Keep && traceKept && sampling.ThresholdLessThan(traceTh, s.Threshold) {
+		// Every kept span of a trace carries one threshold: the lowest.
+		s.Threshold = traceTh
+	}
+}
+
+// traceKept reports whether the trace of an active session was kept, by
+// an active session or (TraceMemory) an ended one, and its threshold.
+func (t *Table[S]) traceKept(id pcommon.TraceID) (sampling.Threshold, bool) {
+	ref := t.traces[id]
+	th, kept := ref.th, ref.kept
+	if t.memory != nil {
+		if mth, mkept := t.memory(id); mkept && (!kept || sampling.ThresholdLessThan(mth, th)) {
+			th, kept = mth, true
+		}
+	}
+	return th, kept
 }
 
 // end ends s and reports it; s goes back to the free list when the caller
@@ -533,7 +811,10 @@ func (t *Table[S]) decide(s *entry[S], e *End) {
 func (t *Table[S]) end(s *entry[S], outcome Outcome, e *End, out *[]Report[S]) {
 	s.Outcome = outcome
 	t.decide(s, e)
-	trace := t.traceRemove(s.TraceID, s.Keep)
+	trace := t.traceRemove(s.TraceID, s.Keep, s.Threshold)
+	if s.source != nil {
+		t.releaseSource(s)
+	}
 	*out = append(*out, Report[S]{Kind: ReportEnded, Session: &s.Session, State: s.state, entry: s, End: *e, Trace: trace})
 	delete(t.sessions, s.ID)
 	if t.last == s {
@@ -563,6 +844,7 @@ func (t *Table[S]) recycle(s *entry[S]) {
 		x.attributes = x.attributes[:0]
 		// The stall records' gap slices may be large; let them go.
 		x.stalls = nil
+		x.traceState, x.hasRV, x.hasUpstream = "", false, false
 	}
 	t.free = append(t.free, s)
 }
@@ -573,16 +855,26 @@ func (t *Table[S]) traceAdd(id pcommon.TraceID) {
 	t.traces[id] = r
 }
 
-func (t *Table[S]) traceRemove(id pcommon.TraceID, kept bool) TraceVerdict {
+// traceRemove takes a session off its trace, counting its keep (with
+// threshold th) into the trace's, and returns the trace's verdict.
+func (t *Table[S]) traceRemove(id pcommon.TraceID, kept bool, th sampling.Threshold) TraceVerdict {
 	r := t.traces[id]
 	r.active--
+	if kept && (!r.kept || sampling.ThresholdLessThan(th, r.th)) {
+		r.th = th
+	}
 	r.kept = r.kept || kept
+	v := TraceVerdict{Kept: r.kept, Threshold: r.th}
+	if !v.Kept {
+		v.Threshold = sampling.NeverSampleThreshold
+	}
 	if r.active <= 0 {
 		delete(t.traces, id)
-		return TraceVerdict{Done: true, Kept: r.kept}
+		v.Done = true
+		return v
 	}
 	t.traces[id] = r
-	return TraceVerdict{Kept: r.kept}
+	return v
 }
 
 // touch records activity on s.

@@ -44,15 +44,21 @@ type ended struct {
 }
 
 type recorder struct {
-	started []string
-	gaps    []string
-	stalls  []Stall
-	early   []string
-	ended   []ended
+	started   []string
+	restarted []string
+	gaps      []string
+	stalls    []Stall
+	early     []string
+	ended     []ended
 }
 
 func (r *recorder) Started(s *Session) struct{} {
 	r.started = append(r.started, s.ID)
+	return struct{}{}
+}
+
+func (r *recorder) Restarted(s *Session, _ struct{}) struct{} {
+	r.restarted = append(r.restarted, s.ID+" "+s.Model+" "+s.Engine)
 	return struct{}{}
 }
 
@@ -80,7 +86,7 @@ func (r *recorder) record(reports []Report[struct{}]) {
 			w, _ := s.WindowTPOT()
 			r.ended = append(r.ended, ended{
 				ID: s.ID, Outcome: s.Outcome, TTFT: ttft, HasTTFT: hasTTFT, TPOT: tpot, HasTPOT: hasTPOT,
-				Window: w, WMax: s.WindowTPOTMax, MaxGap: s.MaxGap, Tokens: s.Tokens, Chunks: s.Chunks, Stalls: s.StallCount,
+				Window: w, WMax: s.WindowTPOTMax, MaxGap: s.MaxGap, Tokens: s.Tokens, Chunks: s.Chunks, Stalls: int(s.StallCount),
 				Keep: s.Keep, Reasons: s.Reasons, Threshold: s.Threshold, Duration: s.Duration(e), End: *e, Trace: rp.Trace,
 				StallRecords: append([]Stall(nil), s.Stalls()...), HasStart: s.HasStart, Model: s.Model, Engine: s.Engine,
 			})
@@ -107,7 +113,7 @@ func (tt *testTable) Apply(ev *tokenevent.Event, now int64) {
 
 func (tt *testTable) Tick(now int64) { tt.handle(tt.Table.Tick(now, tt.reports)) }
 
-func (tt *testTable) Shutdown() { tt.handle(tt.Table.Shutdown(tt.reports)) }
+func (tt *testTable) Shutdown(now int64) { tt.handle(tt.Table.Shutdown(now, tt.reports)) }
 
 func newTable(t *testing.T, mutate func(*Config)) (*testTable, *recorder) {
 	t.Helper()
@@ -141,6 +147,8 @@ func apply(tbl *testTable, evs ...*tokenevent.Event) {
 	}
 }
 
+// The sessions here have fewer gaps than the window (10): no window is
+// full, so none has a WindowTPOTMax (TestWindowTPOT has them).
 func TestFigures(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -152,7 +160,7 @@ func TestFigures(t *testing.T) {
 			name:   "single tokens",
 			events: []*tokenevent.Event{start("a", t0), tok("a", t0+200*ms, 1), tok("a", t0+220*ms, 1), tok("a", t0+250*ms, 1), tok("a", t0+290*ms, 1), end("a", t0+300*ms, -1)},
 			want: ended{ID: "a", Outcome: OutcomeCompleted, TTFT: 200 * time.Millisecond, HasTTFT: true, TPOT: 30 * time.Millisecond, HasTPOT: true,
-				Window: 30 * time.Millisecond, WMax: 30 * time.Millisecond, MaxGap: 40 * time.Millisecond, Tokens: 4, Chunks: 4, Duration: 300 * time.Millisecond},
+				Window: 30 * time.Millisecond, MaxGap: 40 * time.Millisecond, Tokens: 4, Chunks: 4, Duration: 300 * time.Millisecond},
 		},
 		{
 			// A chunk of 4 tokens 80 ms after the first: 4 per-token gaps of 20 ms.
@@ -160,7 +168,7 @@ func TestFigures(t *testing.T) {
 			name:   "multi-token chunk and completion_tokens",
 			events: []*tokenevent.Event{start("b", t0), tok("b", t0+100*ms, 1), tok("b", t0+180*ms, 4), end("b", t0+181*ms, 6)},
 			want: ended{ID: "b", Outcome: OutcomeCompleted, TTFT: 100 * time.Millisecond, HasTTFT: true, TPOT: 16 * time.Millisecond, HasTPOT: true,
-				Window: 20 * time.Millisecond, WMax: 20 * time.Millisecond, MaxGap: 20 * time.Millisecond, Tokens: 5, Chunks: 2, Duration: 181 * time.Millisecond},
+				Window: 20 * time.Millisecond, MaxGap: 20 * time.Millisecond, Tokens: 5, Chunks: 2, Duration: 181 * time.Millisecond},
 		},
 		{
 			name:   "one token: no TPOT",
@@ -189,14 +197,14 @@ func TestFigures(t *testing.T) {
 			name:   "slow TTFT",
 			events: []*tokenevent.Event{start("f", t0), tok("f", t0+600*ms, 1), tok("f", t0+610*ms, 1), end("f", t0+610*ms, 2)},
 			want: ended{ID: "f", Outcome: OutcomeCompleted, TTFT: 600 * time.Millisecond, HasTTFT: true, TPOT: 10 * time.Millisecond, HasTPOT: true,
-				Window: 10 * time.Millisecond, WMax: 10 * time.Millisecond, MaxGap: 10 * time.Millisecond, Tokens: 2, Chunks: 2, Keep: true, Reasons: ReasonTTFT, Duration: 610 * time.Millisecond},
+				Window: 10 * time.Millisecond, MaxGap: 10 * time.Millisecond, Tokens: 2, Chunks: 2, Keep: true, Reasons: ReasonTTFT, Duration: 610 * time.Millisecond},
 		},
 		{
 			// TPOT (100+100)/2 = 100 ms > 80 ms, but no gap above 150 ms: no stall.
 			name:   "slow TPOT",
 			events: []*tokenevent.Event{start("g", t0), tok("g", t0+10*ms, 1), tok("g", t0+110*ms, 1), tok("g", t0+210*ms, 1), end("g", t0+210*ms, -1)},
 			want: ended{ID: "g", Outcome: OutcomeCompleted, TTFT: 10 * time.Millisecond, HasTTFT: true, TPOT: 100 * time.Millisecond, HasTPOT: true,
-				Window: 100 * time.Millisecond, WMax: 100 * time.Millisecond, MaxGap: 100 * time.Millisecond, Tokens: 3, Chunks: 3, Keep: true, Reasons: ReasonTPOT, Duration: 210 * time.Millisecond},
+				Window: 100 * time.Millisecond, MaxGap: 100 * time.Millisecond, Tokens: 3, Chunks: 3, Keep: true, Reasons: ReasonTPOT, Duration: 210 * time.Millisecond},
 		},
 	}
 	for _, tt := range tests {
@@ -339,7 +347,9 @@ func TestStallSinceIsTheLastTokenBeforeTheEpisode(t *testing.T) {
 }
 
 func TestFreezeDetectedWhileItLasts(t *testing.T) {
-	tbl, rec := newTable(t, nil)
+	// No delivery slack: the lone session's source is judged at once on
+	// the arrival clock (TestFreezeOnEngineTime has the slack).
+	tbl, rec := newTable(t, func(c *Config) { c.DeliverySlack = 0 })
 	apply(tbl, start("f", t0), tok("f", t0+10*ms, 1), tok("f", t0+20*ms, 1))
 	tbl.Tick(t0 + 400*ms) // 380 ms without a token: below 3×150 ms
 	assert.Empty(t, rec.stalls)
@@ -437,7 +447,7 @@ func TestStallReportCountsAtDetection(t *testing.T) {
 func TestShutdownEndsAll(t *testing.T) {
 	tbl, rec := newTable(t, nil)
 	apply(tbl, start("a", t0), start("b", t0), tok("b", t0+5*ms, 1))
-	tbl.Shutdown()
+	tbl.Shutdown(t0 + 10*int64(time.Second))
 	require.Len(t, rec.ended, 2)
 	for _, e := range rec.ended {
 		assert.Equal(t, OutcomeShutdown, e.Outcome)
@@ -522,20 +532,21 @@ func TestTraceVerdicts(t *testing.T) {
 	a, b := start("a", t0), start("b", t0)
 	a.TraceID, b.TraceID = tokenevent.TraceID(trace), tokenevent.TraceID(trace)
 	apply(tbl, a, b)
-	active, kept := tbl.TraceActive(trace)
+	active, kept, _ := tbl.TraceActive(trace)
 	assert.True(t, active)
 	assert.False(t, kept)
 	// b is slow (TTFT 600 ms): the trace is kept from its first token on.
 	apply(tbl, tok("b", t0+600*ms, 1))
-	_, kept = tbl.TraceActive(trace)
+	_, kept, _ = tbl.TraceActive(trace)
 	assert.True(t, kept)
 	apply(tbl, tok("a", t0+10*ms, 1), end("a", t0+20*ms, -1))
 	require.Len(t, rec.ended, 1)
-	assert.False(t, rec.ended[0].Keep)
-	assert.Equal(t, TraceVerdict{Done: false, Kept: true}, rec.ended[0].Trace)
+	assert.True(t, rec.ended[0].Keep, "a keep holds for the whole trace")
+	assert.Equal(t, ReasonTrace, rec.ended[0].Reasons)
+	assert.Equal(t, TraceVerdict{Done: false, Kept: true, Threshold: sampling.AlwaysSampleThreshold}, rec.ended[0].Trace)
 	apply(tbl, end("b", t0+700*ms, -1))
-	assert.Equal(t, TraceVerdict{Done: true, Kept: true}, rec.ended[1].Trace)
-	active, _ = tbl.TraceActive(trace)
+	assert.Equal(t, TraceVerdict{Done: true, Kept: true, Threshold: sampling.AlwaysSampleThreshold}, rec.ended[1].Trace)
+	active, _, _ = tbl.TraceActive(trace)
 	assert.False(t, active)
 }
 

@@ -200,6 +200,15 @@ func (a *Aggregator) SessionStarted(d Dims) *Live {
 	return &s.live
 }
 
+// SessionRestarted moves a session whose dims became known only now (its
+// start arrived after a token) from l's series to those of d, and returns its
+// new handle: it leaves the active count of l's series and joins d's. What
+// was recorded under l stays there.
+func (a *Aggregator) SessionRestarted(l *Live, d Dims) *Live {
+	l.series.active--
+	return a.SessionStarted(d)
+}
+
 // ObserveGap records one observation of perTokenGap with weight tokens on
 // llm.session.inter_token_latency: a chunk of n tokens after a gap g is ObserveGap(l, g/n, n),
 // counted per token like SGLang. tokens < 1 records nothing; a negative gap is recorded as 0.

@@ -51,10 +51,18 @@ func AppendJSON(dst []byte, ev *Event) []byte {
 			}
 			dst = append(dst, '}')
 		}
+		if ev.NoStream {
+			dst = append(dst, `,"stream":false`...)
+		}
+		dst = appendField(dst, "tracestate", ev.TraceState)
 	case KindToken:
 		if ev.Count != 1 {
 			dst = append(dst, `,"count":`...)
 			dst = strconv.AppendInt(dst, ev.Count, 10)
+		}
+		if ev.HasSeq {
+			dst = append(dst, `,"seq":`...)
+			dst = strconv.AppendUint(dst, ev.Seq, 10)
 		}
 	case KindEnd:
 		if ev.CompletionTokens >= 0 {

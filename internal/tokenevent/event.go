@@ -99,9 +99,22 @@ type Event struct {
 	// Attributes is owned by whoever filled the Event (a Parser reuses it
 	// between calls); copy it to keep it.
 	Attributes []Attribute
+	// NoStream is set when the request asked for one whole response
+	// (wire "stream": false): its session has no first token, TPOT or
+	// gaps to measure. The zero Event, like the wire, is streamed.
+	NoStream bool
+	// TraceState is the caller's W3C tracestate, "" when none: its OTel
+	// entry's explicit randomness (rv) and head-sampling threshold (th)
+	// take part in the session's sampling (OTEP 235).
+	TraceState string
 
-	// Token only: the number of tokens in this chunk, at least 1.
+	// Token only: the number of tokens in this chunk, 1 to MaxCount.
 	Count int64
+	// Seq numbers a session's token events from the source that sends
+	// them, so that a retried event is folded once; meaningful when HasSeq
+	// (the zero Event has none).
+	Seq    uint64
+	HasSeq bool
 
 	// End only.
 	CompletionTokens int64

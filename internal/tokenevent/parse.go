@@ -86,17 +86,22 @@ const (
 	fCompletionTokens
 	fFinishReason
 	fError
+	fStream
+	fTraceState
+	fSeq
 )
 
 var fieldNames = [...]string{
 	"event", "session_id", "time_unix_nano", "trace_id", "span_id", "parent_span_id", "model", "operation",
 	"prompt_tokens", "engine", "attributes", "count", "completion_tokens", "finish_reason", "error",
+	"stream", "tracestate", "seq",
 }
 
 const (
 	fCommon  = fEvent | fSessionID | fTime
-	allowedS = fCommon | fTraceID | fSpanID | fParentSpanID | fModel | fOperation | fPromptTokens | fEngine | fAttributes
-	allowedT = fCommon | fCount
+	allowedS = fCommon | fTraceID | fSpanID | fParentSpanID | fModel | fOperation | fPromptTokens | fEngine |
+		fAttributes | fStream | fTraceState
+	allowedT = fCommon | fCount | fSeq
 	allowedE = fCommon | fCompletionTokens | fFinishReason | fError
 )
 
@@ -160,6 +165,7 @@ var (
 	compactTokenPrefix = []byte(`{"event":"token","session_id":"`)
 	compactTokenTime   = []byte(`","time_unix_nano":`)
 	compactTokenCount  = []byte(`,"count":`)
+	compactTokenSeq    = []byte(`,"seq":`)
 )
 
 // parseCompactToken is the fast path for the line every hook client sends
@@ -187,14 +193,21 @@ func (p *Parser) parseCompactToken(line []byte, ev *Event) bool {
 	}
 	count := uint64(1)
 	if bytes.HasPrefix(line[k:], compactTokenCount) {
-		if count, k, ok = compactUint(line, k+len(compactTokenCount)); !ok || count == 0 {
+		if count, k, ok = compactUint(line, k+len(compactTokenCount)); !ok || count == 0 || count > MaxCount {
+			return false
+		}
+	}
+	var seq uint64
+	hasSeq := bytes.HasPrefix(line[k:], compactTokenSeq)
+	if hasSeq {
+		if seq, k, ok = compactUint(line, k+len(compactTokenSeq)); !ok {
 			return false
 		}
 	}
 	if k != len(line)-1 || line[k] != '}' {
 		return false
 	}
-	*ev = Event{Kind: KindToken, SessionID: p.intern(sid), TimeUnixNano: t, Count: int64(count),
+	*ev = Event{Kind: KindToken, SessionID: p.intern(sid), TimeUnixNano: t, Count: int64(count), Seq: seq, HasSeq: hasSeq,
 		PromptTokens: -1, CompletionTokens: -1, Attributes: ev.Attributes[:0]}
 	return true
 }
@@ -589,6 +602,12 @@ func fieldBit(key []byte) (uint32, bool) {
 		return fFinishReason, true
 	case "error":
 		return fError, true
+	case "stream":
+		return fStream, true
+	case "tracestate":
+		return fTraceState, true
+	case "seq":
+		return fSeq, true
 	}
 	return 0, false
 }
@@ -649,6 +668,27 @@ func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
 			return false, err
 		}
 		ev.Count = int64(v)
+	case fSeq:
+		v, err := p.uint(name)
+		ev.Seq, ev.HasSeq = v, err == nil
+		return true, err
+	case fStream:
+		switch {
+		case p.literal("true"):
+		case p.literal("false"):
+			ev.NoStream = true
+		default:
+			return false, &FieldError{Field: name, Reason: "want true or false"}
+		}
+	case fTraceState:
+		s, err := p.str(name)
+		if err != nil {
+			return false, err
+		}
+		if err := CheckTraceState(s); err != nil {
+			return false, err
+		}
+		ev.TraceState = p.intern(s)
 	case fPromptTokens:
 		v, err := p.uint(name)
 		ev.PromptTokens = int64(v)
@@ -687,9 +727,12 @@ func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
 	return true, nil
 }
 
-func (p *Parser) null() bool {
-	if len(p.b)-p.i >= 4 && string(p.b[p.i:p.i+4]) == "null" {
-		p.i += 4
+func (p *Parser) null() bool { return p.literal("null") }
+
+// literal steps past lit, a JSON literal, if the cursor is at it.
+func (p *Parser) literal(lit string) bool {
+	if len(p.b)-p.i >= len(lit) && string(p.b[p.i:p.i+len(lit)]) == lit && (p.i+len(lit) == len(p.b) || isDelim(p.b[p.i+len(lit)])) {
+		p.i += len(lit)
 		return true
 	}
 	return false

@@ -48,6 +48,49 @@ func TestParseStart(t *testing.T) {
 	}, ev)
 }
 
+// The optional fields wave 2 added to schema v1: stream and tracestate on a
+// start, seq on a token. Absent, they mean what a v1 line always meant.
+func TestParseOptionalFields(t *testing.T) {
+	ev, err := parse(t, `{"event":"start","session_id":"s","time_unix_nano":1,"stream":false,"tracestate":"ot=th:fd70a;rv:0123456789abcd,vendor=x"}`)
+	require.NoError(t, err)
+	assert.True(t, ev.NoStream)
+	assert.Equal(t, "ot=th:fd70a;rv:0123456789abcd,vendor=x", ev.TraceState)
+
+	ev, err = parse(t, `{"event":"start","session_id":"s","time_unix_nano":1,"stream":true}`)
+	require.NoError(t, err)
+	assert.False(t, ev.NoStream)
+	ev, err = parse(t, `{"event":"start","session_id":"s","time_unix_nano":1}`)
+	require.NoError(t, err)
+	assert.False(t, ev.NoStream, "streamed unless said otherwise")
+	assert.Empty(t, ev.TraceState)
+
+	// The compact fast path and the general parser agree on seq.
+	for _, line := range []string{
+		`{"event":"token","session_id":"s","time_unix_nano":7,"count":2,"seq":41}`,
+		`{"seq":41,"event":"token","session_id":"s","time_unix_nano":7,"count":2}`,
+	} {
+		ev, err = parse(t, line)
+		require.NoError(t, err, line)
+		assert.Equal(t, uint64(41), ev.Seq, line)
+		assert.True(t, ev.HasSeq, line)
+		assert.Equal(t, int64(2), ev.Count, line)
+	}
+	ev, err = parse(t, tokenLine)
+	require.NoError(t, err)
+	assert.False(t, ev.HasSeq, "absent")
+
+	for _, ev := range []Event{
+		{Kind: KindStart, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: 1, NoStream: true, TraceState: "ot=rv:0123456789abcd"},
+		{Kind: KindToken, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: MaxCount, Seq: 0, HasSeq: true},
+	} {
+		line := AppendJSON(nil, &ev)
+		var got Event
+		require.NoError(t, NewParser(Limits{}).Parse(line[:len(line)-1], &got), string(line))
+		got.Attributes = nil
+		assert.Equal(t, ev, got, string(line))
+	}
+}
+
 func TestParseTokenAndEnd(t *testing.T) {
 	ev, err := parse(t, tokenLine)
 	require.NoError(t, err)
@@ -104,6 +147,17 @@ func TestParseErrors(t *testing.T) {
 		{`{"event":"token","session_id":"s","time_unix_nano":99999999999999999999}`, `time_unix_nano: integer out of range`},
 		{`{"event":"token","session_id":"s","time_unix_nano":0}`, `time_unix_nano: must be greater than 0`},
 		{`{"event":"token","session_id":"s","time_unix_nano":1,"count":0}`, `count: must be at least 1`},
+		{`{"event":"token","session_id":"s","time_unix_nano":1,"count":65537}`, `count: at most 65536, got 65537`},
+		{`{"event":"token","session_id":"s","time_unix_nano":1,"count":1000000000000}`, `count: at most 65536, got 1000000000000`},
+		{`{"event":"token","session_id":"s","time_unix_nano":1,"seq":-1}`, `seq: want a non-negative integer`},
+		{`{"event":"token","session_id":"s","time_unix_nano":1,"seq":9223372036854775808}`, `seq: integer out of range`},
+		{`{"event":"token","session_id":"s","time_unix_nano":1,"seq":"1"}`, `seq: want a non-negative integer`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"seq":1}`, `seq: not allowed on a start event`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"stream":"no"}`, `stream: want true or false`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"stream":falsey}`, `stream: want true or false`},
+		{`{"event":"token","session_id":"s","time_unix_nano":1,"stream":false}`, `stream: not allowed on a token event`},
+		{"{\"event\":\"start\",\"session_id\":\"s\",\"time_unix_nano\":1,\"tracestate\":\"ot=th:0\\u00e9\"}", `tracestate: byte 8 is not printable ASCII`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"tracestate":"` + strings.Repeat("a", 513) + `"}`, `tracestate: 513 bytes, limit is 512`},
 		{`{"event":"start","session_id":"s","time_unix_nano":1,"trace_id":"0af7651916cd43dd8448eb211c80319"}`, `trace_id: want 32 hex digits, got 31`},
 		{`{"event":"start","session_id":"s","time_unix_nano":1,"trace_id":"0af7651916cd43dd8448eb211c80319z"}`, `trace_id: want 32 hex digits, got "0af7651916cd43dd8448eb211c80319z"`},
 		{`{"event":"start","session_id":"s","time_unix_nano":1,"trace_id":"00000000000000000000000000000000"}`, `trace_id: must not be all zeros`},

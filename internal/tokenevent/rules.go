@@ -62,10 +62,47 @@ func CheckTime(t uint64) *FieldError {
 	return nil
 }
 
-// CheckCount checks the count of a token event: at least 1.
+// MaxCount is the most tokens one token event may carry. An engine
+// streams a few tokens per chunk (a non-streamed response is one event for
+// all of its tokens); a count beyond this is a broken client, and one count
+// of 10^12 would outweigh every other gap in the histograms for good.
+const MaxCount = 1 << 16
+
+// MaxTraceStateBytes bounds a start event's tracestate: the 512 characters
+// W3C Trace Context asks every vendor to propagate.
+const MaxTraceStateBytes = 512
+
+// CheckCount checks the count of a token event: 1 to MaxCount.
 func CheckCount(n int64) *FieldError {
 	if n < 1 {
 		return &FieldError{Field: "count", Reason: "must be at least 1"}
+	}
+	if n > MaxCount {
+		return &FieldError{Field: "count", Reason: fmt.Sprintf("at most %d, got %d", MaxCount, n)}
+	}
+	return nil
+}
+
+// CheckSeq checks the seq of a token event that has one: within an int64,
+// as the wire's integers are.
+func CheckSeq(n uint64) *FieldError {
+	if n > math.MaxInt64 {
+		return &FieldError{Field: "seq", Reason: "integer out of range"}
+	}
+	return nil
+}
+
+// CheckTraceState checks a tracestate: at most MaxTraceStateBytes of
+// printable ASCII, as W3C Trace Context allows. Its entries are read by
+// token_session, which ignores what it cannot parse.
+func CheckTraceState[S ~string | ~[]byte](ts S) *FieldError {
+	if len(ts) > MaxTraceStateBytes {
+		return &FieldError{Field: "tracestate", Reason: fmt.Sprintf("%d bytes, limit is %d", len(ts), MaxTraceStateBytes)}
+	}
+	for i := 0; i < len(ts); i++ {
+		if c := ts[i]; c < 0x20 || c > 0x7e {
+			return &FieldError{Field: "tracestate", Reason: fmt.Sprintf("byte %d is not printable ASCII", i+1)}
+		}
 	}
 	return nil
 }
@@ -148,9 +185,17 @@ func (ev *Event) Validate(limits Limits) error {
 				return err
 			}
 		}
+		if err := CheckTraceState(ev.TraceState); err != nil {
+			return err
+		}
 	case KindToken:
 		if err := CheckCount(ev.Count); err != nil {
 			return err
+		}
+		if ev.HasSeq {
+			if err := CheckSeq(ev.Seq); err != nil {
+				return err
+			}
 		}
 	case KindEnd:
 		if ev.CompletionTokens != -1 {

@@ -35,17 +35,25 @@ const (
 	AttrOutputTokens      = "gen_ai.usage.output_tokens"
 	AttrFinishReasons     = "gen_ai.response.finish_reasons"
 	AttrErrorType         = "error.type"
+	// AttrRequestStream is false on the start of a request that was not
+	// streamed; absent means streamed.
+	AttrRequestStream = "gen_ai.request.stream"
+	// AttrTraceState is the caller's W3C tracestate, on a start.
+	AttrTraceState = "llm.session.tracestate"
+	// AttrTokenSeq is the seq of a record holding one token event.
+	AttrTokenSeq = "llm.token.seq"
 
 	// AttrTokenCount is the token count of a record holding one token event
 	// (absent means 1).
 	AttrTokenCount = "llm.token.count"
 	// AttrTokenEvents holds a packed token record: several token events of
 	// one session as one string, the events separated by single spaces, each
-	// "<offset>" or "<offset>:<count>": offset is the event's time minus the
+	// "<offset>[:<count>][#<seq>]": offset is the event's time minus the
 	// record's timestamp in ns (decimal, negative for an event older than
 	// the record's first), count the event's token count, written only when
-	// it is not 1. The record's timestamp is the first event's time, so the
-	// first offset is 0: "0 20000113 39998760:3 60001002".
+	// it is not 1, seq its sequence number, written only when it has one.
+	// The record's timestamp is the first event's time, so the first offset
+	// is 0: "0 20000113 39998760:3 60001002".
 	//
 	// One string is the densest form pdata can carry at a cost per record
 	// rather than per event: pdata boxes each element of an array attribute
@@ -86,6 +94,7 @@ type openTokenRecord struct {
 
 type packedEvent struct {
 	time, count int64
+	seq         int64 // -1 for none
 	next        int32 // index in packed of the session's next event; -1 for none
 }
 
@@ -137,7 +146,7 @@ func (w *RecordWriter) openRecord(id string) *openTokenRecord {
 func (w *RecordWriter) Append(ev *tokenevent.Event) {
 	if o := w.openRecord(ev.SessionID); o != nil {
 		if ev.Kind == tokenevent.KindToken {
-			w.pack(o, int64(ev.TimeUnixNano), ev.Count)
+			w.pack(o, int64(ev.TimeUnixNano), ev.Count, seqOf(ev))
 			return
 		}
 		// Later tokens of the session go after this event, so into a new
@@ -165,6 +174,10 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 			attrs.PutInt(AttrInputTokens, ev.PromptTokens)
 		}
 		putNonEmpty(attrs, AttrEngine, ev.Engine)
+		if ev.NoStream {
+			attrs.PutBool(AttrRequestStream, false)
+		}
+		putNonEmpty(attrs, AttrTraceState, ev.TraceState)
 		if len(ev.Attributes) > 0 {
 			m := attrs.PutEmptyMap(AttrSessionAttributes)
 			m.EnsureCapacity(len(ev.Attributes))
@@ -180,7 +193,7 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 		w.open[ev.SessionID] = i
 		w.recent[tokenevent.IDSlot(ev.SessionID)] = i + 1
 		w.opens = append(w.opens, openTokenRecord{id: ev.SessionID, rec: lr, first: -1, last: -1})
-		w.pack(&w.opens[i], int64(ev.TimeUnixNano), ev.Count)
+		w.pack(&w.opens[i], int64(ev.TimeUnixNano), ev.Count, seqOf(ev))
 	case tokenevent.KindEnd:
 		lr.SetEventName(EventNameEnd)
 		attrs.EnsureCapacity(5)
@@ -201,9 +214,9 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 }
 
 // pack adds a token event to an open token record.
-func (w *RecordWriter) pack(o *openTokenRecord, time, count int64) {
+func (w *RecordWriter) pack(o *openTokenRecord, time, count, seq int64) {
 	i := int32(len(w.packed))
-	w.packed = append(w.packed, packedEvent{time: time, count: count, next: -1})
+	w.packed = append(w.packed, packedEvent{time: time, count: count, seq: seq, next: -1})
 	if o.last >= 0 {
 		w.packed[o.last].next = i
 	} else {
@@ -221,6 +234,9 @@ func (w *RecordWriter) complete(o *openTokenRecord) {
 	case o.events == 1:
 		if c := w.packed[o.first].count; c != 1 {
 			o.rec.Attributes().PutInt(AttrTokenCount, c)
+		}
+		if seq := w.packed[o.first].seq; seq >= 0 {
+			o.rec.Attributes().PutInt(AttrTokenSeq, seq)
 		}
 	case o.events > 1:
 		w.text = appendPacked(w.text[:0], w.packed, o.first)
@@ -243,8 +259,24 @@ func appendPacked(dst []byte, packed []packedEvent, first int32) []byte {
 			dst = append(dst, ':')
 			dst = strconv.AppendInt(dst, c, 10)
 		}
+		if seq := packed[i].seq; seq >= 0 {
+			dst = append(dst, '#')
+			dst = strconv.AppendInt(dst, seq, 10)
+		}
 	}
 	return dst
+}
+
+// seqOf is ev's seq in the record form, -1 for none.
+func seqOf(ev *tokenevent.Event) int64 {
+	if !ev.HasSeq {
+		return -1
+	}
+	return int64(ev.Seq) // at most MaxInt64 (tokenevent.CheckSeq)
+}
+
+func setSeq(ev *tokenevent.Event, seq int64) {
+	ev.Seq, ev.HasSeq = uint64(max(seq, 0)), seq >= 0
 }
 
 func putNonEmpty(m pcommon.Map, k, v string) {
@@ -264,10 +296,12 @@ func IsTokenEvent(lr plog.LogRecord) bool {
 
 // ReadRecord decodes a token event record, calling fn once per event: once
 // for a start, end or single token record, once per packed event otherwise.
-// ev is the Event passed to fn, reused between calls. It returns a
-// *tokenevent.FieldError naming the attribute at fault when lr is not a valid token
-// event record; fn is not called then.
-func ReadRecord(lr plog.LogRecord, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
+// ev is the Event passed to fn, reused between calls. Every event is held to
+// the rules and limits the wire parser applies (tokenevent's Validate with
+// limits): a record from any OTLP sender is trusted no more than a hook's
+// line. It returns a *tokenevent.FieldError naming the attribute at fault
+// when lr is not a valid token event record; fn is not called then.
+func ReadRecord(lr plog.LogRecord, limits tokenevent.Limits, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
 	ev.Reset()
 	switch lr.EventName() {
 	case EventNameStart:
@@ -287,14 +321,21 @@ func ReadRecord(lr plog.LogRecord, ev *tokenevent.Event, fn func(*tokenevent.Eve
 	if sid == "" {
 		return &tokenevent.FieldError{Field: AttrSessionID, Reason: "missing"}
 	}
+	if err := tokenevent.CheckSessionID(sid, limits.MaxSessionIDBytes); err != nil {
+		err.Field = AttrSessionID
+		return err
+	}
 	ev.SessionID = sid
 	ev.TimeUnixNano = uint64(lr.Timestamp())
 	if ev.TimeUnixNano == 0 {
 		return &tokenevent.FieldError{Field: "time_unix_nano", Reason: "missing"}
 	}
+	if err := tokenevent.CheckTime(ev.TimeUnixNano); err != nil {
+		return err
+	}
 	switch ev.Kind {
 	case tokenevent.KindStart:
-		return readStart(lr, attrs, ev, fn)
+		return readStart(lr, attrs, limits, ev, fn)
 	case tokenevent.KindToken:
 		return readToken(attrs, ev, fn)
 	default:
@@ -302,7 +343,7 @@ func ReadRecord(lr plog.LogRecord, ev *tokenevent.Event, fn func(*tokenevent.Eve
 	}
 }
 
-func readStart(lr plog.LogRecord, attrs pcommon.Map, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
+func readStart(lr plog.LogRecord, attrs pcommon.Map, limits tokenevent.Limits, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
 	ev.TraceID = tokenevent.TraceID(lr.TraceID())
 	ev.SpanID = tokenevent.SpanID(lr.SpanID())
 	var err error
@@ -314,6 +355,15 @@ func readStart(lr plog.LogRecord, attrs pcommon.Map, ev *tokenevent.Event, fn fu
 	}
 	if ev.Engine, err = strAttr(attrs, AttrEngine); err != nil {
 		return err
+	}
+	if ev.TraceState, err = strAttr(attrs, AttrTraceState); err != nil {
+		return err
+	}
+	if v, ok := attrs.Get(AttrRequestStream); ok {
+		if v.Type() != pcommon.ValueTypeBool {
+			return &tokenevent.FieldError{Field: AttrRequestStream, Reason: "want a bool, got " + v.Type().String()}
+		}
+		ev.NoStream = !v.Bool()
 	}
 	if ev.PromptTokens, err = intAttr(attrs, AttrInputTokens, -1); err != nil {
 		return err
@@ -338,6 +388,9 @@ func readStart(lr plog.LogRecord, attrs pcommon.Map, ev *tokenevent.Event, fn fu
 			ev.Attributes = append(ev.Attributes, tokenevent.Attribute{Key: k, Value: a.AsString()})
 		}
 	}
+	if err := ev.Validate(limits); err != nil {
+		return err
+	}
 	fn(ev)
 	return nil
 }
@@ -347,19 +400,21 @@ func readToken(attrs pcommon.Map, ev *tokenevent.Event, fn func(*tokenevent.Even
 		if v.Type() != pcommon.ValueTypeStr {
 			return &tokenevent.FieldError{Field: AttrTokenEvents, Reason: "want a string, got " + v.Type().String()}
 		}
-		base := ev.TimeUnixNano
-		if base > math.MaxInt64 {
-			return &tokenevent.FieldError{Field: "time_unix_nano", Reason: "want at most 2^63-1"}
-		}
-		return readPacked(v.Str(), int64(base), ev, fn)
+		return readPacked(v.Str(), int64(ev.TimeUnixNano), ev, fn) // CheckTime: within an int64
 	}
 	n, err := intAttr(attrs, AttrTokenCount, 1)
 	if err != nil {
 		return err
 	}
-	if n < 1 {
-		return &tokenevent.FieldError{Field: AttrTokenCount, Reason: "must be at least 1"}
+	if err := tokenevent.CheckCount(n); err != nil {
+		err.Field = AttrTokenCount
+		return err
 	}
+	seq, err := intAttr(attrs, AttrTokenSeq, -1)
+	if err != nil {
+		return err
+	}
+	setSeq(ev, seq)
 	ev.Count = n
 	fn(ev)
 	return nil
@@ -380,6 +435,7 @@ func readPacked(s string, base int64, ev *tokenevent.Event, fn func(*tokenevent.
 	}
 	for _, p := range buf[:n] {
 		ev.TimeUnixNano, ev.Count = uint64(p.time), p.count
+		setSeq(ev, p.seq)
 		fn(ev)
 	}
 	return nil
@@ -389,12 +445,12 @@ func readPacked(s string, base int64, ev *tokenevent.Event, fn func(*tokenevent.
 // returns the number of events.
 func scanPacked(s string, base int64, buf []packedEvent) (int, error) {
 	for i, n := 0, 0; ; n++ {
-		t, count, j, err := packedEntry(s, i, base, n)
+		t, count, seq, j, err := packedEntry(s, i, base, n)
 		if err != nil {
 			return 0, err
 		}
 		if n < len(buf) {
-			buf[n] = packedEvent{time: t, count: count}
+			buf[n] = packedEvent{time: t, count: count, seq: seq}
 		}
 		if j == len(s) {
 			return n + 1, nil
@@ -406,8 +462,9 @@ func scanPacked(s string, base int64, buf []packedEvent) (int, error) {
 // scanPackedTo calls fn for each event of s, which scanPacked accepted.
 func scanPackedTo(s string, base int64, ev *tokenevent.Event, fn func(*tokenevent.Event)) {
 	for i, n := 0, 0; ; n++ {
-		t, count, j, _ := packedEntry(s, i, base, n)
+		t, count, seq, j, _ := packedEntry(s, i, base, n)
 		ev.TimeUnixNano, ev.Count = uint64(t), count
+		setSeq(ev, seq)
 		fn(ev)
 		if j == len(s) {
 			return
@@ -416,25 +473,31 @@ func scanPackedTo(s string, base int64, ev *tokenevent.Event, fn func(*tokeneven
 	}
 }
 
-// packedEntry reads event n, "<offset>[:<count>]", from s[i:], returning
-// its time and count and where it ends: at the end of s or at the space
-// before the next event.
-func packedEntry(s string, i int, base int64, n int) (t, count int64, next int, err error) {
+// packedEntry reads event n, "<offset>[:<count>][#<seq>]", from s[i:],
+// returning its time, count and seq (-1 for none) and where it ends: at the
+// end of s or at the space before the next event.
+func packedEntry(s string, i int, base int64, n int) (t, count, seq int64, next int, err error) {
 	off, j, ok := packedInt(s, i, true)
-	count = 1
+	count, seq = 1, -1
 	if ok && j < len(s) && s[j] == ':' {
 		count, j, ok = packedInt(s, j+1, false)
 		ok = ok && count >= 1
 	}
+	if ok && j < len(s) && s[j] == '#' {
+		seq, j, ok = packedInt(s, j+1, false)
+	}
 	if !ok || (j < len(s) && s[j] != ' ') {
-		return 0, 0, 0, &tokenevent.FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: want <offset ns>[:<count>], events separated by one space", n)}
+		return 0, 0, 0, 0, &tokenevent.FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: want <offset ns>[:<count>][#<seq>], events separated by one space", n)}
+	}
+	if ferr := tokenevent.CheckCount(count); ferr != nil {
+		return 0, 0, 0, 0, &tokenevent.FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: count %s", n, ferr.Reason)}
 	}
 	// base >= 0, so only a positive offset can overflow, and it wraps
 	// below zero.
 	if t = base + off; t <= 0 {
-		return 0, 0, 0, &tokenevent.FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: time is not a positive int64", n)}
+		return 0, 0, 0, 0, &tokenevent.FieldError{Field: AttrTokenEvents, Reason: fmt.Sprintf("event %d: time is not a positive int64", n)}
 	}
-	return t, count, j, nil
+	return t, count, seq, j, nil
 }
 
 // packedInt reads a decimal int64 from s[i:], with a leading '-' if signed:
@@ -482,6 +545,8 @@ func readEnd(attrs pcommon.Map, ev *tokenevent.Event, fn func(*tokenevent.Event)
 			return &tokenevent.FieldError{Field: AttrFinishReasons, Reason: "want a string array, got " + v.Type().String()}
 		}
 	}
+	// The limits are those of the other kinds (session ID, time): checked
+	// above, before the kind's own attributes.
 	fn(ev)
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -55,7 +56,7 @@ func readAll(t *testing.T, records plog.LogRecordSlice) []tokenevent.Event {
 	var out []tokenevent.Event
 	var ev tokenevent.Event
 	for i := range records.Len() {
-		require.NoError(t, ReadRecord(records.At(i), &ev, func(e *tokenevent.Event) { out = append(out, clone(e)) }))
+		require.NoError(t, ReadRecord(records.At(i), tokenevent.Limits{}, &ev, func(e *tokenevent.Event) { out = append(out, clone(e)) }))
 	}
 	return out
 }
@@ -63,13 +64,13 @@ func readAll(t *testing.T, records plog.LogRecordSlice) []tokenevent.Event {
 func TestRecordsRoundTrip(t *testing.T) {
 	lines := []string{
 		startLine,
-		`{"event":"start","session_id":"s-2","time_unix_nano":1700000000000000001}`,
+		`{"event":"start","session_id":"s-2","time_unix_nano":1700000000000000001,"stream":false,"tracestate":"ot=th:c;rv:0123456789abcd"}`,
 		tokenLine,
-		`{"event":"token","session_id":"s-2","time_unix_nano":1700000000260000000,"count":2}`,
+		`{"event":"token","session_id":"s-2","time_unix_nano":1700000000260000000,"count":2,"seq":0}`,
 		`{"event":"token","session_id":"s-1","time_unix_nano":1700000000270000000,"count":3}`,
 		`{"event":"token","session_id":"s-1","time_unix_nano":1700000000280000000}`,
 		endLine,
-		`{"event":"token","session_id":"s-2","time_unix_nano":1700000000290000000}`,
+		`{"event":"token","session_id":"s-2","time_unix_nano":1700000000290000000,"seq":1}`,
 		`{"event":"end","session_id":"s-2","time_unix_nano":1700000000300000000,"error":"aborted"}`,
 	}
 	var want []tokenevent.Event
@@ -162,9 +163,58 @@ func packedRecord(ts uint64, events string) plog.LogRecord {
 func TestReadPackedEvents(t *testing.T) {
 	var got [][2]int64
 	var ev tokenevent.Event
-	lr := packedRecord(1000, "0 5:2 -999 9223372036854774807:9223372036854775807")
-	require.NoError(t, ReadRecord(lr, &ev, func(e *tokenevent.Event) { got = append(got, [2]int64{int64(e.TimeUnixNano), e.Count}) }))
-	assert.Equal(t, [][2]int64{{1000, 1}, {1005, 2}, {1, 1}, {math.MaxInt64, math.MaxInt64}}, got)
+	var seqs []int64
+	lr := packedRecord(1000, "0 5:2#7 -999#8 9223372036854774807:65536")
+	require.NoError(t, ReadRecord(lr, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) {
+		got = append(got, [2]int64{int64(e.TimeUnixNano), e.Count})
+		seqs = append(seqs, seqOf(e))
+	}))
+	assert.Equal(t, [][2]int64{{1000, 1}, {1005, 2}, {1, 1}, {math.MaxInt64, tokenevent.MaxCount}}, got)
+	assert.Equal(t, []int64{-1, 7, 8, -1}, seqs, "seq where written, none elsewhere")
+
+	err := ReadRecord(packedRecord(1000, "0 5:65537"), tokenevent.Limits{}, &ev, func(*tokenevent.Event) { t.Fatal("an invalid record is read whole or not at all") })
+	require.EqualError(t, err, AttrTokenEvents+": event 1: count at most 65536, got 65537")
+}
+
+// The OTLP record form is held to the wire's limits: a record from any
+// sender is trusted no more than a hook's line.
+func TestReadRecordLimits(t *testing.T) {
+	var ev tokenevent.Event
+	fail := func(*tokenevent.Event) { t.Fatal("fn called for an invalid record") }
+	record := func(name string) plog.LogRecord {
+		lr := plog.NewLogRecordSlice().AppendEmpty()
+		lr.SetEventName(name)
+		lr.SetTimestamp(1000)
+		lr.Attributes().PutStr(AttrSessionID, "s")
+		return lr
+	}
+	lr := record(EventNameToken)
+	lr.Attributes().PutStr(AttrSessionID, strings.Repeat("x", 300))
+	require.EqualError(t, ReadRecord(lr, tokenevent.Limits{}, &ev, fail), AttrSessionID+": 300 bytes, limit is 256")
+	require.NoError(t, ReadRecord(lr, tokenevent.Limits{MaxSessionIDBytes: 300}, &ev, func(*tokenevent.Event) {}), "the limit is the configured one")
+
+	lr = record(EventNameToken)
+	lr.Attributes().PutInt(AttrTokenCount, 1_000_000_000_000)
+	require.EqualError(t, ReadRecord(lr, tokenevent.Limits{}, &ev, fail), AttrTokenCount+": at most 65536, got 1000000000000")
+
+	lr = record(EventNameStart)
+	m := lr.Attributes().PutEmptyMap(AttrSessionAttributes)
+	for i := range 33 {
+		m.PutStr(fmt.Sprint("k", i), "v")
+	}
+	require.EqualError(t, ReadRecord(lr, tokenevent.Limits{}, &ev, fail), "attributes: more than 32 entries")
+
+	lr = record(EventNameStart)
+	lr.Attributes().PutStr(AttrOperation, "embeddings")
+	require.EqualError(t, ReadRecord(lr, tokenevent.Limits{}, &ev, fail), `operation: want chat or text_completion, got "embeddings"`)
+
+	lr = record(EventNameStart)
+	lr.Attributes().PutBool(AttrRequestStream, false)
+	lr.Attributes().PutStr(AttrTraceState, "ot=th:8")
+	require.NoError(t, ReadRecord(lr, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) {
+		assert.True(t, e.NoStream)
+		assert.Equal(t, "ot=th:8", e.TraceState)
+	}))
 }
 
 // A record of more events than the reader decodes in one pass is read in
@@ -192,7 +242,7 @@ func TestPackedRoundTripLong(t *testing.T) {
 			lr.Attributes().PutStr(AttrTokenEvents, v.Str()+" x")
 			called := false
 			var ev tokenevent.Event
-			require.Error(t, ReadRecord(lr, &ev, func(*tokenevent.Event) { called = true }))
+			require.Error(t, ReadRecord(lr, tokenevent.Limits{}, &ev, func(*tokenevent.Event) { called = true }))
 			assert.False(t, called)
 		})
 	}
@@ -200,25 +250,25 @@ func TestPackedRoundTripLong(t *testing.T) {
 
 func TestReadPackedEventsErrors(t *testing.T) {
 	for _, tt := range []struct{ events, want string }{
-		{"", "event 0: want <offset ns>[:<count>], events separated by one space"},
-		{"0 ", "event 1: want <offset ns>[:<count>], events separated by one space"},
-		{"0  5", "event 1: want <offset ns>[:<count>], events separated by one space"},
-		{" 0", "event 0: want <offset ns>[:<count>], events separated by one space"},
-		{"0 5:0", "event 1: want <offset ns>[:<count>], events separated by one space"},
-		{"0 5:-1", "event 1: want <offset ns>[:<count>], events separated by one space"},
-		{"0 5:", "event 1: want <offset ns>[:<count>], events separated by one space"},
-		{"0,5", "event 0: want <offset ns>[:<count>], events separated by one space"},
-		{"0 x", "event 1: want <offset ns>[:<count>], events separated by one space"},
-		{"-", "event 0: want <offset ns>[:<count>], events separated by one space"},
-		{"0 12345678901234567890", "event 1: want <offset ns>[:<count>], events separated by one space"},
-		{"0 9223372036854775808", "event 1: want <offset ns>[:<count>], events separated by one space"},
+		{"", "event 0: want <offset ns>[:<count>][#<seq>], events separated by one space"},
+		{"0 ", "event 1: want <offset ns>[:<count>][#<seq>], events separated by one space"},
+		{"0  5", "event 1: want <offset ns>[:<count>][#<seq>], events separated by one space"},
+		{" 0", "event 0: want <offset ns>[:<count>][#<seq>], events separated by one space"},
+		{"0 5:0", "event 1: want <offset ns>[:<count>][#<seq>], events separated by one space"},
+		{"0 5:-1", "event 1: want <offset ns>[:<count>][#<seq>], events separated by one space"},
+		{"0 5:", "event 1: want <offset ns>[:<count>][#<seq>], events separated by one space"},
+		{"0,5", "event 0: want <offset ns>[:<count>][#<seq>], events separated by one space"},
+		{"0 x", "event 1: want <offset ns>[:<count>][#<seq>], events separated by one space"},
+		{"-", "event 0: want <offset ns>[:<count>][#<seq>], events separated by one space"},
+		{"0 12345678901234567890", "event 1: want <offset ns>[:<count>][#<seq>], events separated by one space"},
+		{"0 9223372036854775808", "event 1: want <offset ns>[:<count>][#<seq>], events separated by one space"},
 		{"0 -1000", "event 1: time is not a positive int64"},
 		{"0 9223372036854775807", "event 1: time is not a positive int64"},
 	} {
 		t.Run(tt.events, func(t *testing.T) {
 			called := false
 			var ev tokenevent.Event
-			err := ReadRecord(packedRecord(1000, tt.events), &ev, func(*tokenevent.Event) { called = true })
+			err := ReadRecord(packedRecord(1000, tt.events), tokenevent.Limits{}, &ev, func(*tokenevent.Event) { called = true })
 			require.EqualError(t, err, AttrTokenEvents+": "+tt.want)
 			assert.False(t, called, "fn called for an invalid record")
 		})
@@ -226,9 +276,9 @@ func TestReadPackedEventsErrors(t *testing.T) {
 	lr := packedRecord(1000, "0")
 	lr.Attributes().PutInt(AttrTokenEvents, 3)
 	var ev tokenevent.Event
-	require.EqualError(t, ReadRecord(lr, &ev, func(*tokenevent.Event) {}), AttrTokenEvents+": want a string, got Int")
+	require.EqualError(t, ReadRecord(lr, tokenevent.Limits{}, &ev, func(*tokenevent.Event) {}), AttrTokenEvents+": want a string, got Int")
 	lr = packedRecord(math.MaxInt64+1, "0")
-	require.EqualError(t, ReadRecord(lr, &ev, func(*tokenevent.Event) {}), "time_unix_nano: want at most 2^63-1")
+	require.EqualError(t, ReadRecord(lr, tokenevent.Limits{}, &ev, func(*tokenevent.Event) {}), "time_unix_nano: integer out of range")
 }
 
 // FuzzPackedEvents checks that any token events of one session, in any
@@ -262,13 +312,13 @@ func FuzzPackedEvents(f *testing.F) {
 		var got []tokenevent.Event
 		var ev tokenevent.Event
 		for i := range records.Len() {
-			require.NoError(t, ReadRecord(records.At(i), &ev, func(e *tokenevent.Event) { got = append(got, clone(e)) }))
+			require.NoError(t, ReadRecord(records.At(i), tokenevent.Limits{}, &ev, func(e *tokenevent.Event) { got = append(got, clone(e)) }))
 		}
 		assert.Equal(t, want, got)
 
 		lr := packedRecord(1_700_000_000_000_000_000, text)
 		var read []tokenevent.Event
-		if ReadRecord(lr, &ev, func(e *tokenevent.Event) { read = append(read, clone(e)) }) != nil {
+		if ReadRecord(lr, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) { read = append(read, clone(e)) }) != nil {
 			return
 		}
 		again := plog.NewLogRecordSlice()
@@ -279,7 +329,7 @@ func FuzzPackedEvents(f *testing.F) {
 		w.Flush()
 		var reread []tokenevent.Event
 		for i := range again.Len() {
-			require.NoError(t, ReadRecord(again.At(i), &ev, func(e *tokenevent.Event) { reread = append(reread, clone(e)) }))
+			require.NoError(t, ReadRecord(again.At(i), tokenevent.Limits{}, &ev, func(e *tokenevent.Event) { reread = append(reread, clone(e)) }))
 		}
 		assert.Equal(t, read, reread)
 	})
@@ -332,7 +382,7 @@ func TestReadRecordErrors(t *testing.T) {
 			tt.build(lr)
 			called := false
 			var ev tokenevent.Event
-			err := ReadRecord(lr, &ev, func(*tokenevent.Event) { called = true })
+			err := ReadRecord(lr, tokenevent.Limits{}, &ev, func(*tokenevent.Event) { called = true })
 			require.EqualError(t, err, tt.want)
 			assert.False(t, called)
 		})
@@ -349,7 +399,7 @@ func TestReadRecordFromSDK(t *testing.T) {
 	lr.Attributes().PutStr(AttrFinishReasons, "length")
 	var got []tokenevent.Event
 	var ev tokenevent.Event
-	require.NoError(t, ReadRecord(lr, &ev, func(e *tokenevent.Event) { got = append(got, clone(e)) }))
+	require.NoError(t, ReadRecord(lr, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) { got = append(got, clone(e)) }))
 	require.Len(t, got, 1)
 	assert.Equal(t, "length", got[0].FinishReason)
 	assert.True(t, IsTokenEvent(lr))

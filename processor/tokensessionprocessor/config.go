@@ -10,6 +10,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
 	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 )
 
 // PassTokenEvents says which token event records travel on down the logs
@@ -40,6 +41,7 @@ type Config struct {
 	Sampling SamplingConfig `mapstructure:"sampling"`
 	Metrics  MetricsConfig  `mapstructure:"metrics"`
 	Traces   TracesConfig   `mapstructure:"traces"`
+	Limits   LimitsConfig   `mapstructure:"limits"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -55,6 +57,10 @@ type StallConfig struct {
 	// CheckInterval is how often idle sessions are checked for freezes and
 	// timeouts.
 	CheckInterval time.Duration `mapstructure:"check_interval"`
+	// DeliverySlack is how late a source's events may arrive before its
+	// silence counts towards a freeze (freezes are judged on the engine's
+	// clock).
+	DeliverySlack time.Duration `mapstructure:"delivery_slack"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -67,6 +73,9 @@ type SessionConfig struct {
 	// EndedMemory is how many ended session IDs are remembered to recognise
 	// late events.
 	EndedMemory int `mapstructure:"ended_memory"`
+	// MaxFutureSkew rejects events stamped further ahead of the collector's
+	// clock.
+	MaxFutureSkew time.Duration `mapstructure:"max_future_skew"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -105,6 +114,21 @@ type MetricsConfig struct {
 	_ struct{}
 }
 
+// LimitsConfig bounds what one token event record may carry, as the
+// token_stream receiver's hooks::limits bound a wire line: records from any
+// OTLP sender are held to the same rules.
+type LimitsConfig struct {
+	MaxSessionIDBytes int `mapstructure:"max_session_id_bytes"`
+	MaxAttributes     int `mapstructure:"max_attributes"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+func (l LimitsConfig) eventLimits() tokenevent.Limits {
+	return tokenevent.Limits{MaxSessionIDBytes: l.MaxSessionIDBytes, MaxAttributes: l.MaxAttributes}
+}
+
 // TracesConfig bounds the spans held until their session's verdict.
 type TracesConfig struct {
 	MaxHeldSpans     int           `mapstructure:"max_held_spans"`
@@ -122,14 +146,17 @@ func createDefaultConfig() *Config {
 		PassTokenEvents: PassNone,
 		ProviderName:    "vllm",
 		Window:          d.Window,
-		Stall:           StallConfig{Gap: d.StallGap, Consecutive: d.StallConsecutive, MaxRecords: d.MaxStallRecords, CheckInterval: 50 * time.Millisecond},
-		Session:         SessionConfig{IdleTimeout: d.IdleTimeout, MaxActive: d.MaxActive, EndedMemory: d.EndedMemory},
+		Stall: StallConfig{Gap: d.StallGap, Consecutive: d.StallConsecutive, MaxRecords: d.MaxStallRecords,
+			CheckInterval: 50 * time.Millisecond, DeliverySlack: d.DeliverySlack},
+		Session: SessionConfig{IdleTimeout: d.IdleTimeout, MaxActive: d.MaxActive, EndedMemory: d.EndedMemory,
+			MaxFutureSkew: d.MaxFutureSkew},
 		Sampling: SamplingConfig{TTFT: d.Sampling.TTFT, TPOT: d.Sampling.TPOT, Stalls: d.Sampling.Stalls,
 			Errors: d.Sampling.Errors, NormalPercent: d.Sampling.NormalPercent},
 		Metrics: MetricsConfig{FlushInterval: 15 * time.Second, CardinalityLimit: sessionmetrics.DefaultCardinalityLimit,
 			Temporality: sessionmetrics.Cumulative, Histogram: sessionmetrics.Explicit, ExponentialMaxSize: sessionmetrics.DefaultExponentialMaxSize,
 			MaxModels: sessionmetrics.DefaultMaxModels},
 		Traces: TracesConfig{MaxHeldSpans: h.MaxHeldSpans, MaxHold: h.MaxHold, VerdictCacheSize: h.VerdictCacheSize},
+		Limits: LimitsConfig{MaxSessionIDBytes: tokenevent.DefaultMaxSessionIDBytes, MaxAttributes: tokenevent.DefaultMaxAttributes},
 	}
 }
 
@@ -140,7 +167,9 @@ func (cfg *Config) sessionConfig() session.Config {
 		StallGap:         cfg.Stall.Gap,
 		StallConsecutive: cfg.Stall.Consecutive,
 		MaxStallRecords:  cfg.Stall.MaxRecords,
+		DeliverySlack:    cfg.Stall.DeliverySlack,
 		IdleTimeout:      cfg.Session.IdleTimeout,
+		MaxFutureSkew:    cfg.Session.MaxFutureSkew,
 		MaxActive:        cfg.Session.MaxActive,
 		EndedMemory:      cfg.Session.EndedMemory,
 		Sampling: session.SamplingConfig{TTFT: cfg.Sampling.TTFT, TPOT: cfg.Sampling.TPOT, Stalls: cfg.Sampling.Stalls,
@@ -179,6 +208,12 @@ func (cfg *Config) Validate() error {
 	}
 	if cfg.Stall.CheckInterval <= 0 {
 		errs = append(errs, fmt.Errorf("stall::check_interval: must be positive, got %s", cfg.Stall.CheckInterval))
+	}
+	if cfg.Limits.MaxSessionIDBytes <= 0 {
+		errs = append(errs, fmt.Errorf("limits::max_session_id_bytes: must be positive, got %d", cfg.Limits.MaxSessionIDBytes))
+	}
+	if cfg.Limits.MaxAttributes <= 0 {
+		errs = append(errs, fmt.Errorf("limits::max_attributes: must be positive, got %d", cfg.Limits.MaxAttributes))
 	}
 	if cfg.Metrics.FlushInterval <= 0 {
 		errs = append(errs, fmt.Errorf("metrics::flush_interval: must be positive, got %s", cfg.Metrics.FlushInterval))

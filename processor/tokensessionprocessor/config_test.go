@@ -45,8 +45,10 @@ func TestConfigDefaults(t *testing.T) {
 	assert.Equal(t, createDefaultConfig(), cfg)
 	assert.Equal(t, PassNone, cfg.PassTokenEvents)
 	assert.Equal(t, 10, cfg.Window)
-	assert.Equal(t, StallConfig{Gap: 150 * time.Millisecond, Consecutive: 3, MaxRecords: 8, CheckInterval: 50 * time.Millisecond}, cfg.Stall)
-	assert.Equal(t, SessionConfig{IdleTimeout: 5 * time.Minute, MaxActive: 100000, EndedMemory: 16384}, cfg.Session)
+	assert.Equal(t, StallConfig{Gap: 150 * time.Millisecond, Consecutive: 3, MaxRecords: 8, CheckInterval: 50 * time.Millisecond,
+		DeliverySlack: 500 * time.Millisecond}, cfg.Stall)
+	assert.Equal(t, SessionConfig{IdleTimeout: 5 * time.Minute, MaxActive: 100000, EndedMemory: 16384, MaxFutureSkew: time.Minute}, cfg.Session)
+	assert.Equal(t, LimitsConfig{MaxSessionIDBytes: 256, MaxAttributes: 32}, cfg.Limits)
 	assert.Equal(t, SamplingConfig{TTFT: 500 * time.Millisecond, TPOT: 80 * time.Millisecond, Stalls: true, Errors: true, NormalPercent: 1}, cfg.Sampling)
 	assert.Equal(t, 15*time.Second, cfg.Metrics.FlushInterval)
 	assert.Equal(t, 2000, cfg.Metrics.CardinalityLimit)
@@ -60,8 +62,10 @@ func TestConfigCustom(t *testing.T) {
 	assert.Equal(t, PassAll, cfg.PassTokenEvents)
 	assert.Equal(t, "sglang", cfg.ProviderName)
 	assert.Equal(t, 20, cfg.Window)
-	assert.Equal(t, StallConfig{Gap: 200 * time.Millisecond, Consecutive: 4, MaxRecords: 2, CheckInterval: 100 * time.Millisecond}, cfg.Stall)
-	assert.Equal(t, SessionConfig{IdleTimeout: time.Minute, MaxActive: 5000, EndedMemory: 1000}, cfg.Session)
+	assert.Equal(t, StallConfig{Gap: 200 * time.Millisecond, Consecutive: 4, MaxRecords: 2, CheckInterval: 100 * time.Millisecond,
+		DeliverySlack: time.Second}, cfg.Stall)
+	assert.Equal(t, SessionConfig{IdleTimeout: time.Minute, MaxActive: 5000, EndedMemory: 1000, MaxFutureSkew: 10 * time.Second}, cfg.Session)
+	assert.Equal(t, LimitsConfig{MaxSessionIDBytes: 512, MaxAttributes: 8}, cfg.Limits)
 	assert.Equal(t, SamplingConfig{TTFT: time.Second, TPOT: 100 * time.Millisecond, Stalls: false, Errors: true, NormalPercent: 5}, cfg.Sampling)
 	assert.Equal(t, MetricsConfig{FlushInterval: 30 * time.Second, Dimensions: []string{"quantization", "tenant"}, CardinalityLimit: 500,
 		Temporality: sessionmetrics.Delta, Histogram: sessionmetrics.Exponential, ExponentialMaxSize: 80, MaxModels: 20}, cfg.Metrics)
@@ -80,6 +84,10 @@ func TestConfigInvalidReportsEveryProblem(t *testing.T) {
 		"window: must be positive, got 0",
 		"stall::consecutive: must be positive, got -1",
 		"stall::check_interval: must be positive, got 0s",
+		"stall::delivery_slack: must not be negative, got -1s",
+		"session::max_future_skew: must be positive, got 0s",
+		"limits::max_session_id_bytes: must be positive, got 0",
+		"limits::max_attributes: must be positive, got -1",
 		"sampling::normal_percent: must be within [0, 100], got 150",
 		"metrics::flush_interval: must be positive, got -1s",
 		"metrics::cardinality_limit: want at least 2 (one regular series plus the overflow series), got 1",

@@ -27,7 +27,13 @@ func NewFactory() processor.Factory {
 
 // capabilities: the processor removes the token event records it folds and
 // the spans it holds from what it was given.
-var capabilities = consumer.Capabilities{MutatesData: true}
+// The logs and traces faces change what passes (token records are taken
+// out, held spans moved, kept spans' tracestates stamped); the metrics face
+// only reads the engine state from what passes.
+var (
+	capabilities        = consumer.Capabilities{MutatesData: true}
+	metricsCapabilities = consumer.Capabilities{MutatesData: false}
+)
 
 // sharedComponent is the core of one component ID, started and stopped once
 // for all its pipelines.
@@ -77,7 +83,7 @@ type metricsProcessor struct {
 	*sharedComponent
 }
 
-func (p *metricsProcessor) Capabilities() consumer.Capabilities { return capabilities }
+func (p *metricsProcessor) Capabilities() consumer.Capabilities { return metricsCapabilities }
 func (p *metricsProcessor) ConsumeMetrics(ctx context.Context, md pmetric.Metrics) error {
 	return p.Unwrap().consumeMetrics(ctx, md)
 }

@@ -1,17 +1,15 @@
 package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
 
 import (
-	"strings"
 	"time"
 
-	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
 	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
 
@@ -44,14 +42,16 @@ const (
 	attrServiceName       = "service.name"
 )
 
-// outcomeErrorType is error.type for outcomes that are failures without an
-// error type of their own.
+// errorType is error.type of a session: the end event's, else the
+// outcome's for a session that did not complete (timeout, aborted,
+// evicted, shutdown); "" for a completed one.
 func errorType(s *session.Session, e *session.End) string {
-	switch {
-	case e.ErrorType != "":
+	if e.ErrorType != "" {
 		return e.ErrorType
-	case s.Outcome == session.OutcomeTimeout:
-		return "timeout"
+	}
+	switch s.Outcome {
+	case session.OutcomeTimeout, session.OutcomeAborted, session.OutcomeEvicted, session.OutcomeShutdown:
+		return s.Outcome.String()
 	}
 	return ""
 }
@@ -96,7 +96,7 @@ func (c *core) putSessionAttributes(m pcommon.Map, s *session.Session, e *sessio
 	putStr(m, tokenrecord.AttrOperation, s.Operation)
 	m.PutStr(attrProviderName, c.cfg.ProviderName)
 	putStr(m, tokenrecord.AttrRequestModel, s.Model)
-	m.PutBool(attrRequestStream, true)
+	m.PutBool(attrRequestStream, !s.NoStream)
 	if s.PromptTokens >= 0 {
 		m.PutInt(tokenrecord.AttrInputTokens, s.PromptTokens)
 	}
@@ -152,7 +152,9 @@ func (c *core) appendSpan(ss ptrace.ScopeSpans, s *session.Session, e *session.E
 	span.SetTraceID(s.TraceID)
 	span.SetSpanID(s.SpanID)
 	span.SetParentSpanID(s.ParentSpanID)
-	span.TraceState().FromRaw(traceState(s.Threshold))
+	// The caller's tracestate, with the threshold the session was kept at.
+	span.TraceState().FromRaw(s.TraceState())
+	heldspans.StampThreshold(span.TraceState(), s.Threshold)
 	span.SetName(spanName(s))
 	span.SetKind(ptrace.SpanKindServer)
 	span.SetStartTimestamp(pcommon.Timestamp(sessionStart(s)))
@@ -176,10 +178,9 @@ func (c *core) appendSpan(ss ptrace.ScopeSpans, s *session.Session, e *session.E
 			putStallContext(ev.Attributes(), h, stalls[i].DetectedAt)
 		}
 	}
-	switch s.Outcome {
-	case session.OutcomeError, session.OutcomeTimeout:
+	if et := errorType(s, e); et != "" {
 		span.Status().SetCode(ptrace.StatusCodeError)
-		span.Status().SetMessage(errorType(s, e))
+		span.Status().SetMessage(et)
 	}
 }
 
@@ -196,31 +197,17 @@ func putStall(m pcommon.Map, st *session.Stall) {
 }
 
 // spanName is "{gen_ai.operation.name} {gen_ai.request.model}", GenAI
-// semconv's inference span name, with what is known of it.
+// semconv's inference span name, with what is known of it: the operation
+// alone without a model, and "gen_ai" without an operation (a model name
+// alone would say nothing of what was done).
 func spanName(s *session.Session) string {
-	op := s.Operation
-	if op == "" {
-		op = tokenevent.OperationChat
+	switch {
+	case s.Operation == "":
+		return "gen_ai"
+	case s.Model == "":
+		return s.Operation
 	}
-	if s.Model == "" {
-		return op
-	}
-	return op + " " + s.Model
-}
-
-// traceState is the W3C tracestate of a kept span: the OTEP 235 threshold
-// it was sampled with, so that downstream samplers and span metrics can
-// re-weight it.
-func traceState(th sampling.Threshold) string {
-	var w3c sampling.W3CTraceState
-	if err := w3c.OTelValue().UpdateTValueWithSampling(th); err != nil {
-		return ""
-	}
-	var b strings.Builder
-	if err := w3c.Serialize(&b); err != nil {
-		return ""
-	}
-	return b.String()
+	return s.Operation + " " + s.Model
 }
 
 // appendSummary writes the summary record of a kept session into records.

@@ -48,6 +48,8 @@ type core struct {
 	// With pass_token_events: sampled, the token event records of each
 	// active session.
 	sampledRecords map[string]plog.LogRecordSlice
+	// limits are the rules token event records are held to.
+	limits tokenevent.Limits
 	// engines is the engine state read from the metrics pipeline.
 	engines  engineStates
 	counters session.Counters // as last reported to telemetry
@@ -80,7 +82,7 @@ func (o *outputs) records(provider string) plog.LogRecordSlice {
 }
 
 func newCore(cfg *Config, set processor.Settings) (*core, error) {
-	c := &core{cfg: cfg, set: set, stop: make(chan struct{})}
+	c := &core{cfg: cfg, set: set, stop: make(chan struct{}), limits: cfg.Limits.eventLimits()}
 	var err error
 	if c.table, err = session.NewTable[*sessionmetrics.Live](cfg.sessionConfig(), c); err != nil {
 		return nil, err
@@ -94,6 +96,7 @@ func newCore(cfg *Config, set processor.Settings) (*core, error) {
 	if c.telemetry, err = newProcessorTelemetry(set); err != nil {
 		return nil, err
 	}
+	c.table.SetTraceMemory(c.held.KeptTrace)
 	c.applyFn = func(ev *tokenevent.Event) { c.reports = c.table.Apply(ev, c.nowNanos, c.reports) }
 	c.pending = newOutputs()
 	if cfg.PassTokenEvents == PassSampled {
@@ -140,7 +143,7 @@ func (c *core) Shutdown(ctx context.Context) error {
 	now := time.Now()
 	c.mu.Lock()
 	c.setNow(now)
-	c.reports = c.table.Shutdown(c.reports)
+	c.reports = c.table.Shutdown(c.nowNanos, c.reports)
 	c.handleReports(nil)
 	c.held.Flush(c.pending.traces)
 	out := c.takePending()
@@ -270,7 +273,7 @@ func (c *core) consumeLogs(ctx context.Context, ld plog.Logs) error {
 					return false
 				}
 				tokenRecords++
-				err := tokenrecord.ReadRecord(lr, &c.event, c.applyFn)
+				err := tokenrecord.ReadRecord(lr, c.limits, &c.event, c.applyFn)
 				c.handleReports(&lr)
 				if err != nil {
 					invalid++
@@ -293,6 +296,10 @@ func (c *core) consumeLogs(ctx context.Context, ld plog.Logs) error {
 		})
 		return rl.ScopeLogs().Len() == 0
 	})
+	// The last event's strings (its session ID, attributes) would live on
+	// in c.event until the next batch.
+	c.event.Reset()
+	clear(c.event.Attributes[:cap(c.event.Attributes)])
 	out := c.takePending()
 	c.mu.Unlock()
 	if invalid > 0 {
@@ -341,8 +348,16 @@ func (c *core) consumeTraces(ctx context.Context, td ptrace.Traces) error {
 		rs.ScopeSpans().RemoveIf(func(ss ptrace.ScopeSpans) bool {
 			ss.Spans().RemoveIf(func(span ptrace.Span) bool {
 				id := span.TraceID()
-				if active, kept := c.table.TraceActive(id); active {
+				// A trace kept once stays kept, when it calls the model
+				// again too; every kept span carries its threshold.
+				keep, th, known := c.held.Verdict(id)
+				if known && keep {
+					heldspans.StampThreshold(span.TraceState(), th)
+					return false
+				}
+				if active, kept, th := c.table.TraceActive(id); active {
 					if kept {
+						heldspans.StampThreshold(span.TraceState(), th)
 						return false
 					}
 					if c.held.HoldMove(id, rs.Resource(), rs.SchemaUrl(), ss.Scope(), ss.SchemaUrl(), span, now) {
@@ -352,7 +367,7 @@ func (c *core) consumeTraces(ctx context.Context, td ptrace.Traces) error {
 					overflow++
 					return false
 				}
-				if keep, known := c.held.Verdict(id); known && !keep {
+				if known {
 					dropped++
 					return true
 				}
@@ -380,6 +395,10 @@ func (c *core) Started(s *session.Session) *sessionmetrics.Live {
 	return c.metrics.SessionStarted(c.dims(s))
 }
 
+func (c *core) Restarted(s *session.Session, live *sessionmetrics.Live) *sessionmetrics.Live {
+	return c.metrics.SessionRestarted(live, c.dims(s))
+}
+
 func (c *core) Gap(_ *session.Session, live *sessionmetrics.Live, g time.Duration, n int64) {
 	c.metrics.ObserveGap(live, g, n)
 }
@@ -396,7 +415,7 @@ func (c *core) handleReports(folded *plog.LogRecord) {
 		case session.ReportStalled:
 			c.stalled(r)
 		case session.ReportKeptEarly:
-			if kept, _ := c.held.Release(r.Session.TraceID, true, c.pending.traces); kept > 0 {
+			if kept, _ := c.held.Release(r.Session.TraceID, true, r.Trace.Threshold, c.pending.traces); kept > 0 {
 				c.telemetry.releasedSpans += int64(kept)
 			}
 		case session.ReportEnded:
@@ -417,6 +436,10 @@ func (c *core) ended(r *session.Report[*sessionmetrics.Live], folded *plog.LogRe
 	s, e := r.Session, &r.End
 	ttft, hasTTFT := s.TTFT()
 	tpot, hasTPOT := s.TPOT(e.CompletionTokens)
+	// GenAI semconv defines TTFT and TPOT for successful responses: a
+	// session cut short would pull them towards its failure.
+	completed := s.Outcome == session.OutcomeCompleted
+	hasTTFT, hasTPOT = hasTTFT && completed, hasTPOT && completed
 	res := sessionmetrics.Result{
 		ErrorType: errorType(s, e), Outcome: s.Outcome.String(), Sampled: s.Keep,
 		TTFT: ttft, HasTTFT: hasTTFT, TPOT: tpot, HasTPOT: hasTPOT, Duration: s.Duration(e),
@@ -450,7 +473,7 @@ func (c *core) ended(r *session.Report[*sessionmetrics.Live], folded *plog.LogRe
 		}
 	}
 	if r.Trace.Done {
-		kept, dropped := c.held.Release(s.TraceID, r.Trace.Kept, c.pending.traces)
+		kept, dropped := c.held.Release(s.TraceID, r.Trace.Kept, r.Trace.Threshold, c.pending.traces)
 		c.telemetry.releasedSpans += int64(kept)
 		c.telemetry.droppedSpans += int64(dropped)
 	}

@@ -37,7 +37,8 @@ type processorTelemetry struct {
 
 	// Attribute sets built once: recording allocates nothing.
 	sessionSet  [session.OutcomeShutdown + 1][2]metric.AddOption
-	disorderSet [5]metric.AddOption
+	disorderSet [len(disorderKinds)]metric.AddOption
+	rejectedSet [len(rejectReasons)][len(eventKinds)]metric.AddOption
 	signalSet   [len(signalNames)]metric.AddOption
 
 	// Accumulated under the core's lock, reported by reportCounters.
@@ -62,6 +63,12 @@ func newProcessorTelemetry(set processor.Settings) (*processorTelemetry, error) 
 	}
 	for i, kind := range disorderKinds {
 		t.disorderSet[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("kind", kind)))
+	}
+	for i, reason := range rejectReasons {
+		for j, kind := range eventKinds {
+			t.rejectedSet[i][j] = metric.WithAttributeSet(attribute.NewSet(
+				attribute.String("reason", reason), attribute.String("event", kind)))
+		}
 	}
 	for i, name := range signalNames {
 		t.signalSet[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("signal", name)))
@@ -94,10 +101,23 @@ func (t *processorTelemetry) sessionEnded(o session.Outcome, sampled bool) {
 
 // disorderKinds are the kind attribute's values, in the order of
 // disorderCounts.
-var disorderKinds = [...]string{"orphan_token", "orphan_end", "late", "duplicate_start", "out_of_order"}
+var disorderKinds = [...]string{"orphan_token", "orphan_end", "late", "duplicate_start", "out_of_order",
+	"duplicate_token", "invalid_tracestate"}
 
 func disorderCounts(c *session.Counters) [len(disorderKinds)]uint64 {
-	return [...]uint64{c.OrphanTokens, c.OrphanEnds, c.LateEvents, c.DuplicateStarts, c.OutOfOrder}
+	return [...]uint64{c.OrphanTokens, c.OrphanEnds, c.LateEvents, c.DuplicateStarts, c.OutOfOrder,
+		c.DuplicateTokens, c.InvalidTraceStates}
+}
+
+// rejectReasons and eventKinds are the values of events_rejected's reason
+// and event attributes, in the order of session.Counters' arrays.
+var (
+	rejectReasons = [...]string{"future", "before_start"}
+	eventKinds    = [...]string{"start", "token", "end"}
+)
+
+func rejectedCounts(c *session.Counters) [len(rejectReasons)][len(eventKinds)]uint64 {
+	return [...][len(eventKinds)]uint64{c.FutureEvents, c.EventsBeforeStart}
 }
 
 // reportCounters reports what changed since the last call: the table's
@@ -110,6 +130,17 @@ func (t *processorTelemetry) reportCounters(reported, now *session.Counters, act
 		if is[i] > was[i] {
 			t.builder.ProcessorTokenSessionDisorderEvents.Add(ctx, int64(is[i]-was[i]), t.disorderSet[i])
 		}
+	}
+	wasRejected, isRejected := rejectedCounts(reported), rejectedCounts(now)
+	for i := range isRejected {
+		for j := range isRejected[i] {
+			if d := isRejected[i][j] - wasRejected[i][j]; d > 0 {
+				t.builder.ProcessorTokenSessionEventsRejected.Add(ctx, int64(d), t.rejectedSet[i][j])
+			}
+		}
+	}
+	if d := now.WithdrawnFreezes - reported.WithdrawnFreezes; d > 0 {
+		t.builder.ProcessorTokenSessionFreezesWithdrawn.Add(ctx, int64(d))
 	}
 	*reported = *now
 	t.active.Store(int64(active))

@@ -29,6 +29,8 @@ type TelemetryBuilder struct {
 	mu                                    sync.Mutex
 	registrations                         []metric.Registration
 	ProcessorTokenSessionDisorderEvents   metric.Int64Counter
+	ProcessorTokenSessionEventsRejected   metric.Int64Counter
+	ProcessorTokenSessionFreezesWithdrawn metric.Int64Counter
 	ProcessorTokenSessionInvalidRecords   metric.Int64Counter
 	ProcessorTokenSessionMetricOverflows  metric.Int64Counter
 	ProcessorTokenSessionModelsOverflowed metric.Int64Counter
@@ -116,6 +118,18 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_processor_token_session_disorder_events",
 		metric.WithDescription("Token events that did not fit their session as they came, by kind. [Development]"),
 		metric.WithUnit("{event}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionEventsRejected, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_events_rejected",
+		metric.WithDescription("Token events whose time cannot be right, by reason and event kind; dropped. [Development]"),
+		metric.WithUnit("{event}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionFreezesWithdrawn, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_freezes_withdrawn",
+		metric.WithDescription("Freezes reported (an alert went out) and then withdrawn, because a token stamped before the freeze began arrived late; the session's stalls and span no longer count them. [Development]"),
+		metric.WithUnit("{stall}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionInvalidRecords, err = builder.meter.Int64Counter(

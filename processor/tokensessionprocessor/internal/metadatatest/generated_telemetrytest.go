@@ -37,6 +37,38 @@ func AssertEqualProcessorTokenSessionDisorderEvents(t *testing.T, tt *componentt
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }
 
+func AssertEqualProcessorTokenSessionEventsRejected(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_processor_token_session_events_rejected",
+		Description: "Token events whose time cannot be right, by reason and event kind; dropped. [Development]",
+		Unit:        "{event}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_processor_token_session_events_rejected")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
+func AssertEqualProcessorTokenSessionFreezesWithdrawn(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_processor_token_session_freezes_withdrawn",
+		Description: "Freezes reported (an alert went out) and then withdrawn, because a token stamped before the freeze began arrived late; the session's stalls and span no longer count them. [Development]",
+		Unit:        "{stall}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_processor_token_session_freezes_withdrawn")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
 func AssertEqualProcessorTokenSessionInvalidRecords(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_processor_token_session_invalid_records",

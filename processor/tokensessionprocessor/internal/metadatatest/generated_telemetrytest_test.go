@@ -29,6 +29,8 @@ func TestSetupTelemetry(t *testing.T) {
 		return nil
 	}))
 	tb.ProcessorTokenSessionDisorderEvents.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionEventsRejected.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionFreezesWithdrawn.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionInvalidRecords.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionMetricOverflows.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionModelsOverflowed.Add(context.Background(), 1)
@@ -40,6 +42,12 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ProcessorTokenSessionSpansOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionSpansReleased.Add(context.Background(), 1)
 	AssertEqualProcessorTokenSessionDisorderEvents(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionEventsRejected(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionFreezesWithdrawn(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionInvalidRecords(t, testTel,
