@@ -353,11 +353,12 @@ func (b *ScannedBody) Read(p []byte) (int, error) {
 // Close does nothing: the client's body is the server's to close.
 func (b *ScannedBody) Close() error { return nil }
 
-// Stop ends the body and reports the request's model and whether
-// include_usage was added. When the transport never read the body, the
-// start of it is read here for the model; no read of the transport's can
-// be under way then, and none will start.
-func (b *ScannedBody) Stop() (model string, injected bool) {
+// Stop ends the body and reports the request's model, whether it asked for
+// a stream ("stream": true; absent is false, as in the OpenAI API) and
+// whether include_usage was added. When the transport never read the body,
+// the start of it is read here for the model; no read of the transport's
+// can be under way then, and none will start.
+func (b *ScannedBody) Stop() (model string, stream, injected bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.stopped = true
@@ -372,6 +373,6 @@ func (b *ScannedBody) Stop() (model string, injected bool) {
 			}
 		}
 	}
-	model, _, _ = b.s.requestInfo()
-	return model, b.added
+	model, stream, _ = b.s.requestInfo()
+	return model, stream, b.added
 }

@@ -211,7 +211,7 @@ func TestScannedBody(t *testing.T) {
 			got, err := io.ReadAll(b)
 			require.NoError(t, err)
 			assert.Equal(t, want, string(got))
-			model, injected := b.Stop()
+			model, _, injected := b.Stop()
 			assert.Equal(t, "m", model)
 			assert.True(t, injected)
 			_, err = b.Read(make([]byte, 8))
@@ -232,7 +232,7 @@ func TestScannedBody(t *testing.T) {
 			_, rerr := b.Read(buf)
 			readErr <- rerr
 		}()
-		model, injected := b.Stop()
+		model, _, injected := b.Stop()
 		assert.Equal(t, "m", model)
 		assert.False(t, injected, "nothing added to a body that did not end")
 		go func() { _, _ = io.WriteString(pw, `"max_tokens":8}`) }()
@@ -242,7 +242,7 @@ func TestScannedBody(t *testing.T) {
 
 	t.Run("never sent", func(t *testing.T) { // the upstream was unreachable
 		b := NewScannedBody(strings.NewReader(`{"messages":[{"role":"user","content":"` + strings.Repeat("x", 10000) + `"}],"model":"m","stream":true}`))
-		model, injected := b.Stop()
+		model, _, injected := b.Stop()
 		assert.Equal(t, "m", model, "found past the first read")
 		assert.False(t, injected)
 	})
@@ -251,7 +251,7 @@ func TestScannedBody(t *testing.T) {
 		b := NewScannedBody(iotest.ErrReader(io.ErrUnexpectedEOF))
 		_, err := b.Read(make([]byte, 8))
 		assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
-		_, injected := b.Stop()
+		_, _, injected := b.Stop()
 		assert.False(t, injected)
 	})
 }
@@ -270,7 +270,7 @@ func TestScannedBodyReleasesWhatFollowsTheObject(t *testing.T) {
 			got, err := io.ReadAll(b)
 			require.NoError(t, err)
 			assert.Equal(t, body, string(got), name)
-			_, injected := b.Stop()
+			_, _, injected := b.Stop()
 			assert.False(t, injected, name)
 		}
 	}

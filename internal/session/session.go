@@ -1,6 +1,7 @@
 package session
 
 import (
+	"slices"
 	"time"
 
 	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
@@ -231,6 +232,21 @@ func (s *Session) Stalls() []Stall {
 		return nil
 	}
 	return s.extra.stalls
+}
+
+// Clone returns a copy of s that may be kept after its Report is released:
+// its attributes, stall records and tracestate are its own.
+func (s *Session) Clone() *Session {
+	c := *s
+	c.source = nil
+	if s.extra != nil {
+		x := *s.extra
+		x.attributes = slices.Clone(x.attributes)
+		// Each record's gaps are a slice of its own (never reused).
+		x.stalls = slices.Clone(x.stalls)
+		c.extra = &x
+	}
+	return &c
 }
 
 func (s *Session) ensureExtra() *extra {

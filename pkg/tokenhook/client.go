@@ -71,6 +71,12 @@ type Start struct {
 	// Attributes are free-form string attributes, e.g. "quantization".
 	// Start copies them; keys must not be empty.
 	Attributes map[string]string
+	// NoStream marks a request that asked for one whole response (sent as
+	// "stream": false): its session gets no TTFT, TPOT or gaps.
+	NoStream bool
+	// TraceState is the caller's W3C tracestate header, if any: its
+	// sampling entries (ot=rv, th) take part in the session's sampling.
+	TraceState string
 }
 
 // End holds the fields of an end Event in Go terms, for Client.End. Zero
@@ -246,6 +252,7 @@ func (s Start) event() (*tokenevent.Event, error) {
 	ev := newEvent(tokenevent.KindStart, s.SessionID, s.Time)
 	ev.TraceID, ev.SpanID, ev.ParentSpanID = s.TraceID, s.SpanID, s.ParentSpanID
 	ev.Model, ev.Operation, ev.Engine = s.Model, s.Operation, s.Engine
+	ev.NoStream, ev.TraceState = s.NoStream, s.TraceState
 	if len(s.Attributes) > 0 {
 		ev.Attributes = make([]tokenevent.Attribute, 0, len(s.Attributes))
 		for k, v := range s.Attributes {

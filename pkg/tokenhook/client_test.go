@@ -199,6 +199,8 @@ func session(c *Client, id string) []tokenevent.Event {
 		HasPromptTokens: true,
 		Engine:          "vllm-0",
 		Attributes:      map[string]string{"tenant": "a \"quoted\"\n", "quantization": "fp8"},
+		NoStream:        true,
+		TraceState:      "ot=th:8,vendor=x",
 	})
 	c.Token(id, t0.Add(250*time.Millisecond), 1)
 	c.Token(id, t0.Add(300*time.Millisecond), 3)
@@ -213,7 +215,8 @@ func session(c *Client, id string) []tokenevent.Event {
 			ParentSpanID: tokenevent.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
 			Model:        "meta-llama/Llama-3.1-8B-Instruct", Operation: "chat", PromptTokens: 812, Engine: "vllm-0",
 			Attributes: []tokenevent.Attribute{{Key: "quantization", Value: "fp8"}, {Key: "tenant", Value: "a \"quoted\"\n"}},
-			Count:      1, CompletionTokens: -1,
+			NoStream:   true, TraceState: "ot=th:8,vendor=x",
+			Count: 1, CompletionTokens: -1,
 		},
 		{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: ns + 250e6, PromptTokens: -1, Count: 1, CompletionTokens: -1},
 		{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: ns + 300e6, PromptTokens: -1, Count: 3, CompletionTokens: -1},

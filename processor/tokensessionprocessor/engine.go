@@ -4,6 +4,7 @@ import (
 	"math"
 	"net"
 	"strconv"
+	"time"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/pmetric"
@@ -39,6 +40,8 @@ var engineMetrics = map[string]engineMetric{
 	"sglang:token_usage":            {"sglang", roleKVUsage},
 	"sglang:num_running_reqs":       {"sglang", roleRunning},
 	"sglang:num_queue_reqs":         {"sglang", roleWaiting},
+	// A histogram of retractions per finished request: its sum counts
+	// them all, as vLLM's pre-emption counter does.
 	"sglang:num_retractions":        {"sglang", rolePreemptions},
 	"llamacpp:kv_cache_usage_ratio": {"llamacpp", roleKVUsage},
 	"llamacpp:requests_processing":  {"llamacpp", roleRunning},
@@ -63,7 +66,26 @@ type engineHistory struct {
 	prefix string
 	ring   []engineSnapshot
 	next   int
+	// seenAt and prevSeenAt are when (collector time) the latest two
+	// snapshots came: their distance is the engine's scrape interval.
+	seenAt, prevSeenAt int64
 }
+
+// defaultScrapeInterval stands for the interval of an engine seen once: the
+// prometheus receiver's default.
+const defaultScrapeInterval = 15 * int64(time.Second)
+
+// interval is the engine's scrape interval as its snapshots show it.
+func (h *engineHistory) interval() int64 {
+	if h.prevSeenAt == 0 {
+		return defaultScrapeInterval
+	}
+	return max(h.seenAt-h.prevSeenAt, 1)
+}
+
+// staleIntervals is how many scrape intervals an engine may miss before it
+// is forgotten (a pod that went away).
+const staleIntervals = 10
 
 func (h *engineHistory) add(s engineSnapshot) {
 	if len(h.ring) < engineHistoryLen {
@@ -79,6 +101,30 @@ func (h *engineHistory) each(fn func(*engineSnapshot)) {
 	for i := range h.ring {
 		fn(&h.ring[(h.next+i)%len(h.ring)])
 	}
+}
+
+// before returns the latest snapshot taken at or before t.
+func (h *engineHistory) before(t int64) (engineSnapshot, bool) {
+	var best engineSnapshot
+	found := false
+	h.each(func(s *engineSnapshot) {
+		if s.at <= t {
+			best, found = *s, true
+		}
+	})
+	return best, found
+}
+
+// after returns the earliest snapshot taken at or after t.
+func (h *engineHistory) after(t int64) (engineSnapshot, bool) {
+	var best engineSnapshot
+	found := false
+	h.each(func(s *engineSnapshot) {
+		if !found && s.at >= t {
+			best, found = *s, true
+		}
+	})
+	return best, found
 }
 
 // at returns the latest snapshot taken at or before t, or else the first
@@ -116,23 +162,9 @@ func (e *engineStates) observe(md pmetric.Metrics, now int64) {
 				if !ok {
 					continue
 				}
-				var dps pmetric.NumberDataPointSlice
-				switch m.Type() {
-				case pmetric.MetricTypeGauge:
-					dps = m.Gauge().DataPoints()
-				case pmetric.MetricTypeSum:
-					dps = m.Sum().DataPoints()
-				default:
-					continue
-				}
-				prefix = em.prefix
-				for _, dp := range dps.All() {
-					v := dp.DoubleValue()
-					if dp.ValueType() == pmetric.NumberDataPointValueTypeInt {
-						v = float64(dp.IntValue())
-					}
-					if ts := int64(dp.Timestamp()); ts != 0 {
-						snap.at = ts
+				add := func(v float64, ts pcommon.Timestamp) {
+					if ts != 0 {
+						snap.at = int64(ts)
 					}
 					cur := snap.values[em.role]
 					switch {
@@ -143,6 +175,32 @@ func (e *engineStates) observe(md pmetric.Metrics, now int64) {
 					default:
 						snap.values[em.role] = cur + v
 					}
+				}
+				var dps pmetric.NumberDataPointSlice
+				switch m.Type() {
+				case pmetric.MetricTypeGauge:
+					dps = m.Gauge().DataPoints()
+				case pmetric.MetricTypeSum:
+					dps = m.Sum().DataPoints()
+				case pmetric.MetricTypeHistogram:
+					if em.role != rolePreemptions {
+						continue
+					}
+					prefix = em.prefix
+					for _, dp := range m.Histogram().DataPoints().All() {
+						add(dp.Sum(), dp.Timestamp())
+					}
+					continue
+				default:
+					continue
+				}
+				prefix = em.prefix
+				for _, dp := range dps.All() {
+					v := dp.DoubleValue()
+					if dp.ValueType() == pmetric.NumberDataPointValueTypeInt {
+						v = float64(dp.IntValue())
+					}
+					add(v, dp.Timestamp())
 				}
 			}
 		}
@@ -159,6 +217,12 @@ func (e *engineStates) observe(md pmetric.Metrics, now int64) {
 			e.byInstance[key] = h
 		}
 		h.add(snap)
+		h.prevSeenAt, h.seenAt = h.seenAt, now
+	}
+	for key, h := range e.byInstance {
+		if now-h.seenAt > staleIntervals*h.interval() {
+			delete(e.byInstance, key)
+		}
 	}
 }
 
@@ -205,7 +269,9 @@ const (
 
 // putSessionContext writes what the engine's state was during the session:
 // KV usage at start and its maximum, the queue at start, and the
-// pre-emptions counted while the session ran.
+// pre-emptions counted between the snapshots that bracket the session: the
+// last one at or before its start and the first at or after its end. Without
+// both the count is unknown and left out: a 0 is only ever measured.
 func putSessionContext(m pcommon.Map, h *engineHistory, s *session.Session, end int64) {
 	start := sessionStart(s)
 	first, ok := h.at(start)
@@ -215,7 +281,6 @@ func putSessionContext(m pcommon.Map, h *engineHistory, s *session.Session, end 
 	putIfKnown(m, h.prefix+attrKVUsageStart, first.values[roleKVUsage])
 	putIfKnown(m, h.prefix+attrWaitingStart, first.values[roleWaiting])
 	kvMax := first.values[roleKVUsage]
-	last := first
 	h.each(func(sn *engineSnapshot) {
 		if sn.at < start || sn.at > end {
 			return
@@ -223,10 +288,14 @@ func putSessionContext(m pcommon.Map, h *engineHistory, s *session.Session, end 
 		if v := sn.values[roleKVUsage]; !math.IsNaN(v) && (math.IsNaN(kvMax) || v > kvMax) {
 			kvMax = v
 		}
-		last = *sn
 	})
 	putIfKnown(m, h.prefix+attrKVUsageMax, kvMax)
-	if a, b := first.values[rolePreemptions], last.values[rolePreemptions]; !math.IsNaN(a) && !math.IsNaN(b) {
+	before, ok1 := h.before(start)
+	after, ok2 := h.after(end)
+	if !ok1 || !ok2 {
+		return
+	}
+	if a, b := before.values[rolePreemptions], after.values[rolePreemptions]; !math.IsNaN(a) && !math.IsNaN(b) {
 		d := b - a
 		if d < 0 { // the counter was reset: count what the new one saw
 			d = b

@@ -3,9 +3,11 @@ package tokensessionprocessor
 import (
 	"math"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/pmetric"
 )
 
@@ -80,4 +82,48 @@ func TestEngineHistoryBounded(t *testing.T) {
 	assert.Equal(t, int64(10), first.at, "the oldest kept, when asked for a time before it")
 	last, _ := h.at(math.MaxInt64)
 	assert.Equal(t, int64(engineHistoryLen+9), last.at)
+}
+
+// SGLang's num_retractions is a histogram of retractions per request: its
+// sum is the engine's retraction count, read like vLLM's pre-emptions.
+func TestEngineStatesSGLangRetractions(t *testing.T) {
+	md := pmetric.NewMetrics()
+	rm := md.ResourceMetrics().AppendEmpty()
+	rm.Resource().Attributes().PutStr("service.instance.id", "sglang-0:30000")
+	m := rm.ScopeMetrics().AppendEmpty().Metrics().AppendEmpty()
+	m.SetName("sglang:num_retractions")
+	dp := m.SetEmptyHistogram().DataPoints().AppendEmpty()
+	dp.SetTimestamp(1000)
+	dp.SetCount(40) // finished requests
+	dp.SetSum(7)    // retractions among them
+	var e engineStates
+	e.observe(md, 5000)
+	sn, ok := e.byInstance["sglang-0:30000"].at(1000)
+	require.True(t, ok)
+	assert.Equal(t, 7.0, sn.values[rolePreemptions])
+}
+
+// An engine no longer scraped (its pod went away) is forgotten after ten
+// of its scrape intervals.
+func TestEngineStatesPruned(t *testing.T) {
+	scrape := func(id string, at int64) pmetric.Metrics {
+		md := pmetric.NewMetrics()
+		rm := md.ResourceMetrics().AppendEmpty()
+		rm.Resource().Attributes().PutStr("service.instance.id", id)
+		m := rm.ScopeMetrics().AppendEmpty().Metrics().AppendEmpty()
+		m.SetName("vllm:num_requests_running")
+		m.SetEmptyGauge().DataPoints().AppendEmpty().SetTimestamp(pcommon.Timestamp(at))
+		return md
+	}
+	const s = int64(time.Second)
+	var e engineStates
+	e.observe(scrape("gone", 1*s), 1*s)
+	e.observe(scrape("gone", 2*s), 2*s) // scraped every second, then no more
+	for at := int64(3); at <= 12; at++ {
+		e.observe(scrape("live", at*s), at*s)
+	}
+	assert.Contains(t, e.byInstance, "gone", "10 s after its last scrape: not yet")
+	e.observe(scrape("live", 13*s), 13*s)
+	assert.NotContains(t, e.byInstance, "gone")
+	assert.Contains(t, e.byInstance, "live")
 }

@@ -51,7 +51,10 @@ type core struct {
 	// limits are the rules token event records are held to.
 	limits tokenevent.Limits
 	// engines is the engine state read from the metrics pipeline.
-	engines  engineStates
+	engines engineStates
+	// deferred are kept sessions whose outputs wait for their engine's
+	// next scrape, which closes the bracket of their pre-emption count.
+	deferred []deferredOutput
 	counters session.Counters // as last reported to telemetry
 
 	nextLogs    consumer.Logs
@@ -145,6 +148,7 @@ func (c *core) Shutdown(ctx context.Context) error {
 	c.setNow(now)
 	c.reports = c.table.Shutdown(c.nowNanos, c.reports)
 	c.handleReports(nil)
+	c.releaseDeferred(true)
 	c.held.Flush(c.pending.traces)
 	out := c.takePending()
 	md := c.sessionMetrics(now)
@@ -172,6 +176,7 @@ func (c *core) run() {
 			c.setNow(now)
 			c.reports = c.table.Tick(c.nowNanos, c.reports)
 			c.handleReports(nil)
+			c.releaseDeferred(false)
 			if n := c.held.Expire(now, c.pending.traces); n > 0 {
 				c.telemetry.expired(ctx, n)
 			}
@@ -329,10 +334,20 @@ func (c *core) consumeLogs(ctx context.Context, ld plog.Logs) error {
 // (for the sessions' engine context) and passes them on; the session
 // metrics are added on their own schedule.
 func (c *core) consumeMetrics(ctx context.Context, md pmetric.Metrics) error {
-	now := time.Now().UnixNano()
+	now := time.Now()
 	c.mu.Lock()
-	c.engines.observe(md, now)
+	c.setNow(now)
+	c.engines.observe(md, c.nowNanos)
+	var out outputs
+	released := len(c.deferred) > 0
+	if released {
+		c.releaseDeferred(false)
+		out = c.takePending()
+	}
 	c.mu.Unlock()
+	if released {
+		c.emit(ctx, out)
+	}
 	return c.nextMetrics.ConsumeMetrics(ctx, md)
 }
 
@@ -464,19 +479,80 @@ func (c *core) ended(r *session.Report[*sessionmetrics.Live], folded *plog.LogRe
 			}
 		}
 	}
-	if s.Keep {
-		if c.nextLogs != nil {
-			c.appendSummary(c.pending.records(c.cfg.ProviderName), s, e, c.nowTS)
-		}
-		if c.nextTraces != nil {
-			c.appendSpan(c.pendingScopeSpans(), s, e)
-		}
+	if s.Keep && !c.deferForEngine(s, e) {
+		c.appendOutputs(s, e)
 	}
 	if r.Trace.Done {
 		kept, dropped := c.held.Release(s.TraceID, r.Trace.Kept, r.Trace.Threshold, c.pending.traces)
 		c.telemetry.releasedSpans += int64(kept)
 		c.telemetry.droppedSpans += int64(dropped)
 	}
+}
+
+// appendOutputs writes the summary and the span of a kept session.
+func (c *core) appendOutputs(s *session.Session, e *session.End) {
+	if c.nextLogs != nil {
+		c.appendSummary(c.pending.records(c.cfg.ProviderName), s, e, c.nowTS)
+	}
+	if c.nextTraces != nil {
+		c.appendSpan(c.pendingScopeSpans(), s, e)
+	}
+}
+
+// deferredOutput is a kept session waiting for its engine's next scrape.
+type deferredOutput struct {
+	s     *session.Session
+	end   session.End
+	until int64 // collector time: emitted then, bracketed or not
+}
+
+// maxDeferred bounds the sessions waiting for a scrape; beyond it a
+// session's outputs go at once, its pre-emption count unknown.
+const maxDeferred = 10_000
+
+// maxEngineWait bounds the wait for a scrape after a session's end.
+const maxEngineWait = 30 * time.Second
+
+// deferForEngine holds back the outputs of the kept session s when its
+// engine is scraped but not yet since s ended: the pre-emptions during a
+// session are counted between the scrapes that bracket it, and without the
+// one after, the count would be a guess. They wait two scrape intervals at
+// most (maxEngineWait). It reports whether it held them.
+func (c *core) deferForEngine(s *session.Session, e *session.End) bool {
+	if c.nextLogs == nil && c.nextTraces == nil {
+		return false
+	}
+	h := c.engines.match(s.Engine)
+	if h == nil || len(c.deferred) >= maxDeferred {
+		return false
+	}
+	if _, scraped := h.after(sessionEnd(s, e)); scraped {
+		return false
+	}
+	wait := min(2*h.interval(), int64(maxEngineWait))
+	c.deferred = append(c.deferred, deferredOutput{s: s.Clone(), end: *e, until: c.nowNanos + wait})
+	return true
+}
+
+// releaseDeferred writes the outputs of the deferred sessions whose engine
+// was scraped since they ended (or was forgotten), or whose wait is over;
+// all of them with force (shutdown).
+func (c *core) releaseDeferred(force bool) {
+	waiting := c.deferred[:0]
+	for _, d := range c.deferred {
+		h := c.engines.match(d.s.Engine)
+		scraped := false
+		if h != nil {
+			_, scraped = h.after(sessionEnd(d.s, &d.end))
+		}
+		if force || h == nil || scraped || c.nowNanos >= d.until {
+			c.appendOutputs(d.s, &d.end)
+			continue
+		}
+		waiting = append(waiting, d)
+	}
+	clear(c.deferred[len(waiting):])
+	c.deferred = waiting
 }
 
 // pendingScopeSpans is where session spans go: one resource and scope of

@@ -701,7 +701,7 @@ func TestEngineContextOnSessionAndStall(t *testing.T) {
 	assert.Equal(t, 0.5, attrs["vllm.kv_cache_usage.start"])
 	assert.Equal(t, 0.9, attrs["vllm.kv_cache_usage.max"], "the maximum while the session ran")
 	assert.Equal(t, 2.0, attrs["vllm.num_requests_waiting.start"])
-	assert.Equal(t, int64(2), attrs["vllm.num_preemptions"], "pre-emptions during the session")
+	assert.Equal(t, int64(5), attrs["vllm.num_preemptions"], "between the scrapes that bracket the session: -1000 ms and +2000 ms")
 	// The stall at +650 ms is explained by the state then.
 	require.Equal(t, 2, spans[0].Events().Len())
 	stallEvent := spans[0].Events().At(1).Attributes().AsRaw()
@@ -713,4 +713,40 @@ func TestEngineContextOnSessionAndStall(t *testing.T) {
 	assert.Equal(t, 12.0, alerts[0].Attributes().AsRaw()["vllm.num_requests_running"])
 	// Engine metrics pass through unchanged.
 	assert.Len(t, p.metSink.AllMetrics(), 3)
+}
+
+// A kept session that ends before its engine's next scrape waits for it:
+// its pre-emptions are counted between the scrapes that bracket it, never
+// guessed. Without a scrape in time, it goes out without the count.
+func TestPreemptionsWaitForTheNextScrape(t *testing.T) {
+	p := newPipelines(t, nil)
+	defer p.shutdown(t)
+	ctx := context.Background()
+	require.NoError(t, p.metrics.ConsumeMetrics(ctx, engineMetricsAt(base-1000*ms, 0.5, 8, 2, 10)))
+	evs := []tokenevent.Event{start("w", traceSlow, base), tok("w", base+600*ms, 1), end("w", base+610*ms)}
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(evs...)))
+	assert.Empty(t, allSpans(p.trcSink.AllTraces()), "held until the engine's next scrape")
+	assert.Empty(t, recordsNamed(p.logSink.AllLogs(), eventNameSummary))
+
+	require.NoError(t, p.metrics.ConsumeMetrics(ctx, engineMetricsAt(base+1000*ms, 0.6, 8, 2, 13)))
+	spans := allSpans(p.trcSink.AllTraces())
+	require.Len(t, spans, 1, "released by the scrape")
+	assert.Equal(t, int64(3), spans[0].Attributes().AsRaw()["vllm.num_preemptions"])
+	summaries := recordsNamed(p.logSink.AllLogs(), eventNameSummary)
+	require.Len(t, summaries, 1)
+	assert.Equal(t, int64(3), summaries[0].Attributes().AsRaw()["vllm.num_preemptions"])
+}
+
+func TestPreemptionsUnknownWithoutAScrape(t *testing.T) {
+	p := newPipelines(t, nil)
+	ctx := context.Background()
+	require.NoError(t, p.metrics.ConsumeMetrics(ctx, engineMetricsAt(base-1000*ms, 0.5, 8, 2, 10)))
+	evs := []tokenevent.Event{start("u", traceSlow, base), tok("u", base+600*ms, 1), end("u", base+610*ms)}
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(evs...)))
+	p.shutdown(t) // no scrape came: the outputs go, the count left out
+	spans := allSpans(p.trcSink.AllTraces())
+	require.Len(t, spans, 1)
+	attrs := spans[0].Attributes().AsRaw()
+	assert.NotContains(t, attrs, "vllm.num_preemptions", "no 0 that was not measured")
+	assert.Equal(t, 0.5, attrs["vllm.kv_cache_usage.start"])
 }

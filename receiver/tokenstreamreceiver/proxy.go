@@ -304,7 +304,7 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 		out.Header.Set("tracestate", traceState)
 	}
 	resp, err := p.client.Do(out)
-	model, injected := body.Stop()
+	model, stream, injected := body.Stop()
 	if limited.timedOut.Load() {
 		if err == nil {
 			resp.Body.Close()
@@ -330,6 +330,14 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 	s.emit(tokenevent.KindStart, s.started, func(ev *tokenevent.Event) {
 		ev.TraceID, ev.SpanID, ev.ParentSpanID = tokenevent.TraceID(traceID), tokenevent.SpanID(spanID), tokenevent.SpanID(parentSpanID)
 		ev.Model, ev.Operation, ev.Engine = model, op, p.engine
+		// A request that did not ask for a stream gets one response: the
+		// session has no first token or gaps to time.
+		ev.NoStream = !stream
+		// The caller's tracestate (rv, th) takes part in the sampling; one
+		// the wire would reject is left out rather than losing the start.
+		if tokenevent.CheckTraceState(traceState) == nil {
+			ev.TraceState = traceState
+		}
 	})
 	if err != nil {
 		if context.Cause(ctx) == errProxyShutdown {
@@ -623,7 +631,8 @@ func parseTraceContext(h http.Header) (trace pcommon.TraceID, parent pcommon.Spa
 		_, err1 := hex.Decode(trace[:], []byte(tp[3:35]))
 		_, err2 := hex.Decode(parent[:], []byte(tp[36:52]))
 		if err1 == nil && err2 == nil && !trace.IsEmpty() && !parent.IsEmpty() {
-			return trace, parent, h.Get("tracestate")
+			// Several tracestate fields are one list (W3C Trace Context).
+			return trace, parent, strings.Join(h.Values("tracestate"), ",")
 		}
 	}
 	_, _ = rand.Read(trace[:])

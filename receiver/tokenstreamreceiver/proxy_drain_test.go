@@ -215,7 +215,7 @@ func TestProxyBlockedPipelineBoundedAndCounted(t *testing.T) {
 		for _, rl := range ld.ResourceLogs().All() {
 			for _, sl := range rl.ScopeLogs().All() {
 				for _, lr := range sl.LogRecords().All() {
-					require.NoError(t, tokenrecord.ReadRecord(lr, &ev, func(e *tokenevent.Event) {
+					require.NoError(t, tokenrecord.ReadRecord(lr, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) {
 						switch e.Kind {
 						case tokenevent.KindStart:
 							starts++

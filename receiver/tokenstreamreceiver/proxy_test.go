@@ -136,7 +136,7 @@ func sessionEvents(t *testing.T, sink *consumertest.LogsSink, sessions int) []to
 			for _, rl := range ld.ResourceLogs().All() {
 				for _, sl := range rl.ScopeLogs().All() {
 					for _, lr := range sl.LogRecords().All() {
-						require.NoError(t, tokenrecord.ReadRecord(lr, &ev, func(e *tokenevent.Event) {
+						require.NoError(t, tokenrecord.ReadRecord(lr, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) {
 							c := *e
 							c.Attributes = nil
 							evs = append(evs, c)
@@ -188,7 +188,8 @@ func TestProxyStreamObservedAndForwardedAsIs(t *testing.T) {
 	tr := startProxyReceiver(t, up.URL, sink)
 
 	body := `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"user","content":"What is the capital of France?"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":32}`
-	resp, got := postChat(t, tr.proxyURL(), body, map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
+	resp, got := postChat(t, tr.proxyURL(), body, map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		"tracestate": "ot=th:8;rv:fedcba98765432,vendor=x"})
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, strings.Join(chat, ""), got, "the client gets the stream byte for byte")
 	assert.Equal(t, body, up.bodies[0], "a request that asked for usage is forwarded unchanged")
@@ -202,6 +203,9 @@ func TestProxyStreamObservedAndForwardedAsIs(t *testing.T) {
 	assert.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", start.TraceID.String())
 	assert.Equal(t, "00f067aa0ba902b7", start.ParentSpanID.String())
 	assert.Equal(t, strings.TrimPrefix(up.URL, "http://"), start.Engine)
+	assert.False(t, start.NoStream)
+	assert.Equal(t, "ot=th:8;rv:fedcba98765432,vendor=x", start.TraceState, "the caller's sampling reaches the session")
+	assert.Equal(t, "ot=th:8;rv:fedcba98765432,vendor=x", up.headers[0].Get("tracestate"), "and the upstream")
 	// The upstream's request carries the session span as its parent.
 	assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-"+start.SpanID.String()+"-01", up.headers[0].Get("traceparent"))
 	assert.Equal(t, "Bearer secret", up.headers[0].Get("Authorization"), "forwarded to the upstream, never into telemetry")
@@ -257,7 +261,8 @@ func TestProxyNonStreaming(t *testing.T) {
 	evs := sessionEvents(t, sink, 1)
 	require.Len(t, evs, 3)
 	assert.Equal(t, tokenevent.OperationTextCompletion, evs[0].Operation)
-	assert.Equal(t, int64(3), evs[1].Count, "the whole response is the first token, with usage's count")
+	assert.True(t, evs[0].NoStream, "the request did not ask for a stream")
+	assert.Equal(t, int64(3), evs[1].Count, "the whole response is one token event, with usage's count")
 	assert.GreaterOrEqual(t, time.Duration(evs[1].TimeUnixNano-evs[0].TimeUnixNano), 30*time.Millisecond)
 	assert.Equal(t, int64(3), evs[2].CompletionTokens)
 	assert.Equal(t, int64(6), evs[2].PromptTokens, "from usage")

@@ -114,7 +114,7 @@ func events(t *testing.T, sink *consumertest.LogsSink) []string {
 			for _, sl := range rl.ScopeLogs().All() {
 				assert.Equal(t, metadata.ScopeName, sl.Scope().Name())
 				for _, lr := range sl.LogRecords().All() {
-					require.NoError(t, tokenrecord.ReadRecord(lr, &ev, func(e *tokenevent.Event) {
+					require.NoError(t, tokenrecord.ReadRecord(lr, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) {
 						out = append(out, strings.TrimSpace(string(tokenevent.AppendJSON(nil, e))))
 					}))
 				}
