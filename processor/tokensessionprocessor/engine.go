@@ -31,15 +31,15 @@ type engineMetric struct {
 // engineMetrics maps the engine metrics the processor reads to what they
 // mean, across engines and engine versions.
 var engineMetrics = map[string]engineMetric{
-	"vllm:kv_cache_usage_perc":      {"vllm", roleKVUsage},
-	"vllm:gpu_cache_usage_perc":     {"vllm", roleKVUsage},
-	"vllm:num_requests_running":     {"vllm", roleRunning},
-	"vllm:num_requests_waiting":     {"vllm", roleWaiting},
-	"vllm:num_preemptions_total":    {"vllm", rolePreemptions},
-	"vllm:num_preemptions":          {"vllm", rolePreemptions},
-	"sglang:token_usage":            {"sglang", roleKVUsage},
-	"sglang:num_running_reqs":       {"sglang", roleRunning},
-	"sglang:num_queue_reqs":         {"sglang", roleWaiting},
+	"vllm:kv_cache_usage_perc":   {"vllm", roleKVUsage},
+	"vllm:gpu_cache_usage_perc":  {"vllm", roleKVUsage},
+	"vllm:num_requests_running":  {"vllm", roleRunning},
+	"vllm:num_requests_waiting":  {"vllm", roleWaiting},
+	"vllm:num_preemptions_total": {"vllm", rolePreemptions},
+	"vllm:num_preemptions":       {"vllm", rolePreemptions},
+	"sglang:token_usage":         {"sglang", roleKVUsage},
+	"sglang:num_running_reqs":    {"sglang", roleRunning},
+	"sglang:num_queue_reqs":      {"sglang", roleWaiting},
 	// A histogram of retractions per finished request: its sum counts
 	// them all, as vLLM's pre-emption counter does.
 	"sglang:num_retractions":        {"sglang", rolePreemptions},
