@@ -47,6 +47,8 @@ MAX_UDP_DATAGRAM_BYTES = 65507
 MAX_LINE_BYTES = 16 << 10
 MAX_SESSION_ID_BYTES = 256
 MAX_ATTRIBUTES = 32
+MAX_COUNT = 1 << 16
+MAX_TRACESTATE_BYTES = 512
 _MAX_INT64 = (1 << 63) - 1
 
 OPERATIONS = ("chat", "text_completion")
@@ -306,8 +308,14 @@ class Client:
     # -- the caller's side: validate, enqueue, return ------------------------
 
     def start(self, session_id, time_unix_nano=None, *, trace_id=None, span_id=None, parent_span_id=None,
-              model=None, operation=None, prompt_tokens=None, engine=None, attributes=None):
-        """Record that the engine received a request (a session starts)."""
+              model=None, operation=None, prompt_tokens=None, engine=None, attributes=None, stream=True,
+              tracestate=None):
+        """Record that the engine received a request (a session starts).
+
+        ``stream=False`` marks a request that asked for one whole response
+        (no TTFT or gaps to time); ``tracestate`` is the caller's W3C
+        tracestate header, whose sampling entries the collector honours.
+        """
         _check_session_id(session_id)
         t = _check_time(time_unix_nano)
         ev = {"event": "start", "session_id": session_id, "time_unix_nano": t}
@@ -320,19 +328,33 @@ class Client:
         _set(ev, "prompt_tokens", _check_uint("prompt_tokens", prompt_tokens))
         _set(ev, "engine", _check_str("engine", engine))
         _set(ev, "attributes", _check_attributes(attributes))
+        if type(stream) is not bool:
+            raise ValueError("stream: want a bool, got %r" % (stream,))
+        if not stream:
+            ev["stream"] = False
+        ts = _check_str("tracestate", tracestate)
+        if ts is not None and (len(ts) > MAX_TRACESTATE_BYTES or not all(" " <= ch <= "~" for ch in ts)):
+            raise ValueError("tracestate: want at most %d printable ASCII characters" % MAX_TRACESTATE_BYTES)
+        _set(ev, "tracestate", ts)
         self._put((_START, ev))
 
-    def token(self, session_id, time_unix_nano=None, count=1):
-        """Record a streamed chunk of ``count`` tokens."""
+    def token(self, session_id, time_unix_nano=None, count=1, *, seq=None):
+        """Record a streamed chunk of ``count`` tokens.
+
+        ``seq`` numbers the session's token events (0, 1, 2, ...): a retried
+        event is then folded once.
+        """
         if type(session_id) is not str or not session_id or len(session_id) > MAX_SESSION_ID_BYTES // 4:
             _check_session_id(session_id)
         if time_unix_nano is None:
             time_unix_nano = time.time_ns()
         elif type(time_unix_nano) is not int or time_unix_nano <= 0 or time_unix_nano > _MAX_INT64:
             _check_time(time_unix_nano)
-        if type(count) is not int or count < 1 or count > _MAX_INT64:
-            raise ValueError("count: want an int of at least 1, got %r" % (count,))
-        self._put((_TOKEN, session_id, time_unix_nano, count))
+        if type(count) is not int or count < 1 or count > MAX_COUNT:
+            raise ValueError("count: want an int from 1 to %d, got %r" % (MAX_COUNT, count))
+        if seq is not None:
+            _check_uint("seq", seq)
+        self._put((_TOKEN, session_id, time_unix_nano, count, seq))
 
     def end(self, session_id, time_unix_nano=None, *, completion_tokens=None, finish_reason=None, error=None):
         """Record that a session ended; ``error`` is an error type, e.g. an exception class name."""
@@ -493,15 +515,19 @@ class Client:
         prefixes = {}
         for item in items:
             if item[0] == _TOKEN:
-                _, sid, t, count = item
+                _, sid, t, count, seq = item
                 prefix = prefixes.get(sid)
                 if prefix is None:
                     prefix = _encode_line({"event": "token", "session_id": sid, "time_unix_nano": 0})[:-3]
                     prefixes[sid] = prefix
-                if count == 1:
+                if count == 1 and seq is None:
                     line = prefix + b"%d}\n" % t
-                else:
+                elif seq is None:
                     line = prefix + b'%d,"count":%d}\n' % (t, count)
+                elif count == 1:
+                    line = prefix + b'%d,"seq":%d}\n' % (t, seq)
+                else:
+                    line = prefix + b'%d,"count":%d,"seq":%d}\n' % (t, count, seq)
             else:
                 line = _encode_line(item[1])
             n = len(line)

@@ -208,6 +208,11 @@ class ValidationTest(unittest.TestCase):
             "time too big": lambda: c.start("s", 1 << 63),
             "count zero": lambda: c.token("s", count=0),
             "count bool": lambda: c.token("s", count=True),
+            "count over the cap": lambda: c.token("s", count=65537),
+            "seq negative": lambda: c.token("s", seq=-1),
+            "stream not bool": lambda: c.start("s", stream="no"),
+            "tracestate not ascii": lambda: c.start("s", tracestate="ot=th:\u00e9"),
+            "tracestate too long": lambda: c.start("s", tracestate="a" * 513),
             "completion_tokens negative": lambda: c.end("s", completion_tokens=-5),
             "finish_reason not str": lambda: c.end("s", finish_reason=["stop"]),
         }
@@ -261,7 +266,10 @@ class UDPTest(unittest.TestCase):
             c.end("sess-2", T0 + 1)
             c.start("sess-3", T0, model="", engine="", attributes={}, trace_id=None)
             c.end("sess-3", T0 + 1, finish_reason="", error="")
-        self.assertEqual(self.sink.lines(8), [
+            c.start("sess-4", T0, stream=False, tracestate="ot=th:8,vendor=x")
+            c.token("sess-4", T0 + 1, seq=0)
+            c.token("sess-4", T0 + 2, count=2, seq=1)
+        self.assertEqual(self.sink.lines(11), [
             '{"event":"start","session_id":"sess-1","time_unix_nano":1700000000000000000,'
             '"trace_id":"0af7651916cd43dd8448eb211c80319c","span_id":"b7ad6b7169203331",'
             '"parent_span_id":"00f067aa0ba902b7","model":"llama-3-8b","operation":"chat","prompt_tokens":12,'
@@ -274,8 +282,12 @@ class UDPTest(unittest.TestCase):
             '{"event":"end","session_id":"sess-2","time_unix_nano":1700000000000000001}',
             '{"event":"start","session_id":"sess-3","time_unix_nano":1700000000000000000}',
             '{"event":"end","session_id":"sess-3","time_unix_nano":1700000000000000001}',
+            '{"event":"start","session_id":"sess-4","time_unix_nano":1700000000000000000,"stream":false,'
+            '"tracestate":"ot=th:8,vendor=x"}',
+            '{"event":"token","session_id":"sess-4","time_unix_nano":1700000000000000001,"seq":0}',
+            '{"event":"token","session_id":"sess-4","time_unix_nano":1700000000000000002,"count":2,"seq":1}',
         ])
-        self.assertEqual(c.stats(), {"sent": 8, "dropped": 0, "failed": 0, "rejected": 0})
+        self.assertEqual(c.stats(), {"sent": 11, "dropped": 0, "failed": 0, "rejected": 0})
 
     def test_int_ids_and_escaping(self):
         with Client(self.sink.endpoint) as c:
