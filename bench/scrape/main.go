@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command scrape measures the token_stream receiver's vllm source against
 // contrib's prometheus receiver on the same engine (issue 12, point 9): CPU
 // per scrape, memory, first-scrape latency, and what each reads from the
@@ -307,7 +309,7 @@ func latencyOne(o options, r int, src source, iv time.Duration, fixture expositi
 		return latencyResult{}, err
 	}
 	first := e.firstScrape()
-	return latencyResult{Run: r, Source: src, Interval: iv, FromStart: first.Sub(c.started), FromReady: first.Sub(ready), Load: loadAvg()}, nil
+	return latencyResult{Run: r, Source: src, Interval: iv, FromStart: first.Sub(c.Started), FromReady: first.Sub(ready), Load: loadAvg()}, nil
 }
 
 // sim is a vllmsim process.

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -10,18 +9,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
-	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // sendSpans sends spans of one service, in trace, to the collector's otlp
 // receiver; each name gets a span parented on parent.
 func sendSpans(t *testing.T, addr, service string, trace pcommon.TraceID, parent pcommon.SpanID, names ...string) {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
 	td := ptrace.NewTraces()
 	rs := td.ResourceSpans().AppendEmpty()
 	rs.Resource().Attributes().PutStr("service.name", service)
@@ -35,10 +28,7 @@ func sendSpans(t *testing.T, addr, service string, trace pcommon.TraceID, parent
 		span.SetStartTimestamp(pcommon.NewTimestampFromTime(time.Now()))
 		span.SetEndTimestamp(pcommon.NewTimestampFromTime(time.Now()))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err = ptraceotlp.NewGRPCClient(conn).Export(ctx, ptraceotlp.NewExportRequestFromTraces(td))
-	require.NoError(t, err)
+	exportTraces(t, addr, td)
 }
 
 // TestAgentTraceEndToEnd: an agent calls the model three times in one

@@ -31,9 +31,6 @@ func postLines(t *testing.T, url string, lines ...string) {
 // otlp receiver, as vLLM's own tracing would.
 func sendEngineSpans(t *testing.T, addr string, traces ...pcommon.TraceID) {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
 	td := ptrace.NewTraces()
 	rs := td.ResourceSpans().AppendEmpty()
 	rs.Resource().Attributes().PutStr("service.name", "vllm-engine")
@@ -46,6 +43,15 @@ func sendEngineSpans(t *testing.T, addr string, traces ...pcommon.TraceID) {
 		span.SetStartTimestamp(pcommon.NewTimestampFromTime(time.Now()))
 		span.SetEndTimestamp(pcommon.NewTimestampFromTime(time.Now()))
 	}
+	exportTraces(t, addr, td)
+}
+
+// exportTraces sends td to the collector's otlp receiver (gRPC) at addr.
+func exportTraces(t *testing.T, addr string, td ptrace.Traces) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err = ptraceotlp.NewGRPCClient(conn).Export(ctx, ptraceotlp.NewExportRequestFromTraces(td))
