@@ -11,7 +11,7 @@
 #   make bench   the Go benchmarks and bench/run.sh, into bench/results/
 #                (git-ignored; README.md keeps the figures of one dated run)
 #   make soak    vllmsim + the collector (proxy, scrape, token_session) +
-#                llmload at 200 streams for SOAK_DURATION (default 15m): RSS, CPU,
+#                llmload at 200 streams for DURATION (default 15m): RSS, CPU,
 #                goroutines and open files every 10 s, a report in
 #                SOAK_OUT (bench/results/soak); fails on a lost session or
 #                unbounded growth
@@ -97,10 +97,13 @@ test: fmt-check vet python-test go-test
 bench: $(OTELCOL)
 	BENCHTIME=$(BENCHTIME) bench/run.sh
 
-SOAK_DURATION ?= 15m
-SOAK_OUT      ?= bench/results/soak
+SOAK_OUT ?= bench/results/soak
+# DURATION, given on the command line or in the environment, is the soak's
+# length too (make soak DURATION=1m); its default here is 15m, not the
+# demo's 10s per point.
+SOAK_DURATION = $(if $(filter command line environment environment override,$(origin DURATION)),$(DURATION),15m)
 
-# The collector as an agent under steady load for SOAK_DURATION (bench/soak):
+# The collector as an agent under steady load for DURATION (bench/soak):
 # the report's last line is "soak: <N> requests, <N> sessions counted, ...".
 soak: $(OTELCOL)
 	$(GO) run ./bench/soak -collector $(OTELCOL) -duration $(SOAK_DURATION) -out $(SOAK_OUT)
