@@ -64,6 +64,9 @@ type SamplingConfig struct {
 	Errors bool
 	// NormalPercent is the share of the other sessions kept, 0 to 100.
 	NormalPercent float64
+	// QueueTime keeps sessions that waited longer in the engine's queue, as
+	// the engine's timing known at the end says; 0 disables.
+	QueueTime time.Duration
 }
 
 // maxWindow bounds Window; a session's window is indexed with 16 bits.
@@ -132,6 +135,7 @@ func (c Config) Validate() error {
 	positive("session::ended_memory", c.EndedMemory)
 	nonNegativeDuration("sampling::ttft", c.Sampling.TTFT)
 	nonNegativeDuration("sampling::tpot", c.Sampling.TPOT)
+	nonNegativeDuration("sampling::queue_time", c.Sampling.QueueTime)
 	if p := c.Sampling.NormalPercent; !(p >= 0 && p <= 100) {
 		errs = append(errs, fmt.Errorf("sampling::normal_percent: must be within [0, 100], got %v", p))
 	}

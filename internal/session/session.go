@@ -48,7 +48,7 @@ const (
 const ErrorTypeEngine = "engine_error"
 
 // Reason is the set of sampling rules that kept a session.
-type Reason uint8
+type Reason uint16
 
 const (
 	ReasonTTFT Reason = 1 << iota
@@ -65,9 +65,12 @@ const (
 	// late or reordered events later corrected, so no rule matches at the
 	// end; the trace had been released as kept, and a keep is not undone.
 	ReasonCorrected
+	// ReasonQueue: the engine said the request waited in its queue longer
+	// than SamplingConfig.QueueTime.
+	ReasonQueue
 )
 
-var reasonNames = [...]string{"ttft", "tpot", "stall", "error", "timeout", "probabilistic", "trace", "corrected"}
+var reasonNames = [...]string{"ttft", "tpot", "stall", "error", "timeout", "probabilistic", "trace", "corrected", "queue"}
 
 // String lists the reasons joined by commas, e.g. "ttft,stall".
 func (r Reason) String() string {
@@ -266,6 +269,46 @@ type End struct {
 	CompletionTokens int64
 	FinishReason     string
 	ErrorType        string
+	ResponseModel    string
+	// Timing is the engine's split when the end event brought it.
+	Timing Timing
+}
+
+// Timing is the engine's own split of a request's time; a part it did not
+// give is -1. Source is where it came from ("" for none: the zero Timing is
+// no timing): the hook's end event, the engine's response (the proxy), or
+// the engine's span.
+type Timing struct {
+	Queue, Prefill, Decode time.Duration
+	Source                 string
+}
+
+// Sources of a Timing.
+const (
+	TimingHook       = tokenevent.TimingHook
+	TimingResponse   = tokenevent.TimingResponse
+	TimingEngineSpan = "engine_span"
+)
+
+// Known reports whether t holds a timing.
+func (t Timing) Known() bool { return t.Source != "" }
+
+// maxTimingExcess is how far the engine's parts may exceed the session's
+// duration (clocks of two processes, rounding) before they are taken for
+// nonsense.
+const maxTimingExcess = time.Second
+
+// Plausible reports whether t can be the split of a session that lasted d:
+// no part negative, and the parts together no longer than d plus a second.
+func (t Timing) Plausible(d time.Duration) bool {
+	var sum time.Duration
+	for _, p := range [...]time.Duration{t.Queue, t.Prefill, t.Decode} {
+		if p < -1 {
+			return false
+		}
+		sum += max(p, 0)
+	}
+	return sum <= d+maxTimingExcess
 }
 
 // TTFT is the time from start to first token; ok is false without both

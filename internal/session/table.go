@@ -130,6 +130,9 @@ type Counters struct {
 	// InvalidTraceStates came on a start and could not be parsed; the
 	// session is sampled on its trace ID alone.
 	InvalidTraceStates uint64
+	// InvalidTimings came on an end and could not be the session's (a
+	// negative part, or more than its duration): the end is taken without.
+	InvalidTimings uint64
 }
 
 // Table holds the active sessions and the state S its Observer keeps for
@@ -345,7 +348,16 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 			}
 			return
 		}
-		e := End{Time: int64(ev.TimeUnixNano), CompletionTokens: ev.CompletionTokens, FinishReason: ev.FinishReason, ErrorType: ev.Error}
+		e := End{Time: int64(ev.TimeUnixNano), CompletionTokens: ev.CompletionTokens, FinishReason: ev.FinishReason, ErrorType: ev.Error,
+			ResponseModel: ev.ResponseModel}
+		if ev.HasTiming() {
+			e.Timing = Timing{Queue: time.Duration(ev.QueueTimeNs), Prefill: time.Duration(ev.PrefillTimeNs),
+				Decode: time.Duration(ev.DecodeTimeNs), Source: ev.TimingSource}
+			if !e.Timing.Plausible(s.Duration(&e)) {
+				t.Counters.InvalidTimings++
+				e.Timing = Timing{}
+			}
+		}
 		if s.PromptTokens < 0 && ev.PromptTokens >= 0 {
 			s.PromptTokens = ev.PromptTokens // known only at the end (the proxy's usage chunk)
 		}
@@ -772,6 +784,9 @@ func (t *Table[S]) decide(s *entry[S], e *End) {
 	}
 	if p.Errors && s.Outcome == OutcomeTimeout {
 		r |= ReasonTimeout
+	}
+	if p.QueueTime > 0 && e.Timing.Known() && e.Timing.Queue > p.QueueTime {
+		r |= ReasonQueue
 	}
 	normal := t.normal
 	if up, ok := s.upstreamThreshold(); ok && sampling.ThresholdGreater(up, normal) {

@@ -24,6 +24,8 @@ const (
 	MetricSessions          = "llm.sessions"
 	MetricStalls            = "llm.session.stalls"
 	MetricActiveSessions    = "llm.sessions.active"
+	MetricQueueTime         = "llm.session.queue_time"
+	MetricPrefillTime       = "llm.session.prefill_time"
 )
 
 // Attribute keys set by the aggregator.
@@ -128,6 +130,9 @@ type Aggregator struct {
 	liveOverflow *liveSeries
 
 	ttft, tpot, duration, tokens, sessions endMetric
+	// queue and prefill are the engine's own split of TTFT, recorded when
+	// a session's engine timing is known (at its end, or later).
+	queue, prefill endMetric
 
 	overflowed uint64
 
@@ -161,6 +166,10 @@ func New(cfg Config, start time.Time) (*Aggregator, error) {
 			"Input and output tokens per session.", tokenBounds),
 		sessions: newMetric(MetricSessions, "{session}",
 			"Finished sessions by outcome and sampling decision.", nil),
+		queue: newMetric(MetricQueueTime, "s",
+			"Time a session's request waited in the engine's queue, as the engine says.", ttftBounds),
+		prefill: newMetric(MetricPrefillTime, "s",
+			"Time from a session's scheduling to its first token (prefill), as the engine says.", ttftBounds),
 	}, nil
 }
 
@@ -275,6 +284,32 @@ func (a *Aggregator) SessionEnded(l *Live, r Result) {
 	a.keyBuf = key[:0]
 }
 
+// Timing is the engine's own split of a session's TTFT, for EngineTiming.
+type Timing struct {
+	Queue, Prefill       time.Duration
+	HasQueue, HasPrefill bool
+}
+
+// EngineTiming records a session's engine timing on llm.session.queue_time and
+// llm.session.prefill_time, on the series of l's dims plus errorType (as
+// SessionEnded's end-of-session metrics). It may be called after the session's
+// SessionEnded, when the timing comes later (the engine's span): it reads only
+// the dims the handle names, never its live series.
+func (a *Aggregator) EngineTiming(l *Live, errorType string, t Timing) {
+	if !t.HasQueue && !t.HasPrefill {
+		return
+	}
+	key := appendString(append(a.keyBuf[:0], l.key...), errorType)
+	attrs := endAttrs{dims: l.dims, errorType: errorType}
+	if t.HasQueue {
+		a.endSeriesFor(&a.queue, key, &attrs).h.record(seconds(t.Queue), 1)
+	}
+	if t.HasPrefill {
+		a.endSeriesFor(&a.prefill, key, &attrs).h.record(seconds(t.Prefill), 1)
+	}
+	a.keyBuf = key[:0]
+}
+
 // OverflowCount returns how many recordings went to an overflow series since New: one per
 // SessionStarted, ObserveGap, Stall and SessionEnded on an overflowed live series, plus one per
 // end-of-session metric point (TTFT, TPOT, duration, each token type, session count) that
@@ -289,6 +324,7 @@ func (a *Aggregator) ModelOverflowCount() uint64 { return a.modelsOverflowed }
 // the live series counted once per live metric (inter-token latency, stalls, active).
 func (a *Aggregator) SeriesCount() int {
 	return 3*len(a.live) + len(a.ttft.series) + len(a.tpot.series) + len(a.duration.series) +
+		len(a.queue.series) + len(a.prefill.series) +
 		len(a.tokens.series) + len(a.sessions.series)
 }
 

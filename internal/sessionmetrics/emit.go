@@ -28,6 +28,8 @@ func (a *Aggregator) AppendTo(sm pmetric.ScopeMetrics, now time.Time) {
 	ms.EnsureCapacity(ms.Len() + 8)
 	a.appendEnd(ms, &a.ttft, ts)
 	a.appendEnd(ms, &a.tpot, ts)
+	a.appendEnd(ms, &a.queue, ts)
+	a.appendEnd(ms, &a.prefill, ts)
 	a.appendEnd(ms, &a.duration, ts)
 	a.appendInterTokenLatency(ms, ts)
 	a.appendEnd(ms, &a.tokens, ts)
@@ -247,7 +249,7 @@ func (a *Aggregator) appendActive(ms pmetric.MetricSlice, ts pcommon.Timestamp) 
 
 // resetDelta starts a new delta interval.
 func (a *Aggregator) resetDelta() {
-	for _, em := range []*endMetric{&a.ttft, &a.tpot, &a.duration, &a.tokens, &a.sessions} {
+	for _, em := range []*endMetric{&a.ttft, &a.tpot, &a.queue, &a.prefill, &a.duration, &a.tokens, &a.sessions} {
 		clear(em.series)
 		clear(em.order)
 		em.order = em.order[:0]

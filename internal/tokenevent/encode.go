@@ -71,6 +71,18 @@ func AppendJSON(dst []byte, ev *Event) []byte {
 		}
 		dst = appendField(dst, "finish_reason", ev.FinishReason)
 		dst = appendField(dst, "error", ev.Error)
+		dst = appendField(dst, "response_model", ev.ResponseModel)
+		for _, t := range [...]struct {
+			key string
+			ns  int64
+		}{{"queue_time_ns", ev.QueueTimeNs}, {"prefill_time_ns", ev.PrefillTimeNs}, {"decode_time_ns", ev.DecodeTimeNs}} {
+			if ev.HasTiming() && t.ns >= 0 {
+				dst = append(dst, `,"`...)
+				dst = append(dst, t.key...)
+				dst = append(dst, `":`...)
+				dst = strconv.AppendInt(dst, t.ns, 10)
+			}
+		}
 	}
 	return append(dst, "}\n"...)
 }

@@ -120,10 +120,32 @@ type Event struct {
 	CompletionTokens int64
 	FinishReason     string
 	Error            string
+	// ResponseModel is the model that answered (the chunks' "model"), ""
+	// when not known.
+	ResponseModel string
+	// The engine's own split of the request's time, in ns: waiting in its
+	// queue, in prefill (scheduled to first token), and in decode (first to
+	// last token). Meaningful only when TimingSource is set (the zero Event
+	// has none); then -1 for a part the engine did not give.
+	QueueTimeNs, PrefillTimeNs, DecodeTimeNs int64
+	// TimingSource says where the split came from: TimingHook (the hook's
+	// end event) or TimingResponse (the engine's per-request metrics in
+	// its response, read by the proxy); "" without a split.
+	TimingSource string
 }
+
+// Sources of an end event's engine timing.
+const (
+	TimingHook     = "hook"
+	TimingResponse = "response"
+)
+
+// HasTiming reports whether the end event carries the engine's timing.
+func (ev *Event) HasTiming() bool { return ev.TimingSource != "" }
 
 // Reset clears ev for reuse, keeping the capacity of Attributes.
 func (ev *Event) Reset() {
 	attrs := ev.Attributes[:0]
-	*ev = Event{PromptTokens: -1, Count: 1, CompletionTokens: -1, Attributes: attrs}
+	*ev = Event{PromptTokens: -1, Count: 1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
+		Attributes: attrs}
 }

@@ -89,12 +89,16 @@ const (
 	fStream
 	fTraceState
 	fSeq
+	fResponseModel
+	fQueueTime
+	fPrefillTime
+	fDecodeTime
 )
 
 var fieldNames = [...]string{
 	"event", "session_id", "time_unix_nano", "trace_id", "span_id", "parent_span_id", "model", "operation",
 	"prompt_tokens", "engine", "attributes", "count", "completion_tokens", "finish_reason", "error",
-	"stream", "tracestate", "seq",
+	"stream", "tracestate", "seq", "response_model", "queue_time_ns", "prefill_time_ns", "decode_time_ns",
 }
 
 const (
@@ -102,7 +106,8 @@ const (
 	allowedS = fCommon | fTraceID | fSpanID | fParentSpanID | fModel | fOperation | fPromptTokens | fEngine |
 		fAttributes | fStream | fTraceState
 	allowedT = fCommon | fCount | fSeq
-	allowedE = fCommon | fCompletionTokens | fFinishReason | fError
+	allowedE = fCommon | fCompletionTokens | fFinishReason | fError | fResponseModel | fQueueTime | fPrefillTime |
+		fDecodeTime
 )
 
 // maxInterned bounds the parser's table of repeated strings (session IDs,
@@ -208,7 +213,8 @@ func (p *Parser) parseCompactToken(line []byte, ev *Event) bool {
 		return false
 	}
 	*ev = Event{Kind: KindToken, SessionID: p.intern(sid), TimeUnixNano: t, Count: int64(count), Seq: seq, HasSeq: hasSeq,
-		PromptTokens: -1, CompletionTokens: -1, Attributes: ev.Attributes[:0]}
+		PromptTokens: -1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
+		Attributes: ev.Attributes[:0]}
 	return true
 }
 
@@ -608,6 +614,14 @@ func fieldBit(key []byte) (uint32, bool) {
 		return fTraceState, true
 	case "seq":
 		return fSeq, true
+	case "response_model":
+		return fResponseModel, true
+	case "queue_time_ns":
+		return fQueueTime, true
+	case "prefill_time_ns":
+		return fPrefillTime, true
+	case "decode_time_ns":
+		return fDecodeTime, true
 	}
 	return 0, false
 }
@@ -697,6 +711,20 @@ func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
 		v, err := p.uint(name)
 		ev.CompletionTokens = int64(v)
 		return true, err
+	case fQueueTime, fPrefillTime, fDecodeTime:
+		v, err := p.uint(name)
+		switch bit {
+		case fQueueTime:
+			ev.QueueTimeNs = int64(v)
+		case fPrefillTime:
+			ev.PrefillTimeNs = int64(v)
+		default:
+			ev.DecodeTimeNs = int64(v)
+		}
+		ev.TimingSource = TimingHook
+		return true, err
+	case fResponseModel:
+		return true, p.internedStr(name, &ev.ResponseModel)
 	case fTraceID:
 		return true, p.hex(name, ev.TraceID[:])
 	case fSpanID:

@@ -45,6 +45,7 @@ func TestParseStart(t *testing.T) {
 		Attributes:       []Attribute{{"quantization", "fp8"}, {"tenant", "a"}},
 		Count:            1,
 		CompletionTokens: -1,
+		QueueTimeNs:      -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
 	}, ev)
 }
 
@@ -80,8 +81,12 @@ func TestParseOptionalFields(t *testing.T) {
 	assert.False(t, ev.HasSeq, "absent")
 
 	for _, ev := range []Event{
-		{Kind: KindStart, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: 1, NoStream: true, TraceState: "ot=rv:0123456789abcd"},
-		{Kind: KindToken, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: MaxCount, Seq: 0, HasSeq: true},
+		{Kind: KindStart, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: 1, NoStream: true, TraceState: "ot=rv:0123456789abcd",
+			QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1},
+		{Kind: KindToken, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: MaxCount, Seq: 0, HasSeq: true,
+			QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1},
+		{Kind: KindEnd, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: 3, Count: 1, ResponseModel: "m-fp8",
+			QueueTimeNs: 120_000_000, PrefillTimeNs: -1, DecodeTimeNs: 0, TimingSource: TimingHook},
 	} {
 		line := AppendJSON(nil, &ev)
 		var got Event
@@ -154,6 +159,10 @@ func TestParseErrors(t *testing.T) {
 		{`{"event":"token","session_id":"s","time_unix_nano":1,"seq":"1"}`, `seq: want a non-negative integer`},
 		{`{"event":"start","session_id":"s","time_unix_nano":1,"seq":1}`, `seq: not allowed on a start event`},
 		{`{"event":"start","session_id":"s","time_unix_nano":1,"stream":"no"}`, `stream: want true or false`},
+		{`{"event":"end","session_id":"s","time_unix_nano":1,"queue_time_ns":-5}`, `queue_time_ns: want a non-negative integer`},
+		{`{"event":"end","session_id":"s","time_unix_nano":1,"prefill_time_ns":1.5}`, `prefill_time_ns: want a non-negative integer`},
+		{`{"event":"token","session_id":"s","time_unix_nano":1,"decode_time_ns":5}`, `decode_time_ns: not allowed on a token event`},
+		{`{"event":"start","session_id":"s","time_unix_nano":1,"response_model":"m"}`, `response_model: not allowed on a start event`},
 		{`{"event":"start","session_id":"s","time_unix_nano":1,"stream":falsey}`, `stream: want true or false`},
 		{`{"event":"token","session_id":"s","time_unix_nano":1,"stream":false}`, `stream: not allowed on a token event`},
 		{"{\"event\":\"start\",\"session_id\":\"s\",\"time_unix_nano\":1,\"tracestate\":\"ot=th:0\\u00e9\"}", `tracestate: byte 8 is not printable ASCII`},

@@ -203,6 +203,16 @@ func (ev *Event) Validate(limits Limits) error {
 				return err
 			}
 		}
+		for _, t := range [...]struct {
+			field string
+			ns    int64
+		}{{"queue_time_ns", ev.QueueTimeNs}, {"prefill_time_ns", ev.PrefillTimeNs}, {"decode_time_ns", ev.DecodeTimeNs}} {
+			if ev.HasTiming() && t.ns != -1 {
+				if err := CheckTokens(t.field, t.ns); err != nil {
+					return err
+				}
+			}
+		}
 	}
 	return nil
 }

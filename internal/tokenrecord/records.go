@@ -42,6 +42,13 @@ const (
 	AttrTraceState = "llm.session.tracestate"
 	// AttrTokenSeq is the seq of a record holding one token event.
 	AttrTokenSeq = "llm.token.seq"
+	// AttrResponseModel is the model that answered, on an end.
+	AttrResponseModel = "gen_ai.response.model"
+	// The engine's timing on an end, in ns, and where it came from.
+	AttrQueueTimeNs   = "llm.session.queue_time_ns"
+	AttrPrefillTimeNs = "llm.session.prefill_time_ns"
+	AttrDecodeTimeNs  = "llm.session.decode_time_ns"
+	AttrTimingSource  = "llm.session.timing_source"
 
 	// AttrTokenCount is the token count of a record holding one token event
 	// (absent means 1).
@@ -210,7 +217,27 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 			attrs.PutEmptySlice(AttrFinishReasons).AppendEmpty().SetStr(ev.FinishReason)
 		}
 		putNonEmpty(attrs, AttrErrorType, ev.Error)
+		putNonEmpty(attrs, AttrResponseModel, ev.ResponseModel)
+		if ev.HasTiming() {
+			attrs.PutStr(AttrTimingSource, ev.TimingSource)
+			for _, t := range timingAttrs(ev) {
+				if *t.ns >= 0 {
+					attrs.PutInt(t.key, *t.ns)
+				}
+			}
+		}
 	}
+}
+
+// timingAttrs pairs ev's timing fields with their attributes.
+func timingAttrs(ev *tokenevent.Event) [3]struct {
+	key string
+	ns  *int64
+} {
+	return [3]struct {
+		key string
+		ns  *int64
+	}{{AttrQueueTimeNs, &ev.QueueTimeNs}, {AttrPrefillTimeNs, &ev.PrefillTimeNs}, {AttrDecodeTimeNs, &ev.DecodeTimeNs}}
 }
 
 // pack adds a token event to an open token record.
@@ -532,6 +559,20 @@ func readEnd(attrs pcommon.Map, ev *tokenevent.Event, fn func(*tokenevent.Event)
 	}
 	if ev.Error, err = strAttr(attrs, AttrErrorType); err != nil {
 		return err
+	}
+	if ev.ResponseModel, err = strAttr(attrs, AttrResponseModel); err != nil {
+		return err
+	}
+	if ev.TimingSource, err = strAttr(attrs, AttrTimingSource); err != nil {
+		return err
+	}
+	for _, t := range timingAttrs(ev) {
+		if *t.ns, err = intAttr(attrs, t.key, -1); err != nil {
+			return err
+		}
+		if *t.ns >= 0 && ev.TimingSource == "" {
+			ev.TimingSource = tokenevent.TimingHook // an SDK's record that did not say
+		}
 	}
 	if v, ok := attrs.Get(AttrFinishReasons); ok {
 		switch v.Type() {

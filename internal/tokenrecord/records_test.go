@@ -71,7 +71,7 @@ func TestRecordsRoundTrip(t *testing.T) {
 		`{"event":"token","session_id":"s-1","time_unix_nano":1700000000280000000}`,
 		endLine,
 		`{"event":"token","session_id":"s-2","time_unix_nano":1700000000290000000,"seq":1}`,
-		`{"event":"end","session_id":"s-2","time_unix_nano":1700000000300000000,"error":"aborted"}`,
+		`{"event":"end","session_id":"s-2","time_unix_nano":1700000000300000000,"error":"aborted","response_model":"m-fp8","queue_time_ns":120000000,"decode_time_ns":0}`,
 	}
 	var want []tokenevent.Event
 	p := tokenevent.NewParser(tokenevent.Limits{})
@@ -225,7 +225,7 @@ func TestPackedRoundTripLong(t *testing.T) {
 			var want []tokenevent.Event
 			for i := range n {
 				want = append(want, tokenevent.Event{Kind: tokenevent.KindToken, SessionID: "s", TimeUnixNano: uint64(1_700_000_000_000_000_000 + i*20_000_017 - (i%7)*1000),
-					Count: int64(1 + i%3), PromptTokens: -1, CompletionTokens: -1})
+					Count: int64(1 + i%3), PromptTokens: -1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1})
 			}
 			records := plog.NewLogRecordSlice()
 			w := NewRecordWriter()
@@ -300,7 +300,7 @@ func FuzzPackedEvents(f *testing.F) {
 			if tm == 0 {
 				continue
 			}
-			want = append(want, tokenevent.Event{Kind: tokenevent.KindToken, SessionID: "s", TimeUnixNano: tm, Count: c, PromptTokens: -1, CompletionTokens: -1})
+			want = append(want, tokenevent.Event{Kind: tokenevent.KindToken, SessionID: "s", TimeUnixNano: tm, Count: c, PromptTokens: -1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1})
 		}
 		records := plog.NewLogRecordSlice()
 		w := NewRecordWriter()

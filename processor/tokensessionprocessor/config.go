@@ -42,6 +42,8 @@ type Config struct {
 	Metrics  MetricsConfig  `mapstructure:"metrics"`
 	Traces   TracesConfig   `mapstructure:"traces"`
 	Limits   LimitsConfig   `mapstructure:"limits"`
+	// EngineTiming joins the engine's own timing (its span) to sessions.
+	EngineTiming EngineTimingConfig `mapstructure:"engine_timing"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -88,6 +90,9 @@ type SamplingConfig struct {
 	Stalls        bool          `mapstructure:"stalls"`
 	Errors        bool          `mapstructure:"errors"`
 	NormalPercent float64       `mapstructure:"normal_percent"`
+	// QueueTime keeps sessions that waited longer in the engine's queue
+	// (as the timing on their end says); 0 disables.
+	QueueTime time.Duration `mapstructure:"queue_time"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -129,6 +134,20 @@ func (l LimitsConfig) eventLimits() tokenevent.Limits {
 	return tokenevent.Limits{MaxSessionIDBytes: l.MaxSessionIDBytes, MaxAttributes: l.MaxAttributes}
 }
 
+// EngineTimingConfig bounds the wait for the engine's span of a session,
+// which brings the engine's own split of its time (queue, prefill, decode).
+type EngineTimingConfig struct {
+	// Wait is how long an ended session waits for its engine span (vLLM
+	// batches its spans, 5 s by default); a kept session's span and summary
+	// are held as long.
+	Wait time.Duration `mapstructure:"wait"`
+	// MaxSessions bounds the sessions, and early engine spans, waiting.
+	MaxSessions int `mapstructure:"max_sessions"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
 // TracesConfig bounds the spans held until their session's verdict.
 type TracesConfig struct {
 	MaxHeldSpans     int           `mapstructure:"max_held_spans"`
@@ -157,6 +176,7 @@ func createDefaultConfig() *Config {
 			MaxModels: sessionmetrics.DefaultMaxModels},
 		Traces: TracesConfig{MaxHeldSpans: h.MaxHeldSpans, MaxHold: h.MaxHold, VerdictCacheSize: h.VerdictCacheSize},
 		Limits: LimitsConfig{MaxSessionIDBytes: tokenevent.DefaultMaxSessionIDBytes, MaxAttributes: tokenevent.DefaultMaxAttributes},
+		EngineTiming: EngineTimingConfig{Wait: 6 * time.Second, MaxSessions: 20_000},
 	}
 }
 
@@ -173,7 +193,7 @@ func (cfg *Config) sessionConfig() session.Config {
 		MaxActive:        cfg.Session.MaxActive,
 		EndedMemory:      cfg.Session.EndedMemory,
 		Sampling: session.SamplingConfig{TTFT: cfg.Sampling.TTFT, TPOT: cfg.Sampling.TPOT, Stalls: cfg.Sampling.Stalls,
-			Errors: cfg.Sampling.Errors, NormalPercent: cfg.Sampling.NormalPercent},
+			Errors: cfg.Sampling.Errors, NormalPercent: cfg.Sampling.NormalPercent, QueueTime: cfg.Sampling.QueueTime},
 	}
 }
 
@@ -208,6 +228,12 @@ func (cfg *Config) Validate() error {
 	}
 	if cfg.Stall.CheckInterval <= 0 {
 		errs = append(errs, fmt.Errorf("stall::check_interval: must be positive, got %s", cfg.Stall.CheckInterval))
+	}
+	if cfg.EngineTiming.Wait < 0 {
+		errs = append(errs, fmt.Errorf("engine_timing::wait: must not be negative, got %s", cfg.EngineTiming.Wait))
+	}
+	if cfg.EngineTiming.MaxSessions < 0 {
+		errs = append(errs, fmt.Errorf("engine_timing::max_sessions: must not be negative, got %d", cfg.EngineTiming.MaxSessions))
 	}
 	if cfg.Limits.MaxSessionIDBytes <= 0 {
 		errs = append(errs, fmt.Errorf("limits::max_session_id_bytes: must be positive, got %d", cfg.Limits.MaxSessionIDBytes))

@@ -35,6 +35,11 @@ const (
 	attrSessionDuration   = "llm.session.duration"
 	attrSessionStalls     = "llm.session.stalls"
 	attrSessionChunks     = "llm.session.chunks"
+	attrQueueTime         = "llm.session.queue_time"
+	attrPrefillTime       = "llm.session.prefill_time"
+	attrDecodeTime        = "llm.session.decode_time"
+	attrTimingSource      = "llm.session.timing_source"
+	attrResponseModel     = "gen_ai.response.model"
 	attrSamplingReason    = "llm.session.sampling.reason"
 	attrStallFreeze       = "llm.stall.freeze"
 	attrStallGaps         = "llm.stall.gaps"
@@ -97,6 +102,7 @@ func (c *core) putSessionAttributes(m pcommon.Map, s *session.Session, e *sessio
 	m.PutStr(attrProviderName, c.cfg.ProviderName)
 	putStr(m, tokenrecord.AttrRequestModel, s.Model)
 	m.PutBool(attrRequestStream, !s.NoStream)
+	putStr(m, attrResponseModel, e.ResponseModel)
 	if s.PromptTokens >= 0 {
 		m.PutInt(tokenrecord.AttrInputTokens, s.PromptTokens)
 	}
@@ -124,6 +130,17 @@ func (c *core) putSessionAttributes(m pcommon.Map, s *session.Session, e *sessio
 		m.PutDouble(attrSessionMaxGap, seconds(s.MaxGap))
 	}
 	m.PutDouble(attrSessionDuration, seconds(s.Duration(e)))
+	if t := e.Timing; t.Known() {
+		for _, p := range [...]struct {
+			key string
+			d   time.Duration
+		}{{attrQueueTime, t.Queue}, {attrPrefillTime, t.Prefill}, {attrDecodeTime, t.Decode}} {
+			if p.d >= 0 {
+				m.PutDouble(p.key, seconds(p.d))
+			}
+		}
+		m.PutStr(attrTimingSource, t.Source)
+	}
 	m.PutInt(attrSessionStalls, int64(s.StallCount))
 	m.PutInt(attrSessionChunks, s.Chunks)
 	if s.Keep {
@@ -252,6 +269,11 @@ func (c *core) appendStallAlert(records plog.LogRecordSlice, r *session.Report[*
 	putStr(m, tokenrecord.AttrEngine, s.Engine)
 	m.PutInt(attrSessionStalls, int64(r.StallCount))
 	m.PutInt(attrSessionChunks, r.Chunks)
+	// The session's own wait before its first token, beside the engine's
+	// queue depth (engine context below): was it slow to start as well?
+	if ttft, ok := s.TTFT(); ok {
+		m.PutDouble(attrSessionTTFT, seconds(ttft))
+	}
 	putStall(m, st)
 	if h := c.engines.match(s.Engine); h != nil {
 		putStallContext(m, h, st.DetectedAt)

@@ -52,9 +52,11 @@ type core struct {
 	limits tokenevent.Limits
 	// engines is the engine state read from the metrics pipeline.
 	engines engineStates
-	// deferred are kept sessions whose outputs wait for their engine's
-	// next scrape, which closes the bracket of their pre-emption count.
-	deferred []deferredOutput
+	// held are kept sessions whose outputs wait (for their engine's next
+	// scrape, or for the engine's timing); timing joins the engine's own
+	// timing to sessions. See timing.go.
+	heldOutputs []*heldOutput
+	timing      timingJoin
 	counters session.Counters // as last reported to telemetry
 
 	nextLogs    consumer.Logs
@@ -85,7 +87,7 @@ func (o *outputs) records(provider string) plog.LogRecordSlice {
 }
 
 func newCore(cfg *Config, set processor.Settings) (*core, error) {
-	c := &core{cfg: cfg, set: set, stop: make(chan struct{}), limits: cfg.Limits.eventLimits()}
+	c := &core{cfg: cfg, set: set, stop: make(chan struct{}), limits: cfg.Limits.eventLimits(), timing: newTimingJoin()}
 	var err error
 	if c.table, err = session.NewTable[*sessionmetrics.Live](cfg.sessionConfig(), c); err != nil {
 		return nil, err
@@ -148,7 +150,7 @@ func (c *core) Shutdown(ctx context.Context) error {
 	c.setNow(now)
 	c.reports = c.table.Shutdown(c.nowNanos, c.reports)
 	c.handleReports(nil)
-	c.releaseDeferred(true)
+	c.releaseHeld(true)
 	c.held.Flush(c.pending.traces)
 	out := c.takePending()
 	md := c.sessionMetrics(now)
@@ -176,7 +178,8 @@ func (c *core) run() {
 			c.setNow(now)
 			c.reports = c.table.Tick(c.nowNanos, c.reports)
 			c.handleReports(nil)
-			c.releaseDeferred(false)
+			c.expireTimings()
+			c.releaseHeld(false)
 			if n := c.held.Expire(now, c.pending.traces); n > 0 {
 				c.telemetry.expired(ctx, n)
 			}
@@ -339,9 +342,9 @@ func (c *core) consumeMetrics(ctx context.Context, md pmetric.Metrics) error {
 	c.setNow(now)
 	c.engines.observe(md, c.nowNanos)
 	var out outputs
-	released := len(c.deferred) > 0
+	released := len(c.heldOutputs) > 0
 	if released {
-		c.releaseDeferred(false)
+		c.releaseHeld(false)
 		out = c.takePending()
 	}
 	c.mu.Unlock()
@@ -362,6 +365,7 @@ func (c *core) consumeTraces(ctx context.Context, td ptrace.Traces) error {
 	td.ResourceSpans().RemoveIf(func(rs ptrace.ResourceSpans) bool {
 		rs.ScopeSpans().RemoveIf(func(ss ptrace.ScopeSpans) bool {
 			ss.Spans().RemoveIf(func(span ptrace.Span) bool {
+				c.observeEngineSpan(span)
 				id := span.TraceID()
 				// A trace kept once stays kept, when it calls the model
 				// again too; every kept span carries its threshold.
@@ -392,6 +396,9 @@ func (c *core) consumeTraces(ctx context.Context, td ptrace.Traces) error {
 		})
 		return rs.ScopeSpans().Len() == 0
 	})
+	if len(c.heldOutputs) > 0 {
+		c.releaseHeld(false) // those whose engine span just came
+	}
 	out := c.takePending()
 	c.mu.Unlock()
 	c.telemetry.spans(ctx, held, dropped, overflow)
@@ -479,7 +486,8 @@ func (c *core) ended(r *session.Report[*sessionmetrics.Live], folded *plog.LogRe
 			}
 		}
 	}
-	if s.Keep && !c.deferForEngine(s, e) {
+	aw := c.joinTiming(r)
+	if s.Keep && !c.hold(s, e, aw) {
 		c.appendOutputs(s, e)
 	}
 	if r.Trace.Done {
@@ -497,62 +505,6 @@ func (c *core) appendOutputs(s *session.Session, e *session.End) {
 	if c.nextTraces != nil {
 		c.appendSpan(c.pendingScopeSpans(), s, e)
 	}
-}
-
-// deferredOutput is a kept session waiting for its engine's next scrape.
-type deferredOutput struct {
-	s     *session.Session
-	end   session.End
-	until int64 // collector time: emitted then, bracketed or not
-}
-
-// maxDeferred bounds the sessions waiting for a scrape; beyond it a
-// session's outputs go at once, its pre-emption count unknown.
-const maxDeferred = 10_000
-
-// maxEngineWait bounds the wait for a scrape after a session's end.
-const maxEngineWait = 30 * time.Second
-
-// deferForEngine holds back the outputs of the kept session s when its
-// engine is scraped but not yet since s ended: the pre-emptions during a
-// session are counted between the scrapes that bracket it, and without the
-// one after, the count would be a guess. They wait two scrape intervals at
-// most (maxEngineWait). It reports whether it held them.
-func (c *core) deferForEngine(s *session.Session, e *session.End) bool {
-	if c.nextLogs == nil && c.nextTraces == nil {
-		return false
-	}
-	h := c.engines.match(s.Engine)
-	if h == nil || len(c.deferred) >= maxDeferred {
-		return false
-	}
-	if _, scraped := h.after(sessionEnd(s, e)); scraped {
-		return false
-	}
-	wait := min(2*h.interval(), int64(maxEngineWait))
-	c.deferred = append(c.deferred, deferredOutput{s: s.Clone(), end: *e, until: c.nowNanos + wait})
-	return true
-}
-
-// releaseDeferred writes the outputs of the deferred sessions whose engine
-// was scraped since they ended (or was forgotten), or whose wait is over;
-// all of them with force (shutdown).
-func (c *core) releaseDeferred(force bool) {
-	waiting := c.deferred[:0]
-	for _, d := range c.deferred {
-		h := c.engines.match(d.s.Engine)
-		scraped := false
-		if h != nil {
-			_, scraped = h.after(sessionEnd(d.s, &d.end))
-		}
-		if force || h == nil || scraped || c.nowNanos >= d.until {
-			c.appendOutputs(d.s, &d.end)
-			continue
-		}
-		waiting = append(waiting, d)
-	}
-	clear(c.deferred[len(waiting):])
-	c.deferred = waiting
 }
 
 // pendingScopeSpans is where session spans go: one resource and scope of

@@ -39,6 +39,7 @@ type processorTelemetry struct {
 	sessionSet  [session.OutcomeShutdown + 1][2]metric.AddOption
 	disorderSet [len(disorderKinds)]metric.AddOption
 	rejectedSet [len(rejectReasons)][len(eventKinds)]metric.AddOption
+	timingSet   map[[2]string]metric.AddOption
 	signalSet   [len(signalNames)]metric.AddOption
 
 	// Accumulated under the core's lock, reported by reportCounters.
@@ -68,6 +69,13 @@ func newProcessorTelemetry(set processor.Settings) (*processorTelemetry, error) 
 		for j, kind := range eventKinds {
 			t.rejectedSet[i][j] = metric.WithAttributeSet(attribute.NewSet(
 				attribute.String("reason", reason), attribute.String("event", kind)))
+		}
+	}
+	t.timingSet = make(map[[2]string]metric.AddOption)
+	for _, source := range timingSources {
+		for _, result := range timingResults {
+			t.timingSet[[2]string{source, result}] = metric.WithAttributeSet(attribute.NewSet(
+				attribute.String("source", source), attribute.String("result", result)))
 		}
 	}
 	for i, name := range signalNames {
@@ -182,6 +190,31 @@ func (t *processorTelemetry) reportOverflows(ctx context.Context, metricOverflow
 		t.builder.ProcessorTokenSessionModelsOverflowed.Add(ctx, int64(d))
 	}
 	t.metricOverflows, t.modelOverflows = metricOverflows, modelOverflows
+}
+
+// What became of an engine timing (the result attribute).
+const (
+	timingJoined    = "joined"
+	timingInvalid   = "invalid"
+	timingMissing   = "missing"
+	timingUnmatched = "unmatched"
+	timingOverflow  = "overflow"
+)
+
+var (
+	timingSources = [...]string{session.TimingEngineSpan, session.TimingResponse, session.TimingHook}
+	timingResults = [...]string{timingJoined, timingInvalid, timingMissing, timingUnmatched, timingOverflow}
+)
+
+// timing counts one engine timing from source with result.
+func (t *processorTelemetry) timing(source, result string) {
+	if opt, ok := t.timingSet[[2]string{source, result}]; ok {
+		t.builder.ProcessorTokenSessionEngineTimings.Add(context.Background(), 1, opt)
+	}
+}
+
+func (t *processorTelemetry) heldOverflow() {
+	t.builder.ProcessorTokenSessionHeldOutputsOverflowed.Add(context.Background(), 1)
 }
 
 func (t *processorTelemetry) invalidRecords(ctx context.Context, n int) {

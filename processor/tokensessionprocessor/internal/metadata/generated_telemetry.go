@@ -25,24 +25,26 @@ func Tracer(settings component.TelemetrySettings) trace.Tracer {
 // TelemetryBuilder provides an interface for components to report telemetry
 // as defined in metadata and user config.
 type TelemetryBuilder struct {
-	meter                                 metric.Meter
-	mu                                    sync.Mutex
-	registrations                         []metric.Registration
-	ProcessorTokenSessionDisorderEvents   metric.Int64Counter
-	ProcessorTokenSessionEventsRejected   metric.Int64Counter
-	ProcessorTokenSessionFreezesWithdrawn metric.Int64Counter
-	ProcessorTokenSessionInvalidRecords   metric.Int64Counter
-	ProcessorTokenSessionMetricOverflows  metric.Int64Counter
-	ProcessorTokenSessionModelsOverflowed metric.Int64Counter
-	ProcessorTokenSessionOutputFailures   metric.Int64Counter
-	ProcessorTokenSessionSessionsActive   metric.Int64ObservableGauge
-	ProcessorTokenSessionSessionsEnded    metric.Int64Counter
-	ProcessorTokenSessionSpansDelayed     metric.Int64Counter
-	ProcessorTokenSessionSpansDropped     metric.Int64Counter
-	ProcessorTokenSessionSpansExpired     metric.Int64Counter
-	ProcessorTokenSessionSpansHeld        metric.Int64ObservableGauge
-	ProcessorTokenSessionSpansOverflowed  metric.Int64Counter
-	ProcessorTokenSessionSpansReleased    metric.Int64Counter
+	meter                                      metric.Meter
+	mu                                         sync.Mutex
+	registrations                              []metric.Registration
+	ProcessorTokenSessionDisorderEvents        metric.Int64Counter
+	ProcessorTokenSessionEngineTimings         metric.Int64Counter
+	ProcessorTokenSessionEventsRejected        metric.Int64Counter
+	ProcessorTokenSessionFreezesWithdrawn      metric.Int64Counter
+	ProcessorTokenSessionHeldOutputsOverflowed metric.Int64Counter
+	ProcessorTokenSessionInvalidRecords        metric.Int64Counter
+	ProcessorTokenSessionMetricOverflows       metric.Int64Counter
+	ProcessorTokenSessionModelsOverflowed      metric.Int64Counter
+	ProcessorTokenSessionOutputFailures        metric.Int64Counter
+	ProcessorTokenSessionSessionsActive        metric.Int64ObservableGauge
+	ProcessorTokenSessionSessionsEnded         metric.Int64Counter
+	ProcessorTokenSessionSpansDelayed          metric.Int64Counter
+	ProcessorTokenSessionSpansDropped          metric.Int64Counter
+	ProcessorTokenSessionSpansExpired          metric.Int64Counter
+	ProcessorTokenSessionSpansHeld             metric.Int64ObservableGauge
+	ProcessorTokenSessionSpansOverflowed       metric.Int64Counter
+	ProcessorTokenSessionSpansReleased         metric.Int64Counter
 }
 
 // TelemetryBuilderOption applies changes to default builder.
@@ -120,6 +122,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		metric.WithUnit("{event}"),
 	)
 	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionEngineTimings, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_engine_timings",
+		metric.WithDescription("The engine's own timings of requests (queue, prefill, decode), by source and what became of them. [Development]"),
+		metric.WithUnit("{timing}"),
+	)
+	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionEventsRejected, err = builder.meter.Int64Counter(
 		"otelcol_processor_token_session_events_rejected",
 		metric.WithDescription("Token events whose time cannot be right, by reason and event kind; dropped. [Development]"),
@@ -130,6 +138,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_processor_token_session_freezes_withdrawn",
 		metric.WithDescription("Freezes reported (an alert went out) and then withdrawn, because a token stamped before the freeze began arrived late; the session's stalls and span no longer count them. [Development]"),
 		metric.WithUnit("{stall}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionHeldOutputsOverflowed, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_held_outputs_overflowed",
+		metric.WithDescription("Kept sessions whose span and summary went out at once, without waiting for their engine's next scrape or engine span, because 10 000 were waiting already. [Development]"),
+		metric.WithUnit("{session}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionInvalidRecords, err = builder.meter.Int64Counter(

@@ -37,6 +37,22 @@ func AssertEqualProcessorTokenSessionDisorderEvents(t *testing.T, tt *componentt
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }
 
+func AssertEqualProcessorTokenSessionEngineTimings(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_processor_token_session_engine_timings",
+		Description: "The engine's own timings of requests (queue, prefill, decode), by source and what became of them. [Development]",
+		Unit:        "{timing}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_processor_token_session_engine_timings")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
 func AssertEqualProcessorTokenSessionEventsRejected(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_processor_token_session_events_rejected",
@@ -65,6 +81,22 @@ func AssertEqualProcessorTokenSessionFreezesWithdrawn(t *testing.T, tt *componen
 		},
 	}
 	got, err := tt.GetMetric("otelcol_processor_token_session_freezes_withdrawn")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
+func AssertEqualProcessorTokenSessionHeldOutputsOverflowed(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_processor_token_session_held_outputs_overflowed",
+		Description: "Kept sessions whose span and summary went out at once, without waiting for their engine's next scrape or engine span, because 10 000 were waiting already. [Development]",
+		Unit:        "{session}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_processor_token_session_held_outputs_overflowed")
 	require.NoError(t, err)
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }

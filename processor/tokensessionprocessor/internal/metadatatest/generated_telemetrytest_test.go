@@ -29,8 +29,10 @@ func TestSetupTelemetry(t *testing.T) {
 		return nil
 	}))
 	tb.ProcessorTokenSessionDisorderEvents.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionEngineTimings.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionEventsRejected.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionFreezesWithdrawn.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionHeldOutputsOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionInvalidRecords.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionMetricOverflows.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionModelsOverflowed.Add(context.Background(), 1)
@@ -44,10 +46,16 @@ func TestSetupTelemetry(t *testing.T) {
 	AssertEqualProcessorTokenSessionDisorderEvents(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionEngineTimings(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionEventsRejected(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionFreezesWithdrawn(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionHeldOutputsOverflowed(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionInvalidRecords(t, testTel,
