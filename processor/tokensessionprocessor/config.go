@@ -174,8 +174,8 @@ func createDefaultConfig() *Config {
 		Metrics: MetricsConfig{FlushInterval: 15 * time.Second, CardinalityLimit: sessionmetrics.DefaultCardinalityLimit,
 			Temporality: sessionmetrics.Cumulative, Histogram: sessionmetrics.Explicit, ExponentialMaxSize: sessionmetrics.DefaultExponentialMaxSize,
 			MaxModels: sessionmetrics.DefaultMaxModels},
-		Traces: TracesConfig{MaxHeldSpans: h.MaxHeldSpans, MaxHold: h.MaxHold, VerdictCacheSize: h.VerdictCacheSize},
-		Limits: LimitsConfig{MaxSessionIDBytes: tokenevent.DefaultMaxSessionIDBytes, MaxAttributes: tokenevent.DefaultMaxAttributes},
+		Traces:       TracesConfig{MaxHeldSpans: h.MaxHeldSpans, MaxHold: h.MaxHold, VerdictCacheSize: h.VerdictCacheSize},
+		Limits:       LimitsConfig{MaxSessionIDBytes: tokenevent.DefaultMaxSessionIDBytes, MaxAttributes: tokenevent.DefaultMaxAttributes},
 		EngineTiming: EngineTimingConfig{Wait: 6 * time.Second, MaxSessions: 20_000},
 	}
 }

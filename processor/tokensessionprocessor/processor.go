@@ -57,7 +57,7 @@ type core struct {
 	// timing to sessions. See timing.go.
 	heldOutputs []*heldOutput
 	timing      timingJoin
-	counters session.Counters // as last reported to telemetry
+	counters    session.Counters // as last reported to telemetry
 
 	nextLogs    consumer.Logs
 	nextMetrics consumer.Metrics
