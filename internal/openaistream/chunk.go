@@ -32,7 +32,27 @@ type ChunkFacts struct {
 	// {"message":…,"type":…,"code":…}}`, then [DONE]): the error's type,
 	// else its code, else EngineError.
 	ErrorType string
+	// Timing is the engine's per-request metrics, when the payload has
+	// them (vLLM's "metrics" object).
+	Timing RequestTiming
 }
+
+// RequestTiming is vLLM's per-request timing object (PerRequestTimingMetrics,
+// `--enable-per-request-metrics`, vLLM v0.25.0, PR #46768): a top-level
+// "metrics" member of a whole response, and of the final usage chunk of a
+// stream. Its times are in ms and measured in the engine: queue_time_ms
+// from queued to scheduled, time_to_first_token_ms from scheduled to the
+// first token (so, prefill: not the client's TTFT), generation_time_ms from
+// the first token to the last. A field it did not give is -1.
+type RequestTiming struct {
+	QueueMs, PrefillMs, DecodeMs float64
+}
+
+// Known reports whether t holds any of the times.
+func (t RequestTiming) Known() bool { return t.QueueMs >= 0 || t.PrefillMs >= 0 || t.DecodeMs >= 0 }
+
+// noTiming is the RequestTiming of a payload without one.
+var noTiming = RequestTiming{QueueMs: -1, PrefillMs: -1, DecodeMs: -1}
 
 // EngineError is the ErrorType of an error object that names no type or
 // code.
@@ -57,7 +77,7 @@ func IsDone(data []byte) bool { return bytes.Equal(data, doneData) }
 // emptiness; it is not copied anywhere. TestInspectChunkMatchesEncodingJSON
 // and FuzzInspectChunk hold it to encoding/json's reading of valid input.
 func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
-	f.CompletionTokens, f.PromptTokens = -1, -1
+	f.CompletionTokens, f.PromptTokens, f.Timing = -1, -1, noTiming
 	if bytes.Equal(bytes.TrimSpace(data), doneData) {
 		return f, false
 	}
@@ -75,6 +95,18 @@ func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
 			})
 		case "error":
 			return s.null() || s.errorObject(&f)
+		case "metrics":
+			return s.null() || s.object(func(key []byte) bool {
+				switch string(key) {
+				case "queue_time_ms":
+					return s.optionalFloat(&f.Timing.QueueMs)
+				case "time_to_first_token_ms":
+					return s.optionalFloat(&f.Timing.PrefillMs)
+				case "generation_time_ms":
+					return s.optionalFloat(&f.Timing.DecodeMs)
+				}
+				return s.skip()
+			})
 		case "usage":
 			if s.null() {
 				return true
@@ -93,7 +125,7 @@ func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
 		return s.skip()
 	})
 	if !ok || !s.end() {
-		return ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, false
+		return ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, false
 	}
 	f.UsageOnly = hasUsage && choices == 0
 	return f, true
@@ -227,6 +259,46 @@ func (s *jsonWalker) nonEmptyToolCalls(found *bool) bool {
 		*found = true
 	}
 	return true
+}
+
+// optionalFloat reads a number into dst, leaving it for null; a number
+// that does not parse, or is negative, leaves it too (a time that cannot
+// be right is no time).
+func (s *jsonWalker) optionalFloat(dst *float64) bool {
+	if s.null() {
+		return true
+	}
+	v, ok := s.number()
+	if !ok {
+		return false
+	}
+	if x, err := strconv.ParseFloat(string(v), 64); err == nil && x >= 0 {
+		*dst = x
+	}
+	return true
+}
+
+// ResponseModel returns the top-level "model" of a chunk or response, the
+// model that answered: decoded, valid UTF-8, at most maxModelBytes; "" when
+// it has none. The proxy asks once per session, of its first chunk.
+func ResponseModel(data []byte) string {
+	s := jsonWalker{b: data}
+	var model string
+	s.object(func(key []byte) bool {
+		if string(key) != "model" {
+			return s.skip()
+		}
+		s.ws()
+		if s.peek() != '"' {
+			return s.skip()
+		}
+		raw, ok := s.str()
+		if ok {
+			model = DecodeString(raw, maxModelBytes)
+		}
+		return ok
+	})
+	return model
 }
 
 func (s *jsonWalker) optionalInt(dst *int64) bool {

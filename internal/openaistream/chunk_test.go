@@ -21,41 +21,47 @@ func TestInspectChunk(t *testing.T) {
 		ok   bool
 	}{
 		{"role chunk", `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
-			ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, true},
+			ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
 		{"content", `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[{"index":0,"delta":{"content":"The"},"logprobs":null,"finish_reason":null}]}`,
-			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1}, true},
+			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
 		{"reasoning", `{"choices":[{"index":0,"delta":{"reasoning_content":"Let me think"}}]}`,
-			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1}, true},
+			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
 		{"tool call", `{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}`,
-			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1}, true},
+			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
 		{"EOS finish chunk", `{"choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`,
-			ChunkFacts{FinishReason: "stop", CompletionTokens: -1, PromptTokens: -1}, true},
+			ChunkFacts{FinishReason: "stop", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
 		{"usage chunk", `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[],"usage":{"prompt_tokens":42,"total_tokens":50,"completion_tokens":8}}`,
-			ChunkFacts{UsageOnly: true, CompletionTokens: 8, PromptTokens: 42}, true},
+			ChunkFacts{UsageOnly: true, CompletionTokens: 8, PromptTokens: 42, Timing: noTiming}, true},
 		{"completions text with usage null", `{"id":"cmpl-9d","object":"text_completion","created":1754000200,"model":"m","choices":[{"index":0,"text":" Paris","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}`,
-			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1}, true},
+			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
 		{"completions last token", `{"choices":[{"index":0,"text":" It","finish_reason":"length"}],"usage":null}`,
-			ChunkFacts{Content: true, FinishReason: "length", CompletionTokens: -1, PromptTokens: -1}, true},
+			ChunkFacts{Content: true, FinishReason: "length", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
 		{"continuous usage on a content chunk", `{"choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":5,"completion_tokens":1}}`,
-			ChunkFacts{Content: true, CompletionTokens: 1, PromptTokens: 5}, true},
+			ChunkFacts{Content: true, CompletionTokens: 1, PromptTokens: 5, Timing: noTiming}, true},
 		{"empty tool calls", `{"choices":[{"delta":{"tool_calls":[ ]},"tool_calls":null}]}`,
-			ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, true},
+			ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
 		{"escaped finish reason", `{"choices":[{"finish_reason":"st\u006fp"}]}`,
-			ChunkFacts{FinishReason: "stop", CompletionTokens: -1, PromptTokens: -1}, true},
+			ChunkFacts{FinishReason: "stop", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
 		{"vLLM engine error", `{"error": {"object": "error", "message": "CUDA out of memory", "type": "InternalServerError", "param": null, "code": 500}}`,
-			ChunkFacts{ErrorType: "InternalServerError", CompletionTokens: -1, PromptTokens: -1}, true},
+			ChunkFacts{ErrorType: "InternalServerError", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
 		{"error code only", `{"error":{"message":"m","type":null,"code":"context_length_exceeded"}}`,
-			ChunkFacts{ErrorType: "context_length_exceeded", CompletionTokens: -1, PromptTokens: -1}, true},
+			ChunkFacts{ErrorType: "context_length_exceeded", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
 		{"error numeric code", `{"error":{"code":503}}`,
-			ChunkFacts{ErrorType: "503", CompletionTokens: -1, PromptTokens: -1}, true},
+			ChunkFacts{ErrorType: "503", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
 		{"error string", `{"error":"boom"}`,
-			ChunkFacts{ErrorType: EngineError, CompletionTokens: -1, PromptTokens: -1}, true},
+			ChunkFacts{ErrorType: EngineError, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
 		{"error null", `{"error":null,"choices":[]}`,
-			ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, true},
+			ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
 		{"error type escaped and long", `{"error":{"type":"\u00e9` + strings.Repeat("é", 40) + `"}}`,
-			ChunkFacts{ErrorType: strings.Repeat("é", 32), CompletionTokens: -1, PromptTokens: -1}, true},
-		{"done", `[DONE]`, ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, false},
-		{"malformed", `{"choices":[`, ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, false},
+			ChunkFacts{ErrorType: strings.Repeat("é", 32), CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
+		// vLLM's per-request metrics (--enable-per-request-metrics, v0.25.0)
+		// on the final usage chunk of a stream: ms, measured in the engine.
+		{"per-request metrics", `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":10,"total_tokens":15,"completion_tokens":5},"metrics":{"time_to_first_token_ms":50.0,"generation_time_ms":200.0,"queue_time_ms":10.5,"mean_itl_ms":50.0,"tokens_per_second":20.0}}`,
+			ChunkFacts{UsageOnly: true, CompletionTokens: 5, PromptTokens: 10, Timing: RequestTiming{QueueMs: 10.5, PrefillMs: 50, DecodeMs: 200}}, true},
+		{"per-request metrics, some null", `{"choices":[],"usage":{"completion_tokens":1},"metrics":{"queue_time_ms":null,"time_to_first_token_ms":3,"generation_time_ms":-4}}`,
+			ChunkFacts{UsageOnly: true, CompletionTokens: 1, PromptTokens: -1, Timing: RequestTiming{QueueMs: -1, PrefillMs: 3, DecodeMs: -1}}, true},
+		{"done", `[DONE]`, ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, false},
+		{"malformed", `{"choices":[`, ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -84,7 +90,12 @@ type referenceChunk struct {
 		PromptTokens     *int64 `json:"prompt_tokens"`
 		CompletionTokens *int64 `json:"completion_tokens"`
 	} `json:"usage"`
-	Error json.RawMessage `json:"error"`
+	Error   json.RawMessage `json:"error"`
+	Metrics *struct {
+		QueueTimeMs        *float64 `json:"queue_time_ms"`
+		TimeToFirstTokenMs *float64 `json:"time_to_first_token_ms"`
+		GenerationTimeMs   *float64 `json:"generation_time_ms"`
+	} `json:"metrics"`
 }
 
 // referenceErrorType is the ErrorType of an "error" member's raw value.
@@ -128,7 +139,7 @@ func cutRunes(s string, n int) string {
 }
 
 func referenceInspect(data []byte) (ChunkFacts, bool) {
-	f := ChunkFacts{CompletionTokens: -1, PromptTokens: -1}
+	f := ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}
 	if bytes.Equal(bytes.TrimSpace(data), doneData) {
 		return f, false
 	}
@@ -165,12 +176,23 @@ func referenceInspect(data []byte) (ChunkFacts, bool) {
 		f.UsageOnly = len(c.Choices) == 0
 	}
 	f.ErrorType = referenceErrorType(c.Error)
+	if m := c.Metrics; m != nil {
+		for _, p := range [...]struct {
+			v   *float64
+			dst *float64
+		}{{m.QueueTimeMs, &f.Timing.QueueMs}, {m.TimeToFirstTokenMs, &f.Timing.PrefillMs}, {m.GenerationTimeMs, &f.Timing.DecodeMs}} {
+			if p.v != nil && *p.v >= 0 {
+				*p.dst = *p.v
+			}
+		}
+	}
 	return f, true
 }
 
 // chunkKeys are the keys the walker reads.
 var chunkKeys = []string{"choices", "usage", "completion_tokens", "prompt_tokens", "text", "tool_calls",
-	"finish_reason", "delta", "content", "reasoning", "reasoning_content", "error", "type", "code"}
+	"finish_reason", "delta", "content", "reasoning", "reasoning_content", "error", "type", "code",
+	"metrics", "queue_time_ms", "time_to_first_token_ms", "generation_time_ms"}
 
 // readsDifferently reports whether valid JSON is read differently by
 // encoding/json and by the walker, which are both right about it: a
@@ -269,6 +291,13 @@ func FuzzInspectChunk(f *testing.F) {
 			t.Fatalf("%q:\nwalker    %+v\nreference %+v", data, got, want)
 		}
 	})
+}
+
+func TestResponseModel(t *testing.T) {
+	assert.Equal(t, "meta-llama/Llama-3.1-8B-Instruct", ResponseModel([]byte(`{"id":"x","choices":[{"delta":{"content":"hi"}}],"model":"meta-llama\/Llama-3.1-8B-Instruct"}`)))
+	assert.Empty(t, ResponseModel([]byte(`{"choices":[]}`)))
+	assert.Empty(t, ResponseModel([]byte(`{"model":7}`)))
+	assert.Empty(t, ResponseModel([]byte(`not json`)))
 }
 
 func BenchmarkInspectChunk(b *testing.B) {

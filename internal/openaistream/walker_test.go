@@ -43,7 +43,7 @@ func TestInspectChunkDeepNesting(t *testing.T) {
 	} {
 		f, ok := InspectChunk([]byte(data))
 		assert.False(t, ok)
-		assert.Equal(t, ChunkFacts{CompletionTokens: -1, PromptTokens: -1}, f)
+		assert.Equal(t, ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, f)
 	}
 }
 

@@ -244,6 +244,12 @@ type proxySession struct {
 	finishReason     string
 	// engineError: the upstream reported an error inside its 200 response.
 	engineError string
+	// timing is the engine's per-request metrics, when it sent them.
+	timing openaistream.RequestTiming
+	// responseModel is the model the first chunk named; modelRead is set
+	// once that chunk was read.
+	responseModel string
+	modelRead     bool
 	// send bounds the writes to the client; nil: unbounded.
 	send *sendDeadline
 }
@@ -271,7 +277,32 @@ func (s *proxySession) end(at time.Time, errorType, finishReason string) {
 			ev.CompletionTokens = s.chunks
 		}
 		ev.PromptTokens = s.promptTokens
+		ev.ResponseModel = s.responseModel
+		if t := s.timing; t.Known() {
+			ev.QueueTimeNs, ev.PrefillTimeNs, ev.DecodeTimeNs = msToNs(t.QueueMs), msToNs(t.PrefillMs), msToNs(t.DecodeMs)
+			ev.TimingSource = tokenevent.TimingResponse
+		}
 	})
+}
+
+// msToNs converts an engine time in ms to ns, -1 staying -1 (absent); an
+// hour bounds it, far from an overflow, as no request waits that long.
+func msToNs(ms float64) int64 {
+	if ms < 0 {
+		return -1
+	}
+	return int64(min(ms, 3_600_000) * float64(time.Millisecond))
+}
+
+// read takes what a chunk (or a whole response) says about the session.
+func (s *proxySession) read(f *openaistream.ChunkFacts, data []byte) {
+	if !s.modelRead {
+		s.modelRead = true
+		s.responseModel = openaistream.ResponseModel(data)
+	}
+	if f.Timing.Known() {
+		s.timing = f.Timing
+	}
 }
 
 func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op string) {
@@ -404,6 +435,7 @@ func (s *proxySession) relayStream(w http.ResponseWriter, clientCtx context.Cont
 			if openaistream.IsDone(ev.Data) {
 				finished = true
 			} else if f, ok := openaistream.InspectChunk(ev.Data); ok {
+				s.read(&f, ev.Data)
 				if f.CompletionTokens >= 0 {
 					s.completionTokens = f.CompletionTokens
 				}
@@ -499,13 +531,16 @@ func (s *proxySession) relayResponse(w http.ResponseWriter, clientCtx context.Co
 		return
 	}
 	if f, ok := openaistream.InspectChunk(kept.b); ok {
+		s.read(&f, kept.b)
 		s.completionTokens, s.promptTokens, s.finishReason = f.CompletionTokens, f.PromptTokens, f.FinishReason
 		if f.ErrorType != "" {
 			s.end(now, f.ErrorType, "")
 			return
 		}
 	}
-	count := max(s.completionTokens, 1)
+	// One token event for the whole response; its count is capped as the
+	// wire's is (the end's completion_tokens carries the true total).
+	count := min(max(s.completionTokens, 1), tokenevent.MaxCount)
 	s.chunks = count
 	s.emit(tokenevent.KindToken, now, func(ev *tokenevent.Event) { ev.Count = count })
 	s.end(now, "", s.finishReason)

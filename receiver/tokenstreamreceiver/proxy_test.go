@@ -245,6 +245,36 @@ func TestProxyInjectsAndStripsUsage(t *testing.T) {
 	assert.Equal(t, int64(8), evs[len(evs)-1].CompletionTokens, "usage read from the stripped chunk")
 }
 
+// vLLM with --enable-per-request-metrics (v0.25.0) puts its own timing of
+// the request on the final usage chunk: the proxy hands it on with the end,
+// in ns, with the model that answered.
+func TestProxyPerRequestMetrics(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	var events []string
+	for _, ev := range chat {
+		if strings.Contains(ev, `"choices":[],"usage"`) {
+			ev = strings.Replace(ev, `}}`+"\n\n", `},"metrics":{"time_to_first_token_ms":48.5,"generation_time_ms":180.25,"queue_time_ms":912.0,"mean_itl_ms":30.0,"tokens_per_second":33.3}}`+"\n\n", 1)
+			require.Contains(t, ev, `"metrics"`, "the fixture's usage chunk ends with }}")
+		}
+		events = append(events, ev)
+	}
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, events, func(int) time.Duration { return time.Millisecond })
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink)
+	_, got := postChat(t, tr.proxyURL(), `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[],"stream":true,"stream_options":{"include_usage":true}}`, nil)
+	assert.Contains(t, got, `"queue_time_ms":912.0`, "the client gets the metrics it asked for")
+	evs := sessionEvents(t, sink, 1)
+	end := evs[len(evs)-1]
+	require.Equal(t, tokenevent.KindEnd, end.Kind)
+	assert.Equal(t, tokenevent.TimingResponse, end.TimingSource)
+	assert.Equal(t, int64(912*time.Millisecond), end.QueueTimeNs)
+	assert.Equal(t, int64(48500*time.Microsecond), end.PrefillTimeNs)
+	assert.Equal(t, int64(180250*time.Microsecond), end.DecodeTimeNs)
+	assert.Equal(t, "meta-llama/Llama-3.1-8B-Instruct", end.ResponseModel)
+}
+
 func TestProxyNonStreaming(t *testing.T) {
 	up := newScriptedUpstream(t, func(_ *scriptedUpstream, w http.ResponseWriter, _ *http.Request) {
 		time.Sleep(30 * time.Millisecond)
