@@ -36,6 +36,9 @@ func (h *hook) Token(r *sim.Request, ev sim.Event) { h.c.Token(r.ID, ev.Time, 1)
 
 func (h *hook) Finished(r *sim.Request, reason string, t time.Time) {
 	e := tokenhook.End{SessionID: r.ID, Time: t, FinishReason: reason, CompletionTokens: r.Generated(), HasCompletionTokens: true}
+	// The engine's own timing, as a hook in a real engine would send it.
+	e.QueueTime, e.PrefillTime, e.DecodeTime = r.Timing()
+	e.HasTiming = true
 	h.c.End(e)
 }
 

@@ -53,7 +53,13 @@ type options struct {
 	addr             string
 	defaultMaxTokens int
 	hook             string
-	cfg              sim.Config
+	// otlpTraces, traceDelay and perRequestMetrics are vLLM's
+	// --otlp-traces-endpoint (its batch delay) and
+	// --enable-per-request-metrics.
+	otlpTraces        string
+	traceDelay        time.Duration
+	perRequestMetrics bool
+	cfg               sim.Config
 }
 
 func parseFlags(args []string, out io.Writer) (options, error) {
@@ -93,6 +99,9 @@ with pf, df = 1 for fp16 and the -fp8-*-factor flags for fp8.
 	fs.Float64Var(&c.Cost.FP8DecodeFactor, "fp8-decode-factor", c.Cost.FP8DecodeFactor, "factor of the fp8 profile on the memory term (weights and KV reads)")
 	fs.Float64Var(&c.Cost.FP8PrefillFactor, "fp8-prefill-factor", c.Cost.FP8PrefillFactor, "factor of the fp8 profile on the arithmetic term")
 	fs.StringVar(&o.hook, "hook", "", "send token events with pkg/tokenhook to this endpoint, e.g. udp://127.0.0.1:4321 (empty: off)")
+	fs.StringVar(&o.otlpTraces, "otlp-traces-endpoint", "", "send vLLM's llm_request span of every request over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces (empty: off)")
+	fs.DurationVar(&o.traceDelay, "otlp-traces-delay", 5*time.Second, "how often spans are sent in a batch (vLLM's BatchSpanProcessor: 5s)")
+	fs.BoolVar(&o.perRequestMetrics, "enable-per-request-metrics", false, "add vLLM's per-request timing object (queue, prefill, decode in ms) to the final usage chunk and to whole responses")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -117,20 +126,34 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 		return err
 	}
 	logger := log.New(logOut, "vllmsim: ", log.LstdFlags)
-	var closeHook func()
+	var obs observers
+	var closers []func()
 	if o.hook != "" {
 		h, err := newHook(o.hook, o.cfg)
 		if err != nil {
 			return err
 		}
-		eng.SetObserver(h)
-		closeHook = h.close
+		obs = append(obs, h)
+		closers = append(closers, h.close)
+	}
+	if o.otlpTraces != "" {
+		e, err := newSpanExporter(o.otlpTraces, o.cfg.Model, o.traceDelay, logger)
+		if err != nil {
+			return err
+		}
+		obs = append(obs, e)
+		closers = append(closers, e.close)
+	}
+	if len(obs) > 0 {
+		eng.SetObserver(obs)
 	}
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: newServer(eng, o.defaultMaxTokens).handler(), ReadHeaderTimeout: 10 * time.Second}
+	api := newServer(eng, o.defaultMaxTokens)
+	api.perRequestMetrics = o.perRequestMetrics
+	srv := &http.Server{Handler: api.handler(), ReadHeaderTimeout: 10 * time.Second}
 
 	engCtx, stopEngine := context.WithCancel(context.Background())
 	engDone := make(chan struct{})
@@ -159,8 +182,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	if shErr := srv.Shutdown(shCtx); shErr != nil && err == nil {
 		err = shErr
 	}
-	if closeHook != nil {
-		closeHook()
+	for _, c := range closers {
+		c()
 	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil

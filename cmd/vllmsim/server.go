@@ -20,6 +20,9 @@ type server struct {
 	model            string
 	defaultMaxTokens int
 	now              func() time.Time
+	// perRequestMetrics adds vLLM's per-request timing object to the final
+	// usage chunk and to whole responses (--enable-per-request-metrics).
+	perRequestMetrics bool
 }
 
 func newServer(eng *sim.Engine, defaultMaxTokens int) *server {
@@ -148,7 +151,8 @@ func (s *server) completion(w http.ResponseWriter, r *http.Request, chat bool) {
 	if chat {
 		op = "chat"
 	}
-	sreq, err := s.eng.Submit(id, sim.Params{PromptTokens: max(prompt, 1), MaxTokens: maxTokens, IgnoreEOS: req.IgnoreEOS, Operation: op}, arrival)
+	sreq, err := s.eng.Submit(id, sim.Params{PromptTokens: max(prompt, 1), MaxTokens: maxTokens, IgnoreEOS: req.IgnoreEOS, Operation: op,
+		TraceParent: r.Header.Get("traceparent")}, arrival)
 	if err != nil {
 		code := http.StatusBadRequest
 		if errors.Is(err, sim.ErrStopped) {
@@ -200,7 +204,8 @@ func (s *server) completion(w http.ResponseWriter, r *http.Request, chat bool) {
 			first = false
 			if ev.Finish != "" && includeUsage {
 				usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
-				out = append(out, usageChunk{ID: id, Object: c.object(chat), Created: c.created, Model: s.model, Choices: []struct{}{}, Usage: usage})
+				out = append(out, usageChunk{ID: id, Object: c.object(chat), Created: c.created, Model: s.model, Choices: []struct{}{}, Usage: usage,
+					Metrics: s.metricsOf(sreq)})
 			}
 			for _, v := range out {
 				if !send(v) {
@@ -237,7 +242,8 @@ func (s *server) whole(w http.ResponseWriter, r *http.Request, sreq *sim.Request
 		}
 	}
 	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
-	resp := wholeResponse{ID: c.id, Object: object, Created: c.created, Model: c.model, Usage: wholeUsage{usageInfo: usage}}
+	resp := wholeResponse{ID: c.id, Object: object, Created: c.created, Model: c.model, Usage: wholeUsage{usageInfo: usage},
+		Metrics: s.metricsOf(sreq)}
 	if chat {
 		resp.Choices = []any{chatWholeChoice{Message: chatMessage{Role: "assistant", Content: text.String(), ToolCalls: []struct{}{}}, FinishReason: finish}}
 	} else {
@@ -279,12 +285,49 @@ type wholeUsage struct {
 }
 
 type usageChunk struct {
-	ID      string     `json:"id"`
-	Object  string     `json:"object"`
-	Created int64      `json:"created"`
-	Model   string     `json:"model"`
-	Choices []struct{} `json:"choices"`
-	Usage   usageInfo  `json:"usage"`
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []struct{}         `json:"choices"`
+	Usage   usageInfo          `json:"usage"`
+	Metrics *perRequestMetrics `json:"metrics,omitempty"`
+}
+
+// perRequestMetrics is vLLM's PerRequestTimingMetrics (v0.25.0,
+// build_per_request_timing_metrics): ms, measured in the engine; its
+// "time to first token" runs from scheduling, so it is the prefill.
+type perRequestMetrics struct {
+	TimeToFirstTokenMs *float64 `json:"time_to_first_token_ms"`
+	GenerationTimeMs   *float64 `json:"generation_time_ms"`
+	QueueTimeMs        *float64 `json:"queue_time_ms"`
+	MeanITLMs          *float64 `json:"mean_itl_ms"`
+	TokensPerSecond    *float64 `json:"tokens_per_second"`
+}
+
+// metricsOf is the per-request metrics of a finished request, nil when the
+// server does not send them.
+func (s *server) metricsOf(r *sim.Request) *perRequestMetrics {
+	if !s.perRequestMetrics {
+		return nil
+	}
+	queue, prefill, decode := r.Timing()
+	ms := func(d time.Duration) *float64 {
+		if d < 0 {
+			return nil
+		}
+		v := float64(d) / float64(time.Millisecond)
+		return &v
+	}
+	m := &perRequestMetrics{TimeToFirstTokenMs: ms(prefill), GenerationTimeMs: ms(decode), QueueTimeMs: ms(queue)}
+	if n := r.Generated(); n > 1 && decode >= 0 {
+		m.MeanITLMs = ms(decode / time.Duration(n-1))
+	}
+	if prefill >= 0 && decode >= 0 && prefill+decode > 0 {
+		v := float64(r.Generated()) / (prefill + decode).Seconds()
+		m.TokensPerSecond = &v
+	}
+	return m
 }
 
 type delta struct {
@@ -348,12 +391,13 @@ type textWholeChoice struct {
 }
 
 type wholeResponse struct {
-	ID      string     `json:"id"`
-	Object  string     `json:"object"`
-	Created int64      `json:"created"`
-	Model   string     `json:"model"`
-	Choices []any      `json:"choices"`
-	Usage   wholeUsage `json:"usage"`
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []any              `json:"choices"`
+	Usage   wholeUsage         `json:"usage"`
+	Metrics *perRequestMetrics `json:"metrics,omitempty"`
 }
 
 type chunker struct {

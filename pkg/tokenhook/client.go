@@ -93,6 +93,14 @@ type End struct {
 	FinishReason string
 	// Error is the error type when the session failed.
 	Error string
+	// ResponseModel is the model that answered, when it differs from the
+	// request's (an alias resolved, a LoRA adapter).
+	ResponseModel string
+	// The engine's own split of the request's time, sent when HasTiming is
+	// set: waiting in its queue, in prefill (scheduled to first token), in
+	// decode (first to last token). A negative part is not sent.
+	QueueTime, PrefillTime, DecodeTime time.Duration
+	HasTiming                          bool
 }
 
 // Stats counts what happened to the events a Client took: each counts in
@@ -267,7 +275,11 @@ func (s Start) event() (*tokenevent.Event, error) {
 // event returns the end Event e describes.
 func (e End) event() (*tokenevent.Event, error) {
 	ev := newEvent(tokenevent.KindEnd, e.SessionID, e.Time)
-	ev.FinishReason, ev.Error = e.FinishReason, e.Error
+	ev.FinishReason, ev.Error, ev.ResponseModel = e.FinishReason, e.Error, e.ResponseModel
+	if e.HasTiming {
+		ev.TimingSource = tokenevent.TimingHook
+		ev.QueueTimeNs, ev.PrefillTimeNs, ev.DecodeTimeNs = nsOrAbsent(e.QueueTime), nsOrAbsent(e.PrefillTime), nsOrAbsent(e.DecodeTime)
+	}
 	return ev, setTokens(&ev.CompletionTokens, "completion_tokens", e.CompletionTokens, e.HasCompletionTokens)
 }
 
@@ -293,6 +305,14 @@ func (c *Client) Send(ev *Event) error {
 
 // setTokens sets the token total *dst, of the wire field, to n if has is
 // set (and n is a count).
+// nsOrAbsent is a timing part in ns, -1 (absent on the wire) when negative.
+func nsOrAbsent(d time.Duration) int64 {
+	if d < 0 {
+		return -1
+	}
+	return int64(d)
+}
+
 func setTokens(dst *int64, field string, n int, has bool) error {
 	if !has {
 		return nil

@@ -54,6 +54,10 @@ func received(t *testing.T, c collector) []tokenevent.Event {
 			if len(ev.Attributes) > 0 {
 				e.Attributes = slices.Clone(ev.Attributes)
 			}
+			if !e.HasTiming() {
+				// The expectations spell an absent timing as the zero value.
+				e.QueueTimeNs, e.PrefillTimeNs, e.DecodeTimeNs = 0, 0, 0
+			}
 			out = append(out, e)
 		}, func(err *tokenevent.LineError) {
 			t.Errorf("receiver would reject %v", err)
@@ -204,7 +208,8 @@ func session(c *Client, id string) []tokenevent.Event {
 	})
 	c.Token(id, t0.Add(250*time.Millisecond), 1)
 	c.Token(id, t0.Add(300*time.Millisecond), 3)
-	c.End(End{SessionID: id, Time: t0.Add(time.Second), CompletionTokens: 4, HasCompletionTokens: true, FinishReason: "stop"})
+	c.End(End{SessionID: id, Time: t0.Add(time.Second), CompletionTokens: 4, HasCompletionTokens: true, FinishReason: "stop",
+		ResponseModel: "llama-fp8", QueueTime: 120 * time.Millisecond, PrefillTime: 80 * time.Millisecond, DecodeTime: -1, HasTiming: true})
 
 	ns := uint64(t0.UnixNano())
 	return []tokenevent.Event{
@@ -220,7 +225,8 @@ func session(c *Client, id string) []tokenevent.Event {
 		},
 		{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: ns + 250e6, PromptTokens: -1, Count: 1, CompletionTokens: -1},
 		{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: ns + 300e6, PromptTokens: -1, Count: 3, CompletionTokens: -1},
-		{Kind: tokenevent.KindEnd, SessionID: id, TimeUnixNano: ns + 1e9, PromptTokens: -1, Count: 1, CompletionTokens: 4, FinishReason: "stop"},
+		{Kind: tokenevent.KindEnd, SessionID: id, TimeUnixNano: ns + 1e9, PromptTokens: -1, Count: 1, CompletionTokens: 4, FinishReason: "stop",
+			ResponseModel: "llama-fp8", QueueTimeNs: 120e6, PrefillTimeNs: 80e6, DecodeTimeNs: -1, TimingSource: tokenevent.TimingHook},
 	}
 }
 

@@ -165,9 +165,10 @@ func (j *timingJoin) pending() int { return len(j.bySpan) + len(j.earlyByParent)
 
 // joinTiming gives the session that r ended its engine timing: the one its
 // end brought, or an engine span that came before the end. Without either,
-// while engine spans are flowing, the session waits for its span; the
-// returned awaited is its place, nil when it does not wait. Call with mu
-// held.
+// once engine spans are seen to flow, the session waits in the join for its
+// span; the returned awaited is its place, nil when it does not wait. (A
+// deployment without engine spans keeps nothing here, and delays nothing.)
+// Call with mu held.
 func (c *core) joinTiming(r *session.Report[*sessionmetrics.Live]) *awaited {
 	s, e := r.Session, &r.End
 	j := &c.timing

@@ -244,8 +244,10 @@ type proxySession struct {
 	finishReason     string
 	// engineError: the upstream reported an error inside its 200 response.
 	engineError string
-	// timing is the engine's per-request metrics, when it sent them.
-	timing openaistream.RequestTiming
+	// timing is the engine's per-request metrics, when it sent them
+	// (hasTiming).
+	timing    openaistream.RequestTiming
+	hasTiming bool
 	// responseModel is the model the first chunk named; modelRead is set
 	// once that chunk was read.
 	responseModel string
@@ -278,7 +280,7 @@ func (s *proxySession) end(at time.Time, errorType, finishReason string) {
 		}
 		ev.PromptTokens = s.promptTokens
 		ev.ResponseModel = s.responseModel
-		if t := s.timing; t.Known() {
+		if t := s.timing; s.hasTiming {
 			ev.QueueTimeNs, ev.PrefillTimeNs, ev.DecodeTimeNs = msToNs(t.QueueMs), msToNs(t.PrefillMs), msToNs(t.DecodeMs)
 			ev.TimingSource = tokenevent.TimingResponse
 		}
@@ -301,7 +303,7 @@ func (s *proxySession) read(f *openaistream.ChunkFacts, data []byte) {
 		s.responseModel = openaistream.ResponseModel(data)
 	}
 	if f.Timing.Known() {
-		s.timing = f.Timing
+		s.timing, s.hasTiming = f.Timing, true
 	}
 }
 

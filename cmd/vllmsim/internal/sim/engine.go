@@ -154,6 +154,9 @@ type Params struct {
 	IgnoreEOS bool
 	// Operation is an opaque label for observers ("chat", "text_completion").
 	Operation string
+	// TraceParent is the request's W3C traceparent header, for observers
+	// that emit the engine's span ("" without one).
+	TraceParent string
 }
 
 // Event is one output token of a request, delivered as the step that
@@ -199,6 +202,23 @@ type Request struct {
 
 // Events returns the request's event channel.
 func (r *Request) Events() <-chan Event { return r.events }
+
+// Timing is the engine's own split of the request's time, as vLLM's
+// RequestStateStats measure it: queue from arrival to first scheduled,
+// prefill from then to the first token, decode from the first token to the
+// last. A part not reached yet is -1. Read it from the engine's Observer, or
+// once the request's last event has been received.
+func (r *Request) Timing() (queue, prefill, decode time.Duration) {
+	queue, prefill, decode = -1, -1, -1
+	if !r.scheduled.IsZero() {
+		queue = r.scheduled.Sub(r.Arrival)
+		if !r.firstToken.IsZero() {
+			prefill = r.firstToken.Sub(r.scheduled)
+			decode = r.lastToken.Sub(r.firstToken)
+		}
+	}
+	return queue, prefill, decode
+}
 
 // needed is how many tokens must be computed before the next sample.
 func (r *Request) needed() int { return r.Params.PromptTokens + r.generated - r.computed }
