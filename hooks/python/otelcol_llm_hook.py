@@ -356,14 +356,24 @@ class Client:
             _check_uint("seq", seq)
         self._put((_TOKEN, session_id, time_unix_nano, count, seq))
 
-    def end(self, session_id, time_unix_nano=None, *, completion_tokens=None, finish_reason=None, error=None):
-        """Record that a session ended; ``error`` is an error type, e.g. an exception class name."""
+    def end(self, session_id, time_unix_nano=None, *, completion_tokens=None, finish_reason=None, error=None,
+            response_model=None, queue_time_ns=None, prefill_time_ns=None, decode_time_ns=None):
+        """Record that a session ended; ``error`` is an error type, e.g. an exception class name.
+
+        ``queue_time_ns``, ``prefill_time_ns`` and ``decode_time_ns`` are the
+        engine's own split of the request's time (queued to scheduled,
+        scheduled to first token, first to last token), when it knows it.
+        """
         _check_session_id(session_id)
         t = _check_time(time_unix_nano)
         ev = {"event": "end", "session_id": session_id, "time_unix_nano": t}
         _set(ev, "completion_tokens", _check_uint("completion_tokens", completion_tokens))
         _set(ev, "finish_reason", _check_str("finish_reason", finish_reason))
         _set(ev, "error", _check_str("error", error))
+        _set(ev, "response_model", _check_str("response_model", response_model))
+        _set(ev, "queue_time_ns", _check_uint("queue_time_ns", queue_time_ns))
+        _set(ev, "prefill_time_ns", _check_uint("prefill_time_ns", prefill_time_ns))
+        _set(ev, "decode_time_ns", _check_uint("decode_time_ns", decode_time_ns))
         self._put((_END, ev))
 
     def _put(self, item):

@@ -210,6 +210,8 @@ class ValidationTest(unittest.TestCase):
             "count bool": lambda: c.token("s", count=True),
             "count over the cap": lambda: c.token("s", count=65537),
             "seq negative": lambda: c.token("s", seq=-1),
+            "queue_time_ns negative": lambda: c.end("s", queue_time_ns=-1),
+            "prefill_time_ns float": lambda: c.end("s", prefill_time_ns=0.5),
             "stream not bool": lambda: c.start("s", stream="no"),
             "tracestate not ascii": lambda: c.start("s", tracestate="ot=th:\u00e9"),
             "tracestate too long": lambda: c.start("s", tracestate="a" * 513),
@@ -269,7 +271,8 @@ class UDPTest(unittest.TestCase):
             c.start("sess-4", T0, stream=False, tracestate="ot=th:8,vendor=x")
             c.token("sess-4", T0 + 1, seq=0)
             c.token("sess-4", T0 + 2, count=2, seq=1)
-        self.assertEqual(self.sink.lines(11), [
+            c.end("sess-4", T0 + 3, response_model="m-fp8", queue_time_ns=120000000, prefill_time_ns=0)
+        self.assertEqual(self.sink.lines(12), [
             '{"event":"start","session_id":"sess-1","time_unix_nano":1700000000000000000,'
             '"trace_id":"0af7651916cd43dd8448eb211c80319c","span_id":"b7ad6b7169203331",'
             '"parent_span_id":"00f067aa0ba902b7","model":"llama-3-8b","operation":"chat","prompt_tokens":12,'
@@ -286,8 +289,10 @@ class UDPTest(unittest.TestCase):
             '"tracestate":"ot=th:8,vendor=x"}',
             '{"event":"token","session_id":"sess-4","time_unix_nano":1700000000000000001,"seq":0}',
             '{"event":"token","session_id":"sess-4","time_unix_nano":1700000000000000002,"count":2,"seq":1}',
+            '{"event":"end","session_id":"sess-4","time_unix_nano":1700000000000000003,"response_model":"m-fp8",'
+            '"queue_time_ns":120000000,"prefill_time_ns":0}',
         ])
-        self.assertEqual(c.stats(), {"sent": 11, "dropped": 0, "failed": 0, "rejected": 0})
+        self.assertEqual(c.stats(), {"sent": 12, "dropped": 0, "failed": 0, "rejected": 0})
 
     def test_int_ids_and_escaping(self):
         with Client(self.sink.endpoint) as c:
