@@ -59,7 +59,9 @@ type options struct {
 	otlpTraces        string
 	traceDelay        time.Duration
 	perRequestMetrics bool
-	cfg               sim.Config
+	// timingsOut is where every request's true split is written at exit.
+	timingsOut string
+	cfg        sim.Config
 }
 
 func parseFlags(args []string, out io.Writer) (options, error) {
@@ -101,6 +103,7 @@ with pf, df = 1 for fp16 and the -fp8-*-factor flags for fp8.
 	fs.StringVar(&o.hook, "hook", "", "send token events with pkg/tokenhook to this endpoint, e.g. udp://127.0.0.1:4321 (empty: off)")
 	fs.StringVar(&o.otlpTraces, "otlp-traces-endpoint", "", "send vLLM's llm_request span of every request over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces (empty: off)")
 	fs.DurationVar(&o.traceDelay, "otlp-traces-delay", 5*time.Second, "how often spans are sent in a batch (vLLM's BatchSpanProcessor: 5s)")
+	fs.StringVar(&o.timingsOut, "timings-out", "", "write every finished request's true queue, prefill and decode time (NDJSON) to this file when stopping (empty: off)")
 	fs.BoolVar(&o.perRequestMetrics, "enable-per-request-metrics", false, "add vLLM's per-request timing object (queue, prefill, decode in ms) to the final usage chunk and to whole responses")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -144,6 +147,11 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 		obs = append(obs, e)
 		closers = append(closers, e.close)
 	}
+	var timings *timingLog
+	if o.timingsOut != "" {
+		timings = &timingLog{path: o.timingsOut}
+		obs = append(obs, timings)
+	}
 	if len(obs) > 0 {
 		eng.SetObserver(obs)
 	}
@@ -184,6 +192,11 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	}
 	for _, c := range closers {
 		c()
+	}
+	if timings != nil {
+		if werr := timings.close(); werr != nil && err == nil {
+			err = werr
+		}
 	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil

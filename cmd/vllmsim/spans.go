@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"log"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -229,6 +231,53 @@ func (e *spanExporter) send(batch []spanData) error {
 func (e *spanExporter) close() {
 	close(e.stop)
 	<-e.done
+}
+
+// timingLog keeps the engine's true split of every finished request and
+// writes it as NDJSON when the simulator stops (-timings-out): the truth a
+// demo compares the collector's figures with. One line a request: id,
+// queue_s, prefill_s, decode_s (-1 for a part never reached).
+type timingLog struct {
+	path string
+	mu   sync.Mutex
+	recs []timingRecord
+}
+
+type timingRecord struct {
+	ID       string  `json:"id"`
+	QueueS   float64 `json:"queue_s"`
+	PrefillS float64 `json:"prefill_s"`
+	DecodeS  float64 `json:"decode_s"`
+}
+
+func (l *timingLog) Started(*sim.Request)          {}
+func (l *timingLog) Token(*sim.Request, sim.Event) {}
+
+func (l *timingLog) Finished(r *sim.Request, _ string, _ time.Time) {
+	q, p, d := r.Timing()
+	sec := func(x time.Duration) float64 {
+		if x < 0 {
+			return -1
+		}
+		return x.Seconds()
+	}
+	l.mu.Lock()
+	l.recs = append(l.recs, timingRecord{ID: r.ID, QueueS: sec(q), PrefillS: sec(p), DecodeS: sec(d)})
+	l.mu.Unlock()
+}
+
+// close writes the file.
+func (l *timingLog) close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	for _, r := range l.recs {
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	return os.WriteFile(l.path, b.Bytes(), 0o644)
 }
 
 // observers fans the engine's lifecycle out to several observers.

@@ -22,6 +22,7 @@ const (
 	PlotDistributions = "ttft_tpot_fp16_fp8.png"
 	PlotSweep         = "p99_ttft_vs_concurrency.png"
 	PlotStalls        = "stalls_kv.png"
+	PlotSplit         = "ttft_queue_prefill.png"
 )
 
 var (
@@ -69,7 +70,73 @@ func writePlots(rep *Report, out string) ([]string, error) {
 		}
 		written = append(written, PlotStalls)
 	}
+	if len(rep.Points) > 0 {
+		if err := plotSplit(filepath.Join(out, PlotSplit), rep.Points); err != nil {
+			return written, err
+		}
+		written = append(written, PlotSplit)
+	}
 	return written, nil
+}
+
+// plotSplit draws, per scenario, the p50 and p99 of TTFT beside those of its
+// two parts, queue and prefill, as the collector reports them: (a) a faster
+// kernel moves prefill, (b) past the KV knee queue time is the TTFT, (c)
+// chunked prefill moves both.
+func plotSplit(path string, pts []*PointResult) error {
+	var tiles []*plot.Plot
+	for _, sc := range []string{ScenarioQuant, ScenarioSweep, ScenarioChunked} {
+		var rs []*PointResult
+		for _, r := range pts {
+			if r.Point.Scenario == sc {
+				rs = append(rs, r)
+			}
+		}
+		if len(rs) == 0 {
+			continue
+		}
+		p := newPlot()
+		p.Title.Text = ScenarioTitles[sc]
+		p.Title.TextStyle.Font.Size = vg.Points(9)
+		p.Y.Label.Text = "ms (log)"
+		p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+		p.Legend.Top, p.Legend.Left = true, true
+		var ticks []plot.Tick
+		for i, r := range rs {
+			ticks = append(ticks, plot.Tick{Value: float64(i), Label: r.Point.Label})
+		}
+		p.X.Tick.Marker = plot.ConstantTicks(ticks)
+		p.X.Min, p.X.Max = -0.3, float64(len(rs))-0.7
+		series := func(y func(*PointResult) float64) plotter.XYs {
+			var xys plotter.XYs
+			for i, r := range rs {
+				if v := y(r); !math.IsNaN(v) {
+					xys = append(xys, plotter.XY{X: float64(i), Y: max(v, 0.1)}) // a log scale has no 0
+				}
+			}
+			return xys
+		}
+		for _, l := range []struct {
+			name  string
+			c     color.Color
+			dash  bool
+			glyph draw.GlyphDrawer
+			y     func(*PointResult) float64
+		}{
+			{"TTFT p99", colorA, false, draw.CircleGlyph{}, func(r *PointResult) float64 { return r.Collector.TTFT.P99 }},
+			{"TTFT p50", colorA, true, draw.CircleGlyph{}, func(r *PointResult) float64 { return r.Collector.TTFT.P50 }},
+			{"queue p99", colorB, false, draw.TriangleGlyph{}, func(r *PointResult) float64 { return r.Collector.Queue.P99 }},
+			{"queue p50", colorB, true, draw.TriangleGlyph{}, func(r *PointResult) float64 { return r.Collector.Queue.P50 }},
+			{"prefill p99", colorC, false, draw.SquareGlyph{}, func(r *PointResult) float64 { return r.Collector.Prefill.P99 }},
+			{"prefill p50", colorC, true, draw.SquareGlyph{}, func(r *PointResult) float64 { return r.Collector.Prefill.P50 }},
+		} {
+			if err := addSweepLine(p, l.name, series(l.y), l.c, l.dash, l.glyph); err != nil {
+				return err
+			}
+		}
+		tiles = append(tiles, p)
+	}
+	return saveTiles(path, [][]*plot.Plot{tiles}, vg.Length(len(tiles))*5*vg.Inch, 4.5*vg.Inch)
 }
 
 // roundTicks puts about six ticks at round values (1, 2 or 5 times a power

@@ -7,9 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -145,11 +148,19 @@ type SlowCheck struct {
 	Missing  []string `json:"missing,omitempty"`
 }
 
+// Truth is the simulator's own figures of a point: the true split of every
+// request's time (vllmsim -timings-out), p50 and p99 in ms.
+type Truth struct {
+	Queue   Quantiles `json:"queue"`
+	Prefill Quantiles `json:"prefill"`
+}
+
 // PointResult is everything measured at one point.
 type PointResult struct {
 	Point      Point              `json:"point"`
 	Client     ClientFigures      `json:"client"`
 	Collector  CollectorFigures   `json:"collector"`
+	Truth      Truth              `json:"simulator"`
 	Slow       SlowCheck          `json:"slow_sessions"`
 	CPUSeconds map[string]float64 `json:"cpu_seconds"` // per process, user+system
 	WallS      float64            `json:"wall_s"`      // the load's span, first request to last answer
@@ -202,11 +213,21 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress 
 		}
 	}()
 
-	simAddr, err := freeAddr()
-	if err != nil {
-		return nil, err
+	var addrs [4]string
+	for i := range addrs {
+		if addrs[i], err = freeAddr(); err != nil {
+			return nil, err
+		}
 	}
-	sim, err := startProcess("vllmsim", filepath.Join(dir, "vllmsim.log"), bins.Sim, p.Engine.args(simAddr), nil)
+	simAddr, proxyAddr, otlpAddr, healthAddr := addrs[0], addrs[1], addrs[2], addrs[3]
+	timingsPath := filepath.Join(dir, "timings.ndjson")
+	// The engine reports its own split of each request's time as vLLM does:
+	// its llm_request spans to the collector's otlp receiver (every second,
+	// not vLLM's 5 s, to keep the points short) and per-request metrics on
+	// the final chunk; and it writes the truth for the report.
+	simArgs := append(p.Engine.args(simAddr), "-otlp-traces-endpoint", "http://"+otlpAddr+"/v1/traces",
+		"-otlp-traces-delay", "1s", "-enable-per-request-metrics", "-timings-out", timingsPath)
+	sim, err := startProcess("vllmsim", filepath.Join(dir, "vllmsim.log"), bins.Sim, simArgs, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -218,13 +239,6 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress 
 	if snk, err = startSink(); err != nil {
 		return nil, err
 	}
-	var addrs [3]string
-	for i := range addrs {
-		if addrs[i], err = freeAddr(); err != nil {
-			return nil, err
-		}
-	}
-	proxyAddr, otlpAddr, healthAddr := addrs[0], addrs[1], addrs[2]
 	col, err := startProcess("otelcol-llm", filepath.Join(dir, "otelcol.log"), bins.Collector, []string{"--config", cfgPath}, []string{
 		"PROXY_ENDPOINT=" + proxyAddr, "UPSTREAM_URL=http://" + simAddr, "METRICS_URL=http://" + simAddr + "/metrics",
 		"OTLP_ENDPOINT=" + otlpAddr, "HEALTH_ENDPOINT=" + healthAddr, "SINK_URL=" + snk.url(),
@@ -284,7 +298,49 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress 
 		res.WallS = float64(res.Client.Completed) / res.Client.RequestThroughput
 	}
 	res.Slow = checkSlow(res.requests, res.Collector.Spans)
+	if res.Truth, err = readTruth(timingsPath); err != nil {
+		return nil, err
+	}
 	return res, nil
+}
+
+// readTruth reads vllmsim's -timings-out file: the queue and prefill p50
+// and p99 of the requests that got that far, in ms.
+func readTruth(path string) (Truth, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Truth{}, err
+	}
+	var queue, prefill []float64
+	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		if line == "" {
+			continue
+		}
+		var r struct {
+			QueueS   float64 `json:"queue_s"`
+			PrefillS float64 `json:"prefill_s"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			return Truth{}, fmt.Errorf("%s: %w", path, err)
+		}
+		if r.QueueS >= 0 {
+			queue = append(queue, r.QueueS*1000)
+		}
+		if r.PrefillS >= 0 {
+			prefill = append(prefill, r.PrefillS*1000)
+		}
+	}
+	return Truth{Queue: exactQuantiles(queue), Prefill: exactQuantiles(prefill)}, nil
+}
+
+// exactQuantiles are the p50 and p99 of xs (nearest rank), NaN when empty.
+func exactQuantiles(xs []float64) Quantiles {
+	if len(xs) == 0 {
+		return Quantiles{P50: math.NaN(), P99: math.NaN()}
+	}
+	slices.Sort(xs)
+	at := func(q float64) float64 { return xs[min(len(xs)-1, int(math.Ceil(q*float64(len(xs))))-1)] }
+	return Quantiles{P50: at(0.5), P99: at(0.99)}
 }
 
 func readRequests(path string) ([]requestRecord, error) {

@@ -59,6 +59,20 @@ func markdown(rep *Report, runErr error) string {
 			f1(c.TPOT.P99), f1(k.TPOT.P99), diff(c.TPOT.P99, k.TPOT.P99))
 	}
 
+	b.WriteString("\n## Why was it slow: the engine's split of TTFT (ms)\n\n")
+	b.WriteString("Collector: quantiles of `token_session`'s `llm.session.queue_time` and `llm.session.prefill_time` histograms, the " +
+		"engine's own timing joined to each session (vllmsim sends its per-request metrics on the final chunk and its `llm_request` " +
+		"spans to the collector's `otlp` receiver). Simulator: the true queue (arrival to first scheduled) and prefill (scheduled to " +
+		"first token) of every request, written by vllmsim (`-timings-out`). TTFT is the collector's, for scale.\n\n")
+	b.WriteString("| point | conc. | TTFT p50 | queue p50 collector | simulator | prefill p50 collector | simulator | TTFT p99 | queue p99 collector | simulator | prefill p99 collector | simulator |\n")
+	b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, r := range rep.Points {
+		k, t := r.Collector, r.Truth
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Point.Name(), r.concurrency(),
+			f1(k.TTFT.P50), f1(k.Queue.P50), f1(t.Queue.P50), f1(k.Prefill.P50), f1(t.Prefill.P50),
+			f1(k.TTFT.P99), f1(k.Queue.P99), f1(t.Queue.P99), f1(k.Prefill.P99), f1(t.Prefill.P99))
+	}
+
 	b.WriteString("\n## Throughput and what the collector saw\n\n")
 	b.WriteString("| point | requests ok / failed | sessions counted (not completed) | req/s | output tok/s | spans kept (by reason) | slow sessions with a span | stall alerts | pre-emptions | max KV usage | CPU cores |\n")
 	b.WriteString("|---|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|\n")
@@ -93,7 +107,7 @@ func markdown(rep *Report, runErr error) string {
 	}
 
 	b.WriteString("## Files\n\n`points/<point>/`: `vllmsim.log`, `otelcol.log`, `llmload.log` (its table), `llmload.json` (its result), " +
-		"`requests.ndjson` (one line per request with its trace ID), `collector.yaml`. `report.json` has every figure above, " +
+		"`requests.ndjson` (one line per request with its trace ID), `timings.ndjson` (the simulator's true split of each request), `collector.yaml`. `report.json` has every figure above, " +
 		"the scraped KV usage and pre-emption series and the stall alerts.\n")
 	return b.String()
 }

@@ -3,9 +3,11 @@ package demo
 import (
 	"compress/gzip"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"slices"
@@ -27,6 +29,8 @@ const (
 	metricStalls      = "llm.session.stalls"
 	metricTTFT        = "gen_ai.server.time_to_first_token"
 	metricTPOT        = "gen_ai.server.time_per_output_token"
+	metricQueue       = "llm.session.queue_time"
+	metricPrefill     = "llm.session.prefill_time"
 	metricKVUsage     = "vllm:kv_cache_usage_perc"
 	metricPreemptions = "vllm:num_preemptions_total"
 	metricWaiting     = "vllm:num_requests_waiting"
@@ -68,18 +72,20 @@ type sink struct {
 	addr string
 	done chan struct{}
 
-	mu          sync.Mutex
-	sessions    map[string]float64 // attribute set -> latest cumulative count
-	outcomes    map[string]string  // attribute set -> its llm.session.outcome
-	stalls      map[string]float64
-	ttft, tpot  map[string]expHistogram
-	kv          []Sample
-	preemptions []Sample
-	waiting     []Sample
-	spans       []Span
-	alerts      []StallAlert
-	summaries   int
-	badRequests int
+	mu         sync.Mutex
+	sessions   map[string]float64 // attribute set -> latest cumulative count
+	outcomes   map[string]string  // attribute set -> its llm.session.outcome
+	stalls     map[string]float64
+	ttft, tpot map[string]expHistogram
+	// queue and prefill are the engine's split, as token_session reports it.
+	queue, prefill map[string]expHistogram
+	kv             []Sample
+	preemptions    []Sample
+	waiting        []Sample
+	spans          []Span
+	alerts         []StallAlert
+	summaries      int
+	badRequests    int
 }
 
 func startSink() (*sink, error) {
@@ -91,6 +97,7 @@ func startSink() (*sink, error) {
 		addr: ln.Addr().String(), done: make(chan struct{}),
 		sessions: map[string]float64{}, outcomes: map[string]string{}, stalls: map[string]float64{},
 		ttft: map[string]expHistogram{}, tpot: map[string]expHistogram{},
+		queue: map[string]expHistogram{}, prefill: map[string]expHistogram{},
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/metrics", s.handle(s.metrics))
@@ -192,14 +199,11 @@ func (s *sink) metric(m pmetric.Metric) {
 				s.outcomes[key] = o.Str()
 			}
 		}
-	case metricTTFT, metricTPOT:
+	case metricTTFT, metricTPOT, metricQueue, metricPrefill:
 		if m.Type() != pmetric.MetricTypeExponentialHistogram {
 			return
 		}
-		dst := s.ttft
-		if m.Name() == metricTPOT {
-			dst = s.tpot
-		}
+		dst := map[string]map[string]expHistogram{metricTTFT: s.ttft, metricTPOT: s.tpot, metricQueue: s.queue, metricPrefill: s.prefill}[m.Name()]
 		for _, dp := range m.ExponentialHistogram().DataPoints().All() {
 			dst[attrKey(dp.Attributes())] = expHistogramOf(dp)
 		}
@@ -336,6 +340,10 @@ type CollectorFigures struct {
 	SessionsByOutcome map[string]float64 `json:"sessions_by_outcome"`
 	TTFT              Quantiles
 	TPOT              Quantiles
+	// Queue and Prefill are the engine's split of TTFT, as token_session
+	// joined it to the sessions (llm.session.queue_time, prefill_time).
+	Queue   Quantiles `json:"queue"`
+	Prefill Quantiles `json:"prefill"`
 	// TTFTBucketWidth is the relative width of the TTFT histogram's buckets
 	// (base − 1): the bound of its quantiles' error.
 	TTFTBucketWidth float64        `json:"ttft_bucket_width"`
@@ -356,10 +364,40 @@ type CollectorFigures struct {
 	tpotHist        expHistogram
 }
 
-// Quantiles are p50 and p99 in ms.
+// Quantiles are p50 and p99 in ms; NaN when there was nothing to measure.
 type Quantiles struct {
 	P50 float64 `json:"p50_ms"`
 	P99 float64 `json:"p99_ms"`
+}
+
+// MarshalJSON writes a NaN quantile as null, which JSON has and NaN not.
+func (q Quantiles) MarshalJSON() ([]byte, error) {
+	num := func(v float64) any {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil
+		}
+		return v
+	}
+	return json.Marshal(map[string]any{"p50_ms": num(q.P50), "p99_ms": num(q.P99)})
+}
+
+// UnmarshalJSON reads what MarshalJSON wrote, null as NaN.
+func (q *Quantiles) UnmarshalJSON(b []byte) error {
+	var raw struct {
+		P50 *float64 `json:"p50_ms"`
+		P99 *float64 `json:"p99_ms"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	q.P50, q.P99 = math.NaN(), math.NaN()
+	if raw.P50 != nil {
+		q.P50 = *raw.P50
+	}
+	if raw.P99 != nil {
+		q.P99 = *raw.P99
+	}
+	return nil
 }
 
 // figures summarizes what the sink holds, times relative to start.
@@ -385,6 +423,17 @@ func (s *sink) figures(start time.Time) CollectorFigures {
 	f.TTFT = Quantiles{P50: f.ttftHist.quantile(0.5) * 1000, P99: f.ttftHist.quantile(0.99) * 1000}
 	f.TPOT = Quantiles{P50: f.tpotHist.quantile(0.5) * 1000, P99: f.tpotHist.quantile(0.99) * 1000}
 	f.TTFTBucketWidth, f.TPOTBucketWidth = f.ttftHist.relativeBucketWidth(), f.tpotHist.relativeBucketWidth()
+	merged := func(m map[string]expHistogram) Quantiles {
+		var h expHistogram
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			h = h.merge(m[k])
+		}
+		if h.Count == 0 {
+			return Quantiles{P50: math.NaN(), P99: math.NaN()}
+		}
+		return Quantiles{P50: h.quantile(0.5) * 1000, P99: h.quantile(0.99) * 1000}
+	}
+	f.Queue, f.Prefill = merged(s.queue), merged(s.prefill)
 	f.Spans = slices.Clone(s.spans)
 	f.SpansKept = len(s.spans)
 	for _, sp := range s.spans {
