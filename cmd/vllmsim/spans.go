@@ -236,7 +236,8 @@ func (e *spanExporter) close() {
 // timingLog keeps the engine's true split of every finished request and
 // writes it as NDJSON when the simulator stops (-timings-out): the truth a
 // demo compares the collector's figures with. One line a request: id,
-// queue_s, prefill_s, decode_s (-1 for a part never reached).
+// finish (stop, length, abort), queue_s, prefill_s, decode_s (-1 for a part
+// never reached).
 type timingLog struct {
 	path string
 	mu   sync.Mutex
@@ -245,6 +246,7 @@ type timingLog struct {
 
 type timingRecord struct {
 	ID       string  `json:"id"`
+	Finish   string  `json:"finish"`
 	QueueS   float64 `json:"queue_s"`
 	PrefillS float64 `json:"prefill_s"`
 	DecodeS  float64 `json:"decode_s"`
@@ -253,7 +255,7 @@ type timingRecord struct {
 func (l *timingLog) Started(*sim.Request)          {}
 func (l *timingLog) Token(*sim.Request, sim.Event) {}
 
-func (l *timingLog) Finished(r *sim.Request, _ string, _ time.Time) {
+func (l *timingLog) Finished(r *sim.Request, reason string, _ time.Time) {
 	q, p, d := r.Timing()
 	sec := func(x time.Duration) float64 {
 		if x < 0 {
@@ -262,7 +264,7 @@ func (l *timingLog) Finished(r *sim.Request, _ string, _ time.Time) {
 		return x.Seconds()
 	}
 	l.mu.Lock()
-	l.recs = append(l.recs, timingRecord{ID: r.ID, QueueS: sec(q), PrefillS: sec(p), DecodeS: sec(d)})
+	l.recs = append(l.recs, timingRecord{ID: r.ID, Finish: reason, QueueS: sec(q), PrefillS: sec(p), DecodeS: sec(d)})
 	l.mu.Unlock()
 }
 

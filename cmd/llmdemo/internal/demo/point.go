@@ -305,7 +305,9 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress 
 }
 
 // readTruth reads vllmsim's -timings-out file: the queue and prefill p50
-// and p99 of the requests that got that far, in ms.
+// and p99, in ms, of the requests that finished (those aborted when the
+// load stopped are left out: the collector is stopped before their engine
+// spans, the only timing an aborted stream has, would come).
 func readTruth(path string) (Truth, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -317,11 +319,15 @@ func readTruth(path string) (Truth, error) {
 			continue
 		}
 		var r struct {
+			Finish   string  `json:"finish"`
 			QueueS   float64 `json:"queue_s"`
 			PrefillS float64 `json:"prefill_s"`
 		}
 		if err := json.Unmarshal([]byte(line), &r); err != nil {
 			return Truth{}, fmt.Errorf("%s: %w", path, err)
+		}
+		if r.Finish == "abort" {
+			continue
 		}
 		if r.QueueS >= 0 {
 			queue = append(queue, r.QueueS*1000)
