@@ -1,0 +1,122 @@
+package enginehealthexporter // import "github.com/otelcol-llm/otelcol-llm/exporter/enginehealthexporter"
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"go.opentelemetry.io/collector/config/confighttp"
+	"go.opentelemetry.io/collector/config/configoptional"
+	"go.opentelemetry.io/collector/confmap"
+)
+
+// Config is the configuration of the engine_health exporter.
+type Config struct {
+	// ServerConfig is the HTTP endpoint the verdicts are served on
+	// (GET /engines, GET /engines/{engine}/health).
+	confighttp.ServerConfig `mapstructure:",squash"`
+	// Window is how far back each engine's sessions are judged.
+	Window time.Duration `mapstructure:"window"`
+	// MinSessions is the fewest sessions in the window an engine is judged on.
+	MinSessions int         `mapstructure:"min_sessions"`
+	Eject       EjectConfig `mapstructure:"eject"`
+	// Agent serves HAProxy's agent-check protocol on a TCP endpoint.
+	Agent configoptional.Optional[AgentConfig] `mapstructure:"agent"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// EjectConfig is when an engine is ejected, and for how long.
+type EjectConfig struct {
+	// StallRatio ejects an engine when this share of its sessions stalled.
+	StallRatio float64 `mapstructure:"stall_ratio"`
+	// TTFTP99 ejects an engine whose TTFT p99 reaches it.
+	TTFTP99 time.Duration `mapstructure:"ttft_p99"`
+	// ErrorRatio ejects an engine when this share of its sessions ended error
+	// or timeout.
+	ErrorRatio float64 `mapstructure:"error_ratio"`
+	// BaseTime × the number of times an engine has been ejected is how long
+	// it stays out, at most MaxTime.
+	BaseTime time.Duration `mapstructure:"base_time"`
+	MaxTime  time.Duration `mapstructure:"max_time"`
+	// MaxPercent bounds the share of the known engines ejected at once.
+	MaxPercent float64 `mapstructure:"max_percent"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// AgentConfig is the TCP endpoint of the agent-check protocol.
+type AgentConfig struct {
+	Endpoint string `mapstructure:"endpoint"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+const (
+	defaultEndpoint      = "localhost:13140"
+	defaultAgentEndpoint = "localhost:13141"
+)
+
+func createDefaultConfig() *Config {
+	server := confighttp.NewDefaultServerConfig()
+	server.NetAddr.Endpoint = defaultEndpoint
+	return &Config{
+		ServerConfig: server,
+		Window:       10 * time.Second,
+		MinSessions:  5,
+		Eject: EjectConfig{StallRatio: 0.2, TTFTP99: 2 * time.Second, ErrorRatio: 0.2, BaseTime: 30 * time.Second,
+			MaxTime: 300 * time.Second, MaxPercent: 50},
+		Agent: configoptional.Default(AgentConfig{Endpoint: defaultAgentEndpoint}),
+	}
+}
+
+func (cfg *Config) judgeConfig() judgeConfig {
+	return judgeConfig{window: cfg.Window, minSessions: cfg.MinSessions, stallRatio: cfg.Eject.StallRatio,
+		ttftP99: cfg.Eject.TTFTP99, errorRatio: cfg.Eject.ErrorRatio, baseTime: cfg.Eject.BaseTime,
+		maxTime: cfg.Eject.MaxTime, maxPercent: cfg.Eject.MaxPercent}
+}
+
+var _ confmap.Validator = (*Config)(nil)
+
+// Validate reports every invalid setting at once, by its key.
+func (cfg *Config) Validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(cfg.NetAddr.Endpoint); err != nil {
+		errs = append(errs, fmt.Errorf("endpoint: %w", err))
+	}
+	if cfg.Window <= 0 {
+		errs = append(errs, fmt.Errorf("window: must be positive, got %s", cfg.Window))
+	}
+	if cfg.MinSessions < 1 {
+		errs = append(errs, fmt.Errorf("min_sessions: must be at least 1, got %d", cfg.MinSessions))
+	}
+	ratio := func(key string, v float64) {
+		if !(v > 0 && v <= 1) {
+			errs = append(errs, fmt.Errorf("eject::%s: must be within (0, 1], got %v", key, v))
+		}
+	}
+	ratio("stall_ratio", cfg.Eject.StallRatio)
+	ratio("error_ratio", cfg.Eject.ErrorRatio)
+	if cfg.Eject.TTFTP99 <= 0 {
+		errs = append(errs, fmt.Errorf("eject::ttft_p99: must be positive, got %s", cfg.Eject.TTFTP99))
+	}
+	if cfg.Eject.BaseTime <= 0 {
+		errs = append(errs, fmt.Errorf("eject::base_time: must be positive, got %s", cfg.Eject.BaseTime))
+	}
+	if cfg.Eject.MaxTime < cfg.Eject.BaseTime {
+		errs = append(errs, fmt.Errorf("eject::max_time: must be at least eject::base_time (%s), got %s", cfg.Eject.BaseTime, cfg.Eject.MaxTime))
+	}
+	if !(cfg.Eject.MaxPercent >= 0 && cfg.Eject.MaxPercent <= 100) {
+		errs = append(errs, fmt.Errorf("eject::max_percent: must be within [0, 100], got %v", cfg.Eject.MaxPercent))
+	}
+	if a := cfg.Agent.Get(); a != nil && cfg.Agent.HasValue() {
+		if _, _, err := net.SplitHostPort(a.Endpoint); err != nil {
+			errs = append(errs, fmt.Errorf("agent::endpoint: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,413 @@
+package enginehealthexporter // import "github.com/otelcol-llm/otelcol-llm/exporter/enginehealthexporter"
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/collector/component"
+	"go.opentelemetry.io/collector/exporter"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.uber.org/zap"
+
+	"github.com/otelcol-llm/otelcol-llm/exporter/enginehealthexporter/internal/metadata"
+	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+)
+
+// What the exporter reads: token_session's session metrics and stall alerts.
+const (
+	metricSessions = sessionmetrics.MetricSessions
+	metricStalls   = sessionmetrics.MetricStalls
+	metricTTFT     = sessionmetrics.MetricTimeToFirstToken
+	// eventStall is the event name of token_session's stall alerts.
+	eventStall = "llm.session.stall"
+
+	attrEngine    = tokenrecord.AttrEngine
+	attrOutcome   = "llm.session.outcome"
+	attrSessionID = tokenrecord.AttrSessionID
+)
+
+// engineHealth is the one judge behind the metrics and logs exporters of a
+// component ID, with the endpoints that serve its verdicts.
+type engineHealth struct {
+	cfg *Config
+	set exporter.Settings
+	tel *metadata.TelemetryBuilder
+	now func() time.Time
+
+	mu    sync.Mutex
+	judge *judge
+	// series are the last points of cumulative series, by metric, engine
+	// and attributes: a delta is the point minus the last one.
+	series map[string]seriesPoint
+	// ejected is read by the engines_ejected gauge.
+	ejected int
+	// verdicts is the judge's last word, for the endpoints.
+	verdicts atomic.Pointer[verdicts]
+
+	http     *httpServer
+	agent    *agentServer
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     sync.WaitGroup
+}
+
+// seriesPoint is a cumulative series' last point.
+type seriesPoint struct {
+	start  pcommon.Timestamp
+	value  float64
+	counts []uint64 // histogram bucket counts
+}
+
+func newEngineHealth(cfg *Config, set exporter.Settings) (*engineHealth, error) {
+	tel, err := metadata.NewTelemetryBuilder(set.TelemetrySettings)
+	if err != nil {
+		return nil, err
+	}
+	h := &engineHealth{cfg: cfg, set: set, tel: tel, now: time.Now, judge: newJudge(cfg.judgeConfig()),
+		series: make(map[string]seriesPoint), stop: make(chan struct{})}
+	h.verdicts.Store(newVerdicts(nil))
+	err = tel.RegisterExporterEngineHealthEnginesEjectedCallback(func(_ context.Context, o metric.Int64Observer) error {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		o.Observe(int64(h.ejected))
+		return nil
+	})
+	if err != nil {
+		tel.Shutdown()
+		return nil, err
+	}
+	return h, nil
+}
+
+func (h *engineHealth) Start(ctx context.Context, host component.Host) error {
+	h.http = &httpServer{}
+	if err := h.http.serve(ctx, &h.cfg.ServerConfig, h.handler(), host, h.set.TelemetrySettings); err != nil {
+		return err
+	}
+	if a := h.cfg.Agent.Get(); h.cfg.Agent.HasValue() && a != nil {
+		h.agent = &agentServer{health: h}
+		if err := h.agent.serve(a.Endpoint); err != nil {
+			return errors.Join(err, h.http.shutdown(ctx))
+		}
+	}
+	// Re-admissions come with time, not with data: the judge looks every
+	// second too.
+	h.done.Add(1)
+	go func() {
+		defer h.done.Done()
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-h.stop:
+				return
+			case <-tick.C:
+				h.evaluate()
+			}
+		}
+	}()
+	return nil
+}
+
+func (h *engineHealth) Shutdown(ctx context.Context) error {
+	h.stopOnce.Do(func() { close(h.stop) })
+	h.done.Wait()
+	var errs []error
+	if h.agent != nil {
+		errs = append(errs, h.agent.shutdown())
+	}
+	if h.http != nil && h.http.server != nil {
+		errs = append(errs, h.http.shutdown(ctx))
+	}
+	h.tel.Shutdown()
+	return errors.Join(errs...)
+}
+
+// evaluate runs the judge and counts what changed.
+func (h *engineHealth) evaluate() {
+	h.mu.Lock()
+	changes := h.judge.evaluate(h.now())
+	h.ejected = h.judge.ejectedCount()
+	h.verdicts.Store(newVerdicts(h.judge.statuses()))
+	h.mu.Unlock()
+	ctx := context.Background()
+	for _, c := range changes {
+		if c.state == stateEjected {
+			h.tel.ExporterEngineHealthEjections.Add(ctx, 1, metric.WithAttributes(
+				attribute.String("engine", c.engine), attribute.String("reason", c.reason)))
+			h.set.Logger.Info("engine ejected", zap.String("engine", c.engine), zap.String("reason", c.reason))
+		} else {
+			h.tel.ExporterEngineHealthReadmissions.Add(ctx, 1, metric.WithAttributes(attribute.String("engine", c.engine)))
+			h.set.Logger.Info("engine re-admitted", zap.String("engine", c.engine))
+		}
+	}
+}
+
+// ignored counts items that could not be judged.
+func (h *engineHealth) ignored(why string, n int) {
+	if n > 0 {
+		h.tel.ExporterEngineHealthIgnored.Add(context.Background(), int64(n), metric.WithAttributes(attribute.String("why", why)))
+	}
+}
+
+// engineSample gathers what one batch says of one engine.
+type engineSample struct {
+	sessions, errors, stalls float64
+	ttft                     []bucket
+	reset                    bool
+}
+
+// consumeMetrics reads the session metrics of md into the judge's windows.
+func (h *engineHealth) consumeMetrics(md pmetric.Metrics) {
+	now := h.now()
+	var noEngine, tooMany, resets int
+	h.mu.Lock()
+	batch := map[string]*engineSample{}
+	get := func(engine string) *engineSample {
+		s := batch[engine]
+		if s == nil {
+			s = &engineSample{}
+			batch[engine] = s
+		}
+		return s
+	}
+	for _, rm := range md.ResourceMetrics().All() {
+		for _, sm := range rm.ScopeMetrics().All() {
+			for _, m := range sm.Metrics().All() {
+				switch m.Name() {
+				case metricSessions, metricStalls:
+					if m.Type() != pmetric.MetricTypeSum {
+						continue
+					}
+					cumulative := m.Sum().AggregationTemporality() == pmetric.AggregationTemporalityCumulative
+					for _, dp := range m.Sum().DataPoints().All() {
+						engine, ok := dp.Attributes().Get(attrEngine)
+						if !ok || engine.Str() == "" {
+							noEngine++
+							continue
+						}
+						v := dp.DoubleValue()
+						if dp.ValueType() == pmetric.NumberDataPointValueTypeInt {
+							v = float64(dp.IntValue())
+						}
+						s := get(engine.Str())
+						if cumulative {
+							var reset bool
+							v, reset = h.delta(m.Name(), dp.Attributes(), dp.StartTimestamp(), v, nil, now)
+							s.reset = s.reset || reset
+						}
+						if m.Name() == metricStalls {
+							s.stalls += v
+							continue
+						}
+						s.sessions += v
+						if o, ok := dp.Attributes().Get(attrOutcome); ok && (o.Str() == "error" || o.Str() == "timeout") {
+							s.errors += v
+						}
+					}
+				case metricTTFT:
+					h.readTTFT(m, get, &noEngine, now)
+				}
+			}
+		}
+	}
+	names := make([]string, 0, len(batch))
+	for name := range batch {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		s := batch[name]
+		if s.reset {
+			h.judge.reset(name)
+			resets++
+		}
+		if !h.judge.add(name, sample{at: now, sessions: s.sessions, errors: s.errors, stalls: s.stalls, ttft: s.ttft}) {
+			tooMany++
+		}
+	}
+	h.mu.Unlock()
+	h.ignored("no_engine", noEngine)
+	h.ignored("too_many_engines", tooMany)
+	if resets > 0 {
+		h.tel.ExporterEngineHealthWindowResets.Add(context.Background(), int64(resets))
+	}
+	h.evaluate()
+}
+
+// readTTFT reads the TTFT histogram, explicit or exponential, as buckets.
+func (h *engineHealth) readTTFT(m pmetric.Metric, get func(string) *engineSample, noEngine *int, now time.Time) {
+	switch m.Type() {
+	case pmetric.MetricTypeHistogram:
+		cumulative := m.Histogram().AggregationTemporality() == pmetric.AggregationTemporalityCumulative
+		for _, dp := range m.Histogram().DataPoints().All() {
+			engine, ok := dp.Attributes().Get(attrEngine)
+			if !ok || engine.Str() == "" {
+				*noEngine++
+				continue
+			}
+			counts := dp.BucketCounts().AsRaw()
+			s := get(engine.Str())
+			if cumulative {
+				var reset bool
+				_, reset = h.delta(metricTTFT, dp.Attributes(), dp.StartTimestamp(), 0, &counts, now)
+				s.reset = s.reset || reset
+			}
+			bounds := dp.ExplicitBounds().AsRaw()
+			for i, c := range counts {
+				if c == 0 {
+					continue
+				}
+				upper := math.Inf(1)
+				if i < len(bounds) {
+					upper = bounds[i]
+				}
+				s.ttft = append(s.ttft, bucket{upper: upper, count: c})
+			}
+		}
+	case pmetric.MetricTypeExponentialHistogram:
+		cumulative := m.ExponentialHistogram().AggregationTemporality() == pmetric.AggregationTemporalityCumulative
+		for _, dp := range m.ExponentialHistogram().DataPoints().All() {
+			engine, ok := dp.Attributes().Get(attrEngine)
+			if !ok || engine.Str() == "" {
+				*noEngine++
+				continue
+			}
+			// The zero bucket first, then the positive ones: one list of counts.
+			counts := append([]uint64{dp.ZeroCount()}, dp.Positive().BucketCounts().AsRaw()...)
+			s := get(engine.Str())
+			if cumulative {
+				var reset bool
+				_, reset = h.delta(metricTTFT, dp.Attributes(), dp.StartTimestamp(), 0, &counts, now)
+				s.reset = s.reset || reset
+			}
+			base := math.Exp2(math.Exp2(-float64(dp.Scale())))
+			for i, c := range counts {
+				if c == 0 {
+					continue
+				}
+				upper := 0.0
+				if i > 0 {
+					upper = math.Pow(base, float64(dp.Positive().Offset()+int32(i)))
+				}
+				s.ttft = append(s.ttft, bucket{upper: upper, count: c})
+			}
+		}
+	}
+}
+
+// delta turns a cumulative point into what it adds since the series' last
+// point. The first point of a series that began before the window only sets
+// the base: what it counts is history (the exporter started after the
+// collector upstream). A point that goes backwards, or a new start time, is a
+// restart upstream: reset reports it, and the new counter's own count is
+// what it adds. counts, when not nil, is a histogram's bucket counts, turned
+// into deltas in place (and value is ignored).
+func (h *engineHealth) delta(name string, attrs pcommon.Map, start pcommon.Timestamp, value float64, counts *[]uint64,
+	now time.Time,
+) (float64, bool) {
+	key := seriesKey(name, attrs)
+	prev, seen := h.series[key]
+	cur := seriesPoint{start: start, value: value}
+	if counts != nil {
+		cur.counts = append([]uint64(nil), (*counts)...)
+	}
+	h.series[key] = cur
+	if !seen {
+		if start.AsTime().Before(now.Add(-h.cfg.Window)) {
+			if counts != nil {
+				clear(*counts)
+			}
+			return 0, false
+		}
+		return value, false
+	}
+	backwards := start != prev.start || value < prev.value
+	if counts != nil && !backwards {
+		if len(*counts) != len(prev.counts) {
+			backwards = true // the buckets changed (an exponential histogram rescaled): start over
+		} else {
+			for i, c := range *counts {
+				if c < prev.counts[i] {
+					backwards = true
+					break
+				}
+			}
+		}
+	}
+	if backwards {
+		return value, true
+	}
+	if counts != nil {
+		for i := range *counts {
+			(*counts)[i] -= prev.counts[i]
+		}
+	}
+	return value - prev.value, false
+}
+
+// seriesKey names a series: the metric and its attributes, in order.
+func seriesKey(name string, attrs pcommon.Map) string {
+	var b strings.Builder
+	b.WriteString(name)
+	keys := make([]string, 0, attrs.Len())
+	for k := range attrs.All() {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v, _ := attrs.Get(k)
+		b.WriteByte(0)
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(v.AsString())
+	}
+	return b.String()
+}
+
+// consumeLogs reads token_session's stall alerts: each names an engine's
+// session that stalled, which the judge counts the moment it comes.
+func (h *engineHealth) consumeLogs(ld plog.Logs) {
+	now := h.now()
+	var noEngine, tooMany, alerts int
+	h.mu.Lock()
+	for _, rl := range ld.ResourceLogs().All() {
+		for _, sl := range rl.ScopeLogs().All() {
+			for _, lr := range sl.LogRecords().All() {
+				if lr.EventName() != eventStall {
+					continue
+				}
+				engine, ok := lr.Attributes().Get(attrEngine)
+				if !ok || engine.Str() == "" {
+					noEngine++
+					continue
+				}
+				id := "?"
+				if v, ok := lr.Attributes().Get(attrSessionID); ok {
+					id = v.Str()
+				}
+				alerts++
+				if !h.judge.add(engine.Str(), sample{at: now, stalled: id}) {
+					tooMany++
+				}
+			}
+		}
+	}
+	h.mu.Unlock()
+	h.ignored("no_engine", noEngine)
+	h.ignored("too_many_engines", tooMany)
+	if alerts > 0 {
+		h.evaluate()
+	}
+}

@@ -1,0 +1,333 @@
+package enginehealthexporter // import "github.com/otelcol-llm/otelcol-llm/exporter/enginehealthexporter"
+
+import (
+	"math"
+	"slices"
+	"sort"
+	"time"
+)
+
+// The judge is plain Go, with time passed in: it keeps a sliding window of
+// each engine's sessions and judges it healthy or ejected, with Envoy's
+// outlier-detection semantics (ejection for a growing time, re-admission,
+// never more than a share of the engines out at once). The exporter feeds it
+// what token_session's metrics and stall alerts say, and serves its verdicts.
+
+// Engine states.
+const (
+	stateHealthy = "healthy"
+	stateEjected = "ejected"
+)
+
+// Reasons for an ejection: which threshold the engine reached.
+const (
+	reasonStallRatio = "stall_ratio"
+	reasonTTFTP99    = "ttft_p99"
+	reasonErrorRatio = "error_ratio"
+)
+
+// judgeConfig is what the judge needs of the configuration.
+type judgeConfig struct {
+	window      time.Duration
+	minSessions int
+	stallRatio  float64
+	ttftP99     time.Duration
+	errorRatio  float64
+	baseTime    time.Duration
+	maxTime     time.Duration
+	maxPercent  float64
+}
+
+// bucket is one histogram bucket: count values at or below upper (seconds;
+// +Inf for the last explicit bucket).
+type bucket struct {
+	upper float64
+	count uint64
+}
+
+// sample is what one metrics batch or alert added to an engine's window.
+type sample struct {
+	at       time.Time
+	sessions float64 // sessions ended
+	errors   float64 // of those, ended error or timeout
+	stalls   float64 // stall episodes (llm.session.stalls)
+	stalled  string  // a session a stall alert named ("" for none)
+	ttft     []bucket
+}
+
+// engineState is one engine's window and verdict.
+type engineState struct {
+	name      string
+	samples   []sample
+	state     string
+	reason    string
+	ejections int
+	until     time.Time
+	// figures as last judged
+	figures windowFigures
+}
+
+// windowFigures are an engine's window, summed.
+type windowFigures struct {
+	Sessions   float64 `json:"sessions"`
+	StallRatio float64 `json:"stall_ratio"`
+	ErrorRatio float64 `json:"error_ratio"`
+	// TTFTP99 is in seconds; NaN (null in JSON) without a TTFT in the window.
+	TTFTP99 float64 `json:"-"`
+}
+
+// change is a transition the judge made.
+type change struct {
+	engine string
+	state  string // the new state
+	reason string // of an ejection
+}
+
+type judge struct {
+	cfg     judgeConfig
+	engines map[string]*engineState
+}
+
+func newJudge(cfg judgeConfig) *judge {
+	return &judge{cfg: cfg, engines: make(map[string]*engineState)}
+}
+
+// maxEngines bounds the engines the judge keeps (the names come from the
+// sessions' llm.engine).
+const maxEngines = 1024
+
+// engine returns the state of name, creating it; nil when maxEngines are
+// known already.
+func (j *judge) engine(name string) *engineState {
+	e := j.engines[name]
+	if e == nil {
+		if len(j.engines) >= maxEngines {
+			return nil
+		}
+		e = &engineState{name: name, state: stateHealthy, figures: windowFigures{TTFTP99: math.NaN()}}
+		j.engines[name] = e
+	}
+	return e
+}
+
+// add records a sample for engine; it reports false when the engine could
+// not be kept.
+func (j *judge) add(name string, s sample) bool {
+	e := j.engine(name)
+	if e == nil {
+		return false
+	}
+	e.samples = append(e.samples, s)
+	return true
+}
+
+// reset forgets an engine's window: its counters went backwards (a
+// collector upstream restarted), so what came before is no base.
+func (j *judge) reset(name string) {
+	if e := j.engines[name]; e != nil {
+		clear(e.samples)
+		e.samples = e.samples[:0]
+	}
+}
+
+// prune drops the samples older than the window.
+func (j *judge) prune(e *engineState, now time.Time) {
+	from := now.Add(-j.cfg.window)
+	i := 0
+	for i < len(e.samples) && !e.samples[i].at.After(from) {
+		i++
+	}
+	if i > 0 {
+		n := copy(e.samples, e.samples[i:])
+		clear(e.samples[n:])
+		e.samples = e.samples[:n]
+	}
+}
+
+// figures sums an engine's window. The share of sessions with a stall takes
+// the larger of two counts: the distinct sessions stall alerts named, and the
+// stall episodes the metrics counted (a session with two episodes counts
+// twice there). Sessions are those that ended, or the alerted ones when more
+// (an engine that freezes ends few sessions).
+func figures(samples []sample) windowFigures {
+	var f windowFigures
+	var episodes float64
+	alerted := map[string]struct{}{}
+	hist := map[float64]uint64{}
+	for i := range samples {
+		s := &samples[i]
+		f.Sessions += s.sessions
+		f.ErrorRatio += s.errors
+		episodes += s.stalls
+		if s.stalled != "" {
+			alerted[s.stalled] = struct{}{}
+		}
+		for _, b := range s.ttft {
+			hist[b.upper] += b.count
+		}
+	}
+	stalled := max(episodes, float64(len(alerted)))
+	f.Sessions = max(f.Sessions, float64(len(alerted)))
+	if f.Sessions > 0 {
+		f.StallRatio = min(stalled/f.Sessions, 1)
+		f.ErrorRatio /= f.Sessions
+	}
+	f.TTFTP99 = p99(hist)
+	return f
+}
+
+// p99 is the upper bound of the bucket holding the 99th percentile (an
+// upper estimate, as a threshold check wants), NaN for an empty histogram.
+func p99(hist map[float64]uint64) float64 {
+	var total uint64
+	for _, c := range hist {
+		total += c
+	}
+	if total == 0 {
+		return math.NaN()
+	}
+	uppers := make([]float64, 0, len(hist))
+	for u := range hist {
+		uppers = append(uppers, u)
+	}
+	slices.Sort(uppers)
+	rank := math.Ceil(0.99 * float64(total))
+	var seen uint64
+	for _, u := range uppers {
+		seen += hist[u]
+		if float64(seen) >= rank {
+			return u
+		}
+	}
+	return uppers[len(uppers)-1]
+}
+
+// breach returns the reason an engine's figures warrant an ejection and how
+// far over the threshold it is (the worst reason, as a ratio to its
+// threshold); "" when none holds or the window has too few sessions.
+func (j *judge) breach(f windowFigures) (reason string, severity float64) {
+	if f.Sessions < float64(j.cfg.minSessions) || f.Sessions == 0 {
+		return "", 0
+	}
+	check := func(r string, v, th float64) {
+		if th > 0 && v >= th && v/th > severity {
+			reason, severity = r, v/th
+		}
+	}
+	check(reasonStallRatio, f.StallRatio, j.cfg.stallRatio)
+	check(reasonErrorRatio, f.ErrorRatio, j.cfg.errorRatio)
+	if !math.IsNaN(f.TTFTP99) {
+		check(reasonTTFTP99, f.TTFTP99, j.cfg.ttftP99.Seconds())
+	}
+	return reason, severity
+}
+
+// evaluate re-admits the engines whose ejection time is over and ejects
+// those whose window breaches a threshold, the worst first, never more than
+// max_percent of the known engines at once. It returns what changed.
+func (j *judge) evaluate(now time.Time) []change {
+	var changes []change
+	ejected := 0
+	type candidate struct {
+		e        *engineState
+		reason   string
+		severity float64
+	}
+	var candidates []candidate
+	for _, e := range j.engines {
+		j.prune(e, now)
+		if e.state == stateEjected {
+			if !now.Before(e.until) {
+				// Re-admitted and judged afresh, on what comes next.
+				e.state, e.reason = stateHealthy, ""
+				clear(e.samples)
+				e.samples = e.samples[:0]
+				changes = append(changes, change{engine: e.name, state: stateHealthy})
+			} else {
+				ejected++
+				e.figures = figures(e.samples)
+				continue
+			}
+		}
+		if len(e.samples) == 0 {
+			e.figures = windowFigures{TTFTP99: math.NaN()}
+			continue // no sessions in the window: the engine keeps its state
+		}
+		e.figures = figures(e.samples)
+		if reason, severity := j.breach(e.figures); reason != "" {
+			candidates = append(candidates, candidate{e, reason, severity})
+		}
+	}
+	allowed := int(math.Floor(j.cfg.maxPercent/100*float64(len(j.engines)))) - ejected
+	sort.Slice(candidates, func(a, b int) bool {
+		if candidates[a].severity != candidates[b].severity {
+			return candidates[a].severity > candidates[b].severity
+		}
+		return candidates[a].e.name < candidates[b].e.name
+	})
+	for _, c := range candidates {
+		if allowed <= 0 {
+			break
+		}
+		allowed--
+		e := c.e
+		e.ejections++
+		e.state, e.reason = stateEjected, c.reason
+		e.until = now.Add(min(j.cfg.baseTime*time.Duration(e.ejections), j.cfg.maxTime))
+		changes = append(changes, change{engine: e.name, state: stateEjected, reason: c.reason})
+	}
+	return changes
+}
+
+// engineStatus is what the endpoints serve about one engine.
+type engineStatus struct {
+	Engine    string        `json:"engine"`
+	State     string        `json:"state"`
+	Reason    string        `json:"reason,omitempty"`
+	Window    windowFigures `json:"window"`
+	TTFTP99S  *float64      `json:"ttft_p99_s"`
+	Ejections int           `json:"ejections"`
+	// TimeLeftS is the ejection time left, in seconds (0 when healthy),
+	// filled in by at when the status is served.
+	TimeLeftS float64 `json:"time_left_s"`
+	until     time.Time
+}
+
+// at is the status as of now: the ejection time left.
+func (st engineStatus) at(now time.Time) engineStatus {
+	if st.State == stateEjected {
+		st.TimeLeftS = max(st.until.Sub(now), 0).Seconds()
+	}
+	return st
+}
+
+func (j *judge) status(e *engineState) engineStatus {
+	st := engineStatus{Engine: e.name, State: e.state, Reason: e.reason, Window: e.figures, Ejections: e.ejections,
+		until: e.until}
+	if !math.IsNaN(e.figures.TTFTP99) && !math.IsInf(e.figures.TTFTP99, 0) {
+		v := e.figures.TTFTP99
+		st.TTFTP99S = &v
+	}
+	return st
+}
+
+// statuses lists every engine, by name.
+func (j *judge) statuses() []engineStatus {
+	out := make([]engineStatus, 0, len(j.engines))
+	for _, e := range j.engines {
+		out = append(out, j.status(e))
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Engine < out[b].Engine })
+	return out
+}
+
+// ejectedCount is how many engines are ejected now.
+func (j *judge) ejectedCount() int {
+	n := 0
+	for _, e := range j.engines {
+		if e.state == stateEjected {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,152 @@
+package enginehealthexporter
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var t0 = time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+
+func testJudge() *judge {
+	return newJudge(judgeConfig{window: 10 * time.Second, minSessions: 5, stallRatio: 0.2, ttftP99: 2 * time.Second,
+		errorRatio: 0.2, baseTime: 30 * time.Second, maxTime: 300 * time.Second, maxPercent: 50})
+}
+
+// healthyTraffic adds n sessions without a stall, an error or a slow TTFT.
+func healthyTraffic(j *judge, engine string, at time.Time, n float64) {
+	j.add(engine, sample{at: at, sessions: n, ttft: []bucket{{0.1, uint64(n)}}})
+}
+
+func TestJudgeThresholds(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		s      sample
+		reason string
+	}{
+		{"stall ratio reached", sample{sessions: 10, stalls: 2}, reasonStallRatio},
+		{"stall ratio below", sample{sessions: 10, stalls: 1}, ""},
+		{"error ratio reached", sample{sessions: 10, errors: 2}, reasonErrorRatio},
+		{"error ratio below", sample{sessions: 10, errors: 1}, ""},
+		{"ttft p99 reached", sample{sessions: 10, ttft: []bucket{{0.5, 9}, {2.5, 1}}}, reasonTTFTP99},
+		{"ttft p99 below", sample{sessions: 100, ttft: []bucket{{0.5, 99}, {2.5, 1}}}, ""},
+		{"the worst reason", sample{sessions: 10, stalls: 2, errors: 8}, reasonErrorRatio},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := testJudge()
+			healthyTraffic(j, "other", t0, 100) // two engines: one may go
+			tc.s.at = t0
+			j.add("e", tc.s)
+			changes := j.evaluate(t0.Add(time.Second))
+			if tc.reason == "" {
+				assert.Empty(t, changes)
+				return
+			}
+			require.Equal(t, []change{{engine: "e", state: stateEjected, reason: tc.reason}}, changes)
+		})
+	}
+}
+
+func TestJudgeMinSessions(t *testing.T) {
+	j := testJudge()
+	healthyTraffic(j, "other", t0, 100)
+	j.add("e", sample{at: t0, sessions: 4, stalls: 4})
+	assert.Empty(t, j.evaluate(t0.Add(time.Second)), "4 sessions, all stalled: too few to judge")
+	j.add("e", sample{at: t0.Add(time.Second), sessions: 1})
+	assert.Len(t, j.evaluate(t0.Add(2*time.Second)), 1, "the fifth session")
+}
+
+// Stall alerts (distinct sessions) count before any session ends: an engine
+// that freezes ends few sessions.
+func TestJudgeStallAlertsAlone(t *testing.T) {
+	j := testJudge()
+	healthyTraffic(j, "other", t0, 100)
+	for i := range 5 {
+		j.add("e", sample{at: t0, stalled: fmt.Sprint("s", i)})
+		j.add("e", sample{at: t0, stalled: fmt.Sprint("s", i)}) // a second alert of the same session
+	}
+	require.Len(t, j.evaluate(t0.Add(time.Second)), 1)
+	assert.Equal(t, 1.0, j.engines["e"].figures.StallRatio)
+}
+
+func TestJudgeEjectionTimeGrowsAndReadmits(t *testing.T) {
+	j := testJudge()
+	now := t0
+	for round, want := range []time.Duration{30 * time.Second, 60 * time.Second, 90 * time.Second} {
+		healthyTraffic(j, "other", now, 100)
+		j.add("e", sample{at: now, sessions: 10, stalls: 5})
+		changes := j.evaluate(now)
+		require.Len(t, changes, 1, "round %d", round)
+		st := j.status(j.engines["e"]).at(now)
+		assert.Equal(t, stateEjected, st.State)
+		assert.Equal(t, round+1, st.Ejections)
+		assert.Equal(t, want.Seconds(), st.TimeLeftS)
+		// Still out just before the time is over; back when it is.
+		assert.Empty(t, j.evaluate(now.Add(want-time.Millisecond)))
+		now = now.Add(want)
+		assert.Equal(t, []change{{engine: "e", state: stateHealthy}}, j.evaluate(now), "round %d", round)
+		assert.Empty(t, j.engines["e"].samples, "judged afresh")
+	}
+	// Capped at max_time.
+	j.cfg.maxTime = 100 * time.Second
+	healthyTraffic(j, "other", now, 100)
+	j.add("e", sample{at: now, sessions: 10, stalls: 5})
+	j.evaluate(now)
+	assert.Equal(t, 100.0, j.status(j.engines["e"]).at(now).TimeLeftS)
+}
+
+func TestJudgeMaxPercent(t *testing.T) {
+	for _, tc := range []struct {
+		engines, bad, ejected int
+	}{
+		{2, 2, 1}, // 50% of 2
+		{5, 5, 2}, // 50% of 5, rounded down
+		{5, 1, 1},
+		{1, 1, 0}, // never the only engine
+	} {
+		t.Run(fmt.Sprintf("%d engines, %d bad", tc.engines, tc.bad), func(t *testing.T) {
+			j := testJudge()
+			for i := range tc.engines {
+				name := fmt.Sprint("e", i)
+				if i < tc.bad {
+					// e0 is the worst: it goes first.
+					j.add(name, sample{at: t0, sessions: 10, stalls: float64(10 - i)})
+				} else {
+					healthyTraffic(j, name, t0, 10)
+				}
+			}
+			changes := j.evaluate(t0.Add(time.Second))
+			require.Len(t, changes, tc.ejected)
+			if tc.ejected > 0 {
+				assert.Equal(t, "e0", changes[0].engine, "the worst first")
+			}
+			assert.Equal(t, tc.ejected, j.ejectedCount())
+			// The others stay in while it lasts.
+			assert.Empty(t, j.evaluate(t0.Add(2*time.Second)))
+		})
+	}
+}
+
+func TestJudgeWindowAndIdleEngine(t *testing.T) {
+	j := testJudge()
+	healthyTraffic(j, "other", t0, 100)
+	j.add("e", sample{at: t0, sessions: 10, stalls: 5})
+	// Out of the window by the time it is judged.
+	assert.Empty(t, j.evaluate(t0.Add(11*time.Second)))
+	// An engine with no sessions in the window keeps its state.
+	st := j.status(j.engines["e"]).at(t0.Add(11 * time.Second))
+	assert.Equal(t, stateHealthy, st.State)
+	assert.Zero(t, st.Window.Sessions)
+	assert.Nil(t, st.TTFTP99S)
+}
+
+func TestP99(t *testing.T) {
+	assert.True(t, math.IsNaN(p99(map[float64]uint64{})))
+	assert.Equal(t, 0.5, p99(map[float64]uint64{0.1: 98, 0.5: 2}))
+	assert.Equal(t, 0.1, p99(map[float64]uint64{0.1: 99, 0.5: 1}))
+	assert.True(t, math.IsInf(p99(map[float64]uint64{0.1: 1, math.Inf(1): 1}), 1))
+}
