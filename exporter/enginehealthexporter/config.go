@@ -15,7 +15,7 @@ import (
 type Config struct {
 	// ServerConfig is the HTTP endpoint the verdicts are served on
 	// (GET /engines, GET /engines/{engine}/health).
-	confighttp.ServerConfig `mapstructure:",squash"`
+	ServerConfig confighttp.ServerConfig `mapstructure:",squash"`
 	// Window is how far back each engine's sessions are judged.
 	Window time.Duration `mapstructure:"window"`
 	// MinSessions is the fewest sessions in the window an engine is judged on.
@@ -85,7 +85,7 @@ var _ confmap.Validator = (*Config)(nil)
 // Validate reports every invalid setting at once, by its key.
 func (cfg *Config) Validate() error {
 	var errs []error
-	if _, _, err := net.SplitHostPort(cfg.NetAddr.Endpoint); err != nil {
+	if _, _, err := net.SplitHostPort(cfg.ServerConfig.NetAddr.Endpoint); err != nil {
 		errs = append(errs, fmt.Errorf("endpoint: %w", err))
 	}
 	if cfg.Window <= 0 {

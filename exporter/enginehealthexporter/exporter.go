@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/exporter/enginehealthexporter/internal/metadata"
+	"github.com/otelcol-llm/otelcol-llm/internal/httpserve"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
@@ -33,7 +34,7 @@ const (
 	eventStall = "llm.session.stall"
 
 	attrEngine    = tokenrecord.AttrEngine
-	attrOutcome   = "llm.session.outcome"
+	attrOutcome   = sessionmetrics.AttrOutcome
 	attrSessionID = tokenrecord.AttrSessionID
 )
 
@@ -55,7 +56,7 @@ type engineHealth struct {
 	// verdicts is the judge's last word, for the endpoints.
 	verdicts atomic.Pointer[verdicts]
 
-	http     *httpServer
+	http     *httpserve.Server
 	agent    *agentServer
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -91,14 +92,14 @@ func newEngineHealth(cfg *Config, set exporter.Settings) (*engineHealth, error) 
 }
 
 func (h *engineHealth) Start(ctx context.Context, host component.Host) error {
-	h.http = &httpServer{}
-	if err := h.http.serve(ctx, &h.cfg.ServerConfig, h.handler(), host, h.set.TelemetrySettings); err != nil {
+	h.http = &httpserve.Server{}
+	if err := h.http.Serve(ctx, &h.cfg.ServerConfig, h.handler(), host, h.set.TelemetrySettings, nil); err != nil {
 		return err
 	}
 	if a := h.cfg.Agent.Get(); h.cfg.Agent.HasValue() && a != nil {
 		h.agent = &agentServer{health: h}
 		if err := h.agent.serve(a.Endpoint); err != nil {
-			return errors.Join(err, h.http.shutdown(ctx))
+			return errors.Join(err, h.http.Shutdown(ctx))
 		}
 	}
 	// Re-admissions come with time, not with data: the judge looks every
@@ -127,8 +128,8 @@ func (h *engineHealth) Shutdown(ctx context.Context) error {
 	if h.agent != nil {
 		errs = append(errs, h.agent.shutdown())
 	}
-	if h.http != nil && h.http.server != nil {
-		errs = append(errs, h.http.shutdown(ctx))
+	if h.http != nil && h.http.HTTP != nil {
+		errs = append(errs, h.http.Shutdown(ctx))
 	}
 	h.tel.Shutdown()
 	return errors.Join(errs...)

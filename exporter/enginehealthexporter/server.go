@@ -2,7 +2,6 @@ package enginehealthexporter // import "github.com/otelcol-llm/otelcol-llm/expor
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,9 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/collector/component"
-	"go.opentelemetry.io/collector/component/componentstatus"
-	"go.opentelemetry.io/collector/config/confighttp"
 	"go.uber.org/zap"
 )
 
@@ -84,44 +80,6 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	_, _ = w.Write(append(body, '\n'))
-}
-
-// httpServer is the confighttp server of the verdicts.
-type httpServer struct {
-	server *http.Server
-	addr   net.Addr // where it listens; tests start it on port 0
-	done   sync.WaitGroup
-}
-
-// serve starts serving handler as cfg says. Serve ending other than by
-// shutdown is a fatal error of the component.
-func (s *httpServer) serve(ctx context.Context, cfg *confighttp.ServerConfig, handler http.Handler, host component.Host,
-	set component.TelemetrySettings,
-) error {
-	var err error
-	s.server, err = cfg.ToServer(ctx, host.GetExtensions(), set, handler)
-	if err != nil {
-		return err
-	}
-	ln, err := cfg.ToListener(ctx)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", cfg.NetAddr.Endpoint, err)
-	}
-	s.addr = ln.Addr()
-	s.done.Add(1)
-	go func() {
-		defer s.done.Done()
-		if err := s.server.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			componentstatus.ReportStatus(host, componentstatus.NewFatalErrorEvent(err))
-		}
-	}()
-	return nil
-}
-
-func (s *httpServer) shutdown(ctx context.Context) error {
-	err := s.server.Shutdown(ctx)
-	s.done.Wait()
-	return err
 }
 
 // Agent-check protocol (HAProxy's agent-check, agent-send): HAProxy connects

@@ -28,6 +28,10 @@ const (
 	MetricPrefillTime       = "llm.session.prefill_time"
 )
 
+// AttrOutcome is the outcome of a session on llm.sessions: completed,
+// error, aborted, timeout, evicted, shutdown (session.Outcome).
+const AttrOutcome = "llm.session.outcome"
+
 // Attribute keys set by the aggregator.
 const (
 	attrOperation = "gen_ai.operation.name"
@@ -36,7 +40,6 @@ const (
 	attrErrorType = "error.type"
 	attrEngine    = "llm.engine"
 	attrTokenType = "gen_ai.token.type"
-	attrOutcome   = "llm.session.outcome"
 	attrSampled   = "llm.session.sampled"
 	attrOverflow  = "otel.metric.overflow"
 )

@@ -79,7 +79,7 @@ func DefaultConfig() Config {
 // builtinKeys are attribute keys the aggregator sets itself; a configured dimension must not reuse one.
 var builtinKeys = []string{
 	attrOperation, attrProvider, attrModel, attrErrorType, attrEngine,
-	attrTokenType, attrOutcome, attrSampled, attrOverflow,
+	attrTokenType, AttrOutcome, attrSampled, attrOverflow,
 }
 
 // normalized returns c with Temporality and Histogram in lower case, as

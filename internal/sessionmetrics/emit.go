@@ -209,7 +209,7 @@ func (a *Aggregator) appendSessions(ms pmetric.MetricSlice, ts pcommon.Timestamp
 		},
 		func(attrs pcommon.Map, s *endSeries) {
 			a.putEndAttrs(attrs, &s.attrs)
-			putStr(attrs, attrOutcome, s.attrs.outcome)
+			putStr(attrs, AttrOutcome, s.attrs.outcome)
 			attrs.PutBool(attrSampled, s.attrs.sampled)
 		})
 }

@@ -16,6 +16,8 @@ import (
 	"go.opentelemetry.io/collector/consumer/consumererror"
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.uber.org/zap"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/httpserve"
 )
 
 // ndjsonMediaTypes are the content types a batch may be posted with.
@@ -34,7 +36,7 @@ const retryAfterSeconds = "1"
 // hooksHTTPServer serves POST <path> with NDJSON token event batches. Every
 // answer is JSON, a wrong path's and a bad encoding's included.
 type hooksHTTPServer struct {
-	httpServer
+	httpserve.Server
 	r      *tokenStreamReceiver
 	obs    *receiverhelper.ObsReport
 	path   string
@@ -54,10 +56,10 @@ func startHooksHTTP(ctx context.Context, cfg *HTTPConfig, r *tokenStreamReceiver
 	onError := confighttp.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, msg string, status int) {
 		writeResponse(w, status, &batchResponse{Error: msg})
 	})
-	if err := s.serve(ctx, &cfg.ServerConfig, s, host, r.settings.TelemetrySettings, nil, onError); err != nil {
+	if err := s.Serve(ctx, &cfg.ServerConfig, s, host, r.settings.TelemetrySettings, nil, onError); err != nil {
 		return nil, fmt.Errorf("hooks::http: %w", err)
 	}
-	r.logsLogger.Info("Token event hook listening", zap.String("transport", "http"), zap.String("endpoint", s.addr.String()), zap.String("path", cfg.Path))
+	r.logsLogger.Info("Token event hook listening", zap.String("transport", "http"), zap.String("endpoint", s.Addr.String()), zap.String("path", cfg.Path))
 	return s, nil
 }
 

@@ -29,6 +29,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/zap"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/httpserve"
 	"github.com/otelcol-llm/otelcol-llm/internal/openaistream"
 	"github.com/otelcol-llm/otelcol-llm/internal/sse"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
@@ -91,7 +92,7 @@ type proxyServer struct {
 	drainOnce sync.Once
 	cut       context.Context
 	cutAll    context.CancelCauseFunc
-	httpServer
+	httpserve.Server
 }
 
 func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, host component.Host) (*proxyServer, error) {
@@ -144,11 +145,11 @@ func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, h
 		},
 	}
 	p.batch = newEventBatcher(r, obs, cfg.EventQueueSize)
-	if err := p.serve(ctx, &cfg.ServerConfig, p, host, r.settings.TelemetrySettings, proxyconn.Listener); err != nil {
+	if err := p.Serve(ctx, &cfg.ServerConfig, p, host, r.settings.TelemetrySettings, proxyconn.Listener); err != nil {
 		p.batch.shutdown()
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
-	r.logsLogger.Info("Token stream proxy listening", zap.String("endpoint", p.addr.String()), zap.String("upstream", upstream.Redacted()))
+	r.logsLogger.Info("Token stream proxy listening", zap.String("endpoint", p.Addr.String()), zap.String("upstream", upstream.Redacted()))
 	return p, nil
 }
 
@@ -160,7 +161,7 @@ func startProxy(ctx context.Context, cfg *ProxyConfig, r *tokenStreamReceiver, h
 func (p *proxyServer) shutdown(ctx context.Context) error {
 	p.drainOnce.Do(func() { close(p.draining) })
 	drainCtx, cancel := context.WithTimeout(ctx, p.drainTimeout)
-	err := p.server.Shutdown(drainCtx)
+	err := p.HTTP.Shutdown(drainCtx)
 	cancel()
 	if err != nil {
 		// Streams outlived the drain: end them, give their handlers a
@@ -168,7 +169,7 @@ func (p *proxyServer) shutdown(ctx context.Context) error {
 		// the connections of any still blocked on a write.
 		p.cutAll(errProxyShutdown)
 		if !waitGroupWithin(&p.handlers, ctx, shutdownGrace) {
-			_ = p.server.Close()
+			_ = p.HTTP.Close()
 		}
 		err = nil
 		if ctx.Err() != nil {
@@ -176,7 +177,7 @@ func (p *proxyServer) shutdown(ctx context.Context) error {
 		}
 	}
 	p.handlers.Wait()
-	p.done.Wait()
+	p.Wait()
 	p.cutAll(nil)
 	p.batch.shutdown()
 	return err

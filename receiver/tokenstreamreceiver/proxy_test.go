@@ -121,7 +121,7 @@ func startProxyReceiver(t *testing.T, upstream string, next *consumertest.LogsSi
 	})
 }
 
-func (tr *testReceiver) proxyURL() string { return "http://" + tr.r.proxy.addr.String() }
+func (tr *testReceiver) proxyURL() string { return "http://" + tr.r.proxy.Addr.String() }
 
 // sessionEvents waits until the sink holds an end event and returns every
 // event of the proxy's sessions, decoded.
@@ -836,7 +836,7 @@ func TestProxySlowDripUpload(t *testing.T) {
 	})
 	sink := new(consumertest.LogsSink)
 	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.ClientBodyTimeout = 150 * time.Millisecond })
-	conn, err := net.Dial("tcp", tr.r.proxy.addr.String())
+	conn, err := net.Dial("tcp", tr.r.proxy.Addr.String())
 	require.NoError(t, err)
 	defer conn.Close()
 	require.NoError(t, conn.SetDeadline(time.Now().Add(10*time.Second)))
@@ -884,7 +884,7 @@ func TestProxyClientStopsReading(t *testing.T) {
 	})
 	sink := new(consumertest.LogsSink)
 	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.ClientSendTimeout = 200 * time.Millisecond })
-	conn, err := net.Dial("tcp", tr.r.proxy.addr.String())
+	conn, err := net.Dial("tcp", tr.r.proxy.Addr.String())
 	require.NoError(t, err)
 	defer conn.Close()
 	body := `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`

@@ -189,7 +189,7 @@ func (r *tokenStreamReceiver) shutdown(ctx context.Context) error {
 		r.vllm = nil
 	}
 	if r.http != nil {
-		errs = append(errs, r.http.shutdown(ctx))
+		errs = append(errs, r.http.Shutdown(ctx))
 		r.http = nil
 	}
 	if r.udp != nil {

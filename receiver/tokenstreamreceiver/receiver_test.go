@@ -75,7 +75,7 @@ func startReceiver(t *testing.T, next consumer.Logs, mutate func(*Config)) *test
 	t.Cleanup(func() { require.NoError(t, rcv.Shutdown(context.Background())) })
 	tr := &testReceiver{r: rcv.(*tokenStreamReceiver), tel: tel, sink: sink}
 	if tr.r.http != nil {
-		tr.url = "http://" + tr.r.http.addr.String() + h.Path
+		tr.url = "http://" + tr.r.http.Addr.String() + h.Path
 	}
 	if tr.r.udp != nil {
 		tr.udp = tr.r.udp.conn.LocalAddr().String()

@@ -214,7 +214,7 @@ func BenchmarkTokenPathHTTP(b *testing.B) {
 	for _, mode := range []string{"handler", "loopback"} {
 		b.Run(mode, func(b *testing.B) {
 			r := newTokenPath(b)
-			url := "http://" + r.http.addr.String() + defaultHTTPPath
+			url := "http://" + r.http.Addr.String() + defaultHTTPPath
 			resp := &statusRecorder{header: http.Header{}}
 			reader := bytes.NewReader(nil)
 			req, err := http.NewRequest(http.MethodPost, url, reader)

@@ -373,7 +373,7 @@ func TestLifecycleLogsAndMetrics(t *testing.T) {
 		require.NotNil(t, r.http, "hooks started: there is a logs consumer")
 		require.NotNil(t, r.vllm, "scraper started: there is a metrics consumer")
 
-		code, _, br := post(t, "http://"+r.http.addr.String()+"/v1/token-events", "application/x-ndjson", startLine+"\n")
+		code, _, br := post(t, "http://"+r.http.Addr.String()+"/v1/token-events", "application/x-ndjson", startLine+"\n")
 		assert.Equal(t, http.StatusOK, code)
 		assert.Equal(t, 1, br.Accepted)
 		require.Eventually(t, func() bool { return metrics.DataPointCount() > 0 }, 5*time.Second, 10*time.Millisecond)
