@@ -35,6 +35,12 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.completion(w, r, false) })
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /admin/degrade", s.degradation)
+	mux.HandleFunc("POST /admin/degrade", s.degrade)
+	mux.HandleFunc("POST /admin/heal", func(w http.ResponseWriter, r *http.Request) {
+		_ = s.eng.Degrade(sim.Degradation{})
+		s.degradation(w, r)
+	})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		_ = s.eng.WriteMetrics(w)
@@ -428,4 +434,42 @@ func (c chunker) text(text, finish string) textChunk {
 		ch.FinishReason = &finish
 	}
 	return textChunk{ID: c.id, Object: "text_completion", Created: c.created, Model: c.model, Choices: []textChoice{ch}}
+}
+
+// degradationJSON is how the admin endpoints show a sim.Degradation.
+type degradationJSON struct {
+	Freeze string `json:"freeze"`
+	Every  int    `json:"every"`
+}
+
+// degrade is POST /admin/degrade?freeze=500ms&every=4: from the next step on,
+// every 4th step with decodes in it lasts 500 ms longer, so every stream the
+// replica serves freezes mid-decode now and then. Not part of vLLM's API: it
+// is how a test or the demo makes one replica go bad.
+func (s *server) degrade(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	freeze, err := time.ParseDuration(q.Get("freeze"))
+	if err != nil {
+		http.Error(w, fmt.Sprintf("freeze: want a duration such as 500ms, got %q", q.Get("freeze")), http.StatusBadRequest)
+		return
+	}
+	every := 1
+	if v := q.Get("every"); v != "" {
+		if _, err := fmt.Sscanf(v, "%d", &every); err != nil {
+			http.Error(w, fmt.Sprintf("every: want a step count, got %q", v), http.StatusBadRequest)
+			return
+		}
+	}
+	if err := s.eng.Degrade(sim.Degradation{Freeze: freeze, Every: every}); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	s.degradation(w, r)
+}
+
+// degradation answers with the engine's degradation now.
+func (s *server) degradation(w http.ResponseWriter, _ *http.Request) {
+	d := s.eng.Degradation()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(degradationJSON{Freeze: d.Freeze.String(), Every: d.Every})
 }

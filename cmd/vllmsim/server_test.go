@@ -556,3 +556,52 @@ func decodeExposition(t *testing.T, r io.Reader) map[string]*dto.MetricFamily {
 		fams[mf.GetName()] = mf
 	}
 }
+
+// POST /admin/degrade makes the replica's streams freeze mid-decode (a
+// lower bound on the longest gap: it cannot pass by the machine being slow);
+// POST /admin/heal ends it.
+func TestAdminDegradeAndHeal(t *testing.T) {
+	base := startSim(t)
+	maxGap := func() time.Duration {
+		resp := post(t, base+"/v1/chat/completions",
+			`{"model":"`+model+`","stream":true,"max_tokens":24,"messages":[{"role":"user","content":"hi"}]}`)
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		br := bufio.NewReader(resp.Body)
+		var last time.Time
+		var gap time.Duration
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				break
+			}
+			if !strings.HasPrefix(line, "data: ") {
+				continue
+			}
+			if now := time.Now(); !last.IsZero() {
+				gap = max(gap, now.Sub(last))
+			}
+			last = time.Now()
+		}
+		return gap
+	}
+
+	resp := post(t, base+"/admin/degrade?freeze=300ms&every=8", "")
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	assert.JSONEq(t, `{"freeze":"300ms","every":8}`, string(body))
+	assert.GreaterOrEqual(t, maxGap(), 300*time.Millisecond, "a decode step froze mid-stream")
+
+	resp = post(t, base+"/admin/heal", "")
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.JSONEq(t, `{"freeze":"0s","every":0}`, string(body))
+	// (That a healed engine's steps cost what they did is the engine's test.)
+
+	for _, q := range []string{"freeze=soon", "freeze=1s&every=0", "freeze=1s&every=x"} {
+		resp = post(t, base+"/admin/degrade?"+q, "")
+		resp.Body.Close()
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, q)
+	}
+}

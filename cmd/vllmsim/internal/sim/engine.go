@@ -284,6 +284,37 @@ type Engine struct {
 	wake    chan struct{}
 	m       *Metrics
 	obs     Observer
+	// degrade, when freeze is set, stretches every every-th step with
+	// decodes in it by freeze: a replica whose decode freezes now and then
+	// (a bad GPU, a noisy neighbour), for the load balancer story.
+	degrade     Degradation
+	decodeSteps uint64
+}
+
+// Degradation makes an engine freeze mid-decode: every Every-th step that
+// decodes lasts Freeze longer. The zero Degradation is a healthy engine.
+type Degradation struct {
+	Freeze time.Duration
+	Every  int
+}
+
+// Degrade sets how the engine freezes from its next step on; the zero
+// Degradation heals it.
+func (e *Engine) Degrade(d Degradation) error {
+	if d.Freeze < 0 || (d.Freeze > 0 && d.Every < 1) {
+		return fmt.Errorf("degradation: freeze must be positive and every at least 1, got freeze %s every %d", d.Freeze, d.Every)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.degrade, e.decodeSteps = d, 0
+	return nil
+}
+
+// Degradation returns how the engine freezes now.
+func (e *Engine) Degradation() Degradation {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.degrade
 }
 
 // Observer is told about request lifecycle events (e.g. to send engine
@@ -464,6 +495,12 @@ func (e *Engine) Plan(now time.Time) *Batch {
 	}
 	if len(b.Entries) > 0 {
 		b.Duration = e.cfg.StepCost(b.PrefillTokens, b.DecodeSeqs)
+	}
+	if b.DecodeSeqs > 0 && e.degrade.Freeze > 0 {
+		e.decodeSteps++
+		if e.decodeSteps%uint64(e.degrade.Every) == 0 {
+			b.Duration += e.degrade.Freeze
+		}
 	}
 	e.m.setQueues(len(e.running), len(e.waiting), e.usage())
 	return b

@@ -554,3 +554,31 @@ func TestChunkedPrefillUnderLoad(t *testing.T) {
 		})
 	}
 }
+
+// A degraded engine stretches every Every-th decoding step by Freeze, and
+// healing it brings the step back to its cost.
+func TestDegradeFreezesDecodeSteps(t *testing.T) {
+	e := newEngine(t, testConfig())
+	_, err := e.Submit("a", Params{PromptTokens: 10, MaxTokens: 40}, t0)
+	require.NoError(t, err)
+	require.Error(t, e.Degrade(Degradation{Freeze: time.Second}), "every must be at least 1")
+	require.NoError(t, e.Degrade(Degradation{Freeze: 500 * time.Millisecond, Every: 4}))
+	var decodes, frozen int
+	now := t0
+	for range 20 {
+		b := e.Step(now)
+		now = now.Add(b.Duration)
+		if b.DecodeSeqs == 0 {
+			continue
+		}
+		decodes++
+		if b.Duration >= 500*time.Millisecond {
+			frozen++
+			assert.Zero(t, decodes%4, "the %dth decoding step froze", decodes)
+		}
+	}
+	assert.Equal(t, decodes/4, frozen)
+	require.NoError(t, e.Degrade(Degradation{}))
+	b := e.Step(now)
+	assert.Equal(t, e.cfg.StepCost(b.PrefillTokens, b.DecodeSeqs), b.Duration, "healed")
+}
