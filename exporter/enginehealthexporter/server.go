@@ -39,7 +39,8 @@ func (v *verdicts) lookup(engine string) (engineStatus, bool) {
 	return v.list[i], true
 }
 
-// handler serves GET /engines and GET /engines/{engine}/health.
+// handler serves GET /engines, GET /engines/{engine}/health and GET /health
+// (the engine in the Host header).
 func (h *engineHealth) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /engines", func(w http.ResponseWriter, _ *http.Request) {
@@ -54,20 +55,31 @@ func (h *engineHealth) handler() http.Handler {
 	// {engine} is llm.engine URL-escaped: the mux unescapes the segment, so
 	// an engine named "ns/pod" is asked for as /engines/ns%2Fpod/health.
 	mux.HandleFunc("GET /engines/{engine}/health", func(w http.ResponseWriter, r *http.Request) {
-		engine := r.PathValue("engine")
-		st, ok := h.verdicts.Load().lookup(engine)
-		if !ok {
-			writeJSON(w, http.StatusNotFound, map[string]string{
-				"error": fmt.Sprintf("unknown engine %q: no session of it has been seen", engine)})
-			return
-		}
-		code := http.StatusOK
-		if st.State == stateEjected {
-			code = http.StatusServiceUnavailable
-		}
-		writeJSON(w, code, st.at(h.now()))
+		h.serveHealth(w, r.PathValue("engine"))
+	})
+	// Checkers whose path is one for all the servers they check (Envoy's
+	// health checks: a path per cluster, a Host header per endpoint) name
+	// the engine in the Host header instead.
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		h.serveHealth(w, r.Host)
 	})
 	return mux
+}
+
+// serveHealth answers 200 for a healthy engine, 503 for an ejected one and
+// 404 for one never seen, each with a JSON body.
+func (h *engineHealth) serveHealth(w http.ResponseWriter, engine string) {
+	st, ok := h.verdicts.Load().lookup(engine)
+	if !ok {
+		writeJSON(w, http.StatusNotFound, map[string]string{
+			"error": fmt.Sprintf("unknown engine %q: no session of it has been seen", engine)})
+		return
+	}
+	code := http.StatusOK
+	if st.State == stateEjected {
+		code = http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, st.at(h.now()))
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

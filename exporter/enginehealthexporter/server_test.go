@@ -93,6 +93,18 @@ func TestHTTPEndpoints(t *testing.T) {
 	require.NoError(t, json.Unmarshal(body, &e))
 	assert.Contains(t, e["error"], `unknown engine "nope"`)
 
+	// The engine in the Host header, as Envoy's health checks send it.
+	for engine, want := range map[string]int{"b": http.StatusServiceUnavailable, "a": http.StatusOK,
+		"nope": http.StatusNotFound} {
+		req, err := http.NewRequest(http.MethodGet, base+"/health", nil)
+		require.NoError(t, err)
+		req.Host = engine
+		resp, err := testClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, want, resp.StatusCode, "Host: %s", engine)
+	}
+
 	resp, err := testClient.Post(base+"/engines/a/health", "text/plain", strings.NewReader("x"))
 	require.NoError(t, err)
 	resp.Body.Close()
