@@ -46,6 +46,9 @@ type Config struct {
 	// RequestsOut names an NDJSON file with one line per request (see
 	// RequestRecord); empty: not written.
 	RequestsOut string
+	// RequestsITL adds every request's inter-token gaps to its RequestsOut
+	// line, so that when each gap happened can be worked out.
+	RequestsITL bool
 	// Traceparent sends a fresh W3C traceparent (random trace ID, sampled)
 	// with every request, so spans made from it can be matched to requests.
 	Traceparent bool
@@ -158,6 +161,7 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.StringVar(&c.Out, "out", "", "write the full result as JSON to this file")
 	fs.BoolVar(&c.Quiet, "quiet", false, "no progress line on stderr")
 	fs.StringVar(&c.RequestsOut, "requests-out", "", "write one NDJSON line per request (warm-up included and flagged) to this file: timings, tokens, error, trace_id")
+	fs.BoolVar(&c.RequestsITL, "requests-itl", false, "add each request's inter-token gaps (itl_ms, in order) to its -requests-out line")
 	fs.DurationVar(&c.RampUp, "ramp-up", 0, "closed loop: start the -concurrency workers evenly over this long instead of all at once (the requests of the ramp count like any other; see -warmup)")
 	fs.BoolVar(&c.Traceparent, "traceparent", false, "send a fresh W3C traceparent (random trace ID, sampled flag) with each request; its trace ID goes into -requests-out")
 	if err := fs.Parse(args); err != nil {

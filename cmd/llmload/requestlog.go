@@ -30,9 +30,13 @@ type RequestRecord struct {
 	MaxITLms float64 `json:"max_itl_ms"`
 	ITLCount int     `json:"itl_count"`
 	TraceID  string  `json:"trace_id,omitempty"` // with -traceparent
+	// ITLms are the gaps between the chunks, in order (with -requests-itl):
+	// the first chunk came TTFTms after the start, and each next one its
+	// gap later.
+	ITLms []float64 `json:"itl_ms,omitempty"`
 }
 
-func recordOf(res *Result) RequestRecord {
+func recordOf(res *Result, withITL bool) RequestRecord {
 	rec := RequestRecord{
 		Index:        res.Spec.Index,
 		Warmup:       res.Spec.Warmup,
@@ -54,6 +58,12 @@ func recordOf(res *Result) RequestRecord {
 		rec.TTFTms, rec.E2Ems, rec.TPOTms = ms(res.TTFT), ms(res.E2E), ms(res.TPOT())
 		if len(res.ITLs) > 0 {
 			rec.MaxITLms = slices.Max(res.ITLs) * 1000
+		}
+		if withITL {
+			rec.ITLms = make([]float64, len(res.ITLs))
+			for i, gap := range res.ITLs {
+				rec.ITLms[i] = gap * 1000
+			}
 		}
 	}
 	if res.Spec.TraceID != ([16]byte{}) {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"sync/atomic"
 	"testing"
@@ -84,6 +85,7 @@ func TestRequestsOut(t *testing.T) {
 		assert.Empty(t, rec.Error)
 		assert.Equal(t, 5, rec.OutputTokens)
 		assert.Equal(t, 4, rec.ITLCount)
+		assert.Nil(t, rec.ITLms, "no -requests-itl")
 		assert.GreaterOrEqual(t, rec.MaxITLms, rec.TPOTms, "the largest gap is at least the mean gap")
 		assert.InDelta(t, rec.TTFTms+4*rec.TPOTms, rec.E2Ems, 1e-5, "TPOT = (E2E - TTFT)/(n - 1)")
 		if !rec.Warmup {
@@ -96,6 +98,27 @@ func TestRequestsOut(t *testing.T) {
 	sort.Float64s(ttfts)
 	assert.Equal(t, ttfts[0], rep.TTFT.Min)
 	assert.Equal(t, ttfts[len(ttfts)-1], rep.TTFT.Max)
+}
+
+// TestRequestsITL: with -requests-itl each line has its gaps, in order,
+// which add up to the time from the first chunk to the last.
+func TestRequestsITL(t *testing.T) {
+	u := newUpstream(t, script{firstDelay: 5 * time.Millisecond, gap: 3 * time.Millisecond, chunks: 6, usage: 6})
+	cfg := baseConfig(u)
+	cfg.Requests = 3
+	cfg.RequestsOut = filepath.Join(t.TempDir(), "requests.ndjson")
+	cfg.RequestsITL = true
+	_, err := Run(context.Background(), cfg, nil)
+	require.NoError(t, err)
+	for _, rec := range readRequestLog(t, cfg.RequestsOut) {
+		require.Len(t, rec.ITLms, rec.ITLCount)
+		var sum float64
+		for _, gap := range rec.ITLms {
+			sum += gap
+		}
+		assert.InDelta(t, rec.E2Ems-rec.TTFTms, sum, 1e-3)
+		assert.Equal(t, rec.MaxITLms, slices.Max(rec.ITLms))
+	}
 }
 
 var traceparentRE = regexp.MustCompile(`^00-([0-9a-f]{32})-([0-9a-f]{16})-01$`)

@@ -284,7 +284,7 @@ func (r *runner) record(res *Result) {
 	defer r.mu.Unlock()
 	a := &r.agg
 	if r.requestLog != nil {
-		r.requestLog.write(recordOf(res))
+		r.requestLog.write(recordOf(res, r.cfg.RequestsITL))
 	}
 	if res.Spec.Warmup {
 		a.warmupDone++
