@@ -113,12 +113,20 @@ soak: $(OTELCOL)
 DURATION ?= 10s
 OUT      ?= demo-report
 
-.PHONY: demo
-demo: $(OTELCOL)
+.PHONY: demo demo-tools demo-breaker
+demo: $(OTELCOL) demo-tools
+	$(BIN_DIR)/llmdemo -bin $(BIN_DIR) -duration $(DURATION) -out $(OUT)
+
+demo-tools:
 	$(GO) build -o $(BIN_DIR)/vllmsim ./cmd/vllmsim
 	$(GO) build -o $(BIN_DIR)/llmload ./cmd/llmload
 	$(GO) build -o $(BIN_DIR)/llmdemo ./cmd/llmdemo
-	$(BIN_DIR)/llmdemo -bin $(BIN_DIR) -duration $(DURATION) -out $(OUT)
+
+# The load-balancer story (about 75 s; needs Debian's haproxy): HAProxy,
+# two vllmsim replicas, one of which freezes, engine_health ejecting it.
+BREAKER_OUT ?= demo-breaker
+demo-breaker: $(OTELCOL) demo-tools
+	$(BIN_DIR)/llmdemo -breaker -bin $(BIN_DIR) -out $(BREAKER_OUT)
 
 # bin/ goes whole: the binaries, mdatagen, the stock baseline of make bench
 # (bin/otelcol-stock, rebuilt by the next make bench) and ocb, which the

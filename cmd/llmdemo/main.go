@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"regexp"
@@ -31,6 +32,9 @@ func run(args []string) int {
 	out := fs.String("out", "demo-report", "report folder (created; earlier contents of the same names are replaced)")
 	duration := fs.Duration("duration", 10*time.Second, "load duration of each scenario point")
 	only := fs.String("only", "", "run only the points whose name (e.g. b-c100) matches this regular expression")
+	breaker := fs.Bool("breaker", false, "run the load-balancer story instead (make demo-breaker): HAProxy, two vllmsim replicas, "+
+		"one of which freezes, engine_health ejecting it")
+	haproxy := fs.String("haproxy", "haproxy", "the haproxy binary, for -breaker")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -60,6 +64,26 @@ func run(args []string) int {
 			return 2
 		}
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	start := time.Now()
+	logf := func(format string, args ...any) {
+		fmt.Printf("[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+	if *breaker {
+		bin, err := exec.LookPath(*haproxy)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "llmdemo: %v (Debian: apt-get install haproxy)\n", err)
+			return 2
+		}
+		rep, err := demo.RunBreaker(ctx, bins, bin, demo.DefaultBreakerStory(), *out, logf)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "llmdemo:", err)
+			return 1
+		}
+		logf("report: %s (time to eject %.2f s)", filepath.Join(*out, "report.md"), rep.EjectedS-rep.DegradedS)
+		return 0
+	}
 	var points []demo.Point
 	for _, p := range demo.DefaultPoints(*duration) {
 		if filter == nil || filter.MatchString(p.Name()) {
@@ -67,12 +91,6 @@ func run(args []string) int {
 		}
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	start := time.Now()
-	logf := func(format string, args ...any) {
-		fmt.Printf("[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
-	}
 	rep, err := demo.Run(ctx, bins, points, *out, logf)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "llmdemo:", err)

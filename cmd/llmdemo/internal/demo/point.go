@@ -128,6 +128,9 @@ type requestRecord struct {
 	TPOTms        float64 `json:"tpot_ms"`
 	OutputTokens  int     `json:"output_tokens"`
 	TraceID       string  `json:"trace_id"`
+	// ITLms are the request's gaps between chunks, in order (llmload
+	// -requests-itl; make demo-breaker).
+	ITLms []float64 `json:"itl_ms"`
 }
 
 // Slow sessions are those the collector's sampling rules must keep: TTFT

@@ -21,6 +21,9 @@ type process struct {
 	log    *os.File
 	exited chan struct{}
 	err    error // Wait's result, valid once exited is closed
+	// terminated: stop sent SIGTERM. A process that dies of it (haproxy
+	// -db does) was stopped cleanly.
+	terminated bool
 }
 
 // stopGrace is how long a process gets between SIGTERM and SIGKILL.
@@ -56,6 +59,7 @@ func (p *process) stop() error {
 		return p.exitErr()
 	default:
 	}
+	p.terminated = true
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.exited:
@@ -68,6 +72,12 @@ func (p *process) stop() error {
 }
 
 func (p *process) exitErr() error {
+	var exit *exec.ExitError
+	if p.terminated && errors.As(p.err, &exit) {
+		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGTERM {
+			return nil
+		}
+	}
 	if p.err != nil {
 		return fmt.Errorf("%s: %w (see %s)", p.name, p.err, p.log.Name())
 	}

@@ -1,0 +1,647 @@
+package demo
+
+import (
+	"context"
+	_ "embed"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"image/color"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+)
+
+// make demo-breaker: the load-balancer story. HAProxy balances two vllmsim
+// replicas, A and B, each behind a token_stream proxy of one collector, and
+// asks engine_health's agent-check about each. llmload streams through
+// HAProxy the whole time. Partway through, B starts to freeze mid-decode
+// (vllmsim's /admin/degrade); engine_health ejects it and HAProxy stops
+// sending it requests. Later B is healed, and comes back once its ejection
+// time is over. Every 250 ms the demo reads HAProxy's statistics and
+// engine_health's verdict on B; the report puts, per second, the requests
+// each replica got, the stalls the client saw and B's state side by side.
+
+//go:embed breaker.yaml
+var breakerCollectorConfig []byte
+
+// HAProxyConfig is the HAProxy configuration of the story, with {{name}}
+// fields for the addresses and engine names (see HAProxyConfigFor).
+//
+//go:embed haproxy.cfg
+var HAProxyConfig string
+
+// HAProxyConfigFor fills in the {{name}} fields of HAProxyConfig.
+func HAProxyConfigFor(vars map[string]string) string {
+	cfg := HAProxyConfig
+	for k, v := range vars {
+		cfg = strings.ReplaceAll(cfg, "{{"+k+"}}", v)
+	}
+	return cfg
+}
+
+// BreakerStory is the timeline of the story, from the start of the load.
+type BreakerStory struct {
+	Degrade     time.Duration `json:"degrade_ns"` // B starts freezing
+	Heal        time.Duration `json:"heal_ns"`    // B is healed
+	Total       time.Duration `json:"total_ns"`   // the load stops
+	Concurrency int           `json:"concurrency"`
+	// B's degradation: every Every-th decoding step lasts Freeze longer.
+	Freeze time.Duration `json:"freeze_ns"`
+	Every  int           `json:"every"`
+	// BaseTime is engine_health's eject::base_time.
+	BaseTime time.Duration `json:"base_time_ns"`
+}
+
+// DefaultBreakerStory is make demo-breaker's: 15 s healthy, B degraded
+// until 35 s, the load until 65 s, so that B's re-admission (30 s after
+// its ejection, engine_health's default) and the traffic it gets after it
+// are in the run.
+func DefaultBreakerStory() BreakerStory {
+	return BreakerStory{Degrade: 15 * time.Second, Heal: 35 * time.Second, Total: 65 * time.Second, Concurrency: 8,
+		Freeze: 1500 * time.Millisecond, Every: 8, BaseTime: 30 * time.Second}
+}
+
+// clientStallGap is a gap the client counts as a stall: token_session's
+// freeze (3 × 150 ms without a token).
+const clientStallGap = 450 * time.Millisecond
+
+// BreakerSecond is one second of the story.
+type BreakerSecond struct {
+	T int `json:"t_s"`
+	// RequestsA and RequestsB are the requests HAProxy sent each replica.
+	RequestsA int `json:"requests_a"`
+	RequestsB int `json:"requests_b"`
+	// ClientStalls are the gaps of 450 ms or more the client saw end.
+	ClientStalls int `json:"client_stalls"`
+	// BState is engine_health's verdict on B at the end of the second,
+	// BHAProxy HAProxy's status of server b.
+	BState   string `json:"b_state"`
+	BHAProxy string `json:"b_haproxy"`
+}
+
+// BreakerPhase gathers the requests that started in one phase of the story.
+type BreakerPhase struct {
+	Name     string  `json:"name"`
+	FromS    float64 `json:"from_s"`
+	ToS      float64 `json:"to_s"`
+	Requests int     `json:"requests"`
+	// Stalled requests saw a gap of 450 ms or more.
+	Stalled  int     `json:"stalled"`
+	GapP50Ms float64 `json:"gap_p50_ms"`
+	GapP99Ms float64 `json:"gap_p99_ms"`
+}
+
+// BreakerReport is the result of the story (breaker.json).
+type BreakerReport struct {
+	Story     BreakerStory `json:"story"`
+	StartedAt time.Time    `json:"started_at"`
+	// Moments of the story, in seconds from the start of the load; -1 when
+	// it did not happen.
+	DegradedS   float64 `json:"degraded_s"`
+	EjectedS    float64 `json:"ejected_s"`    // engine_health ejects B
+	DownS       float64 `json:"down_s"`       // HAProxy marks b down
+	HealedS     float64 `json:"healed_s"`     // B is healed
+	ReadmittedS float64 `json:"readmitted_s"` // engine_health re-admits B
+	UpS         float64 `json:"up_s"`         // HAProxy marks b up again
+	EjectReason string  `json:"eject_reason"`
+
+	Seconds []BreakerSecond `json:"seconds"`
+	Phases  []BreakerPhase  `json:"phases"`
+	Failed  int             `json:"failed_requests"`
+	Plot    string          `json:"plot"`
+}
+
+// breakerSample is what the demo read at one moment.
+type breakerSample struct {
+	at             time.Duration
+	stotA, stotB   int
+	haproxyB       string
+	bState, reason string
+}
+
+// RunBreaker runs the story with its files in out and writes
+// out/report.md, out/report.json and the plot.
+func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story BreakerStory, out string, progress Progress) (rep *BreakerReport, err error) {
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return nil, err
+	}
+	var started []*process
+	defer func() {
+		for i := len(started) - 1; i >= 0; i-- {
+			if stopErr := started[i].stop(); stopErr != nil && err == nil {
+				err = stopErr
+			}
+		}
+	}()
+	addrs := map[string]string{}
+	for _, name := range []string{"sim_a", "sim_b", "proxy_a", "proxy_b", "health", "agent", "frontend", "stats"} {
+		if addrs[name], err = freeAddr(); err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range []string{"a", "b"} {
+		sim, err := startProcess("vllmsim-"+r, filepath.Join(out, "vllmsim-"+r+".log"), bins.Sim,
+			[]string{"-addr", addrs["sim_"+r], "-model", Model}, nil)
+		if err != nil {
+			return nil, err
+		}
+		started = append(started, sim)
+		if err := sim.waitHTTP(ctx, "http://"+addrs["sim_"+r]+"/health", 30*time.Second); err != nil {
+			return nil, err
+		}
+	}
+
+	cfgPath := filepath.Join(out, "collector.yaml")
+	if err := os.WriteFile(cfgPath, breakerCollectorConfig, 0o644); err != nil {
+		return nil, err
+	}
+	col, err := startProcess("otelcol-llm", filepath.Join(out, "otelcol.log"), bins.Collector, []string{"--config", cfgPath}, []string{
+		"PROXY_A=" + addrs["proxy_a"], "PROXY_B=" + addrs["proxy_b"],
+		"UPSTREAM_A=http://" + addrs["sim_a"], "UPSTREAM_B=http://" + addrs["sim_b"],
+		"HEALTH_ENDPOINT=" + addrs["health"], "AGENT_ENDPOINT=" + addrs["agent"], "BASE_TIME=" + story.BaseTime.String(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	started = append(started, col)
+	if err := col.waitHTTP(ctx, "http://"+addrs["health"]+"/engines", 60*time.Second); err != nil {
+		return nil, err
+	}
+
+	// The engine of a proxy's sessions is its upstream's host:port.
+	engineB := addrs["sim_b"]
+	agentHost, agentPort, _ := strings.Cut(addrs["agent"], ":")
+	haCfg := HAProxyConfigFor(map[string]string{
+		"frontend": addrs["frontend"], "stats": addrs["stats"], "proxy_a": addrs["proxy_a"], "proxy_b": addrs["proxy_b"],
+		"agent_host": agentHost, "agent_port": agentPort, "engine_a": addrs["sim_a"], "engine_b": engineB,
+	})
+	haPath := filepath.Join(out, "haproxy.cfg")
+	if err := os.WriteFile(haPath, []byte(haCfg), 0o644); err != nil {
+		return nil, err
+	}
+	if out, err := exec.CommandContext(ctx, haproxy, "-c", "-f", haPath).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("haproxy -c: %w\n%s", err, out)
+	}
+	ha, err := startProcess("haproxy", filepath.Join(out, "haproxy.log"), haproxy, []string{"-db", "-f", haPath}, nil)
+	if err != nil {
+		return nil, err
+	}
+	started = append(started, ha)
+	statsURL := "http://" + addrs["stats"] + "/stats"
+	if err := ha.waitHTTP(ctx, statsURL, 30*time.Second); err != nil {
+		return nil, err
+	}
+	// Both servers up before the load starts.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		s, err := HAProxyServers(statsURL, "engines")
+		if err == nil && strings.HasPrefix(s["a"].Status, "UP") && strings.HasPrefix(s["b"].Status, "UP") {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("HAProxy did not see both servers up within 30s: %v %v", s, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	progress("load: %d concurrent streams through HAProxy for %s; B freezes %s every %d steps from %s to %s",
+		story.Concurrency, story.Total, story.Freeze, story.Every, story.Degrade, story.Heal)
+	requestsPath := filepath.Join(out, "requests.ndjson")
+	load, err := startProcess("llmload", filepath.Join(out, "llmload.log"), bins.Load, []string{
+		"-url", "http://" + addrs["frontend"], "-model", Model, "-quiet",
+		"-concurrency", strconv.Itoa(story.Concurrency), "-duration", story.Total.String(),
+		"-prompt-tokens", "uniform:50-200", "-output-tokens", "64", "-seed", "16",
+		"-out", filepath.Join(out, "llmload.json"), "-requests-out", requestsPath, "-requests-itl",
+	}, nil)
+	if err != nil {
+		return nil, err
+	}
+	started = append(started, load)
+	start := time.Now()
+	rep = &BreakerReport{Story: story, StartedAt: start.UTC(), DegradedS: -1, EjectedS: -1, DownS: -1, HealedS: -1,
+		ReadmittedS: -1, UpS: -1}
+
+	samples, err := watchBreaker(ctx, load, start, story, func(at time.Duration, action string) error {
+		simB := "http://" + addrs["sim_b"]
+		switch action {
+		case "degrade":
+			progress("B degraded: it freezes %s every %d decoding steps", story.Freeze, story.Every)
+			rep.DegradedS = at.Seconds()
+			return postAdmin(simB + fmt.Sprintf("/admin/degrade?freeze=%s&every=%d", story.Freeze, story.Every))
+		default:
+			progress("B healed")
+			rep.HealedS = at.Seconds()
+			return postAdmin(simB + "/admin/heal")
+		}
+	}, statsURL, "http://"+addrs["health"]+"/engines/"+engineB+"/health")
+	if err != nil {
+		return nil, err
+	}
+	if err := load.wait(ctx); err != nil {
+		return nil, err
+	}
+	reqs, err := readRequests(requestsPath)
+	if err != nil {
+		return nil, err
+	}
+	rep.build(samples, reqs, start)
+	progress("B ejected at %s s (%s), HAProxy took it out at %s s, re-admitted at %s s, back at HAProxy at %s s",
+		f1(rep.EjectedS), rep.EjectReason, f1(rep.DownS), f1(rep.ReadmittedS), f1(rep.UpS))
+	rep.Plot = PlotBreaker
+	if err := plotBreaker(filepath.Join(out, PlotBreaker), rep); err != nil {
+		return rep, err
+	}
+	data, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return rep, err
+	}
+	if err := os.WriteFile(filepath.Join(out, "report.json"), append(data, '\n'), 0o644); err != nil {
+		return rep, err
+	}
+	return rep, os.WriteFile(filepath.Join(out, "report.md"), []byte(rep.markdown()), 0o644)
+}
+
+// watchBreaker samples HAProxy and engine_health every 250 ms until the load
+// exits, and calls act at the story's degrade and heal moments.
+func watchBreaker(ctx context.Context, load *process, start time.Time, story BreakerStory,
+	act func(at time.Duration, action string) error, statsURL, healthURL string,
+) ([]breakerSample, error) {
+	client := &http.Client{Timeout: time.Second}
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var samples []breakerSample
+	degraded, healed := false, false
+	for {
+		at := time.Since(start)
+		if !degraded && at >= story.Degrade {
+			degraded = true
+			if err := act(at, "degrade"); err != nil {
+				return samples, err
+			}
+		}
+		if !healed && at >= story.Heal {
+			healed = true
+			if err := act(at, "heal"); err != nil {
+				return samples, err
+			}
+		}
+		s := breakerSample{at: at}
+		if servers, err := HAProxyServers(statsURL, "engines"); err == nil {
+			s.stotA, s.stotB, s.haproxyB = servers["a"].Sessions, servers["b"].Sessions, servers["b"].Status
+		}
+		s.bState, s.reason = engineState(client, healthURL)
+		samples = append(samples, s)
+		select {
+		case <-ctx.Done():
+			return samples, ctx.Err()
+		case <-load.exited:
+			return samples, nil
+		case <-tick.C:
+		}
+	}
+}
+
+func postAdmin(url string) error {
+	resp, err := http.Post(url, "text/plain", nil)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("POST %s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+// engineState reads engine_health's verdict on one engine: its state and
+// reason, "unknown" before it has seen the engine, "" when it did not
+// answer.
+func engineState(client *http.Client, url string) (state, reason string) {
+	resp, err := client.Get(url)
+	if err != nil {
+		return "", ""
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return "unknown", ""
+	}
+	var st struct {
+		State  string `json:"state"`
+		Reason string `json:"reason"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&st) != nil {
+		return "", ""
+	}
+	return st.State, st.Reason
+}
+
+// HAProxyServer is a server's line of HAProxy's CSV statistics.
+type HAProxyServer struct {
+	Status   string // UP, DOWN, …
+	Sessions int    // stot: the requests sent to it so far
+}
+
+// HAProxyServers reads the servers of backend from HAProxy's statistics page
+// (its CSV form).
+func HAProxyServers(statsURL, backend string) (map[string]HAProxyServer, error) {
+	client := &http.Client{Timeout: 2 * time.Second}
+	resp, err := client.Get(statsURL + ";csv")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	r := csv.NewReader(resp.Body)
+	r.FieldsPerRecord = -1
+	rows, err := r.ReadAll()
+	if err != nil {
+		return nil, fmt.Errorf("HAProxy statistics: %w", err)
+	}
+	if len(rows) == 0 {
+		return nil, errors.New("HAProxy statistics: empty")
+	}
+	col := map[string]int{}
+	for i, name := range rows[0] {
+		col[strings.TrimPrefix(name, "# ")] = i
+	}
+	out := map[string]HAProxyServer{}
+	for _, row := range rows[1:] {
+		if len(row) <= max(col["stot"], col["status"]) || row[col["pxname"]] != backend || row[col["svname"]] == "BACKEND" {
+			continue
+		}
+		n, _ := strconv.Atoi(row[col["stot"]])
+		out[row[col["svname"]]] = HAProxyServer{Status: row[col["status"]], Sessions: n}
+	}
+	return out, nil
+}
+
+// build fills the report from the samples and the client's requests.
+func (rep *BreakerReport) build(samples []breakerSample, reqs []requestRecord, start time.Time) {
+	var prev *breakerSample
+	for i := range samples {
+		s := &samples[i]
+		t := s.at.Seconds()
+		if s.bState == stateEjected && rep.EjectedS < 0 {
+			rep.EjectedS, rep.EjectReason = t, s.reason
+		}
+		if strings.HasPrefix(s.haproxyB, "DOWN") && rep.DownS < 0 {
+			rep.DownS = t
+		}
+		if prev != nil && prev.bState == stateEjected && s.bState == "healthy" && rep.ReadmittedS < 0 {
+			rep.ReadmittedS = t
+		}
+		if rep.DownS >= 0 && strings.HasPrefix(s.haproxyB, "UP") && rep.UpS < 0 {
+			rep.UpS = t
+		}
+		prev = s
+	}
+
+	// The client's gaps, each at the moment it ended.
+	type gap struct{ endS, ms float64 }
+	var gaps []gap
+	for _, r := range reqs {
+		if !r.OK {
+			rep.Failed++
+			continue
+		}
+		at := float64(r.StartUnixNano-start.UnixNano())/1e9 + r.TTFTms/1000
+		for _, g := range r.ITLms {
+			at += g / 1000
+			gaps = append(gaps, gap{at, g})
+		}
+	}
+
+	seconds := int(rep.Story.Total.Seconds())
+	last := func(t float64) *breakerSample {
+		var found *breakerSample
+		for i := range samples {
+			if samples[i].at.Seconds() <= t {
+				found = &samples[i]
+			}
+		}
+		return found
+	}
+	for sec := range seconds {
+		row := BreakerSecond{T: sec}
+		from, to := last(float64(sec)), last(float64(sec+1))
+		if from != nil && to != nil {
+			row.RequestsA, row.RequestsB = to.stotA-from.stotA, to.stotB-from.stotB
+		}
+		if to != nil {
+			row.BState, row.BHAProxy = to.bState, to.haproxyB
+		}
+		for _, g := range gaps {
+			if g.endS >= float64(sec) && g.endS < float64(sec+1) && g.ms >= float64(clientStallGap.Milliseconds()) {
+				row.ClientStalls++
+			}
+		}
+		rep.Seconds = append(rep.Seconds, row)
+	}
+
+	// Phases by when each request started.
+	end := rep.Story.Total.Seconds()
+	bound := func(v float64) float64 {
+		if v < 0 {
+			return end
+		}
+		return v
+	}
+	phases := []BreakerPhase{
+		{Name: "before: both replicas healthy", FromS: 0, ToS: rep.DegradedS},
+		{Name: "B freezing, still in rotation", FromS: rep.DegradedS, ToS: bound(rep.DownS)},
+		{Name: "B ejected (healed at " + f1(rep.HealedS) + " s)", FromS: bound(rep.DownS), ToS: bound(rep.UpS)},
+		{Name: "B re-admitted", FromS: bound(rep.UpS), ToS: end},
+	}
+	for i := range phases {
+		ph := &phases[i]
+		var all []float64
+		for _, r := range reqs {
+			t := float64(r.StartUnixNano-start.UnixNano()) / 1e9
+			if !r.OK || t < ph.FromS || t >= ph.ToS {
+				continue
+			}
+			ph.Requests++
+			if len(r.ITLms) > 0 && slices.Max(r.ITLms) >= float64(clientStallGap.Milliseconds()) {
+				ph.Stalled++
+			}
+			all = append(all, r.ITLms...)
+		}
+		if len(all) > 0 {
+			q := exactQuantiles(all)
+			ph.GapP50Ms, ph.GapP99Ms = q.P50, q.P99
+		}
+	}
+	rep.Phases = phases
+}
+
+// stateEjected is engine_health's word for an ejected engine.
+const stateEjected = "ejected"
+
+// markdown is report.md.
+func (rep *BreakerReport) markdown() string {
+	var b strings.Builder
+	s := rep.Story
+	fmt.Fprintf(&b, "# make demo-breaker\n\nStarted %s. HAProxy balances two vllmsim replicas, A and B, each behind a "+
+		"token_stream proxy; HAProxy asks engine_health's agent-check about each. llmload keeps %d streams going "+
+		"through HAProxy for %s. At %s B starts to freeze for %s every %d decoding steps; at %s it is healed.\n\n",
+		rep.StartedAt.Format(time.RFC3339), s.Concurrency, s.Total, s.Degrade, s.Freeze, s.Every, s.Heal)
+	fmt.Fprintf(&b, "| moment | s |\n|---|---|\n")
+	for _, m := range []struct {
+		name string
+		v    float64
+	}{
+		{"B degraded", rep.DegradedS},
+		{"engine_health ejects B (" + rep.EjectReason + ")", rep.EjectedS},
+		{"HAProxy marks b DOWN", rep.DownS},
+		{"B healed", rep.HealedS},
+		{"engine_health re-admits B", rep.ReadmittedS},
+		{"HAProxy marks b UP", rep.UpS},
+	} {
+		fmt.Fprintf(&b, "| %s | %s |\n", m.name, moment(m.v))
+	}
+	if rep.EjectedS >= 0 && rep.DegradedS >= 0 {
+		fmt.Fprintf(&b, "\nTime to eject: **%.2f s** from the first freeze to engine_health's verdict", rep.EjectedS-rep.DegradedS)
+		if rep.DownS >= 0 {
+			fmt.Fprintf(&b, ", %.2f s to HAProxy taking B out", rep.DownS-rep.DegradedS)
+		}
+		b.WriteString(" (moments are read every 250 ms).\n")
+	}
+	fmt.Fprintf(&b, "\n## The client, by when each request started\n\n| phase | from s | to s | requests | with a gap ≥ 450 ms | gap p50 ms | gap p99 ms |\n|---|---|---|---|---|---|---|\n")
+	for _, ph := range rep.Phases {
+		fmt.Fprintf(&b, "| %s | %s | %s | %d | %d | %s | %s |\n", ph.Name, moment(ph.FromS), moment(ph.ToS), ph.Requests, ph.Stalled,
+			f1(ph.GapP50Ms), f1(ph.GapP99Ms))
+	}
+	fmt.Fprintf(&b, "\n%d requests failed.\n\n![requests, stalls and B's state](%s)\n\n", rep.Failed, rep.Plot)
+	fmt.Fprintf(&b, "## Per second\n\n| t s | requests to A | requests to B | client stalls | B (engine_health) | b (HAProxy) |\n|---|---|---|---|---|---|\n")
+	for _, r := range rep.Seconds {
+		fmt.Fprintf(&b, "| %d | %d | %d | %d | %s | %s |\n", r.T, r.RequestsA, r.RequestsB, r.ClientStalls, r.BState, r.BHAProxy)
+	}
+	b.WriteString("\nFiles: `collector.yaml`, `haproxy.cfg`, the logs of every process, `requests.ndjson` (llmload's " +
+		"line per request, with its gaps), `report.json` (every figure above).\n")
+	return b.String()
+}
+
+func moment(v float64) string {
+	if v < 0 {
+		return "—"
+	}
+	return f1(v)
+}
+
+// PlotBreaker is the story's plot in the report folder.
+const PlotBreaker = "breaker.png"
+
+// plotBreaker draws the story on one time axis: the requests each replica
+// got per second, the stalls the client saw per second, and B's state as
+// engine_health and HAProxy saw it; dashed lines mark the degradation and
+// the healing.
+func plotBreaker(path string, rep *BreakerReport) error {
+	var reqA, reqB, stalls, ejected, down plotter.XYs
+	for _, r := range rep.Seconds {
+		x := float64(r.T) + 0.5
+		reqA = append(reqA, plotter.XY{X: x, Y: float64(r.RequestsA)})
+		reqB = append(reqB, plotter.XY{X: x, Y: float64(r.RequestsB)})
+		stalls = append(stalls, plotter.XY{X: x, Y: float64(r.ClientStalls)})
+		e, d := 0.0, 0.0
+		if r.BState == stateEjected {
+			e = 1
+		}
+		if strings.HasPrefix(r.BHAProxy, "DOWN") {
+			d = 1
+		}
+		// Steps: the state holds for the whole second.
+		ejected = append(ejected, plotter.XY{X: float64(r.T), Y: e}, plotter.XY{X: float64(r.T + 1), Y: e})
+		down = append(down, plotter.XY{X: float64(r.T), Y: d}, plotter.XY{X: float64(r.T + 1), Y: d})
+	}
+	end := rep.Story.Total.Seconds()
+	panel := func(title, ylabel string) *plot.Plot {
+		p := newPlot()
+		p.Title.Text = title
+		p.Y.Label.Text = ylabel
+		p.X.Min, p.X.Max = 0, end
+		p.Legend.Top = true
+		return p
+	}
+	marks := func(p *plot.Plot, ymax float64) error {
+		for _, at := range []float64{rep.DegradedS, rep.HealedS} {
+			if at < 0 {
+				continue
+			}
+			l, err := newLine(plotter.XYs{{X: at, Y: 0}, {X: at, Y: ymax}}, color.Gray{Y: 0x80}, true)
+			if err != nil {
+				return err
+			}
+			p.Add(l)
+		}
+		return nil
+	}
+	maxOf := func(xys ...plotter.XYs) float64 {
+		m := 1.0
+		for _, s := range xys {
+			for _, xy := range s {
+				m = max(m, xy.Y)
+			}
+		}
+		return m * 1.15
+	}
+
+	routed := panel("Requests HAProxy sent each replica (per second); dashed: B degraded, B healed", "requests/s")
+	routed.Y.Min, routed.Y.Max = 0, maxOf(reqA, reqB)
+	for _, s := range []struct {
+		name string
+		xys  plotter.XYs
+		c    color.Color
+		dash bool
+	}{{"A", reqA, colorA, false}, {"B", reqB, colorB, true}} {
+		l, err := newLine(s.xys, s.c, s.dash)
+		if err != nil {
+			return err
+		}
+		routed.Add(l)
+		routed.Legend.Add(s.name, l)
+	}
+	if err := marks(routed, routed.Y.Max); err != nil {
+		return err
+	}
+
+	stalled := panel("Stalls the client saw (gaps of 450 ms or more, per second)", "stalls/s")
+	stalled.Y.Min, stalled.Y.Max = 0, maxOf(stalls)
+	l, err := newLine(stalls, colorExtra, false)
+	if err != nil {
+		return err
+	}
+	stalled.Add(l)
+	if err := marks(stalled, stalled.Y.Max); err != nil {
+		return err
+	}
+
+	state := panel("B's state: 1 = ejected (engine_health), down (HAProxy)", "out")
+	state.X.Label.Text = "seconds since the load started"
+	state.Y.Min, state.Y.Max = -0.1, 1.3
+	for _, s := range []struct {
+		name string
+		xys  plotter.XYs
+		c    color.Color
+		dash bool
+	}{{"engine_health: ejected", ejected, colorB, false}, {"HAProxy: b DOWN", down, colorC, true}} {
+		l, err := newLine(s.xys, s.c, s.dash)
+		if err != nil {
+			return err
+		}
+		state.Add(l)
+		state.Legend.Add(s.name, l)
+	}
+	if err := marks(state, 1.3); err != nil {
+		return err
+	}
+	return saveTiles(path, [][]*plot.Plot{{routed}, {stalled}, {state}}, 10*vg.Inch, 9*vg.Inch)
+}

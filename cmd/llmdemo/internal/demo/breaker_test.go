@@ -1,0 +1,89 @@
+package demo
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
+)
+
+// requireTool returns the path of a Debian-packaged tool, installing its
+// package when it is missing and this runs as root (as CI does); elsewhere
+// the test is skipped without it.
+func requireTool(t *testing.T, name, pkg string) string {
+	t.Helper()
+	if path, err := exec.LookPath(name); err == nil {
+		return path
+	}
+	if _, err := exec.LookPath("apt-get"); err == nil && os.Geteuid() == 0 {
+		install := exec.Command("sh", "-c", "apt-get install -y -qq "+pkg+" || (apt-get update -qq && apt-get install -y -qq "+pkg+")")
+		install.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		out, err := install.CombinedOutput()
+		t.Logf("apt-get install %s: %v\n%s", pkg, err, out)
+		if path, err := exec.LookPath(name); err == nil {
+			return path
+		}
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("%s is missing and could not be installed (apt-get install %s)", name, pkg)
+	}
+	t.Skipf("%s is missing: apt-get install %s", name, pkg)
+	return ""
+}
+
+// TestBreakerStory is make demo-breaker in short form, with a real HAProxy:
+// two vllmsim replicas behind the collector's proxies, HAProxy checking
+// each with engine_health's agent-check, llmload through HAProxy. B freezes:
+// engine_health ejects it and HAProxy sends it no request while it is out;
+// B is healed, re-admitted after its ejection time, and gets requests again.
+func TestBreakerStory(t *testing.T) {
+	haproxy := requireTool(t, "haproxy", "haproxy")
+	bins := Binaries{Collector: testbin.Collector(t), Sim: testbin.Build(t, "./cmd/vllmsim"), Load: testbin.Build(t, "./cmd/llmload")}
+	story := BreakerStory{Degrade: 4 * time.Second, Heal: 9 * time.Second, Total: 22 * time.Second, Concurrency: 6,
+		Freeze: 1500 * time.Millisecond, Every: 8, BaseTime: 5 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out := t.TempDir()
+	rep, err := RunBreaker(ctx, bins, haproxy, story, out, t.Logf)
+	require.NoError(t, err)
+	t.Logf("degraded %.2f, ejected %.2f (%s), down %.2f, healed %.2f, re-admitted %.2f, up %.2f", rep.DegradedS,
+		rep.EjectedS, rep.EjectReason, rep.DownS, rep.HealedS, rep.ReadmittedS, rep.UpS)
+	for _, ph := range rep.Phases {
+		t.Logf("%s: %d requests, %d stalled, gap p50 %.1f p99 %.1f ms", ph.Name, ph.Requests, ph.Stalled, ph.GapP50Ms, ph.GapP99Ms)
+	}
+
+	require.Positive(t, rep.EjectedS, "engine_health ejected B")
+	assert.Greater(t, rep.EjectedS, rep.DegradedS)
+	assert.Less(t, rep.EjectedS, rep.HealedS, "while it froze")
+	assert.Equal(t, "stall_ratio", rep.EjectReason)
+	require.GreaterOrEqual(t, rep.DownS, rep.EjectedS, "HAProxy took B out")
+	require.Positive(t, rep.ReadmittedS, "engine_health re-admitted B")
+	assert.GreaterOrEqual(t, rep.ReadmittedS, rep.EjectedS+story.BaseTime.Seconds()-0.5, "not before its ejection time")
+	require.GreaterOrEqual(t, rep.UpS, rep.ReadmittedS, "HAProxy put B back")
+
+	var toB, toA, toBAfter int
+	for _, s := range rep.Seconds {
+		switch {
+		case float64(s.T) >= rep.DownS && float64(s.T+1) < rep.UpS:
+			toB += s.RequestsB
+			toA += s.RequestsA
+		case float64(s.T) >= rep.UpS:
+			toBAfter += s.RequestsB
+		}
+	}
+	assert.Zero(t, toB, "no request went to B while it was out")
+	assert.Positive(t, toA, "A took them")
+	assert.Positive(t, toBAfter, "B got requests again once re-admitted")
+	assert.Zero(t, rep.Failed)
+	require.Len(t, rep.Phases, 4)
+	assert.Positive(t, rep.Phases[1].Stalled, "the client saw B's freezes")
+	assert.FileExists(t, filepath.Join(out, PlotBreaker))
+	assert.FileExists(t, filepath.Join(out, "report.md"))
+}
