@@ -270,11 +270,15 @@ func (h *engineHealth) readTTFT(m pmetric.Metric, get func(string) *engineSample
 				if c == 0 {
 					continue
 				}
-				upper := math.Inf(1)
+				// TTFTs are not negative: the first bucket starts at 0.
+				lower, upper := 0.0, math.Inf(1)
+				if i > 0 && i-1 < len(bounds) {
+					lower = bounds[i-1]
+				}
 				if i < len(bounds) {
 					upper = bounds[i]
 				}
-				s.ttft = append(s.ttft, bucket{upper: upper, count: c})
+				s.ttft = append(s.ttft, bucket{lower: lower, upper: upper, count: c})
 			}
 		}
 	case pmetric.MetricTypeExponentialHistogram:
@@ -298,11 +302,13 @@ func (h *engineHealth) readTTFT(m pmetric.Metric, get func(string) *engineSample
 				if c == 0 {
 					continue
 				}
-				upper := 0.0
+				// Positive bucket k (counts[k-offset+1]) holds (base^k, base^(k+1)].
+				lower, upper := 0.0, 0.0
 				if i > 0 {
-					upper = math.Pow(base, float64(dp.Positive().Offset()+int32(i)))
+					k := float64(dp.Positive().Offset() + int32(i) - 1)
+					lower, upper = math.Pow(base, k), math.Pow(base, k+1)
 				}
-				s.ttft = append(s.ttft, bucket{upper: upper, count: c})
+				s.ttft = append(s.ttft, bucket{lower: lower, upper: upper, count: c})
 			}
 		}
 	}

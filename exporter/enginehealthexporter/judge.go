@@ -1,6 +1,7 @@
 package enginehealthexporter // import "github.com/otelcol-llm/otelcol-llm/exporter/enginehealthexporter"
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"sort"
@@ -38,11 +39,11 @@ type judgeConfig struct {
 	maxPercent  float64
 }
 
-// bucket is one histogram bucket: count values at or below upper (seconds;
-// +Inf for the last explicit bucket).
+// bucket is one histogram bucket: count values in (lower, upper], in
+// seconds (upper is +Inf for the last explicit bucket).
 type bucket struct {
-	upper float64
-	count uint64
+	lower, upper float64
+	count        uint64
 }
 
 // sample is what one metrics batch or alert added to an engine's window.
@@ -153,7 +154,7 @@ func figures(samples []sample) windowFigures {
 	var f windowFigures
 	var episodes float64
 	alerted := map[string]struct{}{}
-	hist := map[float64]uint64{}
+	hist := map[float64]bucket{} // by upper bound
 	for i := range samples {
 		s := &samples[i]
 		f.Sessions += s.sessions
@@ -163,7 +164,14 @@ func figures(samples []sample) windowFigures {
 			alerted[s.stalled] = struct{}{}
 		}
 		for _, b := range s.ttft {
-			hist[b.upper] += b.count
+			h, ok := hist[b.upper]
+			if !ok {
+				h = bucket{lower: b.lower, upper: b.upper}
+			}
+			// The same upper bound at two exponential scales: the wider.
+			h.lower = min(h.lower, b.lower)
+			h.count += b.count
+			hist[b.upper] = h
 		}
 	}
 	stalled := max(episodes, float64(len(alerted)))
@@ -176,30 +184,37 @@ func figures(samples []sample) windowFigures {
 	return f
 }
 
-// p99 is the upper bound of the bucket holding the 99th percentile (an
-// upper estimate, as a threshold check wants), NaN for an empty histogram.
-func p99(hist map[float64]uint64) float64 {
+// p99 is the 99th percentile of a histogram, interpolated linearly within
+// its bucket as Prometheus's histogram_quantile does (the bucket's upper
+// bound would read a p99 of 1.1 s as 2.5 s with the GenAI TTFT buckets, and
+// eject at a 2 s threshold); the bucket's lower bound when it is the +Inf
+// bucket; NaN for an empty histogram.
+func p99(hist map[float64]bucket) float64 {
 	var total uint64
-	for _, c := range hist {
-		total += c
+	buckets := make([]bucket, 0, len(hist))
+	for _, b := range hist {
+		if b.count > 0 {
+			total += b.count
+			buckets = append(buckets, b)
+		}
 	}
 	if total == 0 {
 		return math.NaN()
 	}
-	uppers := make([]float64, 0, len(hist))
-	for u := range hist {
-		uppers = append(uppers, u)
-	}
-	slices.Sort(uppers)
-	rank := math.Ceil(0.99 * float64(total))
-	var seen uint64
-	for _, u := range uppers {
-		seen += hist[u]
-		if float64(seen) >= rank {
-			return u
+	slices.SortFunc(buckets, func(a, b bucket) int { return cmp.Compare(a.upper, b.upper) })
+	rank := 0.99 * float64(total)
+	var below float64 // the count of the buckets before this one
+	for _, b := range buckets {
+		c := float64(b.count)
+		if below+c >= rank {
+			if math.IsInf(b.upper, 1) {
+				return b.lower
+			}
+			return b.lower + (b.upper-b.lower)*(rank-below)/c
 		}
+		below += c
 	}
-	return uppers[len(uppers)-1]
+	return buckets[len(buckets)-1].upper
 }
 
 // breach returns the reason an engine's figures warrant an ejection and how

@@ -19,7 +19,7 @@ func testJudge() *judge {
 
 // healthyTraffic adds n sessions without a stall, an error or a slow TTFT.
 func healthyTraffic(j *judge, engine string, at time.Time, n float64) {
-	j.add(engine, sample{at: at, sessions: n, ttft: []bucket{{0.1, uint64(n)}}})
+	j.add(engine, sample{at: at, sessions: n, ttft: []bucket{{0.08, 0.1, uint64(n)}}})
 }
 
 func TestJudgeThresholds(t *testing.T) {
@@ -32,8 +32,8 @@ func TestJudgeThresholds(t *testing.T) {
 		{"stall ratio below", sample{sessions: 10, stalls: 1}, ""},
 		{"error ratio reached", sample{sessions: 10, errors: 2}, reasonErrorRatio},
 		{"error ratio below", sample{sessions: 10, errors: 1}, ""},
-		{"ttft p99 reached", sample{sessions: 10, ttft: []bucket{{0.5, 9}, {2.5, 1}}}, reasonTTFTP99},
-		{"ttft p99 below", sample{sessions: 100, ttft: []bucket{{0.5, 99}, {2.5, 1}}}, ""},
+		{"ttft p99 reached", sample{sessions: 10, ttft: []bucket{{0.25, 0.5, 9}, {1, 2.5, 1}}}, reasonTTFTP99},
+		{"ttft p99 below", sample{sessions: 100, ttft: []bucket{{0.25, 0.5, 99}, {1, 2.5, 1}}}, ""},
 		{"the worst reason", sample{sessions: 10, stalls: 2, errors: 8}, reasonErrorRatio},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -145,8 +145,22 @@ func TestJudgeWindowAndIdleEngine(t *testing.T) {
 }
 
 func TestP99(t *testing.T) {
-	assert.True(t, math.IsNaN(p99(map[float64]uint64{})))
-	assert.Equal(t, 0.5, p99(map[float64]uint64{0.1: 98, 0.5: 2}))
-	assert.Equal(t, 0.1, p99(map[float64]uint64{0.1: 99, 0.5: 1}))
-	assert.True(t, math.IsInf(p99(map[float64]uint64{0.1: 1, math.Inf(1): 1}), 1))
+	hist := func(bs ...bucket) map[float64]bucket {
+		m := map[float64]bucket{}
+		for _, b := range bs {
+			m[b.upper] = b
+		}
+		return m
+	}
+	assert.True(t, math.IsNaN(p99(hist())))
+	// Rank 99 of 100: the first of the two in (0.1, 0.5], half way.
+	assert.InDelta(t, 0.3, p99(hist(bucket{0, 0.1, 98}, bucket{0.1, 0.5, 2})), 1e-9)
+	assert.InDelta(t, 0.1, p99(hist(bucket{0, 0.1, 99}, bucket{0.1, 0.5, 1})), 1e-9)
+	// Empty buckets below do not move the lower bound.
+	assert.InDelta(t, 2.485, p99(hist(bucket{0.5, 1, 0}, bucket{1, 2.5, 100})), 1e-9)
+	// In the +Inf bucket: its lower bound, the last finite one.
+	assert.Equal(t, 10.0, p99(hist(bucket{0, 0.1, 1}, bucket{10, math.Inf(1), 1})))
+	// The GenAI TTFT buckets: 99 under 1 s and one at 1.1 s is a p99 near
+	// 1 s, not the 2.5 s bound of its bucket.
+	assert.Less(t, p99(hist(bucket{0.5, 0.75, 50}, bucket{0.75, 1, 49}, bucket{1, 2.5, 1})), 1.01)
 }
