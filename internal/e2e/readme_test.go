@@ -66,7 +66,7 @@ func TestReadmeConfigsValidate(t *testing.T) {
 	bin := testbin.Collector(t)
 	root := filepath.Join("..", "..")
 	readmes := []string{filepath.Join(root, "README.md")}
-	for _, dir := range []string{"receiver", "processor"} {
+	for _, dir := range []string{"receiver", "processor", "exporter"} {
 		require.NoError(t, filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
 			if err == nil && !d.IsDir() && d.Name() == "README.md" {
 				readmes = append(readmes, path)

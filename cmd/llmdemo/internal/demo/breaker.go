@@ -509,13 +509,14 @@ func (rep *BreakerReport) markdown() string {
 		fmt.Fprintf(&b, "| %s | %s |\n", m.name, moment(m.v))
 	}
 	if rep.EjectedS >= 0 && rep.DegradedS >= 0 {
-		fmt.Fprintf(&b, "\nTime to eject: **%.2f s** from the first freeze to engine_health's verdict", rep.EjectedS-rep.DegradedS)
+		fmt.Fprintf(&b, "\nTime to eject: **%.2f s** from B's degradation to engine_health's verdict", rep.EjectedS-rep.DegradedS)
 		if rep.DownS >= 0 {
 			fmt.Fprintf(&b, ", %.2f s to HAProxy taking B out", rep.DownS-rep.DegradedS)
 		}
 		b.WriteString(" (moments are read every 250 ms).\n")
 	}
-	fmt.Fprintf(&b, "\n## The client, by when each request started\n\n| phase | from s | to s | requests | with a gap ≥ 450 ms | gap p50 ms | gap p99 ms |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\n## The client, by when each request started\n\nA request counts in the phase it started in: one "+
+		"already on B when B began to freeze stalls whatever happens next, since ejection only steers new requests.\n\n| phase | from s | to s | requests | with a gap ≥ 450 ms | gap p50 ms | gap p99 ms |\n|---|---|---|---|---|---|---|\n")
 	for _, ph := range rep.Phases {
 		fmt.Fprintf(&b, "| %s | %s | %s | %d | %d | %s | %s |\n", ph.Name, moment(ph.FromS), moment(ph.ToS), ph.Requests, ph.Stalled,
 			f1(ph.GapP50Ms), f1(ph.GapP99Ms))
