@@ -68,6 +68,7 @@ type seriesPoint struct {
 	start  pcommon.Timestamp
 	value  float64
 	counts []uint64 // histogram bucket counts
+	seen   time.Time
 }
 
 func newEngineHealth(cfg *Config, set exporter.Settings) (*engineHealth, error) {
@@ -138,7 +139,14 @@ func (h *engineHealth) Shutdown(ctx context.Context) error {
 // evaluate runs the judge and counts what changed.
 func (h *engineHealth) evaluate() {
 	h.mu.Lock()
-	changes := h.judge.evaluate(h.now())
+	now := h.now()
+	changes := h.judge.evaluate(now)
+	// Series of engines (or models) gone as long as a forgotten engine.
+	for key, p := range h.series {
+		if now.Sub(p.seen) > h.judge.forgetAfter() {
+			delete(h.series, key)
+		}
+	}
 	h.ejected = h.judge.ejectedCount()
 	h.verdicts.Store(newVerdicts(h.judge.statuses()))
 	h.mu.Unlock()
@@ -326,7 +334,7 @@ func (h *engineHealth) delta(name string, attrs pcommon.Map, start pcommon.Times
 ) (float64, bool) {
 	key := seriesKey(name, attrs)
 	prev, seen := h.series[key]
-	cur := seriesPoint{start: start, value: value}
+	cur := seriesPoint{start: start, value: value, seen: now}
 	if counts != nil {
 		cur.counts = append([]uint64(nil), (*counts)...)
 	}

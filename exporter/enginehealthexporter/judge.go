@@ -64,6 +64,8 @@ type engineState struct {
 	reason    string
 	ejections int
 	until     time.Time
+	// lastSample is when a sample last came.
+	lastSample time.Time
 	// figures as last judged
 	figures windowFigures
 }
@@ -119,7 +121,16 @@ func (j *judge) add(name string, s sample) bool {
 		return false
 	}
 	e.samples = append(e.samples, s)
+	e.lastSample = s.at
 	return true
+}
+
+// forgetAfter is how long a healthy engine stays known without a sample:
+// engines come and go (pods are replaced), and the judge keeps at most
+// maxEngines. It is at least max_time, so that an engine ejected again
+// soon after a re-admission still has its ejection count.
+func (j *judge) forgetAfter() time.Duration {
+	return max(10*j.cfg.window, j.cfg.maxTime)
 }
 
 // reset forgets an engine's window: its counters went backwards (a
@@ -265,6 +276,10 @@ func (j *judge) evaluate(now time.Time) []change {
 			}
 		}
 		if len(e.samples) == 0 {
+			if now.Sub(e.lastSample) > j.forgetAfter() {
+				delete(j.engines, e.name) // gone: forgotten (deleting while ranging is safe)
+				continue
+			}
 			e.figures = windowFigures{TTFTP99: math.NaN()}
 			continue // no sessions in the window: the engine keeps its state
 		}

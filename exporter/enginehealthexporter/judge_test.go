@@ -164,3 +164,24 @@ func TestP99(t *testing.T) {
 	// 1 s, not the 2.5 s bound of its bucket.
 	assert.Less(t, p99(hist(bucket{0.5, 0.75, 50}, bucket{0.75, 1, 49}, bucket{1, 2.5, 1})), 1.01)
 }
+
+// Engines come and go: one without a sample for max(10 × window, max_time)
+// is forgotten (and its ejection count with it), so that replaced pods do
+// not fill the judge's 1024 places.
+func TestJudgeForgetsGoneEngines(t *testing.T) {
+	j := testJudge()
+	require.Equal(t, 300*time.Second, j.forgetAfter())
+	healthyTraffic(j, "gone", t0, 10)
+	j.add("out", sample{at: t0, sessions: 10, stalls: 10})
+	healthyTraffic(j, "stays", t0, 10)
+	require.Len(t, j.evaluate(t0.Add(time.Second)), 1)
+	for at := 30 * time.Second; at <= 300*time.Second; at += 30 * time.Second {
+		healthyTraffic(j, "stays", t0.Add(at), 10)
+		j.evaluate(t0.Add(at))
+	}
+	assert.Contains(t, j.engines, "gone", "not yet: 300 s after its last sample")
+	j.evaluate(t0.Add(302 * time.Second))
+	assert.NotContains(t, j.engines, "gone")
+	assert.NotContains(t, j.engines, "out", "re-admitted long ago, then silent")
+	assert.Contains(t, j.engines, "stays")
+}
