@@ -276,7 +276,6 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 func watchBreaker(ctx context.Context, load *process, start time.Time, story BreakerStory,
 	act func(at time.Duration, action string) error, statsURL, healthURL string,
 ) ([]breakerSample, error) {
-	client := &http.Client{Timeout: time.Second}
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	var samples []breakerSample
@@ -299,7 +298,7 @@ func watchBreaker(ctx context.Context, load *process, start time.Time, story Bre
 		if servers, err := HAProxyServers(statsURL, "engines"); err == nil {
 			s.stotA, s.stotB, s.haproxyB = servers["a"].Sessions, servers["b"].Sessions, servers["b"].Status
 		}
-		s.bState, s.reason = engineState(client, healthURL)
+		s.bState, s.reason = engineState(healthURL)
 		samples = append(samples, s)
 		select {
 		case <-ctx.Done():
@@ -311,8 +310,12 @@ func watchBreaker(ctx context.Context, load *process, start time.Time, story Bre
 	}
 }
 
+// storyClient reads HAProxy and engine_health and drives vllmsim; without
+// keep-alive, no idle connection outlives the story.
+var storyClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
 func postAdmin(url string) error {
-	resp, err := http.Post(url, "text/plain", nil)
+	resp, err := storyClient.Post(url, "text/plain", nil)
 	if err != nil {
 		return err
 	}
@@ -326,8 +329,8 @@ func postAdmin(url string) error {
 // engineState reads engine_health's verdict on one engine: its state and
 // reason, "unknown" before it has seen the engine, "" when it did not
 // answer.
-func engineState(client *http.Client, url string) (state, reason string) {
-	resp, err := client.Get(url)
+func engineState(url string) (state, reason string) {
+	resp, err := storyClient.Get(url)
 	if err != nil {
 		return "", ""
 	}
@@ -354,8 +357,7 @@ type HAProxyServer struct {
 // HAProxyServers reads the servers of backend from HAProxy's statistics page
 // (its CSV form).
 func HAProxyServers(statsURL, backend string) (map[string]HAProxyServer, error) {
-	client := &http.Client{Timeout: 2 * time.Second}
-	resp, err := client.Get(statsURL + ";csv")
+	resp, err := storyClient.Get(statsURL + ";csv")
 	if err != nil {
 		return nil, err
 	}
