@@ -17,6 +17,9 @@
 #                unbounded growth
 #   make demo    vllmsim + the collector + llmload, scenario by scenario, into a
 #                report folder (DURATION=10s per point, OUT=demo-report)
+#   make demo-breaker  HAProxy ejecting a stalling replica through engine_health
+#   make check-deploy  the deploy kit's tests (promtool, Prometheus, manifests)
+#   make image   the container image of deploy/Dockerfile (podman or buildah)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -35,7 +38,7 @@ GO_SOURCES   := $(shell find . -name '*.go' -not -name '*_test.go' -not -path '.
                   -not -path './cmd/*' -not -path './bench/*' -not -path './internal/e2e/*' -not -path './internal/testbin/*') go.mod go.sum
 BENCHTIME    ?= 1s
 
-.PHONY: build run test fmt-check vet python-test go-test bench soak clean generate check-generate
+.PHONY: build run test fmt-check vet python-test go-test check-deploy bench soak clean generate check-generate
 
 build: $(OTELCOL)
 
@@ -85,9 +88,19 @@ vet:
 python-test: $(OTELCOL)
 	cd hooks/python && OTELCOL_LLM_BIN=$(OTELCOL) python3 -m unittest -v
 
-# Last, so that its summary closes the output.
+# Last, so that its summary closes the output. The deploy kit's tests are
+# make check-deploy's.
 go-test: $(OTELCOL)
-	OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ./...
+	OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/deploy$$')
+
+# The deploy kit (deploy/): the alert rules under promtool (Debian's
+# prometheus package), then the Go tests that run the agent config, decode the
+# manifests, validate the Helm values and run the dashboard's queries against
+# a real Prometheus.
+check-deploy: $(OTELCOL)
+	promtool check rules deploy/prometheus/rules.yaml
+	promtool test rules deploy/prometheus/rules_test.yaml
+	OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -count=1 ./deploy/...
 
 test: fmt-check vet python-test go-test
 

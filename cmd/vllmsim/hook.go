@@ -14,20 +14,21 @@ type hook struct {
 	c       *tokenhook.Client
 	model   string
 	profile string
+	engine  string
 }
 
-func newHook(endpoint string, cfg sim.Config) (*hook, error) {
+func newHook(endpoint, engine string, cfg sim.Config) (*hook, error) {
 	c, err := tokenhook.New(tokenhook.Config{Endpoint: endpoint})
 	if err != nil {
 		return nil, err
 	}
-	return &hook{c: c, model: cfg.Model, profile: cfg.Profile}, nil
+	return &hook{c: c, model: cfg.Model, profile: cfg.Profile, engine: engine}, nil
 }
 
 func (h *hook) Started(r *sim.Request) {
 	h.c.Start(tokenhook.Start{
 		SessionID: r.ID, Time: r.Arrival, Model: h.model, Operation: r.Params.Operation,
-		PromptTokens: r.Params.PromptTokens, HasPromptTokens: true, Engine: "vllmsim",
+		PromptTokens: r.Params.PromptTokens, HasPromptTokens: true, Engine: h.engine,
 		Attributes: map[string]string{"quantization": h.profile},
 	})
 }

@@ -53,6 +53,7 @@ type options struct {
 	addr             string
 	defaultMaxTokens int
 	hook             string
+	hookEngine       string
 	// otlpTraces, traceDelay and perRequestMetrics are vLLM's
 	// --otlp-traces-endpoint (its batch delay) and
 	// --enable-per-request-metrics.
@@ -101,6 +102,7 @@ with pf, df = 1 for fp16 and the -fp8-*-factor flags for fp8.
 	fs.Float64Var(&c.Cost.FP8DecodeFactor, "fp8-decode-factor", c.Cost.FP8DecodeFactor, "factor of the fp8 profile on the memory term (weights and KV reads)")
 	fs.Float64Var(&c.Cost.FP8PrefillFactor, "fp8-prefill-factor", c.Cost.FP8PrefillFactor, "factor of the fp8 profile on the arithmetic term")
 	fs.StringVar(&o.hook, "hook", "", "send token events with pkg/tokenhook to this endpoint, e.g. udp://127.0.0.1:4321 (empty: off)")
+	fs.StringVar(&o.hookEngine, "hook-engine", "vllmsim", "the engine name the hook sends (llm.engine of its sessions)")
 	fs.StringVar(&o.otlpTraces, "otlp-traces-endpoint", "", "send vLLM's llm_request span of every request over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces (empty: off)")
 	fs.DurationVar(&o.traceDelay, "otlp-traces-delay", 5*time.Second, "how often spans are sent in a batch (vLLM's BatchSpanProcessor: 5s)")
 	fs.StringVar(&o.timingsOut, "timings-out", "", "write every finished request's true queue, prefill and decode time (NDJSON) to this file when stopping (empty: off)")
@@ -132,7 +134,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	var obs observers
 	var closers []func()
 	if o.hook != "" {
-		h, err := newHook(o.hook, o.cfg)
+		h, err := newHook(o.hook, o.hookEngine, o.cfg)
 		if err != nil {
 			return err
 		}
