@@ -179,13 +179,17 @@ func (s *summarySink) counts() map[string]int {
 	return out
 }
 
-type discardMetrics struct{ pmetricotlp.UnimplementedGRPCServer }
+type discardMetrics struct {
+	pmetricotlp.UnimplementedGRPCServer
+}
 
 func (discardMetrics) Export(context.Context, pmetricotlp.ExportRequest) (pmetricotlp.ExportResponse, error) {
 	return pmetricotlp.NewExportResponse(), nil
 }
 
-type discardTraces struct{ ptraceotlp.UnimplementedGRPCServer }
+type discardTraces struct {
+	ptraceotlp.UnimplementedGRPCServer
+}
 
 func (discardTraces) Export(context.Context, ptraceotlp.ExportRequest) (ptraceotlp.ExportResponse, error) {
 	return ptraceotlp.NewExportResponse(), nil
