@@ -93,6 +93,20 @@ python-test: $(OTELCOL)
 go-test: $(OTELCOL)
 	OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/deploy$$')
 
+# The image of deploy/Dockerfile, FROM scratch around the static binary:
+# podman, buildah or docker, whichever is there (CONTAINER_TOOL=...).
+IMAGE          ?= localhost/otelcol-llm:0.1.0
+CONTAINER_TOOL ?= $(shell command -v podman || command -v buildah || command -v docker)
+CA_BUNDLE      ?= /etc/ssl/certs/ca-certificates.crt
+.PHONY: image
+image: $(OTELCOL)
+	@if [ -z "$(CONTAINER_TOOL)" ]; then echo "make image needs podman, buildah or docker (Debian: apt-get install podman)"; exit 1; fi
+	rm -rf $(BUILD_DIR)/image && mkdir -p $(BUILD_DIR)/image
+	cp $(OTELCOL) $(BUILD_DIR)/image/otelcol-llm
+	cp $(CA_BUNDLE) $(BUILD_DIR)/image/ca-certificates.crt
+	cp deploy/agent-config.yaml $(BUILD_DIR)/image/config.yaml
+	$(CONTAINER_TOOL) build -f deploy/Dockerfile -t $(IMAGE) $(BUILD_DIR)/image
+
 # The deploy kit (deploy/): the alert rules under promtool (Debian's
 # prometheus package), then the Go tests that run the agent config, decode the
 # manifests, validate the Helm values and run the dashboard's queries against
