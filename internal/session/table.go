@@ -483,6 +483,14 @@ func (t *Table[S]) create(id string, now int64, out *[]Report[S]) *entry[S] {
 // started has the Observer make the state of the new session s.
 func (t *Table[S]) started(s *entry[S]) { s.state = t.obs.Started(&s.Session) }
 
+// NewSpanID returns a random span ID, for a span made beside a session's
+// own (its verdict span).
+func NewSpanID() [8]byte {
+	var id [8]byte
+	randomID(id[:])
+	return id
+}
+
 func randomID(b []byte) {
 	for i := 0; i < len(b); i += 8 {
 		v := rand.Uint64()

@@ -153,6 +153,11 @@ type TracesConfig struct {
 	MaxHeldSpans     int           `mapstructure:"max_held_spans"`
 	MaxHold          time.Duration `mapstructure:"max_hold"`
 	VerdictCacheSize int           `mapstructure:"verdict_cache_size"`
+	// VerdictSpans emits a small span the moment a session is kept before
+	// its end (a TTFT breach at the first token, a stall), so that a tail
+	// sampler elsewhere (a gateway tier) learns the verdict long before
+	// the session span, which comes at the end.
+	VerdictSpans bool `mapstructure:"verdict_spans"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}

@@ -7,6 +7,8 @@ import (
 	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
+	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
+
 	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
 	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
@@ -19,7 +21,9 @@ const (
 	eventNameStall   = "llm.session.stall"
 
 	spanEventFirstToken = "llm.first_token"
-	spanEventStall      = "llm.stall"
+	// spanNameVerdict names the verdict span (traces::verdict_spans).
+	spanNameVerdict = "llm.session.verdict"
+	spanEventStall  = "llm.stall"
 )
 
 // Attribute keys of the outputs, beside those of internal/tokenevent.
@@ -211,6 +215,35 @@ func putStall(m pcommon.Map, st *session.Stall) {
 			gaps.AppendEmpty().SetDouble(seconds(g))
 		}
 	}
+}
+
+// appendVerdictSpan writes the verdict span of a session kept before its
+// end: a child of the session span (which comes at the end), at the moment
+// of the verdict, with its reasons so far and the trace's threshold. A tail
+// sampler that sees the trace's spans in one place (a gateway tier behind
+// the loadbalancing exporter) keeps the trace on it without waiting for the
+// session to end.
+func (c *core) appendVerdictSpan(ss ptrace.ScopeSpans, s *session.Session, th sampling.Threshold) {
+	span := ss.Spans().AppendEmpty()
+	span.SetTraceID(s.TraceID)
+	span.SetSpanID(session.NewSpanID())
+	span.SetParentSpanID(s.SpanID)
+	span.TraceState().FromRaw(s.TraceState())
+	heldspans.StampThreshold(span.TraceState(), th)
+	span.SetName(spanNameVerdict)
+	span.SetKind(ptrace.SpanKindInternal)
+	at := c.nowTS
+	if s.FirstTokenTime != 0 && s.Reasons&session.ReasonTTFT != 0 && len(s.Stalls()) == 0 {
+		at = pcommon.Timestamp(s.FirstTokenTime) // a TTFT breach is known at the first token
+	}
+	span.SetStartTimestamp(at)
+	span.SetEndTimestamp(at)
+	m := span.Attributes()
+	m.PutStr(tokenrecord.AttrSessionID, s.ID)
+	m.PutStr(attrSamplingReason, s.Reasons.String())
+	putStr(m, tokenrecord.AttrOperation, s.Operation)
+	putStr(m, tokenrecord.AttrRequestModel, s.Model)
+	putStr(m, tokenrecord.AttrEngine, s.Engine)
 }
 
 // spanName is "{gen_ai.operation.name} {gen_ai.request.model}", GenAI

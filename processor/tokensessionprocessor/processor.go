@@ -440,6 +440,9 @@ func (c *core) handleReports(folded *plog.LogRecord) {
 			if kept, _ := c.held.Release(r.Session.TraceID, true, r.Trace.Threshold, c.pending.traces); kept > 0 {
 				c.telemetry.releasedSpans += int64(kept)
 			}
+			if c.cfg.Traces.VerdictSpans && c.nextTraces != nil {
+				c.appendVerdictSpan(c.pendingScopeSpans(), r.Session, r.Trace.Threshold)
+			}
 		case session.ReportEnded:
 			c.ended(r, folded)
 		}

@@ -750,3 +750,49 @@ func TestPreemptionsUnknownWithoutAScrape(t *testing.T) {
 	assert.NotContains(t, attrs, "vllm.num_preemptions", "no 0 that was not measured")
 	assert.Equal(t, 0.5, attrs["vllm.kv_cache_usage.start"])
 }
+
+// With traces::verdict_spans, a session kept before its end (here a TTFT
+// breach, known at the first token) emits a verdict span at once: a child of
+// the session span, with the reason and the trace's threshold, long before
+// the session span itself. A session kept only at its end emits none, and
+// without the option nothing changes.
+func TestVerdictSpanAtTheMomentOfAnEarlyKeep(t *testing.T) {
+	p := newPipelines(t, func(cfg *Config) { cfg.Traces.VerdictSpans = true })
+	defer p.shutdown(t)
+	ctx := context.Background()
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(start("slow", traceSlow, base), start("fast", traceFast, base))))
+	assert.Empty(t, allSpans(p.trcSink.AllTraces()), "no verdict yet")
+
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(tok("slow", base+600*ms, 1))))
+	spans := allSpans(p.trcSink.AllTraces())
+	require.Len(t, spans, 1, "the verdict span, at the first token")
+	verdict := spans[0]
+	assert.Equal(t, spanNameVerdict, verdict.Name())
+	assert.Equal(t, traceSlow, verdict.TraceID())
+	assert.Equal(t, pcommon.SpanID{0x5e, 4}, verdict.ParentSpanID(), "a child of the session span")
+	assert.NotEqual(t, verdict.ParentSpanID(), verdict.SpanID())
+	assert.False(t, verdict.SpanID().IsEmpty())
+	assert.Equal(t, pcommon.Timestamp(base+600*ms), verdict.StartTimestamp(), "at the first token")
+	assert.Equal(t, verdict.StartTimestamp(), verdict.EndTimestamp())
+	assert.Equal(t, "ot=th:0", verdict.TraceState().AsRaw())
+	reason, _ := verdict.Attributes().Get(attrSamplingReason)
+	assert.Equal(t, "ttft", reason.Str())
+	id, _ := verdict.Attributes().Get(tokenrecord.AttrSessionID)
+	assert.Equal(t, "slow", id.Str())
+
+	// The rest: the slow session's span comes at its end; the fast one,
+	// kept by nothing, emits nothing.
+	rest := append(slowSession("slow")[2:], fastSession("fast")[1:]...)
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(rest...)))
+	spans = allSpans(p.trcSink.AllTraces())
+	require.Len(t, spans, 2)
+	assert.Equal(t, "chat llama", spans[1].Name())
+	assert.Equal(t, verdict.ParentSpanID(), spans[1].SpanID())
+
+	t.Run("off by default", func(t *testing.T) {
+		q := newPipelines(t, nil)
+		defer q.shutdown(t)
+		require.NoError(t, q.logs.ConsumeLogs(ctx, events(slowSession("slow")[:2]...)))
+		assert.Empty(t, allSpans(q.trcSink.AllTraces()))
+	})
+}
