@@ -1,0 +1,355 @@
+package e2e
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/ptrace"
+	"sigs.k8s.io/yaml"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+)
+
+// The scale-out topology from the shipped configs: agents run
+// deploy/agent-config.yaml + deploy/agent-lb.yaml, gateways
+// deploy/gateway.yaml. The tests swap the k8s resolver for the static one
+// and shorten the gateways' decision_wait; nothing else changes.
+
+// gatewayDecisionWait is the gateways' decision_wait in the tests.
+const gatewayDecisionWait = 3 * time.Second
+
+// rewriteConfig writes a copy of deploy/<name> with edit applied to it.
+func rewriteConfig(t *testing.T, name string, edit func(cfg map[string]any)) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "..", "deploy", name))
+	require.NoError(t, err)
+	var cfg map[string]any
+	require.NoError(t, yaml.Unmarshal(data, &cfg))
+	edit(cfg)
+	out, err := yaml.Marshal(cfg)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.WriteFile(path, out, 0o600))
+	return path
+}
+
+func sub(m map[string]any, keys ...string) map[string]any {
+	for _, k := range keys {
+		m = m[k].(map[string]any)
+	}
+	return m
+}
+
+// scaleOut is two agents and two gateways on their own loopback addresses,
+// each gateway exporting to a sink of its own.
+type scaleOut struct {
+	agents   [2]string // the agents' addresses (their MY_POD_IP)
+	gateways [2]*sink
+}
+
+func startScaleOut(t *testing.T) *scaleOut {
+	t.Helper()
+	so := &scaleOut{agents: [2]string{"127.0.0.11", "127.0.0.12"}}
+	gatewayIPs := [2]string{"127.0.0.21", "127.0.0.22"}
+	gatewayCfg := rewriteConfig(t, "gateway.yaml", func(cfg map[string]any) {
+		sub(cfg, "processors", "tail_sampling")["decision_wait"] = gatewayDecisionWait.String()
+	})
+	for i, ip := range gatewayIPs {
+		s, addr := startSink(t)
+		so.gateways[i] = s
+		(&collector{output: &syncBuffer{}}).run(t, []string{"--config", gatewayCfg},
+			[]string{"MY_POD_IP=" + ip, "OTLP_BACKEND=" + addr, "OTLP_BACKEND_INSECURE=true"})
+	}
+	lbCfg := rewriteConfig(t, "agent-lb.yaml", func(cfg map[string]any) {
+		for _, exp := range []string{"loadbalancing", "loadbalancing/metrics"} {
+			sub(cfg, "exporters", exp)["resolver"] = map[string]any{"static": map[string]any{
+				"hostnames": []any{gatewayIPs[0] + ":4317", gatewayIPs[1] + ":4317"}}}
+		}
+	})
+	for _, ip := range so.agents {
+		(&collector{output: &syncBuffer{}}).run(t, []string{"--config", filepath.Join("..", "..", "deploy", "agent-config.yaml"),
+			"--config", lbCfg}, []string{"MY_POD_IP=" + ip, "K8S_NODE_NAME=node-" + ip, "K8S_POD_NAME=agent-" + ip,
+			"K8S_NAMESPACE=observability", "OTLP_BACKEND=127.0.0.1:9", "OTELCOL_LLM_STORAGE_DIR=" + t.TempDir(),
+			"GATEWAY_INSECURE=true"})
+	}
+	return so
+}
+
+// hookURL is an agent's hook endpoint.
+func (so *scaleOut) hookURL(agent int) string {
+	return "http://" + net.JoinHostPort(so.agents[agent], "4320") + "/v1/token-events"
+}
+
+// otlpAddr is an agent's OTLP/gRPC endpoint.
+func (so *scaleOut) otlpAddr(agent int) string { return net.JoinHostPort(so.agents[agent], "4317") }
+
+// appSpans are the spans an app and an API gateway make for a request
+// whose model call is the session sessionSpan.
+func appSpans(td ptrace.Traces, trace pcommon.TraceID) {
+	rs := td.ResourceSpans().AppendEmpty()
+	rs.Resource().Attributes().PutStr("service.name", "chat-app")
+	ss := rs.ScopeSpans().AppendEmpty()
+	root := pcommon.SpanID{0xa0, trace[0], trace[1], trace[2], trace[3], 1}
+	gw := pcommon.SpanID{0xa0, trace[0], trace[1], trace[2], trace[3], 2}
+	for _, s := range []struct {
+		name         string
+		id, parent   pcommon.SpanID
+		kind         ptrace.SpanKind
+		start, endAt time.Duration
+	}{
+		{"POST /chat", root, pcommon.SpanID{}, ptrace.SpanKindServer, 0, 2 * time.Second},
+		{"api-gateway /v1/chat/completions", gw, root, ptrace.SpanKindClient, 10 * time.Millisecond, 2 * time.Second},
+	} {
+		span := ss.Spans().AppendEmpty()
+		span.SetTraceID(trace)
+		span.SetSpanID(s.id)
+		span.SetParentSpanID(s.parent)
+		span.SetName(s.name)
+		span.SetKind(s.kind)
+		now := time.Now()
+		span.SetStartTimestamp(pcommon.NewTimestampFromTime(now.Add(s.start)))
+		span.SetEndTimestamp(pcommon.NewTimestampFromTime(now.Add(s.endAt)))
+	}
+}
+
+// postLine posts one hook line, from a goroutine (no require).
+func postLine(url, line string) error {
+	resp, err := http.Post(url, "application/x-ndjson", strings.NewReader(line+"\n"))
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("hook answered %s", resp.Status)
+	}
+	return nil
+}
+
+// sessionEvents are the hook lines of one session: the first token after
+// ttft, then tokens 20 ms apart, and the end.
+func sessionEvents(id string, trace pcommon.TraceID, span pcommon.SpanID, start time.Time, ttft time.Duration, tokens int) []string {
+	at := uint64(start.UnixNano())
+	evs := []tokenevent.Event{{Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: at, TraceID: tokenevent.TraceID(trace),
+		SpanID: tokenevent.SpanID(span), ParentSpanID: tokenevent.SpanID{0xa0, trace[0], trace[1], trace[2], trace[3], 2},
+		Model: "llama-3.1-8b", Operation: tokenevent.OperationChat, Engine: "vllm-0", PromptTokens: 200, Count: 1, CompletionTokens: -1}}
+	t := at + uint64(ttft)
+	for range tokens {
+		evs = append(evs, tokenevent.Event{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: t, Count: 1, PromptTokens: -1, CompletionTokens: -1})
+		t += uint64(20 * time.Millisecond)
+	}
+	evs = append(evs, tokenevent.Event{Kind: tokenevent.KindEnd, SessionID: id, TimeUnixNano: t, CompletionTokens: int64(tokens),
+		FinishReason: "stop", PromptTokens: -1, Count: 1})
+	lines := make([]string, len(evs))
+	for i := range evs {
+		lines[i] = strings.TrimSpace(string(tokenevent.AppendJSON(nil, &evs[i])))
+	}
+	return lines
+}
+
+// tracesAt groups the spans each gateway exported, by trace.
+func (so *scaleOut) tracesAt() [2]map[pcommon.TraceID][]ptrace.Span {
+	var out [2]map[pcommon.TraceID][]ptrace.Span
+	for i, s := range so.gateways {
+		out[i] = map[pcommon.TraceID][]ptrace.Span{}
+		for _, span := range s.spans() {
+			out[i][span.TraceID()] = append(out[i][span.TraceID()], span)
+		}
+	}
+	return out
+}
+
+func spanNames(spans []ptrace.Span) []string {
+	var names []string
+	for _, s := range spans {
+		names = append(names, s.Name())
+	}
+	return names
+}
+
+// traceID makes a trace ID whose OTEP 235 randomness (its last 7 bytes) is
+// r: 0 is never drawn at 1%, all ones always.
+func traceID(seq uint32, r uint64) pcommon.TraceID {
+	var id pcommon.TraceID
+	id[0], id[1], id[2], id[3] = byte(seq>>24), byte(seq>>16), byte(seq>>8), byte(seq)
+	for i := 15; i >= 9; i-- {
+		id[i] = byte(r)
+		r >>= 8
+	}
+	return id
+}
+
+// TestScaleOut runs the topology through the binary: two agents, two
+// gateways (static resolver), each gateway exporting to its own sink.
+//   - A slow session on agent A whose trace's app and gateway spans enter
+//     through agent B is kept whole, at one gateway.
+//   - A normal session is dropped whole, or kept whole when the agents' 1%
+//     draw keeps it: the gateways follow the agents' draw.
+//   - 1000 sessions over both agents: the traces kept are exactly those the
+//     rules and the 1% draw keep, each complete at exactly one gateway.
+//   - A 2-minute session whose verdict (TTFT) is known at its first token:
+//     its app spans, which arrive two minutes before the session span, are
+//     kept with it, because the verdict span reaches the gateway at once.
+func TestScaleOut(t *testing.T) {
+	so := startScaleOut(t)
+	start := time.Now()
+
+	// The long session first: its app spans now (through agent B), its
+	// start and first token (TTFT 700 ms: kept by the TTFT rule) on agent
+	// A, then a token every 100 ms for two minutes.
+	longTrace := traceID(0xfeed, 0)
+	longSpan := pcommon.SpanID{0x10, 0xfe}
+	td := ptrace.NewTraces()
+	appSpans(td, longTrace)
+	exportTraces(t, so.otlpAddr(1), td)
+	longStart := time.Now()
+	postLines(t, so.hookURL(0), sessionEvents("long", longTrace, longSpan, longStart, 700*time.Millisecond, 0)[:1]...)
+	const longFor = 2 * time.Minute
+	longDone := make(chan struct{})
+	var longErr error
+	var once sync.Once
+	go func() {
+		defer close(longDone)
+		at := longStart.Add(700 * time.Millisecond)
+		time.Sleep(time.Until(at))
+		n := 0
+		for time.Since(longStart) < longFor {
+			line := strings.TrimSpace(string(tokenevent.AppendJSON(nil, &tokenevent.Event{Kind: tokenevent.KindToken, SessionID: "long",
+				TimeUnixNano: uint64(time.Now().UnixNano()), Count: 1, PromptTokens: -1, CompletionTokens: -1})))
+			if err := postLine(so.hookURL(0), line); err != nil {
+				once.Do(func() { longErr = err })
+				return
+			}
+			n++
+			time.Sleep(100 * time.Millisecond)
+		}
+		end := strings.TrimSpace(string(tokenevent.AppendJSON(nil, &tokenevent.Event{Kind: tokenevent.KindEnd, SessionID: "long",
+			TimeUnixNano: uint64(time.Now().UnixNano()), CompletionTokens: int64(n), FinishReason: "stop", PromptTokens: -1, Count: 1})))
+		if err := postLine(so.hookURL(0), end); err != nil {
+			once.Do(func() { longErr = err })
+		}
+	}()
+
+	// Slow on A, app spans through B; a normal session never drawn; a
+	// normal session always drawn.
+	slowTrace, dropTrace, drawnTrace := traceID(1, 12345), traceID(2, 0), traceID(3, 1<<56-1)
+	td = ptrace.NewTraces()
+	for _, tr := range []pcommon.TraceID{slowTrace, dropTrace, drawnTrace} {
+		appSpans(td, tr)
+	}
+	exportTraces(t, so.otlpAddr(1), td)
+	var lines []string
+	lines = append(lines, sessionEvents("slow", slowTrace, pcommon.SpanID{0x11}, time.Now(), 600*time.Millisecond, 5)...)
+	lines = append(lines, sessionEvents("dropped", dropTrace, pcommon.SpanID{0x12}, time.Now(), 50*time.Millisecond, 5)...)
+	lines = append(lines, sessionEvents("drawn", drawnTrace, pcommon.SpanID{0x13}, time.Now(), 50*time.Millisecond, 5)...)
+	postLines(t, so.hookURL(0), lines...)
+
+	whole := func(trace pcommon.TraceID, want ...string) {
+		t.Helper()
+		var got [2]int
+		require.Eventually(t, func() bool {
+			at := so.tracesAt()
+			got = [2]int{len(at[0][trace]), len(at[1][trace])}
+			return got[0] >= len(want) || got[1] >= len(want)
+		}, 30*time.Second, 100*time.Millisecond, "trace %s never complete: %v", trace, got)
+		at := so.tracesAt()
+		require.True(t, len(at[0][trace]) == 0 || len(at[1][trace]) == 0, "trace %s split across the gateways: %v / %v",
+			trace, spanNames(at[0][trace]), spanNames(at[1][trace]))
+		spans := append(at[0][trace], at[1][trace]...)
+		assert.ElementsMatch(t, want, spanNames(spans), "trace %s", trace)
+	}
+	whole(slowTrace, "POST /chat", "api-gateway /v1/chat/completions", "llm.session.verdict", "chat llama-3.1-8b")
+	whole(drawnTrace, "POST /chat", "api-gateway /v1/chat/completions", "chat llama-3.1-8b")
+	time.Sleep(gatewayDecisionWait + 2*time.Second)
+	at := so.tracesAt()
+	assert.Empty(t, at[0][dropTrace], "a normal session not drawn is dropped whole")
+	assert.Empty(t, at[1][dropTrace])
+
+	// 1000 sessions over both agents, each trace's app spans through the
+	// other agent; one in ten slow.
+	rng := rand.New(rand.NewPCG(7, 11))
+	onePercent, err := sampling.ProbabilityToThreshold(0.01)
+	require.NoError(t, err)
+	want := map[pcommon.TraceID]bool{}
+	var perAgent [2][]string
+	td = ptrace.NewTraces()
+	for i := range 1000 {
+		tr := traceID(uint32(1000+i), rng.Uint64()&(1<<56-1))
+		appSpans(td, tr)
+		ttft := 40 * time.Millisecond
+		if i%10 == 0 {
+			ttft = 600 * time.Millisecond
+		}
+		kept := i%10 == 0 || onePercent.ShouldSample(sampling.TraceIDToRandomness(tr))
+		want[tr] = kept
+		perAgent[i%2] = append(perAgent[i%2], sessionEvents(fmt.Sprintf("bulk-%d", i), tr, pcommon.SpanID{0x20, byte(i >> 8), byte(i)},
+			time.Now(), ttft, 3)...)
+	}
+	exportTraces(t, so.otlpAddr(1), td)
+	for a := range 2 {
+		postLines(t, so.hookURL(a), perAgent[a]...)
+	}
+	var kept int
+	for _, k := range want {
+		if k {
+			kept++
+		}
+	}
+	t.Logf("1000 sessions: %d kept (100 by TTFT, %d by the 1%% draw)", kept, kept-100)
+	require.Eventually(t, func() bool {
+		at := so.tracesAt()
+		n := 0
+		for tr, k := range want {
+			if k && (len(at[0][tr]) >= 3 || len(at[1][tr]) >= 3) {
+				n++
+			}
+		}
+		return n == kept
+	}, 60*time.Second, 200*time.Millisecond, "not every kept trace arrived")
+	time.Sleep(gatewayDecisionWait + 2*time.Second)
+	at = so.tracesAt()
+	var perGateway [2]int
+	for tr, k := range want {
+		a, b := at[0][tr], at[1][tr]
+		if !k {
+			assert.Empty(t, append(a, b...), "trace %s was not kept", tr)
+			continue
+		}
+		require.True(t, len(a) == 0 || len(b) == 0, "trace %s split: %v / %v", tr, spanNames(a), spanNames(b))
+		spans := append(a, b...)
+		names := spanNames(spans)
+		assert.Contains(t, names, "POST /chat", "trace %s", tr)
+		assert.Contains(t, names, "api-gateway /v1/chat/completions", "trace %s", tr)
+		assert.Contains(t, names, "chat llama-3.1-8b", "trace %s", tr)
+		if len(a) > 0 {
+			perGateway[0]++
+		} else {
+			perGateway[1]++
+		}
+	}
+	t.Logf("kept traces per gateway: %v", perGateway)
+	assert.Positive(t, perGateway[0], "both gateways take traces")
+	assert.Positive(t, perGateway[1], "both gateways take traces")
+
+	// The long session: its app spans and its verdict span were kept long
+	// before it ended; its session span joins them at the end.
+	at = so.tracesAt()
+	early := append(at[0][longTrace], at[1][longTrace]...)
+	assert.ElementsMatch(t, []string{"POST /chat", "api-gateway /v1/chat/completions", "llm.session.verdict"}, spanNames(early),
+		"kept at the verdict, %s before the session's end", longFor-time.Since(longStart))
+	<-longDone
+	require.NoError(t, longErr)
+	whole(longTrace, "POST /chat", "api-gateway /v1/chat/completions", "llm.session.verdict", "chat llama-3.1-8b")
+	t.Logf("scale-out run: %s", time.Since(start).Round(time.Second))
+}
