@@ -218,6 +218,8 @@ type collector struct {
 	httpAddr, udpAddr, otlpAddr, proxyAddr string
 	output                                 *syncBuffer
 	stop                                   func()
+	// crash kills the process (SIGKILL): no shutdown, as a node lost.
+	crash func()
 }
 
 // newCollector picks free loopback ports for the collector's endpoints.
@@ -260,6 +262,12 @@ func (c *collector) run(t *testing.T, args, env []string) {
 				<-exited
 				t.Errorf("collector did not stop within 30s of SIGTERM\n%s", c.output)
 			}
+		})
+	}
+	c.crash = func() {
+		once.Do(func() {
+			_ = cmd.Process.Kill()
+			<-exited
 		})
 	}
 	t.Cleanup(c.stop)

@@ -57,6 +57,10 @@ func sub(m map[string]any, keys ...string) map[string]any {
 type scaleOut struct {
 	agents   [2]string // the agents' addresses (their MY_POD_IP)
 	gateways [2]*sink
+	// gatewayProcs are the gateways' processes; startGateway starts one
+	// again.
+	gatewayProcs [2]*collector
+	startGateway func(i int)
 }
 
 func startScaleOut(t *testing.T) *scaleOut {
@@ -66,11 +70,16 @@ func startScaleOut(t *testing.T) *scaleOut {
 	gatewayCfg := rewriteConfig(t, "gateway.yaml", func(cfg map[string]any) {
 		sub(cfg, "processors", "tail_sampling")["decision_wait"] = gatewayDecisionWait.String()
 	})
-	for i, ip := range gatewayIPs {
-		s, addr := startSink(t)
-		so.gateways[i] = s
-		(&collector{output: &syncBuffer{}}).run(t, []string{"--config", gatewayCfg},
-			[]string{"MY_POD_IP=" + ip, "OTLP_BACKEND=" + addr, "OTLP_BACKEND_INSECURE=true"})
+	var sinkAddrs [2]string
+	so.startGateway = func(i int) {
+		c := &collector{output: &syncBuffer{}}
+		c.run(t, []string{"--config", gatewayCfg},
+			[]string{"MY_POD_IP=" + gatewayIPs[i], "OTLP_BACKEND=" + sinkAddrs[i], "OTLP_BACKEND_INSECURE=true"})
+		so.gatewayProcs[i] = c
+	}
+	for i := range gatewayIPs {
+		so.gateways[i], sinkAddrs[i] = startSink(t)
+		so.startGateway(i)
 	}
 	lbCfg := rewriteConfig(t, "agent-lb.yaml", func(cfg map[string]any) {
 		for _, exp := range []string{"loadbalancing", "loadbalancing/metrics"} {
@@ -352,4 +361,77 @@ func TestScaleOut(t *testing.T) {
 	require.NoError(t, longErr)
 	whole(longTrace, "POST /chat", "api-gateway /v1/chat/completions", "llm.session.verdict", "chat llama-3.1-8b")
 	t.Logf("scale-out run: %s", time.Since(start).Round(time.Second))
+}
+
+// bulkSessions sends n slow sessions (kept by the TTFT rule) over both
+// agents, each trace's app spans through the other agent, and returns their
+// traces.
+func (so *scaleOut) bulkSessions(t *testing.T, first, n int) []pcommon.TraceID {
+	t.Helper()
+	var traces []pcommon.TraceID
+	var perAgent [2][]string
+	td := ptrace.NewTraces()
+	for i := first; i < first+n; i++ {
+		tr := traceID(uint32(i), uint64(i)*7919)
+		traces = append(traces, tr)
+		appSpans(td, tr)
+		perAgent[i%2] = append(perAgent[i%2], sessionEvents(fmt.Sprintf("s-%d", i), tr, pcommon.SpanID{0x30, byte(i >> 8), byte(i)},
+			time.Now(), 600*time.Millisecond, 3)...)
+	}
+	exportTraces(t, so.otlpAddr(1), td)
+	for a := range 2 {
+		postLines(t, so.hookURL(a), perAgent[a]...)
+	}
+	return traces
+}
+
+// outcome is where each of traces is: complete at one gateway (4 spans: the
+// app's two, the verdict, the session), absent, or else (split or partial).
+func (so *scaleOut) outcome(traces []pcommon.TraceID) (complete, absent int, bad []string) {
+	at := so.tracesAt()
+	for _, tr := range traces {
+		a, b := at[0][tr], at[1][tr]
+		switch {
+		case len(a) == 0 && len(b) == 0:
+			absent++
+		case (len(a) == 4 && len(b) == 0) || (len(b) == 4 && len(a) == 0):
+			complete++
+		default:
+			bad = append(bad, fmt.Sprintf("%s: %v / %v", tr, spanNames(a), spanNames(b)))
+		}
+	}
+	return complete, absent, bad
+}
+
+// TestScaleOutGatewayLost loses a gateway mid-run (SIGKILL, as a node that
+// goes away). The traces it held undecided (those whose first span reached
+// it within decision_wait before it went) are lost, whole; every other trace
+// is whole at one gateway. While it is down the static resolver keeps its
+// routes, and the agents' loadbalancing queues hold what goes to it until it
+// is back (the k8s resolver would move them to the other gateway instead).
+func TestScaleOutGatewayLost(t *testing.T) {
+	so := startScaleOut(t)
+	before := so.bulkSessions(t, 5000, 100)
+	require.Eventually(t, func() bool { c, _, _ := so.outcome(before); return c == len(before) }, 60*time.Second,
+		200*time.Millisecond, "the first 100 traces were not all kept whole")
+
+	inFlight := so.bulkSessions(t, 6000, 100)
+	time.Sleep(time.Second) // at both gateways, undecided
+	so.gatewayProcs[1].crash()
+	during := so.bulkSessions(t, 7000, 100)
+	time.Sleep(gatewayDecisionWait + 2*time.Second)
+	so.startGateway(1)
+
+	require.Eventually(t, func() bool { c, _, _ := so.outcome(during); return c == len(during) }, 60*time.Second,
+		200*time.Millisecond, "the traces sent while a gateway was down were not all delivered once it was back")
+	time.Sleep(gatewayDecisionWait + 2*time.Second)
+	complete, lost, bad := so.outcome(inFlight)
+	t.Logf("traces in flight when gateway 2 was lost: %d whole, %d lost whole", complete, lost)
+	assert.Empty(t, bad, "no trace split or partial")
+	assert.Positive(t, lost, "the stopped gateway's undecided traces are lost")
+	assert.Positive(t, complete, "the other gateway's are whole")
+	for _, batch := range [][]pcommon.TraceID{before, during} {
+		c, a, bad := so.outcome(batch)
+		assert.Equal(t, len(batch), c, "whole: %d absent, %v", a, bad)
+	}
 }
