@@ -54,10 +54,25 @@ func coalesce(defaults, values map[string]any) map[string]any {
 // and checks what the chart does with it: a DaemonSet of the otelcol-llm
 // binary running deploy/agent-config.yaml, with the ports and variables it
 // needs.
-func TestHelmValues(t *testing.T) {
-	values := readYAML(t, filepath.Join("helm", "values.yaml"))
-	merged := coalesce(readYAML(t, filepath.Join("helm", "testdata", "values.yaml")), values)
+// chartValues merges values files over the chart's own values, as Helm
+// does with -f, and validates the result with the chart's schema.
+func chartValues(t *testing.T, files ...string) map[string]any {
+	t.Helper()
+	merged := readYAML(t, filepath.Join("helm", "testdata", "values.yaml"))
+	for _, f := range files {
+		merged = coalesce(merged, readYAML(t, filepath.Join("helm", f)))
+	}
+	schema := chartSchema(t)
+	raw, err := json.Marshal(merged)
+	require.NoError(t, err)
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(string(raw)))
+	require.NoError(t, err)
+	require.NoError(t, schema.Validate(doc), "%v are valid for %s", files, helmChart)
+	return merged
+}
 
+func chartSchema(t *testing.T) *jsonschema.Schema {
+	t.Helper()
 	schemaData, err := os.ReadFile(filepath.Join("helm", "testdata", "values.schema.json"))
 	require.NoError(t, err)
 	schemaDoc, err := jsonschema.UnmarshalJSON(strings.NewReader(string(schemaData)))
@@ -69,18 +84,19 @@ func TestHelmValues(t *testing.T) {
 	require.NoError(t, c.AddResource("values.schema.json", schemaDoc))
 	schema, err := c.Compile("values.schema.json")
 	require.NoError(t, err)
-	// Through JSON, as the schema sees values: numbers as json.Number.
-	raw, err := json.Marshal(merged)
-	require.NoError(t, err)
-	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(string(raw)))
-	require.NoError(t, err)
-	require.NoError(t, schema.Validate(doc), "the values are valid for %s", helmChart)
+	return schema
+}
+
+func TestHelmValues(t *testing.T) {
+	values := readYAML(t, filepath.Join("helm", "values.yaml"))
+	merged := chartValues(t, "values.yaml")
+	schema := chartSchema(t)
 
 	// And the schema refuses what the chart refuses: a typo'd key.
 	bad := coalesce(merged, map[string]any{"modes": "daemonset"})
-	raw, err = json.Marshal(bad)
+	raw, err := json.Marshal(bad)
 	require.NoError(t, err)
-	doc, err = jsonschema.UnmarshalJSON(strings.NewReader(string(raw)))
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(string(raw)))
 	require.NoError(t, err)
 	require.Error(t, schema.Validate(doc), "the schema refuses unknown keys")
 
@@ -126,4 +142,35 @@ func TestHelmValues(t *testing.T) {
 	}
 	// The chart probes health_check on 13133.
 	assert.Equal(t, int32(13133), cfg.health)
+}
+
+// The gateway tier's values, and the agents' overlay that joins them to it.
+func TestHelmGatewayValues(t *testing.T) {
+	gw := chartValues(t, "gateway-values.yaml")
+	assert.Equal(t, "deployment", gw["mode"])
+	assert.Equal(t, "None", gw["service"].(map[string]any)["clusterIP"], "headless")
+	assert.Equal(t, readYAML(t, "gateway.yaml"), readYAML(t, filepath.Join("helm", "gateway-values.yaml"))["alternateConfig"])
+	// The agents' resolver names the chart's Service: fullnameOverride in
+	// the namespace of the README's helm install.
+	lb := readYAML(t, "agent-lb.yaml")
+	resolver := lb["exporters"].(map[string]any)["loadbalancing"].(map[string]any)["resolver"].(map[string]any)["k8s"].(map[string]any)
+	assert.Equal(t, gw["fullnameOverride"].(string)+".observability", resolver["service"])
+
+	agent := chartValues(t, "values.yaml", "agent-lb-values.yaml")
+	args := agent["command"].(map[string]any)["extraArgs"].([]any)
+	require.Equal(t, []any{"--config=/etc/otelcol-llm-lb/agent-lb.yaml"}, args)
+	mounts := map[string]string{}
+	for _, vm := range agent["extraVolumeMounts"].([]any) {
+		mounts[vm.(map[string]any)["name"].(string)] = vm.(map[string]any)["mountPath"].(string)
+	}
+	assert.Equal(t, "/etc/otelcol-llm-lb", mounts["agent-lb"])
+	assert.Equal(t, "/var/lib/otelcol-llm/queue", mounts["queue"], "the overlay keeps the queue's volume")
+	m := loadManifests(t, "gateway")
+	var key bool
+	for _, cm := range m.configMaps {
+		if cm.Name == "otelcol-llm-agent-lb" {
+			_, key = cm.Data["agent-lb.yaml"]
+		}
+	}
+	assert.True(t, key, "the ConfigMap the overlay mounts has agent-lb.yaml")
 }

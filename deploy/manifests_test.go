@@ -24,6 +24,8 @@ type manifests struct {
 	serviceAccounts     []corev1.ServiceAccount
 	clusterRoles        []rbacv1.ClusterRole
 	clusterRoleBindings []rbacv1.ClusterRoleBinding
+	roles               []rbacv1.Role
+	roleBindings        []rbacv1.RoleBinding
 	configMaps          []corev1.ConfigMap
 	daemonSets          []appsv1.DaemonSet
 	deployments         []appsv1.Deployment
@@ -60,6 +62,10 @@ func loadManifests(t *testing.T, shape string) manifests {
 				m.clusterRoles = append(m.clusterRoles, decodeStrict[rbacv1.ClusterRole](t, where, []byte(doc)))
 			case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
 				m.clusterRoleBindings = append(m.clusterRoleBindings, decodeStrict[rbacv1.ClusterRoleBinding](t, where, []byte(doc)))
+			case "rbac.authorization.k8s.io/v1 Role":
+				m.roles = append(m.roles, decodeStrict[rbacv1.Role](t, where, []byte(doc)))
+			case "rbac.authorization.k8s.io/v1 RoleBinding":
+				m.roleBindings = append(m.roleBindings, decodeStrict[rbacv1.RoleBinding](t, where, []byte(doc)))
 			case "v1 ConfigMap":
 				m.configMaps = append(m.configMaps, decodeStrict[corev1.ConfigMap](t, where, []byte(doc)))
 			case "apps/v1 DaemonSet":
@@ -374,4 +380,68 @@ func TestSidecarManifests(t *testing.T) {
 	assert.Contains(t, cfg.text, "endpoint: http://localhost:8000", "the proxy's upstream is vLLM in the pod")
 	assert.Contains(t, strings.Join(vllm.Args, " "), "--port 8000")
 	assert.True(t, *sidecar.SecurityContext.RunAsNonRoot)
+}
+
+func TestGatewayManifests(t *testing.T) {
+	m := loadManifests(t, "gateway")
+	cfg := readCollectorConfig(t, "gateway.yaml")
+	require.Len(t, m.deployments, 1)
+	d := m.deployments[0]
+	spec := d.Spec.Template.Spec
+	assert.Equal(t, d.Spec.Selector.MatchLabels, d.Spec.Template.Labels)
+	gw := containerNamed(t, spec, "otelcol-llm")
+	checkCollectorContainer(t, m, spec, gw, cfg, "deploy/gateway.yaml")
+
+	// The agents resolve the gateways through a headless Service on their
+	// OTLP port.
+	require.Len(t, m.services, 1)
+	svc := m.services[0]
+	assert.Equal(t, corev1.ClusterIPNone, svc.Spec.ClusterIP, "headless: the agents route to each gateway")
+	assert.Equal(t, d.Spec.Template.Labels, svc.Spec.Selector)
+	require.Len(t, svc.Spec.Ports, 1)
+	assert.Equal(t, cfg.ports["otlp grpc"], svc.Spec.Ports[0].Port)
+	var lb struct {
+		Exporters map[string]struct {
+			Resolver struct {
+				K8s struct {
+					Service string  `json:"service"`
+					Ports   []int32 `json:"ports"`
+				} `json:"k8s"`
+			} `json:"resolver"`
+		} `json:"exporters"`
+	}
+	lbText, err := os.ReadFile("agent-lb.yaml")
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal(lbText, &lb))
+	require.NotEmpty(t, lb.Exporters)
+	for name, e := range lb.Exporters {
+		assert.Equal(t, svc.Name+"."+svc.Namespace, e.Resolver.K8s.Service, "%s resolves the gateways' Service", name)
+		assert.Equal(t, []int32{svc.Spec.Ports[0].Port}, e.Resolver.K8s.Ports, name)
+	}
+	var found bool
+	for _, cm := range m.configMaps {
+		if cm.Name == "otelcol-llm-agent-lb" {
+			found = true
+			assert.Equal(t, string(lbText), cm.Data["agent-lb.yaml"], "the ConfigMap is deploy/agent-lb.yaml")
+		}
+	}
+	assert.True(t, found, "the agents' agent-lb.yaml ConfigMap")
+
+	// The agents' service account may watch the gateways' EndpointSlices.
+	agents := loadManifests(t, "daemonset")
+	require.Len(t, m.roles, 1)
+	require.Len(t, m.roleBindings, 1)
+	assert.Equal(t, svc.Namespace, m.roles[0].Namespace)
+	var watchesSlices bool
+	for _, r := range m.roles[0].Rules {
+		if slices.Contains(r.Resources, "endpointslices") && slices.Contains(r.Verbs, "watch") && slices.Contains(r.Verbs, "list") {
+			watchesSlices = true
+		}
+	}
+	assert.True(t, watchesSlices, "the Role lists and watches endpointslices")
+	rb := m.roleBindings[0]
+	assert.Equal(t, m.roles[0].Name, rb.RoleRef.Name)
+	require.Len(t, rb.Subjects, 1)
+	assert.Equal(t, agents.serviceAccounts[0].Name, rb.Subjects[0].Name)
+	assert.Equal(t, agents.serviceAccounts[0].Namespace, rb.Subjects[0].Namespace)
 }
