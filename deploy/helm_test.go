@@ -153,7 +153,7 @@ func TestHelmGatewayValues(t *testing.T) {
 	// The agents' resolver names the chart's Service: fullnameOverride in
 	// the namespace of the README's helm install.
 	lb := readYAML(t, "agent-lb.yaml")
-	resolver := lb["exporters"].(map[string]any)["loadbalancing"].(map[string]any)["resolver"].(map[string]any)["k8s"].(map[string]any)
+	resolver := lb["exporters"].(map[string]any)["load_balancing"].(map[string]any)["resolver"].(map[string]any)["k8s"].(map[string]any)
 	assert.Equal(t, gw["fullnameOverride"].(string)+".observability", resolver["service"])
 
 	agent := chartValues(t, "values.yaml", "agent-lb-values.yaml")

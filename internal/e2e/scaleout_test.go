@@ -82,7 +82,7 @@ func startScaleOut(t *testing.T) *scaleOut {
 		so.startGateway(i)
 	}
 	lbCfg := rewriteConfig(t, "agent-lb.yaml", func(cfg map[string]any) {
-		for _, exp := range []string{"loadbalancing", "loadbalancing/metrics"} {
+		for _, exp := range []string{"load_balancing", "load_balancing/metrics"} {
 			sub(cfg, "exporters", exp)["resolver"] = map[string]any{"static": map[string]any{
 				"hostnames": []any{gatewayIPs[0] + ":4317", gatewayIPs[1] + ":4317"}}}
 		}

@@ -29,6 +29,7 @@ type result struct {
 	Scale      []scaleStep      `json:"scale,omitempty"`
 	Saturation *saturation      `json:"saturation,omitempty"`
 	E2E        *e2eResult       `json:"e2e,omitempty"`
+	ScaleOut   *scaleOutResult  `json:"scale_out,omitempty"`
 }
 
 func main() {
@@ -38,7 +39,7 @@ func main() {
 		stock      = flag.String("stock", "bin/otelcol-stock", "the stock baseline collector")
 		vllmsim    = flag.String("vllmsim", "bin/vllmsim", "the engine simulator")
 		llmload    = flag.String("llmload", "bin/llmload", "the load generator")
-		only       = flag.String("run", "tokenpath,scale,saturation,e2e", "scenarios to run, comma-separated")
+		only       = flag.String("run", "tokenpath,scale,saturation,e2e,scaleout", "scenarios to run, comma-separated")
 		sessions   = flag.Int("sessions", 256, "token path: concurrent sessions per wave")
 		tokens     = flag.Int("tokens", 256, "token path: tokens per session")
 		waves      = flag.Int("waves", 16, "token path: waves of sessions")
@@ -55,6 +56,7 @@ func main() {
 		stepDur    = flag.Duration("step", 3*time.Second, "saturation: time per offered rate")
 		e2eConc    = flag.Int("e2e-concurrency", 200, "e2e: llmload concurrency")
 		e2eDur     = flag.Duration("e2e-duration", 30*time.Second, "e2e: llmload duration")
+		gatewayFor = flag.Duration("gateway-duration", 20*time.Second, "scaleout: how long spans are paced into the gateway")
 		report     = flag.Bool("report", false, "merge -out/tokenbench.json, proxy.json and gobench.txt into results.md and results.json")
 	)
 	flag.Parse()
@@ -110,6 +112,11 @@ func main() {
 	if run["e2e"] {
 		res.E2E, err = e.e2e(abs(*vllmsim), abs(*llmload), *e2eConc, *e2eDur)
 		fail("e2e", err)
+	}
+	if run["scaleout"] {
+		w := workload{Sessions: *sessions, Tokens: *tokens, Waves: *waves, BatchLines: *batchLines, SlowShare: 0.02}
+		res.ScaleOut, err = e.scaleOut(w, *gatewayFor)
+		fail("scale-out", err)
 	}
 	b, _ := json.MarshalIndent(res, "", "  ")
 	fail("write", os.WriteFile(filepath.Join(*out, "tokenbench.json"), b, 0o644))

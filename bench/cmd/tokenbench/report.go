@@ -217,6 +217,14 @@ func summarize(t result, proxy []proxySummary) []summaryRow {
 				RatioS: fmt.Sprintf("%.2f×", r), Target: "≤ 1.5×", Met: boolp(r <= targetProxyCPURatio)})
 		}
 	}
+	if so := t.ScaleOut; so != nil {
+		rows = append(rows,
+			summaryRow{What: "scale-out agent: CPU per token, loadbalancing (by trace ID) vs otlp exporter",
+				Ours: fmt.Sprintf("%.3f CPU-s/M tokens", so.AgentLB.CPUSecPerMTokens), Other: fmt.Sprintf("%.3f CPU-s/M tokens", so.AgentOTLP.CPUSecPerMTokens),
+				Ratio: so.LBCostRatio, RatioS: fmt.Sprintf("%.2f×", so.LBCostRatio)},
+			summaryRow{What: fmt.Sprintf("scale-out gateway: CPU per span with tail_sampling at %.0f spans/s (ten agents at the demo's heaviest point)", so.Gateway.SpansPerSecond),
+				Ours: fmt.Sprintf("%.1f µs, %.3f cores", so.Gateway.MicrosPerSpan, so.Gateway.CoresAtRate)})
+	}
 	if e := t.E2E; e != nil {
 		drops := 0.0
 		for _, v := range e.Drops {
