@@ -30,6 +30,7 @@ type result struct {
 	Saturation *saturation      `json:"saturation,omitempty"`
 	E2E        *e2eResult       `json:"e2e,omitempty"`
 	ScaleOut   *scaleOutResult  `json:"scale_out,omitempty"`
+	Shapes     *shapesResult    `json:"shapes,omitempty"`
 }
 
 func main() {
@@ -39,7 +40,7 @@ func main() {
 		stock      = flag.String("stock", "bin/otelcol-stock", "the stock baseline collector")
 		vllmsim    = flag.String("vllmsim", "bin/vllmsim", "the engine simulator")
 		llmload    = flag.String("llmload", "bin/llmload", "the load generator")
-		only       = flag.String("run", "tokenpath,scale,saturation,e2e,scaleout", "scenarios to run, comma-separated")
+		only       = flag.String("run", "tokenpath,shapes,scale,saturation,e2e,scaleout", "scenarios to run, comma-separated")
 		sessions   = flag.Int("sessions", 256, "token path: concurrent sessions per wave")
 		tokens     = flag.Int("tokens", 256, "token path: tokens per session")
 		waves      = flag.Int("waves", 16, "token path: waves of sessions")
@@ -100,6 +101,10 @@ func main() {
 		w := workload{Sessions: *sessions, Tokens: *tokens, Waves: *waves, BatchLines: *batchLines, SlowShare: 0.02}
 		res.TokenPath, err = e.tokenPath(w)
 		fail("token path", err)
+	}
+	if run["shapes"] {
+		res.Shapes, err = e.shapes(defaultShapes())
+		fail("shapes", err)
 	}
 	if run["scale"] {
 		res.Scale, err = e.scale(ints(*scaleKs), *scaleToks)

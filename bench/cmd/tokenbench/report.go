@@ -217,6 +217,15 @@ func summarize(t result, proxy []proxySummary) []summaryRow {
 				RatioS: fmt.Sprintf("%.2f×", r), Target: "≤ 1.5×", Met: boolp(r <= targetProxyCPURatio)})
 		}
 	}
+	if sh := t.Shapes; sh != nil {
+		for _, r := range sh.Shapes {
+			rows = append(rows, summaryRow{What: "token path shape: " + r.Shape.Name + ", tokens per collector CPU-second: ours vs stock",
+				Ours: fmt.Sprintf("%.2f M", r.Ours.TokensPerCPUSecond/1e6), Other: fmt.Sprintf("%.2f M", r.Stock.TokensPerCPUSecond/1e6),
+				Ratio: r.Ratio, RatioS: fmt.Sprintf("%.1f×", r.Ratio), Target: "≥ 10×", Met: boolp(r.Ratio >= 10)})
+		}
+		rows = append(rows, summaryRow{What: "token path shapes: the worst (" + sh.WorstShape + ")",
+			Ratio: sh.WorstRatio, RatioS: fmt.Sprintf("%.1f×", sh.WorstRatio), Target: "≥ 10×", Met: boolp(sh.WorstRatio >= 10)})
+	}
 	if so := t.ScaleOut; so != nil {
 		rows = append(rows,
 			summaryRow{What: "scale-out agent: CPU per token, loadbalancing (by trace ID) vs otlp exporter",
@@ -307,6 +316,20 @@ func markdown(r fullReport, proxyMD []byte) string {
 		if len(st.HeapTop) > 0 {
 			p("\nHeap profile with %d sessions open (`%s`, in-use space, whole process):\n\n```\n%s\n```\n", st.Sessions, filepath.Base(st.HeapProfile), strings.Join(st.HeapTop, "\n"))
 		}
+	}
+	if sh := t.Shapes; sh != nil {
+		p("\n## Token path by workload shape (hooks HTTP → token_session vs a span per token → tail_sampling + span_metrics)\n\n")
+		p("One dimension at a time around 10 sessions per batch, 40 tokens per session, 3 concurrent posters; about %d tokens per shape, each side on a fresh collector. Target: ≥ 10× on every shape.\n\n", shapeTokens)
+		p("| shape | sessions per batch | tokens per session | posters | ours tokens/CPU-s | stock tokens/CPU-s | ratio |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		for _, r := range sh.Shapes {
+			spb := fmt.Sprint(r.Shape.SessionsPerBatch)
+			if r.Shape.Concurrent > 0 {
+				spb = fmt.Sprintf("1 token of each, %d open", r.Shape.Concurrent)
+			}
+			p("| %s | %s | %d | %d | %.0f | %.0f | %.1f× |\n", r.Shape.Name, spb, r.Shape.Tokens, r.Shape.Posters,
+				r.Ours.TokensPerCPUSecond, r.Stock.TokensPerCPUSecond, r.Ratio)
+		}
+		p("\nWorst: %s, %.1f×.\n", sh.WorstShape, sh.WorstRatio)
 	}
 	if s := t.Saturation; s != nil {
 		p("\n## Event rate to saturation (hooks HTTP, %d sessions streaming, %.0f s per step)\n\n", s.Sessions, s.StepSeconds)

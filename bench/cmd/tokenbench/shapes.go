@@ -1,0 +1,124 @@
+package main
+
+import (
+	"fmt"
+	"log"
+)
+
+// The token path's workload shapes (issue 18): ours (hooks HTTP →
+// token_session → otlp) against the stock pipeline (a span per token →
+// tail_sampling + span_metrics) on each of eight shapes, one dimension at a
+// time around a middle shape of 10 sessions per batch, 40 tokens per
+// session and 3 concurrent posters, and one token per session per batch at
+// 100 000 sessions. The target is 10× stock on every shape.
+
+// shape is one workload shape.
+type shape struct {
+	Name string `json:"name"`
+	// SessionsPerBatch complete sessions per request (start, tokens, end),
+	// or 0 for a batch of one token per session across many sessions.
+	SessionsPerBatch int `json:"sessions_per_batch"`
+	Tokens           int `json:"tokens_per_session"`
+	Posters          int `json:"posters"`
+	// Sessions open at once, for the one-token-per-batch shape.
+	Concurrent int `json:"concurrent_sessions,omitempty"`
+}
+
+// shapeTokens is about how many tokens each shape sends: enough CPU time
+// to measure on each side, little enough to keep make bench short.
+const shapeTokens = 400_000
+
+func defaultShapes() []shape {
+	return []shape{
+		{Name: "middle", SessionsPerBatch: 10, Tokens: 40, Posters: 3},
+		{Name: "1 session per batch", SessionsPerBatch: 1, Tokens: 40, Posters: 3},
+		{Name: "50 sessions per batch", SessionsPerBatch: 50, Tokens: 40, Posters: 3},
+		{Name: "10 tokens per session", SessionsPerBatch: 10, Tokens: 10, Posters: 3},
+		{Name: "200 tokens per session", SessionsPerBatch: 10, Tokens: 200, Posters: 3},
+		{Name: "1 poster", SessionsPerBatch: 10, Tokens: 40, Posters: 1},
+		{Name: "8 posters", SessionsPerBatch: 10, Tokens: 40, Posters: 8},
+		{Name: "1 token per session per batch, 100 000 sessions", Tokens: 4, Posters: 3, Concurrent: 100_000},
+	}
+}
+
+// workload is the shape's token stream: waves of complete sessions, one
+// wave per batch; or, for the one-token shape, one wave of Concurrent
+// sessions cut into batches of 1024 events, which holds one token of each
+// session it touches.
+func (s shape) workload() workload {
+	if s.Concurrent > 0 {
+		return workload{Sessions: s.Concurrent, Tokens: s.Tokens, Waves: 1, BatchLines: 1024}
+	}
+	perBatch := s.SessionsPerBatch * s.Tokens
+	return workload{Sessions: s.SessionsPerBatch, Tokens: s.Tokens, Waves: max(1, shapeTokens/perBatch),
+		BatchLines: s.SessionsPerBatch * (s.Tokens + 2)}
+}
+
+// shapeResult is one shape, both sides.
+type shapeResult struct {
+	Shape    shape    `json:"shape"`
+	Workload workload `json:"workload"`
+	Ours     cpuRun   `json:"ours"`
+	Stock    cpuRun   `json:"stock"`
+	Ratio    float64  `json:"tokens_per_cpu_second_ratio"`
+}
+
+// shapesResult is the matrix, with its worst ratio.
+type shapesResult struct {
+	Shapes     []shapeResult `json:"shapes"`
+	WorstRatio float64       `json:"worst_ratio"`
+	WorstShape string        `json:"worst_shape"`
+}
+
+// shapes runs each shape through a fresh pair of collectors, so that one
+// shape's sessions and traces do not weigh on the next.
+func (e *env) shapes(list []shape) (*shapesResult, error) {
+	res := &shapesResult{}
+	for i, sh := range list {
+		w := sh.workload()
+		r := shapeResult{Shape: sh, Workload: w}
+		ours, a, err := e.startOurs(fmt.Sprintf("shape%d-ours", i), "")
+		if err != nil {
+			return nil, err
+		}
+		g := newGenerator(w, uint64(100+i))
+		nd := chunk(g.all(), w.BatchLines, ndjson)
+		hp := newPoster("http://"+a.hooksHTTP+hookPath, "application/x-ndjson", sh.Posters, true)
+		r.Ours, err = measureCPU(ours, e.sink, "ours "+sh.Name, func() (sendResult, error) {
+			s := hp.run(e.ctx, nd, sh.Posters)
+			return s, failed(s)
+		}, settleHTTP(ours))
+		hp.close()
+		ours.stop()
+		if err != nil {
+			return nil, err
+		}
+
+		sa := newAddrs(e.sink.addr)
+		stock, err := startCollector(fmt.Sprintf("shape%d-stock", i), e.stock, e.out, stockConfig(sa), sa.pprof, sa.telemetry, sa.otlp)
+		if err != nil {
+			return nil, err
+		}
+		g = newGenerator(w, uint64(100+i))
+		evs := g.all()
+		ot := chunk(evs, w.BatchLines, g.otlpSpans)
+		sp := newPoster("http://"+sa.otlp+"/v1/traces", "application/x-protobuf", sh.Posters, false)
+		r.Stock, err = measureCPU(stock, e.sink, "stock "+sh.Name, func() (sendResult, error) {
+			s := sp.run(e.ctx, ot, sh.Posters)
+			return s, failed(s)
+		}, settleStock(stock))
+		sp.close()
+		stock.stop()
+		if err != nil {
+			return nil, err
+		}
+		r.Ratio = ratio(r.Ours.TokensPerCPUSecond, r.Stock.TokensPerCPUSecond)
+		log.Printf("shape %q: ours %.0f, stock %.0f tokens/CPU-s: %.1f×", sh.Name, r.Ours.TokensPerCPUSecond,
+			r.Stock.TokensPerCPUSecond, r.Ratio)
+		if res.WorstShape == "" || r.Ratio < res.WorstRatio {
+			res.WorstRatio, res.WorstShape = r.Ratio, sh.Name
+		}
+		res.Shapes = append(res.Shapes, r)
+	}
+	return res, nil
+}
