@@ -210,7 +210,17 @@ func cpuNanos() int64 {
 // included) per event, the figure the events per CPU-second target is
 // about; ns/event is wall time.
 func BenchmarkTokenPathHTTP(b *testing.B) {
-	w := newTokenPathWorkload(100, 100_000, 1000)
+	benchmarkTokenPathHTTP(b, newTokenPathWorkload(100, 100_000, 1000))
+}
+
+// BenchmarkTokenPathHTTPSmallBatches is the same path with batches of 42
+// events, one session's worth of make bench's "1 session per batch" shape
+// (issue 18's worst): the per-request cost, over few events.
+func BenchmarkTokenPathHTTPSmallBatches(b *testing.B) {
+	benchmarkTokenPathHTTP(b, newTokenPathWorkload(1, 50_000, 42))
+}
+
+func benchmarkTokenPathHTTP(b *testing.B, w *tokenPathWorkload) {
 	for _, mode := range []string{"handler", "loopback"} {
 		b.Run(mode, func(b *testing.B) {
 			r := newTokenPath(b)
