@@ -4,9 +4,11 @@
 #   - token path (bench/cmd/tokenbench): hooks HTTP and UDP → token_session
 #     against the stock pipeline (span per token → tail_sampling +
 #     span_metrics, bin/otelcol-stock built by bench/stock/build.sh), memory
-#     per in-flight session, scale to 100k sessions, event rate to saturation
-#     with a CPU profile, and the overhead at the demo's load (vllmsim +
-#     llmload -concurrency 200);
+#     per in-flight session, the token path by workload shape (eight shapes,
+#     ours vs stock), scale to 100k sessions, event rate to saturation with a
+#     CPU profile, the overhead at the demo's load (vllmsim + llmload
+#     -concurrency 200), and the scale-out topology's costs (the agent through
+#     load_balancing vs otlp, a tail_sampling gateway per span);
 #   - proxy (bench/proxy/run.sh): direct vs the collector's proxy vs nginx.
 # Writes $OUT_DIR/results.md and results.json (default bench/results, which
 # git ignores), with the logs, configs and profile beside them.
