@@ -7,11 +7,9 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,45 +17,6 @@ import (
 
 	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
 )
-
-// requireTool returns the path of a Debian-packaged tool, installing its
-// package when it is missing and this runs as root (as CI does); elsewhere
-// the test is skipped without it.
-func requireTool(t *testing.T, name, pkg string) string {
-	t.Helper()
-	if path, err := exec.LookPath(name); err == nil {
-		return path
-	}
-	if _, err := exec.LookPath("apt-get"); err == nil && os.Geteuid() == 0 {
-		install := exec.Command("sh", "-c", "apt-get install -y -qq "+pkg+" || (apt-get update -qq && apt-get install -y -qq "+pkg+")")
-		install.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		out, err := install.CombinedOutput()
-		t.Logf("apt-get install %s: %v\n%s", pkg, err, out)
-		if path, err := exec.LookPath(name); err == nil {
-			return path
-		}
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatalf("%s is missing and could not be installed (apt-get install %s)", name, pkg)
-	}
-	t.Skipf("%s is missing: apt-get install %s", name, pkg)
-	return ""
-}
-
-// startProcess runs bin until the test ends.
-func startProcess(t *testing.T, bin string, args ...string) *syncBuffer {
-	t.Helper()
-	out := &syncBuffer{}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-	})
-	return out
-}
 
 // dashboard is what the test reads of deploy/grafana/otelcol-llm.json.
 type dashboard struct {
@@ -127,7 +86,7 @@ func labelValues(t *testing.T, promURL, query string) []string {
 // Prometheus's HTTP API, with the variables at All and at each value their
 // own queries give, and each must return data.
 func TestDashboardQueriesReturnData(t *testing.T) {
-	prometheus := requireTool(t, "prometheus", "prometheus")
+	prometheus := testbin.Tool(t, "prometheus", "prometheus")
 	const ip = "127.0.0.3"
 	sim, load := testbin.Build(t, "./cmd/vllmsim"), testbin.Build(t, "./cmd/llmload")
 
@@ -141,7 +100,7 @@ func TestDashboardQueriesReturnData(t *testing.T) {
 	simAddr := net.JoinHostPort(ip, freePort(t, ip))
 	// The engine's name is its instance, as the agent's pod discovery names
 	// it, so that the engine variable selects its vllm: metrics too.
-	startProcess(t, sim, "-addr", simAddr, "-model", "llama-3.1-8b", "-kv-blocks", "256",
+	testbin.StartProcess(t, sim, "-addr", simAddr, "-model", "llama-3.1-8b", "-kv-blocks", "256",
 		"-hook", "http://"+net.JoinHostPort(ip, "4320")+"/v1/token-events", "-hook-engine", simAddr)
 	env := append(agentEnv(ip, backend, t.TempDir()), "VLLM_METRICS_URL=http://"+simAddr+"/metrics")
 	agentProc := startAgent(t, env, "agent-config.yaml", "agent-config-fixed-target.yaml")
@@ -162,7 +121,7 @@ scrape_configs:
 rule_files:
   - %s
 `, ip, ip, filepath.Join(mustAbs(t, "prometheus"), "rules.yaml"))), 0o600))
-	promOut := startProcess(t, prometheus, "--config.file="+promCfg, "--storage.tsdb.path="+t.TempDir(),
+	promOut := testbin.StartProcess(t, prometheus, "--config.file="+promCfg, "--storage.tsdb.path="+t.TempDir(),
 		"--web.listen-address="+promAddr, "--log.level=warn")
 	promURL := "http://" + promAddr
 	require.Eventually(t, func() bool {
@@ -176,7 +135,7 @@ rule_files:
 
 	// Load with long prompts on a small KV pool: queueing, pre-emptions and
 	// slow sessions, so that every panel has something to show.
-	loadOut := startProcess(t, load, "-url", "http://"+simAddr, "-model", "llama-3.1-8b", "-concurrency", "24",
+	loadOut := testbin.StartProcess(t, load, "-url", "http://"+simAddr, "-model", "llama-3.1-8b", "-concurrency", "24",
 		"-duration", "40s", "-prompt-tokens", "uniform:200-1500", "-output-tokens", "64", "-quiet")
 
 	// Rates need two scrapes of the session metrics, which token_session
@@ -202,7 +161,7 @@ rule_files:
 		empty = check(".*", ".*")
 		return len(empty) == 0
 	}, 90*time.Second, 2*time.Second, "panels without data (variables at All):\n%s\nagent:\n%s\nllmload:\n%s",
-		strings.Join(empty, "\n"), agentProc.out, loadOut)
+		strings.Join(empty, "\n"), agentProc.Output, loadOut)
 
 	// Each variable, at each value its query gives.
 	vars := map[string]string{}

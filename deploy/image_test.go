@@ -23,7 +23,7 @@ import (
 // the sandbox), so the image runs with buildah's chroot isolation: its own
 // root file system, the host's network.
 func TestImage(t *testing.T) {
-	buildah := requireTool(t, "buildah", "buildah")
+	buildah := testbin.Tool(t, "buildah", "buildah")
 	root := testbin.ModuleRoot(t)
 	testbin.Collector(t) // make image builds from ./bin/otelcol-llm
 	const image = "localhost/otelcol-llm:check-deploy"
@@ -73,7 +73,7 @@ func TestImage(t *testing.T) {
 	env := agentEnv(ip, net.JoinHostPort(ip, freePort(t, ip)), "/var/lib/otelcol-llm/queue")
 	agentCmd := run(env, []string{"--volume", queue + ":/var/lib/otelcol-llm/queue"},
 		"/otelcol-llm", "--config", "/etc/otelcol-llm/config.yaml")
-	logs := &syncBuffer{}
+	logs := &testbin.SyncBuffer{}
 	agentCmd.Stdout, agentCmd.Stderr = logs, logs
 	require.NoError(t, agentCmd.Start())
 	t.Cleanup(func() {

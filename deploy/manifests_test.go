@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 )
 
@@ -170,6 +171,33 @@ func readCollectorConfig(t *testing.T, path string) collectorConfig {
 	return c
 }
 
+// containerPort is the number a port reference (a number or a port's name)
+// means in container c; 0 for a name c does not have.
+func containerPort(c corev1.Container, ref intstr.IntOrString) int32 {
+	if ref.Type == intstr.Int {
+		return ref.IntVal
+	}
+	for _, p := range c.Ports {
+		if p.Name == ref.StrVal {
+			return p.ContainerPort
+		}
+	}
+	return 0
+}
+
+// collectorDeployment is the one Deployment of a shape, its otelcol-llm
+// container checked against configFile (checkCollectorContainer).
+func collectorDeployment(t *testing.T, m manifests, configFile string) (appsv1.Deployment, corev1.Container, collectorConfig) {
+	t.Helper()
+	cfg := readCollectorConfig(t, configFile)
+	require.Len(t, m.deployments, 1)
+	d := m.deployments[0]
+	assert.Equal(t, d.Spec.Selector.MatchLabels, d.Spec.Template.Labels, "the selector selects the pods")
+	c := containerNamed(t, d.Spec.Template.Spec, "otelcol-llm")
+	checkCollectorContainer(t, m, d.Spec.Template.Spec, c, cfg, "deploy/"+configFile)
+	return d, c, cfg
+}
+
 // containerNamed finds a pod's container.
 func containerNamed(t *testing.T, spec corev1.PodSpec, name string) corev1.Container {
 	t.Helper()
@@ -217,15 +245,7 @@ func checkCollectorContainer(t *testing.T, m manifests, spec corev1.PodSpec, c c
 		require.NotNil(t, probe, "%s probe", name)
 		require.NotNil(t, probe.HTTPGet, "%s probe is an HTTP GET", name)
 		assert.Equal(t, "/", probe.HTTPGet.Path, name)
-		port := probe.HTTPGet.Port.IntVal
-		if probe.HTTPGet.Port.StrVal != "" {
-			for _, p := range c.Ports {
-				if p.Name == probe.HTTPGet.Port.StrVal {
-					port = p.ContainerPort
-				}
-			}
-		}
-		assert.Equal(t, cfg.health, port, "%s probe on health_check", name)
+		assert.Equal(t, cfg.health, containerPort(c, probe.HTTPGet.Port), "%s probe on health_check", name)
 	}
 
 	// The config comes from the ConfigMap, which is the config file.
@@ -354,13 +374,7 @@ func TestDaemonSetManifests(t *testing.T) {
 
 func TestSidecarManifests(t *testing.T) {
 	m := loadManifests(t, "sidecar")
-	cfg := readCollectorConfig(t, "sidecar-config.yaml")
-	require.Len(t, m.deployments, 1)
-	d := m.deployments[0]
-	spec := d.Spec.Template.Spec
-	assert.Equal(t, d.Spec.Selector.MatchLabels, d.Spec.Template.Labels)
-	sidecar := containerNamed(t, spec, "otelcol-llm")
-	checkCollectorContainer(t, m, spec, sidecar, cfg, "deploy/sidecar-config.yaml")
+	d, sidecar, cfg := collectorDeployment(t, m, "sidecar-config.yaml")
 
 	// The Service sends clients through the proxy, which forwards to vLLM
 	// on localhost.
@@ -368,15 +382,8 @@ func TestSidecarManifests(t *testing.T) {
 	svc := m.services[0]
 	assert.Equal(t, d.Spec.Template.Labels, svc.Spec.Selector)
 	require.Len(t, svc.Spec.Ports, 1)
-	target := svc.Spec.Ports[0].TargetPort
-	var targetPort int32
-	for _, p := range sidecar.Ports {
-		if p.Name == target.StrVal || p.ContainerPort == target.IntVal {
-			targetPort = p.ContainerPort
-		}
-	}
-	assert.Equal(t, cfg.ports["proxy"], targetPort, "the Service targets the proxy")
-	vllm := containerNamed(t, spec, "vllm")
+	assert.Equal(t, cfg.ports["proxy"], containerPort(sidecar, svc.Spec.Ports[0].TargetPort), "the Service targets the proxy")
+	vllm := containerNamed(t, d.Spec.Template.Spec, "vllm")
 	assert.Contains(t, cfg.text, "endpoint: http://localhost:8000", "the proxy's upstream is vLLM in the pod")
 	assert.Contains(t, strings.Join(vllm.Args, " "), "--port 8000")
 	assert.True(t, *sidecar.SecurityContext.RunAsNonRoot)
@@ -384,13 +391,7 @@ func TestSidecarManifests(t *testing.T) {
 
 func TestGatewayManifests(t *testing.T) {
 	m := loadManifests(t, "gateway")
-	cfg := readCollectorConfig(t, "gateway.yaml")
-	require.Len(t, m.deployments, 1)
-	d := m.deployments[0]
-	spec := d.Spec.Template.Spec
-	assert.Equal(t, d.Spec.Selector.MatchLabels, d.Spec.Template.Labels)
-	gw := containerNamed(t, spec, "otelcol-llm")
-	checkCollectorContainer(t, m, spec, gw, cfg, "deploy/gateway.yaml")
+	d, _, cfg := collectorDeployment(t, m, "gateway.yaml")
 
 	// The agents resolve the gateways through a headless Service on their
 	// OTLP port.
@@ -432,13 +433,13 @@ func TestGatewayManifests(t *testing.T) {
 	require.Len(t, m.roles, 1)
 	require.Len(t, m.roleBindings, 1)
 	assert.Equal(t, svc.Namespace, m.roles[0].Namespace)
-	var watchesSlices bool
+	var watchesEndpointSlices bool
 	for _, r := range m.roles[0].Rules {
 		if slices.Contains(r.Resources, "endpointslices") && slices.Contains(r.Verbs, "watch") && slices.Contains(r.Verbs, "list") {
-			watchesSlices = true
+			watchesEndpointSlices = true
 		}
 	}
-	assert.True(t, watchesSlices, "the Role lists and watches endpointslices")
+	assert.True(t, watchesEndpointSlices, "the Role lists and watches endpointslices")
 	rb := m.roleBindings[0]
 	assert.Equal(t, m.roles[0].Name, rb.RoleRef.Name)
 	require.Len(t, rb.Subjects, 1)

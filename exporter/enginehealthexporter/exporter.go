@@ -177,77 +177,75 @@ type engineSample struct {
 	reset                    bool
 }
 
+// batchReader reads one metrics batch into a sample per engine.
+type batchReader struct {
+	h        *engineHealth
+	now      time.Time
+	samples  map[string]*engineSample
+	noEngine int
+}
+
+// point is the sample of a data point's engine and what the point adds: a
+// delta point its value, a cumulative one its rise since the series' last
+// point (counts, when not nil, are a histogram's, turned into deltas in
+// place). false for a point without llm.engine, which is counted.
+func (r *batchReader) point(name string, attrs pcommon.Map, cumulative bool, start pcommon.Timestamp, value float64,
+	counts *[]uint64,
+) (*engineSample, float64, bool) {
+	engine, ok := attrs.Get(attrEngine)
+	if !ok || engine.Str() == "" {
+		r.noEngine++
+		return nil, 0, false
+	}
+	s := r.samples[engine.Str()]
+	if s == nil {
+		s = &engineSample{}
+		r.samples[engine.Str()] = s
+	}
+	if cumulative {
+		var reset bool
+		value, reset = r.h.delta(name, attrs, start, value, counts, r.now)
+		s.reset = s.reset || reset
+	}
+	return s, value, true
+}
+
 // consumeMetrics reads the session metrics of md into the judge's windows.
 func (h *engineHealth) consumeMetrics(md pmetric.Metrics) {
-	now := h.now()
-	var noEngine, tooMany, resets int
+	var tooMany, resets int
 	h.mu.Lock()
-	batch := map[string]*engineSample{}
-	get := func(engine string) *engineSample {
-		s := batch[engine]
-		if s == nil {
-			s = &engineSample{}
-			batch[engine] = s
-		}
-		return s
-	}
+	r := &batchReader{h: h, now: h.now(), samples: map[string]*engineSample{}}
 	for _, rm := range md.ResourceMetrics().All() {
 		for _, sm := range rm.ScopeMetrics().All() {
 			for _, m := range sm.Metrics().All() {
-				switch m.Name() {
-				case metricSessions, metricStalls:
-					if m.Type() != pmetric.MetricTypeSum {
-						continue
-					}
-					cumulative := m.Sum().AggregationTemporality() == pmetric.AggregationTemporalityCumulative
-					for _, dp := range m.Sum().DataPoints().All() {
-						engine, ok := dp.Attributes().Get(attrEngine)
-						if !ok || engine.Str() == "" {
-							noEngine++
-							continue
-						}
-						v := dp.DoubleValue()
-						if dp.ValueType() == pmetric.NumberDataPointValueTypeInt {
-							v = float64(dp.IntValue())
-						}
-						s := get(engine.Str())
-						if cumulative {
-							var reset bool
-							v, reset = h.delta(m.Name(), dp.Attributes(), dp.StartTimestamp(), v, nil, now)
-							s.reset = s.reset || reset
-						}
-						if m.Name() == metricStalls {
-							s.stalls += v
-							continue
-						}
-						s.sessions += v
-						if o, ok := dp.Attributes().Get(attrOutcome); ok && (o.Str() == "error" || o.Str() == "timeout") {
-							s.errors += v
-						}
-					}
-				case metricTTFT:
-					h.readTTFT(m, get, &noEngine, now)
+				switch {
+				case (m.Name() == metricSessions || m.Name() == metricStalls) && m.Type() == pmetric.MetricTypeSum:
+					r.readCount(m)
+				case m.Name() == metricTTFT && m.Type() == pmetric.MetricTypeHistogram:
+					r.readTTFT(m.Histogram())
+				case m.Name() == metricTTFT && m.Type() == pmetric.MetricTypeExponentialHistogram:
+					r.readExponentialTTFT(m.ExponentialHistogram())
 				}
 			}
 		}
 	}
-	names := make([]string, 0, len(batch))
-	for name := range batch {
+	names := make([]string, 0, len(r.samples))
+	for name := range r.samples {
 		names = append(names, name)
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		s := batch[name]
+		s := r.samples[name]
 		if s.reset {
 			h.judge.reset(name)
 			resets++
 		}
-		if !h.judge.add(name, sample{at: now, sessions: s.sessions, errors: s.errors, stalls: s.stalls, ttft: s.ttft}) {
+		if !h.judge.add(name, sample{at: r.now, sessions: s.sessions, errors: s.errors, stalls: s.stalls, ttft: s.ttft}) {
 			tooMany++
 		}
 	}
 	h.mu.Unlock()
-	h.ignored("no_engine", noEngine)
+	h.ignored("no_engine", r.noEngine)
 	h.ignored("too_many_engines", tooMany)
 	if resets > 0 {
 		h.tel.ExporterEngineHealthWindowResets.Add(context.Background(), int64(resets))
@@ -255,69 +253,77 @@ func (h *engineHealth) consumeMetrics(md pmetric.Metrics) {
 	h.evaluate()
 }
 
-// readTTFT reads the TTFT histogram, explicit or exponential, as buckets.
-func (h *engineHealth) readTTFT(m pmetric.Metric, get func(string) *engineSample, noEngine *int, now time.Time) {
-	switch m.Type() {
-	case pmetric.MetricTypeHistogram:
-		cumulative := m.Histogram().AggregationTemporality() == pmetric.AggregationTemporalityCumulative
-		for _, dp := range m.Histogram().DataPoints().All() {
-			engine, ok := dp.Attributes().Get(attrEngine)
-			if !ok || engine.Str() == "" {
-				*noEngine++
-				continue
-			}
-			counts := dp.BucketCounts().AsRaw()
-			s := get(engine.Str())
-			if cumulative {
-				var reset bool
-				_, reset = h.delta(metricTTFT, dp.Attributes(), dp.StartTimestamp(), 0, &counts, now)
-				s.reset = s.reset || reset
-			}
-			bounds := dp.ExplicitBounds().AsRaw()
-			for i, c := range counts {
-				if c == 0 {
-					continue
-				}
-				// TTFTs are not negative: the first bucket starts at 0.
-				lower, upper := 0.0, math.Inf(1)
-				if i > 0 && i-1 < len(bounds) {
-					lower = bounds[i-1]
-				}
-				if i < len(bounds) {
-					upper = bounds[i]
-				}
-				s.ttft = append(s.ttft, bucket{lower: lower, upper: upper, count: c})
+// readCount reads llm.sessions (by outcome) or llm.session.stalls.
+func (r *batchReader) readCount(m pmetric.Metric) {
+	cumulative := m.Sum().AggregationTemporality() == pmetric.AggregationTemporalityCumulative
+	for _, dp := range m.Sum().DataPoints().All() {
+		v := dp.DoubleValue()
+		if dp.ValueType() == pmetric.NumberDataPointValueTypeInt {
+			v = float64(dp.IntValue())
+		}
+		s, v, ok := r.point(m.Name(), dp.Attributes(), cumulative, dp.StartTimestamp(), v, nil)
+		switch {
+		case !ok:
+		case m.Name() == metricStalls:
+			s.stalls += v
+		default:
+			s.sessions += v
+			if o, ok := dp.Attributes().Get(attrOutcome); ok && (o.Str() == "error" || o.Str() == "timeout") {
+				s.errors += v
 			}
 		}
-	case pmetric.MetricTypeExponentialHistogram:
-		cumulative := m.ExponentialHistogram().AggregationTemporality() == pmetric.AggregationTemporalityCumulative
-		for _, dp := range m.ExponentialHistogram().DataPoints().All() {
-			engine, ok := dp.Attributes().Get(attrEngine)
-			if !ok || engine.Str() == "" {
-				*noEngine++
+	}
+}
+
+// readTTFT reads an explicit TTFT histogram as buckets.
+func (r *batchReader) readTTFT(h pmetric.Histogram) {
+	cumulative := h.AggregationTemporality() == pmetric.AggregationTemporalityCumulative
+	for _, dp := range h.DataPoints().All() {
+		counts := dp.BucketCounts().AsRaw()
+		s, _, ok := r.point(metricTTFT, dp.Attributes(), cumulative, dp.StartTimestamp(), 0, &counts)
+		if !ok {
+			continue
+		}
+		bounds := dp.ExplicitBounds().AsRaw()
+		for i, c := range counts {
+			if c == 0 {
 				continue
 			}
-			// The zero bucket first, then the positive ones: one list of counts.
-			counts := append([]uint64{dp.ZeroCount()}, dp.Positive().BucketCounts().AsRaw()...)
-			s := get(engine.Str())
-			if cumulative {
-				var reset bool
-				_, reset = h.delta(metricTTFT, dp.Attributes(), dp.StartTimestamp(), 0, &counts, now)
-				s.reset = s.reset || reset
+			// TTFTs are not negative: the first bucket starts at 0.
+			lower, upper := 0.0, math.Inf(1)
+			if i > 0 && i-1 < len(bounds) {
+				lower = bounds[i-1]
 			}
-			base := math.Exp2(math.Exp2(-float64(dp.Scale())))
-			for i, c := range counts {
-				if c == 0 {
-					continue
-				}
-				// Positive bucket k (counts[k-offset+1]) holds (base^k, base^(k+1)].
-				lower, upper := 0.0, 0.0
-				if i > 0 {
-					k := float64(dp.Positive().Offset() + int32(i) - 1)
-					lower, upper = math.Pow(base, k), math.Pow(base, k+1)
-				}
-				s.ttft = append(s.ttft, bucket{lower: lower, upper: upper, count: c})
+			if i < len(bounds) {
+				upper = bounds[i]
 			}
+			s.ttft = append(s.ttft, bucket{lower: lower, upper: upper, count: c})
+		}
+	}
+}
+
+// readExponentialTTFT reads an exponential TTFT histogram as buckets.
+func (r *batchReader) readExponentialTTFT(h pmetric.ExponentialHistogram) {
+	cumulative := h.AggregationTemporality() == pmetric.AggregationTemporalityCumulative
+	for _, dp := range h.DataPoints().All() {
+		// The zero bucket first, then the positive ones: one list of counts.
+		counts := append([]uint64{dp.ZeroCount()}, dp.Positive().BucketCounts().AsRaw()...)
+		s, _, ok := r.point(metricTTFT, dp.Attributes(), cumulative, dp.StartTimestamp(), 0, &counts)
+		if !ok {
+			continue
+		}
+		base := math.Exp2(math.Exp2(-float64(dp.Scale())))
+		for i, c := range counts {
+			if c == 0 {
+				continue
+			}
+			// Positive bucket k (counts[k-offset+1]) holds (base^k, base^(k+1)].
+			lower, upper := 0.0, 0.0
+			if i > 0 {
+				k := float64(dp.Positive().Offset() + int32(i) - 1)
+				lower, upper = math.Pow(base, k), math.Pow(base, k+1)
+			}
+			s.ttft = append(s.ttft, bucket{lower: lower, upper: upper, count: c})
 		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -122,6 +123,31 @@ func (p *Process) OpenFiles() (int, error) {
 // telemetry at addr, /metrics): each family's value summed over its series,
 // by name, for counters and gauges.
 func SelfMetrics(addr string) (map[string]float64, error) {
+	return selfMetrics(addr, nil)
+}
+
+// SelfMetric is one family of SelfMetrics, summed over the series whose
+// labels include every one of labels.
+func SelfMetric(addr, name string, labels map[string]string) (float64, error) {
+	m, err := selfMetrics(addr, func(family string, series *dto.Metric) bool {
+		if family != name {
+			return false
+		}
+		have := map[string]string{}
+		for _, l := range series.GetLabel() {
+			have[l.GetName()] = l.GetValue()
+		}
+		for k, v := range labels {
+			if have[k] != v {
+				return false
+			}
+		}
+		return true
+	})
+	return m[name], err
+}
+
+func selfMetrics(addr string, keep func(family string, series *dto.Metric) bool) (map[string]float64, error) {
 	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + addr + "/metrics")
 	if err != nil {
 		return nil, err
@@ -135,6 +161,9 @@ func SelfMetrics(addr string) (map[string]float64, error) {
 	out := map[string]float64{}
 	for name, mf := range fams {
 		for _, m := range mf.GetMetric() {
+			if keep != nil && !keep(name, m) {
+				continue
+			}
 			switch {
 			case m.Gauge != nil:
 				out[name] += m.Gauge.GetValue()

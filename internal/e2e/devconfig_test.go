@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
 )
 
 // startDevCollector runs otelcol-dev.yaml, the config of `make run`, as it
@@ -39,7 +41,7 @@ func startDevCollector(t *testing.T, engineURL string) *collector {
 	for _, s := range set {
 		args = append(args, "--set", s)
 	}
-	c.run(t, args, nil)
+	c.Process = testbin.StartCollector(t, args, nil)
 	return c
 }
 
@@ -119,20 +121,20 @@ func TestDevConfig(t *testing.T) {
 
 	for _, trace := range []string{hookTrace, proxyTrace} {
 		require.Eventually(t, func() bool {
-			return len(debugBlocks(col.output.String(), "LogRecord #", `EventName: llm.session.summary`, `Trace ID: `+trace)) > 0
-		}, 30*time.Second, 20*time.Millisecond, "no session summary for trace %s on the debug output:\n%s", trace, col.output)
-		summary := debugBlocks(col.output.String(), "LogRecord #", `EventName: llm.session.summary`, `Trace ID: `+trace)[0]
+			return len(debugBlocks(col.Output.String(), "LogRecord #", `EventName: llm.session.summary`, `Trace ID: `+trace)) > 0
+		}, 30*time.Second, 20*time.Millisecond, "no session summary for trace %s on the debug output:\n%s", trace, col.Output)
+		summary := debugBlocks(col.Output.String(), "LogRecord #", `EventName: llm.session.summary`, `Trace ID: `+trace)[0]
 		assert.Contains(t, summary, "-> llm.session.sampling.reason: Str(probabilistic)", "a normal session, kept by normal_percent: 100")
 		assert.Contains(t, summary, "-> llm.session.outcome: Str(completed)")
-		spans := debugBlocks(col.output.String(), "Span #", `Trace ID\s+: `+trace, `Name\s+: chat `)
+		spans := debugBlocks(col.Output.String(), "Span #", `Trace ID\s+: `+trace, `Name\s+: chat `)
 		require.Len(t, spans, 1, "the session's span")
 		assert.Contains(t, spans[0], "-> vllm.kv_cache_usage.start: Double(0.42)", "engine context, from the metrics the filter then drops")
 	}
-	assert.Contains(t, debugBlocks(col.output.String(), "LogRecord #", `Trace ID: `+hookTrace)[0], "-> llm.session.id: Str(dev-hook-1)")
+	assert.Contains(t, debugBlocks(col.Output.String(), "LogRecord #", `Trace ID: `+hookTrace)[0], "-> llm.session.id: Str(dev-hook-1)")
 
 	// Session metrics every 5 s, each point printed.
 	require.Eventually(t, func() bool {
-		return len(debugBlocks(col.output.String(), "Metric #", `Name: llm\.sessions\n`, `llm\.session\.outcome: Str\(completed\)`)) > 0
-	}, 30*time.Second, 50*time.Millisecond, "no llm.sessions on the debug output:\n%s", col.output)
-	assert.Empty(t, debugBlocks(col.output.String(), "Metric #", `Name: vllm:`), "the engine's own metrics stop at the filter, after token_session")
+		return len(debugBlocks(col.Output.String(), "Metric #", `Name: llm\.sessions\n`, `llm\.session\.outcome: Str\(completed\)`)) > 0
+	}, 30*time.Second, 50*time.Millisecond, "no llm.sessions on the debug output:\n%s", col.Output)
+	assert.Empty(t, debugBlocks(col.Output.String(), "Metric #", `Name: vllm:`), "the engine's own metrics stop at the filter, after token_session")
 }

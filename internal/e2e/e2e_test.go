@@ -8,7 +8,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -19,7 +18,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -196,91 +194,28 @@ func freePort(t *testing.T, network string) string {
 	return l.Addr().String()
 }
 
-// syncBuffer collects a process's output while tests read it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
+// collector is the distribution on free loopback ports.
 type collector struct {
 	httpAddr, udpAddr, otlpAddr, proxyAddr string
-	output                                 *syncBuffer
-	stop                                   func()
-	// crash kills the process (SIGKILL): no shutdown, as a node lost.
-	crash func()
+	*testbin.Process
 }
 
 // newCollector picks free loopback ports for the collector's endpoints.
 func newCollector(t *testing.T) *collector {
-	return &collector{httpAddr: freePort(t, "tcp"), udpAddr: freePort(t, "udp"), otlpAddr: freePort(t, "tcp"), proxyAddr: freePort(t, "tcp"), output: &syncBuffer{}}
+	return &collector{httpAddr: freePort(t, "tcp"), udpAddr: freePort(t, "udp"), otlpAddr: freePort(t, "tcp"), proxyAddr: freePort(t, "tcp")}
 }
 
 // startCollector runs the distribution with testdata/e2e/<config>, its
 // endpoints on free loopback ports and its exporter pointed at sinkAddr. It
-// stops the process (SIGTERM) when the test ends, or at c.stop, and checks
+// stops the process (SIGTERM) when the test ends, or at c.Stop, and checks
 // that it exits cleanly.
 func startCollector(t *testing.T, config, sinkAddr string, env ...string) *collector {
 	t.Helper()
 	c := newCollector(t)
 	env = append([]string{"HOOKS_HTTP_ENDPOINT=" + c.httpAddr, "HOOKS_UDP_ENDPOINT=" + c.udpAddr,
 		"OTLP_ENDPOINT=" + c.otlpAddr, "PROXY_ENDPOINT=" + c.proxyAddr, "SINK_ENDPOINT=" + sinkAddr}, env...)
-	c.run(t, []string{"--config", filepath.Join("..", "..", "testdata", "e2e", config)}, env)
+	c.Process = testbin.StartCollector(t, []string{"--config", filepath.Join("..", "..", "testdata", "e2e", config)}, env)
 	return c
-}
-
-// run starts the distribution with args, env added to the test's
-// environment, and returns once it is ready; see startCollector.
-func (c *collector) run(t *testing.T, args, env []string) {
-	t.Helper()
-	cmd := exec.Command(testbin.Collector(t), args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = c.output, c.output
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	var once sync.Once
-	c.stop = func() {
-		once.Do(func() {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case err := <-exited:
-				assert.NoError(t, err, "collector exit\n%s", c.output)
-			case <-time.After(30 * time.Second):
-				_ = cmd.Process.Kill()
-				<-exited
-				t.Errorf("collector did not stop within 30s of SIGTERM\n%s", c.output)
-			}
-		})
-	}
-	c.crash = func() {
-		once.Do(func() {
-			_ = cmd.Process.Kill()
-			<-exited
-		})
-	}
-	t.Cleanup(c.stop)
-	require.Eventually(t, func() bool {
-		select {
-		case err := <-exited:
-			exited <- err
-			return true
-		default:
-		}
-		return strings.Contains(c.output.String(), "Everything is ready")
-	}, 60*time.Second, 20*time.Millisecond)
-	require.Contains(t, c.output.String(), "Everything is ready", "collector exited early")
 }
 
 // session returns the wire lines of one complete session with the given ID.
@@ -360,7 +295,7 @@ func TestHooksEndToEnd(t *testing.T) {
 	}
 
 	t.Run("debug exporter", func(t *testing.T) {
-		out := col.output.String()
+		out := col.Output.String()
 		for _, want := range []string{"EventName: llm.session.start", "EventName: llm.token", "EventName: llm.session.end",
 			"-> llm.session.id: Str(http-1)", "-> gen_ai.request.model: Str(meta-llama/Llama-3.1-8B-Instruct)",
 			"-> llm.token.events: Str(0 25000000:2 51000000)", "Trace ID: 4bf92f3577b34da6a3ce929d0e0e4736"} {

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/ptrace"
 	"sigs.k8s.io/yaml"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 )
 
@@ -59,7 +60,7 @@ type scaleOut struct {
 	gateways [2]*sink
 	// gatewayProcs are the gateways' processes; startGateway starts one
 	// again.
-	gatewayProcs [2]*collector
+	gatewayProcs [2]*testbin.Process
 	startGateway func(i int)
 }
 
@@ -72,10 +73,8 @@ func startScaleOut(t *testing.T) *scaleOut {
 	})
 	var sinkAddrs [2]string
 	so.startGateway = func(i int) {
-		c := &collector{output: &syncBuffer{}}
-		c.run(t, []string{"--config", gatewayCfg},
+		so.gatewayProcs[i] = testbin.StartCollector(t, []string{"--config", gatewayCfg},
 			[]string{"MY_POD_IP=" + gatewayIPs[i], "OTLP_BACKEND=" + sinkAddrs[i], "OTLP_BACKEND_INSECURE=true"})
-		so.gatewayProcs[i] = c
 	}
 	for i := range gatewayIPs {
 		so.gateways[i], sinkAddrs[i] = startSink(t)
@@ -88,7 +87,7 @@ func startScaleOut(t *testing.T) *scaleOut {
 		}
 	})
 	for _, ip := range so.agents {
-		(&collector{output: &syncBuffer{}}).run(t, []string{"--config", filepath.Join("..", "..", "deploy", "agent-config.yaml"),
+		testbin.StartCollector(t, []string{"--config", filepath.Join("..", "..", "deploy", "agent-config.yaml"),
 			"--config", lbCfg}, []string{"MY_POD_IP=" + ip, "K8S_NODE_NAME=node-" + ip, "K8S_POD_NAME=agent-" + ip,
 			"K8S_NAMESPACE=observability", "OTLP_BACKEND=127.0.0.1:9", "OTELCOL_LLM_STORAGE_DIR=" + t.TempDir(),
 			"GATEWAY_INSECURE=true"})
@@ -146,25 +145,12 @@ func postLine(url, line string) error {
 	return nil
 }
 
-// sessionEvents are the hook lines of one session: the first token after
-// ttft, then tokens 20 ms apart, and the end.
+// sessionEvents are the hook lines of one session of trace, a child of its
+// API gateway's span (appSpans): the first token after ttft, then tokens
+// 20 ms apart, and the end.
 func sessionEvents(id string, trace pcommon.TraceID, span pcommon.SpanID, start time.Time, ttft time.Duration, tokens int) []string {
-	at := uint64(start.UnixNano())
-	evs := []tokenevent.Event{{Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: at, TraceID: tokenevent.TraceID(trace),
-		SpanID: tokenevent.SpanID(span), ParentSpanID: tokenevent.SpanID{0xa0, trace[0], trace[1], trace[2], trace[3], 2},
-		Model: "llama-3.1-8b", Operation: tokenevent.OperationChat, Engine: "vllm-0", PromptTokens: 200, Count: 1, CompletionTokens: -1}}
-	t := at + uint64(ttft)
-	for range tokens {
-		evs = append(evs, tokenevent.Event{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: t, Count: 1, PromptTokens: -1, CompletionTokens: -1})
-		t += uint64(20 * time.Millisecond)
-	}
-	evs = append(evs, tokenevent.Event{Kind: tokenevent.KindEnd, SessionID: id, TimeUnixNano: t, CompletionTokens: int64(tokens),
-		FinishReason: "stop", PromptTokens: -1, Count: 1})
-	lines := make([]string, len(evs))
-	for i := range evs {
-		lines[i] = strings.TrimSpace(string(tokenevent.AppendJSON(nil, &evs[i])))
-	}
-	return lines
+	return testbin.HookSession{ID: id, TraceID: trace, SpanID: span, ParentSpanID: [8]byte{0xa0, trace[0], trace[1], trace[2], trace[3], 2},
+		Start: start, TTFT: ttft, Tokens: tokens}.Lines()
 }
 
 // tracesAt groups the spans each gateway exported, by trace.
@@ -417,7 +403,7 @@ func TestScaleOutGatewayLost(t *testing.T) {
 
 	inFlight := so.bulkSessions(t, 6000, 100)
 	time.Sleep(time.Second) // at both gateways, undecided
-	so.gatewayProcs[1].crash()
+	so.gatewayProcs[1].Crash()
 	during := so.bulkSessions(t, 7000, 100)
 	time.Sleep(gatewayDecisionWait + 2*time.Second)
 	so.startGateway(1)

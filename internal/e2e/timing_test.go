@@ -5,11 +5,9 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,15 +20,7 @@ import (
 // startVLLMSim runs the simulator on addr with args, until the test ends.
 func startVLLMSim(t *testing.T, addr string, args ...string) {
 	t.Helper()
-	cmd := exec.Command(testbin.Build(t, "./cmd/vllmsim"), append([]string{"-addr", addr}, args...)...)
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-	})
+	out := testbin.StartProcess(t, testbin.Build(t, "./cmd/vllmsim"), append([]string{"-addr", addr}, args...)...)
 	require.Eventually(t, func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
@@ -122,7 +112,7 @@ func TestEngineTimingEndToEnd(t *testing.T) {
 		for _, span := range s.spans() {
 			sources[span.Attributes().AsRaw()["llm.session.timing_source"]]++
 		}
-		t.Fatalf("%d spans, %d joined, %d engine spans, timing sources %v\n%s", len(s.spans()), len(joined), len(engine), sources, col.output)
+		t.Fatalf("%d spans, %d joined, %d engine spans, timing sources %v\n%s", len(s.spans()), len(joined), len(engine), sources, col.Output)
 	}
 
 	joined, engine := sessions()

@@ -35,15 +35,15 @@ import (
 //go:embed breaker.yaml
 var breakerCollectorConfig []byte
 
-// HAProxyConfig is the HAProxy configuration of the story, with {{name}}
-// fields for the addresses and engine names (see HAProxyConfigFor).
+// haproxyConfig is the HAProxy configuration of the story, with {{name}}
+// fields for the addresses and engine names (see haproxyConfigFor).
 //
 //go:embed haproxy.cfg
-var HAProxyConfig string
+var haproxyConfig string
 
-// HAProxyConfigFor fills in the {{name}} fields of HAProxyConfig.
-func HAProxyConfigFor(vars map[string]string) string {
-	cfg := HAProxyConfig
+// haproxyConfigFor fills in the {{name}} fields of haproxyConfig.
+func haproxyConfigFor(vars map[string]string) string {
+	cfg := haproxyConfig
 	for k, v := range vars {
 		cfg = strings.ReplaceAll(cfg, "{{"+k+"}}", v)
 	}
@@ -182,7 +182,7 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 	// The engine of a proxy's sessions is its upstream's host:port.
 	engineB := addrs["sim_b"]
 	agentHost, agentPort, _ := strings.Cut(addrs["agent"], ":")
-	haCfg := HAProxyConfigFor(map[string]string{
+	haCfg := haproxyConfigFor(map[string]string{
 		"frontend": addrs["frontend"], "stats": addrs["stats"], "proxy_a": addrs["proxy_a"], "proxy_b": addrs["proxy_b"],
 		"agent_host": agentHost, "agent_port": agentPort, "engine_a": addrs["sim_a"], "engine_b": engineB,
 	})
@@ -204,7 +204,7 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 	}
 	// Both servers up before the load starts.
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		s, err := HAProxyServers(statsURL, "engines")
+		s, err := haproxyServers(statsURL, "engines")
 		if err == nil && strings.HasPrefix(s["a"].Status, "UP") && strings.HasPrefix(s["b"].Status, "UP") {
 			break
 		}
@@ -295,7 +295,7 @@ func watchBreaker(ctx context.Context, load *process, start time.Time, story Bre
 			}
 		}
 		s := breakerSample{at: at}
-		if servers, err := HAProxyServers(statsURL, "engines"); err == nil {
+		if servers, err := haproxyServers(statsURL, "engines"); err == nil {
 			s.stotA, s.stotB, s.haproxyB = servers["a"].Sessions, servers["b"].Sessions, servers["b"].Status
 		}
 		s.bState, s.reason = engineState(healthURL)
@@ -348,15 +348,15 @@ func engineState(url string) (state, reason string) {
 	return st.State, st.Reason
 }
 
-// HAProxyServer is a server's line of HAProxy's CSV statistics.
-type HAProxyServer struct {
+// haproxyServer is a server's line of HAProxy's CSV statistics.
+type haproxyServer struct {
 	Status   string // UP, DOWN, …
 	Sessions int    // stot: the requests sent to it so far
 }
 
-// HAProxyServers reads the servers of backend from HAProxy's statistics page
+// haproxyServers reads the servers of backend from HAProxy's statistics page
 // (its CSV form).
-func HAProxyServers(statsURL, backend string) (map[string]HAProxyServer, error) {
+func haproxyServers(statsURL, backend string) (map[string]haproxyServer, error) {
 	resp, err := storyClient.Get(statsURL + ";csv")
 	if err != nil {
 		return nil, err
@@ -375,13 +375,13 @@ func HAProxyServers(statsURL, backend string) (map[string]HAProxyServer, error) 
 	for i, name := range rows[0] {
 		col[strings.TrimPrefix(name, "# ")] = i
 	}
-	out := map[string]HAProxyServer{}
+	out := map[string]haproxyServer{}
 	for _, row := range rows[1:] {
 		if len(row) <= max(col["stot"], col["status"]) || row[col["pxname"]] != backend || row[col["svname"]] == "BACKEND" {
 			continue
 		}
 		n, _ := strconv.Atoi(row[col["stot"]])
-		out[row[col["svname"]]] = HAProxyServer{Status: row[col["status"]], Sessions: n}
+		out[row[col["svname"]]] = haproxyServer{Status: row[col["status"]], Sessions: n}
 	}
 	return out, nil
 }

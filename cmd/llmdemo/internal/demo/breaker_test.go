@@ -2,8 +2,6 @@ package demo
 
 import (
 	"context"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -14,37 +12,13 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
 )
 
-// requireTool returns the path of a Debian-packaged tool, installing its
-// package when it is missing and this runs as root (as CI does); elsewhere
-// the test is skipped without it.
-func requireTool(t *testing.T, name, pkg string) string {
-	t.Helper()
-	if path, err := exec.LookPath(name); err == nil {
-		return path
-	}
-	if _, err := exec.LookPath("apt-get"); err == nil && os.Geteuid() == 0 {
-		install := exec.Command("sh", "-c", "apt-get install -y -qq "+pkg+" || (apt-get update -qq && apt-get install -y -qq "+pkg+")")
-		install.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		out, err := install.CombinedOutput()
-		t.Logf("apt-get install %s: %v\n%s", pkg, err, out)
-		if path, err := exec.LookPath(name); err == nil {
-			return path
-		}
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatalf("%s is missing and could not be installed (apt-get install %s)", name, pkg)
-	}
-	t.Skipf("%s is missing: apt-get install %s", name, pkg)
-	return ""
-}
-
 // TestBreakerStory is make demo-breaker in short form, with a real HAProxy:
 // two vllmsim replicas behind the collector's proxies, HAProxy checking
 // each with engine_health's agent-check, llmload through HAProxy. B freezes:
 // engine_health ejects it and HAProxy sends it no request while it is out;
 // B is healed, re-admitted after its ejection time, and gets requests again.
 func TestBreakerStory(t *testing.T) {
-	haproxy := requireTool(t, "haproxy", "haproxy")
+	haproxy := testbin.Tool(t, "haproxy", "haproxy")
 	bins := Binaries{Collector: testbin.Collector(t), Sim: testbin.Build(t, "./cmd/vllmsim"), Load: testbin.Build(t, "./cmd/llmload")}
 	story := BreakerStory{Degrade: 4 * time.Second, Heal: 9 * time.Second, Total: 22 * time.Second, Concurrency: 6,
 		Freeze: 1500 * time.Millisecond, Every: 8, BaseTime: 5 * time.Second}
