@@ -45,6 +45,12 @@ const roundDigits = 6
 // what an engine hook sends, in the clients' compact form. Batches hold
 // perBatch events, as a hook client flushing on size would send them.
 func newTokenPathWorkload(inFlight, total, perBatch int) *tokenPathWorkload {
+	return newTokenPathWorkloadOf(inFlight, total, perBatch, 50, 300)
+}
+
+// newTokenPathWorkloadOf is newTokenPathWorkload with sessions of minTokens
+// to minTokens+spread-1 token events.
+func newTokenPathWorkloadOf(inFlight, total, perBatch, minTokens, spread int) *tokenPathWorkload {
 	rng := rand.New(rand.NewPCG(1, 2))
 	type live struct {
 		ev   tokenevent.Event
@@ -69,7 +75,7 @@ func newTokenPathWorkload(inFlight, total, perBatch int) *tokenPathWorkload {
 	next := 0
 	start := func(at uint64) *live {
 		next++
-		s := &live{left: 50 + rng.IntN(300)}
+		s := &live{left: minTokens + rng.IntN(spread)}
 		s.ev = tokenevent.Event{Kind: tokenevent.KindStart, SessionID: fmt.Sprintf("r%0*d-s%07d", roundDigits, 0, next),
 			TimeUnixNano: at, Model: "llama-3.1-8b", Operation: tokenevent.OperationChat, PromptTokens: int64(100 + rng.IntN(2000)),
 			Engine: "vllm-0", Count: 1, CompletionTokens: -1}
@@ -218,6 +224,13 @@ func BenchmarkTokenPathHTTP(b *testing.B) {
 // (issue 18's worst): the per-request cost, over few events.
 func BenchmarkTokenPathHTTPSmallBatches(b *testing.B) {
 	benchmarkTokenPathHTTP(b, newTokenPathWorkload(1, 50_000, 42))
+}
+
+// BenchmarkTokenPathHTTPShortSessions: sessions of 10 tokens, 10 in flight,
+// batches of 120 events (make bench's "10 tokens per session" shape): the
+// per-session cost (start and end lines, the session's outputs).
+func BenchmarkTokenPathHTTPShortSessions(b *testing.B) {
+	benchmarkTokenPathHTTP(b, newTokenPathWorkloadOf(10, 50_000, 120, 10, 1))
 }
 
 func benchmarkTokenPathHTTP(b *testing.B, w *tokenPathWorkload) {

@@ -58,6 +58,8 @@ func main() {
 		e2eConc    = flag.Int("e2e-concurrency", 200, "e2e: llmload concurrency")
 		e2eDur     = flag.Duration("e2e-duration", 30*time.Second, "e2e: llmload duration")
 		gatewayFor = flag.Duration("gateway-duration", 20*time.Second, "scaleout: how long spans are paced into the gateway")
+		shapeSel   = flag.String("shapes", "", "shapes: which of the eight to run, by index from 0 (default all)")
+		shapeProf  = flag.Duration("shape-profile", 0, "shapes: CPU-profile our collector for this long at the start of each shape's load (shapeN-ours.cpu.pprof)")
 		report     = flag.Bool("report", false, "merge -out/tokenbench.json, proxy.json and gobench.txt into results.md and results.json")
 	)
 	flag.Parse()
@@ -103,7 +105,9 @@ func main() {
 		fail("token path", err)
 	}
 	if run["shapes"] {
-		res.Shapes, err = e.shapes(defaultShapes())
+		list, err := pickShapes(defaultShapes(), *shapeSel)
+		fail("shapes", err)
+		res.Shapes, err = e.shapes(list, *shapeProf)
 		fail("shapes", err)
 	}
 	if run["scale"] {

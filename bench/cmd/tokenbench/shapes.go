@@ -3,6 +3,11 @@ package main
 import (
 	"fmt"
 	"log"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
 )
 
 // The token path's workload shapes (issue 18): ours (hooks HTTP →
@@ -72,7 +77,9 @@ type shapesResult struct {
 
 // shapes runs each shape through a fresh pair of collectors, so that one
 // shape's sessions and traces do not weigh on the next.
-func (e *env) shapes(list []shape) (*shapesResult, error) {
+// When profile is not zero, our collector is CPU-profiled for that long from
+// the start of each shape's load.
+func (e *env) shapes(list []shape, profile time.Duration) (*shapesResult, error) {
 	res := &shapesResult{}
 	for i, sh := range list {
 		w := sh.workload()
@@ -85,7 +92,17 @@ func (e *env) shapes(list []shape) (*shapesResult, error) {
 		nd := chunk(g.all(), w.BatchLines, ndjson)
 		hp := newPoster("http://"+a.hooksHTTP+hookPath, "application/x-ndjson", sh.Posters, true)
 		r.Ours, err = measureCPU(ours, e.sink, "ours "+sh.Name, func() (sendResult, error) {
+			var profiled sync.WaitGroup
+			if profile > 0 {
+				path := filepath.Join(e.out, fmt.Sprintf("shape%d-ours.cpu.pprof", i))
+				profiled.Go(func() {
+					if err := ours.cpuProfile(e.ctx, profile, path); err != nil {
+						log.Printf("shape %q: profile: %v", sh.Name, err)
+					}
+				})
+			}
 			s := hp.run(e.ctx, nd, sh.Posters)
+			profiled.Wait()
 			return s, failed(s)
 		}, settleHTTP(ours))
 		hp.close()
@@ -121,4 +138,21 @@ func (e *env) shapes(list []shape) (*shapesResult, error) {
 		res.Shapes = append(res.Shapes, r)
 	}
 	return res, nil
+}
+
+// pickShapes keeps the shapes whose indices sel lists (comma-separated), or
+// all of them when sel is empty.
+func pickShapes(all []shape, sel string) ([]shape, error) {
+	if sel == "" {
+		return all, nil
+	}
+	var out []shape
+	for _, f := range strings.Split(sel, ",") {
+		i, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || i < 0 || i >= len(all) {
+			return nil, fmt.Errorf("-shapes: %q is not a shape index from 0 to %d", f, len(all)-1)
+		}
+		out = append(out, all[i])
+	}
+	return out, nil
 }
