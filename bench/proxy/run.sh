@@ -139,6 +139,10 @@ ctxsw() { # voluntary + involuntary context switches of every thread of the give
   echo $t
 }
 rss_kb() { awk '/^VmRSS:/{print $2}' "/proc/$1/status"; }
+# heap_bytes: the collector's live heap (HeapAlloc right after a forced GC).
+heap_bytes() { curl -sf "http://127.0.0.1:$PPROF_PORT/debug/pprof/heap?gc=1&debug=1" | awk '/^# HeapAlloc = /{print $4; exit}'; }
+# seconds DURATION: whole seconds of a Go duration such as 10s or 1m (3 if unsure).
+seconds() { case $1 in *ms) echo 1 ;; *m) echo $((${1%m} * 60)) ;; *s) echo "${1%s}" | cut -d. -f1 ;; *) echo 3 ;; esac; }
 nginx_pids() { local m; m=$(cat "$WORK/nginx.pid"); echo "$m" $(ps -o pid= --ppid "$m"); }
 wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 not up" >&2; return 1; }
 
@@ -150,6 +154,7 @@ nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" 2>"$WORK/nginx-start.log" & NGX_PID
 wait_port $UP_PORT; wait_port $COL_PORT; wait_port $NGX_PORT
 sleep 2
 COL_RSS_IDLE=$(rss_kb $COL_PID)
+COL_HEAP_IDLE=$(heap_bytes)
 echo "collector idle RSS ${COL_RSS_IDLE} kB; $(nproc) cores; N=$N GAP=$GAP DURATION=$DURATION" >&2
 
 RUNS="$WORK/runs.jsonl"; : >"$RUNS"
@@ -165,6 +170,10 @@ for C in $CONCURRENCY; do
     : >"$WORK/rss.txt"
     if [[ $path == collector ]]; then
       ( while sleep 0.5; do rss_kb $COL_PID >>"$WORK/rss.txt"; done ) & RSS_PID=$!; PIDS+=($RSS_PID)
+      # The live heap once, halfway through the run, every stream open.
+      : >"$WORK/heap.txt"
+      ( sleep $(( $(seconds "$DURATION") / 2 + 1 )); heap_bytes >"$WORK/heap.txt"
+        if [[ $PROFILE == 1 ]]; then curl -sf -o "$OUT_DIR/collector-heap-c$C.pprof" "http://127.0.0.1:$PPROF_PORT/debug/pprof/heap"; fi ) & PIDS+=($!)
       if [[ $PROFILE == 1 ]]; then
         ( sleep 3; curl -sf -o "$OUT_DIR/collector-cpu-c$C.pprof" "http://127.0.0.1:$PPROF_PORT/debug/pprof/profile?seconds=5" ) & PIDS+=($!)
       fi
@@ -174,7 +183,7 @@ for C in $CONCURRENCY; do
     [[ $path == collector ]] && kill $RSS_PID 2>/dev/null
     read -r pu1 pk1 < <(ticks $(pids)); read -r uu1 uk1 < <(ticks $UP_PID); cs1=$(ctxsw $(pids))
     kill -USR1 $UP_PID; sleep 0.2; up_after=$(tail -1 "$WORK/upstream.log")
-    rss_med=0; rss_max=0
+    rss_med=0; rss_max=0; heap_run=$(cat "$WORK/heap.txt" 2>/dev/null || true); heap_run=${heap_run:-0}
     if [[ $path == collector ]]; then
       # steady state: drop the first 4 samples (2 s ramp) and the last 2 (drain)
       read -r rss_med rss_max < <(head -n -2 "$WORK/rss.txt" | tail -n +5 | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]+0, a[NR]+0}')
@@ -183,6 +192,7 @@ for C in $CONCURRENCY; do
       --argjson pt "$((pu1 + pk1 - pu0 - pk0))" --argjson pk "$((pk1 - pk0))" --argjson ut "$((uu1 + uk1 - uu0 - uk0))" \
       --argjson cs "$((cs1 - cs0))" \
       --argjson rss_idle "$COL_RSS_IDLE" --argjson rss_before "$rss_before" --argjson rss_med "$rss_med" --argjson rss_max "$rss_max" \
+      --argjson heap_idle "${COL_HEAP_IDLE:-0}" --argjson heap_run "$heap_run" \
       --argjson up_before "$up_before" --argjson up_after "$up_after" '
       . + {path: $path, c: $c,
            proxy_cpu_s: ($pt / $tck), upstream_cpu_s: ($ut / $tck),
@@ -192,7 +202,8 @@ for C in $CONCURRENCY; do
            upstream_connections: ($up_after.connections - $up_before.connections),
            upstream_requests: ($up_after.requests - $up_before.requests)}
       + (if $path == "collector" then {collector_rss_idle_kb: $rss_idle, collector_rss_before_kb: $rss_before,
-           collector_rss_run_median_kb: $rss_med, collector_rss_run_max_kb: $rss_max} else {} end)' >>"$RUNS"
+           collector_rss_run_median_kb: $rss_med, collector_rss_run_max_kb: $rss_max,
+           collector_heap_idle_bytes: $heap_idle, collector_heap_run_bytes: $heap_run} else {} end)' >>"$RUNS"
     tail -1 "$RUNS" >&2
     sleep 2
   done
@@ -214,7 +225,8 @@ jq -s --arg n "$N" --arg gap "$GAP" --arg dur "$DURATION" --arg cores "$(nproc)"
                  ctxsw_per_event: .proxy_ctxsw_per_event,
                  cpu_ratio_collector_nginx: (if .path=="collector" then .proxy_cpu_us_per_event / $x.proxy_cpu_us_per_event else null end),
                  upstream_connections,
-                 mem_kb_per_stream: (if .path=="collector" then ((.collector_rss_run_median_kb - .collector_rss_idle_kb) / .c) else null end)} ]}' \
+                 mem_kb_per_stream: (if .path=="collector" then ((.collector_rss_run_median_kb - .collector_rss_idle_kb) / .c) else null end),
+                 heap_kb_per_stream: (if .path=="collector" and .collector_heap_run_bytes > 0 then ((.collector_heap_run_bytes - .collector_heap_idle_bytes) / 1024 / .c) else null end)} ]}' \
    "$RUNS" >"$OUT_JSON"
 
 {
@@ -231,7 +243,7 @@ jq -s --arg n "$N" --arg gap "$GAP" --arg dur "$DURATION" --arg cores "$(nproc)"
   jq -r 'def r1: if . == null then "—" else (.*10|round/10|tostring) end;
     .summary[] | "| \(.path) | \(.c) | \(.events_per_s|round) | \(.p50_us|round) | \(.p99_us|round) | \(if .path=="direct" then "—" else (.added_p50_us|round|tostring) end) | \(if .path=="direct" then "—" else (.added_p99_us|round|tostring) end) | \(.cpu_us_per_event|r1) | \(.sys_us_per_event|r1) | \(if .cpu_ratio_collector_nginx==null then "" else (.cpu_ratio_collector_nginx*100|round/100|tostring) end) | \(if .ctxsw_per_event==null then "—" else (.ctxsw_per_event*100|round/100|tostring) end) | \(.upstream_connections) | \(.errors) |"' "$OUT_JSON"
   echo
-  jq -r '.runs[] | select(.path=="collector") | "Collector memory at C=\(.c): RSS idle \(.collector_rss_idle_kb) kB (after start-up), before run \(.collector_rss_before_kb) kB, during run median \(.collector_rss_run_median_kb) kB / max \(.collector_rss_run_max_kb) kB → \(((.collector_rss_run_median_kb - .collector_rss_idle_kb) / .c)|round) kB per open stream (median − idle) ÷ C."' "$OUT_JSON"
+  jq -r '.runs[] | select(.path=="collector") | "Collector memory at C=\(.c): RSS idle \(.collector_rss_idle_kb) kB (after start-up), before run \(.collector_rss_before_kb) kB, during run median \(.collector_rss_run_median_kb) kB / max \(.collector_rss_run_max_kb) kB → \(((.collector_rss_run_median_kb - .collector_rss_idle_kb) / .c)|round) kB per open stream (median − idle) ÷ C; live heap after a forced GC halfway through \(.collector_heap_run_bytes / 1048576 * 10 | round / 10) MiB, idle \(.collector_heap_idle_bytes / 1048576 * 10 | round / 10) MiB → \(((.collector_heap_run_bytes - .collector_heap_idle_bytes) / 1024 / .c) * 10 | round / 10) KiB per open stream."' "$OUT_JSON"
   echo
   echo "nginx $(jq -r .nginx_version "$OUT_JSON") (worker_processes auto, proxy_buffering off, HTTP/1.1 keepalive upstream); collector $COLLECTOR_NAME (token_stream proxy → token_session → debug basic)."
 } >"$OUT_MD"
