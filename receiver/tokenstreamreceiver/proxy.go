@@ -745,16 +745,26 @@ func (b *bodyLimitReader) Read(p []byte) (int, error) {
 // sendDeadline bounds the writes to the client with a write deadline on
 // its connection, armed before each batch of writes.
 type sendDeadline struct {
-	rc      *http.ResponseController
-	timeout time.Duration
-	off     bool // the connection does not support deadlines
+	rc       *http.ResponseController
+	timeout  time.Duration
+	deadline time.Time // the deadline set last
+	off      bool      // the connection does not support deadlines
 }
 
+// deadlineSlack is how much further than timeout a deadline is set, as a
+// fraction of it. Setting one is a timer update through the response
+// writer's wrappers, 5% of the proxy's CPU when done before every event;
+// with the slack, it is re-set at most every timeout/16, and each write
+// gets between timeout and 1/16 more.
+const deadlineSlack = 16
+
+// arm makes sure the writes that follow have at least timeout to finish.
 func (d *sendDeadline) arm(now time.Time) {
-	if d == nil || d.off {
+	if d == nil || d.off || d.deadline.Sub(now) >= d.timeout {
 		return
 	}
-	if d.rc.SetWriteDeadline(now.Add(d.timeout)) != nil {
+	d.deadline = now.Add(d.timeout + d.timeout/deadlineSlack)
+	if d.rc.SetWriteDeadline(d.deadline) != nil {
 		d.off = true
 	}
 }
