@@ -194,7 +194,9 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 		}
 	case tokenevent.KindToken:
 		lr.SetEventName(EventNameToken)
-		attrs.EnsureCapacity(3)
+		// Room for the session ID and the events (AttrTokenEvents) or a
+		// single event's count or seq; both of the latter are rare.
+		attrs.EnsureCapacity(2)
 		attrs.PutStr(AttrSessionID, ev.SessionID)
 		i := int32(len(w.opens))
 		w.open[ev.SessionID] = i

@@ -233,6 +233,15 @@ func BenchmarkTokenPathHTTPShortSessions(b *testing.B) {
 	benchmarkTokenPathHTTP(b, newTokenPathWorkloadOf(10, 50_000, 120, 10, 1))
 }
 
+// BenchmarkTokenPathHTTPOneTokenPerSession: 1000 sessions in flight,
+// batches of 1000 events, so each batch holds about one token of each
+// session: a record per token event, what a hook flushing every few
+// milliseconds sends at high concurrency (and make bench's 100 000-session
+// shape). The per-record cost.
+func BenchmarkTokenPathHTTPOneTokenPerSession(b *testing.B) {
+	benchmarkTokenPathHTTP(b, newTokenPathWorkload(1000, 200_000, 1000))
+}
+
 func benchmarkTokenPathHTTP(b *testing.B, w *tokenPathWorkload) {
 	for _, mode := range []string{"handler", "loopback"} {
 		b.Run(mode, func(b *testing.B) {

@@ -59,7 +59,7 @@ func main() {
 		e2eDur     = flag.Duration("e2e-duration", 30*time.Second, "e2e: llmload duration")
 		gatewayFor = flag.Duration("gateway-duration", 20*time.Second, "scaleout: how long spans are paced into the gateway")
 		shapeSel   = flag.String("shapes", "", "shapes: which of the eight to run, by index from 0 (default all)")
-		shapeProf  = flag.Duration("shape-profile", 0, "shapes: CPU-profile our collector for this long at the start of each shape's load (shapeN-ours.cpu.pprof)")
+		profile    = flag.Duration("profile", 0, "token path and shapes: CPU-profile our collector for this long from the start of each run's load (<run>.cpu.pprof)")
 		report     = flag.Bool("report", false, "merge -out/tokenbench.json, proxy.json and gobench.txt into results.md and results.json")
 	)
 	flag.Parse()
@@ -85,7 +85,7 @@ func main() {
 	}
 	defer sk.stop()
 	e := &env{out: *out, ours: abs(*ours), stock: abs(*stock), workers: *workers, udpRate: *udpRate, udpBytes: *udpBytes,
-		memK: *memK, memToks: *memTokens, ctx: ctx, sink: sk}
+		memK: *memK, memToks: *memTokens, ctx: ctx, sink: sk, profile: *profile}
 	var res result
 	run := map[string]bool{}
 	for _, s := range strings.Split(*only, ",") {
@@ -107,7 +107,7 @@ func main() {
 	if run["shapes"] {
 		list, err := pickShapes(defaultShapes(), *shapeSel)
 		fail("shapes", err)
-		res.Shapes, err = e.shapes(list, *shapeProf)
+		res.Shapes, err = e.shapes(list)
 		fail("shapes", err)
 	}
 	if run["scale"] {

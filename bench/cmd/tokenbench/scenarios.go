@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
@@ -44,6 +45,27 @@ type env struct {
 	ctx      context.Context
 	sink     *sink
 	udpBytes int
+	// profile, when not zero: our collector is CPU-profiled for this long
+	// from the start of each token path and shape run (profiled).
+	profile time.Duration
+}
+
+// profiled wraps a run's send: when e.profile is set, our collector c is
+// CPU-profiled meanwhile, into <out>/<name>.cpu.pprof.
+func (e *env) profiled(c *collector, name string, send func() (sendResult, error)) func() (sendResult, error) {
+	if e.profile <= 0 {
+		return send
+	}
+	return func() (sendResult, error) {
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if err := c.cpuProfile(e.ctx, e.profile, filepath.Join(e.out, name+".cpu.pprof")); err != nil {
+				log.Printf("%s: profile: %v", name, err)
+			}
+		})
+		defer wg.Wait()
+		return send()
+	}
 }
 
 func (e *env) startOurs(name, extra string) (*collector, addrs, error) {
@@ -99,10 +121,10 @@ func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
 	gen := func() (*generator, []wEvent) { g := newGenerator(w, 1); return g, g.all() }
 	_, evs := gen()
 	nd := chunk(evs, w.BatchLines, ndjson)
-	if res.HTTP, err = measureCPU(ours, e.sink, "hooks_http", func() (sendResult, error) {
+	if res.HTTP, err = measureCPU(ours, e.sink, "hooks_http", e.profiled(ours, "tokenpath-http", func() (sendResult, error) {
 		r := hp.run(e.ctx, nd, e.workers)
 		return r, failed(r)
-	}, settleHTTP(ours)); err != nil {
+	}), settleHTTP(ours)); err != nil {
 		return nil, err
 	}
 
@@ -122,9 +144,9 @@ func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
 	for _, b := range nd {
 		total += int64(b.events)
 	}
-	if res.UDP, err = measureCPU(ours, e.sink, "hooks_udp", func() (sendResult, error) {
+	if res.UDP, err = measureCPU(ours, e.sink, "hooks_udp", e.profiled(ours, "tokenpath-udp", func() (sendResult, error) {
 		return sendUDPGrams(e.ctx, a.hooksUDP, nd, e.udpBytes, e.udpRate)
-	}, settleAccepted(ours, "udp", before, total)); err != nil {
+	}), settleAccepted(ours, "udp", before, total)); err != nil {
 		return nil, err
 	}
 	if m, err = ours.metrics(); err == nil {

@@ -3,11 +3,8 @@ package main
 import (
 	"fmt"
 	"log"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"time"
 )
 
 // The token path's workload shapes (issue 18): ours (hooks HTTP →
@@ -77,9 +74,7 @@ type shapesResult struct {
 
 // shapes runs each shape through a fresh pair of collectors, so that one
 // shape's sessions and traces do not weigh on the next.
-// When profile is not zero, our collector is CPU-profiled for that long from
-// the start of each shape's load.
-func (e *env) shapes(list []shape, profile time.Duration) (*shapesResult, error) {
+func (e *env) shapes(list []shape) (*shapesResult, error) {
 	res := &shapesResult{}
 	for i, sh := range list {
 		w := sh.workload()
@@ -91,20 +86,10 @@ func (e *env) shapes(list []shape, profile time.Duration) (*shapesResult, error)
 		g := newGenerator(w, uint64(100+i))
 		nd := chunk(g.all(), w.BatchLines, ndjson)
 		hp := newPoster("http://"+a.hooksHTTP+hookPath, "application/x-ndjson", sh.Posters, true)
-		r.Ours, err = measureCPU(ours, e.sink, "ours "+sh.Name, func() (sendResult, error) {
-			var profiled sync.WaitGroup
-			if profile > 0 {
-				path := filepath.Join(e.out, fmt.Sprintf("shape%d-ours.cpu.pprof", i))
-				profiled.Go(func() {
-					if err := ours.cpuProfile(e.ctx, profile, path); err != nil {
-						log.Printf("shape %q: profile: %v", sh.Name, err)
-					}
-				})
-			}
+		r.Ours, err = measureCPU(ours, e.sink, "ours "+sh.Name, e.profiled(ours, fmt.Sprintf("shape%d-ours", i), func() (sendResult, error) {
 			s := hp.run(e.ctx, nd, sh.Posters)
-			profiled.Wait()
 			return s, failed(s)
-		}, settleHTTP(ours))
+		}), settleHTTP(ours))
 		hp.close()
 		ours.stop()
 		if err != nil {
