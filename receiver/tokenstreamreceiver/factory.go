@@ -15,13 +15,16 @@ import (
 )
 
 const (
-	defaultHTTPEndpoint      = "localhost:4320"
-	defaultHTTPPath          = "/v1/token-events"
-	defaultUDPEndpoint       = "localhost:4321"
-	defaultProxyEndpoint     = "localhost:8001"
-	defaultUpstream          = "http://localhost:8000"
-	defaultMaxLinesPerBatch  = 10_000
-	defaultMaxRequestBodyMiB = 8
+	defaultHTTPEndpoint  = "localhost:4320"
+	defaultHTTPPath      = "/v1/token-events"
+	defaultUDPEndpoint   = "localhost:4321"
+	defaultProxyEndpoint = "localhost:8001"
+	defaultUpstream      = "http://localhost:8000"
+	// defaultUpstreamBufferBytes is the upstream connections' read and
+	// write buffer (Go's default is 4 KiB each).
+	defaultUpstreamBufferBytes = 2 << 10
+	defaultMaxLinesPerBatch    = 10_000
+	defaultMaxRequestBodyMiB   = 8
 	// A non-streaming completion's headers come when it is whole, and a
 	// loaded engine queues requests: minutes, not seconds.
 	defaultResponseHeaderTimeout = 5 * time.Minute
@@ -65,6 +68,10 @@ func createDefaultConfig() component.Config {
 		StreamIdleTimeout:     defaultStreamIdleTimeout,
 	}
 	upstream.ClientConfig.Endpoint = defaultUpstream
+	// Buffers sized for SSE, not for bulk HTTP: each open stream holds them
+	// for its whole length, and an event is a few hundred bytes.
+	upstream.ClientConfig.ReadBufferSize = defaultUpstreamBufferBytes
+	upstream.ClientConfig.WriteBufferSize = defaultUpstreamBufferBytes
 	return &Config{
 		Proxy: configoptional.Default(ProxyConfig{
 			ServerConfig: proxyServer, Upstream: upstream,

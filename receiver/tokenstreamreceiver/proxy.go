@@ -63,8 +63,9 @@ const (
 	maxNonStreamingBody = 1 << 20
 	// sseReadBuffer is the read size from the upstream stream: a few events
 	// (a vLLM chunk is ~250 bytes) per read, and little memory per open
-	// stream.
-	sseReadBuffer = 4 << 10
+	// stream (it is held for the stream's length). An event larger than
+	// one read is joined by the SSE parser.
+	sseReadBuffer = 2 << 10
 )
 
 // proxyServer is a reverse proxy in front of an OpenAI-compatible server
