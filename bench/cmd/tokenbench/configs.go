@@ -15,6 +15,15 @@ func telemetryYAML(addr string) string {
 `, portOf(addr))
 }
 
+// exporterBatchYAML batches the exporter's requests (the exporter helper's
+// batcher, in both distributions), as a deployment does (the batch
+// processor of deploy/ and otelcol-config.yaml): without it each pipeline
+// call is a gRPC request of its own, and token_session's outputs come a
+// few at a time, once per hook batch. Both sides get the same.
+const exporterBatchYAML = `    sending_queue:
+      batch: {flush_timeout: 200ms, sizer: items, min_size: 8192}
+`
+
 // addrs are the listening addresses of one collector under test.
 type addrs struct {
 	hooksHTTP, hooksUDP, otlp, pprof, telemetry, sink string
@@ -48,7 +57,7 @@ exporters:
   otlp_grpc:
     endpoint: %s
     tls: {insecure: true}
-extensions:
+%sextensions:
   pprof: {endpoint: %s}
 service:
   extensions: [pprof]
@@ -56,7 +65,7 @@ service:
     logs: {receivers: [token_stream], processors: [token_session], exporters: [otlp_grpc]}
     traces: {receivers: [otlp], processors: [token_session], exporters: [otlp_grpc]}
     metrics: {receivers: [otlp%s], processors: [token_session], exporters: [otlp_grpc]}
-`, a.hooksHTTP, a.hooksUDP, extra, a.otlp, stallYAML(extra), a.sink, a.pprof, telemetryYAML(a.telemetry), metricsReceivers(extra))
+`, a.hooksHTTP, a.hooksUDP, extra, a.otlp, stallYAML(extra), a.sink, exporterBatchYAML, a.pprof, telemetryYAML(a.telemetry), metricsReceivers(extra))
 }
 
 // stallYAML: freeze detection runs on the collector's clock (no token for
@@ -110,7 +119,7 @@ exporters:
   otlp_grpc:
     endpoint: %s
     tls: {insecure: true}
-extensions:
+%sextensions:
   pprof: {endpoint: %s}
 service:
   extensions: [pprof]
@@ -118,5 +127,5 @@ service:
     traces/in: {receivers: [otlp], exporters: [span_metrics]}
     traces/sampled: {receivers: [otlp], processors: [tail_sampling], exporters: [otlp_grpc]}
     metrics: {receivers: [span_metrics], exporters: [otlp_grpc]}
-`, a.otlp, stockLatencyThreshold.Milliseconds(), a.sink, a.pprof, telemetryYAML(a.telemetry))
+`, a.otlp, stockLatencyThreshold.Milliseconds(), a.sink, exporterBatchYAML, a.pprof, telemetryYAML(a.telemetry))
 }
