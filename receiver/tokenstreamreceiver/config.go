@@ -61,6 +61,11 @@ type UDPConfig struct {
 	// SocketBufferSize sets the socket's receive buffer (SO_RCVBUF) in bytes;
 	// 0 keeps the OS default. A larger buffer absorbs bursts.
 	SocketBufferSize int `mapstructure:"socket_buffer_size"`
+	// BatchWindow is how long the listener goes on reading datagrams after
+	// the first of a batch before handing them to the pipeline together:
+	// one pipeline call and one record per session for all of them, instead
+	// of per datagram. 0 hands each datagram over alone.
+	BatchWindow time.Duration `mapstructure:"batch_window"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -197,6 +202,9 @@ func (cfg *Config) Validate() error {
 		}
 		if u.SocketBufferSize < 0 {
 			errs = append(errs, fmt.Errorf("hooks::udp::socket_buffer_size: must not be negative, got %d", u.SocketBufferSize))
+		}
+		if u.BatchWindow < 0 || u.BatchWindow > maxUDPBatchWindow {
+			errs = append(errs, fmt.Errorf("hooks::udp::batch_window: want 0 to %s, got %s", maxUDPBatchWindow, u.BatchWindow))
 		}
 	}
 	l := cfg.Hooks.Limits

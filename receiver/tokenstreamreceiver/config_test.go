@@ -49,6 +49,7 @@ func TestConfigDefaults(t *testing.T) {
 	u := cfg.Hooks.UDP.Get()
 	require.NotNil(t, u)
 	assert.Equal(t, "localhost:4321", u.Endpoint)
+	assert.Equal(t, 5*time.Millisecond, u.BatchWindow)
 	assert.Equal(t, LimitsConfig{MaxLineBytes: 16384, MaxLinesPerBatch: 10000, MaxSessionIDBytes: 256, MaxAttributes: 32}, cfg.Hooks.Limits)
 }
 
@@ -62,6 +63,7 @@ func TestConfigCustom(t *testing.T) {
 	u := cfg.Hooks.UDP.Get()
 	assert.Equal(t, "0.0.0.0:14321", u.Endpoint)
 	assert.Equal(t, 4<<20, u.SocketBufferSize)
+	assert.Equal(t, 20*time.Millisecond, u.BatchWindow)
 	assert.Equal(t, LimitsConfig{MaxLineBytes: 4096, MaxLinesPerBatch: 500, MaxSessionIDBytes: 64, MaxAttributes: 8}, cfg.Hooks.Limits)
 }
 
@@ -73,6 +75,7 @@ func TestConfigInvalidReportsEveryProblem(t *testing.T) {
 		`hooks::http::max_request_body_size: must not be negative, got -1`,
 		`hooks::udp::endpoint: address no-port: missing port in address`,
 		`hooks::udp::socket_buffer_size: must not be negative, got -1`,
+		`hooks::udp::batch_window: want 0 to 100ms, got 1s`,
 		`hooks::limits::max_lines_per_batch: must be positive, got 0`,
 		`hooks::limits::max_line_bytes: 100000 exceeds the largest UDP datagram (65507)`,
 	} {

@@ -23,8 +23,12 @@ const (
 	// defaultUpstreamBufferBytes is the upstream connections' read and
 	// write buffer (Go's default is 4 KiB each).
 	defaultUpstreamBufferBytes = 2 << 10
-	defaultMaxLinesPerBatch    = 10_000
-	defaultMaxRequestBodyMiB   = 8
+	// defaultUDPBatchWindow: a hook client fills a datagram (8 KiB) in a few
+	// ms at high rates, so a batch then spans several; the delay is far
+	// below a token gap, let alone a stall.
+	defaultUDPBatchWindow    = 5 * time.Millisecond
+	defaultMaxLinesPerBatch  = 10_000
+	defaultMaxRequestBodyMiB = 8
 	// A non-streaming completion's headers come when it is whole, and a
 	// loaded engine queues requests: minutes, not seconds.
 	defaultResponseHeaderTimeout = 5 * time.Minute
@@ -81,7 +85,7 @@ func createDefaultConfig() component.Config {
 		VLLM: configoptional.Default(defaultVLLMConfig()),
 		Hooks: HooksConfig{
 			HTTP: configoptional.Default(HTTPConfig{ServerConfig: httpServer, Path: defaultHTTPPath}),
-			UDP:  configoptional.Default(UDPConfig{Endpoint: defaultUDPEndpoint}),
+			UDP:  configoptional.Default(UDPConfig{Endpoint: defaultUDPEndpoint, BatchWindow: defaultUDPBatchWindow}),
 			Limits: LimitsConfig{
 				MaxLineBytes:      tokenevent.DefaultMaxLineBytes,
 				MaxLinesPerBatch:  defaultMaxLinesPerBatch,

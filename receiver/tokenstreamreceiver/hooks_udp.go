@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"syscall"
 	"time"
 
 	"go.opentelemetry.io/collector/component"
@@ -19,16 +18,19 @@ import (
 const maxDatagramBytes = 65507
 
 // Datagrams that arrive together are handed to the pipeline together: after
-// a datagram, the listener also takes those already queued behind it, up to
-// coalesceBytes in all, without waiting for more (Linux: non-blocking reads
-// on the socket). Under load a pipeline call then carries many datagrams
-// instead of one (a hook client sends at most 8 KiB in one), and its cost
-// per call is shared; a datagram never waits for the next. An earlier
-// version waited up to 100 µs for one more: at a steady pace that wait timed
-// out after every datagram, and the timer and its wake-ups cost more than
-// the coalescing saved. The records are the same as if each datagram went
-// alone: packing does not span datagrams.
+// the first datagram of a batch, the listener goes on reading until
+// hooks::udp::batch_window has passed or coalesceBytes are read, and packs
+// each session's tokens of all of them into one record. At a high rate a
+// hook client's datagram (8 KiB) holds about one token of each session it
+// streams, so a record per session per datagram would be a record per
+// token, and the per-record cost is most of the token path's. (An earlier
+// version waited 100 µs for each next datagram: at a steady pace that timed
+// out after every one.)
 const coalesceBytes = 256 << 10
+
+// maxUDPBatchWindow bounds hooks::udp::batch_window: the delay it adds to
+// every event must stay far below the stall gap.
+const maxUDPBatchWindow = 100 * time.Millisecond
 
 // hooksUDPListener reads datagrams of NDJSON lines. It is fire-and-forget on
 // the sender's side, so nothing here may stop it: bad datagrams and refused
@@ -37,7 +39,7 @@ type hooksUDPListener struct {
 	r      *tokenStreamReceiver
 	obs    *receiverhelper.ObsReport
 	conn   *net.UDPConn
-	raw    syscall.RawConn // conn's, for the reads that must not wait
+	window time.Duration // hooks::udp::batch_window
 	cancel context.CancelFunc
 	done   sync.WaitGroup
 
@@ -68,13 +70,7 @@ func startHooksUDP(cfg *UDPConfig, r *tokenStreamReceiver, host component.Host) 
 	}
 	r.logsLogger.Info("Token event hook listening", zap.String("transport", "udp"), zap.String("endpoint", conn.LocalAddr().String()))
 	ctx, cancel := context.WithCancel(context.Background())
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		cancel()
-		_ = conn.Close()
-		return nil, fmt.Errorf("hooks::udp: %w", err)
-	}
-	l := &hooksUDPListener{r: r, obs: obs, conn: conn, raw: raw, cancel: cancel}
+	l := &hooksUDPListener{r: r, obs: obs, conn: conn, window: cfg.BatchWindow, cancel: cancel}
 	if enableDropCount(conn) {
 		l.oob = make([]byte, dropsOOBBytes)
 	}
@@ -107,10 +103,12 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 		if n == 0 {
 			continue
 		}
+		first := time.Now()
 		d := l.r.decoder()
-		d.begin(time.Now())
+		d.begin(first)
 		d.add(buf[:n])
-		closed := l.readQueued(d, buf)
+		closed := l.readMore(d, buf, first.Add(l.window), n)
+		d.finish()
 		// A refused batch is counted by consume; UDP has no one to tell.
 		_ = l.r.consume(ctx, l.obs, d, transportUDP)
 		l.r.release(d)
@@ -120,20 +118,26 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 	}
 }
 
-// readQueued adds to d the datagrams already queued on the socket, up to
-// coalesceBytes. It reports whether the connection was closed meanwhile.
-func (l *hooksUDPListener) readQueued(d *batchDecoder, buf []byte) (closed bool) {
-	for total := 0; total < coalesceBytes; {
-		n, ok, err := l.readQueuedDatagram(buf)
+// readMore adds to d the datagrams read until deadline, up to
+// coalesceBytes in all (read counts those already in d). It reports
+// whether the connection was closed meanwhile; any other read error is
+// left to the next read of the loop.
+func (l *hooksUDPListener) readMore(d *batchDecoder, buf []byte, deadline time.Time, read int) (closed bool) {
+	if l.window <= 0 {
+		return false
+	}
+	if err := l.conn.SetReadDeadline(deadline); err != nil {
+		return errors.Is(err, net.ErrClosed)
+	}
+	defer func() { _ = l.conn.SetReadDeadline(time.Time{}) }()
+	for read < coalesceBytes {
+		n, err := l.read(buf)
 		if err != nil {
 			return errors.Is(err, net.ErrClosed)
 		}
-		if !ok {
-			return false
-		}
 		if n > 0 {
 			d.add(buf[:n])
-			total += n
+			read += n
 		}
 	}
 	return false

@@ -43,20 +43,3 @@ func dropCount(oob []byte) (uint32, bool) {
 	}
 	return 0, false
 }
-
-// readQueuedDatagram reads a datagram if one is queued, without waiting:
-// ok is false when none is (or the read failed otherwise, which the next
-// waiting read reports). err is the connection's (closed).
-func (l *hooksUDPListener) readQueuedDatagram(buf []byte) (n int, ok bool, err error) {
-	var oobn int
-	var rerr error
-	err = l.raw.Read(func(fd uintptr) bool {
-		n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, l.oob, unix.MSG_DONTWAIT)
-		return true // never wait for readiness
-	})
-	if err != nil || rerr != nil {
-		return 0, false, err
-	}
-	l.countDrops(l.oob[:oobn])
-	return n, true, nil
-}

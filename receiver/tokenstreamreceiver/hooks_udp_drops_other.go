@@ -10,7 +10,3 @@ const dropsOOBBytes = 0
 func enableDropCount(*net.UDPConn) bool { return false }
 
 func dropCount([]byte) (uint32, bool) { return 0, false }
-
-// readQueuedDatagram: elsewhere than on Linux, no coalescing; each datagram
-// is its own batch.
-func (*hooksUDPListener) readQueuedDatagram([]byte) (int, bool, error) { return 0, false, nil }

@@ -228,6 +228,7 @@ type batchDecoder struct {
 func (d *batchDecoder) decode(body []byte, observed time.Time) {
 	d.begin(observed)
 	d.add(body)
+	d.finish()
 }
 
 // begin starts a batch that add fills with one or more bodies (UDP
@@ -240,12 +241,14 @@ func (d *batchDecoder) begin(observed time.Time) {
 	d.writer.Reset(sl.LogRecords(), pcommon.NewTimestampFromTime(observed))
 }
 
-// add parses one body into the batch; line limits and numbers are per body,
-// and so is packing: the records are those of the body on its own.
+// add parses one body into the batch; line limits and numbers are per body.
+// A session's tokens are packed across the bodies of the batch.
 func (d *batchDecoder) add(body []byte) {
 	d.parser.ParseBatch(body, d.maxLines, d.onEvent, d.onError)
-	d.writer.Flush()
 }
+
+// finish completes the batch's records (the packed ones are written last).
+func (d *batchDecoder) finish() { d.writer.Flush() }
 
 func (d *batchDecoder) onEvent(ev *tokenevent.Event) {
 	d.accepted++

@@ -386,6 +386,31 @@ func TestUDPBurst(t *testing.T) {
 	assert.Equal(t, bySession(want), bySession(events(t, tr.sink)))
 }
 
+// Within hooks::udp::batch_window the datagrams go to the pipeline together,
+// a session's tokens packed into one record across them; with 0, each
+// datagram goes alone.
+func TestUDPBatchWindow(t *testing.T) {
+	for _, tc := range []struct {
+		window         time.Duration
+		calls, records int
+	}{
+		{window: maxUDPBatchWindow, calls: 1, records: 1},
+		{window: 0, calls: 2, records: 2},
+	} {
+		t.Run(tc.window.String(), func(t *testing.T) {
+			sink := new(consumertest.LogsSink)
+			tr := startReceiver(t, sink, func(c *Config) {
+				c.Hooks.HTTP = configoptional.None[HTTPConfig]()
+				c.Hooks.UDP.Get().BatchWindow = tc.window
+			})
+			sendUDP(t, tr.udp, tok1, tok2)
+			require.Eventually(t, func() bool { return sink.LogRecordCount() == tc.records }, 10*time.Second, 5*time.Millisecond)
+			assert.Len(t, sink.AllLogs(), tc.calls)
+			assert.Equal(t, []string{tok1, tok2}, events(t, sink))
+		})
+	}
+}
+
 func TestUDPRefusedKeepsListening(t *testing.T) {
 	tr := startReceiver(t, consumertest.NewErr(errors.New("refused")), func(c *Config) { c.Hooks.HTTP = configoptional.None[HTTPConfig]() })
 	sendUDP(t, tr.udp, tok1, tok2)

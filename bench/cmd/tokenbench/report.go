@@ -350,10 +350,10 @@ func markdown(r fullReport, proxyMD []byte) string {
 	}
 	if len(t.Scale) > 0 {
 		p("\n## Scale (hooks HTTP → token_session)\n\nK sessions in flight at once; each batch of 1024 events holds one token of each session it touches (a hook batch at high concurrency). " +
-			"Memory: K sessions opened with 4 tokens each, on a fresh collector. CPU: K further sessions streaming the tokens given.\n\n")
-		p("| sessions | heap per session | RSS per session | tokens | CPU-s per M tokens | tokens per CPU-s | evicted |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+			"Memory: K sessions opened with 4 tokens each, on a fresh collector. CPU: the same sessions at every step (as many, as long), K of them streaming at once, in waves of K.\n\n")
+		p("| sessions | heap per session | RSS per session | tokens (waves × sessions × tokens) | CPU-s per M tokens | tokens per CPU-s | evicted |\n|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, s := range t.Scale {
-			p("| %d | %s | %s | %d × %d | %.3f | %.0f | %d |\n", s.Sessions, bytesText(s.Memory.HeapPerSession), bytesText(s.Memory.RSSPerSession), s.Sessions, s.Tokens,
+			p("| %d | %s | %s | %d × %d × %d | %.3f | %.0f | %d |\n", s.Sessions, bytesText(s.Memory.HeapPerSession), bytesText(s.Memory.RSSPerSession), max(1, s.Waves), s.Sessions, s.Tokens,
 				s.CPU.CPUSecPerMTokens, s.CPU.TokensPerCPUSecond, s.Evicted)
 		}
 	}

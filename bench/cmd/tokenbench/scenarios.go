@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -46,7 +47,7 @@ type env struct {
 	sink     *sink
 	udpBytes int
 	// profile, when not zero: our collector is CPU-profiled for this long
-	// from the start of each token path and shape run (profiled).
+	// from the start of each token path, shape and scale run (profiled).
 	profile time.Duration
 }
 
@@ -227,6 +228,7 @@ func ratio(a, b float64) float64 {
 type scaleStep struct {
 	Sessions int    `json:"sessions"`
 	Tokens   int    `json:"tokens_per_session"`
+	Waves    int    `json:"waves"` // of Sessions sessions, one after the other
 	CPU      cpuRun `json:"cpu"`
 	Memory   memRun `json:"memory"`
 	Evicted  int64  `json:"sessions_evicted"`
@@ -237,15 +239,23 @@ type scaleStep struct {
 
 // scale: K sessions in flight at once for each K, one token per session per
 // batch (a hook batch at high concurrency), on a fresh collector each.
+// Every step streams the same sessions, as many and as long (tokensTotal
+// over the largest K tokens each, 10 at least): the largest K in one wave,
+// a smaller K in waves of K. So the steps differ only in how many sessions
+// are open at once, what the target is about; with sessions of
+// tokensTotal/K tokens instead, the largest step also paid 100 times the
+// session starts and ends per token.
 func (e *env) scale(ks []int, tokensTotal int) ([]scaleStep, error) {
 	var out []scaleStep
+	largest := slices.Max(ks)
+	perSession := max(10, tokensTotal/largest)
 	for _, k := range ks {
 		c, a, err := e.startOurs(fmt.Sprintf("scale-%d", k), "")
 		if err != nil {
 			return nil, err
 		}
 		hp := e.hookPoster(a)
-		step := scaleStep{Sessions: k, Tokens: max(10, tokensTotal/k)}
+		step := scaleStep{Sessions: k, Tokens: perSession, Waves: max(1, largest/k)}
 		if k == ks[len(ks)-1] {
 			// What the sessions' memory is made of, at the largest step.
 			step.HeapProfile = filepath.Join(e.out, fmt.Sprintf("heap-%d.pprof", k))
@@ -254,16 +264,16 @@ func (e *env) scale(ks []int, tokensTotal int) ([]scaleStep, error) {
 			func(b []batch) sendResult { return hp.run(e.ctx, b, e.workers) },
 			func(*generator) func([]wEvent) []byte { return ndjson }, settleHTTP(c), step.HeapProfile)
 		if err == nil {
-			w := workload{Sessions: k, Tokens: step.Tokens, Waves: 1, BatchLines: 1024, SlowShare: 0.02}
+			w := workload{Sessions: k, Tokens: step.Tokens, Waves: step.Waves, BatchLines: 1024, SlowShare: 0.02}
 			evs := newGenerator(w, uint64(k)).all()
 			for i := range evs {
 				evs[i].s.id = "k" + evs[i].s.id[1:]
 			}
 			nd := chunk(evs, w.BatchLines, ndjson)
-			step.CPU, err = measureCPU(c, e.sink, fmt.Sprintf("scale %d", k), func() (sendResult, error) {
+			step.CPU, err = measureCPU(c, e.sink, fmt.Sprintf("scale %d", k), e.profiled(c, fmt.Sprintf("scale-%d", k), func() (sendResult, error) {
 				r := hp.run(e.ctx, nd, e.workers)
 				return r, failed(r)
-			}, settleHTTP(c))
+			}), settleHTTP(c))
 		}
 		if err == nil && step.HeapProfile != "" {
 			step.HeapTop, err = pprofTop(step.HeapProfile, 12, false, "-sample_index=inuse_space")
