@@ -64,7 +64,8 @@ type UDPConfig struct {
 	// BatchWindow is how long the listener goes on reading datagrams after
 	// the first of a batch before handing them to the pipeline together:
 	// one pipeline call and one record per session for all of them, instead
-	// of per datagram. 0 hands each datagram over alone.
+	// of per datagram. 0 waits for none: only the datagrams one read takes
+	// (those already queued) go together.
 	BatchWindow time.Duration `mapstructure:"batch_window"`
 
 	// prevent unkeyed literal initialization

@@ -12,6 +12,8 @@ import (
 	"go.opentelemetry.io/collector/component/componentstatus"
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.uber.org/zap"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 )
 
 // maxDatagramBytes is the largest UDP payload; a datagram is read whole.
@@ -40,14 +42,35 @@ type hooksUDPListener struct {
 	obs    *receiverhelper.ObsReport
 	conn   *net.UDPConn
 	window time.Duration // hooks::udp::batch_window
+	// batch reads conn several datagrams per system call (recvmmsg on
+	// Linux, one elsewhere) into msgs.
+	batch  batchReader
+	msgs   []ipv4.Message
 	cancel context.CancelFunc
 	done   sync.WaitGroup
 
-	// oob receives the socket's drop count (Linux: SO_RXQ_OVFL); nil when
-	// the kernel does not offer it. drops is the last count seen, owned by
-	// the read loop.
-	oob   []byte
+	// drops is the socket's drop count last seen (Linux: SO_RXQ_OVFL, in
+	// each message's OOB when the kernel offers it), owned by the read loop.
 	drops uint32
+}
+
+// udpReadBatch is how many datagrams one read system call may take: a
+// hook's datagram is 8 KiB at most by default, so a batch's worth of them
+// in a few calls, not one per datagram.
+const udpReadBatch = 8
+
+// batchReader is what x/net's ipv4 and ipv6 packet connections share.
+type batchReader interface {
+	ReadBatch(ms []ipv4.Message, flags int) (int, error)
+}
+
+// newBatchReader reads c through x/net, for the address family it is bound
+// to (a dual-stack socket is IPv6).
+func newBatchReader(c *net.UDPConn) batchReader {
+	if a, ok := c.LocalAddr().(*net.UDPAddr); ok && a.IP.To4() != nil {
+		return ipv4.NewPacketConn(c)
+	}
+	return ipv6.NewPacketConn(c)
 }
 
 func startHooksUDP(cfg *UDPConfig, r *tokenStreamReceiver, host component.Host) (*hooksUDPListener, error) {
@@ -70,9 +93,14 @@ func startHooksUDP(cfg *UDPConfig, r *tokenStreamReceiver, host component.Host) 
 	}
 	r.logsLogger.Info("Token event hook listening", zap.String("transport", "udp"), zap.String("endpoint", conn.LocalAddr().String()))
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &hooksUDPListener{r: r, obs: obs, conn: conn, window: cfg.BatchWindow, cancel: cancel}
-	if enableDropCount(conn) {
-		l.oob = make([]byte, dropsOOBBytes)
+	l := &hooksUDPListener{r: r, obs: obs, conn: conn, window: cfg.BatchWindow, cancel: cancel,
+		batch: newBatchReader(conn), msgs: make([]ipv4.Message, udpReadBatch)}
+	counted := enableDropCount(conn)
+	for i := range l.msgs {
+		l.msgs[i].Buffers = [][]byte{make([]byte, maxDatagramBytes+1)}
+		if counted {
+			l.msgs[i].OOB = make([]byte, dropsOOBBytes)
+		}
 	}
 	l.done.Add(1)
 	go l.readLoop(ctx, host)
@@ -81,9 +109,8 @@ func startHooksUDP(cfg *UDPConfig, r *tokenStreamReceiver, host component.Host) 
 
 func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 	defer l.done.Done()
-	buf := make([]byte, maxDatagramBytes+1)
 	for {
-		n, err := l.read(buf)
+		n, err := l.batch.ReadBatch(l.msgs, 0)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -100,14 +127,15 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 			}
 			continue
 		}
-		if n == 0 {
-			continue
-		}
 		first := time.Now()
 		d := l.r.decoder()
 		d.begin(first)
-		d.add(buf[:n])
-		closed := l.readMore(d, buf, first.Add(l.window), n)
+		read := l.add(d, n)
+		if read == 0 { // empty datagrams only
+			l.r.release(d)
+			continue
+		}
+		closed := l.readMore(d, first.Add(l.window), read)
 		d.finish()
 		// A refused batch is counted by consume; UDP has no one to tell.
 		_ = l.r.consume(ctx, l.obs, d, transportUDP)
@@ -122,7 +150,7 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 // coalesceBytes in all (read counts those already in d). It reports
 // whether the connection was closed meanwhile; any other read error is
 // left to the next read of the loop.
-func (l *hooksUDPListener) readMore(d *batchDecoder, buf []byte, deadline time.Time, read int) (closed bool) {
+func (l *hooksUDPListener) readMore(d *batchDecoder, deadline time.Time, read int) (closed bool) {
 	if l.window <= 0 {
 		return false
 	}
@@ -131,44 +159,37 @@ func (l *hooksUDPListener) readMore(d *batchDecoder, buf []byte, deadline time.T
 	}
 	defer func() { _ = l.conn.SetReadDeadline(time.Time{}) }()
 	for read < coalesceBytes {
-		n, err := l.read(buf)
+		n, err := l.batch.ReadBatch(l.msgs, 0)
 		if err != nil {
 			return errors.Is(err, net.ErrClosed)
 		}
-		if n > 0 {
-			d.add(buf[:n])
-			read += n
-		}
+		read += l.add(d, n)
 	}
 	return false
 }
 
-// read reads one datagram, waiting for it, and counts drops (countDrops).
-func (l *hooksUDPListener) read(buf []byte) (int, error) {
-	if l.oob == nil {
-		n, _, err := l.conn.ReadFrom(buf)
-		return n, err
+// add adds to d the first n datagrams of msgs, the last read's, and
+// returns their bytes. It counts the datagrams the kernel dropped since
+// the last one read, for want of receive buffer: the kernel attaches its
+// count to the datagrams it queues, so drops are counted when the next
+// datagram after them is read.
+func (l *hooksUDPListener) add(d *batchDecoder, n int) int {
+	read := 0
+	for i := range n {
+		m := &l.msgs[i]
+		if m.NN > 0 {
+			if total, ok := dropCount(m.OOB[:m.NN]); ok && total != l.drops {
+				// uint32 arithmetic: right across the counter's wrap too.
+				l.r.telemetry.ReceiverTokenStreamUDPDroppedDatagrams.Add(context.Background(), int64(total-l.drops))
+				l.drops = total
+			}
+		}
+		if m.N > 0 {
+			d.add(m.Buffers[0][:m.N])
+			read += m.N
+		}
 	}
-	n, oobn, _, _, err := l.conn.ReadMsgUDP(buf, l.oob)
-	if err == nil {
-		l.countDrops(l.oob[:oobn])
-	}
-	return n, err
-}
-
-// countDrops counts the datagrams the kernel dropped since the last one
-// read, for want of receive buffer: the kernel attaches its count to the
-// datagrams it queues, so drops are counted when the next datagram after
-// them is read.
-func (l *hooksUDPListener) countDrops(oob []byte) {
-	if len(oob) == 0 {
-		return
-	}
-	if total, ok := dropCount(oob); ok && total != l.drops {
-		// uint32 arithmetic: right across the counter's wrap too.
-		l.r.telemetry.ReceiverTokenStreamUDPDroppedDatagrams.Add(context.Background(), int64(total-l.drops))
-		l.drops = total
-	}
+	return read
 }
 
 func (l *hooksUDPListener) shutdown() error {

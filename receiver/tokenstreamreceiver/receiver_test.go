@@ -387,8 +387,9 @@ func TestUDPBurst(t *testing.T) {
 }
 
 // Within hooks::udp::batch_window the datagrams go to the pipeline together,
-// a session's tokens packed into one record across them; with 0, each
-// datagram goes alone.
+// a session's tokens packed into one record across them; with 0, only
+// those one read takes (already queued) do, so a datagram sent after the
+// previous one was handed over goes alone.
 func TestUDPBatchWindow(t *testing.T) {
 	for _, tc := range []struct {
 		window         time.Duration
@@ -403,7 +404,11 @@ func TestUDPBatchWindow(t *testing.T) {
 				c.Hooks.HTTP = configoptional.None[HTTPConfig]()
 				c.Hooks.UDP.Get().BatchWindow = tc.window
 			})
-			sendUDP(t, tr.udp, tok1, tok2)
+			sendUDP(t, tr.udp, tok1)
+			if tc.window == 0 {
+				require.Eventually(t, func() bool { return sink.LogRecordCount() == 1 }, 10*time.Second, time.Millisecond)
+			}
+			sendUDP(t, tr.udp, tok2)
 			require.Eventually(t, func() bool { return sink.LogRecordCount() == tc.records }, 10*time.Second, 5*time.Millisecond)
 			assert.Len(t, sink.AllLogs(), tc.calls)
 			assert.Equal(t, []string{tok1, tok2}, events(t, sink))
