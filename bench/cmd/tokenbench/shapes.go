@@ -27,8 +27,10 @@ type shape struct {
 }
 
 // shapeTokens is about how many tokens each shape sends: enough CPU time
-// to measure on each side, little enough to keep make bench short.
-const shapeTokens = 400_000
+// to measure on each side (ours spends 0.3–4 CPU-s on it; at 400 000 the
+// cheapest shapes were a few /proc ticks and moved by ±20% between runs),
+// little enough to keep make bench short.
+const shapeTokens = 1_000_000
 
 func defaultShapes() []shape {
 	return []shape{
