@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
 	"syscall"
@@ -242,11 +243,35 @@ func BenchmarkTokenPathHTTPOneTokenPerSession(b *testing.B) {
 	benchmarkTokenPathHTTP(b, newTokenPathWorkload(1000, 200_000, 1000))
 }
 
+// floorServer is what any net/http server costs for the same requests: a
+// handler that reads the body and answers as the hook does, nothing else (no
+// confighttp middleware, no parse, no pipeline). The loopback mode's figure
+// minus this one is what the collector adds per request.
+func floorServer(b *testing.B) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		writeAccepted(w, int(n/64))
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	b.Cleanup(func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String() + defaultHTTPPath
+}
+
+// benchmarkTokenPathHTTP runs w in three modes: handler (the receiver's
+// handler called in process), loopback (posted over loopback TCP) and
+// floor (posted over loopback to floorServer).
 func benchmarkTokenPathHTTP(b *testing.B, w *tokenPathWorkload) {
-	for _, mode := range []string{"handler", "loopback"} {
+	for _, mode := range []string{"handler", "loopback", "floor"} {
 		b.Run(mode, func(b *testing.B) {
 			r := newTokenPath(b)
 			url := "http://" + r.http.Addr.String() + defaultHTTPPath
+			if mode == "floor" {
+				url = floorServer(b)
+			}
 			resp := &statusRecorder{header: http.Header{}}
 			reader := bytes.NewReader(nil)
 			req, err := http.NewRequest(http.MethodPost, url, reader)
