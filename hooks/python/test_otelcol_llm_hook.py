@@ -762,8 +762,10 @@ class RealCollectorTest(unittest.TestCase):
 
     def test_single_token_records(self):
         # Token events in separate batches arrive as separate, unpacked records.
+        # Over HTTP: each flush is a request of its own, while the UDP hook
+        # packs the datagrams read within its batch_window together.
         base = time.time_ns()
-        with Client("udp://127.0.0.1:%d" % self.udp_port) as c:
+        with Client("http://127.0.0.1:%d/v1/token-events" % self.http_port) as c:
             c.start("single", base)
             c.flush()
             c.token("single", base + 10, count=1)
