@@ -85,6 +85,14 @@ func startScaleOut(t *testing.T) *scaleOut {
 			sub(cfg, "exporters", exp)["resolver"] = map[string]any{"static": map[string]any{
 				"hostnames": []any{gatewayIPs[0] + ":4317", gatewayIPs[1] + ":4317"}}}
 		}
+		// Retries scaled down with decision_wait (60 s → 3 s): a trace's
+		// spans come through both agents, each retrying on its own, and a
+		// gateway back up must get all of them within decision_wait. At
+		// the shipped 5 s the two agents' retries could land more than 3 s
+		// apart on a loaded machine, and the trace was decided on half of
+		// it.
+		sub(cfg, "exporters", "load_balancing")["retry_on_failure"] = map[string]any{
+			"enabled": true, "initial_interval": "100ms", "max_interval": "500ms"}
 	})
 	for _, ip := range so.agents {
 		testbin.StartCollector(t, []string{"--config", filepath.Join("..", "..", "deploy", "agent-config.yaml"),
@@ -408,8 +416,11 @@ func TestScaleOutGatewayLost(t *testing.T) {
 	time.Sleep(gatewayDecisionWait + 2*time.Second)
 	so.startGateway(1)
 
-	require.Eventually(t, func() bool { c, _, _ := so.outcome(during); return c == len(during) }, 60*time.Second,
-		200*time.Millisecond, "the traces sent while a gateway was down were not all delivered once it was back")
+	if !assert.Eventually(t, func() bool { c, _, _ := so.outcome(during); return c == len(during) }, 60*time.Second,
+		200*time.Millisecond, "the traces sent while a gateway was down were not all delivered once it was back") {
+		c, absent, bad := so.outcome(during)
+		t.Fatalf("of %d: %d whole, %d absent, split or partial: %v", len(during), c, absent, bad)
+	}
 	time.Sleep(gatewayDecisionWait + 2*time.Second)
 	complete, lost, bad := so.outcome(inFlight)
 	t.Logf("traces in flight when gateway 2 was lost: %d whole, %d lost whole", complete, lost)
