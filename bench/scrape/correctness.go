@@ -19,6 +19,8 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/pdata/pmetric"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
 
 // otherEngine is a second engine every correctness collector also scrapes,
@@ -205,9 +207,9 @@ func sessionContext(path string) (summary, stall map[string]any, err error) {
 						}
 					}
 					switch lr.EventName() {
-					case "llm.session.summary":
+					case tokenrecord.EventNameSummary:
 						summary = attrs
-					case "llm.session.stall":
+					case tokenrecord.EventNameStall:
 						stall = attrs
 					}
 				}

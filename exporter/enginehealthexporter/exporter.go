@@ -30,8 +30,7 @@ const (
 	metricSessions = sessionmetrics.MetricSessions
 	metricStalls   = sessionmetrics.MetricStalls
 	metricTTFT     = sessionmetrics.MetricTimeToFirstToken
-	// eventStall is the event name of token_session's stall alerts.
-	eventStall = "llm.session.stall"
+	eventStall     = tokenrecord.EventNameStall
 
 	attrEngine    = tokenrecord.AttrEngine
 	attrOutcome   = sessionmetrics.AttrOutcome

@@ -22,6 +22,14 @@ const (
 	EventNameEnd   = "llm.session.end"
 )
 
+// Event names of the log records token_session emits: a session's summary
+// and a stall alert. They are named here, beside the records it reads, for
+// what reads its output (engine_health, the demo, the bench).
+const (
+	EventNameSummary = "llm.session.summary"
+	EventNameStall   = "llm.session.stall"
+)
+
 // Attribute keys of the log record form. GenAI semantic convention names are
 // used where one exists.
 const (

@@ -17,8 +17,8 @@ import (
 
 // Event names of the records this processor emits.
 const (
-	eventNameSummary = "llm.session.summary"
-	eventNameStall   = "llm.session.stall"
+	eventNameSummary = tokenrecord.EventNameSummary
+	eventNameStall   = tokenrecord.EventNameStall
 
 	spanEventFirstToken = "llm.first_token"
 	// spanNameVerdict names the verdict span (traces::verdict_spans).

@@ -21,21 +21,24 @@ import (
 	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
 
 // Names of what the sink picks out of the collector's output.
 const (
-	metricSessions    = "llm.sessions"
-	metricStalls      = "llm.session.stalls"
-	metricTTFT        = "gen_ai.server.time_to_first_token"
-	metricTPOT        = "gen_ai.server.time_per_output_token"
-	metricQueue       = "llm.session.queue_time"
-	metricPrefill     = "llm.session.prefill_time"
+	metricSessions    = sessionmetrics.MetricSessions
+	metricStalls      = sessionmetrics.MetricStalls
+	metricTTFT        = sessionmetrics.MetricTimeToFirstToken
+	metricTPOT        = sessionmetrics.MetricTimePerOutputTok
+	metricQueue       = sessionmetrics.MetricQueueTime
+	metricPrefill     = sessionmetrics.MetricPrefillTime
 	metricKVUsage     = "vllm:kv_cache_usage_perc"
 	metricPreemptions = "vllm:num_preemptions_total"
 	metricWaiting     = "vllm:num_requests_waiting"
-	eventStall        = "llm.session.stall"
-	eventSummary      = "llm.session.summary"
+	eventStall        = tokenrecord.EventNameStall
+	eventSummary      = tokenrecord.EventNameSummary
 )
 
 // Sample is one scraped engine value.
