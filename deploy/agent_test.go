@@ -116,22 +116,12 @@ func (discardTraces) Export(context.Context, ptraceotlp.ExportRequest) (ptraceot
 // startSummarySink serves the sink on addr until the test ends.
 func startSummarySink(t *testing.T, addr string) *summarySink {
 	t.Helper()
-	ln, err := net.Listen("tcp", addr)
-	require.NoError(t, err)
-	srv := grpc.NewServer()
 	s := &summarySink{summaries: map[string]int{}}
-	plogotlp.RegisterGRPCServer(srv, s)
-	// The agent sends metrics and traces too: taken, not kept.
-	pmetricotlp.RegisterGRPCServer(srv, &discardMetrics{})
-	ptraceotlp.RegisterGRPCServer(srv, &discardTraces{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-done
+	testbin.ServeGRPC(t, addr, func(srv *grpc.Server) {
+		plogotlp.RegisterGRPCServer(srv, s)
+		// The agent sends metrics and traces too: taken, not kept.
+		pmetricotlp.RegisterGRPCServer(srv, &discardMetrics{})
+		ptraceotlp.RegisterGRPCServer(srv, &discardTraces{})
 	})
 	return s
 }

@@ -160,23 +160,13 @@ func (s *sink) metric(name string) (pmetric.Metric, bool) {
 
 func startSink(t *testing.T) (*sink, string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := grpc.NewServer()
 	s := &sink{}
-	plogotlp.RegisterGRPCServer(srv, &logsService{s: s})
-	ptraceotlp.RegisterGRPCServer(srv, &tracesService{s: s})
-	pmetricotlp.RegisterGRPCServer(srv, &metricsService{s: s})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-done
+	addr := testbin.ServeGRPC(t, "127.0.0.1:0", func(srv *grpc.Server) {
+		plogotlp.RegisterGRPCServer(srv, &logsService{s: s})
+		ptraceotlp.RegisterGRPCServer(srv, &tracesService{s: s})
+		pmetricotlp.RegisterGRPCServer(srv, &metricsService{s: s})
 	})
-	return s, ln.Addr().String()
+	return s, addr
 }
 
 // freePort returns a loopback address free at the time of the call.

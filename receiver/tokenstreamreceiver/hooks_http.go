@@ -167,19 +167,14 @@ func ndjsonContentType(ct string) bool {
 var jsonContentType = []string{"application/json"}
 
 // writeAccepted answers a batch taken whole: the batchResponse of
-// writeResponse, byte for byte, written without encoding/json, with its
-// length announced (no chunked encoding). It is every answer of a healthy
-// pipeline, so its cost is paid per request.
+// writeResponse, byte for byte, written without encoding/json. It is every
+// answer of a healthy pipeline, so its cost is paid per request.
 func writeAccepted(w http.ResponseWriter, accepted int) {
 	var buf [64]byte
 	b := append(buf[:0], `{"accepted":`...)
 	b = strconv.AppendInt(b, int64(accepted), 10)
 	b = append(b, `,"rejected":0,"errors":[]}`+"\n"...)
-	h := w.Header()
-	h["Content-Type"] = jsonContentType
-	h["Content-Length"] = []string{strconv.Itoa(len(b))}
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(b)
+	writeJSON(w, http.StatusOK, b)
 }
 
 func writeResponse(w http.ResponseWriter, status int, resp *batchResponse) {
@@ -187,10 +182,15 @@ func writeResponse(w http.ResponseWriter, status int, resp *batchResponse) {
 		resp.Errors = []lineError{}
 	}
 	b, _ := json.Marshal(resp)
-	b = append(b, '\n')
+	writeJSON(w, status, append(b, '\n'))
+}
+
+// writeJSON writes an answer's JSON body b with its length announced (no
+// chunked encoding).
+func writeJSON(w http.ResponseWriter, status int, b []byte) {
 	h := w.Header()
 	h["Content-Type"] = jsonContentType
-	h.Set("Content-Length", strconv.Itoa(len(b)))
+	h["Content-Length"] = []string{strconv.Itoa(len(b))}
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
 }

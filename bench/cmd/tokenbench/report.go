@@ -167,23 +167,23 @@ func writeReport(dir string) error {
 func summarize(t result, proxy []proxySummary) []summaryRow {
 	var rows []summaryRow
 	if tp := t.TokenPath; tp != nil {
+		udpShare := ratio(tp.UDP.TokensPerCPUSecond, tp.HTTP.TokensPerCPUSecond)
 		rows = append(rows,
 			summaryRow{What: "token path, tokens per collector CPU-second: hooks HTTP → token_session vs stock (span per token → tail_sampling + span_metrics)",
 				Ours: mtok(tp.HTTP.TokensPerCPUSecond), Other: mtok(tp.Stock.TokensPerCPUSecond), Ratio: tp.HTTPvsStock,
-				RatioS: fmt.Sprintf("%.1f×", tp.HTTPvsStock), Target: "≥ 10×", Met: boolp(tp.HTTPvsStock >= targetHTTPRatio)},
+				RatioS: fmt.Sprintf("%.1f×", tp.HTTPvsStock)}.atLeast(tp.HTTPvsStock, targetHTTPRatio, "%g×"),
 			summaryRow{What: "token path, tokens per collector CPU-second: hooks UDP → token_session vs stock",
 				Ours: mtok(tp.UDP.TokensPerCPUSecond), Other: mtok(tp.Stock.TokensPerCPUSecond), Ratio: tp.UDPvsStock,
 				RatioS: fmt.Sprintf("%.1f×", tp.UDPvsStock)},
 			summaryRow{What: "token path, tokens per collector CPU-second: hooks UDP vs hooks HTTP",
-				Ours: mtok(tp.UDP.TokensPerCPUSecond), Other: mtok(tp.HTTP.TokensPerCPUSecond), Ratio: ratio(tp.UDP.TokensPerCPUSecond, tp.HTTP.TokensPerCPUSecond),
-				RatioS: fmt.Sprintf("%.0f%%", 100*ratio(tp.UDP.TokensPerCPUSecond, tp.HTTP.TokensPerCPUSecond)), Target: "≥ 80%",
-				Met: boolp(ratio(tp.UDP.TokensPerCPUSecond, tp.HTTP.TokensPerCPUSecond) >= targetUDPShare)},
+				Ours: mtok(tp.UDP.TokensPerCPUSecond), Other: mtok(tp.HTTP.TokensPerCPUSecond), Ratio: udpShare,
+				RatioS: fmt.Sprintf("%.0f%%", 100*udpShare)}.atLeast(100*udpShare, 100*targetUDPShare, "%g%%"),
 			summaryRow{What: "CPU-seconds per million tokens (HTTP vs stock)",
 				Ours: fmt.Sprintf("%.3f", tp.HTTP.CPUSecPerMTokens), Other: fmt.Sprintf("%.3f", tp.Stock.CPUSecPerMTokens),
 				Ratio: ratio(tp.Stock.CPUSecPerMTokens, tp.HTTP.CPUSecPerMTokens), RatioS: fmt.Sprintf("%.1f× less", ratio(tp.Stock.CPUSecPerMTokens, tp.HTTP.CPUSecPerMTokens))},
 			summaryRow{What: fmt.Sprintf("memory per in-flight session, live heap after GC (%d sessions × %d tokens in flight)", tp.MemOurs.Sessions, tp.MemOurs.TokensHeld),
 				Ours: bytesText(tp.MemOurs.HeapPerSession), Other: bytesText(tp.MemStock.HeapPerSession), Ratio: tp.MemoryStockVsOurs,
-				RatioS: fmt.Sprintf("%.0f× less", tp.MemoryStockVsOurs), Target: "≤ 512 B", Met: boolp(tp.MemOurs.HeapPerSession <= targetBytesPerSess)},
+				RatioS: fmt.Sprintf("%.0f× less", tp.MemoryStockVsOurs)}.atMost(tp.MemOurs.HeapPerSession, targetBytesPerSess, "%g B"),
 			summaryRow{What: "memory per in-flight session, RSS growth from a fresh process (runtime working memory included)",
 				Ours: bytesText(tp.MemOurs.RSSPerSession), Other: bytesText(tp.MemStock.RSSPerSession), Ratio: tp.RSSStockVsOurs,
 				RatioS: fmt.Sprintf("%.1f× less", tp.RSSStockVsOurs)},
@@ -195,10 +195,10 @@ func summarize(t result, proxy []proxySummary) []summaryRow {
 			r := ratio(last.CPU.CPUSecPerMTokens, first.CPU.CPUSecPerMTokens)
 			rows = append(rows, summaryRow{What: fmt.Sprintf("scale: CPU-seconds per million tokens at %d concurrent sessions vs at %d", last.Sessions, first.Sessions),
 				Ours: fmt.Sprintf("%.2f", last.CPU.CPUSecPerMTokens), Other: fmt.Sprintf("%.2f", first.CPU.CPUSecPerMTokens), Ratio: r,
-				RatioS: fmt.Sprintf("%.2f×", r), Target: "≤ 1.5×", Met: boolp(r <= targetScaleRatio)})
+				RatioS: fmt.Sprintf("%.2f×", r)}.atMost(r, targetScaleRatio, "%g×"))
 		}
 		rows = append(rows, summaryRow{What: fmt.Sprintf("memory per in-flight session at %d sessions, live heap after GC", last.Sessions),
-			Ours: bytesText(last.Memory.HeapPerSession), Target: "≤ 512 B", Met: boolp(last.Memory.HeapPerSession <= targetBytesPerSess)})
+			Ours: bytesText(last.Memory.HeapPerSession)}.atMost(last.Memory.HeapPerSession, targetBytesPerSess, "%g B"))
 	}
 	byKey := map[string]proxySummary{}
 	for _, p := range proxy {
@@ -219,10 +219,10 @@ func summarize(t result, proxy []proxySummary) []summaryRow {
 			row.RatioS = fmt.Sprintf("%.2f×", row.Ratio)
 		}
 		if p.C == targetProxyP99Streams {
-			row.Target = "≤ 1.1× nginx"
 			if p.AddedP99 > 0 && n.AddedP99 > 0 {
-				row.Met = boolp(row.Ratio <= targetProxyP99Ratio)
+				row = row.atMost(row.Ratio, targetProxyP99Ratio, "%g× nginx")
 			} else {
+				row.Target = fmt.Sprintf("≤ %g× nginx", targetProxyP99Ratio)
 				// A p99 below direct's: the run's noise is larger than
 				// what the proxies add, so no verdict.
 				row.Target += " (a p99 below direct's: noise, no verdict)"
@@ -233,17 +233,17 @@ func summarize(t result, proxy []proxySummary) []summaryRow {
 			r := ratio(*p.CPUPerEv, *n.CPUPerEv)
 			rows = append(rows, summaryRow{What: fmt.Sprintf("proxy, CPU per SSE event, %d streams: collector vs nginx", p.C),
 				Ours: fmt.Sprintf("%.1f µs", *p.CPUPerEv), Other: fmt.Sprintf("%.1f µs", *n.CPUPerEv), Ratio: r,
-				RatioS: fmt.Sprintf("%.2f×", r), Target: "≤ 1.25×", Met: boolp(r <= targetProxyCPURatio)})
+				RatioS: fmt.Sprintf("%.2f×", r)}.atMost(r, targetProxyCPURatio, "%g×"))
 		}
 		if p.C == targetProxyMemStreams {
 			if p.MemKB != nil {
 				kib := *p.MemKB // /proc's "kB" are KiB
 				rows = append(rows, summaryRow{What: fmt.Sprintf("proxy, memory per open stream at %d streams: RSS growth (run median − idle) ÷ streams", p.C),
-					Ours: fmt.Sprintf("%.1f KiB", kib), Target: "≤ 32 KiB", Met: boolp(kib <= targetProxyKiBStream)})
+					Ours: fmt.Sprintf("%.1f KiB", kib)}.atMost(kib, targetProxyKiBStream, "%g KiB"))
 			}
 			if p.HeapKB != nil {
 				rows = append(rows, summaryRow{What: fmt.Sprintf("proxy, memory per open stream at %d streams: live heap after GC, mid-run − idle, ÷ streams", p.C),
-					Ours: fmt.Sprintf("%.1f KiB", *p.HeapKB), Target: "≤ 32 KiB", Met: boolp(*p.HeapKB <= targetProxyKiBStream)})
+					Ours: fmt.Sprintf("%.1f KiB", *p.HeapKB)}.atMost(*p.HeapKB, targetProxyKiBStream, "%g KiB"))
 			}
 		}
 	}
@@ -251,10 +251,10 @@ func summarize(t result, proxy []proxySummary) []summaryRow {
 		for _, r := range sh.Shapes {
 			rows = append(rows, summaryRow{What: "token path shape: " + r.Shape.Name + ", tokens per collector CPU-second: ours vs stock",
 				Ours: fmt.Sprintf("%.2f M", r.Ours.TokensPerCPUSecond/1e6), Other: fmt.Sprintf("%.2f M", r.Stock.TokensPerCPUSecond/1e6),
-				Ratio: r.Ratio, RatioS: fmt.Sprintf("%.1f×", r.Ratio), Target: "≥ 10×", Met: boolp(r.Ratio >= 10)})
+				Ratio: r.Ratio, RatioS: fmt.Sprintf("%.1f×", r.Ratio)}.atLeast(r.Ratio, targetHTTPRatio, "%g×"))
 		}
 		rows = append(rows, summaryRow{What: "token path shapes: the worst (" + sh.WorstShape + ")",
-			Ratio: sh.WorstRatio, RatioS: fmt.Sprintf("%.1f×", sh.WorstRatio), Target: "≥ 10×", Met: boolp(sh.WorstRatio >= 10)})
+			Ratio: sh.WorstRatio, RatioS: fmt.Sprintf("%.1f×", sh.WorstRatio)}.atLeast(sh.WorstRatio, targetHTTPRatio, "%g×"))
 	}
 	if so := t.ScaleOut; so != nil {
 		rows = append(rows,
@@ -419,6 +419,19 @@ func markdown(r fullReport, proxyMD []byte) string {
 
 func sortedKeys(m map[string]float64) []string {
 	return slices.Sorted(maps.Keys(m))
+}
+
+// atLeast and atMost set a row's target and verdict from the target's
+// constant, so that the text shown and the check made cannot drift apart;
+// format renders the constant.
+func (r summaryRow) atLeast(v, target float64, format string) summaryRow {
+	r.Target, r.Met = "≥ "+fmt.Sprintf(format, target), boolp(v >= target)
+	return r
+}
+
+func (r summaryRow) atMost(v, target float64, format string) summaryRow {
+	r.Target, r.Met = "≤ "+fmt.Sprintf(format, target), boolp(v <= target)
+	return r
 }
 
 func firstNonEmpty(a, b string) string {

@@ -133,10 +133,7 @@ func (e *env) scaleOut(w workload, gatewayFor time.Duration) (*scaleOutResult, e
 		}
 		hp := e.hookPoster(a)
 		nd := gen(run.name[6:7])
-		*run.out, err = measureCPU(c, e.sink, run.name, func() (sendResult, error) {
-			r := hp.run(e.ctx, nd, e.workers)
-			return r, failed(r)
-		}, settleHTTP(c))
+		*run.out, err = measureCPU(c, e.sink, run.name, hp.sendAll(e.ctx, nd, e.workers), settleHTTP(c))
 		hp.close()
 		c.stop()
 		if err != nil {

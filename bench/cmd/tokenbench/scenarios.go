@@ -122,10 +122,7 @@ func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
 	gen := func() (*generator, []wEvent) { g := newGenerator(w, 1); return g, g.all() }
 	_, evs := gen()
 	nd := chunk(evs, w.BatchLines, ndjson)
-	if res.HTTP, err = measureCPU(ours, e.sink, "hooks_http", e.profiled(ours, "tokenpath-http", func() (sendResult, error) {
-		r := hp.run(e.ctx, nd, e.workers)
-		return r, failed(r)
-	}), settleHTTP(ours)); err != nil {
+	if res.HTTP, err = measureCPU(ours, e.sink, "hooks_http", e.profiled(ours, "tokenpath-http", hp.sendAll(e.ctx, nd, e.workers)), settleHTTP(ours)); err != nil {
 		return nil, err
 	}
 
@@ -168,10 +165,7 @@ func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
 		res.StockSpansExpected += int64(b.tokens)
 	}
 	res.StockSpansExpected += int64(w.Sessions * w.Waves)
-	if res.Stock, err = measureCPU(stock, e.sink, "stock", func() (sendResult, error) {
-		r := sp.run(e.ctx, ot, e.workers)
-		return r, failed(r)
-	}, settleStock(stock)); err != nil {
+	if res.Stock, err = measureCPU(stock, e.sink, "stock", sp.sendAll(e.ctx, ot, e.workers), settleStock(stock)); err != nil {
 		return nil, err
 	}
 
@@ -270,10 +264,7 @@ func (e *env) scale(ks []int, tokensTotal int) ([]scaleStep, error) {
 				evs[i].s.id = "k" + evs[i].s.id[1:]
 			}
 			nd := chunk(evs, w.BatchLines, ndjson)
-			step.CPU, err = measureCPU(c, e.sink, fmt.Sprintf("scale %d", k), e.profiled(c, fmt.Sprintf("scale-%d", k), func() (sendResult, error) {
-				r := hp.run(e.ctx, nd, e.workers)
-				return r, failed(r)
-			}), settleHTTP(c))
+			step.CPU, err = measureCPU(c, e.sink, fmt.Sprintf("scale %d", k), e.profiled(c, fmt.Sprintf("scale-%d", k), hp.sendAll(e.ctx, nd, e.workers)), settleHTTP(c))
 		}
 		if err == nil && step.HeapProfile != "" {
 			step.HeapTop, err = pprofTop(step.HeapProfile, 12, false, "-sample_index=inuse_space")

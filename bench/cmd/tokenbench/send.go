@@ -96,6 +96,15 @@ func (p *poster) run(ctx context.Context, batches []batch, workers int) sendResu
 	})
 }
 
+// sendAll is a measured run's send: every batch posted (run), a failed
+// request an error.
+func (p *poster) sendAll(ctx context.Context, batches []batch, workers int) func() (sendResult, error) {
+	return func() (sendResult, error) {
+		r := p.run(ctx, batches, workers)
+		return r, failed(r)
+	}
+}
+
 // paced posts the batches next returns, offering rate events/s (0: as fast as
 // the workers get answers) for at most limit (0: until next is done). When the
 // collector falls behind, the workers are all busy and the achieved rate drops

@@ -16,7 +16,10 @@ import (
 
 // shape is one workload shape.
 type shape struct {
-	Name string `json:"name"`
+	// Index is the shape's place among defaultShapes: it names its files
+	// and seeds its workload, whichever shapes a run picks.
+	Index int    `json:"index"`
+	Name  string `json:"name"`
 	// SessionsPerBatch complete sessions per request (start, tokens, end),
 	// or 0 for a batch of one token per session across many sessions.
 	SessionsPerBatch int `json:"sessions_per_batch"`
@@ -33,7 +36,7 @@ type shape struct {
 const shapeTokens = 1_000_000
 
 func defaultShapes() []shape {
-	return []shape{
+	list := []shape{
 		{Name: "middle", SessionsPerBatch: 10, Tokens: 40, Posters: 3},
 		{Name: "1 session per batch", SessionsPerBatch: 1, Tokens: 40, Posters: 3},
 		{Name: "50 sessions per batch", SessionsPerBatch: 50, Tokens: 40, Posters: 3},
@@ -43,6 +46,10 @@ func defaultShapes() []shape {
 		{Name: "8 posters", SessionsPerBatch: 10, Tokens: 40, Posters: 8},
 		{Name: "1 token per session per batch, 100 000 sessions", Tokens: 4, Posters: 3, Concurrent: 100_000},
 	}
+	for i := range list {
+		list[i].Index = i
+	}
+	return list
 }
 
 // workload is the shape's token stream: waves of complete sessions, one
@@ -78,20 +85,17 @@ type shapesResult struct {
 // shape's sessions and traces do not weigh on the next.
 func (e *env) shapes(list []shape) (*shapesResult, error) {
 	res := &shapesResult{}
-	for i, sh := range list {
+	for _, sh := range list {
 		w := sh.workload()
 		r := shapeResult{Shape: sh, Workload: w}
-		ours, a, err := e.startOurs(fmt.Sprintf("shape%d-ours", i), "")
+		ours, a, err := e.startOurs(fmt.Sprintf("shape%d-ours", sh.Index), "")
 		if err != nil {
 			return nil, err
 		}
-		g := newGenerator(w, uint64(100+i))
+		g := newGenerator(w, uint64(100+sh.Index))
 		nd := chunk(g.all(), w.BatchLines, ndjson)
 		hp := newPoster("http://"+a.hooksHTTP+hookPath, "application/x-ndjson", sh.Posters, true)
-		r.Ours, err = measureCPU(ours, e.sink, "ours "+sh.Name, e.profiled(ours, fmt.Sprintf("shape%d-ours", i), func() (sendResult, error) {
-			s := hp.run(e.ctx, nd, sh.Posters)
-			return s, failed(s)
-		}), settleHTTP(ours))
+		r.Ours, err = measureCPU(ours, e.sink, "ours "+sh.Name, e.profiled(ours, fmt.Sprintf("shape%d-ours", sh.Index), hp.sendAll(e.ctx, nd, sh.Posters)), settleHTTP(ours))
 		hp.close()
 		ours.stop()
 		if err != nil {
@@ -99,18 +103,15 @@ func (e *env) shapes(list []shape) (*shapesResult, error) {
 		}
 
 		sa := newAddrs(e.sink.addr)
-		stock, err := startCollector(fmt.Sprintf("shape%d-stock", i), e.stock, e.out, stockConfig(sa), sa.pprof, sa.telemetry, sa.otlp)
+		stock, err := startCollector(fmt.Sprintf("shape%d-stock", sh.Index), e.stock, e.out, stockConfig(sa), sa.pprof, sa.telemetry, sa.otlp)
 		if err != nil {
 			return nil, err
 		}
-		g = newGenerator(w, uint64(100+i))
+		g = newGenerator(w, uint64(100+sh.Index))
 		evs := g.all()
 		ot := chunk(evs, w.BatchLines, g.otlpSpans)
 		sp := newPoster("http://"+sa.otlp+"/v1/traces", "application/x-protobuf", sh.Posters, false)
-		r.Stock, err = measureCPU(stock, e.sink, "stock "+sh.Name, func() (sendResult, error) {
-			s := sp.run(e.ctx, ot, sh.Posters)
-			return s, failed(s)
-		}, settleStock(stock))
+		r.Stock, err = measureCPU(stock, e.sink, "stock "+sh.Name, sp.sendAll(e.ctx, ot, sh.Posters), settleStock(stock))
 		sp.close()
 		stock.stop()
 		if err != nil {
