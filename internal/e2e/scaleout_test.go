@@ -28,8 +28,20 @@ import (
 // deploy/gateway.yaml. The tests swap the k8s resolver for the static one
 // and shorten the gateways' decision_wait; nothing else changes.
 
-// gatewayDecisionWait is the gateways' decision_wait in the tests.
+// gatewayDecisionWait is the gateways' decision_wait in TestScaleOut.
 const gatewayDecisionWait = 3 * time.Second
+
+// TestScaleOutGatewayLost's gateways wait longer: after a gateway's outage
+// each agent reconnects to it on gRPC's own connection backoff (1 s growing
+// 1.6× a try, jittered), which the exporter's retry settings do not reach.
+// After the test's 5 s outage the agents' reconnections can be seconds
+// apart, and a trace whose spans came through both agents is whole only if
+// decision_wait covers that spread; at 3 s a quarter of such traces were
+// decided on the part without their verdict and dropped.
+const (
+	gatewayLostDecisionWait = 15 * time.Second
+	gatewayOutage           = 5 * time.Second
+)
 
 // rewriteConfig writes a copy of deploy/<name> with edit applied to it.
 func rewriteConfig(t *testing.T, name string, edit func(cfg map[string]any)) string {
@@ -64,12 +76,12 @@ type scaleOut struct {
 	startGateway func(i int)
 }
 
-func startScaleOut(t *testing.T) *scaleOut {
+func startScaleOut(t *testing.T, decisionWait time.Duration) *scaleOut {
 	t.Helper()
 	so := &scaleOut{agents: [2]string{"127.0.0.11", "127.0.0.12"}}
 	gatewayIPs := [2]string{"127.0.0.21", "127.0.0.22"}
 	gatewayCfg := rewriteConfig(t, "gateway.yaml", func(cfg map[string]any) {
-		sub(cfg, "processors", "tail_sampling")["decision_wait"] = gatewayDecisionWait.String()
+		sub(cfg, "processors", "tail_sampling")["decision_wait"] = decisionWait.String()
 	})
 	var sinkAddrs [2]string
 	so.startGateway = func(i int) {
@@ -205,7 +217,7 @@ func traceID(seq uint32, r uint64) pcommon.TraceID {
 //     its app spans, which arrive two minutes before the session span, are
 //     kept with it, because the verdict span reaches the gateway at once.
 func TestScaleOut(t *testing.T) {
-	so := startScaleOut(t)
+	so := startScaleOut(t, gatewayDecisionWait)
 	start := time.Now()
 
 	// The long session first: its app spans now (through agent B), its
@@ -404,24 +416,24 @@ func (so *scaleOut) outcome(traces []pcommon.TraceID) (complete, absent int, bad
 // routes, and the agents' loadbalancing queues hold what goes to it until it
 // is back (the k8s resolver would move them to the other gateway instead).
 func TestScaleOutGatewayLost(t *testing.T) {
-	so := startScaleOut(t)
+	so := startScaleOut(t, gatewayLostDecisionWait)
 	before := so.bulkSessions(t, 5000, 100)
-	require.Eventually(t, func() bool { c, _, _ := so.outcome(before); return c == len(before) }, 60*time.Second,
+	require.Eventually(t, func() bool { c, _, _ := so.outcome(before); return c == len(before) }, gatewayLostDecisionWait+60*time.Second,
 		200*time.Millisecond, "the first 100 traces were not all kept whole")
 
 	inFlight := so.bulkSessions(t, 6000, 100)
 	time.Sleep(time.Second) // at both gateways, undecided
 	so.gatewayProcs[1].Crash()
 	during := so.bulkSessions(t, 7000, 100)
-	time.Sleep(gatewayDecisionWait + 2*time.Second)
+	time.Sleep(gatewayOutage)
 	so.startGateway(1)
 
-	if !assert.Eventually(t, func() bool { c, _, _ := so.outcome(during); return c == len(during) }, 60*time.Second,
+	if !assert.Eventually(t, func() bool { c, _, _ := so.outcome(during); return c == len(during) }, gatewayLostDecisionWait+60*time.Second,
 		200*time.Millisecond, "the traces sent while a gateway was down were not all delivered once it was back") {
 		c, absent, bad := so.outcome(during)
 		t.Fatalf("of %d: %d whole, %d absent, split or partial: %v", len(during), c, absent, bad)
 	}
-	time.Sleep(gatewayDecisionWait + 2*time.Second)
+	time.Sleep(gatewayLostDecisionWait + 2*time.Second)
 	complete, lost, bad := so.outcome(inFlight)
 	t.Logf("traces in flight when gateway 2 was lost: %d whole, %d lost whole", complete, lost)
 	assert.Empty(t, bad, "no trace split or partial")
