@@ -78,9 +78,20 @@ func (p *Process) Stop(limit time.Duration) bool {
 	}
 }
 
+// userHZ is USER_HZ, the unit of the CPU times in /proc: 100 on every Linux
+// architecture Go supports.
+const userHZ = 100
+
+// ticks is a count of USER_HZ ticks as a duration.
+func ticks(n int64) time.Duration { return time.Duration(n) * time.Second / userHZ }
+
 // CPU is the process's user and system CPU time so far.
-func (p *Process) CPU() (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
+func (p *Process) CPU() (time.Duration, error) { return CPUOf(p.Pid()) }
+
+// CPUOf is the user and system CPU time process pid has used so far (the
+// harness's own: os.Getpid()).
+func CPUOf(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}
@@ -94,8 +105,33 @@ func (p *Process) CPU() (time.Duration, error) {
 	if err := errors.Join(err1, err2); err != nil {
 		return 0, err
 	}
-	// USER_HZ is 100 on Linux.
-	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+	return ticks(utime + stime), nil
+}
+
+// MachineBusy is the CPU time every process on the machine has used since
+// boot: the first line of /proc/stat, all but idle and iowait.
+func MachineBusy() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 6 || f[0] != "cpu" {
+		return 0, errors.New("no cpu line in /proc/stat")
+	}
+	var total int64
+	for i, v := range f[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: %w", err)
+		}
+		total += n
+	}
+	return ticks(total), nil
 }
 
 // RSS is the process's resident set size in bytes.
@@ -148,13 +184,7 @@ func SelfMetric(addr, name string, labels map[string]string) (float64, error) {
 }
 
 func selfMetrics(addr string, keep func(family string, series *dto.Metric) bool) (map[string]float64, error) {
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + addr + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
+	fams, err := SelfMetricFamilies(addr)
 	if err != nil {
 		return nil, err
 	}
@@ -175,6 +205,21 @@ func selfMetrics(addr string, keep func(family string, series *dto.Metric) bool)
 	return out, nil
 }
 
+// SelfMetricFamilies reads a Prometheus text endpoint (the collector's own
+// telemetry at addr, /metrics) whole: its families by name, every series.
+func SelfMetricFamilies(addr string) (map[string]*dto.MetricFamily, error) {
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s/metrics: %s", addr, resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return p.TextToMetricFamilies(resp.Body)
+}
+
 // FreeAddr returns a loopback address nothing listens on now.
 func FreeAddr() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -186,7 +231,18 @@ func FreeAddr() (string, error) {
 }
 
 // WaitListening waits until addr accepts connections, at most limit.
-func WaitListening(addr string, limit time.Duration) error {
+func WaitListening(addr string, limit time.Duration) error { return waitListening(addr, limit, nil) }
+
+// WaitListening waits until addr accepts connections, at most limit, and
+// fails at once if the process ends first (a bad config, a port taken).
+func (p *Process) WaitListening(addr string, limit time.Duration) error {
+	if err := waitListening(addr, limit, p.exited); err != nil {
+		return fmt.Errorf("%w (log: %s)", err, p.LogPath)
+	}
+	return nil
+}
+
+func waitListening(addr string, limit time.Duration, exited <-chan struct{}) error {
 	deadline := time.Now().Add(limit)
 	for {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
@@ -197,6 +253,10 @@ func WaitListening(addr string, limit time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s not listening after %s: %w", addr, limit, err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-exited:
+			return fmt.Errorf("exited before %s was listening", addr)
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }

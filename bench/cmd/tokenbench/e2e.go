@@ -74,7 +74,7 @@ func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (
 	}
 	defer c.stop()
 	time.Sleep(2 * time.Second)
-	res := &e2eResult{Concurrency: concurrency, IdleRSS: rssBytes(c.pid())}
+	res := &e2eResult{Concurrency: concurrency, IdleRSS: c.rssBytes()}
 
 	stopRSS := make(chan struct{})
 	rssDone := make(chan []int64)
@@ -88,7 +88,7 @@ func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (
 				rssDone <- samples
 				return
 			case <-t.C:
-				samples = append(samples, rssBytes(c.pid()))
+				samples = append(samples, c.rssBytes())
 			}
 		}
 	}()
@@ -98,7 +98,7 @@ func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (
 		"-ramp-up", "3s", "-prompt-tokens", "uniform:200-800", "-output-tokens", "128", "-long-share", "0.1", "-long-prompt-tokens", "3000",
 		"-seed", "1", "-traceparent", "-quiet", "-out", outFile)
 	load.Stdout, load.Stderr = simLog, simLog
-	t0, w0 := cpuSeconds(c.pid()), time.Now()
+	t0, w0 := c.cpuSeconds(), time.Now()
 	if err := load.Run(); err != nil {
 		close(stopRSS)
 		<-rssDone
@@ -106,7 +106,7 @@ func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (
 	}
 	// The last sessions' outputs leave within the proxy's 20 ms batching.
 	time.Sleep(500 * time.Millisecond)
-	res.CPUSeconds = cpuSeconds(c.pid()) - t0
+	res.CPUSeconds = c.cpuSeconds() - t0
 	wall := time.Since(w0).Seconds()
 	close(stopRSS)
 	samples := <-rssDone

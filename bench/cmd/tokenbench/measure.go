@@ -25,18 +25,18 @@ type cpuRun struct {
 // meanwhile minus what it uses idle (its timers) over the same wall time.
 func measureCPU(c *collector, sk *sink, path string, send func() (sendResult, error), settle func()) (cpuRun, error) {
 	c.waitIdle(10 * time.Second)
-	i0 := cpuSeconds(c.pid())
+	i0 := c.cpuSeconds()
 	time.Sleep(time.Second)
-	idleRate := cpuSeconds(c.pid()) - i0
+	idleRate := c.cpuSeconds() - i0
 
 	before := sk.counts()
-	t0, w0 := cpuSeconds(c.pid()), time.Now()
+	t0, w0 := c.cpuSeconds(), time.Now()
 	res, err := send()
 	if err != nil {
 		return cpuRun{}, err
 	}
 	settle()
-	t1, wall := cpuSeconds(c.pid()), time.Since(w0).Seconds()
+	t1, wall := c.cpuSeconds(), time.Since(w0).Seconds()
 	after := sk.counts()
 	idle := idleRate * wall
 	cpu := t1 - t0 - idle
@@ -124,7 +124,7 @@ func measureMemory(ctx context.Context, c *collector, sk *sink, path string, k, 
 	// first, with a few sessions that end, so that what grows once (buffer
 	// pools, the exporter's queue, connections) is in the idle figure and
 	// not charged to the sessions.
-	idleRSS := rssBytes(c.pid())
+	idleRSS := c.rssBytes()
 	// Few sessions, so that the session table (whose slots are reused)
 	// is not grown in advance.
 	warm := newGenerator(workload{Sessions: 64, Tokens: tokens, Waves: 1, BatchLines: 1024}, uint64(k)+3)
@@ -152,7 +152,7 @@ func measureMemory(ctx context.Context, c *collector, sk *sink, path string, k, 
 	if err != nil {
 		return memRun{}, err
 	}
-	rss := rssBytes(c.pid())
+	rss := c.rssBytes()
 	m := memRun{
 		Path: path, Sessions: k, TokensHeld: tokens, IdleRSS: idleRSS, RSS: rss, IdleHeap: idleHeap, Heap: heap,
 		RSSPerSession: float64(rss-idleRSS) / float64(k), HeapPerSession: float64(heap-idleHeap) / float64(k),

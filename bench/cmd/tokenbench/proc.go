@@ -2,40 +2,30 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-)
 
-// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat. It
-// is 100 on every Linux architecture Go supports.
-const clockTicks = 100
+	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
+)
 
 // collector is one collector process started for a measurement: its CPU time
 // and memory are read from /proc, its heap through the pprof extension and its
 // self-telemetry from its Prometheus endpoint.
 type collector struct {
+	*benchproc.Process
 	name      string
-	cmd       *exec.Cmd
 	pprofAddr string
 	telemetry string // host:port of the Prometheus self-telemetry endpoint
-	logPath   string
-	exited    chan struct{}
 }
 
 // startCollector writes config into dir and starts bin with it, waiting until
@@ -45,118 +35,46 @@ func startCollector(name, bin, dir, config, pprofAddr, telemetry string, ready .
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
 		return nil, err
 	}
-	logPath := filepath.Join(dir, name+".log")
-	logFile, err := os.Create(logPath)
+	p, err := benchproc.Start(bin, dir, name, "--config", cfgPath)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, "--config", cfgPath)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// The collector must not outlive the driver, whatever stops the driver.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, err
-	}
-	c := &collector{name: name, cmd: cmd, pprofAddr: pprofAddr, telemetry: telemetry, logPath: logPath, exited: make(chan struct{})}
-	go func() { _ = cmd.Wait(); logFile.Close(); close(c.exited) }()
+	c := &collector{Process: p, name: name, pprofAddr: pprofAddr, telemetry: telemetry}
 	for _, addr := range append(ready, pprofAddr, telemetry) {
-		if err := c.waitPort(addr, 30*time.Second); err != nil {
+		if err := c.WaitListening(addr, 30*time.Second); err != nil {
 			c.stop()
-			return nil, fmt.Errorf("%s: %w (log: %s)", name, err, logPath)
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 	}
 	return c, nil
 }
 
-func (c *collector) waitPort(addr string, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
-		select {
-		case <-c.exited:
-			return errors.New("exited at start-up")
-		default:
-		}
-		if conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
-			conn.Close()
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("%s not listening after %s", addr, limit)
-}
-
 // stop sends SIGTERM and waits for a clean shutdown, killing it after 15 s.
-func (c *collector) stop() {
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.exited:
-	case <-time.After(15 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.exited
-	}
+func (c *collector) stop() { c.Stop(15 * time.Second) }
+
+// cpuSeconds is the CPU time the collector has used so far (0 once it is
+// gone).
+func (c *collector) cpuSeconds() float64 {
+	d, _ := c.CPU()
+	return d.Seconds()
 }
 
-func (c *collector) pid() int { return c.cmd.Process.Pid }
-
-// cpuTicks is utime+stime of pid, in clock ticks.
-func cpuTicks(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name in field 2 may hold spaces; the fields after it don't.
-	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
-	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
-	return utime + stime, errors.Join(err1, err2)
+// rssBytes is the collector's resident set (0 once it is gone).
+func (c *collector) rssBytes() int64 {
+	n, _ := c.RSS()
+	return n
 }
 
-// cpuSeconds is the CPU time pid has used so far.
-func cpuSeconds(pid int) float64 {
-	t, err := cpuTicks(pid)
-	if err != nil {
-		return 0
-	}
-	return float64(t) / clockTicks
+// driverCPUSeconds is the CPU time this driver has used so far.
+func driverCPUSeconds() float64 {
+	d, _ := benchproc.CPUOf(os.Getpid())
+	return d.Seconds()
 }
 
-// machineBusySeconds is the CPU time all processes on the machine have used
-// (the first line of /proc/stat: everything but idle and iowait).
+// machineBusySeconds is the CPU time every process on the machine has used.
 func machineBusySeconds() float64 {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	total := int64(0)
-	for i, v := range f[1:] {
-		if i == 3 || i == 4 { // idle, iowait
-			continue
-		}
-		n, _ := strconv.ParseInt(v, 10, 64)
-		total += n
-	}
-	return float64(total) / clockTicks
-}
-
-// rssBytes is the resident set size of pid.
-func rssBytes(pid int) int64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb * 1024
-		}
-	}
-	return 0
+	d, _ := benchproc.MachineBusy()
+	return d.Seconds()
 }
 
 // waitIdle waits until the collector has used at most one tick in each of two
@@ -164,11 +82,11 @@ func rssBytes(pid int) int64 {
 func (c *collector) waitIdle(limit time.Duration) {
 	deadline := time.Now().Add(limit)
 	quiet := 0
-	prev, _ := cpuTicks(c.pid())
+	prev, _ := c.CPU()
 	for time.Now().Before(deadline) && quiet < 2 {
 		time.Sleep(250 * time.Millisecond)
-		now, _ := cpuTicks(c.pid())
-		if now-prev <= 1 {
+		now, _ := c.CPU()
+		if now-prev <= 10*time.Millisecond { // one tick
 			quiet++
 		} else {
 			quiet = 0
@@ -241,19 +159,9 @@ func (c *collector) heapProfile(path string) error {
 	return os.WriteFile(path, b, 0o644)
 }
 
-// telemetry reads the collector's self-telemetry.
+// metrics reads the collector's self-telemetry.
 func (c *collector) metrics() (selfMetrics, error) {
-	resp, err := http.Get("http://" + c.telemetry + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(b))
+	fams, err := benchproc.SelfMetricFamilies(c.telemetry)
 	return selfMetrics(fams), err
 }
 
@@ -315,12 +223,11 @@ func (m selfMetrics) sumPrefix(prefix string) float64 {
 
 // freeAddr returns a 127.0.0.1 address with a port nothing listens on now.
 func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := benchproc.FreeAddr()
 	if err != nil {
 		panic(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 func portOf(addr string) string {

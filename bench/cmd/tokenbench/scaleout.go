@@ -163,14 +163,14 @@ func (e *env) gateway(d time.Duration) (gatewayRun, error) {
 	// tail is charged as idle and over-subtracted.
 	c.waitIdle(10 * time.Second)
 	time.Sleep(2 * time.Second)
-	i0 := cpuSeconds(c.pid())
+	i0 := c.cpuSeconds()
 	time.Sleep(3 * time.Second)
-	idleRate := (cpuSeconds(c.pid()) - i0) / 3
+	idleRate := (c.cpuSeconds() - i0) / 3
 
 	const tick = 100 * time.Millisecond
 	tracesPerTick := gatewaySpansPerSecond / 5 / int(time.Second/tick)
 	before := e.sink.counts()
-	t0, w0 := cpuSeconds(c.pid()), time.Now()
+	t0, w0 := c.cpuSeconds(), time.Now()
 	client := &http.Client{Timeout: 10 * time.Second}
 	var sent int64
 	seq := uint32(0)
@@ -216,7 +216,7 @@ func (e *env) gateway(d time.Duration) (gatewayRun, error) {
 	time.Sleep(7 * time.Second)
 	c.waitIdle(10 * time.Second)
 	wall := time.Since(w0).Seconds()
-	cpu := cpuSeconds(c.pid()) - t0 - idleRate*wall
+	cpu := c.cpuSeconds() - t0 - idleRate*wall
 	after := e.sink.counts()
 	m, err := c.metrics()
 	if err != nil {

@@ -391,9 +391,9 @@ func (e *env) saturate(rates []float64, sessions int, stepDur time.Duration) (*s
 		rate := rates[i]
 		next := prepared(rate, stepDur)
 		c.waitIdle(5 * time.Second)
-		t0, d0, m0 := cpuSeconds(c.pid()), cpuSeconds(os.Getpid()), machineBusySeconds()
+		t0, d0, m0 := c.cpuSeconds(), driverCPUSeconds(), machineBusySeconds()
 		r := hp.paced(e.ctx, e.workers, rate, stepDur, next)
-		cpu, driver := cpuSeconds(c.pid())-t0, cpuSeconds(os.Getpid())-d0
+		cpu, driver := c.cpuSeconds()-t0, driverCPUSeconds()-d0
 		st := rateStep{
 			Offered: rate, Achieved: float64(r.Accepted) / r.Elapsed.Seconds(), CollectorCPU: cpu / r.Elapsed.Seconds(),
 			DriverCPU: driver / r.Elapsed.Seconds(), OtherCPU: (machineBusySeconds() - m0 - cpu - driver) / r.Elapsed.Seconds(),
