@@ -1,9 +1,8 @@
-//go:build linux
-
 // Package benchproc runs the processes of the benchmark and soak harnesses
 // (the collector, vllmsim, llmload) and reads what they cost from /proc and
-// from the collector's own telemetry. Linux only: it reads /proc, and every
-// process it starts dies with the harness (Pdeathsig).
+// from the collector's own telemetry. What it reads from /proc (CPU, RSS,
+// open files) is Linux only and an error elsewhere; on Linux every process
+// it starts dies with the harness (DieWithParent).
 package benchproc // import "github.com/otelcol-llm/otelcol-llm/internal/benchproc"
 
 import (
@@ -42,7 +41,7 @@ func Start(bin, dir, name string, args ...string) (*Process, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Never outlive the harness, however it ends.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = DieWithParent()
 	p := &Process{Cmd: cmd, LogPath: logPath, exited: make(chan struct{})}
 	p.Started = time.Now()
 	if err := cmd.Start(); err != nil {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
 )
 
 // SyncBuffer collects a process's output while a test reads it.
@@ -50,7 +52,7 @@ func StartCollector(t testing.TB, args, env []string) *Process {
 	p := &Process{Output: &SyncBuffer{}, cmd: exec.Command(Collector(t), args...), exited: make(chan error, 1), t: t}
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.Output, p.Output
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p.cmd.SysProcAttr = benchproc.DieWithParent()
 	require.NoError(t, p.cmd.Start())
 	go func() { p.exited <- p.cmd.Wait() }()
 	t.Cleanup(p.Stop)
@@ -123,7 +125,7 @@ func StartProcess(t testing.TB, bin string, args ...string) *SyncBuffer {
 	out := &SyncBuffer{}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = benchproc.DieWithParent()
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)

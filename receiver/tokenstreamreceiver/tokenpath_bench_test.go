@@ -1,3 +1,8 @@
+//go:build !windows
+
+// The token path benchmarks read their CPU time with getrusage(2), which
+// Windows does not have.
+
 package tokenstreamreceiver
 
 import (

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command tokenbench measures the collector's token path side by side with the
 // stock alternative (each token a span → tail_sampling → span_metrics), its
 // cost as sessions and event rates grow, and its overhead at the demo's load.
