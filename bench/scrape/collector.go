@@ -46,11 +46,6 @@ func startProcess(bin, dir, name string, args ...string) (*collector, error) {
 	return &collector{Process: p}, nil
 }
 
-// waitListening waits until addr accepts connections.
-func waitListening(addr string, limit time.Duration) error {
-	return benchproc.WaitListening(addr, limit)
-}
-
 // waitReady waits for the ready line in the log and returns the time it
 // carries (the log's own timestamp, millisecond precision).
 func (c *collector) waitReady(limit time.Duration) (time.Time, error) {

@@ -325,7 +325,7 @@ func startSim(o options) (*sim, error) {
 		return nil, err
 	}
 	s := &sim{c: c, addr: addr}
-	if err := waitListening(addr, 30*time.Second); err != nil {
+	if err := c.WaitListening(addr, 30*time.Second); err != nil {
 		s.stop()
 		return nil, err
 	}

@@ -104,7 +104,7 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 		return false, err
 	}
 	defer sim.Stop(10 * time.Second)
-	if err := benchproc.WaitListening(a.sim, 30*time.Second); err != nil {
+	if err := sim.WaitListening(a.sim, 30*time.Second); err != nil {
 		return false, fmt.Errorf("vllmsim: %w", err)
 	}
 	cfgPath := filepath.Join(runDir, "collector.yaml")
@@ -117,8 +117,8 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 	}
 	defer col.Stop(30 * time.Second)
 	for _, addr := range []string{a.proxy, a.telemetry, a.pprof} {
-		if err := benchproc.WaitListening(addr, time.Minute); err != nil {
-			return false, fmt.Errorf("collector (log: %s): %w", col.LogPath, err)
+		if err := col.WaitListening(addr, time.Minute); err != nil {
+			return false, fmt.Errorf("collector: %w", err)
 		}
 	}
 

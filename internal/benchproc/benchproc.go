@@ -229,19 +229,9 @@ func FreeAddr() (string, error) {
 	return ln.Addr().String(), nil
 }
 
-// WaitListening waits until addr accepts connections, at most limit.
-func WaitListening(addr string, limit time.Duration) error { return waitListening(addr, limit, nil) }
-
 // WaitListening waits until addr accepts connections, at most limit, and
 // fails at once if the process ends first (a bad config, a port taken).
 func (p *Process) WaitListening(addr string, limit time.Duration) error {
-	if err := waitListening(addr, limit, p.exited); err != nil {
-		return fmt.Errorf("%w (log: %s)", err, p.LogPath)
-	}
-	return nil
-}
-
-func waitListening(addr string, limit time.Duration, exited <-chan struct{}) error {
 	deadline := time.Now().Add(limit)
 	for {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
@@ -250,11 +240,11 @@ func waitListening(addr string, limit time.Duration, exited <-chan struct{}) err
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not listening after %s: %w", addr, limit, err)
+			return fmt.Errorf("%s not listening after %s: %w (log: %s)", addr, limit, err, p.LogPath)
 		}
 		select {
-		case <-exited:
-			return fmt.Errorf("exited before %s was listening", addr)
+		case <-p.exited:
+			return fmt.Errorf("exited before %s was listening (log: %s)", addr, p.LogPath)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
