@@ -100,15 +100,6 @@ func (c *collector) selfMetrics() (map[string]float64, error) {
 	return benchproc.SelfMetrics(c.telemetry)
 }
 
-// freeAddr returns a loopback address nothing listens on now.
-func freeAddr() string {
-	addr, err := benchproc.FreeAddr()
-	if err != nil {
-		panic(err)
-	}
-	return addr
-}
-
 // loadAvg is the 1-minute load average.
 func loadAvg() float64 {
 	b, _ := os.ReadFile("/proc/loadavg")

@@ -229,6 +229,16 @@ func FreeAddr() (string, error) {
 	return ln.Addr().String(), nil
 }
 
+// MustFreeAddr is FreeAddr for a harness that cannot go on without one: it
+// panics when no port can be had.
+func MustFreeAddr() string {
+	addr, err := FreeAddr()
+	if err != nil {
+		panic(err)
+	}
+	return addr
+}
+
 // WaitListening waits until addr accepts connections, at most limit, and
 // fails at once if the process ends first (a bad config, a port taken).
 func (p *Process) WaitListening(addr string, limit time.Duration) error {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -152,19 +151,6 @@ func appSpans(td ptrace.Traces, trace pcommon.TraceID) {
 	}
 }
 
-// postLine posts one hook line, from a goroutine (no require).
-func postLine(url, line string) error {
-	resp, err := http.Post(url, "application/x-ndjson", strings.NewReader(line+"\n"))
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("hook answered %s", resp.Status)
-	}
-	return nil
-}
-
 // sessionEvents are the hook lines of one session of trace, a child of its
 // API gateway's span (appSpans): the first token after ttft, then tokens
 // 20 ms apart, and the end.
@@ -243,7 +229,7 @@ func TestScaleOut(t *testing.T) {
 		for time.Since(longStart) < longFor {
 			line := strings.TrimSpace(string(tokenevent.AppendJSON(nil, &tokenevent.Event{Kind: tokenevent.KindToken, SessionID: "long",
 				TimeUnixNano: uint64(time.Now().UnixNano()), Count: 1, PromptTokens: -1, CompletionTokens: -1})))
-			if err := postLine(so.hookURL(0), line); err != nil {
+			if err := postBatch(so.hookURL(0), line); err != nil {
 				once.Do(func() { longErr = err })
 				return
 			}
@@ -252,7 +238,7 @@ func TestScaleOut(t *testing.T) {
 		}
 		end := strings.TrimSpace(string(tokenevent.AppendJSON(nil, &tokenevent.Event{Kind: tokenevent.KindEnd, SessionID: "long",
 			TimeUnixNano: uint64(time.Now().UnixNano()), CompletionTokens: int64(n), FinishReason: "stop", PromptTokens: -1, Count: 1})))
-		if err := postLine(so.hookURL(0), end); err != nil {
+		if err := postBatch(so.hookURL(0), end); err != nil {
 			once.Do(func() { longErr = err })
 		}
 	}()

@@ -19,12 +19,24 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
+// postLines posts a batch of hook lines and requires it taken.
 func postLines(t *testing.T, url string, lines ...string) {
 	t.Helper()
+	require.NoError(t, postBatch(url, lines...))
+}
+
+// postBatch posts a batch of hook lines; from a goroutine, where require
+// may not be used.
+func postBatch(url string, lines ...string) error {
 	resp, err := http.Post(url, "application/x-ndjson", strings.NewReader(strings.Join(lines, "\n")))
-	require.NoError(t, err)
+	if err != nil {
+		return err
+	}
 	resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("hook answered %s", resp.Status)
+	}
+	return nil
 }
 
 // sendEngineSpans sends one "llm_request" span per trace to the collector's

@@ -2,7 +2,11 @@
 
 package main
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
+)
 
 // telemetryYAML is the service::telemetry block both collectors get: warnings
 // only in the log, self-telemetry on a Prometheus endpoint for the drop
@@ -33,7 +37,8 @@ type addrs struct {
 }
 
 func newAddrs(sink string) addrs {
-	return addrs{hooksHTTP: freeAddr(), hooksUDP: freeAddr(), otlp: freeAddr(), pprof: freeAddr(), telemetry: freeAddr(), sink: sink}
+	free := benchproc.MustFreeAddr
+	return addrs{hooksHTTP: free(), hooksUDP: free(), otlp: free(), pprof: free(), telemetry: free(), sink: sink}
 }
 
 // oursConfig is the token path under test: hooks (HTTP and UDP) →

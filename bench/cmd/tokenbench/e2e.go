@@ -12,6 +12,8 @@ import (
 	"slices"
 	"syscall"
 	"time"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
 )
 
 // e2eResult is the collector's cost at the demo's load: vllmsim behind the
@@ -39,7 +41,7 @@ type e2eResult struct {
 }
 
 func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (*e2eResult, error) {
-	upstream := freeAddr()
+	upstream := benchproc.MustFreeAddr()
 	// The demo's heaviest point (cmd/llmdemo: scenario b at 200, chunked
 	// prefill off, prefill first, a KV pool that runs out): pre-emptions
 	// and stalls.
@@ -57,7 +59,7 @@ func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (
 	}
 	defer func() { _ = sim.Process.Signal(syscall.SIGTERM); _ = sim.Wait() }()
 
-	proxy := freeAddr()
+	proxy := benchproc.MustFreeAddr()
 	extra := fmt.Sprintf(`    proxy:
       endpoint: %s
       upstream:

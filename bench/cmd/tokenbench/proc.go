@@ -223,15 +223,6 @@ func (m selfMetrics) sumPrefix(prefix string) float64 {
 	return total
 }
 
-// freeAddr returns a 127.0.0.1 address with a port nothing listens on now.
-func freeAddr() string {
-	addr, err := benchproc.FreeAddr()
-	if err != nil {
-		panic(err)
-	}
-	return addr
-}
-
 func portOf(addr string) string {
 	_, p, _ := net.SplitHostPort(addr)
 	return p

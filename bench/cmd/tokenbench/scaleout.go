@@ -133,7 +133,7 @@ func (e *env) scaleOut(w workload, gatewayFor time.Duration) (*scaleOutResult, e
 		if err != nil {
 			return nil, err
 		}
-		hp := e.hookPoster(a)
+		hp := hookPoster(a, e.workers)
 		nd := gen(run.name[6:7])
 		*run.out, err = measureCPU(c, e.sink, run.name, hp.sendAll(e.ctx, nd, e.workers), settleHTTP(c))
 		hp.close()

@@ -78,8 +78,21 @@ func (e *env) startOurs(name, extra string) (*collector, addrs, error) {
 	return c, a, err
 }
 
-func (e *env) hookPoster(a addrs) *poster {
-	return newPoster("http://"+a.hooksHTTP+hookPath, "application/x-ndjson", e.workers, true)
+// startStock starts the stock baseline on fresh addresses.
+func (e *env) startStock(name string) (*collector, addrs, error) {
+	a := newAddrs(e.sink.addr)
+	c, err := startCollector(name, e.stock, e.out, stockConfig(a), a.pprof, a.telemetry, a.otlp)
+	return c, a, err
+}
+
+// hookPoster posts NDJSON batches to our collector's hook, workers at once.
+func hookPoster(a addrs, workers int) *poster {
+	return newPoster("http://"+a.hooksHTTP+hookPath, "application/x-ndjson", workers, true)
+}
+
+// spanPoster posts OTLP/HTTP span batches to the stock collector.
+func spanPoster(a addrs, workers int) *poster {
+	return newPoster("http://"+a.otlp+"/v1/traces", "application/x-protobuf", workers, false)
 }
 
 // tokenPath runs the comparison: the same workload through hooks HTTP, hooks
@@ -92,15 +105,14 @@ func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
 		return nil, err
 	}
 	defer ours.stop()
-	sa := newAddrs(e.sink.addr)
-	stock, err := startCollector("stock", e.stock, e.out, stockConfig(sa), sa.pprof, sa.telemetry, sa.otlp)
+	stock, sa, err := e.startStock("stock")
 	if err != nil {
 		return nil, err
 	}
 	defer stock.stop()
-	hp := e.hookPoster(a)
+	hp := hookPoster(a, e.workers)
 	defer hp.close()
-	sp := newPoster("http://"+sa.otlp+"/v1/traces", "application/x-protobuf", e.workers, false)
+	sp := spanPoster(sa, e.workers)
 	defer sp.close()
 
 	// Memory first, on collectors that have done nothing yet, so that the
@@ -250,7 +262,7 @@ func (e *env) scale(ks []int, tokensTotal int) ([]scaleStep, error) {
 		if err != nil {
 			return nil, err
 		}
-		hp := e.hookPoster(a)
+		hp := hookPoster(a, e.workers)
 		step := scaleStep{Sessions: k, Tokens: perSession, Waves: max(1, largest/k)}
 		if k == ks[len(ks)-1] {
 			// What the sessions' memory is made of, at the largest step.
@@ -361,7 +373,7 @@ func (e *env) saturate(rates []float64, sessions int, stepDur time.Duration) (*s
 		return nil, err
 	}
 	defer c.stop()
-	hp := e.hookPoster(a)
+	hp := hookPoster(a, e.workers)
 	defer hp.close()
 	ts := newTokenStream("s", sessions)
 	// Each step's batches are encoded before it starts, so that the driver's

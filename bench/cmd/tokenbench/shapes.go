@@ -96,7 +96,7 @@ func (e *env) shapes(list []shape) (*shapesResult, error) {
 		}
 		g := newGenerator(w, uint64(100+sh.Index))
 		nd := chunk(g.all(), w.BatchLines, ndjson)
-		hp := newPoster("http://"+a.hooksHTTP+hookPath, "application/x-ndjson", sh.Posters, true)
+		hp := hookPoster(a, sh.Posters)
 		r.Ours, err = measureCPU(ours, e.sink, "ours "+sh.Name, e.profiled(ours, fmt.Sprintf("shape%d-ours", sh.Index), hp.sendAll(e.ctx, nd, sh.Posters)), settleHTTP(ours))
 		hp.close()
 		ours.stop()
@@ -104,15 +104,14 @@ func (e *env) shapes(list []shape) (*shapesResult, error) {
 			return nil, err
 		}
 
-		sa := newAddrs(e.sink.addr)
-		stock, err := startCollector(fmt.Sprintf("shape%d-stock", sh.Index), e.stock, e.out, stockConfig(sa), sa.pprof, sa.telemetry, sa.otlp)
+		stock, sa, err := e.startStock(fmt.Sprintf("shape%d-stock", sh.Index))
 		if err != nil {
 			return nil, err
 		}
 		g = newGenerator(w, uint64(100+sh.Index))
 		evs := g.all()
 		ot := chunk(evs, w.BatchLines, g.otlpSpans)
-		sp := newPoster("http://"+sa.otlp+"/v1/traces", "application/x-protobuf", sh.Posters, false)
+		sp := spanPoster(sa, sh.Posters)
 		r.Stock, err = measureCPU(stock, e.sink, "stock "+sh.Name, sp.sendAll(e.ctx, ot, sh.Posters), settleStock(stock))
 		sp.close()
 		stock.stop()

@@ -20,6 +20,8 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
 )
 
 // make demo-breaker: the load-balancer story. HAProxy balances two vllmsim
@@ -146,7 +148,7 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 	}()
 	addrs := map[string]string{}
 	for _, name := range []string{"sim_a", "sim_b", "proxy_a", "proxy_b", "health", "agent", "frontend", "stats"} {
-		if addrs[name], err = freeAddr(); err != nil {
+		if addrs[name], err = benchproc.FreeAddr(); err != nil {
 			return nil, err
 		}
 	}
@@ -599,18 +601,8 @@ func plotBreaker(path string, rep *BreakerReport) error {
 
 	routed := panel("Requests HAProxy sent each replica (per second); dashed: B degraded, B healed", "requests/s")
 	routed.Y.Min, routed.Y.Max = 0, maxOf(reqA, reqB)
-	for _, s := range []struct {
-		name string
-		xys  plotter.XYs
-		c    color.Color
-		dash bool
-	}{{"A", reqA, colorA, false}, {"B", reqB, colorB, true}} {
-		l, err := newLine(s.xys, s.c, s.dash)
-		if err != nil {
-			return err
-		}
-		routed.Add(l)
-		routed.Legend.Add(s.name, l)
+	if err := addLines(routed, namedLine{"A", reqA, colorA, false}, namedLine{"B", reqB, colorB, true}); err != nil {
+		return err
 	}
 	if err := marks(routed, routed.Y.Max); err != nil {
 		return err
@@ -630,21 +622,33 @@ func plotBreaker(path string, rep *BreakerReport) error {
 	state := panel("B's state: 1 = ejected (engine_health), down (HAProxy)", "out")
 	state.X.Label.Text = "seconds since the load started"
 	state.Y.Min, state.Y.Max = -0.1, 1.3
-	for _, s := range []struct {
-		name string
-		xys  plotter.XYs
-		c    color.Color
-		dash bool
-	}{{"engine_health: ejected", ejected, colorB, false}, {"HAProxy: b DOWN", down, colorC, true}} {
-		l, err := newLine(s.xys, s.c, s.dash)
-		if err != nil {
-			return err
-		}
-		state.Add(l)
-		state.Legend.Add(s.name, l)
+	if err := addLines(state, namedLine{"engine_health: ejected", ejected, colorB, false},
+		namedLine{"HAProxy: b DOWN", down, colorC, true}); err != nil {
+		return err
 	}
 	if err := marks(state, 1.3); err != nil {
 		return err
 	}
 	return saveTiles(path, [][]*plot.Plot{{routed}, {stalled}, {state}}, 10*vg.Inch, 9*vg.Inch)
+}
+
+// namedLine is a line of a panel with its legend entry.
+type namedLine struct {
+	name string
+	xys  plotter.XYs
+	c    color.Color
+	dash bool
+}
+
+// addLines draws lines on p, each with its legend entry.
+func addLines(p *plot.Plot, lines ...namedLine) error {
+	for _, nl := range lines {
+		l, err := newLine(nl.xys, nl.c, nl.dash)
+		if err != nil {
+			return err
+		}
+		p.Add(l)
+		p.Legend.Add(nl.name, l)
+	}
+	return nil
 }

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
 )
 
 // collectorConfig is the collector's configuration for every point: the
@@ -218,7 +220,7 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress 
 
 	var addrs [4]string
 	for i := range addrs {
-		if addrs[i], err = freeAddr(); err != nil {
+		if addrs[i], err = benchproc.FreeAddr(); err != nil {
 			return nil, err
 		}
 	}

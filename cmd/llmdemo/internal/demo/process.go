@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -137,14 +136,4 @@ func (p *process) waitHTTP(ctx context.Context, url string, timeout time.Duratio
 		case <-tick.C:
 		}
 	}
-}
-
-// freeAddr returns a loopback TCP address that was free a moment ago.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
