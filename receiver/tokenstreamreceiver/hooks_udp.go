@@ -138,7 +138,9 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 		closed := l.readMore(d, first.Add(l.window), read)
 		d.finish()
 		// A refused batch is counted by consume; UDP has no one to tell.
-		_ = l.r.consume(ctx, l.obs, d, transportUDP)
+		// The hand-over is not cancelled with the read loop: datagrams read
+		// before shutdown are delivered, and shutdown waits for them.
+		_ = l.r.consume(context.WithoutCancel(ctx), l.obs, d, transportUDP)
 		l.r.release(d)
 		if closed {
 			return

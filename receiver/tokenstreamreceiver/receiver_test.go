@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"go.opentelemetry.io/collector/consumer/consumererror"
 	"go.opentelemetry.io/collector/consumer/consumertest"
 	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/receiver"
 	"go.opentelemetry.io/collector/receiver/receivertest"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -577,6 +579,73 @@ type gateConsumer struct {
 func (g *gateConsumer) ConsumeLogs(ctx context.Context, ld plog.Logs) error {
 	<-g.open
 	return g.LogsSink.ConsumeLogs(ctx, ld)
+}
+
+// holdingConsumer holds its first hand-over (logs or metrics) until
+// released or its context ends, and records which it was.
+type holdingConsumer struct {
+	calls     atomic.Int32
+	entered   chan struct{}
+	release   chan struct{}
+	cancelled atomic.Bool
+}
+
+func newHoldingConsumer() *holdingConsumer {
+	return &holdingConsumer{entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (h *holdingConsumer) Capabilities() consumer.Capabilities { return consumer.Capabilities{} }
+
+func (h *holdingConsumer) ConsumeLogs(ctx context.Context, _ plog.Logs) error { return h.hold(ctx) }
+
+func (h *holdingConsumer) ConsumeMetrics(ctx context.Context, _ pmetric.Metrics) error {
+	return h.hold(ctx)
+}
+
+func (h *holdingConsumer) hold(ctx context.Context) error {
+	if h.calls.Add(1) > 1 {
+		return nil
+	}
+	close(h.entered)
+	select {
+	case <-ctx.Done():
+		h.cancelled.Store(true)
+		return ctx.Err()
+	case <-h.release:
+		return nil
+	}
+}
+
+// assertShutdownDelivers shuts rcv down while its first hand-over is held:
+// Shutdown must wait for it, and must not cancel it.
+func (h *holdingConsumer) assertShutdownDelivers(t *testing.T, rcv component.Component) {
+	t.Helper()
+	<-h.entered
+	stopped := make(chan error, 1)
+	go func() { stopped <- rcv.Shutdown(context.Background()) }()
+	// Shutdown cancels its loops first thing; a hand-over tied to them ends
+	// within this second. One that is not waits for release.
+	select {
+	case err := <-stopped:
+		t.Fatalf("Shutdown returned (%v) before the hand-over in flight was delivered", err)
+	case <-time.After(time.Second):
+	}
+	close(h.release)
+	require.NoError(t, <-stopped)
+	assert.False(t, h.cancelled.Load(), "the hand-over's context was cancelled by Shutdown")
+}
+
+// TestUDPShutdownDeliversBatchInFlight: datagrams read before shutdown are
+// delivered, not cancelled with the read loop.
+func TestUDPShutdownDeliversBatchInFlight(t *testing.T) {
+	cfg := createDefaultConfig().(*Config)
+	cfg.Hooks.UDP.GetOrInsertDefault().Endpoint = "127.0.0.1:0"
+	hold := newHoldingConsumer()
+	rcv, err := NewFactory().CreateLogs(context.Background(), receivertest.NewNopSettings(metadata.Type), cfg, hold)
+	require.NoError(t, err)
+	require.NoError(t, rcv.Start(context.Background(), componenttest.NewNopHost()))
+	sendUDP(t, rcv.(*tokenStreamReceiver).udp.conn.LocalAddr().String(), startLine)
+	hold.assertShutdownDelivers(t, rcv)
 }
 
 // TestUDPKernelDropsCounted: datagrams the kernel drops while the listener

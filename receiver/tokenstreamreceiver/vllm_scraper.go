@@ -141,7 +141,12 @@ func (s *vllmScraper) scrape(ctx context.Context, t *vllmTarget) {
 	s.countSkipped(ctx, t.conv.Skipped())
 	s.recovered(t)
 	n := md.DataPointCount()
-	opCtx := s.obs.StartMetricsOp(ctx)
+	// The hand-over is not cancelled with the scrape loop: a scrape taken
+	// is delivered whole. Shutdown cancelling it would abort an exporter's
+	// request mid-body (its backend sees a truncated body) and lose the
+	// engine's last state; shutdown waits for it instead, bounded by the
+	// pipeline's own timeouts.
+	opCtx := s.obs.StartMetricsOp(context.WithoutCancel(ctx))
 	err = s.r.nextMetrics.ConsumeMetrics(opCtx, md)
 	s.obs.EndMetricsOp(opCtx, "prometheus", n, err)
 	if err != nil {

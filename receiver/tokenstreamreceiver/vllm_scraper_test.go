@@ -332,6 +332,23 @@ func TestScrapeRecovers(t *testing.T) {
 	assert.Len(t, st.logs.FilterMessage("vllm scrape recovered").All(), 1)
 }
 
+// TestShutdownDeliversScrapeInFlight: a scrape being handed over when the
+// receiver shuts down is delivered, not cancelled. A cancelled hand-over
+// aborted the exporter's request mid-body (the backend refused a truncated
+// body) and lost the engine's last state.
+func TestShutdownDeliversScrapeInFlight(t *testing.T) {
+	srv := fixtureServer(t)
+	cfg := createDefaultConfig().(*Config)
+	v := cfg.VLLM.GetOrInsertDefault()
+	v.Targets = []string{srv.URL + "/metrics"}
+	v.Interval = time.Hour // the first scrape only
+	hold := newHoldingConsumer()
+	rcv, err := NewFactory().CreateMetrics(context.Background(), receivertest.NewNopSettings(metadata.Type), cfg, hold)
+	require.NoError(t, err)
+	require.NoError(t, rcv.Start(context.Background(), componenttest.NewNopHost()))
+	hold.assertShutdownDelivers(t, rcv)
+}
+
 // TestLifecycleLogsAndMetrics: the logs and metrics instances of one
 // component share one receiver, started and stopped once.
 func TestLifecycleLogsAndMetrics(t *testing.T) {

@@ -3,6 +3,9 @@ package demo
 import (
 	"context"
 	"math"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +21,21 @@ import (
 // agree with the client's: TTFT p50 and p99 within 5% (or 2 ms), every
 // session the client finished counted in llm.sessions, every session the
 // client saw as slow present as a span with the client's trace ID.
+// logCollectorProblems logs the collector's warnings and errors: the
+// report folder goes with the test.
+func logCollectorProblems(t *testing.T, path string) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Logf("collector log: %v", err)
+		return
+	}
+	for line := range strings.Lines(string(b)) {
+		if strings.Contains(line, "\twarn\t") || strings.Contains(line, "\terror\t") {
+			t.Logf("collector: %s", strings.TrimSpace(line))
+		}
+	}
+}
+
 func TestDemoPipeline(t *testing.T) {
 	bins := Binaries{Collector: testbin.Collector(t), Sim: testbin.Build(t, "./cmd/vllmsim"), Load: testbin.Build(t, "./cmd/llmload")}
 
@@ -33,7 +51,8 @@ func TestDemoPipeline(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	res, err := RunPoint(ctx, bins, p, t.TempDir(), t.Logf)
+	dir := t.TempDir()
+	res, err := RunPoint(ctx, bins, p, dir, t.Logf)
 	require.NoError(t, err)
 
 	c, k := res.Client, res.Collector
@@ -42,7 +61,9 @@ func TestDemoPipeline(t *testing.T) {
 		k.Sessions, k.TTFT.P50, k.TTFT.P99, 100*k.TTFTBucketWidth, k.SpansKept, res.Slow.WithSpan, res.Slow.Slow)
 	require.Positive(t, c.Completed)
 	assert.Zero(t, c.Failed)
-	assert.Zero(t, k.BadRequests, "the sink could read everything the collector sent")
+	if !assert.Zero(t, k.BadRequests, "the sink could read everything the collector sent; it refused: %q", k.BadRequestErrors) {
+		logCollectorProblems(t, filepath.Join(dir, "otelcol.log"))
+	}
 
 	within := func(name string, client, collector float64) {
 		tol := math.Max(0.05*client, 2)

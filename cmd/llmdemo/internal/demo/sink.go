@@ -89,7 +89,12 @@ type sink struct {
 	alerts         []StallAlert
 	summaries      int
 	badRequests    int
+	// badRequestErrors are the first maxBadRequestErrors failures, for the
+	// report and a failing test to say why.
+	badRequestErrors []string
 }
+
+const maxBadRequestErrors = 5
 
 func startSink() (*sink, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -131,7 +136,7 @@ func (s *sink) handle(decode func([]byte) error) http.HandlerFunc {
 		if r.Header.Get("Content-Encoding") == "gzip" {
 			zr, err := gzip.NewReader(body)
 			if err != nil {
-				s.fail(w, err)
+				s.fail(w, r, err)
 				return
 			}
 			defer zr.Close()
@@ -142,7 +147,7 @@ func (s *sink) handle(decode func([]byte) error) http.HandlerFunc {
 			err = decode(data)
 		}
 		if err != nil {
-			s.fail(w, err)
+			s.fail(w, r, err)
 			return
 		}
 		w.Header().Set("Content-Type", "application/x-protobuf")
@@ -150,9 +155,12 @@ func (s *sink) handle(decode func([]byte) error) http.HandlerFunc {
 	}
 }
 
-func (s *sink) fail(w http.ResponseWriter, err error) {
+func (s *sink) fail(w http.ResponseWriter, r *http.Request, err error) {
 	s.mu.Lock()
 	s.badRequests++
+	if len(s.badRequestErrors) < maxBadRequestErrors {
+		s.badRequestErrors = append(s.badRequestErrors, fmt.Sprintf("%s (%d bytes declared): %v", r.URL.Path, r.ContentLength, err))
+	}
 	s.mu.Unlock()
 	// 400 is permanent for the exporter: it does not retry garbage.
 	http.Error(w, err.Error(), http.StatusBadRequest)
@@ -363,6 +371,8 @@ type CollectorFigures struct {
 	MaxKVUsage      float64        `json:"max_kv_usage"`
 	PreemptionCount float64        `json:"preemption_count"` // the counter's last value
 	BadRequests     int            `json:"bad_otlp_requests"`
+	// BadRequestErrors: why the first of them were refused.
+	BadRequestErrors []string `json:"bad_otlp_request_errors,omitempty"`
 	ttftHist        expHistogram
 	tpotHist        expHistogram
 }
@@ -407,7 +417,8 @@ func (q *Quantiles) UnmarshalJSON(b []byte) error {
 func (s *sink) figures(start time.Time) CollectorFigures {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	f := CollectorFigures{SpansByReason: map[string]int{}, Summaries: s.summaries, BadRequests: s.badRequests}
+	f := CollectorFigures{SpansByReason: map[string]int{}, Summaries: s.summaries,
+		BadRequests: s.badRequests, BadRequestErrors: slices.Clone(s.badRequestErrors)}
 	f.SessionsByOutcome = map[string]float64{}
 	for k, v := range s.sessions {
 		f.Sessions += v

@@ -127,4 +127,6 @@ func TestSink(t *testing.T) {
 	assert.Equal(t, 0.9, f.MaxKVUsage)
 	assert.Equal(t, 4.0, f.PreemptionCount)
 	assert.Equal(t, 1, f.BadRequests)
+	require.Len(t, f.BadRequestErrors, 1)
+	assert.Contains(t, f.BadRequestErrors[0], "/v1/logs (15 bytes declared): ")
 }
