@@ -373,8 +373,8 @@ type CollectorFigures struct {
 	BadRequests     int            `json:"bad_otlp_requests"`
 	// BadRequestErrors: why the first of them were refused.
 	BadRequestErrors []string `json:"bad_otlp_request_errors,omitempty"`
-	ttftHist        expHistogram
-	tpotHist        expHistogram
+	ttftHist         expHistogram
+	tpotHist         expHistogram
 }
 
 // Quantiles are p50 and p99 in ms; NaN when there was nothing to measure.
