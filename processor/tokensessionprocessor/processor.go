@@ -3,6 +3,7 @@ package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/proc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"go.opentelemetry.io/collector/processor"
 	"go.uber.org/zap"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/earlystop"
 	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
 	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
@@ -143,6 +145,14 @@ func (c *core) Shutdown(ctx context.Context) error {
 		return nil
 	default:
 	}
+	// The token_stream receivers stop first, whatever order the service
+	// stops the pipelines in: the proxy's drain, and what the hooks have
+	// taken, reach a processor that still folds sessions and whose
+	// pipelines' exporters all still run (see earlystop).
+	stopErr := earlystop.StopAll(ctx)
+	if stopErr != nil {
+		stopErr = fmt.Errorf("stopping the token_stream receivers before token_session: %w", stopErr)
+	}
 	close(c.stop)
 	c.done.Wait()
 	now := time.Now()
@@ -158,7 +168,7 @@ func (c *core) Shutdown(ctx context.Context) error {
 	c.emit(ctx, out)
 	c.emitMetrics(ctx, md)
 	c.telemetry.shutdown()
-	return nil
+	return stopErr
 }
 
 // run checks for timeouts and freezes, and flushes the session metrics.

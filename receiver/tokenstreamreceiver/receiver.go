@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/earlystop"
 	"github.com/otelcol-llm/otelcol-llm/internal/sharedcomponent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
@@ -53,6 +54,11 @@ type tokenStreamReceiver struct {
 	udp   *hooksUDPListener
 	proxy *proxyServer
 	vllm  *vllmScraper
+
+	// unregisterEarlyStop takes the receiver off earlystop's list: the
+	// token_session processor stops the receiver before itself, so that
+	// the proxy drains into a processor that still runs.
+	unregisterEarlyStop func()
 }
 
 // receivers holds the receiver each component configuration shares between
@@ -128,6 +134,7 @@ func (r *tokenStreamReceiver) Shutdown(ctx context.Context) error {
 // start starts the sources of the signals that have a consumer: hooks and
 // proxy for logs, the vllm scraper for metrics.
 func (r *tokenStreamReceiver) start(ctx context.Context, host component.Host) error {
+	r.unregisterEarlyStop = earlystop.Register(r.Shutdown)
 	logSources := r.cfg.Hooks.HTTP.HasValue() || r.cfg.Hooks.UDP.HasValue() || r.cfg.Proxy.HasValue()
 	switch {
 	case r.next == nil && logSources:
@@ -182,6 +189,10 @@ func (r *tokenStreamReceiver) startLogSources(ctx context.Context, host componen
 }
 
 func (r *tokenStreamReceiver) shutdown(ctx context.Context) error {
+	if r.unregisterEarlyStop != nil {
+		r.unregisterEarlyStop()
+		r.unregisterEarlyStop = nil
+	}
 	defer r.telemetry.Shutdown()
 	var errs []error
 	if r.vllm != nil {
