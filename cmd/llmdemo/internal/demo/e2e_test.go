@@ -21,21 +21,6 @@ import (
 // agree with the client's: TTFT p50 and p99 within 5% (or 2 ms), every
 // session the client finished counted in llm.sessions, every session the
 // client saw as slow present as a span with the client's trace ID.
-// logCollectorProblems logs the collector's warnings and errors: the
-// report folder goes with the test.
-func logCollectorProblems(t *testing.T, path string) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Logf("collector log: %v", err)
-		return
-	}
-	for line := range strings.Lines(string(b)) {
-		if strings.Contains(line, "\twarn\t") || strings.Contains(line, "\terror\t") {
-			t.Logf("collector: %s", strings.TrimSpace(line))
-		}
-	}
-}
-
 func TestDemoPipeline(t *testing.T) {
 	bins := Binaries{Collector: testbin.Collector(t), Sim: testbin.Build(t, "./cmd/vllmsim"), Load: testbin.Build(t, "./cmd/llmload")}
 
@@ -81,4 +66,19 @@ func TestDemoPipeline(t *testing.T) {
 
 	assert.NotEmpty(t, k.KVUsage, "the simulator's /metrics was scraped")
 	assert.Positive(t, k.MaxKVUsage)
+}
+
+// logCollectorProblems logs the collector's warnings and errors: the
+// report folder goes with the test.
+func logCollectorProblems(t *testing.T, path string) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Logf("collector log: %v", err)
+		return
+	}
+	for line := range strings.Lines(string(b)) {
+		if strings.Contains(line, "\twarn\t") || strings.Contains(line, "\terror\t") {
+			t.Logf("collector: %s", strings.TrimSpace(line))
+		}
+	}
 }
