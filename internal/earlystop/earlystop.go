@@ -12,7 +12,8 @@
 // and spans.
 //
 // Stopping a receiver early is safe: whatever is downstream of a receiver
-// that still runs has not been stopped yet.
+// that still runs has not been stopped yet. The list is per process, as a
+// collector is: a token_session stops every token_stream receiver running.
 package earlystop // import "github.com/otelcol-llm/otelcol-llm/internal/earlystop"
 
 import (
