@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -158,11 +159,11 @@ func main() {
 		log.Fatal(err)
 	}
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGUSR1)
+	signal.Notify(sig, append([]os.Signal{os.Interrupt, syscall.SIGTERM}, reportSignals...)...)
 	go func() {
 		for s := range sig {
 			fmt.Fprintf(os.Stderr, "{\"connections\":%d,\"requests\":%d,\"streams\":%d}\n", conns.Load(), requests.Load(), streams.Load())
-			if s != syscall.SIGUSR1 {
+			if !slices.Contains(reportSignals, s) {
 				srv.Close()
 			}
 		}

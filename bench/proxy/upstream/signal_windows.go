@@ -1,0 +1,6 @@
+package main
+
+import "os"
+
+// reportSignals: Windows has no SIGUSR1; the counters are printed at exit.
+var reportSignals []os.Signal
