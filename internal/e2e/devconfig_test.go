@@ -83,12 +83,7 @@ func TestDevConfig(t *testing.T) {
 			scrapes.Add(1)
 			return
 		}
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-		for _, ev := range events {
-			_, _ = io.WriteString(w, ev)
-			w.(http.Flusher).Flush()
-		}
+		streamEvents(events, nil)(w, r)
 	}))
 	defer engine.Close()
 	col := startDevCollector(t, engine.URL)

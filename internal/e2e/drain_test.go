@@ -20,16 +20,11 @@ import (
 // the collector is stopped several times.
 func TestProxyDrainKeepsSessions(t *testing.T) {
 	events := chatFixture(t)
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-		for i, ev := range events {
-			if i > 0 {
-				time.Sleep(150 * time.Millisecond)
-			}
-			_, _ = io.WriteString(w, ev)
-			w.(http.Flusher).Flush()
+	upstream := httptest.NewServer(streamEvents(events, func(i int) time.Duration {
+		if i > 0 {
+			return 150 * time.Millisecond
 		}
+		return 0
 	}))
 	defer upstream.Close()
 	const restarts = 6

@@ -37,22 +37,33 @@ func chatFixture(t *testing.T) []string {
 	return events
 }
 
+// streamEvents answers a completions request with events as an SSE
+// stream, waiting pause(i) before event i (nil: no pauses).
+func streamEvents(events []string, pause func(i int) time.Duration) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+		for i, ev := range events {
+			if pause != nil {
+				time.Sleep(pause(i))
+			}
+			_, _ = io.WriteString(w, ev)
+			w.(http.Flusher).Flush()
+		}
+	}
+}
+
 // TestProxyEndToEnd: a client streams a chat completion through the
 // collector's proxy from an upstream that is slow to the first token. The
 // client gets the upstream's stream byte for byte; token_session makes a
 // session of it and, the TTFT being slow, sends its span.
 func TestProxyEndToEnd(t *testing.T) {
 	events := chatFixture(t)
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-		for i, ev := range events {
-			if i == 1 {
-				time.Sleep(600 * time.Millisecond) // prefill
-			}
-			_, _ = io.WriteString(w, ev)
-			w.(http.Flusher).Flush()
+	upstream := httptest.NewServer(streamEvents(events, func(i int) time.Duration {
+		if i == 1 {
+			return 600 * time.Millisecond // prefill
 		}
+		return 0
 	}))
 	defer upstream.Close()
 	s, sinkAddr := startSink(t)

@@ -23,25 +23,25 @@ import (
 	"sync"
 )
 
+type entry struct{ stop func(context.Context) error }
+
 var (
 	mu    sync.Mutex
-	next  int
-	stops = map[int]func(context.Context) error{}
+	stops []*entry // in the order registered
 )
 
 // Register adds stop to what StopAll runs. stop must be safe to call again
 // (the service calls the component's Shutdown as well). The returned func
 // removes it; call it from the component's own shutdown.
 func Register(stop func(context.Context) error) (unregister func()) {
+	e := &entry{stop: stop}
 	mu.Lock()
 	defer mu.Unlock()
-	id := next
-	next++
-	stops[id] = stop
+	stops = append(stops, e)
 	return func() {
 		mu.Lock()
 		defer mu.Unlock()
-		delete(stops, id)
+		stops = slices.DeleteFunc(stops, func(o *entry) bool { return o == e })
 	}
 }
 
@@ -49,19 +49,11 @@ func Register(stop func(context.Context) error) (unregister func()) {
 // and returns their errors. A stop may unregister itself.
 func StopAll(ctx context.Context) error {
 	mu.Lock()
-	ids := make([]int, 0, len(stops))
-	for id := range stops {
-		ids = append(ids, id)
-	}
-	pending := make([]func(context.Context) error, 0, len(ids))
-	slices.Sort(ids)
-	for _, id := range ids {
-		pending = append(pending, stops[id])
-	}
+	pending := slices.Clone(stops)
 	mu.Unlock()
 	var errs []error
-	for _, stop := range pending {
-		errs = append(errs, stop(ctx))
+	for _, e := range pending {
+		errs = append(errs, e.stop(ctx))
 	}
 	return errors.Join(errs...)
 }
