@@ -25,6 +25,10 @@ const (
 	DefaultMaxLineBytes      = 16 << 10
 	DefaultMaxSessionIDBytes = 256
 	DefaultMaxAttributes     = 32
+	// DefaultMaxLinesPerBatch is how many lines of one request body or
+	// datagram the token_stream receiver reads by default (ParseBatch's
+	// maxLines); the hook clients keep their batches within it.
+	DefaultMaxLinesPerBatch = 10_000
 )
 
 func (l Limits) withDefaults() Limits {

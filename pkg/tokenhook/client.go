@@ -188,7 +188,10 @@ func New(cfg Config) (*Client, error) {
 		done:   make(chan struct{}),
 		abort:  func() { cancel(); snd.abort() },
 	}
-	w := &worker{c: c, snd: snd, maxLineBytes: min(s.maxBatchBytes, tokenevent.DefaultMaxLineBytes+1), maxBatchBytes: s.maxBatchBytes, flushInterval: s.flushInterval}
+	w := &worker{
+		c: c, snd: snd, flushInterval: s.flushInterval,
+		maxLineBytes: min(s.maxBatchBytes, tokenevent.DefaultMaxLineBytes+1), maxBatchBytes: s.maxBatchBytes, maxBatchLines: s.maxBatchLines,
+	}
 	go func() {
 		defer close(c.done)
 		defer cancel()
@@ -414,10 +417,13 @@ func (c *Client) Close(ctx context.Context) error {
 // worker is the state of the background goroutine, apart from Client so
 // that its writes do not share cache lines with the callers' hot path.
 type worker struct {
-	c             *Client
-	snd           sender
+	c   *Client
+	snd sender
+	// The bounds of a batch and of its lines, lowered to those the
+	// receiver states (adopt).
 	maxLineBytes  int // newline included
 	maxBatchBytes int
+	maxBatchLines int
 	flushInterval time.Duration
 
 	batch  []byte // whole NDJSON lines
@@ -459,7 +465,8 @@ func (w *worker) drain(n int) {
 }
 
 // add encodes one event into the batch, sending the batch first if the
-// line does not fit.
+// line does not fit: the batch has maxBatchLines lines, or the line would
+// take it past maxBatchBytes.
 func (w *worker) add(it item) {
 	ev := it.ev
 	if ev == nil {
@@ -467,13 +474,14 @@ func (w *worker) add(it item) {
 		ev.SessionID, ev.TimeUnixNano, ev.Count = it.sid, uint64(it.t), it.count
 	}
 	w.line = tokenevent.AppendJSON(w.line[:0], ev)
+	if w.events >= w.maxBatchLines || len(w.batch)+len(w.line) > w.maxBatchBytes {
+		w.flush()
+	}
+	// After the flush, which may have lowered the bound.
 	if len(w.line) > w.maxLineBytes {
 		// The receiver would reject it, or no batch can hold it.
 		w.c.rejected.Add(1)
 		return
-	}
-	if len(w.batch)+len(w.line) > w.maxBatchBytes {
-		w.flush()
 	}
 	w.batch = append(w.batch, w.line...)
 	w.events++
@@ -483,7 +491,7 @@ func (w *worker) flush() {
 	if w.events == 0 {
 		return
 	}
-	sent, rejected, reuse := w.snd.send(w.batch, w.events)
+	sent, rejected, stated, reuse := w.snd.send(w.batch, w.events)
 	w.c.sent.Add(uint64(sent))
 	w.c.rejected.Add(uint64(rejected))
 	w.c.failed.Add(uint64(w.events - sent - rejected))
@@ -493,4 +501,23 @@ func (w *worker) flush() {
 	} else {
 		w.batch = make([]byte, 0, cap(w.batch))
 	}
+	w.adopt(stated)
+}
+
+// adopt lowers the bounds of the next batches to the limits the receiver
+// stated, which it does when a batch broke one: a receiver configured
+// below the defaults (max_lines_per_batch, max_line_bytes,
+// max_request_body_size) costs one batch's excess, not every batch's. The
+// bounds are never raised.
+func (w *worker) adopt(l receiverLimits) {
+	if l.MaxLinesPerBatch > 0 {
+		w.maxBatchLines = min(w.maxBatchLines, l.MaxLinesPerBatch)
+	}
+	if l.MaxRequestBodySize > 0 {
+		w.maxBatchBytes = int(min(int64(w.maxBatchBytes), l.MaxRequestBodySize))
+	}
+	if l.MaxLineBytes > 0 {
+		w.maxLineBytes = min(w.maxLineBytes, l.MaxLineBytes+1)
+	}
+	w.maxLineBytes = min(w.maxLineBytes, w.maxBatchBytes)
 }

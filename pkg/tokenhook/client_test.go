@@ -304,6 +304,125 @@ func TestBatchesBySize(t *testing.T) {
 	})
 }
 
+// A batch ends at MaxBatchLines lines, far below MaxBatchBytes: the
+// receiver reads no more lines of a body or datagram.
+func TestBatchesByLines(t *testing.T) {
+	transports(t, func(t *testing.T, col collector) {
+		const n, maxLines = 23, 5
+		// The interval never elapses and the queue never gets half full:
+		// Close takes all n at once.
+		c := newClient(t, Config{Endpoint: col.endpoint(), QueueSize: 64, MaxBatchLines: maxLines, FlushInterval: time.Hour})
+		for i := range n {
+			c.Token("s-1", t0.Add(time.Duration(i)), 1)
+		}
+		closeClient(t, c)
+		require.Eventually(t, func() bool { return countReceived(col) == n }, waitFor, tick)
+		var lines []int
+		for _, b := range col.batches() {
+			lines = append(lines, bytes.Count(b, []byte("\n")))
+		}
+		assert.Equal(t, []int{5, 5, 5, 5, 3}, lines)
+		got := received(t, col)
+		require.Len(t, got, n)
+		for i, ev := range got {
+			assert.Equal(t, uint64(t0.UnixNano())+uint64(i), ev.TimeUnixNano, "event %d out of order", i)
+		}
+		assert.Equal(t, Stats{Sent: n}, c.Stats())
+	})
+}
+
+// limitedReceiver answers as the token_stream receiver with these limits
+// (maxLineBytes without the newline): a body over maxBody gets 413, a line
+// over maxLineBytes and the lines after the first maxLines are rejected,
+// and the answer to a body over maxBody or maxLines states the limits.
+func limitedReceiver(t *testing.T, maxLines, maxLineBytes, maxBody int) *httpCollector {
+	limits := fmt.Sprintf(`{"max_lines_per_batch":%d,"max_line_bytes":%d,"max_request_body_size":%d}`, maxLines, maxLineBytes, maxBody)
+	var col *httpCollector
+	col = newHTTPCollector(t, func(w http.ResponseWriter, _ *http.Request, i int) {
+		body := col.requests()[i].body
+		w.Header().Set("Content-Type", "application/json")
+		if len(body) > maxBody {
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			_, _ = fmt.Fprintf(w, `{"accepted":0,"rejected":0,"errors":[],"error":"body larger than max_request_body_size (%d bytes)","limits":%s}`, maxBody, limits)
+			return
+		}
+		accepted, rejected := 0, 0
+		lines := bytes.Split(bytes.TrimSuffix(body, []byte("\n")), []byte("\n"))
+		for j, line := range lines {
+			if j >= maxLines || len(line) > maxLineBytes {
+				rejected++
+			} else {
+				accepted++
+			}
+		}
+		stated := ""
+		if len(lines) > maxLines {
+			stated = `,"limits":` + limits
+		}
+		_, _ = fmt.Fprintf(w, `{"accepted":%d,"rejected":%d,"errors":[]%s}`, accepted, rejected, stated)
+	})
+	return col
+}
+
+// The client keeps its next batches within the limits a receiver
+// configured below the defaults states when a batch broke one; it never
+// raises its own.
+func TestReceiverStatedLimitsAdopted(t *testing.T) {
+	line := len(tokenevent.AppendJSON(nil, &tokenevent.Event{Kind: tokenevent.KindToken, SessionID: "s-1", TimeUnixNano: uint64(t0.UnixNano()), Count: 1}))
+	requestLines := func(col *httpCollector) []int {
+		var out []int
+		for _, b := range col.batches() {
+			out = append(out, bytes.Count(b, []byte("\n")))
+		}
+		return out
+	}
+
+	t.Run("max_lines_per_batch and max_line_bytes", func(t *testing.T) {
+		col := limitedReceiver(t, 4, 1000, 1<<20)
+		// Close takes the queue at once: the first batch (10 lines, the
+		// client's own bound) breaks the receiver's 4 and learns them.
+		c := newClient(t, Config{Endpoint: col.endpoint(), QueueSize: 64, MaxBatchLines: 10, FlushInterval: time.Hour})
+		for i := range 10 {
+			require.NoError(t, c.Token("s-1", t0.Add(time.Duration(i)), 1))
+		}
+		// Over the learned max_line_bytes: not sent.
+		require.NoError(t, c.Start(Start{SessionID: "s-2", Time: t0, Attributes: map[string]string{"big": strings.Repeat("x", 1000)}}))
+		for i := range 9 {
+			require.NoError(t, c.Token("s-1", t0.Add(time.Duration(10+i)), 1))
+		}
+		closeClient(t, c)
+		assert.Equal(t, []int{10, 4, 4, 1}, requestLines(col))
+		assert.Equal(t, Stats{Sent: 4 + 9, Rejected: 6 + 1}, c.Stats())
+	})
+
+	t.Run("max_request_body_size", func(t *testing.T) {
+		col := limitedReceiver(t, 10_000, 16<<10, 3*line)
+		c := newClient(t, Config{Endpoint: col.endpoint(), QueueSize: 64, MaxBatchBytes: 8 * line, FlushInterval: time.Hour})
+		for i := range 14 {
+			require.NoError(t, c.Token("s-1", t0.Add(time.Duration(i)), 1))
+		}
+		closeClient(t, c)
+		// The first batch (8 lines) fails whole with a 413; the rest go
+		// in bodies the receiver takes.
+		assert.Equal(t, []int{8, 3, 3}, requestLines(col))
+		assert.Equal(t, Stats{Sent: 6, Failed: 8}, c.Stats())
+	})
+
+	t.Run("never raised", func(t *testing.T) {
+		// A receiver stating limits above the client's own, in every answer.
+		col := newHTTPCollector(t, func(w http.ResponseWriter, _ *http.Request, _ int) {
+			_, _ = io.WriteString(w, `{"accepted":2,"rejected":0,"errors":[],"limits":{"max_lines_per_batch":10000,"max_line_bytes":65536,"max_request_body_size":8388608}}`)
+		})
+		c := newClient(t, Config{Endpoint: col.endpoint(), QueueSize: 64, MaxBatchLines: 2, MaxBatchBytes: 4 * line, FlushInterval: time.Hour})
+		for i := range 5 {
+			require.NoError(t, c.Token("s-1", t0.Add(time.Duration(i)), 1))
+		}
+		closeClient(t, c)
+		assert.Equal(t, []int{2, 2, 1}, requestLines(col))
+		assert.Equal(t, Stats{Sent: 5}, c.Stats())
+	})
+}
+
 func TestBatchesByInterval(t *testing.T) {
 	transports(t, func(t *testing.T, col collector) {
 		c := newClient(t, Config{Endpoint: col.endpoint(), FlushInterval: 20 * time.Millisecond})
@@ -503,6 +622,13 @@ func TestHTTPStatus(t *testing.T) {
 				http.Redirect(w, r, "/elsewhere", http.StatusTemporaryRedirect)
 			},
 			want: Stats{Failed: 3}, requests: 1,
+		},
+		{
+			name: "limits it cannot read do not void the rejected count",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ int) {
+				_, _ = io.WriteString(w, `{"accepted":2,"rejected":1,"errors":[],"limits":{"max_lines_per_batch":"many"}}`)
+			},
+			want: Stats{Sent: 2, Rejected: 1}, requests: 1,
 		},
 		{
 			name:    "a 2xx without a verdict delivers all",

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 )
 
 // Defaults applied to zero Config fields, and the ports the token_stream
@@ -21,6 +23,10 @@ const (
 	DefaultFlushInterval     = 100 * time.Millisecond
 	DefaultHTTPMaxBatchBytes = 1 << 20
 	DefaultUDPMaxBatchBytes  = 8 << 10
+	// DefaultMaxBatchLines is the receiver's default
+	// hooks::limits::max_lines_per_batch: it reads no more lines of a
+	// request body or datagram and rejects the rest.
+	DefaultMaxBatchLines = tokenevent.DefaultMaxLinesPerBatch
 	// DefaultHTTPTimeout bounds one POST when Config.HTTPClient is nil and
 	// Config.Timeout is zero.
 	DefaultHTTPTimeout = 5 * time.Second
@@ -42,9 +48,18 @@ type Config struct {
 	QueueSize int
 	// MaxBatchBytes bounds one HTTP body or one UDP datagram. Batches hold
 	// whole lines only; a single line longer than this is not sent and
-	// counts as failed. Default 1 MiB for HTTP, 8 KiB for UDP (at most
+	// counts as rejected. Default 1 MiB for HTTP, 8 KiB for UDP (at most
 	// MaxUDPBatchBytes).
 	MaxBatchBytes int
+	// MaxBatchLines bounds the lines (events) of one HTTP body or UDP
+	// datagram: the receiver reads at most its
+	// hooks::limits::max_lines_per_batch lines of a batch and rejects the
+	// rest. A batch ends at whichever of MaxBatchBytes and MaxBatchLines
+	// it reaches first. Default DefaultMaxBatchLines, the receiver's
+	// default; set the receiver's value when it is configured lower.
+	// (Over HTTP the client also learns a lower limit from the receiver's
+	// answer to a batch that broke it; UDP has no answer.)
+	MaxBatchLines int
 	// FlushInterval is how often the background goroutine sends what is
 	// queued, full batch or not: the longest an event waits, sends aside.
 	// It wakes this often even when idle. Default 100ms.
@@ -70,6 +85,7 @@ type settings struct {
 	url           string // HTTP: the full request URL
 	queueSize     int
 	maxBatchBytes int
+	maxBatchLines int
 	flushInterval time.Duration
 	timeout       time.Duration // HTTP without httpClient only
 	headers       http.Header
@@ -83,6 +99,7 @@ func (cfg Config) resolve() (settings, error) {
 	s := settings{
 		queueSize:     cfg.QueueSize,
 		maxBatchBytes: cfg.MaxBatchBytes,
+		maxBatchLines: cfg.MaxBatchLines,
 		flushInterval: cfg.FlushInterval,
 		timeout:       cfg.Timeout,
 		httpClient:    cfg.HTTPClient,
@@ -94,6 +111,7 @@ func (cfg Config) resolve() (settings, error) {
 	s.udp, s.addr, s.url = ep.udp, ep.addr, ep.url
 
 	s.queueSize = orDefault("QueueSize", s.queueSize, DefaultQueueSize, &errs)
+	s.maxBatchLines = orDefault("MaxBatchLines", s.maxBatchLines, DefaultMaxBatchLines, &errs)
 	s.flushInterval = orDefault("FlushInterval", s.flushInterval, DefaultFlushInterval, &errs)
 	timeout := DefaultHTTPTimeout
 	if cfg.HTTPClient != nil {

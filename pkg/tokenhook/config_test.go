@@ -27,6 +27,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{Config{Endpoint: "udp://127.0.0.1", QueueSize: -1}, []string{"QueueSize: must not be negative, got -1"}},
 		{Config{Endpoint: "udp://127.0.0.1", MaxBatchBytes: -1}, []string{"MaxBatchBytes: must not be negative"}},
 		{Config{Endpoint: "udp://127.0.0.1", MaxBatchBytes: 70000}, []string{"MaxBatchBytes: 70000 does not fit a UDP datagram, limit is 65507"}},
+		{Config{Endpoint: "http://127.0.0.1", MaxBatchLines: -1}, []string{"MaxBatchLines: must not be negative, got -1"}},
 		{Config{Endpoint: "udp://127.0.0.1", FlushInterval: -time.Second}, []string{"FlushInterval: must not be negative"}},
 		{Config{Endpoint: "udp://127.0.0.1", Headers: map[string]string{"Authorization": "x"}}, []string{"Headers: set, but a udp:// endpoint sends no headers"}},
 		{Config{Endpoint: "udp://127.0.0.1", HTTPClient: http.DefaultClient}, []string{"HTTPClient: set, but the endpoint is udp://"}},
@@ -66,6 +67,7 @@ func TestConfigDefaults(t *testing.T) {
 			s, err := Config{Endpoint: tc.endpoint}.resolve()
 			require.NoError(t, err)
 			tc.want.queueSize = DefaultQueueSize
+			tc.want.maxBatchLines = DefaultMaxBatchLines
 			tc.want.flushInterval = DefaultFlushInterval
 			if !tc.want.udp {
 				tc.want.timeout = DefaultHTTPTimeout
@@ -74,9 +76,9 @@ func TestConfigDefaults(t *testing.T) {
 		})
 	}
 
-	s, err := Config{Endpoint: "udp://127.0.0.1", QueueSize: 8, MaxBatchBytes: 512, FlushInterval: time.Second}.resolve()
+	s, err := Config{Endpoint: "udp://127.0.0.1", QueueSize: 8, MaxBatchBytes: 512, MaxBatchLines: 500, FlushInterval: time.Second}.resolve()
 	require.NoError(t, err)
-	assert.Equal(t, settings{udp: true, addr: "127.0.0.1:4321", queueSize: 8, maxBatchBytes: 512, flushInterval: time.Second}, s)
+	assert.Equal(t, settings{udp: true, addr: "127.0.0.1:4321", queueSize: 8, maxBatchBytes: 512, maxBatchLines: 500, flushInterval: time.Second}, s)
 
 	s, err = Config{Endpoint: "http://collector", Timeout: time.Second}.resolve()
 	require.NoError(t, err)

@@ -14,6 +14,14 @@
 // polls the queue (every FlushInterval, or when a caller finds it half
 // full) rather than waiting on it, so a call never pays for waking it.
 //
+// A batch holds whole lines, and ends at Config.MaxBatchBytes or at
+// Config.MaxBatchLines lines, whichever comes first: the receiver reads at
+// most hooks::limits::max_lines_per_batch lines of a batch (10 000 by
+// default, DefaultMaxBatchLines) and rejects the rest, so a backlog after a
+// pause must not make larger batches. Over HTTP, when the receiver's
+// answer to a batch states lower limits (it does when the batch broke
+// one), the client keeps its next batches within them.
+//
 // See Example for the calls, and hooks/README.md in the repository for
 // the contract this client shares with the Python one: invalid arguments,
 // over-long and rejected lines, proxies, timeouts and retries.

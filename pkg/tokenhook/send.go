@@ -18,9 +18,10 @@ import (
 type sender interface {
 	// send delivers batch, which holds events whole lines, and returns how
 	// many of them were delivered and how many the receiver rejected (the
-	// rest failed), and whether batch may be overwritten now (false when a
-	// transport may still read it).
-	send(batch []byte, events int) (sent, rejected int, reuse bool)
+	// rest failed), the limits the receiver's answer stated, and whether
+	// batch may be overwritten now (false when a transport may still read
+	// it).
+	send(batch []byte, events int) (sent, rejected int, stated receiverLimits, reuse bool)
 	// abort makes the send under way and all later ones fail at once. It
 	// is called from another goroutine.
 	abort()
@@ -33,11 +34,11 @@ type udpSender struct {
 	conn net.Conn
 }
 
-func (s *udpSender) send(batch []byte, events int) (int, int, bool) {
+func (s *udpSender) send(batch []byte, events int) (int, int, receiverLimits, bool) {
 	if _, err := s.conn.Write(batch); err != nil {
-		return 0, 0, true
+		return 0, 0, receiverLimits{}, true
 	}
-	return events, 0, true
+	return events, 0, receiverLimits{}, true
 }
 
 // abort sets a write deadline in the past, which fails pending and later
@@ -54,6 +55,21 @@ const maxRetryAfter = time.Second
 // maxResponseBytes bounds how much of a response body is read.
 const maxResponseBytes = 64 << 10
 
+// receiverLimits are the "limits" of a receiver's answer, which it states
+// when a batch broke one of them; a field not stated is zero.
+type receiverLimits struct {
+	MaxLinesPerBatch   int   `json:"max_lines_per_batch"`
+	MaxLineBytes       int   `json:"max_line_bytes"` // newline excluded
+	MaxRequestBodySize int64 `json:"max_request_body_size"`
+}
+
+// verdict is what the client reads of the receiver's answer,
+// {"accepted":N,"rejected":M,"errors":[...],"limits":{...}}.
+type verdict struct {
+	Rejected int
+	Limits   receiverLimits
+}
+
 // httpSender POSTs each batch as an application/x-ndjson body.
 type httpSender struct {
 	ctx     context.Context // canceled by abort
@@ -69,39 +85,39 @@ type httpSender struct {
 // delivered on a 2xx and failed otherwise, as after a transport error. A
 // 503 with a Retry-After of at most one second is retried once after that
 // delay.
-func (s *httpSender) send(batch []byte, events int) (int, int, bool) {
+func (s *httpSender) send(batch []byte, events int) (int, int, receiverLimits, bool) {
 	reuse := true
 	for attempt := 0; ; attempt++ {
-		status, retryAfter, rejected, held, err := s.post(batch)
+		status, retryAfter, v, held, err := s.post(batch)
 		reuse = reuse && !held
-		rejected = min(max(rejected, 0), events)
+		rejected := min(max(v.Rejected, 0), events)
 		switch {
 		case err != nil:
-			return 0, 0, reuse
+			return 0, 0, receiverLimits{}, reuse
 		case status >= 200 && status < 300:
-			return events - rejected, rejected, reuse
+			return events - rejected, rejected, v.Limits, reuse
 		case status == http.StatusServiceUnavailable && attempt == 0 && retryAfter >= 0 && retryAfter <= maxRetryAfter:
 			t := time.NewTimer(retryAfter)
 			select {
 			case <-t.C:
 			case <-s.ctx.Done():
 				t.Stop()
-				return 0, rejected, reuse
+				return 0, rejected, v.Limits, reuse
 			}
 		default:
-			return 0, rejected, reuse
+			return 0, rejected, v.Limits, reuse
 		}
 	}
 }
 
 // post makes one request. retryAfter is -1 when the response has no
-// Retry-After in seconds; rejected is the "rejected" count of the answer,
-// if it has one; held reports that the transport may still read batch.
-func (s *httpSender) post(batch []byte) (status int, retryAfter time.Duration, rejected int, held bool, err error) {
+// Retry-After in seconds; v is the receiver's answer, zero when the body is
+// not one; held reports that the transport may still read batch.
+func (s *httpSender) post(batch []byte) (status int, retryAfter time.Duration, v verdict, held bool, err error) {
 	body := &requestBody{Reader: bytes.NewReader(batch), closed: make(chan struct{})}
 	req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, s.url, body)
 	if err != nil {
-		return 0, -1, 0, false, err
+		return 0, -1, verdict{}, false, err
 	}
 	req.ContentLength = int64(len(batch))
 	req.GetBody = func() (io.ReadCloser, error) {
@@ -127,13 +143,13 @@ func (s *httpSender) post(batch []byte) (status int, retryAfter time.Duration, r
 		}
 	}()
 	if err != nil {
-		return 0, -1, 0, false, err
+		return 0, -1, verdict{}, false, err
 	}
 	s.resp.Reset()
 	_, err = s.resp.ReadFrom(io.LimitReader(resp.Body, maxResponseBytes))
 	_ = resp.Body.Close()
 	if err != nil {
-		return 0, -1, 0, false, err
+		return 0, -1, verdict{}, false, err
 	}
 	retryAfter = -1
 	if secs, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get("Retry-After"))); err == nil && secs >= 0 {
@@ -141,14 +157,18 @@ func (s *httpSender) post(batch []byte) (status int, retryAfter time.Duration, r
 	}
 	// The receiver answers {"accepted":N,"rejected":M,"errors":[...]},
 	// also with a 400 when no line was valid; any other body means no line
-	// was rejected.
-	var verdict struct {
-		Rejected int `json:"rejected"`
+	// was rejected. Limits it cannot read do not void the count.
+	var answer struct {
+		Rejected int             `json:"rejected"`
+		Limits   json.RawMessage `json:"limits"`
 	}
-	if json.Unmarshal(s.resp.Bytes(), &verdict) == nil {
-		rejected = verdict.Rejected
+	if json.Unmarshal(s.resp.Bytes(), &answer) == nil {
+		v.Rejected = answer.Rejected
+		if len(answer.Limits) > 0 && json.Unmarshal(answer.Limits, &v.Limits) != nil {
+			v.Limits = receiverLimits{}
+		}
 	}
-	return resp.StatusCode, retryAfter, rejected, false, nil
+	return resp.StatusCode, retryAfter, v, false, nil
 }
 
 // abort needs nothing more: Close cancels s.ctx, which ends the request.

@@ -27,7 +27,6 @@ const (
 	// ms at high rates, so a batch then spans several; the delay is far
 	// below a token gap, let alone a stall.
 	defaultUDPBatchWindow    = 5 * time.Millisecond
-	defaultMaxLinesPerBatch  = 10_000
 	defaultMaxRequestBodyMiB = 8
 	// A non-streaming completion's headers come when it is whole, and a
 	// loaded engine queues requests: minutes, not seconds.
@@ -88,7 +87,7 @@ func createDefaultConfig() component.Config {
 			UDP:  configoptional.Default(UDPConfig{Endpoint: defaultUDPEndpoint, BatchWindow: defaultUDPBatchWindow}),
 			Limits: LimitsConfig{
 				MaxLineBytes:      tokenevent.DefaultMaxLineBytes,
-				MaxLinesPerBatch:  defaultMaxLinesPerBatch,
+				MaxLinesPerBatch:  tokenevent.DefaultMaxLinesPerBatch,
 				MaxSessionIDBytes: tokenevent.DefaultMaxSessionIDBytes,
 				MaxAttributes:     tokenevent.DefaultMaxAttributes,
 			},

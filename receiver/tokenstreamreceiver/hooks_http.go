@@ -34,6 +34,10 @@ var ndjsonMediaTypes = map[string]bool{
 // retryAfterSeconds is what a 503 asks the client to wait before retrying.
 const retryAfterSeconds = "1"
 
+// confighttpDefaultBodyBytes is the body limit confighttp applies when
+// max_request_body_size is 0.
+const confighttpDefaultBodyBytes = 20 << 20
+
 // hooksHTTPServer serves POST <path> with NDJSON token event batches. Every
 // answer is JSON, a wrong path's and a bad encoding's included.
 type hooksHTTPServer struct {
@@ -42,6 +46,8 @@ type hooksHTTPServer struct {
 	obs    *receiverhelper.ObsReport
 	path   string
 	bodies sync.Pool // of *bytes.Buffer
+	// limits are stated in the answer to a batch that broke one of them.
+	limits hookLimits
 }
 
 func startHooksHTTP(ctx context.Context, cfg *HTTPConfig, r *tokenStreamReceiver, host component.Host) (*hooksHTTPServer, error) {
@@ -51,7 +57,15 @@ func startHooksHTTP(ctx context.Context, cfg *HTTPConfig, r *tokenStreamReceiver
 	if err != nil {
 		return nil, err
 	}
-	s := &hooksHTTPServer{r: r, obs: obs, path: cfg.Path}
+	bodyLimit := cfg.ServerConfig.MaxRequestBodySize
+	if bodyLimit <= 0 {
+		bodyLimit = confighttpDefaultBodyBytes
+	}
+	s := &hooksHTTPServer{r: r, obs: obs, path: cfg.Path, limits: hookLimits{
+		MaxLinesPerBatch:   r.cfg.Hooks.Limits.MaxLinesPerBatch,
+		MaxLineBytes:       r.cfg.Hooks.Limits.MaxLineBytes,
+		MaxRequestBodySize: bodyLimit,
+	}}
 	s.bodies.New = func() any { return new(bytes.Buffer) }
 	// confighttp answers a body it cannot decompress itself: in JSON too.
 	onError := confighttp.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, msg string, status int) {
@@ -72,6 +86,18 @@ type batchResponse struct {
 	// Error says why the whole batch failed, when it did for a reason other
 	// than its lines.
 	Error string `json:"error,omitempty"`
+	// Limits are present when the batch broke one (cut at
+	// max_lines_per_batch, or over max_request_body_size), so that a
+	// client can keep its next batches within them.
+	Limits *hookLimits `json:"limits,omitempty"`
+}
+
+// hookLimits are the receiver's limits on a batch, named as its
+// configuration keys.
+type hookLimits struct {
+	MaxLinesPerBatch   int   `json:"max_lines_per_batch"`
+	MaxLineBytes       int   `json:"max_line_bytes"`
+	MaxRequestBodySize int64 `json:"max_request_body_size"`
 }
 
 type lineError struct {
@@ -101,7 +127,12 @@ func (s *hooksHTTPServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	body.Reset()
 	if _, err := body.ReadFrom(req.Body); err != nil {
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			writeResponse(w, http.StatusRequestEntityTooLarge, &batchResponse{Error: fmt.Sprintf("body larger than max_request_body_size (%d bytes)", mbe.Limit)})
+			limits := s.limits
+			limits.MaxRequestBodySize = mbe.Limit
+			writeResponse(w, http.StatusRequestEntityTooLarge, &batchResponse{
+				Error:  fmt.Sprintf("body larger than max_request_body_size (%d bytes)", mbe.Limit),
+				Limits: &limits,
+			})
 			return
 		}
 		writeResponse(w, http.StatusBadRequest, &batchResponse{Error: "reading body: " + err.Error()})
@@ -119,6 +150,11 @@ func (s *hooksHTTPServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	resp := &batchResponse{Accepted: d.accepted, Rejected: d.rejected, Errors: make([]lineError, len(d.errs))}
 	for i, e := range d.errs {
 		resp.Errors[i] = lineError{Line: e.Line, Message: e.FieldError.Error()}
+	}
+	// Every non-blank line of the body counts once, an unread one too: more
+	// than the limit means the body was cut at it.
+	if d.accepted+d.rejected > s.limits.MaxLinesPerBatch {
+		resp.Limits = &s.limits
 	}
 	if d.accepted == 0 {
 		if d.rejected == 0 {
