@@ -249,22 +249,61 @@ func TestReasonsRecomputed(t *testing.T) {
 }
 
 // 13. A session opened by a token before its start takes the start's trace
-// (with its keep) and dimensions when the start arrives.
+// (with its keep) and dimensions when the start arrives. Its early keep is
+// held until then: reported under the random trace, it would tell a tail
+// sampler of a trace no other span has, and the real trace would hear of it
+// a second time.
 func TestOrphanRekeyed(t *testing.T) {
 	tbl, rec := newTable(t, nil)
 	real := pcommon.TraceID{9}
 	// Stalled before the start arrived: kept early under a random trace.
 	apply(tbl, tok("o", t0+100*ms, 1), tok("o", t0+300*ms, 1), tok("o", t0+500*ms, 1), tok("o", t0+700*ms, 1))
 	require.Len(t, rec.stalls, 1)
-	require.Len(t, rec.early, 1)
+	assert.Empty(t, rec.early, "held for the start's trace")
 	apply(tbl, inTrace(start("o", t0), real))
 	assert.Equal(t, []string{"o m e"}, rec.restarted)
 	active, kept, th := tbl.TraceActive(real)
 	assert.True(t, active)
 	assert.True(t, kept, "the keep moved to the real trace")
 	assert.Equal(t, sampling.AlwaysSampleThreshold, th)
-	assert.Equal(t, []string{"o", "o"}, rec.early, "reported again, so the real trace's spans are released")
+	assert.Equal(t, []string{"o"}, rec.early, "reported once, in the real trace, so that its spans are released")
+	assert.Equal(t, []int64{t0 + 700*ms}, rec.earlyAt, "when the stall was detected")
 	assert.Len(t, tbl.traces, 1, "the random trace is gone")
+	assert.Zero(t, tbl.Counters.UnreportedKeeps)
+}
+
+// 13b. The start of a session kept before it (a stall) can show a TTFT
+// breach too: the verdict, reported when the start comes, was reached at
+// the first token. A start without a trace keeps the session's random
+// trace: the held keep is reported in it then.
+func TestOrphanKeepReportedAtItsStart(t *testing.T) {
+	tbl, rec := newTable(t, nil)
+	apply(tbl, tok("o", t0+600*ms, 1), tok("o", t0+800*ms, 1), tok("o", t0+1000*ms, 1), tok("o", t0+1200*ms, 1))
+	require.Len(t, rec.stalls, 1)
+	require.Empty(t, rec.early)
+	apply(tbl, start("o", t0))
+	assert.Equal(t, []string{"o"}, rec.early)
+	assert.Equal(t, []int64{t0 + 600*ms}, rec.earlyAt, "the TTFT breach, at the first token")
+	apply(tbl, end("o", t0+1200*ms, 4))
+	require.Len(t, rec.ended, 1)
+	assert.Equal(t, ReasonTTFT|ReasonTPOT|ReasonStall, rec.ended[0].Reasons)
+}
+
+// 13c. A session kept before its start that ends without it reports no
+// early keep at all, and counts it.
+func TestOrphanKeepWithoutStart(t *testing.T) {
+	tbl, rec := newTable(t, nil)
+	apply(tbl, tok("o", t0+100*ms, 1), tok("o", t0+300*ms, 1), tok("o", t0+500*ms, 1), tok("o", t0+700*ms, 1),
+		end("o", t0+700*ms, 4))
+	require.Len(t, rec.ended, 1)
+	assert.True(t, rec.ended[0].Keep, "the session itself is kept, under its own trace")
+	assert.Empty(t, rec.early)
+	assert.Equal(t, uint64(1), tbl.Counters.UnreportedKeeps)
+	// The next session in the same memory starts clean.
+	apply(tbl, start("p", t0+2000*ms), tok("p", t0+2600*ms, 1))
+	assert.Equal(t, []string{"p"}, rec.early)
+	assert.Equal(t, []int64{t0 + 2600*ms}, rec.earlyAt)
+	assert.Equal(t, uint64(1), tbl.Counters.UnreportedKeeps)
 }
 
 // 15. The maximum window TPOT is over full windows only.

@@ -176,6 +176,9 @@ type Session struct {
 	// inFreeze: the open stall episode is a freeze, withdrawn if a token
 	// stamped before it began arrives late.
 	inFreeze bool
+	// keepHeld: kept early before its start came; reported when it comes
+	// (extra.keptAt is when the keep was reached).
+	keepHeld bool
 }
 
 // extra is what most sessions do not have: start attributes (the proxy
@@ -191,6 +194,9 @@ type extra struct {
 	upstream    sampling.Threshold
 	hasRV       bool
 	hasUpstream bool
+	// keptAt is when (engine time) a session opened by a token was kept
+	// early, while its keep is held for its start (Session.keepHeld).
+	keptAt int64
 }
 
 // TraceState is the caller's W3C tracestate, "" when none was given (or

@@ -68,6 +68,9 @@ type Report[S any] struct {
 	// ReportKeptEarly.
 	End   End
 	Trace TraceVerdict
+	// At is when (engine time) the early verdict of a ReportKeptEarly was
+	// reached: the first token for a TTFT breach, the detection of a stall.
+	At int64
 
 	// entry is where Session and State live, for Release.
 	entry *entry[S]
@@ -133,6 +136,11 @@ type Counters struct {
 	// InvalidTimings came on an end and could not be the session's (a
 	// negative part, or more than its duration): the end is taken without.
 	InvalidTimings uint64
+	// UnreportedKeeps are early keeps (a stall) of sessions opened by a
+	// token that ended before their start came: the keep was held for the
+	// start's trace and never reported (no ReportKeptEarly), as the random
+	// trace it had has no other span.
+	UnreportedKeeps uint64
 }
 
 // Table holds the active sessions and the state S its Observer keeps for
@@ -307,16 +315,19 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 			t.Counters.LateEvents++
 		case s == nil:
 			s = t.create(ev.SessionID, now, out)
-			t.fillStart(s, ev, out)
+			t.fillStart(s, ev)
 			t.started(s)
 		case s.HasStart:
 			t.Counters.DuplicateStarts++
 			t.touch(s, now)
 		default:
-			t.fillStart(s, ev, out)
+			t.fillStart(s, ev)
 			s.state = t.obs.Restarted(&s.Session, s.state)
 			t.touch(s, now)
 			t.checkTTFT(s, out)
+			if s.keepHeld {
+				t.releaseHeldKeep(s, out)
+			}
 		}
 		if s != nil {
 			s.source.observe(at, now)
@@ -501,21 +512,16 @@ func randomID(b []byte) {
 	}
 }
 
-// fillStart fills in what a start event says. For a session opened by an
-// earlier token (HasStart false), its verdict moves from the random trace it
-// was given to the real one.
-func (t *Table[S]) fillStart(s *entry[S], ev *tokenevent.Event, out *[]Report[S]) {
+// fillStart fills in what a start event says. A session opened by an
+// earlier token (HasStart false) moves from the random trace it was given
+// to the real one.
+func (t *Table[S]) fillStart(s *entry[S], ev *tokenevent.Event) {
 	s.HasStart = true
 	s.StartTime = int64(ev.TimeUnixNano)
 	if trace := pcommon.TraceID(ev.TraceID); !trace.IsEmpty() && trace != s.TraceID {
 		t.traceRemove(s.TraceID, false, sampling.NeverSampleThreshold)
 		s.TraceID = trace
 		t.traceAdd(s.TraceID)
-		if s.Keep {
-			// Kept early (a stall) under the random trace: the keep
-			// belongs to the real one, whose spans may be held.
-			t.traceKeep(s, out)
-		}
 	}
 	if !ev.SpanID.IsEmpty() {
 		s.SpanID = pcommon.SpanID(ev.SpanID)
@@ -712,7 +718,7 @@ func (t *Table[S]) stall(s *entry[S], st Stall, out *[]Report[S]) {
 	*out = append(*out, Report[S]{Kind: ReportStalled, Session: &s.Session, State: s.state, entry: s,
 		Stall: st, StallCount: int(s.StallCount), Chunks: s.Chunks})
 	if t.cfg.Sampling.Stalls {
-		t.keepEarly(s, ReasonStall, out)
+		t.keepEarly(s, ReasonStall, st.DetectedAt, out)
 	}
 }
 
@@ -730,25 +736,47 @@ func (t *Table[S]) withdrawFreeze(s *entry[S]) {
 
 func (t *Table[S]) checkTTFT(s *entry[S], out *[]Report[S]) {
 	if ttft, ok := s.TTFT(); ok && t.cfg.Sampling.TTFT > 0 && ttft > t.cfg.Sampling.TTFT {
-		t.keepEarly(s, ReasonTTFT, out)
+		t.keepEarly(s, ReasonTTFT, s.FirstTokenTime, out)
 	}
 }
 
-// keepEarly keeps s before its end, for reason r; the reasons are
-// recomputed from the final figures at the end (decide).
-func (t *Table[S]) keepEarly(s *entry[S], r Reason, out *[]Report[S]) {
+// keepEarly keeps s before its end, for reason r, reached at engine time
+// at; the reasons are recomputed from the final figures at the end
+// (decide). A session opened by a token has only a random trace, which no
+// other span shares: its keep is held until the start brings the real one
+// (releaseHeldKeep), and never reported if the start does not come.
+func (t *Table[S]) keepEarly(s *entry[S], r Reason, at int64, out *[]Report[S]) {
 	s.Reasons |= r
 	if s.Keep {
 		return
 	}
 	s.Keep = true
 	s.Threshold = t.ruleThreshold(s)
-	t.traceKeep(s, out)
+	if !s.HasStart {
+		s.keepHeld = true
+		s.ensureExtra().keptAt = at
+		return
+	}
+	t.traceKeep(s, at, out)
+}
+
+// releaseHeldKeep reports the keep of s held since before its start, now
+// that the start gave it its trace (and the caller's head-sampling
+// threshold). The verdict is as old as the keep, or the first token when
+// the start shows a TTFT breach.
+func (t *Table[S]) releaseHeldKeep(s *entry[S], out *[]Report[S]) {
+	s.keepHeld = false
+	s.Threshold = t.ruleThreshold(s)
+	at := s.extra.keptAt
+	if s.Reasons&ReasonTTFT != 0 {
+		at = min(at, s.FirstTokenTime)
+	}
+	t.traceKeep(s, at, out)
 }
 
 // traceKeep marks the trace of the kept session s kept and reports it, so
 // that its held spans are released.
-func (t *Table[S]) traceKeep(s *entry[S], out *[]Report[S]) {
+func (t *Table[S]) traceKeep(s *entry[S], at int64, out *[]Report[S]) {
 	ref := t.traces[s.TraceID]
 	if !ref.kept || sampling.ThresholdLessThan(s.Threshold, ref.th) {
 		ref.th = s.Threshold
@@ -756,7 +784,7 @@ func (t *Table[S]) traceKeep(s *entry[S], out *[]Report[S]) {
 	ref.kept = true
 	t.traces[s.TraceID] = ref
 	*out = append(*out, Report[S]{Kind: ReportKeptEarly, Session: &s.Session, State: s.state, entry: s,
-		Trace: TraceVerdict{Kept: true, Threshold: ref.th}})
+		Trace: TraceVerdict{Kept: true, Threshold: ref.th}, At: at})
 }
 
 // ruleThreshold is the threshold of a session a rule keeps: every one,
@@ -836,6 +864,9 @@ func (t *Table[S]) traceKept(id pcommon.TraceID) (sampling.Threshold, bool) {
 // releases the report.
 func (t *Table[S]) end(s *entry[S], outcome Outcome, e *End, out *[]Report[S]) {
 	s.Outcome = outcome
+	if s.keepHeld {
+		t.Counters.UnreportedKeeps++
+	}
 	t.decide(s, e)
 	trace := t.traceRemove(s.TraceID, s.Keep, s.Threshold)
 	if s.source != nil {

@@ -49,7 +49,9 @@ type recorder struct {
 	gaps      []string
 	stalls    []Stall
 	early     []string
-	ended     []ended
+	// earlyAt is the At of each early keep reported.
+	earlyAt []int64
+	ended   []ended
 }
 
 func (r *recorder) Started(s *Session) struct{} {
@@ -79,6 +81,7 @@ func (r *recorder) record(reports []Report[struct{}]) {
 			r.stalls = append(r.stalls, c)
 		case ReportKeptEarly:
 			r.early = append(r.early, s.ID)
+			r.earlyAt = append(r.earlyAt, rp.At)
 		case ReportEnded:
 			e := &rp.End
 			ttft, hasTTFT := s.TTFT()

@@ -219,11 +219,12 @@ func putStall(m pcommon.Map, st *session.Stall) {
 
 // appendVerdictSpan writes the verdict span of a session kept before its
 // end: a child of the session span (which comes at the end), at the moment
-// of the verdict, with its reasons so far and the trace's threshold. A tail
-// sampler that sees the trace's spans in one place (a gateway tier behind
-// the loadbalancing exporter) keeps the trace on it without waiting for the
-// session to end.
-func (c *core) appendVerdictSpan(ss ptrace.ScopeSpans, s *session.Session, th sampling.Threshold) {
+// of the verdict on the engine's clock (at: the first token for a TTFT
+// breach, the detection of a stall), with its reasons so far and the
+// trace's threshold. A tail sampler that sees the trace's spans in one
+// place (a gateway tier behind the loadbalancing exporter) keeps the trace
+// on it without waiting for the session to end.
+func (c *core) appendVerdictSpan(ss ptrace.ScopeSpans, s *session.Session, th sampling.Threshold, at int64) {
 	span := ss.Spans().AppendEmpty()
 	span.SetTraceID(s.TraceID)
 	span.SetSpanID(session.NewSpanID())
@@ -232,12 +233,8 @@ func (c *core) appendVerdictSpan(ss ptrace.ScopeSpans, s *session.Session, th sa
 	heldspans.StampThreshold(span.TraceState(), th)
 	span.SetName(spanNameVerdict)
 	span.SetKind(ptrace.SpanKindInternal)
-	at := c.nowTS
-	if s.FirstTokenTime != 0 && s.Reasons&session.ReasonTTFT != 0 && len(s.Stalls()) == 0 {
-		at = pcommon.Timestamp(s.FirstTokenTime) // a TTFT breach is known at the first token
-	}
-	span.SetStartTimestamp(at)
-	span.SetEndTimestamp(at)
+	span.SetStartTimestamp(pcommon.Timestamp(at))
+	span.SetEndTimestamp(pcommon.Timestamp(at))
 	m := span.Attributes()
 	m.PutStr(tokenrecord.AttrSessionID, s.ID)
 	m.PutStr(attrSamplingReason, s.Reasons.String())

@@ -213,7 +213,8 @@ func (c *core) setNow(now time.Time) {
 // takePending returns the outputs collected so far and starts new ones;
 // it also reports the table's disorder counters. Call with mu held.
 func (c *core) takePending() outputs {
-	c.telemetry.reportCounters(&c.counters, &c.table.Counters, c.table.Active(), c.held.HeldSpans())
+	c.telemetry.reportCounters(&c.counters, &c.table.Counters, c.table.Active(), c.held.HeldSpans(),
+		c.cfg.Traces.VerdictSpans && c.nextTraces != nil)
 	out := c.pending
 	c.pending = newOutputs()
 	return out
@@ -451,7 +452,7 @@ func (c *core) handleReports(folded *plog.LogRecord) {
 				c.telemetry.releasedSpans += int64(kept)
 			}
 			if c.cfg.Traces.VerdictSpans && c.nextTraces != nil {
-				c.appendVerdictSpan(c.pendingScopeSpans(), r.Session, r.Trace.Threshold)
+				c.appendVerdictSpan(c.pendingScopeSpans(), r.Session, r.Trace.Threshold, r.At)
 			}
 		case session.ReportEnded:
 			c.ended(r, folded)

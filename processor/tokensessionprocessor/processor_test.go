@@ -44,6 +44,12 @@ type pipelines struct {
 
 func newPipelines(t *testing.T, mutate func(*Config)) *pipelines {
 	t.Helper()
+	return newPipelinesWith(t, processortest.NewNopSettings(metadata.Type), mutate)
+}
+
+// newPipelinesWith is newPipelines with the settings set (its telemetry).
+func newPipelinesWith(t *testing.T, set processor.Settings, mutate func(*Config)) *pipelines {
+	t.Helper()
 	cfg := createDefaultConfig()
 	cfg.Sampling.NormalPercent = 0
 	cfg.Metrics.FlushInterval = time.Hour // flushed at shutdown in these tests
@@ -51,7 +57,6 @@ func newPipelines(t *testing.T, mutate func(*Config)) *pipelines {
 		mutate(cfg)
 	}
 	require.NoError(t, cfg.Validate())
-	set := processortest.NewNopSettings(metadata.Type)
 	set.ID = component.NewIDWithName(metadata.Type, t.Name())
 	p := &pipelines{logSink: new(consumertest.LogsSink), metSink: new(consumertest.MetricsSink), trcSink: new(consumertest.TracesSink)}
 	f := NewFactory()

@@ -130,8 +130,10 @@ func rejectedCounts(c *session.Counters) [len(rejectReasons)][len(eventKinds)]ui
 
 // reportCounters reports what changed since the last call: the table's
 // disorder counters (reported is the state last reported), the gauges and
-// the span verdicts accumulated under the lock.
-func (t *processorTelemetry) reportCounters(reported, now *session.Counters, active, held int) {
+// the span verdicts accumulated under the lock. verdictSpans: the
+// processor emits verdict spans, so an early keep never reported is one
+// dropped.
+func (t *processorTelemetry) reportCounters(reported, now *session.Counters, active, held int, verdictSpans bool) {
 	ctx := context.Background()
 	was, is := disorderCounts(reported), disorderCounts(now)
 	for i := range is {
@@ -149,6 +151,9 @@ func (t *processorTelemetry) reportCounters(reported, now *session.Counters, act
 	}
 	if d := now.WithdrawnFreezes - reported.WithdrawnFreezes; d > 0 {
 		t.builder.ProcessorTokenSessionFreezesWithdrawn.Add(ctx, int64(d))
+	}
+	if d := now.UnreportedKeeps - reported.UnreportedKeeps; d > 0 && verdictSpans {
+		t.builder.ProcessorTokenSessionVerdictSpansDropped.Add(ctx, int64(d))
 	}
 	*reported = *now
 	t.active.Store(int64(active))

@@ -45,6 +45,7 @@ type TelemetryBuilder struct {
 	ProcessorTokenSessionSpansHeld             metric.Int64ObservableGauge
 	ProcessorTokenSessionSpansOverflowed       metric.Int64Counter
 	ProcessorTokenSessionSpansReleased         metric.Int64Counter
+	ProcessorTokenSessionVerdictSpansDropped   metric.Int64Counter
 }
 
 // TelemetryBuilderOption applies changes to default builder.
@@ -215,6 +216,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 	builder.ProcessorTokenSessionSpansReleased, err = builder.meter.Int64Counter(
 		"otelcol_processor_token_session_spans_released",
 		metric.WithDescription("Held spans passed on because a session of their trace was kept. [Development]"),
+		metric.WithUnit("{span}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionVerdictSpansDropped, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_verdict_spans_dropped",
+		metric.WithDescription("Verdict spans (traces::verdict_spans) not emitted: the session was kept early (a stall) while it had no start event yet, so no trace but a random one, and it ended before the start came. Its session span still goes out. [Development]"),
 		metric.WithUnit("{span}"),
 	)
 	errs = errors.Join(errs, err)

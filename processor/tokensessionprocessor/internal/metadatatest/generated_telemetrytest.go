@@ -288,3 +288,19 @@ func AssertEqualProcessorTokenSessionSpansReleased(t *testing.T, tt *componentte
 	require.NoError(t, err)
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }
+
+func AssertEqualProcessorTokenSessionVerdictSpansDropped(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_processor_token_session_verdict_spans_dropped",
+		Description: "Verdict spans (traces::verdict_spans) not emitted: the session was kept early (a stall) while it had no start event yet, so no trace but a random one, and it ended before the start came. Its session span still goes out. [Development]",
+		Unit:        "{span}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_processor_token_session_verdict_spans_dropped")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
