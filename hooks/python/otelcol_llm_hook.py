@@ -38,6 +38,9 @@ DEFAULT_HTTP_PATH = "/v1/token-events"
 
 DEFAULT_HTTP_BATCH_BYTES = 1 << 20
 DEFAULT_UDP_BATCH_BYTES = 8 << 10
+# The receiver's default hooks::limits::max_lines_per_batch: it reads no more
+# lines of a request body or datagram and rejects the rest.
+DEFAULT_MAX_BATCH_LINES = 10000
 # The largest payload of one UDP datagram.
 MAX_UDP_DATAGRAM_BYTES = 65507
 
@@ -187,6 +190,17 @@ def _rejected_count(payload, n):
     return min(max(r["rejected"], 0), n), r
 
 
+def _stated_limit(verdict, key):
+    """A positive int the answer's "limits" state under key, or None.
+
+    The receiver states its limits ({"max_lines_per_batch": N,
+    "max_line_bytes": M, "max_request_body_size": B}) when a batch broke one.
+    """
+    limits = verdict.get("limits") if isinstance(verdict, dict) else None
+    v = limits.get(key) if isinstance(limits, dict) else None
+    return v if type(v) is int and v > 0 else None
+
+
 def _check_attributes(attributes):
     if attributes is None:
         return None
@@ -249,11 +263,17 @@ class Client:
     flush_interval: seconds an event may wait for its batch to fill up.
     max_batch_bytes: the largest HTTP body or UDP datagram (default 1 MiB for
     HTTP, 8 KiB for UDP). Batches hold whole lines; a line longer than this
-    is dropped and counted.
+    is not sent and counts as rejected.
     headers: extra HTTP headers, e.g. an Authorization header (never logged).
     HTTP only.
     request_timeout: seconds one HTTP request may wait for each step
     (connect, send, each read); default 5. HTTP only.
+    max_batch_lines: the most lines (events) in one HTTP body or UDP
+    datagram; default 10 000, the receiver's default max_lines_per_batch
+    (it reads no more lines of a batch and rejects the rest). Set the
+    receiver's value when it is configured lower. Over HTTP, limits the
+    receiver states in its answer to a batch that broke one (lines, line
+    bytes, body bytes) lower the client's bounds; they never raise them.
 
     ``start``/``token``/``end`` raise ValueError for invalid arguments (a bad
     trace_id, a negative count, ...), send nothing then, and never block.
@@ -265,7 +285,7 @@ class Client:
     """
 
     def __init__(self, endpoint, queue_size=65536, flush_interval=0.1, max_batch_bytes=None, headers=None,
-                 *, request_timeout=None):
+                 *, request_timeout=None, max_batch_lines=None):
         self._transport, self._target = _parse_endpoint(endpoint)
         if type(queue_size) is not int or queue_size < 1:
             raise ValueError("queue_size: want a positive int, got %r" % (queue_size,))
@@ -278,6 +298,10 @@ class Client:
         if self._transport == "udp" and max_batch_bytes > MAX_UDP_DATAGRAM_BYTES:
             raise ValueError("max_batch_bytes: %d exceeds the largest UDP datagram (%d)"
                              % (max_batch_bytes, MAX_UDP_DATAGRAM_BYTES))
+        if max_batch_lines is None:
+            max_batch_lines = DEFAULT_MAX_BATCH_LINES
+        if type(max_batch_lines) is not int or max_batch_lines < 1:
+            raise ValueError("max_batch_lines: want a positive int, got %r" % (max_batch_lines,))
         if self._transport == "udp":
             # Settings a UDP endpoint would silently ignore are mistakes: an
             # Authorization header that is never sent, for one.
@@ -293,7 +317,10 @@ class Client:
         self._headers = _check_headers(headers)
         self._queue_size = queue_size
         self._flush_interval = float(flush_interval)
+        # The bounds of a batch and of its lines, lowered to those the
+        # receiver states (_adopt_limits); only the sender thread uses them.
         self._max_batch_bytes = max_batch_bytes
+        self._max_batch_lines = max_batch_lines
         self._max_line_bytes = min(MAX_LINE_BYTES + 1, max_batch_bytes)  # with its newline
         self._request_timeout = float(request_timeout)
         # The collector runs next to the engine: never route it through an
@@ -514,8 +541,8 @@ class Client:
                 self._done_cond.notify_all()
 
     def _send_items(self, items):
-        limit = self._max_batch_bytes
-        max_line = self._max_line_bytes
+        # Re-read after each batch sent: its answer may have lowered them.
+        limit, max_lines, max_line = self._max_batch_bytes, self._max_batch_lines, self._max_line_bytes
         batch = []
         size = 0
         too_long = 0
@@ -541,13 +568,14 @@ class Client:
             else:
                 line = _encode_line(item[1])
             n = len(line)
-            if n > max_line:
-                too_long += 1
-                continue
-            if size + n > limit:
+            if batch and (len(batch) >= max_lines or size + n > limit):
                 self._send_batch(batch, size)
                 batch = []
                 size = 0
+                limit, max_lines, max_line = self._max_batch_bytes, self._max_batch_lines, self._max_line_bytes
+            if n > max_line:
+                too_long += 1
+                continue
             batch.append(line)
             size += n
         if batch:
@@ -555,7 +583,7 @@ class Client:
         if too_long:
             # The receiver would reject them, or no batch can hold them.
             self._count(rejected=too_long)
-            self._log_failure("rejected %d events longer than %d bytes" % (too_long, max_line - 1))
+            self._log_failure("rejected %d events longer than %d bytes" % (too_long, self._max_line_bytes - 1))
 
     def _send_batch(self, lines, size):
         body = b"".join(lines)
@@ -599,6 +627,7 @@ class Client:
                 self._log_failure("HTTP POST of %d events failed: %s" % (n, e.__class__.__name__))
                 return
             rejected, verdict = _rejected_count(payload, n)
+            self._adopt_limits(verdict)
             if 200 <= status < 300:
                 self._count(sent=n - rejected, rejected=rejected)
                 if rejected:
@@ -611,6 +640,24 @@ class Client:
             self._count(failed=n - rejected, rejected=rejected)
             self._log_failure("HTTP POST of %d events failed: status %d%s" % (n, status, _first_error(verdict)))
             return
+
+    def _adopt_limits(self, verdict):
+        """Lower the bounds of the next batches to the limits the receiver states.
+
+        It states them when a batch broke one: a receiver configured below
+        the defaults costs one batch's excess, not every batch's. The bounds
+        are never raised.
+        """
+        v = _stated_limit(verdict, "max_lines_per_batch")
+        if v is not None:
+            self._max_batch_lines = min(self._max_batch_lines, v)
+        v = _stated_limit(verdict, "max_request_body_size")
+        if v is not None:
+            self._max_batch_bytes = min(self._max_batch_bytes, v)
+        v = _stated_limit(verdict, "max_line_bytes")
+        if v is not None:
+            self._max_line_bytes = min(self._max_line_bytes, v + 1)
+        self._max_line_bytes = min(self._max_line_bytes, self._max_batch_bytes)
 
     def _post(self, body):
         """Make one request; return (status, headers, body) for any status."""

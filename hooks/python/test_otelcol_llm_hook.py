@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -35,6 +36,8 @@ TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 SPAN_ID = "b7ad6b7169203331"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
 T0 = 1_700_000_000_000_000_000
+# The receiver's default hooks::limits, as its answers state them.
+RECEIVER_LIMITS = {"max_lines_per_batch": 10000, "max_line_bytes": 16384, "max_request_body_size": 8 << 20}
 
 
 def wait_for(cond, timeout=5.0, interval=0.01):
@@ -86,7 +89,12 @@ class HTTPSink:
     status/response set the answer, unless answers holds (status, headers,
     response) tuples: request i gets answers[i] while there is one. While
     gate is clear, handlers block (after setting started), which stalls a
-    client's sender thread.
+    client's sender thread. With limits set ({"max_lines_per_batch": …,
+    "max_line_bytes": …, "max_request_body_size": …}), the default answer is
+    the receiver's with those limits: 413 for a body over
+    max_request_body_size, the lines over max_line_bytes and those after
+    the first max_lines_per_batch rejected, the limits stated when the body
+    broke one of the two batch limits.
     Request headers are kept as http.client.HTTPMessage: case-insensitive.
     """
 
@@ -94,6 +102,7 @@ class HTTPSink:
         sink = self
         self.status = status
         self.response = response
+        self.limits = None
         self.answers = []
         self.requests = []  # (path, headers, body)
         self.lock = threading.Lock()
@@ -113,8 +122,7 @@ class HTTPSink:
                 if i < len(sink.answers):
                     status, headers, payload = sink.answers[i]
                 if payload is None:
-                    n = body.count(b"\n")
-                    payload = {"accepted": n, "rejected": 0, "errors": []}
+                    status, payload = sink.answer(status, body)
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 for k, v in headers.items():
@@ -136,6 +144,24 @@ class HTTPSink:
         self.url = "http://127.0.0.1:%d/v1/token-events" % self.port
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
+
+    def answer(self, status, body):
+        """The status and answer of a receiver with self.limits to body, of valid lines."""
+        lines = body.split(b"\n")[:-1]
+        if self.limits is None:
+            return status, {"accepted": len(lines), "rejected": 0, "errors": []}
+        max_lines, max_line, max_body = (self.limits["max_lines_per_batch"], self.limits["max_line_bytes"],
+                                         self.limits["max_request_body_size"])
+        if len(body) > max_body:
+            return 413, {"accepted": 0, "rejected": 0, "errors": [], "limits": self.limits,
+                         "error": "body larger than max_request_body_size (%d bytes)" % max_body}
+        rejected = max(len(lines) - max_lines, 0) + sum(len(ln) > max_line for ln in lines[:max_lines])
+        r = {"accepted": len(lines) - rejected, "rejected": rejected, "errors": []}
+        if len(lines) > max_lines:
+            r["errors"].append({"line": max_lines + 1, "message": "batch holds more than %d lines: this line and "
+                                "the %d after it not read" % (max_lines, len(lines) - max_lines - 1)})
+            r["limits"] = self.limits
+        return (200 if r["accepted"] else 400), r
 
     def bodies(self):
         with self.lock:
@@ -174,8 +200,10 @@ class ValidationTest(unittest.TestCase):
 
     def test_default_batch_sizes(self):
         self.assertEqual(self.client._max_batch_bytes, 8 << 10)
+        self.assertEqual(self.client._max_batch_lines, 10000)
         with Client("http://127.0.0.1:1") as c:
             self.assertEqual(c._max_batch_bytes, 1 << 20)
+            self.assertEqual(c._max_batch_lines, 10000)
         with self.assertRaises(ValueError):
             Client("udp://127.0.0.1:1", max_batch_bytes=70000)
 
@@ -235,6 +263,10 @@ class ValidationTest(unittest.TestCase):
             "header empty name": lambda: Client("http://127.0.0.1:1", headers={"": "x"}),
             "header line break": lambda: Client("http://127.0.0.1:1", headers={"X-A": "a\r\nX-B: b"}),
             "header not str": lambda: Client("http://127.0.0.1:1", headers={"X-A": 1}),
+            "max_batch_lines zero": lambda: Client(udp, max_batch_lines=0),
+            "max_batch_lines negative": lambda: Client("http://127.0.0.1:1", max_batch_lines=-1),
+            "max_batch_lines float": lambda: Client("http://127.0.0.1:1", max_batch_lines=500.0),
+            "max_batch_lines bool": lambda: Client("http://127.0.0.1:1", max_batch_lines=True),
         }
         for name, call in cases.items():
             with self.subTest(name), self.assertRaises(ValueError):
@@ -327,6 +359,14 @@ class UDPTest(unittest.TestCase):
             self.assertTrue(d.endswith(b"\n"))
         self.assertEqual(c.stats()["sent"], 40)
 
+    def test_datagrams_split_by_lines(self):
+        with Client(self.sink.endpoint, max_batch_lines=4, flush_interval=30) as c:
+            for i in range(10):
+                c.token("s", T0 + i)
+        self.assertEqual(len(self.sink.lines(10)), 10)
+        self.assertEqual([d.count(b"\n") for d in self.sink.datagrams], [4, 4, 2])
+        self.assertEqual(c.stats()["sent"], 10)
+
     def test_line_longer_than_datagram_rejected(self):
         with Client(self.sink.endpoint) as c:
             c.token("before", T0)
@@ -418,6 +458,59 @@ class HTTPTest(unittest.TestCase):
             self.assertTrue(b.endswith(b"\n"))
         self.assertEqual([json.loads(ln)["time_unix_nano"] for ln in self.sink.lines()], [T0 + i for i in range(30)])
         self.assertEqual(c.stats()["sent"], 30)
+
+    def test_batches_split_by_lines(self):
+        # Far below max_batch_bytes: the receiver reads no more lines of a body.
+        with Client(self.sink.url, max_batch_lines=5, flush_interval=30) as c:
+            for i in range(23):
+                c.token("s", T0 + i)
+        self.assertEqual([b.count(b"\n") for b in self.sink.bodies()], [5, 5, 5, 5, 3])
+        self.assertEqual([json.loads(ln)["time_unix_nano"] for ln in self.sink.lines()], [T0 + i for i in range(23)])
+        self.assertEqual(c.stats(), {"sent": 23, "dropped": 0, "failed": 0, "rejected": 0})
+
+    def test_receiver_stated_limits_adopted(self):
+        # A receiver configured below the defaults states its limits when a
+        # batch broke one; the client keeps its next batches within them and
+        # never raises its own.
+        line = len(b'{"event":"token","session_id":"s","time_unix_nano":%d}\n' % T0)
+
+        def lines_per_body():
+            return [b.count(b"\n") for b in self.sink.bodies()]
+
+        with self.subTest("max_lines_per_batch and max_line_bytes"):
+            self.sink.requests = []
+            self.sink.limits = {"max_lines_per_batch": 4, "max_line_bytes": 1000, "max_request_body_size": 1 << 20}
+            # close takes the queue at once: the first batch (10 lines, the
+            # client's own bound) breaks the receiver's 4 and learns them.
+            with Client(self.sink.url, max_batch_lines=10, flush_interval=30) as c:
+                for i in range(10):
+                    c.token("s", T0 + i)
+                c.start("s-2", T0, attributes={"big": "x" * 1000})  # over the learned max_line_bytes
+                for i in range(9):
+                    c.token("s", T0 + 10 + i)
+            self.assertEqual(lines_per_body(), [10, 4, 4, 1])
+            self.assertEqual(c.stats(), {"sent": 4 + 9, "dropped": 0, "failed": 0, "rejected": 6 + 1})
+
+        with self.subTest("max_request_body_size"):
+            self.sink.requests = []
+            self.sink.limits = dict(RECEIVER_LIMITS, max_request_body_size=3 * line)
+            with Client(self.sink.url, max_batch_bytes=8 * line, flush_interval=30) as c:
+                for i in range(14):
+                    c.token("s", T0 + i)
+            # The first batch (8 lines) fails whole with a 413.
+            self.assertEqual(lines_per_body(), [8, 3, 3])
+            self.assertEqual(c.stats(), {"sent": 6, "dropped": 0, "failed": 8, "rejected": 0})
+
+        with self.subTest("never raised"):
+            self.sink.requests = []
+            self.sink.limits = None
+            self.sink.response = {"accepted": 2, "rejected": 0, "errors": [],
+                                  "limits": dict(RECEIVER_LIMITS, max_line_bytes=65536)}
+            with Client(self.sink.url, max_batch_lines=2, max_batch_bytes=4 * line, flush_interval=30) as c:
+                for i in range(5):
+                    c.token("s", T0 + i)
+            self.assertEqual(lines_per_body(), [2, 2, 1])
+            self.assertEqual(c.stats(), {"sent": 5, "dropped": 0, "failed": 0, "rejected": 0})
 
     def test_close_flushes_and_is_idempotent(self):
         c = Client(self.sink.url, flush_interval=60)
@@ -531,11 +624,18 @@ class HTTPTest(unittest.TestCase):
         self.assertEqual(len(self.sink.lines()), 1)
 
     def test_rejected_lines_counted(self):
-        self.sink.response = {"accepted": 2, "rejected": 1, "errors": [{"line": 2, "message": "count: must be at least 1"}]}
-        with Client(self.sink.url) as c:
-            for i in range(3):
-                c.token("s", T0 + i)
-        self.assertEqual(c.stats(), {"sent": 2, "dropped": 0, "failed": 0, "rejected": 1})
+        errors = [{"line": 2, "message": "count: must be at least 1"}]
+        for response in ({"accepted": 2, "rejected": 1, "errors": errors},
+                         # Limits it cannot read do not void the count.
+                         {"accepted": 2, "rejected": 1, "errors": errors, "limits": {"max_lines_per_batch": "many"}},
+                         {"accepted": 2, "rejected": 1, "errors": errors, "limits": [1]}):
+            with self.subTest(response=response):
+                self.sink.response = response
+                with Client(self.sink.url) as c:
+                    for i in range(3):
+                        c.token("s", T0 + i)
+                self.assertEqual(c.stats(), {"sent": 2, "dropped": 0, "failed": 0, "rejected": 1})
+                self.assertEqual(c._max_batch_lines, 10000)
 
     def test_full_queue_drops_without_blocking(self):
         self.sink.gate.clear()
@@ -553,6 +653,28 @@ class HTTPTest(unittest.TestCase):
         c.close(timeout=5)
         self.assertEqual(c.stats(), {"sent": 5, "dropped": 6, "failed": 0, "rejected": 0})
         self.assertEqual([json.loads(ln)["time_unix_nano"] for ln in self.sink.lines()], [T0 + i for i in range(5)])
+
+    def test_backlog_after_pause_within_receiver_line_limit(self):
+        # The receiver reads at most max_lines_per_batch (10 000) lines of a
+        # batch and rejects the rest; a 1 MiB batch holds about 13 000 of these
+        # token lines. While the receiver is paused, a backlog of several
+        # batches queues up; once it answers, none of it may be rejected.
+        self.sink.limits = RECEIVER_LIMITS
+        self.sink.gate.clear()
+        c = Client(self.sink.url, request_timeout=60)
+        self.addCleanup(c.close, 1)
+        c.token("first", T0)
+        self.assertTrue(self.sink.started.wait(10))  # the sender thread now hangs in a POST
+        backlog = 45000
+        for i in range(backlog):
+            c.token("session-%02d" % (i % 64), T0 + i)
+        self.sink.gate.set()
+        self.assertTrue(c.flush(timeout=60))
+        s = c.stats()
+        self.assertEqual(s["rejected"], 0, s)
+        self.assertEqual(s["sent"] + s["dropped"] + s["failed"] + s["rejected"], 1 + backlog, s)
+        self.assertEqual(s, {"sent": 1 + backlog, "dropped": 0, "failed": 0, "rejected": 0})
+        self.assertEqual(len(self.sink.lines()), 1 + backlog)
 
     def test_failure_log_has_no_secrets(self):
         self.sink.status = 500
@@ -777,6 +899,37 @@ class RealCollectorTest(unittest.TestCase):
         toks = sorted((int(r["timeUnixNano"]), a) for r, a in recs if r.get("eventName") == "llm.token")
         self.assertEqual(toks, [(base + 10, {"llm.session.id": "single"}),
                                 (base + 20, {"llm.session.id": "single", "llm.token.count": 5})])
+
+    def test_backlog_after_pause_not_rejected(self):
+        # The collector stops (SIGSTOP) while token events keep coming: the
+        # client's sender hangs in a request and a backlog of several batches
+        # queues up. Once the collector runs again, every event taken is
+        # accounted for and the receiver's max_lines_per_batch (10 000)
+        # rejected none of them.
+        c = Client("http://127.0.0.1:%d/v1/token-events" % self.http_port, request_timeout=60)
+        self.addCleanup(c.close, 1)
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.addCleanup(self.continue_collector)
+        base = time.time_ns()
+        taken = 45000
+        for i in range(taken):
+            c.token("paused-%02d" % (i % 64), base + i)
+        self.continue_collector()
+        self.assertTrue(c.flush(timeout=60), "backlog not sent in 60 s: %r" % (c.stats(),))
+        s = c.stats()
+        self.assertEqual(s["rejected"], 0, s)
+        self.assertEqual(s["sent"] + s["dropped"] + s["failed"] + s["rejected"], taken, s)
+        self.assertEqual(s, {"sent": taken, "dropped": 0, "failed": 0, "rejected": 0})
+
+        def paused_tokens():
+            recs = [(r, a) for r, a in self.sink.records() if str(a.get("llm.session.id")).startswith("paused-")]
+            return sum(n for _, n in token_events(recs))
+        got = wait_for(lambda: paused_tokens() == taken, timeout=30, interval=0.2)
+        self.assertTrue(got, "the sink holds %d of %d token events" % (paused_tokens(), taken))
+
+    def continue_collector(self):
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def test_rejected_lines_reported(self):
         # The response shape the client relies on for its rejected count.
