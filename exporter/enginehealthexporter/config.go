@@ -34,14 +34,19 @@ type EjectConfig struct {
 	StallRatio float64 `mapstructure:"stall_ratio"`
 	// TTFTP99 ejects an engine whose TTFT p99 reaches it.
 	TTFTP99 time.Duration `mapstructure:"ttft_p99"`
-	// ErrorRatio ejects an engine when this share of its sessions ended error
-	// or timeout.
+	// ErrorRatio ejects an engine when this share of its sessions ended by a
+	// fault of the engine (not of the request, not a refusal for load).
 	ErrorRatio float64 `mapstructure:"error_ratio"`
+	// SaturatedRatio ejects an engine when this share of its requests was
+	// refused for load (429); 0, the default, never: a saturated engine is
+	// busy, not broken, and taking it out loads the others more.
+	SaturatedRatio float64 `mapstructure:"saturated_ratio"`
 	// BaseTime × the number of times an engine has been ejected is how long
 	// it stays out, at most MaxTime.
 	BaseTime time.Duration `mapstructure:"base_time"`
 	MaxTime  time.Duration `mapstructure:"max_time"`
-	// MaxPercent bounds the share of the known engines ejected at once.
+	// MaxPercent bounds the share of the engines in play (with traffic in
+	// the window, or ejected) ejected at once.
 	MaxPercent float64 `mapstructure:"max_percent"`
 
 	// prevent unkeyed literal initialization
@@ -76,8 +81,8 @@ func createDefaultConfig() *Config {
 
 func (cfg *Config) judgeConfig() judgeConfig {
 	return judgeConfig{window: cfg.Window, minSessions: cfg.MinSessions, stallRatio: cfg.Eject.StallRatio,
-		ttftP99: cfg.Eject.TTFTP99, errorRatio: cfg.Eject.ErrorRatio, baseTime: cfg.Eject.BaseTime,
-		maxTime: cfg.Eject.MaxTime, maxPercent: cfg.Eject.MaxPercent}
+		ttftP99: cfg.Eject.TTFTP99, errorRatio: cfg.Eject.ErrorRatio, saturatedRatio: cfg.Eject.SaturatedRatio,
+		baseTime: cfg.Eject.BaseTime, maxTime: cfg.Eject.MaxTime, maxPercent: cfg.Eject.MaxPercent}
 }
 
 var _ confmap.Validator = (*Config)(nil)
@@ -101,6 +106,9 @@ func (cfg *Config) Validate() error {
 	}
 	ratio("stall_ratio", cfg.Eject.StallRatio)
 	ratio("error_ratio", cfg.Eject.ErrorRatio)
+	if cfg.Eject.SaturatedRatio != 0 { // 0: off
+		ratio("saturated_ratio", cfg.Eject.SaturatedRatio)
+	}
 	if cfg.Eject.TTFTP99 <= 0 {
 		errs = append(errs, fmt.Errorf("eject::ttft_p99: must be positive, got %s", cfg.Eject.TTFTP99))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -30,10 +31,12 @@ const (
 	metricSessions = sessionmetrics.MetricSessions
 	metricStalls   = sessionmetrics.MetricStalls
 	metricTTFT     = sessionmetrics.MetricTimeToFirstToken
+	metricActive   = sessionmetrics.MetricActiveSessions
 	eventStall     = tokenrecord.EventNameStall
 
 	attrEngine    = tokenrecord.AttrEngine
 	attrOutcome   = sessionmetrics.AttrOutcome
+	attrErrorType = tokenrecord.AttrErrorType
 	attrSessionID = tokenrecord.AttrSessionID
 )
 
@@ -171,17 +174,93 @@ func (h *engineHealth) ignored(why string, n int) {
 
 // engineSample gathers what one batch says of one engine.
 type engineSample struct {
-	sessions, errors, stalls float64
-	ttft                     []bucket
-	reset                    bool
+	sessions, errors, saturated, rejected, stalls, active float64
+	ttft                                                  []bucket
+	reset                                                 bool
+}
+
+// sessionEnd is what a session's end says of its engine.
+type sessionEnd uint8
+
+const (
+	endServed    sessionEnd = iota // completed, or ended by the client or the collector
+	endFault                       // the engine's fault
+	endSaturated                   // refused for load (429)
+	endRejected                    // the request's fault (another answer under 500)
+)
+
+// classifyEnd reads a session's llm.session.outcome and error.type. Only
+// the engine's faults count against it: a timeout (the session went silent),
+// and an error whose type is not an HTTP status under 500. The proxy names
+// an upstream's non-200 answer by its status ("503", "429", "404"), and an
+// engine's error inside a 200 stream, an upstream that times out or resets
+// by a name ("engine_error", "upstream_timeout", "upstream_stream_broken",
+// the error object's type); a hook names an engine's exception by its class.
+// An error type of three digits is an HTTP status: 5xx is the engine's
+// fault, 429 a refusal for load, any other the request's (an unknown model,
+// a prompt too long), which a client could otherwise send to take every
+// engine out.
+func classifyEnd(outcome, errorType string) sessionEnd {
+	switch outcome {
+	case "timeout":
+		return endFault
+	case "error":
+	default:
+		return endServed
+	}
+	code, ok := httpStatus(errorType)
+	switch {
+	case !ok || code >= 500:
+		return endFault
+	case code == http.StatusTooManyRequests:
+		return endSaturated
+	default:
+		return endRejected
+	}
+}
+
+// httpStatus reads an error type that is an HTTP status code (three
+// digits, 100 to 599).
+func httpStatus(errorType string) (int, bool) {
+	if len(errorType) != 3 {
+		return 0, false
+	}
+	code := 0
+	for _, c := range []byte(errorType) {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		code = code*10 + int(c-'0')
+	}
+	return code, code >= 100 && code <= 599
 }
 
 // batchReader reads one metrics batch into a sample per engine.
 type batchReader struct {
-	h        *engineHealth
-	now      time.Time
-	samples  map[string]*engineSample
-	noEngine int
+	h                  *engineHealth
+	now                time.Time
+	samples            map[string]*engineSample
+	noEngine, longName int
+}
+
+// engineOf is the normalised llm.engine of attrs; false, counted, for none
+// or a name too long.
+func engineOf(attrs pcommon.Map, noEngine, longName *int) (string, bool) {
+	v, ok := attrs.Get(attrEngine)
+	if !ok {
+		*noEngine++
+		return "", false
+	}
+	name, tooLong := normalizeEngine(v.AsString())
+	switch {
+	case tooLong:
+		*longName++
+		return "", false
+	case name == "":
+		*noEngine++
+		return "", false
+	}
+	return name, true
 }
 
 // point is the sample of a data point's engine and what the point adds: a
@@ -191,15 +270,14 @@ type batchReader struct {
 func (r *batchReader) point(name string, attrs pcommon.Map, cumulative bool, start pcommon.Timestamp, value float64,
 	counts *[]uint64,
 ) (*engineSample, float64, bool) {
-	engine, ok := attrs.Get(attrEngine)
-	if !ok || engine.Str() == "" {
-		r.noEngine++
+	engine, ok := engineOf(attrs, &r.noEngine, &r.longName)
+	if !ok {
 		return nil, 0, false
 	}
-	s := r.samples[engine.Str()]
+	s := r.samples[engine]
 	if s == nil {
 		s = &engineSample{}
-		r.samples[engine.Str()] = s
+		r.samples[engine] = s
 	}
 	if cumulative {
 		var reset bool
@@ -220,6 +298,8 @@ func (h *engineHealth) consumeMetrics(md pmetric.Metrics) {
 				switch {
 				case (m.Name() == metricSessions || m.Name() == metricStalls) && m.Type() == pmetric.MetricTypeSum:
 					r.readCount(m)
+				case m.Name() == metricActive && m.Type() == pmetric.MetricTypeGauge:
+					r.readActive(m.Gauge())
 				case m.Name() == metricTTFT && m.Type() == pmetric.MetricTypeHistogram:
 					r.readTTFT(m.Histogram())
 				case m.Name() == metricTTFT && m.Type() == pmetric.MetricTypeExponentialHistogram:
@@ -239,12 +319,14 @@ func (h *engineHealth) consumeMetrics(md pmetric.Metrics) {
 			h.judge.reset(name)
 			resets++
 		}
-		if !h.judge.add(name, sample{at: r.now, sessions: s.sessions, errors: s.errors, stalls: s.stalls, ttft: s.ttft}) {
+		if !h.judge.add(name, sample{at: r.now, sessions: s.sessions, errors: s.errors, saturated: s.saturated,
+			rejected: s.rejected, stalls: s.stalls, active: s.active, ttft: s.ttft}) {
 			tooMany++
 		}
 	}
 	h.mu.Unlock()
 	h.ignored("no_engine", r.noEngine)
+	h.ignored("engine_name_too_long", r.longName)
 	h.ignored("too_many_engines", tooMany)
 	if resets > 0 {
 		h.tel.ExporterEngineHealthWindowResets.Add(context.Background(), int64(resets))
@@ -267,9 +349,35 @@ func (r *batchReader) readCount(m pmetric.Metric) {
 			s.stalls += v
 		default:
 			s.sessions += v
-			if o, ok := dp.Attributes().Get(attrOutcome); ok && (o.Str() == "error" || o.Str() == "timeout") {
-				s.errors += v
+			var outcome, errorType string
+			if o, ok := dp.Attributes().Get(attrOutcome); ok {
+				outcome = o.Str()
 			}
+			if e, ok := dp.Attributes().Get(attrErrorType); ok {
+				errorType = e.Str()
+			}
+			switch classifyEnd(outcome, errorType) {
+			case endFault:
+				s.errors += v
+			case endSaturated:
+				s.saturated += v
+			case endRejected:
+				s.rejected += v
+			}
+		}
+	}
+}
+
+// readActive reads llm.sessions.active: an engine with sessions in flight
+// carries traffic, though none of them ended in the window.
+func (r *batchReader) readActive(g pmetric.Gauge) {
+	for _, dp := range g.DataPoints().All() {
+		v := dp.DoubleValue()
+		if dp.ValueType() == pmetric.NumberDataPointValueTypeInt {
+			v = float64(dp.IntValue())
+		}
+		if s, v, ok := r.point(metricActive, dp.Attributes(), false, 0, v, nil); ok {
+			s.active += v
 		}
 	}
 }
@@ -400,7 +508,7 @@ func seriesKey(name string, attrs pcommon.Map) string {
 // session that stalled, which the judge counts the moment it comes.
 func (h *engineHealth) consumeLogs(ld plog.Logs) {
 	now := h.now()
-	var noEngine, tooMany, alerts int
+	var noEngine, longName, tooMany, alerts int
 	h.mu.Lock()
 	for _, rl := range ld.ResourceLogs().All() {
 		for _, sl := range rl.ScopeLogs().All() {
@@ -408,9 +516,8 @@ func (h *engineHealth) consumeLogs(ld plog.Logs) {
 				if lr.EventName() != eventStall {
 					continue
 				}
-				engine, ok := lr.Attributes().Get(attrEngine)
-				if !ok || engine.Str() == "" {
-					noEngine++
+				engine, ok := engineOf(lr.Attributes(), &noEngine, &longName)
+				if !ok {
 					continue
 				}
 				id := "?"
@@ -418,7 +525,7 @@ func (h *engineHealth) consumeLogs(ld plog.Logs) {
 					id = v.Str()
 				}
 				alerts++
-				if !h.judge.add(engine.Str(), sample{at: now, stalled: id}) {
+				if !h.judge.add(engine, sample{at: now, stalled: id}) {
 					tooMany++
 				}
 			}
@@ -426,6 +533,7 @@ func (h *engineHealth) consumeLogs(ld plog.Logs) {
 	}
 	h.mu.Unlock()
 	h.ignored("no_engine", noEngine)
+	h.ignored("engine_name_too_long", longName)
 	h.ignored("too_many_engines", tooMany)
 	if alerts > 0 {
 		h.evaluate()

@@ -2,7 +2,9 @@ package enginehealthexporter
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -289,6 +291,9 @@ func TestStallAlertsEjectAtOnceThenReadmit(t *testing.T) {
 	metadatatest.AssertEqualExporterEngineHealthEnginesEjected(t, th.tel,
 		[]metricdata.DataPoint[int64]{{Value: 0}}, metricdatatest.IgnoreTimestamp())
 
+	// a carries traffic again (b is never ejected as the last engine that does).
+	tr.healthy("a", 10)
+	th.consumeMetrics(tr.flush(th.clock.Now()))
 	th.consumeLogs(stallAlerts("b", "t1", "t2", "t3", "t4", "t5"))
 	st = th.status(t, "b").at(th.clock.Now())
 	assert.Equal(t, stateEjected, st.State, "judged afresh, and ejected again")
@@ -309,4 +314,120 @@ func TestStallAlertsAndMetricsCountOnce(t *testing.T) {
 	st := th.status(t, "b")
 	assert.Equal(t, stateHealthy, st.State)
 	assert.InDelta(t, 0.4, st.Window.StallRatio, 1e-9)
+}
+
+// failed ends n sessions of engine with outcome error and errorType, as the
+// token_stream proxy ends them (an upstream's non-200 status, an error in the
+// stream, a timeout or a reset).
+func (tr *traffic) failed(engine string, n int, errorType string) {
+	for range n {
+		l := tr.agg.SessionStarted(sessionmetrics.Dims{Operation: "chat", Model: "m", Engine: engine})
+		tr.agg.SessionEnded(l, sessionmetrics.Result{Outcome: "error", ErrorType: errorType, Duration: time.Millisecond})
+	}
+}
+
+// Only the engine's own faults count against it: 5xx, errors inside a 200
+// stream, upstream timeouts and resets, sessions that went silent. A client
+// sending bad requests (400, 404, 422) or an engine refusing for load (429)
+// ejects nothing.
+func TestOnlyEngineFaultsEject(t *testing.T) {
+	th := startHealth(t, nil)
+	tr := newTraffic(t, sessionmetrics.Delta, sessionmetrics.Explicit, t0)
+	for _, engine := range []string{"a", "b", "c", "d"} {
+		tr.healthy(engine, 10)
+	}
+	tr.failed("saturated", 6, "429")
+	for _, code := range []string{"400", "404", "422"} {
+		tr.failed("bad-requests", 2, code)
+	}
+	tr.failed("5xx", 3, "500")
+	tr.failed("5xx", 3, "503")
+	// In a 200 stream: the proxy's name for an error object without a type,
+	// and vLLM's type for an error while generating.
+	tr.failed("mid-stream", 3, "engine_error")
+	tr.failed("mid-stream", 3, "BadRequestError")
+	tr.failed("timeouts", 2, "upstream_timeout")
+	tr.failed("timeouts", 2, "upstream_idle_timeout")
+	tr.sessions("timeouts", 2, 0, 100*time.Millisecond, "timeout")
+	tr.failed("resets", 3, "upstream_unreachable")
+	tr.failed("resets", 3, "upstream_stream_broken")
+	th.clock.Advance(time.Second)
+	th.consumeMetrics(tr.flush(th.clock.Now()))
+
+	for _, engine := range []string{"a", "b", "c", "d", "saturated", "bad-requests"} {
+		assert.Equal(t, stateHealthy, th.status(t, engine).State, engine)
+	}
+	for _, engine := range []string{"5xx", "mid-stream", "timeouts", "resets"} {
+		st := th.status(t, engine)
+		assert.Equal(t, stateEjected, st.State, engine)
+		assert.Equal(t, reasonErrorRatio, st.Reason, engine)
+	}
+}
+
+// The sessions refused for load and the client errors are reported apart,
+// in the window's figures, and are not among the sessions the stall and
+// error ratios are of: bad requests do not dilute an engine's faults.
+func TestSaturatedAndClientErrorsReported(t *testing.T) {
+	th := startHealth(t, nil)
+	tr := newTraffic(t, sessionmetrics.Delta, sessionmetrics.Explicit, t0)
+	tr.healthy("a", 10)
+	tr.healthy("b", 10)
+	tr.healthy("busy", 6)
+	tr.failed("busy", 2, "429")
+	tr.failed("busy", 1, "404")
+	tr.healthy("broken", 8)
+	tr.failed("broken", 2, "502")
+	tr.failed("broken", 90, "400")
+	th.clock.Advance(time.Second)
+	th.consumeMetrics(tr.flush(th.clock.Now()))
+	base := "http://" + th.http.Addr.String()
+
+	code, _, body := get(t, base+"/engines/busy/health")
+	assert.Equal(t, http.StatusOK, code, "refused for load: reported, not ejected")
+	var st map[string]any
+	require.NoError(t, json.Unmarshal(body, &st), string(body))
+	assert.Equal(t, map[string]any{"sessions": 6.0, "stall_ratio": 0.0, "error_ratio": 0.0, "saturated": 2.0,
+		"saturated_ratio": 0.25, "client_errors": 1.0}, st["window"])
+
+	code, _, body = get(t, base+"/engines/broken/health")
+	assert.Equal(t, http.StatusServiceUnavailable, code, "2 faults in the 10 sessions it took on, whatever the 90 bad requests")
+	require.NoError(t, json.Unmarshal(body, &st), string(body))
+	assert.Equal(t, map[string]any{"sessions": 10.0, "stall_ratio": 0.0, "error_ratio": 0.2, "saturated": 0.0,
+		"saturated_ratio": 0.0, "client_errors": 90.0}, st["window"])
+}
+
+// eject::saturated_ratio, when set, ejects an engine that refuses too many
+// requests for load.
+func TestSaturatedRatioEjectsWhenSet(t *testing.T) {
+	th := startHealth(t, func(cfg *Config) { cfg.Eject.SaturatedRatio = 0.5 })
+	tr := newTraffic(t, sessionmetrics.Delta, sessionmetrics.Explicit, t0)
+	tr.healthy("a", 10)
+	tr.healthy("b", 10)
+	tr.healthy("less", 5)
+	tr.failed("less", 4, "429")
+	tr.healthy("busy", 2)
+	tr.failed("busy", 4, "429")
+	th.clock.Advance(time.Second)
+	th.consumeMetrics(tr.flush(th.clock.Now()))
+	assert.Equal(t, stateHealthy, th.status(t, "less").State, "4 of 9 refused")
+	st := th.status(t, "busy")
+	assert.Equal(t, stateEjected, st.State, "4 of 6 refused")
+	assert.Equal(t, reasonSaturatedRatio, st.Reason)
+	metadatatest.AssertEqualExporterEngineHealthEjections(t, th.tel, []metricdata.DataPoint[int64]{
+		{Attributes: attribute.NewSet(attribute.String("engine", "busy"), attribute.String("reason", reasonSaturatedRatio)), Value: 1},
+	}, metricdatatest.IgnoreTimestamp())
+}
+
+// An engine whose sessions are all still streaming carries traffic: it
+// counts among the engines in play, and is not the last with traffic.
+func TestSessionsInFlightAreTraffic(t *testing.T) {
+	th := startHealth(t, nil)
+	tr := newTraffic(t, sessionmetrics.Cumulative, sessionmetrics.Explicit, t0)
+	for range 3 {
+		tr.agg.SessionStarted(sessionmetrics.Dims{Operation: "chat", Model: "m", Engine: "long"})
+	}
+	tr.failed("bad", 6, "500")
+	th.clock.Advance(time.Second)
+	th.consumeMetrics(tr.flush(th.clock.Now()))
+	assert.Equal(t, stateEjected, th.status(t, "bad").State, "long still carries traffic")
 }

@@ -22,9 +22,10 @@ const (
 
 // Reasons for an ejection: which threshold the engine reached.
 const (
-	reasonStallRatio = "stall_ratio"
-	reasonTTFTP99    = "ttft_p99"
-	reasonErrorRatio = "error_ratio"
+	reasonStallRatio     = "stall_ratio"
+	reasonTTFTP99        = "ttft_p99"
+	reasonErrorRatio     = "error_ratio"
+	reasonSaturatedRatio = "saturated_ratio"
 )
 
 // judgeConfig is what the judge needs of the configuration.
@@ -34,9 +35,12 @@ type judgeConfig struct {
 	stallRatio  float64
 	ttftP99     time.Duration
 	errorRatio  float64
-	baseTime    time.Duration
-	maxTime     time.Duration
-	maxPercent  float64
+	// saturatedRatio ejects on the share of requests refused with 429;
+	// 0: never.
+	saturatedRatio float64
+	baseTime       time.Duration
+	maxTime        time.Duration
+	maxPercent     float64
 }
 
 // bucket is one histogram bucket: count values in (lower, upper], in
@@ -49,11 +53,17 @@ type bucket struct {
 // sample is what one metrics batch or alert added to an engine's window.
 type sample struct {
 	at       time.Time
-	sessions float64 // sessions ended
-	errors   float64 // of those, ended error or timeout
-	stalls   float64 // stall episodes (llm.session.stalls)
-	stalled  string  // a session a stall alert named ("" for none)
-	ttft     []bucket
+	sessions float64 // sessions ended, whatever their end
+	errors   float64 // of those, ended by a fault of the engine (sessionEnd)
+	// saturated ended with the engine refusing them for load (429), and
+	// rejected with any other answer under 500 (the request's fault): the
+	// engine did not take either on.
+	saturated, rejected float64
+	stalls              float64 // stall episodes (llm.session.stalls)
+	stalled             string  // a session a stall alert named ("" for none)
+	// active are the sessions in flight at the flush (llm.sessions.active).
+	active float64
+	ttft   []bucket
 }
 
 // engineState is one engine's window and verdict.
@@ -72,11 +82,28 @@ type engineState struct {
 
 // windowFigures are an engine's window, summed.
 type windowFigures struct {
+	// Sessions are the sessions the engine took on: those that ended, less
+	// the saturated and the client errors (or the sessions stall alerts
+	// named, when more). The stall and error ratios are over them.
 	Sessions   float64 `json:"sessions"`
 	StallRatio float64 `json:"stall_ratio"`
 	ErrorRatio float64 `json:"error_ratio"`
+	// Saturated are the sessions refused for load (429); SaturatedRatio
+	// their share of Sessions + Saturated.
+	Saturated      float64 `json:"saturated"`
+	SaturatedRatio float64 `json:"saturated_ratio"`
+	// ClientErrors are the sessions answered under 500, 429 aside.
+	ClientErrors float64 `json:"client_errors"`
 	// TTFTP99 is in seconds; NaN (null in JSON) without a TTFT in the window.
 	TTFTP99 float64 `json:"-"`
+	// inFlight is the most sessions in flight a flush in the window saw.
+	inFlight float64
+}
+
+// traffic reports whether the engine had sessions in the window: ended,
+// stalled or in flight.
+func (f windowFigures) traffic() bool {
+	return f.Sessions+f.Saturated+f.ClientErrors > 0 || f.inFlight > 0
 }
 
 // change is a transition the judge made.
@@ -159,7 +186,8 @@ func (j *judge) prune(e *engineState, now time.Time) {
 // figures sums an engine's window. The share of sessions with a stall takes
 // the larger of two counts: the distinct sessions stall alerts named, and the
 // stall episodes the metrics counted (a session with two episodes counts
-// twice there). Sessions are those that ended, or the alerted ones when more
+// twice there). Sessions are those that ended and the engine took on (not
+// refused for load, not the request's fault), or the alerted ones when more
 // (an engine that freezes ends few sessions).
 func figures(samples []sample) windowFigures {
 	var f windowFigures
@@ -168,8 +196,11 @@ func figures(samples []sample) windowFigures {
 	hist := map[float64]bucket{} // by upper bound
 	for i := range samples {
 		s := &samples[i]
-		f.Sessions += s.sessions
+		f.Sessions += s.sessions - s.saturated - s.rejected
 		f.ErrorRatio += s.errors
+		f.Saturated += s.saturated
+		f.ClientErrors += s.rejected
+		f.inFlight = max(f.inFlight, s.active)
 		episodes += s.stalls
 		if s.stalled != "" {
 			alerted[s.stalled] = struct{}{}
@@ -190,6 +221,9 @@ func figures(samples []sample) windowFigures {
 	if f.Sessions > 0 {
 		f.StallRatio = min(stalled/f.Sessions, 1)
 		f.ErrorRatio /= f.Sessions
+	}
+	if f.Saturated > 0 {
+		f.SaturatedRatio = f.Saturated / (f.Sessions + f.Saturated)
 	}
 	f.TTFTP99 = p99(hist)
 	return f
@@ -232,28 +266,37 @@ func p99(hist map[float64]bucket) float64 {
 // far over the threshold it is (the worst reason, as a ratio to its
 // threshold); "" when none holds or the window has too few sessions.
 func (j *judge) breach(f windowFigures) (reason string, severity float64) {
-	if f.Sessions < float64(j.cfg.minSessions) || f.Sessions == 0 {
-		return "", 0
-	}
 	check := func(r string, v, th float64) {
 		if th > 0 && v >= th && v/th > severity {
 			reason, severity = r, v/th
 		}
 	}
-	check(reasonStallRatio, f.StallRatio, j.cfg.stallRatio)
-	check(reasonErrorRatio, f.ErrorRatio, j.cfg.errorRatio)
-	if !math.IsNaN(f.TTFTP99) {
-		check(reasonTTFTP99, f.TTFTP99, j.cfg.ttftP99.Seconds())
+	minSessions := max(float64(j.cfg.minSessions), 1)
+	if f.Sessions >= minSessions {
+		check(reasonStallRatio, f.StallRatio, j.cfg.stallRatio)
+		check(reasonErrorRatio, f.ErrorRatio, j.cfg.errorRatio)
+		if !math.IsNaN(f.TTFTP99) {
+			check(reasonTTFTP99, f.TTFTP99, j.cfg.ttftP99.Seconds())
+		}
+	}
+	// Refusals for load are judged on the requests the engine was asked to
+	// take on, the refused included.
+	if f.Sessions+f.Saturated >= minSessions {
+		check(reasonSaturatedRatio, f.SaturatedRatio, j.cfg.saturatedRatio)
 	}
 	return reason, severity
 }
 
 // evaluate re-admits the engines whose ejection time is over and ejects
-// those whose window breaches a threshold, the worst first, never more than
-// max_percent of the known engines at once. It returns what changed.
+// those whose window breaches a threshold, the worst first. It never ejects
+// more than max_percent of the engines in play (those with traffic in the
+// window and those ejected now), nor the last engine with traffic still in:
+// engines gone silent (pods replaced, known for minutes after) must not make
+// room for ejecting every engine that carries traffic. It returns what
+// changed.
 func (j *judge) evaluate(now time.Time) []change {
 	var changes []change
-	ejected := 0
+	ejected, inPlay, servingIn := 0, 0, 0
 	type candidate struct {
 		e        *engineState
 		reason   string
@@ -271,6 +314,7 @@ func (j *judge) evaluate(now time.Time) []change {
 				changes = append(changes, change{engine: e.name, state: stateHealthy})
 			} else {
 				ejected++
+				inPlay++
 				e.figures = figures(e.samples)
 				continue
 			}
@@ -284,11 +328,15 @@ func (j *judge) evaluate(now time.Time) []change {
 			continue // no sessions in the window: the engine keeps its state
 		}
 		e.figures = figures(e.samples)
+		if e.figures.traffic() {
+			inPlay++
+			servingIn++
+		}
 		if reason, severity := j.breach(e.figures); reason != "" {
 			candidates = append(candidates, candidate{e, reason, severity})
 		}
 	}
-	allowed := int(math.Floor(j.cfg.maxPercent/100*float64(len(j.engines)))) - ejected
+	allowed := min(int(math.Floor(j.cfg.maxPercent/100*float64(inPlay)))-ejected, servingIn-1)
 	sort.Slice(candidates, func(a, b int) bool {
 		if candidates[a].severity != candidates[b].severity {
 			return candidates[a].severity > candidates[b].severity

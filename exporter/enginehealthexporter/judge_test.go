@@ -185,3 +185,60 @@ func TestJudgeForgetsGoneEngines(t *testing.T) {
 	assert.NotContains(t, j.engines, "out", "re-admitted long ago, then silent")
 	assert.Contains(t, j.engines, "stays")
 }
+
+// max_percent is a share of the engines in play: those with sessions in the
+// window, and those ejected now. Engines gone silent (replaced pods stay
+// known for minutes) make no room, and the last engine with traffic is
+// never ejected.
+func TestJudgeMaxPercentOfEnginesWithTraffic(t *testing.T) {
+	silent := func(j *judge) {
+		for i := range 6 {
+			healthyTraffic(j, fmt.Sprint("gone", i), t0, 10)
+		}
+	}
+	now := t0.Add(11 * time.Second) // the silent engines' sessions are out of the window
+	failing := func(j *judge, engines ...string) {
+		for _, e := range engines {
+			j.add(e, sample{at: now, sessions: 10, stalls: 10})
+		}
+	}
+
+	t.Run("two live engines failing, six silent", func(t *testing.T) {
+		j := testJudge()
+		silent(j)
+		failing(j, "a", "b")
+		assert.Len(t, j.evaluate(now), 1, "50% of the 2 with traffic")
+		assert.Equal(t, 1, j.ejectedCount())
+	})
+	t.Run("the only live engine, six silent", func(t *testing.T) {
+		j := testJudge()
+		silent(j)
+		failing(j, "a")
+		assert.Empty(t, j.evaluate(now))
+	})
+	t.Run("max_percent 100: the last engine with traffic stays", func(t *testing.T) {
+		j := testJudge()
+		j.cfg.maxPercent = 100
+		failing(j, "a", "b")
+		assert.Len(t, j.evaluate(now), 1)
+		j = testJudge()
+		j.cfg.maxPercent = 100
+		failing(j, "a")
+		assert.Empty(t, j.evaluate(now), "the only engine")
+	})
+	t.Run("the ejected count among the engines in play", func(t *testing.T) {
+		// Of four live engines, a is ejected and gets no traffic after; b
+		// and c fail next: 2 of the 4 may be out, so one of them goes.
+		j := testJudge()
+		failing(j, "a")
+		for _, e := range []string{"b", "c", "d"} {
+			healthyTraffic(j, e, now, 10)
+		}
+		require.Len(t, j.evaluate(now), 1)
+		later := now.Add(11 * time.Second)
+		j.add("b", sample{at: later, sessions: 10, stalls: 10})
+		j.add("c", sample{at: later, sessions: 10, stalls: 9})
+		healthyTraffic(j, "d", later, 10)
+		assert.Equal(t, []change{{engine: "b", state: stateEjected, reason: reasonStallRatio}}, j.evaluate(later))
+	})
+}

@@ -1,13 +1,16 @@
 package enginehealthexporter // import "github.com/otelcol-llm/otelcol-llm/exporter/enginehealthexporter"
 
 import (
-	"bufio"
+	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -39,40 +42,116 @@ func (v *verdicts) lookup(engine string) (engineStatus, bool) {
 	return v.list[i], true
 }
 
-// handler serves GET /engines, GET /engines/{engine}/health and GET /health
-// (the engine in the Host header).
-func (h *engineHealth) handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /engines", func(w http.ResponseWriter, _ *http.Request) {
-		now := h.now()
-		v := h.verdicts.Load()
-		out := make([]engineStatus, len(v.list))
-		for i, st := range v.list {
-			out[i] = st.at(now)
+// maxEngineName is the longest engine name, in bytes: a longer llm.engine is
+// not judged, and a longer name asked for is no engine's.
+const maxEngineName = 256
+
+// normalizeEngine is the one normalisation of an engine name, wherever the
+// name comes from (llm.engine, the path of /engines/{engine}/health, the Host
+// header of /health, an agent-send line): white space around it dropped and
+// ASCII letters lower-cased, as host names compare (llm.engine is mostly a
+// host, or the proxy's upstream host:port). tooLong reports a name over
+// maxEngineName bytes, which is then "".
+func normalizeEngine(raw string) (name string, tooLong bool) {
+	name = strings.TrimSpace(raw)
+	if len(name) > maxEngineName {
+		return "", true
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; 'A' <= c && c <= 'Z' {
+			return strings.ToLower(name), false // only ASCII changes: the name is at most maxEngineName bytes still
 		}
-		writeJSON(w, http.StatusOK, out)
+	}
+	return name, false
+}
+
+// handler serves GET /engines, GET /engines/{engine}/health and GET /health
+// (the engine in the Host header). It routes on the escaped path itself:
+// http.ServeMux would clean a path whose engine is "." or ".." into another
+// (a 307 to /health), and cannot tell an escaped "/" in a name.
+func (h *engineHealth) handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		path := r.URL.EscapedPath()
+		var engine string
+		route := path
+		if rest, ok := strings.CutPrefix(path, "/engines/"); ok {
+			segment, ok := strings.CutSuffix(rest, "/health")
+			if !ok || strings.Contains(segment, "/") {
+				writeError(w, http.StatusNotFound, "no such endpoint: GET /engines, /engines/{engine}/health or /health")
+				return
+			}
+			// {engine} is llm.engine URL-escaped: an engine named "ns/pod"
+			// is asked for as /engines/ns%2Fpod/health.
+			name, err := url.PathUnescape(segment)
+			if err != nil {
+				writeError(w, http.StatusBadRequest, "the engine in the path is not URL-escaped right")
+				return
+			}
+			route, engine = "/engines/{engine}/health", name
+		}
+		switch route {
+		case "/engines", "/engines/{engine}/health", "/health":
+		default:
+			writeError(w, http.StatusNotFound, "no such endpoint: GET /engines, /engines/{engine}/health or /health")
+			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeError(w, http.StatusMethodNotAllowed, "method not allowed: GET only")
+			return
+		}
+		switch route {
+		case "/engines":
+			now := h.now()
+			v := h.verdicts.Load()
+			out := make([]engineStatus, len(v.list))
+			for i, st := range v.list {
+				out[i] = st.at(now)
+			}
+			writeJSON(w, http.StatusOK, out)
+		case "/health":
+			// Checkers whose path is one for all the servers they check
+			// (Envoy's health checks: a path per cluster, a Host header per
+			// endpoint) name the engine in the Host header instead.
+			h.serveHealth(w, hostEngine(h.verdicts.Load(), r.Host))
+		default:
+			h.serveHealth(w, engine)
+		}
 	})
-	// {engine} is llm.engine URL-escaped: the mux unescapes the segment, so
-	// an engine named "ns/pod" is asked for as /engines/ns%2Fpod/health.
-	mux.HandleFunc("GET /engines/{engine}/health", func(w http.ResponseWriter, r *http.Request) {
-		h.serveHealth(w, r.PathValue("engine"))
-	})
-	// Checkers whose path is one for all the servers they check (Envoy's
-	// health checks: a path per cluster, a Host header per endpoint) name
-	// the engine in the Host header instead.
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		h.serveHealth(w, r.Host)
-	})
-	return mux
+}
+
+// hostEngine is the engine a Host header names: the header whole if an
+// engine has that name (llm.engine is often host:port), else its host
+// without the port and without a trailing dot, as a host name is written in
+// a URL ("LOWER.example.com.:80" names "lower.example.com").
+func hostEngine(v *verdicts, host string) string {
+	name, tooLong := normalizeEngine(host)
+	if tooLong {
+		return host // serveHealth says why it is no engine's
+	}
+	if _, ok := v.lookup(name); ok || name == "" {
+		return name
+	}
+	if h, _, err := net.SplitHostPort(name); err == nil {
+		name = h
+	}
+	return strings.TrimSuffix(name, ".")
 }
 
 // serveHealth answers 200 for a healthy engine, 503 for an ejected one and
-// 404 for one never seen, each with a JSON body.
+// 404 for one never seen (or a name no engine can have), each with a JSON
+// body.
 func (h *engineHealth) serveHealth(w http.ResponseWriter, engine string) {
-	st, ok := h.verdicts.Load().lookup(engine)
+	name, tooLong := normalizeEngine(engine)
+	if tooLong {
+		// Not echoed: the name is the client's, of any length.
+		writeError(w, http.StatusNotFound, fmt.Sprintf("unknown engine: a name of %d bytes, over the %d an engine name may have",
+			len(engine), maxEngineName))
+		return
+	}
+	st, ok := h.verdicts.Load().lookup(name)
 	if !ok {
-		writeJSON(w, http.StatusNotFound, map[string]string{
-			"error": fmt.Sprintf("unknown engine %q: no session of it has been seen", engine)})
+		writeError(w, http.StatusNotFound, fmt.Sprintf("unknown engine %q: no session of it has been seen", name))
 		return
 	}
 	code := http.StatusOK
@@ -80,6 +159,10 @@ func (h *engineHealth) serveHealth(w http.ResponseWriter, engine string) {
 		code = http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, st.at(h.now()))
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]string{"error": msg})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -100,14 +183,34 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // "up" or "down #<reason>" for that engine. An engine never seen, or a check
 // that names none, is answered "up": the agent only takes out the engines the
 // judge ejected, and leaves reachability to HAProxy's own check.
+//
+// HAProxy keeps a server's last agent state when the agent cannot be reached
+// or does not answer: a check turned away leaves an ejection unapplied, or
+// never lifted. So every connection accepted is answered, and connections
+// that send nothing cannot hold the places of real checks: a real check
+// sends its line at once and is answered in microseconds, so when too many
+// connections wait for their line, the one that has waited longest is
+// answered at once with what it sent so far.
 const (
-	// agentReadTimeout bounds the wait for the agent-send string; without
-	// one configured, HAProxy sends nothing and gets "up" after it.
-	agentReadTimeout = 500 * time.Millisecond
-	agentMaxName     = 256
-	// agentMaxConns bounds the checks answered at once; more are closed,
-	// which HAProxy does not count as a failure.
-	agentMaxConns = 64
+	// agentLineWait bounds the wait for the agent-send line; a check
+	// without one (HAProxy sends nothing without agent-send) is answered
+	// "up" after it. It is well within any agent-inter: HAProxy times a
+	// check out after its interval unless "timeout check" says otherwise.
+	agentLineWait = 200 * time.Millisecond
+	// agentMaxLine bounds what is read of a line: past it, the line is
+	// longer than any engine name.
+	agentMaxLine = 1024
+	// agentMaxWaiting bounds the connections waiting for their line, and
+	// agentMaxWaitingPerSource those of one source address: a newer
+	// connection over either answers the oldest at once.
+	agentMaxWaiting          = 64
+	agentMaxWaitingPerSource = 8
+	// agentLastRead is how long a connection whose wait is over (or was
+	// cut short) still has to deliver what it has sent.
+	agentLastRead = 5 * time.Millisecond
+	// agentMaxConns bounds the connections open at once, waiting or being
+	// answered; more are closed at once.
+	agentMaxConns = 4 * agentMaxWaiting
 )
 
 type agentServer struct {
@@ -115,6 +218,7 @@ type agentServer struct {
 	ln     net.Listener
 	slots  chan struct{}
 	done   sync.WaitGroup
+	queue  agentQueue
 }
 
 func (a *agentServer) serve(endpoint string) error {
@@ -124,6 +228,7 @@ func (a *agentServer) serve(endpoint string) error {
 	}
 	a.ln = ln
 	a.slots = make(chan struct{}, agentMaxConns)
+	a.queue = newAgentQueue(agentMaxWaiting, agentMaxWaitingPerSource)
 	a.done.Add(1)
 	go func() {
 		defer a.done.Done()
@@ -141,11 +246,15 @@ func (a *agentServer) serve(endpoint string) error {
 				_ = conn.Close()
 				continue
 			}
+			// The deadline is set before the connection is queued: cutting
+			// it short (cut) moves the deadline, and must not be undone.
+			_ = conn.SetReadDeadline(time.Now().Add(agentLineWait))
+			w := a.queue.add(conn)
 			a.done.Add(1)
 			go func() {
 				defer a.done.Done()
 				defer func() { <-a.slots }()
-				a.answer(conn)
+				a.answer(w)
 			}()
 		}
 	}()
@@ -153,22 +262,55 @@ func (a *agentServer) serve(endpoint string) error {
 }
 
 // answer reads the engine name a check sends and replies with its state.
-func (a *agentServer) answer(conn net.Conn) {
-	defer conn.Close()
-	_ = conn.SetReadDeadline(time.Now().Add(agentReadTimeout))
-	line, err := bufio.NewReaderSize(io.LimitReader(conn, agentMaxName), agentMaxName).ReadString('\n')
-	var netErr net.Error
-	if err != nil && !errors.Is(err, io.EOF) && !(errors.As(err, &netErr) && netErr.Timeout()) {
-		return
+func (a *agentServer) answer(w *agentWaiter) {
+	defer w.conn.Close()
+	line, complete := readAgentLine(w.conn, func() { a.queue.remove(w) })
+	a.queue.remove(w)
+	name := ""
+	if complete || len(line) < agentMaxLine {
+		name = line // else longer than any engine name
 	}
-	_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
-	_, _ = io.WriteString(conn, a.health.agentReply(strings.TrimSpace(line)))
+	_ = w.conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = io.WriteString(w.conn, a.health.agentReply(name))
 }
 
-// agentReply is the agent-check answer for engine.
-func (h *engineHealth) agentReply(engine string) string {
-	st, ok := h.verdicts.Load().lookup(engine)
-	if ok && st.State == stateEjected {
+// readAgentLine reads up to a newline, the end of the connection or
+// agentMaxLine bytes, or until the read deadline: complete reports a
+// newline. Once the deadline has passed (which may be before this goroutine
+// first ran, or when the connection was cut short), leave is called and what
+// has arrived by then is read still, for agentLastRead: a line already sent
+// is not missed.
+func readAgentLine(conn net.Conn, leave func()) (line string, complete bool) {
+	buf := make([]byte, 0, 128)
+	chunk := make([]byte, 512)
+	lastRead := false
+	for len(buf) < agentMaxLine {
+		n, err := conn.Read(chunk[:min(len(chunk), agentMaxLine-len(buf))])
+		if i := bytes.IndexByte(chunk[:n], '\n'); i >= 0 {
+			return string(append(buf, chunk[:i]...)), true
+		}
+		buf = append(buf, chunk[:n]...)
+		var netErr net.Error
+		switch {
+		case err == nil:
+		case !lastRead && errors.As(err, &netErr) && netErr.Timeout():
+			lastRead = true
+			leave() // no longer cut short from here on: the deadline below is the last
+			_ = conn.SetReadDeadline(time.Now().Add(agentLastRead))
+		default:
+			return string(buf), false
+		}
+	}
+	return string(buf), false
+}
+
+// agentReply is the agent-check answer for what a check sent: the state of
+// the engine it names; "up" when it names none (or a name no engine can
+// have).
+func (h *engineHealth) agentReply(sent string) string {
+	name, _ := normalizeEngine(sent)
+	st, ok := h.verdicts.Load().lookup(name)
+	if ok && name != "" && st.State == stateEjected {
 		return "down #ejected: " + st.Reason + "\n"
 	}
 	return "up\n"
@@ -178,4 +320,79 @@ func (a *agentServer) shutdown() error {
 	err := a.ln.Close()
 	a.done.Wait()
 	return err
+}
+
+// agentWaiter is a connection waiting for its agent-send line.
+type agentWaiter struct {
+	conn   net.Conn
+	source string
+	// seq orders the waiters by arrival; 0 once it left the queue.
+	seq uint64
+}
+
+// agentQueue holds the connections waiting for their line, oldest first,
+// within its bounds: the whole and per source address.
+type agentQueue struct {
+	mu        sync.Mutex
+	max, per  int
+	next      uint64
+	waiting   []*agentWaiter // by arrival; at most max
+	perSource map[string]int
+}
+
+func newAgentQueue(maxWaiting, perSource int) agentQueue {
+	return agentQueue{max: maxWaiting, per: perSource, perSource: make(map[string]int)}
+}
+
+// add queues conn, first cutting short the oldest waiter of its source, or
+// of all, when it would go over a bound.
+func (q *agentQueue) add(conn net.Conn) *agentWaiter {
+	source := conn.RemoteAddr().String()
+	if host, _, err := net.SplitHostPort(source); err == nil {
+		source = host
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.perSource[source] >= q.per {
+		for _, w := range q.waiting {
+			if w.source == source {
+				q.cutLocked(w)
+				break
+			}
+		}
+	}
+	if len(q.waiting) >= q.max {
+		q.cutLocked(q.waiting[0])
+	}
+	q.next++
+	w := &agentWaiter{conn: conn, source: source, seq: q.next}
+	q.waiting = append(q.waiting, w)
+	q.perSource[source]++
+	return w
+}
+
+// cutLocked takes w out of the queue and has it answered now, with what
+// it sent so far.
+func (q *agentQueue) cutLocked(w *agentWaiter) {
+	q.removeLocked(w)
+	_ = w.conn.SetReadDeadline(time.Now())
+}
+
+// remove takes w out of the queue, if it is still in.
+func (q *agentQueue) remove(w *agentWaiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.removeLocked(w)
+}
+
+func (q *agentQueue) removeLocked(w *agentWaiter) {
+	if w.seq == 0 {
+		return
+	}
+	i, _ := slices.BinarySearchFunc(q.waiting, w.seq, func(x *agentWaiter, seq uint64) int { return cmp.Compare(x.seq, seq) })
+	q.waiting = slices.Delete(q.waiting, i, i+1)
+	w.seq = 0
+	if q.perSource[w.source]--; q.perSource[w.source] <= 0 {
+		delete(q.perSource, w.source)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,8 +18,12 @@ import (
 	"go.opentelemetry.io/collector/component/componenttest"
 	"go.opentelemetry.io/collector/config/configoptional"
 	"go.opentelemetry.io/collector/exporter/exportertest"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata/metricdatatest"
 
 	"github.com/otelcol-llm/otelcol-llm/exporter/enginehealthexporter/internal/metadata"
+	"github.com/otelcol-llm/otelcol-llm/exporter/enginehealthexporter/internal/metadatatest"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 )
 
@@ -64,7 +69,8 @@ func TestHTTPEndpoints(t *testing.T) {
 	assert.Equal(t, "stall_ratio", b["reason"])
 	assert.Equal(t, 1.0, b["ejections"])
 	assert.Equal(t, 20.0, b["time_left_s"], "30 s base_time, 10 s later")
-	assert.Equal(t, map[string]any{"sessions": 5.0, "stall_ratio": 1.0, "error_ratio": 0.0}, b["window"])
+	assert.Equal(t, map[string]any{"sessions": 5.0, "stall_ratio": 1.0, "error_ratio": 0.0, "saturated": 0.0,
+		"saturated_ratio": 0.0, "client_errors": 0.0}, b["window"])
 	a := list[0]
 	assert.Equal(t, "healthy", a["state"])
 	assert.NotContains(t, a, "reason")
@@ -194,4 +200,200 @@ func TestMetricsAndLogsShareOneJudge(t *testing.T) {
 	_, err = testClient.Get(base + "/engines")
 	assert.Error(t, err, "stopped")
 	require.NoError(t, le.Shutdown(ctx))
+}
+
+// One normalisation of an engine name on every path: llm.engine, the path of
+// /engines/{engine}/health, the Host header of /health and the agent's line
+// agree on which engine a name is, or that it is none.
+func TestEngineNamesOneNormalisation(t *testing.T) {
+	th := startHealth(t, nil)
+	long256 := strings.Repeat("x", 256)
+	long300 := strings.Repeat("y", 300)
+	tr := newTraffic(t, sessionmetrics.Delta, sessionmetrics.Explicit, t0)
+	for _, engine := range []string{"a", "b", "c", "d"} {
+		tr.healthy(engine, 10)
+	}
+	th.consumeMetrics(tr.flush(th.clock.Now()))
+	for _, engine := range []string{"lower.example.com", "..", "Mixed-Case", long256, long300} {
+		th.consumeLogs(stallAlerts(engine, "s1", "s2", "s3", "s4", "s5"))
+	}
+	base := "http://" + th.http.Addr.String()
+	agent := th.agent.ln.Addr().String()
+	const down = "down #ejected: stall_ratio\n"
+
+	health := func(path, host string) (int, []byte) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, base+path, nil)
+		require.NoError(t, err)
+		if host != "" {
+			req.Host = host
+		}
+		resp, err := testClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, body
+	}
+	for _, tc := range []struct{ path, host string }{
+		{"/engines/lower.example.com/health", ""},
+		{"/engines/LOWER.Example.COM/health", ""},
+		{"/health", "LOWER.example.com"},
+		{"/health", "lower.example.com:80"},
+		{"/health", "lower.example.com.:8000"},
+		{"/engines/mixed-case/health", ""},
+		{"/health", "MIXED-CASE"},
+		{"/engines/%2E%2E/health", ""},
+		{"/engines/../health", ""},
+		{"/engines/" + long256 + "/health", ""},
+		{"/health", long256},
+	} {
+		code, body := health(tc.path, tc.host)
+		assert.Equal(t, http.StatusServiceUnavailable, code, "%.40s Host %.40s: %s", tc.path, tc.host, body)
+	}
+	for _, send := range []string{"LOWER.example.com\n", " lower.example.com \r\n", "..\n", "mixed-case\n", long256 + "\n"} {
+		assert.Equal(t, down, agentCheck(t, agent, send), "agent-send %.40q", send)
+	}
+
+	// Over 256 bytes, a name is no engine's, on every path: not judged
+	// (and counted), unknown to HTTP, "up" from the agent.
+	assert.NotContains(t, th.verdicts.Load().byName, long300)
+	code, body := health("/engines/"+long300+"/health", "")
+	assert.Equal(t, http.StatusNotFound, code, string(body))
+	assert.Equal(t, "up\n", agentCheck(t, agent, long300+"\n"))
+	assert.Equal(t, "up\n", agentCheck(t, agent, long256+"x\n"), "not the 256-byte engine, truncated")
+	metadatatest.AssertEqualExporterEngineHealthIgnored(t, th.tel, []metricdata.DataPoint[int64]{
+		{Attributes: attribute.NewSet(attribute.String("why", "engine_name_too_long")), Value: 5},
+	}, metricdatatest.IgnoreTimestamp())
+
+	// A name asked for is not echoed whole.
+	code, body = health("/engines/"+strings.Repeat("z", 200<<10)+"/health", "")
+	assert.Equal(t, http.StatusNotFound, code)
+	assert.Less(t, len(body), 1024)
+	code, body = health("/engines/nope/health", "")
+	assert.Equal(t, http.StatusNotFound, code)
+	assert.Contains(t, string(body), `unknown engine \"nope\"`)
+}
+
+// A check is answered within its slot even beside 200 connections, from
+// another address, that open, send nothing and are re-opened every 0.45 s:
+// they cannot hold the places of real checks (HAProxy keeps its last agent
+// state when a check is turned away, so an ejection would never be applied
+// or never lifted).
+func TestAgentChecksBesideIdleConnections(t *testing.T) {
+	th := startHealth(t, nil)
+	ejectB(t, th)
+	addr := th.agent.ln.Addr().String()
+	hostile := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 5 * time.Second}
+	probe, err := hostile.Dial("tcp", addr)
+	if err != nil {
+		t.Skipf("no second loopback address to open the idle connections from: %v", err)
+	}
+	probe.Close()
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var opened sync.WaitGroup
+	opened.Add(200)
+	for range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			first := true
+			for {
+				next := time.NewTimer(450 * time.Millisecond)
+				conn, err := hostile.Dial("tcp", addr)
+				if first {
+					opened.Done()
+					first = false
+				}
+				if err == nil {
+					// Held until the agent answers or closes it, or the next
+					// opening.
+					_ = conn.SetReadDeadline(time.Now().Add(450 * time.Millisecond))
+					_, _ = io.Copy(io.Discard, conn)
+					conn.Close()
+				}
+				select {
+				case <-stop:
+					next.Stop()
+					return
+				case <-next.C:
+				}
+			}
+		}()
+	}
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	opened.Wait()
+	for i := range 8 {
+		assert.Equal(t, "down #ejected: stall_ratio\n", agentCheck(t, addr, "b\n"), "check %d", i)
+		assert.Equal(t, "up\n", agentCheck(t, addr, "a\n"), "check %d", i)
+	}
+}
+
+// Every connection accepted is answered, the idle ones beyond the bounds
+// at once: none is closed unanswered, which HAProxy would not count.
+func TestAgentAnswersEveryConnection(t *testing.T) {
+	th := startHealth(t, nil)
+	ejectB(t, th)
+	addr := th.agent.ln.Addr().String()
+	conns := make([]net.Conn, 70)
+	for i := range conns {
+		conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		require.NoError(t, err)
+		defer conn.Close()
+		conns[i] = conn
+	}
+	for i, conn := range conns {
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+		line, err := bufio.NewReader(conn).ReadString('\n')
+		assert.NoError(t, err, "connection %d", i)
+		assert.Equal(t, "up\n", line, "connection %d", i)
+	}
+	// And the checks that name an engine.
+	assert.Equal(t, "down #ejected: stall_ratio\n", agentCheck(t, addr, "b\n"))
+}
+
+// The queue of connections waiting for their line: a source over its bound
+// has its own oldest answered, and the whole over its bound the oldest of
+// all; other sources keep their places.
+func TestAgentQueueBounds(t *testing.T) {
+	q := newAgentQueue(4, 2)
+	conn := func(ip string) *fakeConn { return &fakeConn{remote: &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000}} }
+	a1, a2, a3 := conn("10.0.0.1"), conn("10.0.0.1"), conn("10.0.0.1")
+	b1 := conn("10.0.0.2")
+	wa1, wa2 := q.add(a1), q.add(a2)
+	wb1 := q.add(b1)
+	assert.False(t, a1.cut || a2.cut || b1.cut)
+	q.add(a3)
+	assert.True(t, a1.cut, "the oldest of its source")
+	assert.False(t, a2.cut || b1.cut)
+	assert.Zero(t, wa1.seq, "out of the queue")
+	q.remove(wa2)
+	c1, c2, c3 := conn("10.0.0.3"), conn("10.0.0.4"), conn("10.0.0.5")
+	q.add(c1)
+	q.add(c2)
+	assert.False(t, b1.cut, "four waiting: within the bound")
+	q.add(c3)
+	assert.True(t, b1.cut, "a fifth: the oldest of all")
+	assert.Zero(t, wb1.seq)
+	assert.False(t, a3.cut || c1.cut || c2.cut || c3.cut)
+	assert.Len(t, q.waiting, 4)
+	assert.Equal(t, map[string]int{"10.0.0.1": 1, "10.0.0.3": 1, "10.0.0.4": 1, "10.0.0.5": 1}, q.perSource)
+}
+
+// fakeConn records whether it was cut short (its read deadline moved to now).
+type fakeConn struct {
+	net.Conn
+	remote net.Addr
+	cut    bool
+}
+
+func (c *fakeConn) RemoteAddr() net.Addr { return c.remote }
+func (c *fakeConn) SetReadDeadline(time.Time) error {
+	c.cut = true
+	return nil
 }
