@@ -25,6 +25,7 @@ import time
 import unittest
 from unittest import mock
 
+import check_vllm
 import otelcol_llm_vllm as plugin
 import vllm_standin as vllm
 from otelcol_llm_hook import _END, _START, _TOKEN, Client
@@ -703,6 +704,46 @@ def plugin_observer(client, kw):
 
 
 _RealObserver = plugin.Observer
+
+
+class CheckToolTest(unittest.TestCase):
+    """check_vllm.py, the maintainer's check of a vLLM source tree, on trees written here."""
+
+    def tree(self, make_request_output_params):
+        root = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, root)
+        os.makedirs(os.path.join(root, "vllm", "v1", "engine"))
+        with open(os.path.join(root, check_vllm.OUTPUT_PROCESSOR), "w") as f:
+            f.write(
+                "class RequestState:\n"
+                "    def __init__(self, request_id: 'str', queue):\n"
+                "        self.request_id = self.external_req_id = self.parent_req = self.request_index = None\n"
+                "        self.output_kind = self.prompt_len = self.detokenizer = self.stats = None\n"
+                "        self.streaming_input = False\n"
+                "    def make_request_output(self, %s): pass\n"
+                "class OutputProcessor:\n"
+                "    def add_request(self, request: EngineCoreRequest, prompt, queue=None): pass\n"
+                "    def abort_requests(self, request_ids, internal): pass\n" % make_request_output_params)
+        with open(os.path.join(root, check_vllm.ENGINE), "w") as f:
+            f.write("class EngineCoreRequest:\n" + "".join(
+                "    %s: int\n" % n for n in ("request_id", "sampling_params", "arrival_time", "trace_headers",
+                                              "resumable")))
+        return root
+
+    def run_tool(self, root):
+        return subprocess.run([sys.executable, "check_vllm.py", root], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__)))
+
+    def test_matching_tree(self):
+        res = self.run_tool(self.tree("new_token_ids, pooling_output, finish_reason, stop_reason, extra=None"))
+        self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+        self.assertIn("RequestState.make_request_output: patched", res.stdout)
+        self.assertIn("EngineCoreRequest fields read: missing session_id", res.stdout)
+
+    def test_changed_tree(self):
+        res = self.run_tool(self.tree("new_token_ids, pooling_output, reason, stop_reason"))
+        self.assertEqual(res.returncode, 1, res.stdout + res.stderr)
+        self.assertIn("RequestState.make_request_output: REFUSED (it has no parameter 'finish_reason'", res.stdout)
 
 
 class InstallTest(unittest.TestCase):
