@@ -3,6 +3,7 @@ package enginehealthexporter // import "github.com/otelcol-llm/otelcol-llm/expor
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/zap"
 )
 
@@ -244,12 +247,14 @@ func (a *agentServer) serve(endpoint string) error {
 			case a.slots <- struct{}{}:
 			default:
 				_ = conn.Close()
+				a.cutShort(limitOpen)
 				continue
 			}
 			// The deadline is set before the connection is queued: cutting
 			// it short (cut) moves the deadline, and must not be undone.
 			_ = conn.SetReadDeadline(time.Now().Add(agentLineWait))
-			w := a.queue.add(conn)
+			w, cut := a.queue.add(conn)
+			a.cutShort(cut)
 			a.done.Add(1)
 			go func() {
 				defer a.done.Done()
@@ -259,6 +264,23 @@ func (a *agentServer) serve(endpoint string) error {
 		}
 	}()
 	return nil
+}
+
+// The bounds of the agent-check endpoint (the limit attribute of its
+// self-telemetry).
+const (
+	limitPerSource = "per_source"
+	limitWaiting   = "waiting"
+	limitOpen      = "open"
+)
+
+// cutShort counts a connection answered early, or closed, at limit ("" for
+// none).
+func (a *agentServer) cutShort(limit string) {
+	if limit != "" {
+		a.health.tel.ExporterEngineHealthAgentCutShort.Add(context.Background(), 1,
+			metric.WithAttributes(attribute.String("limit", limit)))
+	}
 }
 
 // answer reads the engine name a check sends and replies with its state.
@@ -345,8 +367,8 @@ func newAgentQueue(maxWaiting, perSource int) agentQueue {
 }
 
 // add queues conn, first cutting short the oldest waiter of its source, or
-// of all, when it would go over a bound.
-func (q *agentQueue) add(conn net.Conn) *agentWaiter {
+// of all, when it would go over a bound; cut names the bound ("" for none).
+func (q *agentQueue) add(conn net.Conn) (w *agentWaiter, cut string) {
 	source := conn.RemoteAddr().String()
 	if host, _, err := net.SplitHostPort(source); err == nil {
 		source = host
@@ -354,21 +376,23 @@ func (q *agentQueue) add(conn net.Conn) *agentWaiter {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.perSource[source] >= q.per {
-		for _, w := range q.waiting {
-			if w.source == source {
-				q.cutLocked(w)
+		for _, old := range q.waiting {
+			if old.source == source {
+				q.cutLocked(old)
+				cut = limitPerSource
 				break
 			}
 		}
 	}
 	if len(q.waiting) >= q.max {
 		q.cutLocked(q.waiting[0])
+		cut = limitWaiting
 	}
 	q.next++
-	w := &agentWaiter{conn: conn, source: source, seq: q.next}
+	w = &agentWaiter{conn: conn, source: source, seq: q.next}
 	q.waiting = append(q.waiting, w)
 	q.perSource[source]++
-	return w
+	return w, cut
 }
 
 // cutLocked takes w out of the queue and has it answered now, with what

@@ -355,6 +355,15 @@ func TestAgentAnswersEveryConnection(t *testing.T) {
 	}
 	// And the checks that name an engine.
 	assert.Equal(t, "down #ejected: stall_ratio\n", agentCheck(t, addr, "b\n"))
+	// The 62 over the source's 8 were cut short, less any whose wait ended
+	// while the 70 were being opened.
+	m, err := th.tel.GetMetric("otelcol_exporter_engine_health_agent_cut_short")
+	require.NoError(t, err)
+	points := m.Data.(metricdata.Sum[int64]).DataPoints
+	require.Len(t, points, 1)
+	assert.Equal(t, attribute.NewSet(attribute.String("limit", limitPerSource)), points[0].Attributes)
+	assert.GreaterOrEqual(t, points[0].Value, int64(1))
+	assert.LessOrEqual(t, points[0].Value, int64(62))
 }
 
 // The queue of connections waiting for their line: a source over its bound
@@ -365,19 +374,25 @@ func TestAgentQueueBounds(t *testing.T) {
 	conn := func(ip string) *fakeConn { return &fakeConn{remote: &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000}} }
 	a1, a2, a3 := conn("10.0.0.1"), conn("10.0.0.1"), conn("10.0.0.1")
 	b1 := conn("10.0.0.2")
-	wa1, wa2 := q.add(a1), q.add(a2)
-	wb1 := q.add(b1)
+	add := func(c *fakeConn, wantCut string) *agentWaiter {
+		t.Helper()
+		w, cut := q.add(c)
+		assert.Equal(t, wantCut, cut)
+		return w
+	}
+	wa1, wa2 := add(a1, ""), add(a2, "")
+	wb1 := add(b1, "")
 	assert.False(t, a1.cut || a2.cut || b1.cut)
-	q.add(a3)
+	add(a3, limitPerSource)
 	assert.True(t, a1.cut, "the oldest of its source")
 	assert.False(t, a2.cut || b1.cut)
 	assert.Zero(t, wa1.seq, "out of the queue")
 	q.remove(wa2)
 	c1, c2, c3 := conn("10.0.0.3"), conn("10.0.0.4"), conn("10.0.0.5")
-	q.add(c1)
-	q.add(c2)
+	add(c1, "")
+	add(c2, "")
 	assert.False(t, b1.cut, "four waiting: within the bound")
-	q.add(c3)
+	add(c3, limitWaiting)
 	assert.True(t, b1.cut, "a fifth: the oldest of all")
 	assert.Zero(t, wb1.seq)
 	assert.False(t, a3.cut || c1.cut || c2.cut || c3.cut)

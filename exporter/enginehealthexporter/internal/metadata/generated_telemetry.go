@@ -28,6 +28,7 @@ type TelemetryBuilder struct {
 	meter                              metric.Meter
 	mu                                 sync.Mutex
 	registrations                      []metric.Registration
+	ExporterEngineHealthAgentCutShort  metric.Int64Counter
 	ExporterEngineHealthEjections      metric.Int64Counter
 	ExporterEngineHealthEnginesEjected metric.Int64ObservableGauge
 	ExporterEngineHealthIgnored        metric.Int64Counter
@@ -89,6 +90,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 	}
 	builder.meter = Meter(settings)
 	var err, errs error
+	builder.ExporterEngineHealthAgentCutShort, err = builder.meter.Int64Counter(
+		"otelcol_exporter_engine_health_agent_cut_short",
+		metric.WithDescription("Agent-check connections answered before their line came (per_source, waiting: the oldest waiting one is answered with what it sent so far) or closed unanswered (open), by the bound they met. [Development]"),
+		metric.WithUnit("{connection}"),
+	)
+	errs = errors.Join(errs, err)
 	builder.ExporterEngineHealthEjections, err = builder.meter.Int64Counter(
 		"otelcol_exporter_engine_health_ejections",
 		metric.WithDescription("Engines ejected, by engine and reason. [Development]"),

@@ -24,10 +24,14 @@ func TestSetupTelemetry(t *testing.T) {
 		observer.Observe(1)
 		return nil
 	}))
+	tb.ExporterEngineHealthAgentCutShort.Add(context.Background(), 1)
 	tb.ExporterEngineHealthEjections.Add(context.Background(), 1)
 	tb.ExporterEngineHealthIgnored.Add(context.Background(), 1)
 	tb.ExporterEngineHealthReadmissions.Add(context.Background(), 1)
 	tb.ExporterEngineHealthWindowResets.Add(context.Background(), 1)
+	AssertEqualExporterEngineHealthAgentCutShort(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
 	AssertEqualExporterEngineHealthEjections(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
