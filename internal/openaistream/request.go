@@ -44,13 +44,15 @@ type requestScanner struct {
 	hasStreamOpts bool
 	includeUsage  bool
 	// capture collects the value of the member being watched: "model" (a
-	// string), "stream" (a literal), or the key inside stream_options.
-	capturing   capture
-	literal     []byte
-	innerKey    []byte
-	readingIKey bool
-	innerColon  bool
-	innerTarget bool
+	// string), "stream" (a literal or a string: literalString), or the key
+	// inside stream_options.
+	capturing     capture
+	literal       []byte
+	literalString bool
+	innerKey      []byte
+	readingIKey   bool
+	innerColon    bool
+	innerTarget   bool
 	// closed: the top-level object ended; held holds the bytes from its
 	// closing brace on.
 	closed  bool
@@ -160,7 +162,7 @@ func (s *requestScanner) step(c byte) bool {
 			case s.currentKey("model"):
 				s.capturing = captureModel
 			case s.currentKey("stream"):
-				s.capturing, s.literal = captureStream, s.literal[:0]
+				s.capturing, s.literal, s.literalString = captureStream, s.literal[:0], false
 			}
 		}
 		if s.depth == 2 && s.hasStreamOpts && s.currentKey("stream_options") {
@@ -173,7 +175,7 @@ func (s *requestScanner) step(c byte) bool {
 	case ' ', '\t', '\r', '\n':
 	default:
 		if s.depth == 1 && s.capturing == captureStream {
-			s.literal = append(s.literal, c)
+			s.captureLiteral(c)
 		}
 		if s.depth == 2 && s.innerColon && s.innerTarget {
 			s.literal = append(s.literal, c)
@@ -191,6 +193,8 @@ func (s *requestScanner) stringStarted() {
 		s.capturing = captureNone
 	case s.depth == 1 && s.capturing == captureModel:
 		s.model = s.model[:0]
+	case s.depth == 1 && s.capturing == captureStream:
+		s.literalString = true
 	case s.depth == 2 && s.hasStreamOpts && s.currentKey("stream_options") && !s.innerColon:
 		s.readingIKey, s.innerKey = true, s.innerKey[:0]
 	}
@@ -210,7 +214,33 @@ func (s *requestScanner) stringByte(c byte) {
 		if len(s.model) < maxModelRawBytes {
 			s.model = append(s.model, c)
 		}
+	case s.depth == 1 && s.capturing == captureStream:
+		s.captureLiteral(c)
 	}
+}
+
+// maxLiteralBytes bounds the captured value of "stream": any longer one is
+// none of the values LaxBool takes (written with escapes, "false" is 30
+// bytes), so it is kept cut, and read as no bool.
+const maxLiteralBytes = 64
+
+func (s *requestScanner) captureLiteral(c byte) {
+	if len(s.literal) <= maxLiteralBytes {
+		s.literal = append(s.literal, c)
+	}
+}
+
+// streamValue is the request's "stream" as vLLM reads it (LaxBool).
+func (s *requestScanner) streamValue() bool {
+	if len(s.literal) > maxLiteralBytes {
+		return false
+	}
+	if s.literalString {
+		v, ok := LaxBool(DecodeString(s.literal, maxLiteralBytes), true)
+		return ok && v
+	}
+	v, ok := LaxBool(string(s.literal), false)
+	return ok && v
 }
 
 func (s *requestScanner) stringEnded() {
@@ -229,7 +259,7 @@ func (s *requestScanner) valueEnded() {
 	switch s.depth {
 	case 1:
 		if s.capturing == captureStream {
-			s.stream = bytes.Equal(s.literal, []byte("true"))
+			s.stream = s.streamValue()
 		}
 		s.capturing, s.afterColon, s.keyDone = captureNone, false, false
 	case 2:
@@ -247,7 +277,7 @@ func (s *requestScanner) finish(w io.Writer, inject bool) (bool, error) {
 	if s.closed && !s.broken {
 		// The member that the closing brace ended.
 		if s.capturing == captureStream {
-			s.stream = bytes.Equal(s.literal, []byte("true"))
+			s.stream = s.streamValue()
 		}
 	}
 	added := false
@@ -354,7 +384,8 @@ func (b *ScannedBody) Read(p []byte) (int, error) {
 func (b *ScannedBody) Close() error { return nil }
 
 // Stop ends the body and reports the request's model, whether it asked for
-// a stream ("stream": true; absent is false, as in the OpenAI API) and
+// a stream ("stream": true, or a value vLLM takes for true: LaxBool; absent
+// is false, as in the OpenAI API) and
 // whether include_usage was added. When the transport never read the body,
 // the start of it is read here for the model; no read of the transport's
 // can be under way then, and none will start.

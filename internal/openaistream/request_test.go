@@ -74,6 +74,35 @@ func TestRequestScanner(t *testing.T) {
 			stream: true, inject: true,
 			want: `{"prompt":"x","model":"m","stream":true,"stream_options":{"include_usage":true}}   `,
 		},
+		// vLLM's request model coerces the value (LaxBool): a stream it
+		// takes for true gets usage like a literal true.
+		{
+			name:   "stream as a string",
+			body:   `{"model":"m","stream":"true"}`,
+			model:  "m",
+			stream: true, inject: true,
+			want: `{"model":"m","stream":"true","stream_options":{"include_usage":true}}`,
+		},
+		{
+			name:   "stream as an escaped string, then more members",
+			body:   `{"stream" : "Tru\u0065" , "model":"m"}`,
+			model:  "m",
+			stream: true, inject: true,
+			want: `{"stream" : "Tru\u0065" , "model":"m","stream_options":{"include_usage":true}}`,
+		},
+		{
+			name:   "stream as 1",
+			body:   `{"model":"m","stream":1}`,
+			model:  "m",
+			stream: true, inject: true,
+			want: `{"model":"m","stream":1,"stream_options":{"include_usage":true}}`,
+		},
+		{name: "stream as the string false", body: `{"model":"m","stream":"false"}`, model: "m"},
+		{name: "stream as the string 0", body: `{"stream":"0","model":"m"}`, model: "m"},
+		{name: "stream null", body: `{"model":"m","stream":null}`, model: "m"},
+		{name: "stream an array", body: `{"model":"m","stream":["true"]}`, model: "m"},
+		{name: "stream an object", body: `{"model":"m","stream":{"x":1}}`, model: "m"},
+		{name: "stream a long string", body: `{"model":"m","stream":"` + strings.Repeat(" ", 100) + `true"}`, model: "m"},
 		{
 			name: "nested model and stream keys do not count",
 			body: `{"metadata":{"model":"x","stream":true},"model":"real"}`, model: "real",
