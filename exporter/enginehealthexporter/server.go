@@ -62,7 +62,15 @@ func normalizeEngine(raw string) (name string, tooLong bool) {
 	}
 	for i := 0; i < len(name); i++ {
 		if c := name[i]; 'A' <= c && c <= 'Z' {
-			return strings.ToLower(name), false // only ASCII changes: the name is at most maxEngineName bytes still
+			// Byte by byte: strings.ToLower would also rewrite what is not
+			// UTF-8, and change the name's length.
+			b := []byte(name)
+			for j := i; j < len(b); j++ {
+				if 'A' <= b[j] && b[j] <= 'Z' {
+					b[j] += 'a' - 'A'
+				}
+			}
+			return string(b), false
 		}
 	}
 	return name, false

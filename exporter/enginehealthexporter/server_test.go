@@ -2,11 +2,13 @@ package enginehealthexporter
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -411,4 +413,72 @@ func (c *fakeConn) RemoteAddr() net.Addr { return c.remote }
 func (c *fakeConn) SetReadDeadline(time.Time) error {
 	c.cut = true
 	return nil
+}
+
+// An engine name normalises once and for all, and the HTTP endpoint and the
+// agent agree on every name: the engine's state, or unknown ("up", 404).
+func FuzzEngineName(f *testing.F) {
+	for _, s := range []string{"lower.example.com", " LOWER.example.com\r\n", "..", "ns/Pod", "", " ",
+		strings.Repeat("x", 256), strings.Repeat("x", 257), "\u00c9TAT", "a\x00b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		name, tooLong := normalizeEngine(raw)
+		if tooLong {
+			require.Empty(t, name)
+			require.Greater(t, len(strings.TrimSpace(raw)), maxEngineName)
+		} else {
+			require.LessOrEqual(t, len(name), maxEngineName)
+			again, long := normalizeEngine(name)
+			require.False(t, long)
+			require.Equal(t, name, again, "normalised once and for all")
+			require.Equal(t, strings.TrimSpace(name), name)
+			require.NotContains(t, name, "A", "no ASCII capital")
+		}
+		h := &engineHealth{now: func() time.Time { return t0 }}
+		var list []engineStatus
+		if name != "" { // no engine is named "": it is no llm.engine
+			list = append(list, engineStatus{Engine: name, State: stateEjected, Reason: reasonStallRatio})
+		}
+		h.verdicts.Store(newVerdicts(list))
+		rec := httptest.NewRecorder()
+		h.serveHealth(rec, raw)
+		if name != "" && !strings.Contains(raw, "\n") {
+			require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+			require.Equal(t, "down #ejected: stall_ratio\n", h.agentReply(raw))
+		} else if name == "" {
+			require.Equal(t, http.StatusNotFound, rec.Code)
+			require.Equal(t, "up\n", h.agentReply(raw))
+		}
+		// JSON escapes a byte in at most 6 (\u0026), after %q's 4 (\x88).
+		require.LessOrEqual(t, rec.Body.Len(), 8*maxEngineName+300, "a name is not echoed past its bound")
+	})
+}
+
+// The agent reads a check's line up to its newline, and never past
+// agentMaxLine bytes.
+func FuzzReadAgentLine(f *testing.F) {
+	for _, s := range []string{"b\n", "b\r\n", "b", "", "\n", "a\nb\n", strings.Repeat("x", 1023) + "\n",
+		strings.Repeat("x", 1024) + "\n", strings.Repeat("x", 3000)} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		server, client := net.Pipe()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = client.Write(data)
+			client.Close()
+		}()
+		line, complete := readAgentLine(server, func() {})
+		server.Close()
+		<-done
+		if i := bytes.IndexByte(data, '\n'); i >= 0 && i < agentMaxLine {
+			require.True(t, complete)
+			require.Equal(t, string(data[:i]), line)
+			return
+		}
+		require.False(t, complete)
+		require.Equal(t, string(data[:min(len(data), agentMaxLine)]), line)
+	})
 }
