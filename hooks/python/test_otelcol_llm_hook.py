@@ -730,8 +730,12 @@ def attributes(rec):
     return {kv["key"]: any_value(kv.get("value", {})) for kv in rec.get("attributes", [])}
 
 
-class RealCollectorTest(unittest.TestCase):
-    """The client against the built collector: token_stream receiver -> otlp_http exporter -> a Python sink."""
+class CollectorTestCase(unittest.TestCase):
+    """A test against the built collector: the token_stream hooks on free loopback ports, the logs pipeline's
+    ``processors`` (none: the token events themselves), otlp_http (JSON) to a Python sink."""
+
+    # Processor name -> its config, in pipeline order.
+    processors = {}
 
     def setUp(self):
         binary = collector_binary()
@@ -759,10 +763,13 @@ class RealCollectorTest(unittest.TestCase):
                 "sending_queue": {"enabled": False},
             }},
             "service": {
-                "pipelines": {"logs": {"receivers": ["token_stream"], "exporters": ["otlp_http"]}},
+                "pipelines": {"logs": {"receivers": ["token_stream"], "processors": list(self.processors),
+                                       "exporters": ["otlp_http"]}},
                 "telemetry": {"metrics": {"level": "none"}},
             },
         }
+        if self.processors:
+            config["processors"] = dict(self.processors)
         path = os.path.join(self.tmp, "config.yaml")
         with open(path, "w") as f:
             json.dump(config, f, indent=2)  # JSON is YAML
@@ -804,6 +811,10 @@ class RealCollectorTest(unittest.TestCase):
         # The UDP hook starts right after the HTTP one; the service logs this
         # line once every component has started.
         wait_for(lambda: "Everything is ready" in self.collector_log(), timeout=5, interval=0.05)
+
+
+class RealCollectorTest(CollectorTestCase):
+    """The client against the built collector: token_stream receiver -> otlp_http exporter -> a Python sink."""
 
     def wait_session(self, session_id, tokens):
         """Wait until the sink holds the session's start, end and all its tokens; return its records."""

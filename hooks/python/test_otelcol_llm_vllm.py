@@ -27,6 +27,7 @@ from unittest import mock
 
 import check_vllm
 import otelcol_llm_vllm as plugin
+import test_otelcol_llm_hook
 import vllm_standin as vllm
 from otelcol_llm_hook import _END, _START, _TOKEN, Client
 from vllm_standin import FinishReason, RequestOutputKind, add, request, step
@@ -704,6 +705,61 @@ def plugin_observer(client, kw):
 
 
 _RealObserver = plugin.Observer
+
+
+class PluginCollectorTest(test_otelcol_llm_hook.CollectorTestCase):
+    """The plugin, in vLLM's output processor (the stand-in), sending over UDP to the built collector, whose
+    token_session folds the sessions: what a user of vLLM and the collector sees in the summaries."""
+
+    processors = {"token_session": {"sampling": {"normal_percent": 100}}}
+
+    def test_sessions_as_vllm_ran_them(self):
+        client = Client("udp://127.0.0.1:%d" % self.udp_port, flush_interval=0.01)
+        self.addCleanup(client.close)
+        observer = plugin.Observer(client, model="llama", engine="vllm-0")
+        mod = vllm.output_processor_module()
+        self.assertTrue(plugin.install(mod, observer))
+        proc = mod.OutputProcessor(None, log_stats=True)
+        (a,) = add(proc, request("a", DELTA, external="chatcmpl-gw-1", session_id="conv-9"))
+        n0, n1 = add(proc, request("n", FINAL_ONLY, n=2))
+        (e,) = add(proc, request("e", DELTA))
+        (r,) = add(proc, request("r", DELTA))
+        (o,) = add(proc, request("o", DELTA), queue=False)
+        step(proc, [(a, [1], None), (n0, [1], None), (n1, [1], None), (e, [1], None), (r, [1], None),
+                    (o, [1], None)])
+        step(proc, [(a, [2, 3], FinishReason.STOP), (n0, [2], FinishReason.LENGTH), (n1, [2], None),
+                    (e, [], FinishReason.ERROR), (r, [2], FinishReason.REPETITION)])
+        step(proc, [(n1, [3], FinishReason.STOP)])
+        proc.abort_requests([o], internal=True)
+        self.assertTrue(client.flush(timeout=10))
+        self.assertEqual(observer.errors, 0)
+
+        want = {  # session id: outcome, output tokens, finish reason, error type
+            "chatcmpl-gw-1": ("completed", 3, "stop", None),
+            "chatcmpl-n#0": ("completed", 2, "length", None),
+            "chatcmpl-n#1": ("completed", 3, "stop", None),
+            "chatcmpl-e": ("error", 1, "error", "InternalServerError"),
+            "chatcmpl-r": ("completed", 2, "repetition", None),
+            "chatcmpl-o": ("aborted", 1, "abort", "aborted"),
+        }
+
+        def summaries():
+            got = {a.get("llm.session.id"): a for r, a in self.sink.records()
+                   if r.get("eventName") == "llm.session.summary"}
+            return got if set(want) <= set(got) else None
+
+        got = test_otelcol_llm_hook.wait_for(summaries, timeout=15, interval=0.1)
+        self.assertTrue(got, "summaries at the sink: %r\ncollector log:\n%s"
+                        % (sorted(a.get("llm.session.id") for _, a in self.sink.records()), self.collector_log()))
+        for sid, (outcome, tokens, finish, error) in want.items():
+            attrs = got[sid]
+            self.assertEqual(attrs["llm.session.outcome"], outcome, sid)
+            self.assertEqual(attrs["gen_ai.usage.output_tokens"], tokens, sid)
+            self.assertEqual(attrs["gen_ai.response.finish_reasons"], [finish], sid)
+            self.assertEqual(attrs.get("error.type"), error, sid)
+        self.assertEqual(got["chatcmpl-gw-1"]["llm.session.attributes"], {"gen_ai.conversation.id": "conv-9"})
+        self.assertNotIn("gen_ai.request.stream", {k for k, v in got["chatcmpl-gw-1"].items() if v is False})
+        self.assertEqual(got["chatcmpl-n#0"].get("gen_ai.request.stream"), False)
 
 
 class CheckToolTest(unittest.TestCase):
