@@ -938,6 +938,18 @@ class RealCollectorTest(CollectorTestCase):
         got = wait_for(lambda: paused_tokens() == taken, timeout=30, interval=0.2)
         self.assertTrue(got, "the sink holds %d of %d token events" % (paused_tokens(), taken))
 
+    def test_limits_stated(self):
+        # The answer the client lowers its bounds by: a batch cut at the
+        # receiver's max_lines_per_batch states its limits.
+        line = b'{"event":"token","session_id":"l","time_unix_nano":%d}\n' % time.time_ns()
+        req = urllib.request.Request("http://127.0.0.1:%d/v1/token-events" % self.http_port, data=line * 10001,
+                                     headers={"Content-Type": "application/x-ndjson"}, method="POST")
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=30) as resp:
+            self.assertEqual(resp.status, 200)
+            got = json.loads(resp.read())
+        self.assertEqual((got["accepted"], got["rejected"]), (10000, 1))
+        self.assertEqual(got["limits"], RECEIVER_LIMITS)
+
     def continue_collector(self):
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGCONT)
