@@ -129,7 +129,10 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 		}
 		first := time.Now()
 		d := l.r.decoder()
-		d.begin(first)
+		// Datagrams overtake each other: an end read before the session's
+		// last token would make that token late, so within the batch each
+		// session's events go in time order.
+		d.begin(first, true)
 		read := l.add(d, n)
 		if read == 0 { // empty datagrams only
 			l.r.release(d)

@@ -237,19 +237,22 @@ type batchDecoder struct {
 // decode parses body into d.logs, counting accepted and rejected lines and
 // keeping the first lineErrorsKept errors.
 func (d *batchDecoder) decode(body []byte, observed time.Time) {
-	d.begin(observed)
+	d.begin(observed, false)
 	d.add(body)
 	d.finish()
 }
 
 // begin starts a batch that add fills with one or more bodies (UDP
-// datagrams read together).
-func (d *batchDecoder) begin(observed time.Time) {
+// datagrams read together). ordered: the bodies may have overtaken each
+// other (datagrams), so each session's events are put in time order
+// before they go (tokenrecord's SetOrdered).
+func (d *batchDecoder) begin(observed time.Time, ordered bool) {
 	d.logs = plog.NewLogs()
 	d.accepted, d.rejected, d.truncated, d.errs = 0, 0, 0, d.errs[:0]
 	sl := d.logs.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty()
 	sl.Scope().SetName(metadata.ScopeName)
 	d.writer.Reset(sl.LogRecords(), pcommon.NewTimestampFromTime(observed))
+	d.writer.SetOrdered(ordered)
 }
 
 // add parses one body into the batch; line limits and numbers are per body.
