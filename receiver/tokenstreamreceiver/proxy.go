@@ -362,22 +362,22 @@ func (p *proxyServer) observe(w http.ResponseWriter, req *http.Request, op strin
 		p.r.logsLogger.Debug("proxy: request body over max_request_body_size", zap.Int64("limit", limit))
 		return
 	}
-	// An answer that is not SSE is one response, whatever the request
-	// asked: its tokens all come at once.
+	// The engine decides what a 200 is: an SSE answer is a stream, any
+	// other one response whose tokens all come at once, whatever the
+	// request asked. An error answer keeps what the request asked.
 	streaming := false
 	if err == nil {
 		mediaType, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 		streaming = mediaType == "text/event-stream" && resp.StatusCode == http.StatusOK
-		if resp.StatusCode == http.StatusOK && !streaming {
-			stream = false
+		if resp.StatusCode == http.StatusOK {
+			stream = streaming
 		}
 	}
 	s.emit(tokenevent.KindStart, s.started, func(ev *tokenevent.Event) {
 		ev.TraceID, ev.SpanID, ev.ParentSpanID = tokenevent.TraceID(traceID), tokenevent.SpanID(spanID), tokenevent.SpanID(parentSpanID)
 		ev.Model, ev.Operation, ev.Engine = model, op, p.engine
-		// A request that did not ask for a stream, or that a 200 answered
-		// whole (application/json), gets one response: the session has no
-		// first token or gaps to time.
+		// A request answered whole (or, failing, that did not ask for a
+		// stream) has one response: no first token or gaps to time.
 		ev.NoStream = !stream
 		// The caller's tracestate (rv, th) takes part in the sampling; one
 		// the wire would reject is left out rather than losing the start.

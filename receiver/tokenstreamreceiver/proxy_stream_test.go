@@ -3,6 +3,7 @@ package tokenstreamreceiver
 import (
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,4 +102,22 @@ func TestProxyJSONAnswerToAStreamRequest(t *testing.T) {
 		assert.False(t, evs[0].NoStream)
 		assert.Equal(t, "400", evs[1].Error)
 	})
+}
+
+// An engine that streams a request that did not ask for it (an SSE 200)
+// streamed it: its tokens are timed.
+func TestProxySSEAnswerToARequestWithoutStream(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, chat, func(int) time.Duration { return time.Millisecond })
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startProxyReceiver(t, up.URL, sink)
+	body := `{"model":"m","messages":[]}`
+	_, got := postChat(t, tr.proxyURL(), body, nil)
+	assert.Equal(t, strings.Join(chat, ""), got, "forwarded as it came")
+	assert.Equal(t, body, up.bodies[0], "no usage asked for a request that did not stream")
+	evs := sessionEvents(t, sink, 1)
+	assert.False(t, evs[0].NoStream, "streamed")
+	assert.Greater(t, len(evs), 3, "a token event per content chunk")
 }
