@@ -82,26 +82,25 @@ func normalizeEngine(raw string) (name string, tooLong bool) {
 // (a 307 to /health), and cannot tell an escaped "/" in a name.
 func (h *engineHealth) handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var serve func()
 		path := r.URL.EscapedPath()
-		var engine string
-		route := path
-		if rest, ok := strings.CutPrefix(path, "/engines/"); ok {
-			segment, ok := strings.CutSuffix(rest, "/health")
-			if !ok || strings.Contains(segment, "/") {
-				writeError(w, http.StatusNotFound, "no such endpoint: GET /engines, /engines/{engine}/health or /health")
-				return
-			}
+		switch segment, isHealth := engineSegment(path); {
+		case path == "/engines":
+			serve = func() { h.serveList(w) }
+		case path == "/health":
+			// Checkers whose path is one for all the servers they check
+			// (Envoy's health checks: a path per cluster, a Host header per
+			// endpoint) name the engine in the Host header instead.
+			serve = func() { h.serveHealth(w, hostEngine(h.verdicts.Load(), r.Host)) }
+		case isHealth:
 			// {engine} is llm.engine URL-escaped: an engine named "ns/pod"
 			// is asked for as /engines/ns%2Fpod/health.
-			name, err := url.PathUnescape(segment)
+			engine, err := url.PathUnescape(segment)
 			if err != nil {
 				writeError(w, http.StatusBadRequest, "the engine in the path is not URL-escaped right")
 				return
 			}
-			route, engine = "/engines/{engine}/health", name
-		}
-		switch route {
-		case "/engines", "/engines/{engine}/health", "/health":
+			serve = func() { h.serveHealth(w, engine) }
 		default:
 			writeError(w, http.StatusNotFound, "no such endpoint: GET /engines, /engines/{engine}/health or /health")
 			return
@@ -111,24 +110,33 @@ func (h *engineHealth) handler() http.Handler {
 			writeError(w, http.StatusMethodNotAllowed, "method not allowed: GET only")
 			return
 		}
-		switch route {
-		case "/engines":
-			now := h.now()
-			v := h.verdicts.Load()
-			out := make([]engineStatus, len(v.list))
-			for i, st := range v.list {
-				out[i] = st.at(now)
-			}
-			writeJSON(w, http.StatusOK, out)
-		case "/health":
-			// Checkers whose path is one for all the servers they check
-			// (Envoy's health checks: a path per cluster, a Host header per
-			// endpoint) name the engine in the Host header instead.
-			h.serveHealth(w, hostEngine(h.verdicts.Load(), r.Host))
-		default:
-			h.serveHealth(w, engine)
-		}
+		serve()
 	})
+}
+
+// engineSegment is the escaped {engine} of /engines/{engine}/health; false
+// for another path.
+func engineSegment(path string) (string, bool) {
+	rest, ok := strings.CutPrefix(path, "/engines/")
+	if !ok {
+		return "", false
+	}
+	segment, ok := strings.CutSuffix(rest, "/health")
+	if !ok || strings.Contains(segment, "/") {
+		return "", false
+	}
+	return segment, true
+}
+
+// serveList answers every engine's status, by name.
+func (h *engineHealth) serveList(w http.ResponseWriter) {
+	now := h.now()
+	v := h.verdicts.Load()
+	out := make([]engineStatus, len(v.list))
+	for i, st := range v.list {
+		out[i] = st.at(now)
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // hostEngine is the engine a Host header names: the header whole if an
