@@ -38,8 +38,8 @@ def main():
     runs = [(drive(plain), drive(hooked)) for _ in range(RUNS)]
     t_plain, t_hooked = min(p for p, _ in runs), min(h for _, h in runs)
     tokens = REQUESTS * TOKENS
+    client.close()  # sends what is still queued, so the counts below are final
     st = client.stats()
-    client.close()
     sink.close()
     print("vLLM output loop (stand-in at vLLM %s): %.2f us/token plain, %.2f us/token with the plugin: "
           "+%.2f us/token (%d requests x %d tokens, best of %d; client sent %d, dropped %d; plugin errors %d)"
