@@ -44,11 +44,15 @@ const (
 	attrDecodeTime        = "llm.session.decode_time"
 	attrTimingSource      = "llm.session.timing_source"
 	attrResponseModel     = "gen_ai.response.model"
-	attrSamplingReason    = "llm.session.sampling.reason"
-	attrStallFreeze       = "llm.stall.freeze"
-	attrStallGaps         = "llm.stall.gaps"
-	attrStallSince        = "llm.stall.since_unix_nano"
-	attrServiceName       = "service.name"
+	// attrConversationID names the conversation a request belongs to (GenAI
+	// semconv); a start attribute of that key is also put on the span and
+	// the summary themselves, where trace UIs and log queries find it.
+	attrConversationID = "gen_ai.conversation.id"
+	attrSamplingReason = "llm.session.sampling.reason"
+	attrStallFreeze    = "llm.stall.freeze"
+	attrStallGaps      = "llm.stall.gaps"
+	attrStallSince     = "llm.stall.since_unix_nano"
+	attrServiceName    = "service.name"
 )
 
 // errorType is error.type of a session: the end event's, else the
@@ -154,6 +158,9 @@ func (c *core) putSessionAttributes(m pcommon.Map, s *session.Session, e *sessio
 		am := m.PutEmptyMap(tokenrecord.AttrSessionAttributes)
 		for _, a := range s.Attributes() {
 			am.PutStr(a.Key, a.Value)
+			if a.Key == attrConversationID {
+				m.PutStr(attrConversationID, a.Value)
+			}
 		}
 	}
 	if h := c.engines.match(s.Engine); h != nil {

@@ -208,6 +208,29 @@ func TestLogsFoldsTokenEventsAndEmitsSummaries(t *testing.T) {
 	}, attrs)
 }
 
+// A start attribute gen_ai.conversation.id (the vLLM plugin sends vLLM's
+// session_id there) is on the summary and the span themselves, as the GenAI
+// conventions name it, and stays in llm.session.attributes.
+func TestConversationIDOnSummaryAndSpan(t *testing.T) {
+	p := newPipelines(t, nil)
+	defer p.shutdown(t)
+	evs := slowSession("conv")
+	evs[0].Attributes = []tokenevent.Attribute{{Key: "gen_ai.conversation.id", Value: "c-42"}, {Key: "tenant", Value: "a"}}
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(evs...)))
+
+	records := allRecords(p.logSink.AllLogs())
+	require.Len(t, records, 1)
+	attrs := records[0].Attributes().AsRaw()
+	assert.Equal(t, "c-42", attrs["gen_ai.conversation.id"])
+	assert.Equal(t, map[string]any{"gen_ai.conversation.id": "c-42", "tenant": "a"}, attrs["llm.session.attributes"])
+	spans := p.trcSink.AllTraces()
+	require.Len(t, spans, 1)
+	span := spans[0].ResourceSpans().At(0).ScopeSpans().At(0).Spans().At(0)
+	got, ok := span.Attributes().Get("gen_ai.conversation.id")
+	require.True(t, ok, "on the session span")
+	assert.Equal(t, "c-42", got.Str())
+}
+
 // The proxy learns the input tokens from the stream's usage chunk, so its
 // end event carries them: the summary reports them as if the start had.
 func TestInputTokensFromTheEnd(t *testing.T) {
