@@ -15,7 +15,6 @@ import (
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/config/confighttp"
 	"go.opentelemetry.io/collector/consumer/consumererror"
-	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/httpserve"
@@ -43,7 +42,7 @@ const confighttpDefaultBodyBytes = 20 << 20
 type hooksHTTPServer struct {
 	httpserve.Server
 	r      *tokenStreamReceiver
-	obs    *receiverhelper.ObsReport
+	sink   *logsSink
 	path   string
 	bodies sync.Pool // of *bytes.Buffer
 	// limits are stated in the answer to a batch that broke one of them.
@@ -51,9 +50,7 @@ type hooksHTTPServer struct {
 }
 
 func startHooksHTTP(ctx context.Context, cfg *HTTPConfig, r *tokenStreamReceiver, host component.Host) (*hooksHTTPServer, error) {
-	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
-		ReceiverID: r.settings.ID, Transport: "http", ReceiverCreateSettings: r.settings,
-	})
+	sink, err := r.newLogsSink(transportHTTP, "ndjson")
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +58,7 @@ func startHooksHTTP(ctx context.Context, cfg *HTTPConfig, r *tokenStreamReceiver
 	if bodyLimit <= 0 {
 		bodyLimit = confighttpDefaultBodyBytes
 	}
-	s := &hooksHTTPServer{r: r, obs: obs, path: cfg.Path, limits: hookLimits{
+	s := &hooksHTTPServer{r: r, sink: sink, path: cfg.Path, limits: hookLimits{
 		MaxLinesPerBatch:   r.cfg.Hooks.Limits.MaxLinesPerBatch,
 		MaxLineBytes:       r.cfg.Hooks.Limits.MaxLineBytes,
 		MaxRequestBodySize: bodyLimit,
@@ -142,7 +139,7 @@ func (s *hooksHTTPServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	d := s.r.decoder()
 	defer s.r.release(d)
 	d.decode(body.Bytes(), time.Now())
-	err := s.r.consume(req.Context(), s.obs, d, transportHTTP)
+	err := s.r.consume(req.Context(), s.sink, d)
 	if err == nil && d.rejected == 0 && d.accepted > 0 {
 		writeAccepted(w, d.accepted)
 		return

@@ -10,7 +10,6 @@ import (
 
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/component/componentstatus"
-	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.uber.org/zap"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
@@ -39,7 +38,7 @@ const maxUDPBatchWindow = 100 * time.Millisecond
 // batches are counted and the loop goes on.
 type hooksUDPListener struct {
 	r      *tokenStreamReceiver
-	obs    *receiverhelper.ObsReport
+	sink   *logsSink
 	conn   *net.UDPConn
 	window time.Duration // hooks::udp::batch_window
 	// batch reads conn several datagrams per system call (recvmmsg on
@@ -74,9 +73,7 @@ func newBatchReader(c *net.UDPConn) batchReader {
 }
 
 func startHooksUDP(cfg *UDPConfig, r *tokenStreamReceiver, host component.Host) (*hooksUDPListener, error) {
-	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
-		ReceiverID: r.settings.ID, Transport: "udp", ReceiverCreateSettings: r.settings,
-	})
+	sink, err := r.newLogsSink(transportUDP, "ndjson")
 	if err != nil {
 		return nil, err
 	}
@@ -93,7 +90,7 @@ func startHooksUDP(cfg *UDPConfig, r *tokenStreamReceiver, host component.Host) 
 	}
 	r.logsLogger.Info("Token event hook listening", zap.String("transport", "udp"), zap.String("endpoint", conn.LocalAddr().String()))
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &hooksUDPListener{r: r, obs: obs, conn: conn, window: cfg.BatchWindow, cancel: cancel,
+	l := &hooksUDPListener{r: r, sink: sink, conn: conn, window: cfg.BatchWindow, cancel: cancel,
 		batch: newBatchReader(conn), msgs: make([]ipv4.Message, udpReadBatch)}
 	counted := enableDropCount(conn)
 	for i := range l.msgs {
@@ -143,7 +140,7 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 		// A refused batch is counted by consume; UDP has no one to tell.
 		// The hand-over is not cancelled with the read loop: datagrams read
 		// before shutdown are delivered, and shutdown waits for them.
-		_ = l.r.consume(context.WithoutCancel(ctx), l.obs, d, transportUDP)
+		_ = l.r.consume(context.WithoutCancel(ctx), l.sink, d)
 		l.r.release(d)
 		if closed {
 			return

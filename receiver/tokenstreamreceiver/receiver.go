@@ -3,6 +3,8 @@ package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiv
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/url"
 	"sync"
 	"time"
 
@@ -24,6 +26,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxy"
 )
 
 // tokenStreamReceiver runs the configured sources: the hook endpoints and the
@@ -52,7 +55,7 @@ type tokenStreamReceiver struct {
 
 	http  *hooksHTTPServer
 	udp   *hooksUDPListener
-	proxy *proxyServer
+	proxy *proxy.Server
 	vllm  *vllmScraper
 
 	// unregisterEarlyStop takes the receiver off earlystop's list: the
@@ -179,7 +182,7 @@ func (r *tokenStreamReceiver) startLogSources(ctx context.Context, host componen
 		r.udp = l
 	}
 	if p := r.cfg.Proxy.Get(); p != nil {
-		srv, err := startProxy(ctx, p, r, host)
+		srv, err := r.startProxy(ctx, p, host)
 		if err != nil {
 			return errors.Join(err, r.shutdown(ctx))
 		}
@@ -208,7 +211,7 @@ func (r *tokenStreamReceiver) shutdown(ctx context.Context) error {
 		r.udp = nil
 	}
 	if r.proxy != nil {
-		errs = append(errs, r.proxy.shutdown(ctx))
+		errs = append(errs, r.proxy.Shutdown(ctx))
 		r.proxy = nil
 	}
 	return errors.Join(errs...)
@@ -290,10 +293,10 @@ func (r *tokenStreamReceiver) release(d *batchDecoder) {
 
 func (r *tokenStreamReceiver) decoder() *batchDecoder { return r.batches.Get().(*batchDecoder) }
 
-// consume hands a decoded batch to the pipeline, with the standard receiver
-// observability around it.
-func (r *tokenStreamReceiver) consume(ctx context.Context, obs *receiverhelper.ObsReport, d *batchDecoder, transport transportKind) error {
-	attrs := transportAttrs[transport]
+// consume hands a decoded batch to the pipeline through sink, counting its
+// rejected lines and whether it was cut.
+func (r *tokenStreamReceiver) consume(ctx context.Context, sink *logsSink, d *batchDecoder) error {
+	attrs := transportAttrs[sink.transport]
 	if d.rejected > 0 {
 		r.telemetry.ReceiverTokenStreamRejectedEvents.Add(ctx, int64(d.rejected), attrs)
 	}
@@ -303,17 +306,77 @@ func (r *tokenStreamReceiver) consume(ctx context.Context, obs *receiverhelper.O
 	if d.accepted == 0 {
 		return nil
 	}
-	ctx = obs.StartLogsOp(ctx)
-	n := d.logs.LogRecordCount()
-	err := r.next.ConsumeLogs(ctx, d.logs)
-	obs.EndLogsOp(ctx, "ndjson", n, err)
+	return sink.ConsumeEvents(ctx, d.logs, d.accepted)
+}
+
+// logsSink is how a log source hands its records to the logs pipeline,
+// with the standard receiver observability and the token event counters
+// around the call. It is what the proxy is given (proxy.Sink).
+type logsSink struct {
+	r         *tokenStreamReceiver
+	obs       *receiverhelper.ObsReport
+	transport transportKind
+	format    string // of the standard receiver metrics: ndjson or sse
+}
+
+func (r *tokenStreamReceiver) newLogsSink(transport transportKind, format string) (*logsSink, error) {
+	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
+		ReceiverID: r.settings.ID, Transport: transport.String(), ReceiverCreateSettings: r.settings,
+	})
 	if err != nil {
-		r.telemetry.ReceiverTokenStreamRefusedEvents.Add(ctx, int64(d.accepted), attrs)
-		r.logsLogger.Debug("pipeline refused token events", zap.Int("events", d.accepted), zap.Error(err))
+		return nil, err
+	}
+	return &logsSink{r: r, obs: obs, transport: transport, format: format}, nil
+}
+
+// ConsumeEvents hands records holding events token events to the pipeline.
+func (s *logsSink) ConsumeEvents(ctx context.Context, logs plog.Logs, events int) error {
+	ctx = s.obs.StartLogsOp(ctx)
+	n := logs.LogRecordCount()
+	err := s.r.next.ConsumeLogs(ctx, logs)
+	s.obs.EndLogsOp(ctx, s.format, n, err)
+	attrs := transportAttrs[s.transport]
+	if err != nil {
+		s.r.telemetry.ReceiverTokenStreamRefusedEvents.Add(ctx, int64(events), attrs)
+		s.r.logsLogger.Debug("pipeline refused token events", zap.Stringer("transport", s.transport), zap.Int("events", events), zap.Error(err))
 		return err
 	}
-	r.telemetry.ReceiverTokenStreamAcceptedEvents.Add(ctx, int64(d.accepted), attrs)
+	s.r.telemetry.ReceiverTokenStreamAcceptedEvents.Add(ctx, int64(events), attrs)
 	return nil
+}
+
+func (s *logsSink) Counters() proxy.Counters {
+	t := s.r.telemetry
+	return proxy.Counters{
+		RefusedRequests:     t.ReceiverTokenStreamProxyRefusedRequests,
+		PassthroughFailures: t.ReceiverTokenStreamProxyPassthroughFailures,
+		OversizedEvents:     t.ReceiverTokenStreamProxyOversizedEvents,
+		DroppedEvents:       t.ReceiverTokenStreamProxyDroppedEvents,
+	}
+}
+
+func (s *logsSink) Logger() *zap.Logger { return s.r.logsLogger }
+
+// startProxy starts the proxy as cfg says; it hands what it observes to
+// the logs pipeline.
+func (r *tokenStreamReceiver) startProxy(ctx context.Context, cfg *ProxyConfig, host component.Host) (*proxy.Server, error) {
+	upstream, err := url.Parse(cfg.Upstream.ClientConfig.Endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("proxy::upstream::endpoint: %w", err)
+	}
+	if cfg.Upstream.ClientConfig.Timeout > 0 {
+		r.logsLogger.Warn("proxy::upstream::timeout is deprecated and now bounds only the wait for response headers; use proxy::upstream::response_header_timeout")
+	}
+	sink, err := r.newLogsSink(transportProxy, "sse")
+	if err != nil {
+		return nil, err
+	}
+	return proxy.Start(ctx, &proxy.Config{
+		Server: cfg.ServerConfig, Client: cfg.Upstream.ClientConfig, Upstream: upstream, Engine: engineName(upstream),
+		ResponseHeaderTimeout: cfg.Upstream.headerTimeout(), StreamIdleTimeout: cfg.Upstream.StreamIdleTimeout,
+		ClientBodyTimeout: cfg.ClientBodyTimeout, ClientSendTimeout: cfg.ClientSendTimeout,
+		DrainTimeout: cfg.DrainTimeout, MaxStreams: cfg.MaxStreams, EventQueueSize: cfg.EventQueueSize,
+	}, sink, host, r.settings.TelemetrySettings)
 }
 
 type transportKind int
