@@ -41,26 +41,21 @@ const confighttpDefaultBodyBytes = 20 << 20
 // answer is JSON, a wrong path's and a bad encoding's included.
 type hooksHTTPServer struct {
 	httpserve.Server
-	r      *tokenStreamReceiver
-	sink   *logsSink
+	sink   hookSink
 	path   string
 	bodies sync.Pool // of *bytes.Buffer
 	// limits are stated in the answer to a batch that broke one of them.
 	limits hookLimits
 }
 
-func startHooksHTTP(ctx context.Context, cfg *HTTPConfig, r *tokenStreamReceiver, host component.Host) (*hooksHTTPServer, error) {
-	sink, err := r.newLogsSink(transportHTTP, "ndjson")
-	if err != nil {
-		return nil, err
-	}
+func startHooksHTTP(ctx context.Context, cfg *HTTPConfig, limits LimitsConfig, sink hookSink, host component.Host, set component.TelemetrySettings) (*hooksHTTPServer, error) {
 	bodyLimit := cfg.ServerConfig.MaxRequestBodySize
 	if bodyLimit <= 0 {
 		bodyLimit = confighttpDefaultBodyBytes
 	}
-	s := &hooksHTTPServer{r: r, sink: sink, path: cfg.Path, limits: hookLimits{
-		MaxLinesPerBatch:   r.cfg.Hooks.Limits.MaxLinesPerBatch,
-		MaxLineBytes:       r.cfg.Hooks.Limits.MaxLineBytes,
+	s := &hooksHTTPServer{sink: sink, path: cfg.Path, limits: hookLimits{
+		MaxLinesPerBatch:   limits.MaxLinesPerBatch,
+		MaxLineBytes:       limits.MaxLineBytes,
 		MaxRequestBodySize: bodyLimit,
 	}}
 	s.bodies.New = func() any { return new(bytes.Buffer) }
@@ -68,10 +63,10 @@ func startHooksHTTP(ctx context.Context, cfg *HTTPConfig, r *tokenStreamReceiver
 	onError := confighttp.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, msg string, status int) {
 		writeResponse(w, status, &batchResponse{Error: msg})
 	})
-	if err := s.Serve(ctx, &cfg.ServerConfig, s, host, r.settings.TelemetrySettings, nil, onError); err != nil {
+	if err := s.Serve(ctx, &cfg.ServerConfig, s, host, set, nil, onError); err != nil {
 		return nil, fmt.Errorf("hooks::http: %w", err)
 	}
-	r.logsLogger.Info("Token event hook listening", zap.String("transport", "http"), zap.String("endpoint", s.Addr.String()), zap.String("path", cfg.Path))
+	sink.Logger().Info("Token event hook listening", zap.String("transport", "http"), zap.String("endpoint", s.Addr.String()), zap.String("path", cfg.Path))
 	return s, nil
 }
 
@@ -136,10 +131,10 @@ func (s *hooksHTTPServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	d := s.r.decoder()
-	defer s.r.release(d)
+	d := s.sink.decoder()
+	defer s.sink.release(d)
 	d.decode(body.Bytes(), time.Now())
-	err := s.r.consume(req.Context(), s.sink, d)
+	err := s.sink.consume(req.Context(), d)
 	if err == nil && d.rejected == 0 && d.accepted > 0 {
 		writeAccepted(w, d.accepted)
 		return

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/collector/consumer"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/pipeline"
 	"go.opentelemetry.io/collector/receiver"
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
@@ -157,7 +158,7 @@ func (r *tokenStreamReceiver) start(ctx context.Context, host component.Host) er
 		}
 	}
 	if v := r.cfg.VLLM.Get(); v != nil && r.nextMetrics != nil {
-		s, err := startVLLMScraper(ctx, v, r, host)
+		s, err := r.startVLLMScraper(ctx, v, host)
 		if err != nil {
 			return errors.Join(err, r.shutdown(ctx))
 		}
@@ -168,14 +169,22 @@ func (r *tokenStreamReceiver) start(ctx context.Context, host component.Host) er
 
 func (r *tokenStreamReceiver) startLogSources(ctx context.Context, host component.Host) error {
 	if h := r.cfg.Hooks.HTTP.Get(); h != nil {
-		srv, err := startHooksHTTP(ctx, h, r, host)
+		sink, err := r.newLogsSink(transportHTTP, "ndjson")
+		if err != nil {
+			return err
+		}
+		srv, err := startHooksHTTP(ctx, h, r.cfg.Hooks.Limits, sink, host, r.settings.TelemetrySettings)
 		if err != nil {
 			return err
 		}
 		r.http = srv
 	}
 	if u := r.cfg.Hooks.UDP.Get(); u != nil {
-		l, err := startHooksUDP(u, r, host)
+		sink, err := r.newLogsSink(transportUDP, "ndjson")
+		if err != nil {
+			return errors.Join(err, r.shutdown(ctx))
+		}
+		l, err := startHooksUDP(u, sink, host)
 		if err != nil {
 			return errors.Join(err, r.shutdown(ctx))
 		}
@@ -293,25 +302,21 @@ func (r *tokenStreamReceiver) release(d *batchDecoder) {
 
 func (r *tokenStreamReceiver) decoder() *batchDecoder { return r.batches.Get().(*batchDecoder) }
 
-// consume hands a decoded batch to the pipeline through sink, counting its
-// rejected lines and whether it was cut.
-func (r *tokenStreamReceiver) consume(ctx context.Context, sink *logsSink, d *batchDecoder) error {
-	attrs := transportAttrs[sink.transport]
-	if d.rejected > 0 {
-		r.telemetry.ReceiverTokenStreamRejectedEvents.Add(ctx, int64(d.rejected), attrs)
-	}
-	if d.truncated > 0 {
-		r.telemetry.ReceiverTokenStreamTruncatedBatches.Add(ctx, int64(d.truncated), attrs)
-	}
-	if d.accepted == 0 {
-		return nil
-	}
-	return sink.ConsumeEvents(ctx, d.logs, d.accepted)
+// hookSink is what a hook endpoint is given by the receiver: pooled batch
+// decoders, the hand-over of a decoded batch to the pipeline, the one
+// counter of its own (UDP's) and the logs logger.
+type hookSink interface {
+	decoder() *batchDecoder
+	release(d *batchDecoder)
+	consume(ctx context.Context, d *batchDecoder) error
+	countDroppedDatagrams(n int64)
+	Logger() *zap.Logger
 }
 
 // logsSink is how a log source hands its records to the logs pipeline,
 // with the standard receiver observability and the token event counters
-// around the call. It is what the proxy is given (proxy.Sink).
+// around the call. It is what the hooks (hookSink) and the proxy
+// (proxy.Sink) are given.
 type logsSink struct {
 	r         *tokenStreamReceiver
 	obs       *receiverhelper.ObsReport
@@ -345,6 +350,30 @@ func (s *logsSink) ConsumeEvents(ctx context.Context, logs plog.Logs, events int
 	return nil
 }
 
+func (s *logsSink) decoder() *batchDecoder { return s.r.decoder() }
+
+func (s *logsSink) release(d *batchDecoder) { s.r.release(d) }
+
+// consume hands a decoded batch to the pipeline, counting its rejected
+// lines and whether it was cut.
+func (s *logsSink) consume(ctx context.Context, d *batchDecoder) error {
+	attrs := transportAttrs[s.transport]
+	if d.rejected > 0 {
+		s.r.telemetry.ReceiverTokenStreamRejectedEvents.Add(ctx, int64(d.rejected), attrs)
+	}
+	if d.truncated > 0 {
+		s.r.telemetry.ReceiverTokenStreamTruncatedBatches.Add(ctx, int64(d.truncated), attrs)
+	}
+	if d.accepted == 0 {
+		return nil
+	}
+	return s.ConsumeEvents(ctx, d.logs, d.accepted)
+}
+
+func (s *logsSink) countDroppedDatagrams(n int64) {
+	s.r.telemetry.ReceiverTokenStreamUDPDroppedDatagrams.Add(context.Background(), n)
+}
+
 func (s *logsSink) Counters() proxy.Counters {
 	t := s.r.telemetry
 	return proxy.Counters{
@@ -356,6 +385,42 @@ func (s *logsSink) Counters() proxy.Counters {
 }
 
 func (s *logsSink) Logger() *zap.Logger { return s.r.logsLogger }
+
+// metricsSink is how the vllm scraper hands what it reads to the metrics
+// pipeline, with the standard receiver observability around the call.
+type metricsSink struct {
+	r   *tokenStreamReceiver
+	obs *receiverhelper.ObsReport
+}
+
+func (s *metricsSink) ConsumeMetrics(ctx context.Context, md pmetric.Metrics) error {
+	n := md.DataPointCount()
+	ctx = s.obs.StartMetricsOp(ctx)
+	err := s.r.nextMetrics.ConsumeMetrics(ctx, md)
+	s.obs.EndMetricsOp(ctx, "prometheus", n, err)
+	return err
+}
+
+func (s *metricsSink) counters() scrapeCounters {
+	t := s.r.telemetry
+	return scrapeCounters{
+		invalidDataPoints: t.ReceiverTokenStreamInvalidDataPoints,
+		skippedFamilies:   t.ReceiverTokenStreamSkippedFamilies,
+		failedScrapes:     t.ReceiverTokenStreamFailedScrapes,
+	}
+}
+
+func (s *metricsSink) Logger() *zap.Logger { return s.r.metricsLogger }
+
+func (r *tokenStreamReceiver) startVLLMScraper(ctx context.Context, cfg *VLLMConfig, host component.Host) (*vllmScraper, error) {
+	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
+		ReceiverID: r.settings.ID, Transport: "http", ReceiverCreateSettings: r.settings,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return startVLLMScraper(ctx, cfg, &metricsSink{r: r, obs: obs}, host, r.settings.TelemetrySettings)
+}
 
 // startProxy starts the proxy as cfg says; it hands what it observes to
 // the logs pipeline.
