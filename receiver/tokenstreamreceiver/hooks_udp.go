@@ -13,6 +13,8 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/lograte"
 )
 
 // maxDatagramBytes is the largest UDP payload; a datagram is read whole.
@@ -37,7 +39,10 @@ const maxUDPBatchWindow = 100 * time.Millisecond
 // the sender's side, so nothing here may stop it: bad datagrams and refused
 // batches are counted and the loop goes on.
 type hooksUDPListener struct {
-	sink   hookSink
+	sink hookSink
+	// warn says at the default level that lines were rejected: no one
+	// else can (UDP has no answer), and the counter alone goes unseen.
+	warn   *zap.Logger
 	conn   *net.UDPConn
 	window time.Duration // hooks::udp::batch_window
 	// batch reads conn several datagrams per system call (recvmmsg on
@@ -85,7 +90,7 @@ func startHooksUDP(cfg *UDPConfig, sink hookSink, host component.Host) (*hooksUD
 	}
 	sink.Logger().Info("Token event hook listening", zap.String("transport", "udp"), zap.String("endpoint", conn.LocalAddr().String()))
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &hooksUDPListener{sink: sink, conn: conn, window: cfg.BatchWindow, cancel: cancel,
+	l := &hooksUDPListener{sink: sink, warn: lograte.OncePerMinute(sink.Logger()), conn: conn, window: cfg.BatchWindow, cancel: cancel,
 		batch: newBatchReader(conn), msgs: make([]ipv4.Message, udpReadBatch)}
 	counted := enableDropCount(conn)
 	for i := range l.msgs {
@@ -132,6 +137,10 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 		}
 		closed := l.readMore(d, first.Add(l.window), read)
 		d.finish()
+		if d.rejected > 0 {
+			l.warn.Warn("UDP hook rejected token event lines (logged at most once a minute; every one is counted in otelcol_receiver_token_stream_rejected_events)",
+				zap.Int("rejected", d.rejected), zap.Int("accepted", d.accepted), zap.Error(d.errs[0]))
+		}
 		// A refused batch is counted by consume; UDP has no one to tell.
 		// The hand-over is not cancelled with the read loop: datagrams read
 		// before shutdown are delivered, and shutdown waits for them.

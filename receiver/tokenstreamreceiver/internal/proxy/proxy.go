@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/httpserve"
+	"github.com/otelcol-llm/otelcol-llm/internal/lograte"
 	"github.com/otelcol-llm/otelcol-llm/internal/openaistream"
 	"github.com/otelcol-llm/otelcol-llm/internal/sse"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
@@ -94,9 +95,12 @@ type Config struct {
 // Server is a reverse proxy in front of an OpenAI-compatible server that
 // turns every completions request into a session.
 type Server struct {
-	sink        Sink
-	counters    Counters
-	log         *zap.Logger
+	sink     Sink
+	counters Counters
+	log      *zap.Logger
+	// warn logs what a user must see at the default level (the upstream
+	// failing) without flooding the log while it lasts.
+	warn        *zap.Logger
 	upstream    *url.URL
 	engine      string
 	client      *http.Client
@@ -134,7 +138,7 @@ func Start(ctx context.Context, cfg *Config, sink Sink, host component.Host, set
 	client.Transport = &boundedTransport{base: client.Transport, header: cfg.ResponseHeaderTimeout, idle: cfg.StreamIdleTimeout}
 	upstream := cfg.Upstream
 	p := &Server{
-		sink: sink, counters: sink.Counters(), log: sink.Logger(),
+		sink: sink, counters: sink.Counters(), log: sink.Logger(), warn: lograte.OncePerMinute(sink.Logger()),
 		upstream: upstream, engine: cfg.Engine, client: client,
 		bodyTimeout: cfg.ClientBodyTimeout, sendTimeout: cfg.ClientSendTimeout,
 		drainTimeout: cfg.DrainTimeout, maxStreams: int64(cfg.MaxStreams), draining: make(chan struct{}),
@@ -150,7 +154,8 @@ func Start(ctx context.Context, cfg *Config, sink Sink, host component.Host, set
 		Transport:     client.Transport,
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
-			p.log.Debug("proxy: pass-through request failed", zap.String("upstream", upstream.Redacted()), zap.Error(err))
+			p.warn.Warn("proxy: upstream request failed; the client got an error (logged at most once a minute, counted in otelcol_receiver_token_stream_proxy_passthrough_failures)",
+				zap.String("upstream", upstream.Redacted()), zap.Error(err))
 			if errors.Is(err, errHeaderTimeout) {
 				p.counters.PassthroughFailures.Add(req.Context(), 1, passthroughTimeout)
 				writeProxyError(w, http.StatusGatewayTimeout, errUpstreamTimeout)
@@ -413,7 +418,8 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 			s.end(time.Now(), "", finishReasonAbort)
 			return
 		}
-		p.log.Debug("proxy: upstream request failed", zap.String("upstream", p.upstream.Redacted()), zap.Error(err))
+		p.warn.Warn("proxy: upstream request failed; the client got an error (logged at most once a minute, the session ends with its error.type)",
+			zap.String("upstream", p.upstream.Redacted()), zap.Error(err))
 		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 			writeProxyError(w, http.StatusGatewayTimeout, errUpstreamTimeout)
 			s.end(time.Now(), errUpstreamTimeout, "")

@@ -32,6 +32,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
@@ -122,6 +124,8 @@ type testProxy struct {
 	p       *Server
 	tel     *componenttest.Telemetry
 	stopped bool
+	// warnings holds what the proxy logged at warn level and above.
+	warnings *observer.ObservedLogs
 }
 
 func startTestProxy(t *testing.T, upstream string, next consumer.Logs, opts ...func(*Config)) *testProxy {
@@ -133,9 +137,11 @@ func startTestProxy(t *testing.T, upstream string, next consumer.Logs, opts ...f
 	tel := componenttest.NewTelemetry()
 	t.Cleanup(func() { require.NoError(t, tel.Shutdown(context.Background())) })
 	sink := newTestSink(t, tel.NewTelemetrySettings(), next)
+	core, warnings := observer.New(zapcore.WarnLevel)
+	sink.log = zap.New(core)
 	p, err := Start(context.Background(), cfg, sink, componenttest.NewNopHost(), tel.NewTelemetrySettings())
 	require.NoError(t, err)
-	tp := &testProxy{p: p, tel: tel}
+	tp := &testProxy{p: p, tel: tel, warnings: warnings}
 	t.Cleanup(func() {
 		if !tp.stopped {
 			require.NoError(t, p.Shutdown(context.Background()))
@@ -175,6 +181,7 @@ type testSink struct {
 	next consumer.Logs
 	obs  *receiverhelper.ObsReport
 	tel  *metadata.TelemetryBuilder
+	log  *zap.Logger
 }
 
 func newTestSink(t testing.TB, ts component.TelemetrySettings, next consumer.Logs) *testSink {
@@ -185,7 +192,7 @@ func newTestSink(t testing.TB, ts component.TelemetrySettings, next consumer.Log
 	set.TelemetrySettings = ts
 	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{ReceiverID: set.ID, Transport: "proxy", ReceiverCreateSettings: set})
 	require.NoError(t, err)
-	return &testSink{next: next, obs: obs, tel: tb}
+	return &testSink{next: next, obs: obs, tel: tb, log: zap.NewNop()}
 }
 
 var transportProxy = metric.WithAttributeSet(attribute.NewSet(attribute.String("transport", "proxy")))
@@ -212,7 +219,7 @@ func (s *testSink) Counters() Counters {
 	}
 }
 
-func (*testSink) Logger() *zap.Logger { return zap.NewNop() }
+func (s *testSink) Logger() *zap.Logger { return s.log }
 
 func (tp *testProxy) proxyURL() string { return "http://" + tp.p.Addr().String() }
 
@@ -426,6 +433,18 @@ func TestProxyPassThrough(t *testing.T) {
 	assert.Equal(t, 0, sink.LogRecordCount(), "only POSTs to the completions endpoints are sessions")
 }
 
+// assertUpstreamWarnedOnce: a failing upstream is said at warn level (the
+// default level shows it), naming the upstream and the error, once however
+// many requests failed.
+func assertUpstreamWarnedOnce(t *testing.T, tp *testProxy, upstream string) {
+	t.Helper()
+	all := tp.warnings.All()
+	require.Len(t, all, 1, "one warning for the failures of a minute")
+	fields := all[0].ContextMap()
+	assert.Equal(t, "http://"+upstream, fields["upstream"])
+	assert.Contains(t, fields["error"], "connection refused")
+}
+
 func TestProxyUpstreamFailures(t *testing.T) {
 	t.Run("500", func(t *testing.T) {
 		up := newScriptedUpstream(t, func(_ *scriptedUpstream, w http.ResponseWriter, _ *http.Request) {
@@ -446,11 +465,14 @@ func TestProxyUpstreamFailures(t *testing.T) {
 		ln.Close()
 		sink := new(consumertest.LogsSink)
 		tr := startTestProxy(t, "http://"+addr, sink)
-		resp, _ := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
-		assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+		for range 3 {
+			resp, _ := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
+			assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+		}
 		evs := sessionEvents(t, sink, 1)
 		assert.Equal(t, errUpstreamUnreachable, evs[len(evs)-1].Error)
 		assert.Equal(t, "m", evs[0].Model)
+		assertUpstreamWarnedOnce(t, tr, addr)
 	})
 	t.Run("unreachable pass-through", func(t *testing.T) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -465,6 +487,7 @@ func TestProxyUpstreamFailures(t *testing.T) {
 		assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
 		assertOpenAIError(t, resp, string(got), errUpstreamUnreachable)
 		assert.Equal(t, int64(1), reasonCounter(t, tr, "otelcol_receiver_token_stream_proxy_passthrough_failures", "unreachable"))
+		assertUpstreamWarnedOnce(t, tr, addr)
 	})
 	t.Run("broken stream", func(t *testing.T) {
 		chat, _ := fixtureStreams(t)
