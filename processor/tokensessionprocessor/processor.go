@@ -94,10 +94,10 @@ func newCore(cfg *Config, set processor.Settings) (*core, error) {
 	if c.table, err = session.NewTable[*sessionmetrics.Live](cfg.sessionConfig(), c); err != nil {
 		return nil, err
 	}
-	if c.metrics, err = sessionmetrics.New(cfg.metricsConfig(), time.Now()); err != nil {
+	if c.metrics, err = sessionmetrics.New(cfg.Metrics, time.Now()); err != nil {
 		return nil, err
 	}
-	if c.held, err = heldspans.New(cfg.heldSpansConfig()); err != nil {
+	if c.held, err = heldspans.New(cfg.Traces); err != nil {
 		return nil, err
 	}
 	if c.telemetry, err = newProcessorTelemetry(set); err != nil {
