@@ -133,3 +133,20 @@ func BenchmarkRetainedPerSessionProcessor(b *testing.B) {
 		c.telemetry.shutdown()
 	}
 }
+
+// BenchmarkConsumeLogsApplication passes a batch of 100 application log
+// records (no token events) through the logs pipeline, as a pipeline shared
+// with an application's logs does: checked and passed on without a lock.
+// Building the batches is not timed.
+func BenchmarkConsumeLogsApplication(b *testing.B) {
+	lp := newBenchProcessor(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		ld := appLogs(100)
+		b.StartTimer()
+		if err := lp.ConsumeLogs(context.Background(), ld); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
