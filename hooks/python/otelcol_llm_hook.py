@@ -45,7 +45,7 @@ DEFAULT_MAX_BATCH_LINES = 10000
 MAX_UDP_DATAGRAM_BYTES = 65507
 
 # The receiver's default limits (the Go client takes them from
-# internal/tokenevent); lines beyond them would be rejected, so they are
+# pkg/tokenevent); lines beyond them would be rejected, so they are
 # refused here already.
 MAX_LINE_BYTES = 16 << 10
 MAX_SESSION_ID_BYTES = 256

@@ -34,8 +34,8 @@ import (
 	_ "google.golang.org/grpc/encoding/gzip" // the otlp exporter compresses with gzip
 
 	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenhook"
 )
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 // nopObserver keeps a pointer per session, as the processor does.

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 // The edges of session semantics (issue 14): each test names the defect

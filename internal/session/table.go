@@ -9,7 +9,7 @@ import (
 	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 // Observer keeps the Table user's per-session state S: Started makes it

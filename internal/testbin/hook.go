@@ -4,7 +4,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 // HookSession is one chat session as an engine hook sends it: the start,

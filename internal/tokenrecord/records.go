@@ -13,7 +13,8 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenparse"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 // Event names of the log records that carry token events in the collector.
@@ -106,7 +107,7 @@ type RecordWriter struct {
 	// recent caches open by IDSlot: 1 + the index in opens of the record
 	// last looked up there, a hint checked against opens. It spares most
 	// token events the map's hash and probe.
-	recent [tokenevent.IDSlots]int32
+	recent [tokenparse.IDSlots]int32
 	// packed holds the events of all open records, each record's events
 	// chained from first to last through next.
 	packed []packedEvent
@@ -204,7 +205,7 @@ func (w *RecordWriter) clearOpen() {
 
 // openRecord returns the session's open token record, or nil.
 func (w *RecordWriter) openRecord(id string) *openTokenRecord {
-	slot := &w.recent[tokenevent.IDSlot(id)]
+	slot := &w.recent[tokenparse.IDSlot(id)]
 	// Only an open record is cached under its ID, and a session has at most
 	// one open record, so a record found here with that ID is the one.
 	if i := int(*slot) - 1; i >= 0 && i < len(w.opens) && w.opens[i].id == id && (w.opens[i].events > 0 || w.ordered) {
@@ -314,7 +315,7 @@ func (w *RecordWriter) entry(o *openTokenRecord, id string) *openTokenRecord {
 	}
 	i := int32(len(w.opens))
 	w.open[id] = i
-	w.recent[tokenevent.IDSlot(id)] = i + 1
+	w.recent[tokenparse.IDSlot(id)] = i + 1
 	w.opens = append(w.opens, openTokenRecord{id: id, first: -1, last: -1})
 	return &w.opens[i]
 }

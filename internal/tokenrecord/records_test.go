@@ -12,7 +12,8 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenparse"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 // startLine is a start event with every field set.
@@ -41,7 +42,7 @@ func writeAll(t *testing.T, lines ...string) plog.LogRecordSlice {
 	records := plog.NewLogRecordSlice()
 	w := NewRecordWriter()
 	w.Reset(records, 42)
-	p := tokenevent.NewParser(tokenevent.Limits{})
+	p := tokenparse.NewParser(tokenevent.Limits{})
 	for i, l := range lines {
 		var ev tokenevent.Event
 		require.NoError(t, p.Parse([]byte(l), &ev), "line %d", i+1)
@@ -74,7 +75,7 @@ func TestRecordsRoundTrip(t *testing.T) {
 		`{"event":"end","session_id":"s-2","time_unix_nano":1700000000300000000,"error":"aborted","response_model":"m-fp8","queue_time_ns":120000000,"decode_time_ns":0}`,
 	}
 	var want []tokenevent.Event
-	p := tokenevent.NewParser(tokenevent.Limits{})
+	p := tokenparse.NewParser(tokenevent.Limits{})
 	for _, l := range lines {
 		var ev tokenevent.Event
 		require.NoError(t, p.Parse([]byte(l), &ev))

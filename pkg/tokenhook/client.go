@@ -11,11 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
-// The event model is the collector's own (the wire schema v1 of the
-// token_stream receiver), free of pdata and of the collector.
+// The event model is pkg/tokenevent's, the wire schema v1 of the
+// token_stream receiver (free of pdata and of the collector); these names
+// are its own, so that a hook needs one import.
 type (
 	// Event is one token event, as the receiver parses it from a line.
 	// Which fields count depends on Kind; the others are ignored.

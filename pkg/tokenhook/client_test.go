@@ -18,7 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenparse"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 func TestMain(m *testing.M) {
@@ -44,7 +45,7 @@ type collector interface {
 // receiver's parser rejects or a batch that does not end a line.
 func received(t *testing.T, c collector) []tokenevent.Event {
 	t.Helper()
-	p := tokenevent.NewParser(tokenevent.Limits{})
+	p := tokenparse.NewParser(tokenevent.Limits{})
 	var out []tokenevent.Event
 	for _, b := range c.batches() {
 		assert.True(t, bytes.HasSuffix(b, []byte("\n")), "batch %q does not end a line", b)
@@ -59,7 +60,7 @@ func received(t *testing.T, c collector) []tokenevent.Event {
 				e.QueueTimeNs, e.PrefillTimeNs, e.DecodeTimeNs = 0, 0, 0
 			}
 			out = append(out, e)
-		}, func(err *tokenevent.LineError) {
+		}, func(err *tokenparse.LineError) {
 			t.Errorf("receiver would reject %v", err)
 		})
 	}

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 // Defaults applied to zero Config fields, and the ports the token_stream

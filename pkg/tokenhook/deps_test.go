@@ -24,7 +24,7 @@ func TestDependencies(t *testing.T) {
 	errors.As(err, &ee)
 	require.NoError(t, err, "go list: %s", stderrOf(ee))
 	deps := strings.Fields(string(out))
-	assert.ElementsMatch(t, []string{module + "internal/tokenevent", module + "pkg/tokenhook"}, deps)
+	assert.ElementsMatch(t, []string{module + "pkg/tokenevent", module + "pkg/tokenhook"}, deps)
 	for _, d := range deps {
 		for _, banned := range []string{"go.opentelemetry.io/collector", "/pdata", "gonum.org", "google.golang.org/grpc"} {
 			assert.NotContains(t, d, banned)

@@ -10,7 +10,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
 	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 // PassTokenEvents says which token event records travel on down the logs

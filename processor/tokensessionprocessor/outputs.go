@@ -26,7 +26,7 @@ const (
 	spanEventStall  = "llm.stall"
 )
 
-// Attribute keys of the outputs, beside those of internal/tokenevent.
+// Attribute keys of the outputs, beside those of internal/tokenrecord.
 const (
 	attrProviderName      = "gen_ai.provider.name"
 	attrRequestStream     = "gen_ai.request.stream"

@@ -14,8 +14,8 @@ import (
 
 	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
 )
 

@@ -24,8 +24,9 @@ import (
 
 	"github.com/otelcol-llm/otelcol-llm/internal/earlystop"
 	"github.com/otelcol-llm/otelcol-llm/internal/sharedcomponent"
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenparse"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxy"
 )
@@ -110,7 +111,7 @@ func newTokenStreamReceiver(cfg *Config, set receiver.Settings, next consumer.Lo
 	limits := cfg.Hooks.Limits
 	r.batches.New = func() any {
 		return &batchDecoder{
-			parser:   tokenevent.NewParser(limits.parserLimits()),
+			parser:   tokenparse.NewParser(limits.parserLimits()),
 			writer:   tokenrecord.NewRecordWriter(),
 			maxLines: limits.MaxLinesPerBatch,
 		}
@@ -234,7 +235,7 @@ const lineErrorsKept = 10
 // batchDecoder turns one request body or datagram into log records. It is
 // pooled: its parser keeps the session ID intern table warm between batches.
 type batchDecoder struct {
-	parser   *tokenevent.Parser
+	parser   *tokenparse.Parser
 	writer   *tokenrecord.RecordWriter
 	maxLines int
 
@@ -243,7 +244,7 @@ type batchDecoder struct {
 	rejected int
 	// truncated counts the bodies cut at maxLines.
 	truncated int
-	errs      []*tokenevent.LineError
+	errs      []*tokenparse.LineError
 }
 
 // decode parses body into d.logs, counting accepted and rejected lines and
@@ -281,7 +282,7 @@ func (d *batchDecoder) onEvent(ev *tokenevent.Event) {
 	d.writer.Append(ev)
 }
 
-func (d *batchDecoder) onError(e *tokenevent.LineError) {
+func (d *batchDecoder) onError(e *tokenparse.LineError) {
 	d.rejected += 1 + e.Unread
 	if e.Unread > 0 {
 		d.truncated++

@@ -34,8 +34,9 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenparse"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
 
@@ -386,7 +387,7 @@ func TestUDPBurst(t *testing.T) {
 	}
 	bySession := func(lines []string) map[string][]string {
 		m := map[string][]string{}
-		p := tokenevent.NewParser(tokenevent.Limits{})
+		p := tokenparse.NewParser(tokenevent.Limits{})
 		var ev tokenevent.Event
 		for _, l := range lines {
 			require.NoError(t, p.Parse([]byte(l), &ev))

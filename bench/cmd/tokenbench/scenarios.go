@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 const hookPath = "/v1/token-events"

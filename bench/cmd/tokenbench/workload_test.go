@@ -9,7 +9,8 @@ import (
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 	"go.uber.org/goleak"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenparse"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 func TestMain(m *testing.M) {
@@ -28,7 +29,7 @@ func TestWorkloadNDJSONIsValidAndComplete(t *testing.T) {
 		last           uint64
 	}
 	sessions := map[string]*state{}
-	p := tokenevent.NewParser(tokenevent.Limits{})
+	p := tokenparse.NewParser(tokenevent.Limits{})
 	tokens := 0
 	for _, b := range batches {
 		tokens += b.tokens
@@ -54,7 +55,7 @@ func TestWorkloadNDJSONIsValidAndComplete(t *testing.T) {
 				}
 				s.ended = true
 			}
-		}, func(le *tokenevent.LineError) { t.Fatal(le) })
+		}, func(le *tokenparse.LineError) { t.Fatal(le) })
 		if lines != b.events {
 			t.Fatalf("batch of %d events parsed into %d", b.events, lines)
 		}
@@ -119,7 +120,7 @@ func TestDatagramsSplitAtLineEnds(t *testing.T) {
 // robin with rising times.
 func TestTokenStream(t *testing.T) {
 	ts := newTokenStream("t", 3)
-	p := tokenevent.NewParser(tokenevent.Limits{})
+	p := tokenparse.NewParser(tokenevent.Limits{})
 	var kinds []tokenevent.Kind
 	last := map[string]uint64{}
 	for _, n := range []int{2, 4, 3} {
@@ -130,7 +131,7 @@ func TestTokenStream(t *testing.T) {
 				t.Fatalf("%s: token time does not rise", ev.SessionID)
 			}
 			last[ev.SessionID] = ev.TimeUnixNano
-		}, func(le *tokenevent.LineError) { t.Fatal(le) })
+		}, func(le *tokenparse.LineError) { t.Fatal(le) })
 	}
 	want := []tokenevent.Kind{1, 1, 1, 2, 2, 2, 2, 2, 2}
 	if len(kinds) != len(want) {

@@ -29,7 +29,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/lograte"
 	"github.com/otelcol-llm/otelcol-llm/internal/openaistream"
 	"github.com/otelcol-llm/otelcol-llm/internal/sse"
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxyconn"
 )
 

@@ -216,3 +216,13 @@ func (ev *Event) Validate(limits Limits) error {
 	}
 	return nil
 }
+
+// truncate bounds a value quoted in an error message (the parser's errors
+// bound theirs alike).
+func truncate(b []byte) string {
+	const maxQuoted = 64
+	if len(b) > maxQuoted {
+		return string(b[:maxQuoted]) + "…"
+	}
+	return string(b)
+}

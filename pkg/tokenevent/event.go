@@ -1,10 +1,12 @@
-// Package tokenevent is the one home of the token event model and of the wire
-// schema, version 1: the Event, the NDJSON form engine hooks send (parse.go,
-// encode.go) and the rules and limits every event is held to. It needs
-// nothing of the collector or pdata, so that pkg/tokenhook can use it without
-// pulling either into a user's build. The log record form the collector
+// Package tokenevent is the token event model and wire schema, version 1,
+// that engines program against: the Event, its NDJSON encoder (AppendJSON),
+// and the rules and limits every event is held to (Validate, the Check
+// functions, Limits). It needs nothing of the collector or pdata, so that
+// pkg/tokenhook and an engine's own code can use it without pulling either
+// into their build. The collector reads the wire form with its own parser
+// (internal/tokenparse, held to the same rules); the log record form it
 // carries between token_stream and token_session is internal/tokenrecord.
-package tokenevent // import "github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+package tokenevent // import "github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 
 import "encoding/hex"
 

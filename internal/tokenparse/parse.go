@@ -1,4 +1,8 @@
-package tokenevent
+// Package tokenparse is the collector's reader of the token event wire
+// schema (pkg/tokenevent): NDJSON lines and batches parsed into Events, held
+// to the schema's rules and limits, with each rejected line's number, field
+// and reason.
+package tokenparse // import "github.com/otelcol-llm/otelcol-llm/internal/tokenparse"
 
 import (
 	"bytes"
@@ -8,60 +12,14 @@ import (
 	"math/bits"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
-
-// Limits bound what one line may hold. Zero values mean the defaults.
-type Limits struct {
-	// MaxLineBytes is the longest line accepted, newline excluded.
-	MaxLineBytes int
-	// MaxSessionIDBytes is the longest session_id accepted.
-	MaxSessionIDBytes int
-	// MaxAttributes is the most entries a start event's attributes may hold.
-	MaxAttributes int
-}
-
-// Default limits.
-const (
-	DefaultMaxLineBytes      = 16 << 10
-	DefaultMaxSessionIDBytes = 256
-	DefaultMaxAttributes     = 32
-	// DefaultMaxLinesPerBatch is how many lines of one request body or
-	// datagram the token_stream receiver reads by default (ParseBatch's
-	// maxLines); the hook clients keep their batches within it.
-	DefaultMaxLinesPerBatch = 10_000
-)
-
-func (l Limits) withDefaults() Limits {
-	if l.MaxLineBytes <= 0 {
-		l.MaxLineBytes = DefaultMaxLineBytes
-	}
-	if l.MaxSessionIDBytes <= 0 {
-		l.MaxSessionIDBytes = DefaultMaxSessionIDBytes
-	}
-	if l.MaxAttributes <= 0 {
-		l.MaxAttributes = DefaultMaxAttributes
-	}
-	return l
-}
-
-// FieldError says why a line was rejected. Field is the JSON key at fault,
-// or empty when the line is not a JSON object at all.
-type FieldError struct {
-	Field  string
-	Reason string
-}
-
-func (e *FieldError) Error() string {
-	if e.Field == "" {
-		return e.Reason
-	}
-	return e.Field + ": " + e.Reason
-}
 
 // LineError is a FieldError with the 1-based line number of an NDJSON batch.
 type LineError struct {
 	Line int
-	FieldError
+	tokenevent.FieldError
 	// Unread is, for the error that cuts a batch at its line limit, the
 	// number of non-blank lines after Line that were not read either; the
 	// error stands for 1+Unread lines. 0 for any other error.
@@ -124,7 +82,7 @@ const maxInterned = 8192
 // Steady-state token lines parse without allocating: the session ID of a
 // session already seen is looked up in an intern table instead of copied.
 type Parser struct {
-	limits   Limits
+	limits   tokenevent.Limits
 	scratch  []byte
 	interned map[string]string
 	// recent caches interned strings by IDSlot, in front of interned: a
@@ -137,20 +95,20 @@ type Parser struct {
 	b []byte
 	i int
 
-	batchEvent Event
+	batchEvent tokenevent.Event
 }
 
 // NewParser returns a Parser enforcing limits.
-func NewParser(limits Limits) *Parser {
-	return &Parser{limits: limits.withDefaults(), interned: make(map[string]string, 256)}
+func NewParser(limits tokenevent.Limits) *Parser {
+	return &Parser{limits: limits.WithDefaults(), interned: make(map[string]string, 256)}
 }
 
 // Parse parses one line (without its newline) into ev, which it resets first.
 // The error, if any, is a *FieldError.
-func (p *Parser) Parse(line []byte, ev *Event) error {
+func (p *Parser) Parse(line []byte, ev *tokenevent.Event) error {
 	if len(line) > p.limits.MaxLineBytes {
 		ev.Reset()
-		return &FieldError{Reason: fmt.Sprintf("line is %d bytes, limit is %d", len(line), p.limits.MaxLineBytes)}
+		return &tokenevent.FieldError{Reason: fmt.Sprintf("line is %d bytes, limit is %d", len(line), p.limits.MaxLineBytes)}
 	}
 	if p.parseCompactToken(line, ev) {
 		return nil
@@ -159,7 +117,7 @@ func (p *Parser) Parse(line []byte, ev *Event) error {
 }
 
 // parseObject is the general parser: any valid JSON object, any key order.
-func (p *Parser) parseObject(line []byte, ev *Event) error {
+func (p *Parser) parseObject(line []byte, ev *tokenevent.Event) error {
 	ev.Reset()
 	p.b, p.i = line, 0
 	seen, err := p.object(ev)
@@ -182,7 +140,7 @@ var (
 // with a plain-ASCII session ID. It reports false, leaving ev to the
 // general parser, for anything else, including every invalid line; so the
 // two paths cannot disagree on what they both accept (FuzzParse checks it).
-func (p *Parser) parseCompactToken(line []byte, ev *Event) bool {
+func (p *Parser) parseCompactToken(line []byte, ev *tokenevent.Event) bool {
 	if !bytes.HasPrefix(line, compactTokenPrefix) {
 		return false
 	}
@@ -202,7 +160,7 @@ func (p *Parser) parseCompactToken(line []byte, ev *Event) bool {
 	}
 	count := uint64(1)
 	if bytes.HasPrefix(line[k:], compactTokenCount) {
-		if count, k, ok = compactUint(line, k+len(compactTokenCount)); !ok || count == 0 || count > MaxCount {
+		if count, k, ok = compactUint(line, k+len(compactTokenCount)); !ok || count == 0 || count > tokenevent.MaxCount {
 			return false
 		}
 	}
@@ -216,7 +174,7 @@ func (p *Parser) parseCompactToken(line []byte, ev *Event) bool {
 	if k != len(line)-1 || line[k] != '}' {
 		return false
 	}
-	*ev = Event{Kind: KindToken, SessionID: p.intern(sid), TimeUnixNano: t, Count: int64(count), Seq: seq, HasSeq: hasSeq,
+	*ev = tokenevent.Event{Kind: tokenevent.KindToken, SessionID: p.intern(sid), TimeUnixNano: t, Count: int64(count), Seq: seq, HasSeq: hasSeq,
 		PromptTokens: -1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
 		Attributes: ev.Attributes[:0]}
 	return true
@@ -274,7 +232,7 @@ func eightDigitsValue(x uint64) uint64 {
 // non-blank ones are not read (maxLines <= 0: no limit): one error, at the
 // first of them, stands for them all (its Unread counts the others). The Event passed to
 // onEvent is reused: copy what must outlive the call.
-func (p *Parser) ParseBatch(body []byte, maxLines int, onEvent func(*Event), onError func(*LineError)) {
+func (p *Parser) ParseBatch(body []byte, maxLines int, onEvent func(*tokenevent.Event), onError func(*LineError)) {
 	ev := &p.batchEvent
 	lineNo, taken := 0, 0
 	for len(body) > 0 {
@@ -293,14 +251,14 @@ func (p *Parser) ParseBatch(body []byte, maxLines int, onEvent func(*Event), onE
 			// One error for the rest: an abusive body of millions of lines
 			// costs one count of its newlines, not an error per line.
 			unread := countLines(body)
-			onError(&LineError{Line: lineNo, Unread: unread, FieldError: FieldError{
+			onError(&LineError{Line: lineNo, Unread: unread, FieldError: tokenevent.FieldError{
 				Reason: fmt.Sprintf("batch holds more than %d lines: this line and the %d after it not read", maxLines, unread),
 			}})
 			return
 		}
 		taken++
 		if err := p.Parse(line, ev); err != nil {
-			onError(&LineError{Line: lineNo, FieldError: *err.(*FieldError)})
+			onError(&LineError{Line: lineNo, FieldError: *err.(*tokenevent.FieldError)})
 			continue
 		}
 		onEvent(ev)
@@ -336,27 +294,27 @@ func trimSpace(b []byte) []byte {
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
 
-func validate(seen uint32, ev *Event) error {
+func validate(seen uint32, ev *tokenevent.Event) error {
 	if seen&fEvent == 0 {
-		return &FieldError{Field: "event", Reason: "missing"}
+		return &tokenevent.FieldError{Field: "event", Reason: "missing"}
 	}
 	if seen&fSessionID == 0 {
-		return &FieldError{Field: "session_id", Reason: "missing"}
+		return &tokenevent.FieldError{Field: "session_id", Reason: "missing"}
 	}
 	if seen&fTime == 0 {
-		return &FieldError{Field: "time_unix_nano", Reason: "missing"}
+		return &tokenevent.FieldError{Field: "time_unix_nano", Reason: "missing"}
 	}
 	allowed := allowedS
 	switch ev.Kind {
-	case KindToken:
+	case tokenevent.KindToken:
 		allowed = allowedT
-	case KindEnd:
+	case tokenevent.KindEnd:
 		allowed = allowedE
 	}
 	if extra := seen &^ allowed; extra != 0 {
 		for i, name := range fieldNames {
 			if extra&(1<<i) != 0 {
-				return &FieldError{Field: name, Reason: "not allowed on a " + ev.Kind.String() + " event"}
+				return &tokenevent.FieldError{Field: name, Reason: "not allowed on a " + ev.Kind.String() + " event"}
 			}
 		}
 	}
@@ -365,9 +323,9 @@ func validate(seen uint32, ev *Event) error {
 
 func (p *Parser) syntax(want string) error {
 	if p.i >= len(p.b) {
-		return &FieldError{Reason: "invalid JSON: want " + want + ", got end of line"}
+		return &tokenevent.FieldError{Reason: "invalid JSON: want " + want + ", got end of line"}
 	}
-	return &FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: want %s, got %q", p.i+1, want, p.b[p.i])}
+	return &tokenevent.FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: want %s, got %q", p.i+1, want, p.b[p.i])}
 }
 
 func (p *Parser) skipSpace() {
@@ -378,7 +336,7 @@ func (p *Parser) skipSpace() {
 }
 
 // object parses the top-level object into ev and returns the fields seen.
-func (p *Parser) object(ev *Event) (uint32, error) {
+func (p *Parser) object(ev *tokenevent.Event) (uint32, error) {
 	p.skipSpace()
 	if p.i >= len(p.b) || p.b[p.i] != '{' {
 		return 0, p.syntax("'{'")
@@ -397,14 +355,14 @@ func (p *Parser) object(ev *Event) (uint32, error) {
 		if !ok {
 			// A line that is not JSON at all is reported as such, not as
 			// a schema error about the part read before the syntax broke.
-			unknown := &FieldError{Field: truncate(key), Reason: "unknown field"}
+			unknown := &tokenevent.FieldError{Field: truncate(key), Reason: "unknown field"}
 			if err := p.skipRest(); err != nil {
 				return 0, err
 			}
 			return 0, unknown
 		}
 		if seen&bit != 0 {
-			return 0, &FieldError{Field: fieldName(bit), Reason: "duplicate field"}
+			return 0, &tokenevent.FieldError{Field: fieldName(bit), Reason: "duplicate field"}
 		}
 		present, err := p.value(bit, ev)
 		if err != nil {
@@ -421,7 +379,7 @@ func (p *Parser) object(ev *Event) (uint32, error) {
 func (p *Parser) end() error {
 	p.skipSpace()
 	if p.i != len(p.b) {
-		return &FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: data after the object", p.i+1)}
+		return &tokenevent.FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: data after the object", p.i+1)}
 	}
 	return nil
 }
@@ -500,7 +458,7 @@ func (p *Parser) skipValue(depth int) error {
 		return err
 	case c == '{' || c == '[':
 		if depth >= maxSkipDepth {
-			return &FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: nested deeper than %d", p.i+1, maxSkipDepth)}
+			return &tokenevent.FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: nested deeper than %d", p.i+1, maxSkipDepth)}
 		}
 		p.i++
 		if c == '{' {
@@ -554,7 +512,7 @@ func (p *Parser) number() error {
 		p.i = i
 		return p.syntax("a value")
 	case n > 1 && b[i-n] == '0':
-		return &FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: number with a leading zero", i-n+1)}
+		return &tokenevent.FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: number with a leading zero", i-n+1)}
 	}
 	if i < len(b) && b[i] == '.' {
 		i++
@@ -634,12 +592,12 @@ func fieldName(bit uint32) string { return fieldNames[bits.TrailingZeros32(bit)]
 
 // value parses the value of one field. It reports false for an optional
 // field given as null, which counts as absent.
-func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
+func (p *Parser) value(bit uint32, ev *tokenevent.Event) (bool, error) {
 	name := fieldName(bit)
 	if p.null() {
 		switch bit {
 		case fEvent, fSessionID, fTime:
-			return false, &FieldError{Field: name, Reason: "must not be null"}
+			return false, &tokenevent.FieldError{Field: name, Reason: "must not be null"}
 		}
 		return false, nil
 	}
@@ -651,20 +609,20 @@ func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
 		}
 		switch string(s) {
 		case "start":
-			ev.Kind = KindStart
+			ev.Kind = tokenevent.KindStart
 		case "token":
-			ev.Kind = KindToken
+			ev.Kind = tokenevent.KindToken
 		case "end":
-			ev.Kind = KindEnd
+			ev.Kind = tokenevent.KindEnd
 		default:
-			return false, &FieldError{Field: name, Reason: fmt.Sprintf("want start, token or end, got %q", truncate(s))}
+			return false, &tokenevent.FieldError{Field: name, Reason: fmt.Sprintf("want start, token or end, got %q", truncate(s))}
 		}
 	case fSessionID:
 		s, err := p.str(name)
 		if err != nil {
 			return false, err
 		}
-		if err := CheckSessionID(s, p.limits.MaxSessionIDBytes); err != nil {
+		if err := tokenevent.CheckSessionID(s, p.limits.MaxSessionIDBytes); err != nil {
 			return false, err
 		}
 		ev.SessionID = p.intern(s)
@@ -673,7 +631,7 @@ func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if err := CheckTime(v); err != nil {
+		if err := tokenevent.CheckTime(v); err != nil {
 			return false, err
 		}
 		ev.TimeUnixNano = v
@@ -682,7 +640,7 @@ func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if err := CheckCount(int64(v)); err != nil {
+		if err := tokenevent.CheckCount(int64(v)); err != nil {
 			return false, err
 		}
 		ev.Count = int64(v)
@@ -696,14 +654,14 @@ func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
 		case p.literal("false"):
 			ev.NoStream = true
 		default:
-			return false, &FieldError{Field: name, Reason: "want true or false"}
+			return false, &tokenevent.FieldError{Field: name, Reason: "want true or false"}
 		}
 	case fTraceState:
 		s, err := p.str(name)
 		if err != nil {
 			return false, err
 		}
-		if err := CheckTraceState(s); err != nil {
+		if err := tokenevent.CheckTraceState(s); err != nil {
 			return false, err
 		}
 		ev.TraceState = p.intern(s)
@@ -725,7 +683,7 @@ func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
 		default:
 			ev.DecodeTimeNs = int64(v)
 		}
-		ev.TimingSource = TimingHook
+		ev.TimingSource = tokenevent.TimingHook
 		return true, err
 	case fResponseModel:
 		return true, p.internedStr(name, &ev.ResponseModel)
@@ -740,7 +698,7 @@ func (p *Parser) value(bit uint32, ev *Event) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		op, ferr := CheckOperation(s)
+		op, ferr := tokenevent.CheckOperation(s)
 		if ferr != nil {
 			return false, ferr
 		}
@@ -828,10 +786,10 @@ func le64[S string | []byte](b S) uint64 {
 		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
 }
 
-func (p *Parser) attributes(ev *Event) error {
+func (p *Parser) attributes(ev *tokenevent.Event) error {
 	const name = "attributes"
 	if p.i >= len(p.b) || p.b[p.i] != '{' {
-		return &FieldError{Field: name, Reason: "want an object of strings"}
+		return &tokenevent.FieldError{Field: name, Reason: "want an object of strings"}
 	}
 	p.i++
 	for first := true; ; first = false {
@@ -840,14 +798,14 @@ func (p *Parser) attributes(ev *Event) error {
 			return err
 		}
 		key := p.intern(k)
-		if err := CheckAttribute(ev.Attributes, key, p.limits.MaxAttributes); err != nil {
+		if err := tokenevent.CheckAttribute(ev.Attributes, key, p.limits.MaxAttributes); err != nil {
 			return err
 		}
 		v, err := p.str(name + "." + key)
 		if err != nil {
 			return err
 		}
-		ev.Attributes = append(ev.Attributes, Attribute{Key: key, Value: p.intern(v)})
+		ev.Attributes = append(ev.Attributes, tokenevent.Attribute{Key: key, Value: p.intern(v)})
 	}
 }
 
@@ -869,7 +827,7 @@ func (p *Parser) str(field string) ([]byte, error) {
 		if field == "" {
 			return nil, p.syntax("a string key")
 		}
-		return nil, &FieldError{Field: field, Reason: "want a string"}
+		return nil, &tokenevent.FieldError{Field: field, Reason: "want a string"}
 	}
 	p.i++
 	start := p.i
@@ -887,20 +845,20 @@ func (p *Parser) str(field string) ([]byte, error) {
 			p.i = i + 1
 			s := b[start:i]
 			if !ascii && !utf8.Valid(s) {
-				return nil, &FieldError{Field: field, Reason: "invalid UTF-8"}
+				return nil, &tokenevent.FieldError{Field: field, Reason: "invalid UTF-8"}
 			}
 			return s, nil
 		case c == '\\':
 			p.i = i
 			return p.strEscaped(field, start)
 		case c < 0x20:
-			return nil, &FieldError{Field: field, Reason: "control character in string"}
+			return nil, &tokenevent.FieldError{Field: field, Reason: "control character in string"}
 		default:
 			ascii = false
 		}
 	}
 	p.i = i
-	return nil, &FieldError{Field: field, Reason: "unterminated string"}
+	return nil, &tokenevent.FieldError{Field: field, Reason: "unterminated string"}
 }
 
 // strEscaped finishes a string that contains escapes, decoding it into scratch.
@@ -913,11 +871,11 @@ func (p *Parser) strEscaped(field string, start int) ([]byte, error) {
 			p.i++
 			p.scratch = out
 			if !utf8.Valid(out) {
-				return nil, &FieldError{Field: field, Reason: "invalid UTF-8"}
+				return nil, &tokenevent.FieldError{Field: field, Reason: "invalid UTF-8"}
 			}
 			return out, nil
 		case c < 0x20:
-			return nil, &FieldError{Field: field, Reason: "control character in string"}
+			return nil, &tokenevent.FieldError{Field: field, Reason: "control character in string"}
 		case c != '\\':
 			out = append(out, c)
 			p.i++
@@ -945,7 +903,7 @@ func (p *Parser) strEscaped(field string, start int) ([]byte, error) {
 		case 'u':
 			r, ok := p.hex4()
 			if !ok {
-				return nil, &FieldError{Field: field, Reason: `invalid \u escape`}
+				return nil, &tokenevent.FieldError{Field: field, Reason: `invalid \u escape`}
 			}
 			if r >= 0xD800 && r < 0xDC00 {
 				// A high surrogate must be followed by an escaped low one.
@@ -953,7 +911,7 @@ func (p *Parser) strEscaped(field string, start int) ([]byte, error) {
 					p.i += 2
 					lo, ok := p.hex4()
 					if !ok || lo < 0xDC00 || lo >= 0xE000 {
-						return nil, &FieldError{Field: field, Reason: `invalid \u escape`}
+						return nil, &tokenevent.FieldError{Field: field, Reason: `invalid \u escape`}
 					}
 					r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
 				} else {
@@ -964,11 +922,11 @@ func (p *Parser) strEscaped(field string, start int) ([]byte, error) {
 			}
 			out = utf8.AppendRune(out, r)
 		default:
-			return nil, &FieldError{Field: field, Reason: fmt.Sprintf("invalid escape \\%c", e)}
+			return nil, &tokenevent.FieldError{Field: field, Reason: fmt.Sprintf("invalid escape \\%c", e)}
 		}
 	}
 	p.scratch = out
-	return nil, &FieldError{Field: field, Reason: "unterminated string"}
+	return nil, &tokenevent.FieldError{Field: field, Reason: "unterminated string"}
 }
 
 func (p *Parser) hex4() (rune, bool) {
@@ -1017,10 +975,10 @@ func (p *Parser) uint(field string) (uint64, error) {
 	p.i = i
 	n := i - start
 	if n > 19 || v > math.MaxInt64 {
-		return 0, &FieldError{Field: field, Reason: "integer out of range"}
+		return 0, &tokenevent.FieldError{Field: field, Reason: "integer out of range"}
 	}
 	if n == 0 || (n > 1 && b[start] == '0') || (i < len(b) && !isDelim(b[i])) {
-		return 0, &FieldError{Field: field, Reason: "want a non-negative integer"}
+		return 0, &tokenevent.FieldError{Field: field, Reason: "want a non-negative integer"}
 	}
 	return v, nil
 }
@@ -1035,19 +993,19 @@ func (p *Parser) hex(field string, dst []byte) error {
 	}
 	want := 2 * len(dst)
 	if len(s) != want {
-		return &FieldError{Field: field, Reason: fmt.Sprintf("want %d hex digits, got %d", want, len(s))}
+		return &tokenevent.FieldError{Field: field, Reason: fmt.Sprintf("want %d hex digits, got %d", want, len(s))}
 	}
 	nonZero := false
 	for i := range dst {
 		hi, lo := unhex(s[2*i]), unhex(s[2*i+1])
 		if hi < 0 || lo < 0 {
-			return &FieldError{Field: field, Reason: fmt.Sprintf("want %d hex digits, got %q", want, truncate(s))}
+			return &tokenevent.FieldError{Field: field, Reason: fmt.Sprintf("want %d hex digits, got %q", want, truncate(s))}
 		}
 		dst[i] = byte(hi<<4 | lo)
 		nonZero = nonZero || dst[i] != 0
 	}
 	if !nonZero {
-		return &FieldError{Field: field, Reason: "must not be all zeros"}
+		return &tokenevent.FieldError{Field: field, Reason: "must not be all zeros"}
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package tokenevent
+package tokenparse
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 const (
@@ -21,28 +23,28 @@ const (
 	endLine   = `{"event":"end","session_id":"s-1","time_unix_nano":1700000001000000000,"completion_tokens":42,"finish_reason":"stop"}`
 )
 
-func parse(t *testing.T, line string) (Event, error) {
+func parse(t *testing.T, line string) (tokenevent.Event, error) {
 	t.Helper()
-	var ev Event
-	err := NewParser(Limits{}).Parse([]byte(line), &ev)
+	var ev tokenevent.Event
+	err := NewParser(tokenevent.Limits{}).Parse([]byte(line), &ev)
 	return ev, err
 }
 
 func TestParseStart(t *testing.T) {
 	ev, err := parse(t, startLine)
 	require.NoError(t, err)
-	assert.Equal(t, Event{
-		Kind:             KindStart,
+	assert.Equal(t, tokenevent.Event{
+		Kind:             tokenevent.KindStart,
 		SessionID:        "s-1",
 		TimeUnixNano:     1700000000000000000,
-		TraceID:          TraceID{0x0a, 0xf7, 0x65, 0x19, 0x16, 0xcd, 0x43, 0xdd, 0x84, 0x48, 0xeb, 0x21, 0x1c, 0x80, 0x31, 0x9c},
-		SpanID:           SpanID{0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31},
-		ParentSpanID:     SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
+		TraceID:          tokenevent.TraceID{0x0a, 0xf7, 0x65, 0x19, 0x16, 0xcd, 0x43, 0xdd, 0x84, 0x48, 0xeb, 0x21, 0x1c, 0x80, 0x31, 0x9c},
+		SpanID:           tokenevent.SpanID{0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31},
+		ParentSpanID:     tokenevent.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
 		Model:            "meta-llama/Llama-3.1-8B-Instruct",
 		Operation:        "chat",
 		PromptTokens:     812,
 		Engine:           "vllm-0",
-		Attributes:       []Attribute{{"quantization", "fp8"}, {"tenant", "a"}},
+		Attributes:       []tokenevent.Attribute{{Key: "quantization", Value: "fp8"}, {Key: "tenant", Value: "a"}},
 		Count:            1,
 		CompletionTokens: -1,
 		QueueTimeNs:      -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
@@ -80,17 +82,17 @@ func TestParseOptionalFields(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, ev.HasSeq, "absent")
 
-	for _, ev := range []Event{
-		{Kind: KindStart, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: 1, NoStream: true, TraceState: "ot=rv:0123456789abcd",
+	for _, ev := range []tokenevent.Event{
+		{Kind: tokenevent.KindStart, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: 1, NoStream: true, TraceState: "ot=rv:0123456789abcd",
 			QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1},
-		{Kind: KindToken, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: MaxCount, Seq: 0, HasSeq: true,
+		{Kind: tokenevent.KindToken, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: tokenevent.MaxCount, Seq: 0, HasSeq: true,
 			QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1},
-		{Kind: KindEnd, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: 3, Count: 1, ResponseModel: "m-fp8",
-			QueueTimeNs: 120_000_000, PrefillTimeNs: -1, DecodeTimeNs: 0, TimingSource: TimingHook},
+		{Kind: tokenevent.KindEnd, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: 3, Count: 1, ResponseModel: "m-fp8",
+			QueueTimeNs: 120_000_000, PrefillTimeNs: -1, DecodeTimeNs: 0, TimingSource: tokenevent.TimingHook},
 	} {
-		line := AppendJSON(nil, &ev)
-		var got Event
-		require.NoError(t, NewParser(Limits{}).Parse(line[:len(line)-1], &got), string(line))
+		line := tokenevent.AppendJSON(nil, &ev)
+		var got tokenevent.Event
+		require.NoError(t, NewParser(tokenevent.Limits{}).Parse(line[:len(line)-1], &got), string(line))
 		got.Attributes = nil
 		assert.Equal(t, ev, got, string(line))
 	}
@@ -99,7 +101,7 @@ func TestParseOptionalFields(t *testing.T) {
 func TestParseTokenAndEnd(t *testing.T) {
 	ev, err := parse(t, tokenLine)
 	require.NoError(t, err)
-	assert.Equal(t, KindToken, ev.Kind)
+	assert.Equal(t, tokenevent.KindToken, ev.Kind)
 	assert.Equal(t, int64(1), ev.Count)
 	assert.Equal(t, uint64(1700000000250000000), ev.TimeUnixNano)
 
@@ -109,7 +111,7 @@ func TestParseTokenAndEnd(t *testing.T) {
 
 	ev, err = parse(t, endLine)
 	require.NoError(t, err)
-	assert.Equal(t, KindEnd, ev.Kind)
+	assert.Equal(t, tokenevent.KindEnd, ev.Kind)
 	assert.Equal(t, int64(42), ev.CompletionTokens)
 	assert.Equal(t, "stop", ev.FinishReason)
 	assert.Equal(t, int64(-1), ev.PromptTokens)
@@ -124,7 +126,7 @@ func TestParseEscapes(t *testing.T) {
 	ev, err := parse(t, `{"event":"start","session_id":"a\"b\\c\u00e9\ud83d\ude00","time_unix_nano":1,"attributes":{"k\n":"v\t"}}`)
 	require.NoError(t, err)
 	assert.Equal(t, "a\"b\\cé😀", ev.SessionID)
-	assert.Equal(t, []Attribute{{"k\n", "v\t"}}, ev.Attributes)
+	assert.Equal(t, []tokenevent.Attribute{{Key: "k\n", Value: "v\t"}}, ev.Attributes)
 }
 
 func TestParseErrors(t *testing.T) {
@@ -212,8 +214,8 @@ func TestParseErrors(t *testing.T) {
 }
 
 func TestParseLimits(t *testing.T) {
-	p := NewParser(Limits{MaxLineBytes: 100, MaxSessionIDBytes: 4, MaxAttributes: 1})
-	var ev Event
+	p := NewParser(tokenevent.Limits{MaxLineBytes: 100, MaxSessionIDBytes: 4, MaxAttributes: 1})
+	var ev tokenevent.Event
 	err := p.Parse([]byte(startLine), &ev)
 	require.EqualError(t, err, fmt.Sprintf("line is %d bytes, limit is 100", len(startLine)))
 	err = p.Parse([]byte(`{"event":"token","session_id":"12345","time_unix_nano":1}`), &ev)
@@ -225,10 +227,10 @@ func TestParseLimits(t *testing.T) {
 func TestParseBatch(t *testing.T) {
 	body := startLine + "\r\n" + tokenLine + "\n\n" + `{"event":"token","session_id":"s-1","time_unix_nano":1,"trace_id":"0af7651916cd43dd8448eb211c80319"}` +
 		"\n" + `not json` + "\n" + endLine // no trailing newline
-	var kinds []Kind
+	var kinds []tokenevent.Kind
 	var errs []string
-	NewParser(Limits{}).ParseBatch([]byte(body), 0, func(ev *Event) { kinds = append(kinds, ev.Kind) }, func(e *LineError) { errs = append(errs, e.Error()) })
-	assert.Equal(t, []Kind{KindStart, KindToken, KindEnd}, kinds)
+	NewParser(tokenevent.Limits{}).ParseBatch([]byte(body), 0, func(ev *tokenevent.Event) { kinds = append(kinds, ev.Kind) }, func(e *LineError) { errs = append(errs, e.Error()) })
+	assert.Equal(t, []tokenevent.Kind{tokenevent.KindStart, tokenevent.KindToken, tokenevent.KindEnd}, kinds)
 	assert.Equal(t, []string{
 		"line 4: trace_id: want 32 hex digits, got 31",
 		"line 5: invalid JSON at byte 1: want '{', got 'n'",
@@ -239,7 +241,7 @@ func TestParseBatchMaxLines(t *testing.T) {
 	body := strings.Repeat(tokenLine+"\n", 5)
 	var n int
 	var errs []string
-	NewParser(Limits{}).ParseBatch([]byte(body), 3, func(*Event) { n++ }, func(e *LineError) { errs = append(errs, e.Error()) })
+	NewParser(tokenevent.Limits{}).ParseBatch([]byte(body), 3, func(*tokenevent.Event) { n++ }, func(e *LineError) { errs = append(errs, e.Error()) })
 	assert.Equal(t, 3, n)
 	assert.Equal(t, []string{"line 4: batch holds more than 3 lines: this line and the 1 after it not read"}, errs)
 }
@@ -251,7 +253,7 @@ func TestAppendJSONRoundTrip(t *testing.T) {
 	} {
 		want, err := parse(t, line)
 		require.NoError(t, err)
-		out := AppendJSON(nil, &want)
+		out := tokenevent.AppendJSON(nil, &want)
 		require.True(t, bytes.HasSuffix(out, []byte("\n")))
 		got, err := parse(t, string(out[:len(out)-1]))
 		require.NoError(t, err, string(out))
@@ -260,8 +262,8 @@ func TestAppendJSONRoundTrip(t *testing.T) {
 }
 
 func TestAppendJSONInvalidUTF8(t *testing.T) {
-	ev := Event{Kind: KindToken, SessionID: "a\xffb", TimeUnixNano: 1, Count: 1}
-	got, err := parse(t, strings.TrimSpace(string(AppendJSON(nil, &ev))))
+	ev := tokenevent.Event{Kind: tokenevent.KindToken, SessionID: "a\xffb", TimeUnixNano: 1, Count: 1}
+	got, err := parse(t, strings.TrimSpace(string(tokenevent.AppendJSON(nil, &ev))))
 	require.NoError(t, err)
 	assert.Equal(t, "a\ufffdb", got.SessionID)
 }
@@ -272,12 +274,12 @@ func FuzzParse(f *testing.F) {
 		`{"bad"}`, `{"bad":[1,{"x":-0.5E+2}],"event":"token"}`, `{"event":"token","x":[[[[]]]]}`} {
 		f.Add([]byte(s))
 	}
-	p := NewParser(Limits{})
+	p := NewParser(tokenevent.Limits{})
 	f.Fuzz(func(t *testing.T, line []byte) {
-		var ev Event
+		var ev tokenevent.Event
 		// The compact fast path and the general parser agree on every line
 		// the fast path takes.
-		var fast, general Event
+		var fast, general tokenevent.Event
 		if p.parseCompactToken(line, &fast) {
 			if err := p.parseObject(line, &general); err != nil {
 				t.Fatalf("fast path took %q, general parser rejects it: %v", line, err)
@@ -287,14 +289,14 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 		if err := p.Parse(line, &ev); err != nil {
-			if _, ok := err.(*FieldError); !ok {
+			if _, ok := err.(*tokenevent.FieldError); !ok {
 				t.Fatalf("error of type %T", err)
 			}
 			return
 		}
 		// Whatever parses must encode and parse back to the same event.
-		out := AppendJSON(nil, &ev)
-		var again Event
+		out := tokenevent.AppendJSON(nil, &ev)
+		var again tokenevent.Event
 		if err := p.Parse(out[:len(out)-1], &again); err != nil {
 			t.Fatalf("re-parse of %q: %v", out, err)
 		}
@@ -305,9 +307,9 @@ func FuzzParse(f *testing.F) {
 }
 
 func BenchmarkParseToken(b *testing.B) {
-	p := NewParser(Limits{})
+	p := NewParser(tokenevent.Limits{})
 	line := []byte(tokenLine)
-	var ev Event
+	var ev tokenevent.Event
 	b.ReportAllocs()
 	b.SetBytes(int64(len(line)))
 	for b.Loop() {
@@ -321,9 +323,9 @@ func BenchmarkParseToken(b *testing.B) {
 // BenchmarkParseTokenGeneral parses a token line the compact fast path does
 // not take (another field order), as any other JSON encoder might write it.
 func BenchmarkParseTokenGeneral(b *testing.B) {
-	p := NewParser(Limits{})
+	p := NewParser(tokenevent.Limits{})
 	line := []byte(`{"session_id":"s-1","event":"token","time_unix_nano":1700000000250000000}`)
-	var ev Event
+	var ev tokenevent.Event
 	b.ReportAllocs()
 	for b.Loop() {
 		if err := p.Parse(line, &ev); err != nil {
@@ -339,13 +341,13 @@ func BenchmarkParseBatch(b *testing.B) {
 	var body []byte
 	for step := range 10 {
 		for s := range 100 {
-			ev := Event{Kind: KindToken, SessionID: fmt.Sprintf("req-%08d", s), TimeUnixNano: uint64(1700000000000000000 + step*25_000_000 + s), Count: 1}
-			body = AppendJSON(body, &ev)
+			ev := tokenevent.Event{Kind: tokenevent.KindToken, SessionID: fmt.Sprintf("req-%08d", s), TimeUnixNano: uint64(1700000000000000000 + step*25_000_000 + s), Count: 1}
+			body = tokenevent.AppendJSON(body, &ev)
 		}
 	}
-	p := NewParser(Limits{})
+	p := NewParser(tokenevent.Limits{})
 	n := 0
-	onEvent := func(*Event) { n++ }
+	onEvent := func(*tokenevent.Event) { n++ }
 	onError := func(e *LineError) { b.Fatal(e) }
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
@@ -404,7 +406,7 @@ func TestCompactUint(t *testing.T) {
 func TestParseBatchCutOnce(t *testing.T) {
 	body := tokenLine + "\n" + tokenLine + "\n\n  \n" + strings.Repeat("1\n\n", 1000) + "x"
 	var errs []*LineError
-	NewParser(Limits{}).ParseBatch([]byte(body), 1, func(*Event) {}, func(e *LineError) { c := *e; errs = append(errs, &c) })
+	NewParser(tokenevent.Limits{}).ParseBatch([]byte(body), 1, func(*tokenevent.Event) {}, func(e *LineError) { c := *e; errs = append(errs, &c) })
 	require.Len(t, errs, 1)
 	assert.Equal(t, 2, errs[0].Line)
 	assert.Equal(t, 1001, errs[0].Unread, "999+1 lines of 1 and the x, blank lines not counted")
