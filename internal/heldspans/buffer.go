@@ -14,6 +14,7 @@
 package heldspans // import "github.com/otelcol-llm/otelcol-llm/internal/heldspans"
 
 import (
+	"errors"
 	"strings"
 	"time"
 
@@ -51,7 +52,7 @@ type heldTrace struct {
 
 // New returns an empty Buffer, or the validation error of cfg.
 func New(cfg Config) (*Buffer, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := errors.Join(cfg.Validate()...); err != nil {
 		return nil, err
 	}
 	return &Buffer{

@@ -1,6 +1,7 @@
 package heldspans
 
 import (
+	"errors"
 	"math"
 	"testing"
 	"time"
@@ -10,7 +11,7 @@ import (
 )
 
 func TestDefaultConfigIsValid(t *testing.T) {
-	require.NoError(t, DefaultConfig().Validate())
+	require.Empty(t, DefaultConfig().Validate())
 	b, err := New(DefaultConfig())
 	require.NoError(t, err)
 	assert.Equal(t, 0, b.HeldSpans())
@@ -27,5 +28,5 @@ func TestNewNamesEveryInvalidField(t *testing.T) {
 
 	cfg := DefaultConfig()
 	cfg.VerdictCacheSize = math.MaxInt32 + 1
-	assert.ErrorContains(t, cfg.Validate(), "verdict_cache_size: at most 2147483647")
+	assert.ErrorContains(t, errors.Join(cfg.Validate()...), "verdict_cache_size: at most 2147483647")
 }

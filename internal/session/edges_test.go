@@ -151,7 +151,7 @@ func TestFreezeOnEngineTime(t *testing.T) {
 
 	// A lone session, no slack: silence raises a freeze, then a token
 	// made 40 ms after the last arrives late and withdraws it.
-	tbl2, rec2 := newTable(t, func(c *Config) { c.DeliverySlack = 0 })
+	tbl2, rec2 := newTable(t, func(c *Config) { c.Stall.DeliverySlack = 0 })
 	apply(tbl2, start("c", t0), tok("c", t0+10*ms, 1), tok("c", t0+20*ms, 1))
 	tbl2.Tick(t0 + 500*ms)
 	require.Len(t, rec2.stalls, 1)
@@ -169,7 +169,7 @@ func TestFreezeOnEngineTime(t *testing.T) {
 // 5. A session that never had a token lasts until the collector ended it,
 // on the engine's clock; not 0.
 func TestNoFirstTokenDuration(t *testing.T) {
-	tbl, rec := newTable(t, func(c *Config) { c.IdleTimeout = 10 * time.Second; c.MaxActive = 2 })
+	tbl, rec := newTable(t, func(c *Config) { c.Table.IdleTimeout = 10 * time.Second; c.Table.MaxActive = 2 })
 	const skew = 3 * int64(time.Second) // the engine's clock runs 3 s behind the collector's
 	tbl.Apply(start("queued", t0), t0+skew)
 	tbl.Tick(t0 + skew + 11*int64(time.Second))
@@ -308,7 +308,7 @@ func TestOrphanKeepWithoutStart(t *testing.T) {
 
 // 15. The maximum window TPOT is over full windows only.
 func TestWindowTPOTMaxFullWindows(t *testing.T) {
-	tbl, rec := newTable(t, func(c *Config) { c.Window = 3; c.StallGap = time.Second })
+	tbl, rec := newTable(t, func(c *Config) { c.Window = 3; c.Stall.Gap = time.Second })
 	apply(tbl, start("w", t0), tok("w", t0+10*ms, 1), tok("w", t0+210*ms, 1), tok("w", t0+220*ms, 1), tok("w", t0+230*ms, 1), tok("w", t0+240*ms, 1), end("w", t0+240*ms, -1))
 	assert.Equal(t, 73333*time.Microsecond, rec.ended[0].WMax, "(200+10+10)/3, not the lone 200 ms")
 }

@@ -240,11 +240,11 @@ func NewTable[S any](cfg Config, obs Observer[S]) (*Table[S], error) {
 		cfg:         cfg,
 		obs:         obs,
 		normal:      normal,
-		freezeAfter: int64(cfg.StallGap) * int64(cfg.StallConsecutive),
+		freezeAfter: int64(cfg.Stall.Gap) * int64(cfg.Stall.Consecutive),
 		sessions:    make(map[string]*entry[S]),
 		sources:     make(map[string]*source),
 		traces:      make(map[pcommon.TraceID]traceRef),
-		ended:       newEndedSet(cfg.EndedMemory),
+		ended:       newEndedSet(cfg.Table.EndedMemory),
 	}, nil
 }
 
@@ -298,7 +298,7 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 	}
 	at := int64(ev.TimeUnixNano)
 	kind := int(ev.Kind) - 1
-	if at-now > int64(t.cfg.MaxFutureSkew) {
+	if at-now > int64(t.cfg.Table.MaxFutureSkew) {
 		// One token a year ahead would make a TPOT of thousands of hours
 		// and poison the cumulative sums for the life of the process.
 		t.Counters.FutureEvents[kind]++
@@ -400,11 +400,11 @@ func (t *Table[S]) Tick(now int64, reports []Report[S]) []Report[S] {
 		c := &t.clocks[i]
 		s := t.slots[i]
 		switch {
-		case now-c.lastSeen > int64(t.cfg.IdleTimeout):
+		case now-c.lastSeen > int64(t.cfg.Table.IdleTimeout):
 			e := t.endedAt(s, now)
 			t.end(s, OutcomeTimeout, &e, &reports)
 		case c.lastTokenSeen != 0 && now-c.lastTokenSeen > t.freezeAfter &&
-			s.source.engineNow(now, int64(t.cfg.DeliverySlack))-s.LastTokenTime > t.freezeAfter:
+			s.source.engineNow(now, int64(t.cfg.Stall.DeliverySlack))-s.LastTokenTime > t.freezeAfter:
 			// No token arrived for the freeze time, and the engine's clock
 			// as the session's source shows it has moved on that far: late
 			// delivery alone (a batch upstream, a busy CPU) raises nothing.
@@ -466,7 +466,7 @@ func (t *Table[S]) evict(now int64, out *[]Report[S]) {
 }
 
 func (t *Table[S]) create(id string, now int64, out *[]Report[S]) *entry[S] {
-	if len(t.sessions) >= t.cfg.MaxActive {
+	if len(t.sessions) >= t.cfg.Table.MaxActive {
 		t.evict(now, out)
 	}
 	var s *entry[S]
@@ -647,14 +647,14 @@ func (t *Table[S]) token(s *entry[S], at, count, now int64, out *[]Report[S]) {
 		return
 	}
 	gap := time.Duration(at-s.LastTokenTime) / time.Duration(count)
-	if gap > t.cfg.StallGap && s.slowRun == 0 {
+	if gap > t.cfg.Stall.Gap && s.slowRun == 0 {
 		s.slowSince = s.LastTokenTime
 	}
 	s.LastTokenTime = at
 	s.MaxGap = max(s.MaxGap, gap)
 	t.pushGap(s, gap, count)
 	t.obs.Gap(&s.Session, s.state, gap, count)
-	if gap <= t.cfg.StallGap {
+	if gap <= t.cfg.Stall.Gap {
 		s.slowRun = 0
 		if s.inStall {
 			s.inStall, s.inFreeze = false, false
@@ -663,9 +663,9 @@ func (t *Table[S]) token(s *entry[S], at, count, now int64, out *[]Report[S]) {
 		return
 	}
 	s.slowRun = int32(min(int64(s.slowRun)+count, math.MaxInt32))
-	if !s.inStall && int(s.slowRun) >= t.cfg.StallConsecutive {
+	if !s.inStall && int(s.slowRun) >= t.cfg.Stall.Consecutive {
 		c.lastTokenSeen = 0
-		t.stall(s, Stall{DetectedAt: at, Since: s.slowSince, Gaps: t.latestGaps(s, t.cfg.StallConsecutive)}, out)
+		t.stall(s, Stall{DetectedAt: at, Since: s.slowSince, Gaps: t.latestGaps(s, t.cfg.Stall.Consecutive)}, out)
 	}
 }
 
@@ -711,7 +711,7 @@ func (t *Table[S]) latestGaps(s *entry[S], n int) []time.Duration {
 func (t *Table[S]) stall(s *entry[S], st Stall, out *[]Report[S]) {
 	s.inStall, s.inFreeze = true, st.Freeze
 	s.StallCount++
-	if len(s.Stalls()) < t.cfg.MaxStallRecords {
+	if len(s.Stalls()) < t.cfg.Stall.MaxRecords {
 		x := s.ensureExtra()
 		x.stalls = append(x.stalls, st)
 	}

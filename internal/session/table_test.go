@@ -270,7 +270,7 @@ func TestWindowMovesWithItsSession(t *testing.T) {
 // A Session is reused after its end; the next session in it starts without
 // the previous one's attributes and stall records.
 func TestReusedSessionStartsEmpty(t *testing.T) {
-	tbl, rec := newTable(t, func(c *Config) { c.StallConsecutive = 1 })
+	tbl, rec := newTable(t, func(c *Config) { c.Stall.Consecutive = 1 })
 	withAttrs := start("x", t0)
 	withAttrs.Attributes = []tokenevent.Attribute{{Key: "tenant", Value: "t1"}}
 	var attrs []tokenevent.Attribute
@@ -352,7 +352,7 @@ func TestStallSinceIsTheLastTokenBeforeTheEpisode(t *testing.T) {
 func TestFreezeDetectedWhileItLasts(t *testing.T) {
 	// No delivery slack: the lone session's source is judged at once on
 	// the arrival clock (TestFreezeOnEngineTime has the slack).
-	tbl, rec := newTable(t, func(c *Config) { c.DeliverySlack = 0 })
+	tbl, rec := newTable(t, func(c *Config) { c.Stall.DeliverySlack = 0 })
 	apply(tbl, start("f", t0), tok("f", t0+10*ms, 1), tok("f", t0+20*ms, 1))
 	tbl.Tick(t0 + 400*ms) // 380 ms without a token: below 3×150 ms
 	assert.Empty(t, rec.stalls)
@@ -374,7 +374,7 @@ func TestFreezeDetectedWhileItLasts(t *testing.T) {
 }
 
 func TestIdleTimeout(t *testing.T) {
-	tbl, rec := newTable(t, func(c *Config) { c.IdleTimeout = time.Second })
+	tbl, rec := newTable(t, func(c *Config) { c.Table.IdleTimeout = time.Second })
 	apply(tbl, start("old", t0), tok("old", t0+10*ms, 1))
 	apply(tbl, start("new", t0+600*ms))
 	tbl.Tick(t0 + 1000*ms)
@@ -396,7 +396,7 @@ func TestIdleTimeout(t *testing.T) {
 }
 
 func TestEvictionLeastRecentlyActive(t *testing.T) {
-	tbl, rec := newTable(t, func(c *Config) { c.MaxActive = 2 })
+	tbl, rec := newTable(t, func(c *Config) { c.Table.MaxActive = 2 })
 	apply(tbl, start("a", t0), start("b", t0+1*ms), tok("a", t0+2*ms, 1), start("c", t0+3*ms))
 	require.Len(t, rec.ended, 1)
 	assert.Equal(t, "b", rec.ended[0].ID)
@@ -410,7 +410,7 @@ func TestEvictionLeastRecentlyActive(t *testing.T) {
 func TestReportedSessionReusedOnlyAfterRelease(t *testing.T) {
 	tbl, err := NewTable(DefaultConfig(), &recorder{})
 	require.NoError(t, err)
-	tbl.cfg.MaxActive = 1
+	tbl.cfg.Table.MaxActive = 1
 	reports := tbl.Release(tbl.Apply(start("a", t0), t0, nil))
 	reports = tbl.Apply(start("b", t0+ms), t0+ms, reports)
 	require.Len(t, reports, 1)
@@ -518,7 +518,7 @@ func TestDisorder(t *testing.T) {
 		assert.Equal(t, time.Duration(0), rec.ended[0].TTFT)
 	})
 	t.Run("ended memory is bounded", func(t *testing.T) {
-		tbl, _ := newTable(t, func(c *Config) { c.EndedMemory = 2 })
+		tbl, _ := newTable(t, func(c *Config) { c.Table.EndedMemory = 2 })
 		for i := range 3 {
 			id := fmt.Sprint(i)
 			apply(tbl, start(id, t0), end(id, t0+ms, -1))
@@ -618,17 +618,19 @@ func TestSamplingConsistentByTraceID(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	cfg := Config{Window: 0, StallGap: -1, StallConsecutive: 0, MaxStallRecords: -1, Sampling: SamplingConfig{TTFT: -1, NormalPercent: 101}}
+	cfg := Config{Window: 0, Stall: StallConfig{Gap: -1, MaxRecords: -1}, Sampling: SamplingConfig{TTFT: -1, NormalPercent: 101}}
 	err := cfg.Validate()
 	require.Error(t, err)
 	for _, want := range []string{
 		"window: must be positive, got 0", "stall::gap: must be positive, got -1ns", "stall::consecutive: must be positive, got 0",
-		"stall::max_records: must not be negative, got -1", "session::idle_timeout: must be positive, got 0s",
-		"session::max_active: must be positive, got 0", "session::ended_memory: must be positive, got 0",
+		"stall::max_records: must not be negative, got -1", "stall::check_interval: must be positive, got 0s",
+		"table::idle_timeout: must be positive, got 0s", "table::max_active: must be positive, got 0",
+		"table::ended_memory: must be positive, got 0",
 		"sampling::ttft: must not be negative, got -1ns", "sampling::normal_percent: must be within [0, 100], got 101",
 	} {
 		assert.Contains(t, err.Error(), want)
 	}
+	assert.EqualError(t, ValidateWindow(maxWindow+1), "at most 4096, got 4097")
 	require.NoError(t, DefaultConfig().Validate())
 }
 

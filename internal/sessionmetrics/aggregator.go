@@ -8,6 +8,7 @@ package sessionmetrics
 
 import (
 	"encoding/binary"
+	"errors"
 	"strings"
 	"time"
 
@@ -145,7 +146,7 @@ type Aggregator struct {
 
 // New returns an Aggregator; start is the start timestamp of the first interval.
 func New(cfg Config, start time.Time) (*Aggregator, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := errors.Join(cfg.Validate()...); err != nil {
 		return nil, err
 	}
 	cfg = cfg.normalized()

@@ -390,7 +390,7 @@ func TestMaxModels(t *testing.T) {
 	}
 	assert.Zero(t, unbounded.ModelOverflowCount())
 
-	_, err := New(Config{CardinalityLimit: 10, Temporality: Cumulative, Histogram: Explicit, MaxModels: -1}, t0)
+	_, err := New(Config{FlushInterval: time.Second, CardinalityLimit: 10, Temporality: Cumulative, Histogram: Explicit, MaxModels: -1}, t0)
 	assert.EqualError(t, err, "max_models: must not be negative (0: no bound), got -1")
 }
 

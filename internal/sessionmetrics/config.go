@@ -1,9 +1,9 @@
 package sessionmetrics
 
 import (
-	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Temporality is the aggregation temporality of the sums and histograms,
@@ -41,33 +41,42 @@ const (
 // beyond Config.MaxModels are recorded under.
 const ModelOverflow = "_OTHER"
 
-// Config configures an Aggregator. Start from DefaultConfig; the zero Config is invalid.
+// Config configures an Aggregator; it is the metrics section of the
+// token_session processor's configuration, with its keys. Start from
+// DefaultConfig; the zero Config is invalid.
 type Config struct {
+	// FlushInterval is how often the caller renders the metrics (AppendTo)
+	// and sends them on.
+	FlushInterval time.Duration `mapstructure:"flush_interval"`
 	// Dimensions are extra dimension keys (session attribute keys). Their values come in Dims.Extra, in
 	// this order, and are emitted under these keys.
-	Dimensions []string
+	Dimensions []string `mapstructure:"dimensions"`
 	// CardinalityLimit is the maximum number of data points (distinct attribute sets) per metric,
 	// the overflow point included, as in the OTel SDK: CardinalityLimit-1 regular sets, and every
 	// further set is folded into one point with only otel.metric.overflow=true.
-	CardinalityLimit int
-	// Temporality of sums and histograms; any case.
-	Temporality Temporality
-	// Histogram selects explicit or exponential histograms for all histogram metrics; any case.
-	Histogram HistogramKind
+	CardinalityLimit int `mapstructure:"cardinality_limit"`
+	// Temporality of sums and histograms: cumulative (default) or delta, any case.
+	Temporality Temporality `mapstructure:"temporality"`
+	// Histogram selects explicit (default) or exponential histograms for all histogram metrics; any case.
+	Histogram HistogramKind `mapstructure:"histogram"`
 	// ExponentialMaxSize is the maximum number of buckets of an exponential histogram; only checked
 	// when Histogram is Exponential.
-	ExponentialMaxSize int
+	ExponentialMaxSize int `mapstructure:"exponential_max_size"`
 	// MaxModels bounds the distinct gen_ai.request.model values, for the life of the Aggregator:
 	// the model comes from the client's request, and without a bound invented names would take
 	// the whole CardinalityLimit from real series. Sessions of further models are recorded with
 	// the model ModelOverflow. 0 means no bound.
-	MaxModels int
+	MaxModels int `mapstructure:"max_models"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
 }
 
-// DefaultConfig returns the defaults: no extra dimensions, 2000 series per metric, cumulative,
-// explicit histograms, 160 exponential buckets.
+// DefaultConfig returns the defaults: flushed every 15 s, no extra dimensions, 2000 series per
+// metric, 100 models, cumulative, explicit histograms, 160 exponential buckets.
 func DefaultConfig() Config {
 	return Config{
+		FlushInterval:      15 * time.Second,
 		CardinalityLimit:   DefaultCardinalityLimit,
 		Temporality:        Cumulative,
 		Histogram:          Explicit,
@@ -90,10 +99,15 @@ func (c Config) normalized() Config {
 	return c
 }
 
-// Validate reports every problem of the configuration at once, each named
-// by its key under the token_session processor's metrics key.
-func (c Config) Validate() error {
+// Validate returns every problem of the configuration, each named by its
+// key. A slice, not an error: the token_session processor puts each under
+// its metrics key, and the collector, which calls every Validate() error
+// in a configuration, would report them a second time without it.
+func (c Config) Validate() []error {
 	var errs []error
+	if c.FlushInterval <= 0 {
+		errs = append(errs, fmt.Errorf("flush_interval: must be positive, got %s", c.FlushInterval))
+	}
 	if c.CardinalityLimit < 2 {
 		errs = append(errs, fmt.Errorf("cardinality_limit: want at least 2 (one regular series plus the overflow series), got %d", c.CardinalityLimit))
 	}
@@ -130,7 +144,7 @@ func (c Config) Validate() error {
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 func isBuiltinKey(key string) bool {

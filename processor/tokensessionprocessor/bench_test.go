@@ -101,7 +101,9 @@ func BenchmarkRetainedPerSessionProcessor(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		c.nextLogs = consumertest.NewNop()
+		if err := c.setNext(consumertest.NewNop(), nil, nil); err != nil {
+			b.Fatal(err)
+		}
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
@@ -125,9 +127,26 @@ func BenchmarkRetainedPerSessionProcessor(b *testing.B) {
 		// collected: what remains is what the sessions hold, their IDs
 		// included.
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/session")
-		if c.table.Active() != n {
-			b.Fatalf("%d active sessions, want %d", c.table.Active(), n)
+		if c.sessions.table.Active() != n {
+			b.Fatalf("%d active sessions, want %d", c.sessions.table.Active(), n)
 		}
 		c.telemetry.shutdown()
+	}
+}
+
+// BenchmarkConsumeLogsApplication passes a batch of 100 application log
+// records (no token events) through the logs pipeline, as a pipeline shared
+// with an application's logs does: checked and passed on without a lock.
+// Building the batches is not timed.
+func BenchmarkConsumeLogsApplication(b *testing.B) {
+	lp := newBenchProcessor(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		ld := appLogs(100)
+		b.StartTimer()
+		if err := lp.ConsumeLogs(context.Background(), ld); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -28,92 +28,26 @@ const (
 	PassAll PassTokenEvents = "all"
 )
 
-// Config is the configuration of the token_session processor.
+// Config is the configuration of the token_session processor. The sections
+// that configure a part of the processor are that part's own types, with
+// their keys, defaults and checks: stall, session and sampling are the
+// state machine's (internal/session), metrics the aggregator's
+// (internal/sessionmetrics), traces the held spans' (internal/heldspans).
 type Config struct {
 	// PassTokenEvents: none (default), sampled or all.
 	PassTokenEvents PassTokenEvents `mapstructure:"pass_token_events"`
 	// ProviderName is gen_ai.provider.name on every output.
 	ProviderName string `mapstructure:"provider_name"`
 	// Window is how many of the latest per-token gaps the window TPOT averages.
-	Window   int            `mapstructure:"window"`
-	Stall    StallConfig    `mapstructure:"stall"`
-	Session  SessionConfig  `mapstructure:"session"`
-	Sampling SamplingConfig `mapstructure:"sampling"`
-	Metrics  MetricsConfig  `mapstructure:"metrics"`
-	Traces   TracesConfig   `mapstructure:"traces"`
-	Limits   LimitsConfig   `mapstructure:"limits"`
+	Window   int                    `mapstructure:"window"`
+	Stall    session.StallConfig    `mapstructure:"stall"`
+	Session  session.TableConfig    `mapstructure:"session"`
+	Sampling session.SamplingConfig `mapstructure:"sampling"`
+	Metrics  sessionmetrics.Config  `mapstructure:"metrics"`
+	Traces   heldspans.Config       `mapstructure:"traces"`
+	Limits   LimitsConfig           `mapstructure:"limits"`
 	// EngineTiming joins the engine's own timing (its span) to sessions.
 	EngineTiming EngineTimingConfig `mapstructure:"engine_timing"`
-
-	// prevent unkeyed literal initialization
-	_ struct{}
-}
-
-// StallConfig defines a stall: Consecutive per-token gaps above Gap, or no
-// token for Consecutive×Gap.
-type StallConfig struct {
-	Gap         time.Duration `mapstructure:"gap"`
-	Consecutive int           `mapstructure:"consecutive"`
-	// MaxRecords bounds the stall episodes kept per session for span events.
-	MaxRecords int `mapstructure:"max_records"`
-	// CheckInterval is how often idle sessions are checked for freezes and
-	// timeouts.
-	CheckInterval time.Duration `mapstructure:"check_interval"`
-	// DeliverySlack is how late a source's events may arrive before its
-	// silence counts towards a freeze (freezes are judged on the engine's
-	// clock).
-	DeliverySlack time.Duration `mapstructure:"delivery_slack"`
-
-	// prevent unkeyed literal initialization
-	_ struct{}
-}
-
-// SessionConfig bounds the session table.
-type SessionConfig struct {
-	IdleTimeout time.Duration `mapstructure:"idle_timeout"`
-	MaxActive   int           `mapstructure:"max_active"`
-	// EndedMemory is how many ended session IDs are remembered to recognise
-	// late events.
-	EndedMemory int `mapstructure:"ended_memory"`
-	// MaxFutureSkew rejects events stamped further ahead of the collector's
-	// clock.
-	MaxFutureSkew time.Duration `mapstructure:"max_future_skew"`
-
-	// prevent unkeyed literal initialization
-	_ struct{}
-}
-
-// SamplingConfig is the tail sampling policy.
-type SamplingConfig struct {
-	TTFT          time.Duration `mapstructure:"ttft"`
-	TPOT          time.Duration `mapstructure:"tpot"`
-	Stalls        bool          `mapstructure:"stalls"`
-	Errors        bool          `mapstructure:"errors"`
-	NormalPercent float64       `mapstructure:"normal_percent"`
-	// QueueTime keeps sessions that waited longer in the engine's queue
-	// (as the timing on their end says); 0 disables.
-	QueueTime time.Duration `mapstructure:"queue_time"`
-
-	// prevent unkeyed literal initialization
-	_ struct{}
-}
-
-// MetricsConfig configures the session metrics added to the metrics pipeline.
-type MetricsConfig struct {
-	FlushInterval    time.Duration `mapstructure:"flush_interval"`
-	Dimensions       []string      `mapstructure:"dimensions"`
-	CardinalityLimit int           `mapstructure:"cardinality_limit"`
-	// Temporality: cumulative (default) or delta. A plain string, checked
-	// by Validate with the other settings.
-	Temporality sessionmetrics.Temporality `mapstructure:"temporality"`
-	// Histogram: explicit (default) or exponential; checked like Temporality.
-	Histogram sessionmetrics.HistogramKind `mapstructure:"histogram"`
-	// ExponentialMaxSize is the most buckets of an exponential histogram.
-	ExponentialMaxSize int `mapstructure:"exponential_max_size"`
-	// MaxModels bounds the distinct model names in the metrics (the model
-	// comes from the client); further ones are recorded as _OTHER. 0: no
-	// bound.
-	MaxModels int `mapstructure:"max_models"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -148,81 +82,38 @@ type EngineTimingConfig struct {
 	_ struct{}
 }
 
-// TracesConfig bounds the spans held until their session's verdict.
-type TracesConfig struct {
-	MaxHeldSpans     int           `mapstructure:"max_held_spans"`
-	MaxHold          time.Duration `mapstructure:"max_hold"`
-	VerdictCacheSize int           `mapstructure:"verdict_cache_size"`
-	// VerdictSpans emits a small span the moment a session is kept before
-	// its end (a TTFT breach at the first token, a stall), so that a tail
-	// sampler elsewhere (a gateway tier) learns the verdict long before
-	// the session span, which comes at the end.
-	VerdictSpans bool `mapstructure:"verdict_spans"`
-
-	// prevent unkeyed literal initialization
-	_ struct{}
-}
-
+// createDefaultConfig takes each part's defaults; only the processor's own
+// settings have theirs here.
 func createDefaultConfig() *Config {
-	d := session.DefaultConfig()
-	h := heldspans.DefaultConfig()
+	s := session.DefaultConfig()
 	return &Config{
 		PassTokenEvents: PassNone,
 		ProviderName:    "vllm",
-		Window:          d.Window,
-		Stall: StallConfig{Gap: d.StallGap, Consecutive: d.StallConsecutive, MaxRecords: d.MaxStallRecords,
-			CheckInterval: 50 * time.Millisecond, DeliverySlack: d.DeliverySlack},
-		Session: SessionConfig{IdleTimeout: d.IdleTimeout, MaxActive: d.MaxActive, EndedMemory: d.EndedMemory,
-			MaxFutureSkew: d.MaxFutureSkew},
-		Sampling: SamplingConfig{TTFT: d.Sampling.TTFT, TPOT: d.Sampling.TPOT, Stalls: d.Sampling.Stalls,
-			Errors: d.Sampling.Errors, NormalPercent: d.Sampling.NormalPercent},
-		Metrics: MetricsConfig{FlushInterval: 15 * time.Second, CardinalityLimit: sessionmetrics.DefaultCardinalityLimit,
-			Temporality: sessionmetrics.Cumulative, Histogram: sessionmetrics.Explicit, ExponentialMaxSize: sessionmetrics.DefaultExponentialMaxSize,
-			MaxModels: sessionmetrics.DefaultMaxModels},
-		Traces:       TracesConfig{MaxHeldSpans: h.MaxHeldSpans, MaxHold: h.MaxHold, VerdictCacheSize: h.VerdictCacheSize},
-		Limits:       LimitsConfig{MaxSessionIDBytes: tokenevent.DefaultMaxSessionIDBytes, MaxAttributes: tokenevent.DefaultMaxAttributes},
-		EngineTiming: EngineTimingConfig{Wait: 6 * time.Second, MaxSessions: 20_000},
+		Window:          s.Window,
+		Stall:           s.Stall,
+		Session:         s.Table,
+		Sampling:        s.Sampling,
+		Metrics:         sessionmetrics.DefaultConfig(),
+		Traces:          heldspans.DefaultConfig(),
+		Limits:          LimitsConfig{MaxSessionIDBytes: tokenevent.DefaultMaxSessionIDBytes, MaxAttributes: tokenevent.DefaultMaxAttributes},
+		EngineTiming:    EngineTimingConfig{Wait: 6 * time.Second, MaxSessions: 20_000},
 	}
 }
 
-// sessionConfig is the state machine's view of the configuration.
+// sessionConfig is the state machine's configuration: its sections as
+// given.
 func (cfg *Config) sessionConfig() session.Config {
-	return session.Config{
-		Window:           cfg.Window,
-		StallGap:         cfg.Stall.Gap,
-		StallConsecutive: cfg.Stall.Consecutive,
-		MaxStallRecords:  cfg.Stall.MaxRecords,
-		DeliverySlack:    cfg.Stall.DeliverySlack,
-		IdleTimeout:      cfg.Session.IdleTimeout,
-		MaxFutureSkew:    cfg.Session.MaxFutureSkew,
-		MaxActive:        cfg.Session.MaxActive,
-		EndedMemory:      cfg.Session.EndedMemory,
-		Sampling: session.SamplingConfig{TTFT: cfg.Sampling.TTFT, TPOT: cfg.Sampling.TPOT, Stalls: cfg.Sampling.Stalls,
-			Errors: cfg.Sampling.Errors, NormalPercent: cfg.Sampling.NormalPercent, QueueTime: cfg.Sampling.QueueTime},
-	}
-}
-
-func (cfg *Config) metricsConfig() sessionmetrics.Config {
-	return sessionmetrics.Config{
-		Dimensions:         cfg.Metrics.Dimensions,
-		CardinalityLimit:   cfg.Metrics.CardinalityLimit,
-		Temporality:        cfg.Metrics.Temporality,
-		Histogram:          cfg.Metrics.Histogram,
-		ExponentialMaxSize: cfg.Metrics.ExponentialMaxSize,
-		MaxModels:          cfg.Metrics.MaxModels,
-	}
-}
-
-func (cfg *Config) heldSpansConfig() heldspans.Config {
-	return heldspans.Config{MaxHeldSpans: cfg.Traces.MaxHeldSpans, MaxHold: cfg.Traces.MaxHold, VerdictCacheSize: cfg.Traces.VerdictCacheSize}
+	return session.Config{Window: cfg.Window, Stall: cfg.Stall, Table: cfg.Session, Sampling: cfg.Sampling}
 }
 
 var _ confmap.Validator = (*Config)(nil)
 
-// Validate reports every invalid setting at once, each named by its key
-// path (stall::check_interval, traces::max_held_spans).
+// Validate reports every invalid setting at once, in the order of the keys,
+// each named by its key path (stall::check_interval, traces::max_held_spans):
+// the parts name their settings within their section, and the section's key
+// is put before them here, where the sections are named.
 func (cfg *Config) Validate() error {
-	errs := []error{cfg.sessionConfig().Validate()}
+	var errs []error
 	switch cfg.PassTokenEvents {
 	case PassNone, PassSampled, PassAll:
 	default:
@@ -231,8 +122,19 @@ func (cfg *Config) Validate() error {
 	if cfg.ProviderName == "" {
 		errs = append(errs, errors.New("provider_name: must not be empty"))
 	}
-	if cfg.Stall.CheckInterval <= 0 {
-		errs = append(errs, fmt.Errorf("stall::check_interval: must be positive, got %s", cfg.Stall.CheckInterval))
+	if err := session.ValidateWindow(cfg.Window); err != nil {
+		errs = append(errs, fmt.Errorf("window: %w", err))
+	}
+	errs = append(errs, under("stall", cfg.Stall.Validate())...)
+	errs = append(errs, under("session", cfg.Session.Validate())...)
+	errs = append(errs, under("sampling", cfg.Sampling.Validate())...)
+	errs = append(errs, under("metrics", cfg.Metrics.Validate())...)
+	errs = append(errs, under("traces", cfg.Traces.Validate())...)
+	if cfg.Limits.MaxSessionIDBytes <= 0 {
+		errs = append(errs, fmt.Errorf("limits::max_session_id_bytes: must be positive, got %d", cfg.Limits.MaxSessionIDBytes))
+	}
+	if cfg.Limits.MaxAttributes <= 0 {
+		errs = append(errs, fmt.Errorf("limits::max_attributes: must be positive, got %d", cfg.Limits.MaxAttributes))
 	}
 	if cfg.EngineTiming.Wait < 0 {
 		errs = append(errs, fmt.Errorf("engine_timing::wait: must not be negative, got %s", cfg.EngineTiming.Wait))
@@ -240,32 +142,13 @@ func (cfg *Config) Validate() error {
 	if cfg.EngineTiming.MaxSessions < 0 {
 		errs = append(errs, fmt.Errorf("engine_timing::max_sessions: must not be negative, got %d", cfg.EngineTiming.MaxSessions))
 	}
-	if cfg.Limits.MaxSessionIDBytes <= 0 {
-		errs = append(errs, fmt.Errorf("limits::max_session_id_bytes: must be positive, got %d", cfg.Limits.MaxSessionIDBytes))
-	}
-	if cfg.Limits.MaxAttributes <= 0 {
-		errs = append(errs, fmt.Errorf("limits::max_attributes: must be positive, got %d", cfg.Limits.MaxAttributes))
-	}
-	if cfg.Metrics.FlushInterval <= 0 {
-		errs = append(errs, fmt.Errorf("metrics::flush_interval: must be positive, got %s", cfg.Metrics.FlushInterval))
-	}
-	errs = append(errs, under("metrics", cfg.metricsConfig().Validate()), under("traces", cfg.heldSpansConfig().Validate()))
 	return errors.Join(errs...)
 }
 
-// under puts each error of err (one, or several joined) under key: the
-// internal packages name their settings relative to their own section.
-func under(key string, err error) error {
-	if err == nil {
-		return nil
+// under puts each error of a section under the section's key.
+func under(key string, errs []error) []error {
+	for i, err := range errs {
+		errs[i] = fmt.Errorf("%s::%w", key, err)
 	}
-	errs := []error{err}
-	if joined, ok := err.(interface{ Unwrap() []error }); ok {
-		errs = joined.Unwrap()
-	}
-	out := make([]error, len(errs))
-	for i, e := range errs {
-		out[i] = fmt.Errorf("%s::%w", key, e)
-	}
-	return errors.Join(out...)
+	return errs
 }

@@ -14,6 +14,8 @@ import (
 	"go.opentelemetry.io/collector/confmap"
 	"go.opentelemetry.io/collector/confmap/confmaptest"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
+	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
 )
@@ -45,15 +47,15 @@ func TestConfigDefaults(t *testing.T) {
 	assert.Equal(t, createDefaultConfig(), cfg)
 	assert.Equal(t, PassNone, cfg.PassTokenEvents)
 	assert.Equal(t, 10, cfg.Window)
-	assert.Equal(t, StallConfig{Gap: 150 * time.Millisecond, Consecutive: 3, MaxRecords: 8, CheckInterval: 50 * time.Millisecond,
+	assert.Equal(t, session.StallConfig{Gap: 150 * time.Millisecond, Consecutive: 3, MaxRecords: 8, CheckInterval: 50 * time.Millisecond,
 		DeliverySlack: 500 * time.Millisecond}, cfg.Stall)
-	assert.Equal(t, SessionConfig{IdleTimeout: 5 * time.Minute, MaxActive: 100000, EndedMemory: 16384, MaxFutureSkew: time.Minute}, cfg.Session)
+	assert.Equal(t, session.TableConfig{IdleTimeout: 5 * time.Minute, MaxActive: 100000, EndedMemory: 16384, MaxFutureSkew: time.Minute}, cfg.Session)
 	assert.Equal(t, LimitsConfig{MaxSessionIDBytes: 256, MaxAttributes: 32}, cfg.Limits)
-	assert.Equal(t, SamplingConfig{TTFT: 500 * time.Millisecond, TPOT: 80 * time.Millisecond, Stalls: true, Errors: true, NormalPercent: 1}, cfg.Sampling)
+	assert.Equal(t, session.SamplingConfig{TTFT: 500 * time.Millisecond, TPOT: 80 * time.Millisecond, Stalls: true, Errors: true, NormalPercent: 1}, cfg.Sampling)
 	assert.Equal(t, 15*time.Second, cfg.Metrics.FlushInterval)
 	assert.Equal(t, 2000, cfg.Metrics.CardinalityLimit)
 	assert.Equal(t, sessionmetrics.Cumulative, cfg.Metrics.Temporality)
-	assert.Equal(t, TracesConfig{MaxHeldSpans: 100000, MaxHold: 5 * time.Minute, VerdictCacheSize: 100000}, cfg.Traces)
+	assert.Equal(t, heldspans.Config{MaxHeldSpans: 100000, MaxHold: 5 * time.Minute, VerdictCacheSize: 100000}, cfg.Traces)
 }
 
 func TestConfigCustom(t *testing.T) {
@@ -62,14 +64,14 @@ func TestConfigCustom(t *testing.T) {
 	assert.Equal(t, PassAll, cfg.PassTokenEvents)
 	assert.Equal(t, "sglang", cfg.ProviderName)
 	assert.Equal(t, 20, cfg.Window)
-	assert.Equal(t, StallConfig{Gap: 200 * time.Millisecond, Consecutive: 4, MaxRecords: 2, CheckInterval: 100 * time.Millisecond,
+	assert.Equal(t, session.StallConfig{Gap: 200 * time.Millisecond, Consecutive: 4, MaxRecords: 2, CheckInterval: 100 * time.Millisecond,
 		DeliverySlack: time.Second}, cfg.Stall)
-	assert.Equal(t, SessionConfig{IdleTimeout: time.Minute, MaxActive: 5000, EndedMemory: 1000, MaxFutureSkew: 10 * time.Second}, cfg.Session)
+	assert.Equal(t, session.TableConfig{IdleTimeout: time.Minute, MaxActive: 5000, EndedMemory: 1000, MaxFutureSkew: 10 * time.Second}, cfg.Session)
 	assert.Equal(t, LimitsConfig{MaxSessionIDBytes: 512, MaxAttributes: 8}, cfg.Limits)
-	assert.Equal(t, SamplingConfig{TTFT: time.Second, TPOT: 100 * time.Millisecond, Stalls: false, Errors: true, NormalPercent: 5}, cfg.Sampling)
-	assert.Equal(t, MetricsConfig{FlushInterval: 30 * time.Second, Dimensions: []string{"quantization", "tenant"}, CardinalityLimit: 500,
+	assert.Equal(t, session.SamplingConfig{TTFT: time.Second, TPOT: 100 * time.Millisecond, Stalls: false, Errors: true, NormalPercent: 5}, cfg.Sampling)
+	assert.Equal(t, sessionmetrics.Config{FlushInterval: 30 * time.Second, Dimensions: []string{"quantization", "tenant"}, CardinalityLimit: 500,
 		Temporality: sessionmetrics.Delta, Histogram: sessionmetrics.Exponential, ExponentialMaxSize: 80, MaxModels: 20}, cfg.Metrics)
-	assert.Equal(t, TracesConfig{MaxHeldSpans: 1000, MaxHold: time.Minute, VerdictCacheSize: 2000}, cfg.Traces)
+	assert.Equal(t, heldspans.Config{MaxHeldSpans: 1000, MaxHold: time.Minute, VerdictCacheSize: 2000}, cfg.Traces)
 }
 
 // Every problem is reported at once, each named by its YAML key path; the

@@ -4,6 +4,7 @@ import (
 	"math"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
@@ -320,4 +321,56 @@ func putIfKnown(m pcommon.Map, k string, v float64) {
 	if !math.IsNaN(v) {
 		m.PutDouble(k, v)
 	}
+}
+
+// engineContext is the part of the core that knows the engines' state, read
+// from the metrics pipeline, for the engine context of sessions and stalls.
+// mu guards states: a metrics batch writes under mu alone; the sessions
+// part reads while it writes outputs, with its own lock held. mu is a leaf:
+// nothing is locked under it.
+type engineContext struct {
+	mu     sync.RWMutex
+	states engineStates
+}
+
+// observe reads the engine metrics of md at collector time now.
+func (e *engineContext) observe(md pmetric.Metrics, now int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.states.observe(md, now)
+}
+
+// putSessionContext writes what the state of the session's engine was
+// during it (see putSessionContext), if the engine is known.
+func (e *engineContext) putSessionContext(m pcommon.Map, s *session.Session, end int64) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if h := e.states.match(s.Engine); h != nil {
+		putSessionContext(m, h, s, end)
+	}
+}
+
+// putStallContext writes the engine's state at a stall detected at at, if
+// the engine is known.
+func (e *engineContext) putStallContext(m pcommon.Map, engine string, at int64) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if h := e.states.match(engine); h != nil {
+		putStallContext(m, h, at)
+	}
+}
+
+// scrapePending reports whether engine is known and not yet scraped at or
+// after end, with its scrape interval.
+func (e *engineContext) scrapePending(engine string, end int64) (interval int64, pending bool) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	h := e.states.match(engine)
+	if h == nil {
+		return 0, false
+	}
+	if _, scraped := h.after(end); scraped {
+		return 0, false
+	}
+	return h.interval(), true
 }

@@ -104,10 +104,10 @@ func sessionStart(s *session.Session) int64 {
 
 // putSessionAttributes writes what the session span and the summary record
 // share.
-func (c *core) putSessionAttributes(m pcommon.Map, s *session.Session, e *session.End) {
+func (p *sessions) putSessionAttributes(m pcommon.Map, s *session.Session, e *session.End) {
 	m.EnsureCapacity(24)
 	putStr(m, tokenrecord.AttrOperation, s.Operation)
-	m.PutStr(attrProviderName, c.cfg.ProviderName)
+	m.PutStr(attrProviderName, p.cfg.ProviderName)
 	putStr(m, tokenrecord.AttrRequestModel, s.Model)
 	m.PutBool(attrRequestStream, !s.NoStream)
 	putStr(m, attrResponseModel, e.ResponseModel)
@@ -163,9 +163,7 @@ func (c *core) putSessionAttributes(m pcommon.Map, s *session.Session, e *sessio
 			}
 		}
 	}
-	if h := c.engines.match(s.Engine); h != nil {
-		putSessionContext(m, h, s, sessionEnd(s, e))
-	}
+	p.engines.putSessionContext(m, s, sessionEnd(s, e))
 }
 
 func putStr(m pcommon.Map, k, v string) {
@@ -175,7 +173,7 @@ func putStr(m pcommon.Map, k, v string) {
 }
 
 // appendSpan writes the session span into ss.
-func (c *core) appendSpan(ss ptrace.ScopeSpans, s *session.Session, e *session.End) {
+func (p *sessions) appendSpan(ss ptrace.ScopeSpans, s *session.Session, e *session.End) {
 	span := ss.Spans().AppendEmpty()
 	span.SetTraceID(s.TraceID)
 	span.SetSpanID(s.SpanID)
@@ -187,7 +185,7 @@ func (c *core) appendSpan(ss ptrace.ScopeSpans, s *session.Session, e *session.E
 	span.SetKind(ptrace.SpanKindServer)
 	span.SetStartTimestamp(pcommon.Timestamp(sessionStart(s)))
 	span.SetEndTimestamp(pcommon.Timestamp(sessionEnd(s, e)))
-	c.putSessionAttributes(span.Attributes(), s, e)
+	p.putSessionAttributes(span.Attributes(), s, e)
 	if s.FirstTokenTime != 0 {
 		ev := span.Events().AppendEmpty()
 		ev.SetName(spanEventFirstToken)
@@ -202,9 +200,7 @@ func (c *core) appendSpan(ss ptrace.ScopeSpans, s *session.Session, e *session.E
 		ev.SetName(spanEventStall)
 		ev.SetTimestamp(pcommon.Timestamp(stalls[i].DetectedAt))
 		putStall(ev.Attributes(), &stalls[i])
-		if h := c.engines.match(s.Engine); h != nil {
-			putStallContext(ev.Attributes(), h, stalls[i].DetectedAt)
-		}
+		p.engines.putStallContext(ev.Attributes(), s.Engine, stalls[i].DetectedAt)
 	}
 	if et := errorType(s, e); et != "" {
 		span.Status().SetCode(ptrace.StatusCodeError)
@@ -231,7 +227,7 @@ func putStall(m pcommon.Map, st *session.Stall) {
 // trace's threshold. A tail sampler that sees the trace's spans in one
 // place (a gateway tier behind the loadbalancing exporter) keeps the trace
 // on it without waiting for the session to end.
-func (c *core) appendVerdictSpan(ss ptrace.ScopeSpans, s *session.Session, th sampling.Threshold, at int64) {
+func (p *sessions) appendVerdictSpan(ss ptrace.ScopeSpans, s *session.Session, th sampling.Threshold, at int64) {
 	span := ss.Spans().AppendEmpty()
 	span.SetTraceID(s.TraceID)
 	span.SetSpanID(session.NewSpanID())
@@ -265,7 +261,7 @@ func spanName(s *session.Session) string {
 }
 
 // appendSummary writes the summary record of a kept session into records.
-func (c *core) appendSummary(records plog.LogRecordSlice, s *session.Session, e *session.End, now pcommon.Timestamp) {
+func (p *sessions) appendSummary(records plog.LogRecordSlice, s *session.Session, e *session.End, now pcommon.Timestamp) {
 	lr := records.AppendEmpty()
 	lr.SetEventName(eventNameSummary)
 	lr.SetTimestamp(pcommon.Timestamp(sessionEnd(s, e)))
@@ -283,12 +279,12 @@ func (c *core) appendSummary(records plog.LogRecordSlice, s *session.Session, e 
 		lr.SetSeverityNumber(plog.SeverityNumberInfo)
 		lr.SetSeverityText("INFO")
 	}
-	c.putSessionAttributes(lr.Attributes(), s, e)
+	p.putSessionAttributes(lr.Attributes(), s, e)
 }
 
 // appendStallAlert writes the alert for the stall episode r reports, with
 // the session's counts when it was detected.
-func (c *core) appendStallAlert(records plog.LogRecordSlice, r *session.Report[*sessionmetrics.Live], now pcommon.Timestamp) {
+func (p *sessions) appendStallAlert(records plog.LogRecordSlice, r *session.Report[*sessionmetrics.Live], now pcommon.Timestamp) {
 	s, st := r.Session, &r.Stall
 	lr := records.AppendEmpty()
 	lr.SetEventName(eventNameStall)
@@ -301,7 +297,7 @@ func (c *core) appendStallAlert(records plog.LogRecordSlice, r *session.Report[*
 	m := lr.Attributes()
 	m.PutStr(tokenrecord.AttrSessionID, s.ID)
 	putStr(m, tokenrecord.AttrOperation, s.Operation)
-	m.PutStr(attrProviderName, c.cfg.ProviderName)
+	m.PutStr(attrProviderName, p.cfg.ProviderName)
 	putStr(m, tokenrecord.AttrRequestModel, s.Model)
 	putStr(m, tokenrecord.AttrEngine, s.Engine)
 	m.PutInt(attrSessionStalls, int64(r.StallCount))
@@ -312,7 +308,5 @@ func (c *core) appendStallAlert(records plog.LogRecordSlice, r *session.Report[*
 		m.PutDouble(attrSessionTTFT, seconds(ttft))
 	}
 	putStall(m, st)
-	if h := c.engines.match(s.Engine); h != nil {
-		putStallContext(m, h, st.DetectedAt)
-	}
+	p.engines.putStallContext(m, s.Engine, st.DetectedAt)
 }

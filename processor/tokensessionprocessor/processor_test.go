@@ -278,7 +278,7 @@ func TestLogsPassSampled(t *testing.T) {
 	assert.Equal(t, []string{tokenrecord.EventNameStart, tokenrecord.EventNameToken, tokenrecord.EventNameToken, tokenrecord.EventNameEnd, eventNameSummary}, names)
 	assert.Equal(t, []string{"slow start", "slow token", "slow token", "slow token", "slow end"}, got, "only the sampled session's events, in order")
 	c, _ := cores.LoadOrStore(component.NewIDWithName(metadata.Type, t.Name()), nil)
-	assert.Empty(t, c.Unwrap().sampledRecords, "nothing held after the sessions ended")
+	assert.Empty(t, c.Unwrap().sessions.sampledRecords, "nothing held after the sessions ended")
 }
 
 func TestStallAlertTheMomentItIsDetected(t *testing.T) {

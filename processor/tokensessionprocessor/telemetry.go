@@ -42,7 +42,7 @@ type processorTelemetry struct {
 	timingSet   map[[2]string]metric.AddOption
 	signalSet   [len(signalNames)]metric.AddOption
 
-	// Accumulated under the core's lock, reported by reportCounters.
+	// Accumulated under the sessions' lock, reported by reportCounters.
 	releasedSpans int64
 	droppedSpans  int64
 

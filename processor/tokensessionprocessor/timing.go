@@ -169,9 +169,9 @@ func (j *timingJoin) pending() int { return len(j.bySpan) + len(j.earlyByParent)
 // span; the returned awaited is its place, nil when it does not wait. (A
 // deployment without engine spans keeps nothing here, and delays nothing.)
 // Call with mu held.
-func (c *core) joinTiming(r *session.Report[*sessionmetrics.Live]) *awaited {
+func (p *sessions) joinTiming(r *session.Report[*sessionmetrics.Live]) *awaited {
 	s, e := r.Session, &r.End
-	j := &c.timing
+	j := &p.timing
 	if !e.Timing.Known() {
 		if sp := j.takeEarly(s.SpanID, s.TraceID); sp != nil {
 			if sp.timing.Plausible(s.Duration(e)) {
@@ -180,24 +180,24 @@ func (c *core) joinTiming(r *session.Report[*sessionmetrics.Live]) *awaited {
 					e.ResponseModel = sp.model
 				}
 			} else {
-				c.telemetry.timing(sp.timing.Source, timingInvalid)
+				p.telemetry.timing(sp.timing.Source, timingInvalid)
 			}
 		}
 	}
 	if e.Timing.Known() {
-		c.metrics.EngineTiming(r.State, errorType(s, e), metricsTiming(e.Timing))
-		c.telemetry.timing(e.Timing.Source, timingJoined)
+		p.metrics.EngineTiming(r.State, errorType(s, e), metricsTiming(e.Timing))
+		p.telemetry.timing(e.Timing.Source, timingJoined)
 		return nil
 	}
-	if !j.seen || c.nextTraces == nil {
+	if !j.seen || !p.toTraces {
 		return nil
 	}
-	if j.pending() >= c.cfg.EngineTiming.MaxSessions {
-		c.telemetry.timing(session.TimingEngineSpan, timingOverflow)
+	if j.pending() >= p.cfg.EngineTiming.MaxSessions {
+		p.telemetry.timing(session.TimingEngineSpan, timingOverflow)
 		return nil
 	}
 	a := &awaited{trace: s.TraceID, span: s.SpanID, live: r.State, errorType: errorType(s, e), duration: s.Duration(e),
-		until: c.nowNanos + int64(c.cfg.EngineTiming.Wait)}
+		until: p.nowNanos + int64(p.cfg.EngineTiming.Wait)}
 	j.bySpan[a.span] = a
 	j.byTrace.add(a.trace, a)
 	j.queue = append(j.queue, a)
@@ -245,15 +245,15 @@ func (j *timingJoin) forget(a *awaited) {
 // joins it to the session it belongs to (its parent, or the only session of
 // its trace that waits); one that comes before its session ended waits for
 // it. Call with mu held.
-func (c *core) observeEngineSpan(span ptrace.Span) {
+func (p *sessions) observeEngineSpan(span ptrace.Span) {
 	t, model, ok, valid := spanTiming(span)
 	if !ok {
 		return
 	}
-	j := &c.timing
+	j := &p.timing
 	j.seen = true
 	if !valid {
-		c.telemetry.timing(session.TimingEngineSpan, timingInvalid)
+		p.telemetry.timing(session.TimingEngineSpan, timingInvalid)
 		return
 	}
 	a := j.bySpan[span.ParentSpanID()]
@@ -261,12 +261,12 @@ func (c *core) observeEngineSpan(span ptrace.Span) {
 		a = j.byTrace.only(span.TraceID())
 	}
 	if a == nil || a.done {
-		if j.pending() >= c.cfg.EngineTiming.MaxSessions {
-			c.telemetry.timing(session.TimingEngineSpan, timingOverflow)
+		if j.pending() >= p.cfg.EngineTiming.MaxSessions {
+			p.telemetry.timing(session.TimingEngineSpan, timingOverflow)
 			return
 		}
 		sp := &earlySpan{trace: span.TraceID(), parent: span.ParentSpanID(), timing: t, model: model,
-			until: c.nowNanos + int64(c.cfg.EngineTiming.Wait)}
+			until: p.nowNanos + int64(p.cfg.EngineTiming.Wait)}
 		if old := j.earlyByParent[sp.parent]; old != nil {
 			old.done = true // a second span of one parent: the later wins
 			j.forgetEarly(old)
@@ -278,11 +278,11 @@ func (c *core) observeEngineSpan(span ptrace.Span) {
 	}
 	j.forget(a)
 	if !t.Plausible(a.duration) {
-		c.telemetry.timing(session.TimingEngineSpan, timingInvalid)
+		p.telemetry.timing(session.TimingEngineSpan, timingInvalid)
 		return
 	}
-	c.metrics.EngineTiming(a.live, a.errorType, metricsTiming(t))
-	c.telemetry.timing(session.TimingEngineSpan, timingJoined)
+	p.metrics.EngineTiming(a.live, a.errorType, metricsTiming(t))
+	p.telemetry.timing(session.TimingEngineSpan, timingJoined)
 	if h := a.held; h != nil {
 		h.end.Timing = t
 		if h.end.ResponseModel == "" {
@@ -294,19 +294,19 @@ func (c *core) observeEngineSpan(span ptrace.Span) {
 
 // expireTimings gives up on the sessions whose span did not come within
 // the wait, and on early spans whose session did not end. Call with mu held.
-func (c *core) expireTimings() {
-	j := &c.timing
+func (p *sessions) expireTimings() {
+	j := &p.timing
 	n := 0
 	for _, a := range j.queue {
 		if a.done {
 			n++
 			continue
 		}
-		if a.until > c.nowNanos {
+		if a.until > p.nowNanos {
 			break
 		}
 		j.forget(a)
-		c.telemetry.timing(session.TimingEngineSpan, timingMissing)
+		p.telemetry.timing(session.TimingEngineSpan, timingMissing)
 		n++
 	}
 	clear(j.queue[:n])
@@ -317,12 +317,12 @@ func (c *core) expireTimings() {
 			n++
 			continue
 		}
-		if sp.until > c.nowNanos {
+		if sp.until > p.nowNanos {
 			break
 		}
 		sp.done = true
 		j.forgetEarly(sp)
-		c.telemetry.timing(session.TimingEngineSpan, timingUnmatched)
+		p.telemetry.timing(session.TimingEngineSpan, timingUnmatched)
 		n++
 	}
 	clear(j.earlyQueue[:n])
@@ -355,15 +355,13 @@ const maxEngineWait = 30 * time.Second
 //     intervals at most (maxEngineWait);
 //   - its engine span, for the timing (aw, from joinTiming), up to
 //     engine_timing::wait.
-func (c *core) hold(s *session.Session, e *session.End, aw *awaited) bool {
-	if c.nextLogs == nil && c.nextTraces == nil {
+func (p *sessions) hold(s *session.Session, e *session.End, aw *awaited) bool {
+	if !p.toLogs && !p.toTraces {
 		return false
 	}
 	h := &heldOutput{}
-	if eng := c.engines.match(s.Engine); eng != nil {
-		if _, scraped := eng.after(sessionEnd(s, e)); !scraped {
-			h.scrapeUntil = c.nowNanos + min(2*eng.interval(), int64(maxEngineWait))
-		}
+	if interval, pending := p.engines.scrapePending(s.Engine, sessionEnd(s, e)); pending {
+		h.scrapeUntil = p.nowNanos + min(2*interval, int64(maxEngineWait))
 	}
 	if aw != nil {
 		h.timingUntil = aw.until
@@ -371,15 +369,15 @@ func (c *core) hold(s *session.Session, e *session.End, aw *awaited) bool {
 	if h.scrapeUntil == 0 && h.timingUntil == 0 {
 		return false
 	}
-	if len(c.heldOutputs) >= maxHeld {
-		c.telemetry.heldOverflow()
+	if len(p.heldOutputs) >= maxHeld {
+		p.telemetry.heldOverflow()
 		return false
 	}
 	h.s, h.end = s.Clone(), *e
 	if aw != nil {
 		aw.held = h
 	}
-	c.heldOutputs = append(c.heldOutputs, h)
+	p.heldOutputs = append(p.heldOutputs, h)
 	return true
 }
 
@@ -387,28 +385,25 @@ func (c *core) hold(s *session.Session, e *session.End, aw *awaited) bool {
 // their engine was scraped since they ended (or is forgotten) and their
 // timing came, or the waits are over; all of them with force (shutdown).
 // Call with mu held.
-func (c *core) releaseHeld(force bool) {
-	waiting := c.heldOutputs[:0]
-	for _, h := range c.heldOutputs {
+func (p *sessions) releaseHeld(force bool) {
+	waiting := p.heldOutputs[:0]
+	for _, h := range p.heldOutputs {
 		if h.scrapeUntil != 0 {
-			eng := c.engines.match(h.s.Engine)
-			scraped := eng == nil
-			if eng != nil {
-				_, scraped = eng.after(sessionEnd(h.s, &h.end))
-			}
-			if scraped || c.nowNanos >= h.scrapeUntil {
+			// Scraped since the session ended, or forgotten.
+			_, pending := p.engines.scrapePending(h.s.Engine, sessionEnd(h.s, &h.end))
+			if !pending || p.nowNanos >= h.scrapeUntil {
 				h.scrapeUntil = 0
 			}
 		}
-		if h.timingUntil != 0 && c.nowNanos >= h.timingUntil {
+		if h.timingUntil != 0 && p.nowNanos >= h.timingUntil {
 			h.timingUntil = 0
 		}
 		if force || (h.scrapeUntil == 0 && h.timingUntil == 0) {
-			c.appendOutputs(h.s, &h.end)
+			p.appendOutputs(h.s, &h.end)
 			continue
 		}
 		waiting = append(waiting, h)
 	}
-	clear(c.heldOutputs[len(waiting):])
-	c.heldOutputs = waiting
+	clear(p.heldOutputs[len(waiting):])
+	p.heldOutputs = waiting
 }

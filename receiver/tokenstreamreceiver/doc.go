@@ -6,10 +6,11 @@
 // in the record form of internal/tokenrecord. On the metrics signal it
 // scrapes engines' Prometheus /metrics endpoints (the vllm source).
 //
-// This package is the wiring: configuration, factory, lifecycle and the
-// sources' I/O. The codecs live apart: internal/tokenevent and
-// internal/tokenrecord (the event model and its records),
-// internal/openaistream (what the proxy reads in OpenAI traffic),
+// This package is the wiring: configuration, factory, lifecycle, the hook
+// endpoints, the scraper and the hand-over to the pipeline. The proxy lives
+// in internal/proxy, given a Sink by the receiver. The codecs live apart:
+// internal/tokenevent and internal/tokenrecord (the event model and its
+// records), internal/openaistream (what the proxy reads in OpenAI traffic),
 // internal/sse (SSE framing) and internal/promconv (exposition to pmetric).
 //
 //go:generate mdatagen metadata.yaml

@@ -15,7 +15,6 @@ import (
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/config/confighttp"
 	"go.opentelemetry.io/collector/consumer/consumererror"
-	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/httpserve"
@@ -42,28 +41,21 @@ const confighttpDefaultBodyBytes = 20 << 20
 // answer is JSON, a wrong path's and a bad encoding's included.
 type hooksHTTPServer struct {
 	httpserve.Server
-	r      *tokenStreamReceiver
-	obs    *receiverhelper.ObsReport
+	sink   hookSink
 	path   string
 	bodies sync.Pool // of *bytes.Buffer
 	// limits are stated in the answer to a batch that broke one of them.
 	limits hookLimits
 }
 
-func startHooksHTTP(ctx context.Context, cfg *HTTPConfig, r *tokenStreamReceiver, host component.Host) (*hooksHTTPServer, error) {
-	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
-		ReceiverID: r.settings.ID, Transport: "http", ReceiverCreateSettings: r.settings,
-	})
-	if err != nil {
-		return nil, err
-	}
+func startHooksHTTP(ctx context.Context, cfg *HTTPConfig, limits LimitsConfig, sink hookSink, host component.Host, set component.TelemetrySettings) (*hooksHTTPServer, error) {
 	bodyLimit := cfg.ServerConfig.MaxRequestBodySize
 	if bodyLimit <= 0 {
 		bodyLimit = confighttpDefaultBodyBytes
 	}
-	s := &hooksHTTPServer{r: r, obs: obs, path: cfg.Path, limits: hookLimits{
-		MaxLinesPerBatch:   r.cfg.Hooks.Limits.MaxLinesPerBatch,
-		MaxLineBytes:       r.cfg.Hooks.Limits.MaxLineBytes,
+	s := &hooksHTTPServer{sink: sink, path: cfg.Path, limits: hookLimits{
+		MaxLinesPerBatch:   limits.MaxLinesPerBatch,
+		MaxLineBytes:       limits.MaxLineBytes,
 		MaxRequestBodySize: bodyLimit,
 	}}
 	s.bodies.New = func() any { return new(bytes.Buffer) }
@@ -71,10 +63,10 @@ func startHooksHTTP(ctx context.Context, cfg *HTTPConfig, r *tokenStreamReceiver
 	onError := confighttp.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, msg string, status int) {
 		writeResponse(w, status, &batchResponse{Error: msg})
 	})
-	if err := s.Serve(ctx, &cfg.ServerConfig, s, host, r.settings.TelemetrySettings, nil, onError); err != nil {
+	if err := s.Serve(ctx, &cfg.ServerConfig, s, host, set, nil, onError); err != nil {
 		return nil, fmt.Errorf("hooks::http: %w", err)
 	}
-	r.logsLogger.Info("Token event hook listening", zap.String("transport", "http"), zap.String("endpoint", s.Addr.String()), zap.String("path", cfg.Path))
+	sink.Logger().Info("Token event hook listening", zap.String("transport", "http"), zap.String("endpoint", s.Addr.String()), zap.String("path", cfg.Path))
 	return s, nil
 }
 
@@ -139,10 +131,10 @@ func (s *hooksHTTPServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	d := s.r.decoder()
-	defer s.r.release(d)
+	d := s.sink.decoder()
+	defer s.sink.release(d)
 	d.decode(body.Bytes(), time.Now())
-	err := s.r.consume(req.Context(), s.obs, d, transportHTTP)
+	err := s.sink.consume(req.Context(), d)
 	if err == nil && d.rejected == 0 && d.accepted > 0 {
 		writeAccepted(w, d.accepted)
 		return

@@ -10,10 +10,11 @@ import (
 
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/component/componentstatus"
-	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.uber.org/zap"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/lograte"
 )
 
 // maxDatagramBytes is the largest UDP payload; a datagram is read whole.
@@ -38,8 +39,10 @@ const maxUDPBatchWindow = 100 * time.Millisecond
 // the sender's side, so nothing here may stop it: bad datagrams and refused
 // batches are counted and the loop goes on.
 type hooksUDPListener struct {
-	r      *tokenStreamReceiver
-	obs    *receiverhelper.ObsReport
+	sink hookSink
+	// warn says at the default level that lines were rejected: no one
+	// else can (UDP has no answer), and the counter alone goes unseen.
+	warn   *zap.Logger
 	conn   *net.UDPConn
 	window time.Duration // hooks::udp::batch_window
 	// batch reads conn several datagrams per system call (recvmmsg on
@@ -73,13 +76,7 @@ func newBatchReader(c *net.UDPConn) batchReader {
 	return ipv6.NewPacketConn(c)
 }
 
-func startHooksUDP(cfg *UDPConfig, r *tokenStreamReceiver, host component.Host) (*hooksUDPListener, error) {
-	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
-		ReceiverID: r.settings.ID, Transport: "udp", ReceiverCreateSettings: r.settings,
-	})
-	if err != nil {
-		return nil, err
-	}
+func startHooksUDP(cfg *UDPConfig, sink hookSink, host component.Host) (*hooksUDPListener, error) {
 	pc, err := net.ListenPacket("udp", cfg.Endpoint)
 	if err != nil {
 		return nil, fmt.Errorf("hooks::udp: listen on %s: %w", cfg.Endpoint, err)
@@ -91,9 +88,9 @@ func startHooksUDP(cfg *UDPConfig, r *tokenStreamReceiver, host component.Host) 
 			return nil, fmt.Errorf("hooks::udp::socket_buffer_size: %w", err)
 		}
 	}
-	r.logsLogger.Info("Token event hook listening", zap.String("transport", "udp"), zap.String("endpoint", conn.LocalAddr().String()))
+	sink.Logger().Info("Token event hook listening", zap.String("transport", "udp"), zap.String("endpoint", conn.LocalAddr().String()))
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &hooksUDPListener{r: r, obs: obs, conn: conn, window: cfg.BatchWindow, cancel: cancel,
+	l := &hooksUDPListener{sink: sink, warn: lograte.OncePerMinute(sink.Logger()), conn: conn, window: cfg.BatchWindow, cancel: cancel,
 		batch: newBatchReader(conn), msgs: make([]ipv4.Message, udpReadBatch)}
 	counted := enableDropCount(conn)
 	for i := range l.msgs {
@@ -119,7 +116,7 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 			// listener; report and go on after a short pause so a persistent
 			// error cannot spin.
 			componentstatus.ReportStatus(host, componentstatus.NewRecoverableErrorEvent(err))
-			l.r.logsLogger.Warn("UDP hook read failed", zap.Error(err))
+			l.sink.Logger().Warn("UDP hook read failed", zap.Error(err))
 			select {
 			case <-ctx.Done():
 				return
@@ -128,23 +125,27 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 			continue
 		}
 		first := time.Now()
-		d := l.r.decoder()
+		d := l.sink.decoder()
 		// Datagrams overtake each other: an end read before the session's
 		// last token would make that token late, so within the batch each
 		// session's events go in time order.
 		d.begin(first, true)
 		read := l.add(d, n)
 		if read == 0 { // empty datagrams only
-			l.r.release(d)
+			l.sink.release(d)
 			continue
 		}
 		closed := l.readMore(d, first.Add(l.window), read)
 		d.finish()
+		if d.rejected > 0 {
+			l.warn.Warn("UDP hook rejected token event lines (logged at most once a minute; every one is counted in otelcol_receiver_token_stream_rejected_events)",
+				zap.Int("rejected", d.rejected), zap.Int("accepted", d.accepted), zap.Error(d.errs[0]))
+		}
 		// A refused batch is counted by consume; UDP has no one to tell.
 		// The hand-over is not cancelled with the read loop: datagrams read
 		// before shutdown are delivered, and shutdown waits for them.
-		_ = l.r.consume(context.WithoutCancel(ctx), l.obs, d, transportUDP)
-		l.r.release(d)
+		_ = l.sink.consume(context.WithoutCancel(ctx), d)
+		l.sink.release(d)
 		if closed {
 			return
 		}
@@ -185,7 +186,7 @@ func (l *hooksUDPListener) add(d *batchDecoder, n int) int {
 		if m.NN > 0 {
 			if total, ok := dropCount(m.OOB[:m.NN]); ok && total != l.drops {
 				// uint32 arithmetic: right across the counter's wrap too.
-				l.r.telemetry.ReceiverTokenStreamUDPDroppedDatagrams.Add(context.Background(), int64(total-l.drops))
+				l.sink.countDroppedDatagrams(int64(total - l.drops))
 				l.drops = total
 			}
 		}

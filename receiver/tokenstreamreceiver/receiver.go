@@ -3,6 +3,8 @@ package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiv
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/url"
 	"sync"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"go.opentelemetry.io/collector/consumer"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/pipeline"
 	"go.opentelemetry.io/collector/receiver"
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
@@ -24,6 +27,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxy"
 )
 
 // tokenStreamReceiver runs the configured sources: the hook endpoints and the
@@ -52,7 +56,7 @@ type tokenStreamReceiver struct {
 
 	http  *hooksHTTPServer
 	udp   *hooksUDPListener
-	proxy *proxyServer
+	proxy *proxy.Server
 	vllm  *vllmScraper
 
 	// unregisterEarlyStop takes the receiver off earlystop's list: the
@@ -154,7 +158,7 @@ func (r *tokenStreamReceiver) start(ctx context.Context, host component.Host) er
 		}
 	}
 	if v := r.cfg.VLLM.Get(); v != nil && r.nextMetrics != nil {
-		s, err := startVLLMScraper(ctx, v, r, host)
+		s, err := r.startVLLMScraper(ctx, v, host)
 		if err != nil {
 			return errors.Join(err, r.shutdown(ctx))
 		}
@@ -165,21 +169,29 @@ func (r *tokenStreamReceiver) start(ctx context.Context, host component.Host) er
 
 func (r *tokenStreamReceiver) startLogSources(ctx context.Context, host component.Host) error {
 	if h := r.cfg.Hooks.HTTP.Get(); h != nil {
-		srv, err := startHooksHTTP(ctx, h, r, host)
+		sink, err := r.newLogsSink(transportHTTP, "ndjson")
+		if err != nil {
+			return err
+		}
+		srv, err := startHooksHTTP(ctx, h, r.cfg.Hooks.Limits, sink, host, r.settings.TelemetrySettings)
 		if err != nil {
 			return err
 		}
 		r.http = srv
 	}
 	if u := r.cfg.Hooks.UDP.Get(); u != nil {
-		l, err := startHooksUDP(u, r, host)
+		sink, err := r.newLogsSink(transportUDP, "ndjson")
+		if err != nil {
+			return errors.Join(err, r.shutdown(ctx))
+		}
+		l, err := startHooksUDP(u, sink, host)
 		if err != nil {
 			return errors.Join(err, r.shutdown(ctx))
 		}
 		r.udp = l
 	}
 	if p := r.cfg.Proxy.Get(); p != nil {
-		srv, err := startProxy(ctx, p, r, host)
+		srv, err := r.startProxy(ctx, p, host)
 		if err != nil {
 			return errors.Join(err, r.shutdown(ctx))
 		}
@@ -208,7 +220,7 @@ func (r *tokenStreamReceiver) shutdown(ctx context.Context) error {
 		r.udp = nil
 	}
 	if r.proxy != nil {
-		errs = append(errs, r.proxy.shutdown(ctx))
+		errs = append(errs, r.proxy.Shutdown(ctx))
 		r.proxy = nil
 	}
 	return errors.Join(errs...)
@@ -290,30 +302,146 @@ func (r *tokenStreamReceiver) release(d *batchDecoder) {
 
 func (r *tokenStreamReceiver) decoder() *batchDecoder { return r.batches.Get().(*batchDecoder) }
 
-// consume hands a decoded batch to the pipeline, with the standard receiver
-// observability around it.
-func (r *tokenStreamReceiver) consume(ctx context.Context, obs *receiverhelper.ObsReport, d *batchDecoder, transport transportKind) error {
-	attrs := transportAttrs[transport]
+// hookSink is what a hook endpoint is given by the receiver: pooled batch
+// decoders, the hand-over of a decoded batch to the pipeline, the one
+// counter of its own (UDP's) and the logs logger.
+type hookSink interface {
+	decoder() *batchDecoder
+	release(d *batchDecoder)
+	consume(ctx context.Context, d *batchDecoder) error
+	countDroppedDatagrams(n int64)
+	Logger() *zap.Logger
+}
+
+// logsSink is how a log source hands its records to the logs pipeline,
+// with the standard receiver observability and the token event counters
+// around the call. It is what the hooks (hookSink) and the proxy
+// (proxy.Sink) are given.
+type logsSink struct {
+	r         *tokenStreamReceiver
+	obs       *receiverhelper.ObsReport
+	transport transportKind
+	format    string // of the standard receiver metrics: ndjson or sse
+}
+
+func (r *tokenStreamReceiver) newLogsSink(transport transportKind, format string) (*logsSink, error) {
+	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
+		ReceiverID: r.settings.ID, Transport: transport.String(), ReceiverCreateSettings: r.settings,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &logsSink{r: r, obs: obs, transport: transport, format: format}, nil
+}
+
+// ConsumeEvents hands records holding events token events to the pipeline.
+func (s *logsSink) ConsumeEvents(ctx context.Context, logs plog.Logs, events int) error {
+	ctx = s.obs.StartLogsOp(ctx)
+	n := logs.LogRecordCount()
+	err := s.r.next.ConsumeLogs(ctx, logs)
+	s.obs.EndLogsOp(ctx, s.format, n, err)
+	attrs := transportAttrs[s.transport]
+	if err != nil {
+		s.r.telemetry.ReceiverTokenStreamRefusedEvents.Add(ctx, int64(events), attrs)
+		s.r.logsLogger.Debug("pipeline refused token events", zap.Stringer("transport", s.transport), zap.Int("events", events), zap.Error(err))
+		return err
+	}
+	s.r.telemetry.ReceiverTokenStreamAcceptedEvents.Add(ctx, int64(events), attrs)
+	return nil
+}
+
+func (s *logsSink) decoder() *batchDecoder { return s.r.decoder() }
+
+func (s *logsSink) release(d *batchDecoder) { s.r.release(d) }
+
+// consume hands a decoded batch to the pipeline, counting its rejected
+// lines and whether it was cut.
+func (s *logsSink) consume(ctx context.Context, d *batchDecoder) error {
+	attrs := transportAttrs[s.transport]
 	if d.rejected > 0 {
-		r.telemetry.ReceiverTokenStreamRejectedEvents.Add(ctx, int64(d.rejected), attrs)
+		s.r.telemetry.ReceiverTokenStreamRejectedEvents.Add(ctx, int64(d.rejected), attrs)
 	}
 	if d.truncated > 0 {
-		r.telemetry.ReceiverTokenStreamTruncatedBatches.Add(ctx, int64(d.truncated), attrs)
+		s.r.telemetry.ReceiverTokenStreamTruncatedBatches.Add(ctx, int64(d.truncated), attrs)
 	}
 	if d.accepted == 0 {
 		return nil
 	}
-	ctx = obs.StartLogsOp(ctx)
-	n := d.logs.LogRecordCount()
-	err := r.next.ConsumeLogs(ctx, d.logs)
-	obs.EndLogsOp(ctx, "ndjson", n, err)
-	if err != nil {
-		r.telemetry.ReceiverTokenStreamRefusedEvents.Add(ctx, int64(d.accepted), attrs)
-		r.logsLogger.Debug("pipeline refused token events", zap.Int("events", d.accepted), zap.Error(err))
-		return err
+	return s.ConsumeEvents(ctx, d.logs, d.accepted)
+}
+
+func (s *logsSink) countDroppedDatagrams(n int64) {
+	s.r.telemetry.ReceiverTokenStreamUDPDroppedDatagrams.Add(context.Background(), n)
+}
+
+func (s *logsSink) Counters() proxy.Counters {
+	t := s.r.telemetry
+	return proxy.Counters{
+		RefusedRequests:     t.ReceiverTokenStreamProxyRefusedRequests,
+		PassthroughFailures: t.ReceiverTokenStreamProxyPassthroughFailures,
+		OversizedEvents:     t.ReceiverTokenStreamProxyOversizedEvents,
+		DroppedEvents:       t.ReceiverTokenStreamProxyDroppedEvents,
 	}
-	r.telemetry.ReceiverTokenStreamAcceptedEvents.Add(ctx, int64(d.accepted), attrs)
-	return nil
+}
+
+func (s *logsSink) Logger() *zap.Logger { return s.r.logsLogger }
+
+// metricsSink is how the vllm scraper hands what it reads to the metrics
+// pipeline, with the standard receiver observability around the call.
+type metricsSink struct {
+	r   *tokenStreamReceiver
+	obs *receiverhelper.ObsReport
+}
+
+func (s *metricsSink) ConsumeMetrics(ctx context.Context, md pmetric.Metrics) error {
+	n := md.DataPointCount()
+	ctx = s.obs.StartMetricsOp(ctx)
+	err := s.r.nextMetrics.ConsumeMetrics(ctx, md)
+	s.obs.EndMetricsOp(ctx, "prometheus", n, err)
+	return err
+}
+
+func (s *metricsSink) counters() scrapeCounters {
+	t := s.r.telemetry
+	return scrapeCounters{
+		invalidDataPoints: t.ReceiverTokenStreamInvalidDataPoints,
+		skippedFamilies:   t.ReceiverTokenStreamSkippedFamilies,
+		failedScrapes:     t.ReceiverTokenStreamFailedScrapes,
+	}
+}
+
+func (s *metricsSink) Logger() *zap.Logger { return s.r.metricsLogger }
+
+func (r *tokenStreamReceiver) startVLLMScraper(ctx context.Context, cfg *VLLMConfig, host component.Host) (*vllmScraper, error) {
+	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
+		ReceiverID: r.settings.ID, Transport: "http", ReceiverCreateSettings: r.settings,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return startVLLMScraper(ctx, cfg, &metricsSink{r: r, obs: obs}, host, r.settings.TelemetrySettings)
+}
+
+// startProxy starts the proxy as cfg says; it hands what it observes to
+// the logs pipeline.
+func (r *tokenStreamReceiver) startProxy(ctx context.Context, cfg *ProxyConfig, host component.Host) (*proxy.Server, error) {
+	upstream, err := url.Parse(cfg.Upstream.ClientConfig.Endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("proxy::upstream::endpoint: %w", err)
+	}
+	if cfg.Upstream.ClientConfig.Timeout > 0 {
+		r.logsLogger.Warn("proxy::upstream::timeout is deprecated and now bounds only the wait for response headers; use proxy::upstream::response_header_timeout")
+	}
+	sink, err := r.newLogsSink(transportProxy, "sse")
+	if err != nil {
+		return nil, err
+	}
+	return proxy.Start(ctx, &proxy.Config{
+		Server: cfg.ServerConfig, Client: cfg.Upstream.ClientConfig, Upstream: upstream, Engine: engineName(upstream),
+		ResponseHeaderTimeout: cfg.Upstream.headerTimeout(), StreamIdleTimeout: cfg.Upstream.StreamIdleTimeout,
+		ClientBodyTimeout: cfg.ClientBodyTimeout, ClientSendTimeout: cfg.ClientSendTimeout,
+		DrainTimeout: cfg.DrainTimeout, MaxStreams: cfg.MaxStreams, EventQueueSize: cfg.EventQueueSize,
+	}, sink, host, r.settings.TelemetrySettings)
 }
 
 type transportKind int

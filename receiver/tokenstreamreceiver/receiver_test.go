@@ -53,6 +53,8 @@ type testReceiver struct {
 	url  string
 	udp  string
 	sink *consumertest.LogsSink
+	// warnings holds what the receiver logged at warn level and above.
+	warnings *observer.ObservedLogs
 }
 
 func startReceiver(t *testing.T, next consumer.Logs, mutate func(*Config)) *testReceiver {
@@ -70,12 +72,14 @@ func startReceiver(t *testing.T, next consumer.Logs, mutate func(*Config)) *test
 	t.Cleanup(func() { require.NoError(t, tel.Shutdown(context.Background())) })
 	set := receivertest.NewNopSettings(metadata.Type)
 	set.TelemetrySettings = tel.NewTelemetrySettings()
+	core, warnings := observer.New(zapcore.WarnLevel)
+	set.Logger = zap.New(core)
 	sink, _ := next.(*consumertest.LogsSink)
 	rcv, err := NewFactory().CreateLogs(context.Background(), set, cfg, next)
 	require.NoError(t, err)
 	require.NoError(t, rcv.Start(context.Background(), componenttest.NewNopHost()))
 	t.Cleanup(func() { require.NoError(t, rcv.Shutdown(context.Background())) })
-	tr := &testReceiver{r: rcv.(*tokenStreamReceiver), tel: tel, sink: sink}
+	tr := &testReceiver{r: rcv.(*tokenStreamReceiver), tel: tel, sink: sink, warnings: warnings}
 	if tr.r.http != nil {
 		tr.url = "http://" + tr.r.http.Addr.String() + h.Path
 	}
@@ -348,6 +352,11 @@ func TestUDP(t *testing.T) {
 			counter(t, tr.tel, "otelcol_receiver_token_stream_rejected_events", "udp") == 2
 	}, 10*time.Second, 5*time.Millisecond)
 	assert.Equal(t, []string{startLine, tok1, tok2, endLine}, events(t, tr.sink))
+	// UDP has no answer: the rejected lines are said in the log (once a
+	// minute), with the first line's error.
+	warned := tr.warnings.FilterMessageSnippet("UDP hook rejected").All()
+	require.Len(t, warned, 1)
+	assert.Regexp(t, `^line [12]: `, warned[0].ContextMap()["error"])
 }
 
 // Datagrams read together go to the pipeline as one batch; every event

@@ -14,7 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/component/componentstatus"
-	"go.opentelemetry.io/collector/receiver/receiverhelper"
+	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/zap"
@@ -35,15 +35,30 @@ const (
 	reasonParse      = "parse"      // the body is no valid exposition
 )
 
+// scrapeSink is what the vllm scraper is given by the receiver: the metrics
+// pipeline, with the standard receiver observability around it, the
+// scraper's counters and the metrics logger.
+type scrapeSink interface {
+	ConsumeMetrics(ctx context.Context, md pmetric.Metrics) error
+	counters() scrapeCounters
+	Logger() *zap.Logger
+}
+
+// scrapeCounters are the scraper's self-telemetry.
+type scrapeCounters struct {
+	invalidDataPoints, skippedFamilies, failedScrapes metric.Int64Counter
+}
+
 // vllmScraper scrapes each target in its own goroutine and hands what it
 // reads to the metrics consumer. A failing target never affects the others.
 type vllmScraper struct {
-	r       *tokenStreamReceiver
-	cfg     *VLLMConfig
-	host    component.Host
-	client  *http.Client
-	obs     *receiverhelper.ObsReport
-	timeout time.Duration
+	sink     scrapeSink
+	counters scrapeCounters
+	log      *zap.Logger
+	cfg      *VLLMConfig
+	host     component.Host
+	client   *http.Client
+	timeout  time.Duration
 
 	cancel context.CancelFunc
 	done   sync.WaitGroup
@@ -63,19 +78,13 @@ type vllmTarget struct {
 	lastRecovered time.Time // last recovery logged
 }
 
-func startVLLMScraper(ctx context.Context, cfg *VLLMConfig, r *tokenStreamReceiver, host component.Host) (*vllmScraper, error) {
-	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
-		ReceiverID: r.settings.ID, Transport: "http", ReceiverCreateSettings: r.settings,
-	})
-	if err != nil {
-		return nil, err
-	}
-	client, err := cfg.Client.ToClient(ctx, host.GetExtensions(), r.settings.TelemetrySettings)
+func startVLLMScraper(ctx context.Context, cfg *VLLMConfig, sink scrapeSink, host component.Host, set component.TelemetrySettings) (*vllmScraper, error) {
+	client, err := cfg.Client.ToClient(ctx, host.GetExtensions(), set)
 	if err != nil {
 		return nil, fmt.Errorf("vllm::client: %w", err)
 	}
 	s := &vllmScraper{
-		r: r, cfg: cfg, host: host, client: client, obs: obs,
+		sink: sink, counters: sink.counters(), log: sink.Logger(), cfg: cfg, host: host, client: client,
 		timeout: cfg.scrapeTimeout(),
 		failing: make(map[string]bool),
 	}
@@ -133,24 +142,20 @@ func (s *vllmScraper) scrape(ctx context.Context, t *vllmTarget) {
 	}
 	md := t.conv.Convert(fams, now)
 	if n := t.conv.Dropped(); n > 0 {
-		s.r.telemetry.ReceiverTokenStreamInvalidDataPoints.Add(ctx, int64(n))
-		s.r.metricsLogger.Debug("invalid histogram data points dropped",
+		s.counters.invalidDataPoints.Add(ctx, int64(n))
+		s.log.Debug("invalid histogram data points dropped",
 			zap.String("target", t.name), zap.Int("dropped", n))
 	}
 	s.countSkipped(ctx, skipped)
 	s.countSkipped(ctx, t.conv.Skipped())
 	s.recovered(t)
-	n := md.DataPointCount()
 	// The hand-over is not cancelled with the scrape loop: a scrape taken
 	// is delivered whole. Shutdown cancelling it would abort an exporter's
 	// request mid-body (its backend sees a truncated body) and lose the
 	// engine's last state; shutdown waits for it instead, bounded by the
 	// pipeline's own timeouts.
-	opCtx := s.obs.StartMetricsOp(context.WithoutCancel(ctx))
-	err = s.r.nextMetrics.ConsumeMetrics(opCtx, md)
-	s.obs.EndMetricsOp(opCtx, "prometheus", n, err)
-	if err != nil {
-		s.r.metricsLogger.Debug("pipeline refused engine metrics", zap.String("target", t.name), zap.Error(err))
+	if err := s.sink.ConsumeMetrics(context.WithoutCancel(ctx), md); err != nil {
+		s.log.Debug("pipeline refused engine metrics", zap.String("target", t.name), zap.Error(err))
 	}
 }
 
@@ -194,7 +199,7 @@ func (s *vllmScraper) fetch(ctx context.Context, t *vllmTarget) (fams map[string
 // countSkipped counts the families left out of a scrape, by reason.
 func (s *vllmScraper) countSkipped(ctx context.Context, skipped promconv.Skipped) {
 	for reason, n := range skipped {
-		s.r.telemetry.ReceiverTokenStreamSkippedFamilies.Add(ctx, int64(n),
+		s.counters.skippedFamilies.Add(ctx, int64(n),
 			metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", reason))))
 	}
 }
@@ -211,10 +216,10 @@ func transportReason(err error) string {
 // scrapeLogEvery and reports a recoverable error when the target starts
 // failing.
 func (s *vllmScraper) failed(ctx context.Context, t *vllmTarget, reason string, err error) {
-	s.r.telemetry.ReceiverTokenStreamFailedScrapes.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(
+	s.counters.failedScrapes.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(
 		attribute.String("target", t.name), attribute.String("reason", reason))))
 	if now := time.Now(); now.Sub(t.lastLogged) >= scrapeLogEvery {
-		s.r.metricsLogger.Warn("vllm scrape failed", zap.String("target", t.name), zap.String("reason", reason),
+		s.log.Warn("vllm scrape failed", zap.String("target", t.name), zap.String("reason", reason),
 			zap.Int("failures_not_logged", t.suppressed), zap.Error(err))
 		t.lastLogged, t.suppressed = now, 0
 	} else {
@@ -238,7 +243,7 @@ func (s *vllmScraper) recovered(t *vllmTarget) {
 	allOK := was && len(s.failing) == 0
 	s.mu.Unlock()
 	if now := time.Now(); was && now.Sub(t.lastRecovered) >= scrapeLogEvery {
-		s.r.metricsLogger.Info("vllm scrape recovered", zap.String("target", t.name))
+		s.log.Info("vllm scrape recovered", zap.String("target", t.name))
 		t.lastRecovered = now
 	}
 	if allOK {

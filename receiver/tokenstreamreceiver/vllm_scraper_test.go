@@ -595,11 +595,13 @@ func TestEngineNameMatchesScraper(t *testing.T) {
 // its sessions' engine host:80, as the scraper names that engine.
 func TestProxyEngineNameHasDefaultPort(t *testing.T) {
 	for upstream, want := range map[string]string{
-		"http://localhost/":      "localhost:80",
-		"https://localhost/":     "localhost:443",
-		"http://localhost:8000/": "localhost:8000",
+		"http://localhost/":   "localhost:80",
+		"https://localhost/":  "localhost:443",
+		"http://localhost:1/": "localhost:1",
 	} {
-		tr := startProxyReceiver(t, upstream, new(consumertest.LogsSink))
-		assert.Equal(t, want, tr.r.proxy.engine, upstream)
+		sink := new(consumertest.LogsSink)
+		tr := startProxyReceiver(t, upstream, sink, func(p *ProxyConfig) { p.Upstream.ResponseHeaderTimeout = 2 * time.Second })
+		postStream(t, tr) // whatever answers there, the session names its engine
+		assert.Equal(t, want, proxyEvents(t, sink)[0].Engine, upstream)
 	}
 }

@@ -1,4 +1,4 @@
-package tokenstreamreceiver
+package proxy
 
 import (
 	"io"
@@ -48,7 +48,7 @@ func TestProxyStreamAsVLLMReadsIt(t *testing.T) {
 				replay(u, w, r, chat, func(int) time.Duration { return time.Millisecond })
 			})
 			sink := new(consumertest.LogsSink)
-			tr := startProxyReceiver(t, up.URL, sink)
+			tr := startTestProxy(t, up.URL, sink)
 			body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":` + tt.stream + `}`
 			_, got := postChat(t, tr.proxyURL(), body, nil)
 			evs := sessionEvents(t, sink, 1)
@@ -77,7 +77,7 @@ func TestProxyJSONAnswerToAStreamRequest(t *testing.T) {
 		_, _ = io.WriteString(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":"Paris is the capital."},"finish_reason":"stop"}],"usage":{"prompt_tokens":6,"completion_tokens":5}}`)
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink)
+	tr := startTestProxy(t, up.URL, sink)
 	resp, got := postChat(t, tr.proxyURL(), `{"model":"m","messages":[],"stream":true}`, nil)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Contains(t, got, `"completion_tokens":5`, "the client gets the answer unchanged")
@@ -95,7 +95,7 @@ func TestProxyJSONAnswerToAStreamRequest(t *testing.T) {
 			_, _ = io.WriteString(w, `{"error":{"message":"bad","type":"BadRequestError","code":400}}`)
 		})
 		sink := new(consumertest.LogsSink)
-		tr := startProxyReceiver(t, up.URL, sink)
+		tr := startTestProxy(t, up.URL, sink)
 		_, _ = postChat(t, tr.proxyURL(), `{"model":"m","messages":[],"stream":true}`, nil)
 		evs := sessionEvents(t, sink, 1)
 		require.Len(t, evs, 2)
@@ -112,7 +112,7 @@ func TestProxySSEAnswerToARequestWithoutStream(t *testing.T) {
 		replay(u, w, r, chat, func(int) time.Duration { return time.Millisecond })
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink)
+	tr := startTestProxy(t, up.URL, sink)
 	body := `{"model":"m","messages":[]}`
 	_, got := postChat(t, tr.proxyURL(), body, nil)
 	assert.Equal(t, strings.Join(chat, ""), got, "forwarded as it came")

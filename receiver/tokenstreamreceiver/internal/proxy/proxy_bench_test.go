@@ -1,4 +1,4 @@
-package tokenstreamreceiver
+package proxy
 
 import (
 	"bytes"
@@ -9,11 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/collector/component/componenttest"
 	"go.opentelemetry.io/collector/consumer/consumertest"
-	"go.opentelemetry.io/collector/receiver/receiverhelper"
-	"go.opentelemetry.io/collector/receiver/receivertest"
-
-	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
 
 // discardResponse is a ResponseWriter and Flusher that drops what it gets.
@@ -40,27 +37,25 @@ func BenchmarkProxyRelayEvent(b *testing.B) {
 	}
 	stream.WriteString(chat[len(chat)-1])
 	events := 2 + repeats*7
-	r, err := newTokenStreamReceiver(createDefaultConfig().(*Config), receivertest.NewNopSettings(metadata.Type), consumertest.NewNop())
-	if err != nil {
-		b.Fatal(err)
-	}
-	p := &proxyServer{r: r}
-	obs, _ := newObsReportForTest(r)
-	p.batch = newEventBatcher(r, obs, defaultEventQueueSize)
+	p := relayOnly(newTestSink(b, componenttest.NewNopTelemetrySettings(), consumertest.NewNop()), testConfig(b, "http://localhost:8000").EventQueueSize)
 	defer p.batch.shutdown()
 	w := &discardResponse{h: http.Header{}}
 	data := stream.String()
 	b.ReportAllocs()
 	b.SetBytes(int64(stream.Len()))
 	for b.Loop() {
-		s := &proxySession{p: p, id: "bench", completionTokens: -1, promptTokens: -1}
+		s := &session{p: p, id: "bench", completionTokens: -1, promptTokens: -1}
 		s.relayStream(w, context.Background(), strings.NewReader(data), false)
 	}
 	b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(b.N*events), "ns/event")
 }
 
-func newObsReportForTest(r *tokenStreamReceiver) (*receiverhelper.ObsReport, error) {
-	return receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{ReceiverID: r.settings.ID, Transport: "proxy", ReceiverCreateSettings: r.settings})
+// relayOnly is a Server with only its batcher, handing to sink: enough for
+// sessions relaying a stream.
+func relayOnly(sink Sink, queueSize int) *Server {
+	p := &Server{sink: sink, counters: sink.Counters(), log: sink.Logger()}
+	p.batch = newEventBatcher(sink, p.counters, queueSize)
+	return p
 }
 
 // BenchmarkIdleBoundedRead is what stream_idle_timeout adds to each read

@@ -1,4 +1,4 @@
-package tokenstreamreceiver
+package proxy
 
 import (
 	"bufio"
@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -19,10 +20,20 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/collector/config/configoptional"
+	"go.opentelemetry.io/collector/component"
+	"go.opentelemetry.io/collector/component/componenttest"
+	"go.opentelemetry.io/collector/config/confighttp"
+	"go.opentelemetry.io/collector/consumer"
 	"go.opentelemetry.io/collector/consumer/consumertest"
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.opentelemetry.io/collector/receiver/receivertest"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
@@ -34,7 +45,7 @@ import (
 // completions stream, each as its events ("data: …\n\n").
 func fixtureStreams(t *testing.T) (chat, completions []string) {
 	t.Helper()
-	f, err := os.Open("../../testdata/fixtures/vllm/sse-streams.txt")
+	f, err := os.Open("../../../../testdata/fixtures/vllm/sse-streams.txt")
 	require.NoError(t, err)
 	defer f.Close()
 	var streams [][]string
@@ -107,21 +118,110 @@ func replay(u *scriptedUpstream, w http.ResponseWriter, r *http.Request, events 
 	}
 }
 
-func startProxyReceiver(t *testing.T, upstream string, next *consumertest.LogsSink, opts ...func(*ProxyConfig)) *testReceiver {
-	t.Helper()
-	return startReceiver(t, next, func(c *Config) {
-		c.Hooks.HTTP = configoptional.None[HTTPConfig]()
-		c.Hooks.UDP = configoptional.None[UDPConfig]()
-		p := c.Proxy.GetOrInsertDefault()
-		p.ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
-		p.Upstream.ClientConfig.Endpoint = upstream
-		for _, o := range opts {
-			o(p)
-		}
-	})
+// testProxy is a started proxy on a loopback port chosen by the OS, handing
+// its events to a testSink.
+type testProxy struct {
+	p       *Server
+	tel     *componenttest.Telemetry
+	stopped bool
+	// warnings holds what the proxy logged at warn level and above.
+	warnings *observer.ObservedLogs
 }
 
-func (tr *testReceiver) proxyURL() string { return "http://" + tr.r.proxy.Addr.String() }
+func startTestProxy(t *testing.T, upstream string, next consumer.Logs, opts ...func(*Config)) *testProxy {
+	t.Helper()
+	cfg := testConfig(t, upstream)
+	for _, o := range opts {
+		o(cfg)
+	}
+	tel := componenttest.NewTelemetry()
+	t.Cleanup(func() { require.NoError(t, tel.Shutdown(context.Background())) })
+	sink := newTestSink(t, tel.NewTelemetrySettings(), next)
+	core, warnings := observer.New(zapcore.WarnLevel)
+	sink.log = zap.New(core)
+	p, err := Start(context.Background(), cfg, sink, componenttest.NewNopHost(), tel.NewTelemetrySettings())
+	require.NoError(t, err)
+	tp := &testProxy{p: p, tel: tel, warnings: warnings}
+	t.Cleanup(func() {
+		if !tp.stopped {
+			require.NoError(t, p.Shutdown(context.Background()))
+		}
+	})
+	return tp
+}
+
+// shutdown shuts the proxy down as the receiver does, once.
+func (tp *testProxy) shutdown() error {
+	tp.stopped = true
+	return tp.p.Shutdown(context.Background())
+}
+
+// testConfig is the receiver's default proxy configuration, listening on
+// a loopback port chosen by the OS.
+func testConfig(t testing.TB, upstream string) *Config {
+	u, err := url.Parse(upstream)
+	require.NoError(t, err)
+	server := confighttp.NewDefaultServerConfig()
+	server.NetAddr.Endpoint = "127.0.0.1:0"
+	server.WriteTimeout = 0
+	client := confighttp.NewDefaultClientConfig()
+	client.Endpoint = upstream
+	client.ReadBufferSize, client.WriteBufferSize = 2<<10, 2<<10
+	return &Config{
+		Server: server, Client: client, Upstream: u, Engine: u.Host,
+		ResponseHeaderTimeout: 5 * time.Minute, StreamIdleTimeout: 5 * time.Minute,
+		ClientBodyTimeout: time.Minute, ClientSendTimeout: time.Minute, DrainTimeout: 20 * time.Second,
+		MaxStreams: 1024, EventQueueSize: 65_536,
+	}
+}
+
+// testSink is the receiver's side of the proxy: the pipeline, with the
+// standard receiver observability and the receiver's counters around it.
+type testSink struct {
+	next consumer.Logs
+	obs  *receiverhelper.ObsReport
+	tel  *metadata.TelemetryBuilder
+	log  *zap.Logger
+}
+
+func newTestSink(t testing.TB, ts component.TelemetrySettings, next consumer.Logs) *testSink {
+	tb, err := metadata.NewTelemetryBuilder(ts)
+	require.NoError(t, err)
+	t.Cleanup(tb.Shutdown)
+	set := receivertest.NewNopSettings(metadata.Type)
+	set.TelemetrySettings = ts
+	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{ReceiverID: set.ID, Transport: "proxy", ReceiverCreateSettings: set})
+	require.NoError(t, err)
+	return &testSink{next: next, obs: obs, tel: tb, log: zap.NewNop()}
+}
+
+var transportProxy = metric.WithAttributeSet(attribute.NewSet(attribute.String("transport", "proxy")))
+
+func (s *testSink) ConsumeEvents(ctx context.Context, logs plog.Logs, events int) error {
+	ctx = s.obs.StartLogsOp(ctx)
+	n := logs.LogRecordCount()
+	err := s.next.ConsumeLogs(ctx, logs)
+	s.obs.EndLogsOp(ctx, "sse", n, err)
+	if err != nil {
+		s.tel.ReceiverTokenStreamRefusedEvents.Add(ctx, int64(events), transportProxy)
+		return err
+	}
+	s.tel.ReceiverTokenStreamAcceptedEvents.Add(ctx, int64(events), transportProxy)
+	return nil
+}
+
+func (s *testSink) Counters() Counters {
+	return Counters{
+		RefusedRequests:     s.tel.ReceiverTokenStreamProxyRefusedRequests,
+		PassthroughFailures: s.tel.ReceiverTokenStreamProxyPassthroughFailures,
+		OversizedEvents:     s.tel.ReceiverTokenStreamProxyOversizedEvents,
+		DroppedEvents:       s.tel.ReceiverTokenStreamProxyDroppedEvents,
+	}
+}
+
+func (s *testSink) Logger() *zap.Logger { return s.log }
+
+func (tp *testProxy) proxyURL() string { return "http://" + tp.p.Addr().String() }
 
 // sessionEvents waits until the sink holds an end event and returns every
 // event of the proxy's sessions, decoded.
@@ -185,7 +285,7 @@ func TestProxyStreamObservedAndForwardedAsIs(t *testing.T) {
 		})
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink)
+	tr := startTestProxy(t, up.URL, sink)
 
 	body := `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"user","content":"What is the capital of France?"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":32}`
 	resp, got := postChat(t, tr.proxyURL(), body, map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
@@ -230,7 +330,7 @@ func TestProxyInjectsAndStripsUsage(t *testing.T) {
 		replay(u, w, r, chat, func(int) time.Duration { return time.Millisecond })
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink)
+	tr := startTestProxy(t, up.URL, sink)
 	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`
 	_, got := postChat(t, tr.proxyURL(), body, nil)
 	var want []string
@@ -262,7 +362,7 @@ func TestProxyPerRequestMetrics(t *testing.T) {
 		replay(u, w, r, events, func(int) time.Duration { return time.Millisecond })
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink)
+	tr := startTestProxy(t, up.URL, sink)
 	_, got := postChat(t, tr.proxyURL(), `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[],"stream":true,"stream_options":{"include_usage":true}}`, nil)
 	assert.Contains(t, got, `"queue_time_ms":912.0`, "the client gets the metrics it asked for")
 	evs := sessionEvents(t, sink, 1)
@@ -282,7 +382,7 @@ func TestProxyNonStreaming(t *testing.T) {
 		_, _ = io.WriteString(w, `{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" Paris.","finish_reason":"stop"}],"usage":{"prompt_tokens":6,"total_tokens":9,"completion_tokens":3}}`)
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink)
+	tr := startTestProxy(t, up.URL, sink)
 	resp, err := http.Post(tr.proxyURL()+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"The capital of France is"}`))
 	require.NoError(t, err)
 	got, _ := io.ReadAll(resp.Body)
@@ -305,7 +405,7 @@ func TestProxyStartsATraceWithoutTraceparent(t *testing.T) {
 		replay(u, w, r, chat, func(int) time.Duration { return 0 })
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink)
+	tr := startTestProxy(t, up.URL, sink)
 	postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, map[string]string{"traceparent": "00-bad"})
 	evs := sessionEvents(t, sink, 1)
 	assert.False(t, evs[0].TraceID.IsEmpty())
@@ -319,7 +419,7 @@ func TestProxyPassThrough(t *testing.T) {
 		_, _ = io.WriteString(w, r.Method+" "+r.URL.RequestURI())
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink)
+	tr := startTestProxy(t, up.URL, sink)
 	for _, path := range []string{"/v1/models", "/health", "/metrics?x=1"} {
 		resp, err := http.Get(tr.proxyURL() + path)
 		require.NoError(t, err)
@@ -333,13 +433,25 @@ func TestProxyPassThrough(t *testing.T) {
 	assert.Equal(t, 0, sink.LogRecordCount(), "only POSTs to the completions endpoints are sessions")
 }
 
+// assertUpstreamWarnedOnce: a failing upstream is said at warn level (the
+// default level shows it), naming the upstream and the error, once however
+// many requests failed.
+func assertUpstreamWarnedOnce(t *testing.T, tp *testProxy, upstream string) {
+	t.Helper()
+	all := tp.warnings.All()
+	require.Len(t, all, 1, "one warning for the failures of a minute")
+	fields := all[0].ContextMap()
+	assert.Equal(t, "http://"+upstream, fields["upstream"])
+	assert.Contains(t, fields["error"], "connection refused")
+}
+
 func TestProxyUpstreamFailures(t *testing.T) {
 	t.Run("500", func(t *testing.T) {
 		up := newScriptedUpstream(t, func(_ *scriptedUpstream, w http.ResponseWriter, _ *http.Request) {
 			http.Error(w, `{"error":"boom"}`, http.StatusInternalServerError)
 		})
 		sink := new(consumertest.LogsSink)
-		tr := startProxyReceiver(t, up.URL, sink)
+		tr := startTestProxy(t, up.URL, sink)
 		resp, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
 		assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
 		assert.Contains(t, got, "boom")
@@ -352,19 +464,22 @@ func TestProxyUpstreamFailures(t *testing.T) {
 		addr := ln.Addr().String()
 		ln.Close()
 		sink := new(consumertest.LogsSink)
-		tr := startProxyReceiver(t, "http://"+addr, sink)
-		resp, _ := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
-		assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+		tr := startTestProxy(t, "http://"+addr, sink)
+		for range 3 {
+			resp, _ := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
+			assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+		}
 		evs := sessionEvents(t, sink, 1)
 		assert.Equal(t, errUpstreamUnreachable, evs[len(evs)-1].Error)
 		assert.Equal(t, "m", evs[0].Model)
+		assertUpstreamWarnedOnce(t, tr, addr)
 	})
 	t.Run("unreachable pass-through", func(t *testing.T) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
 		addr := ln.Addr().String()
 		ln.Close()
-		tr := startProxyReceiver(t, "http://"+addr, new(consumertest.LogsSink))
+		tr := startTestProxy(t, "http://"+addr, new(consumertest.LogsSink))
 		resp, err := http.Get(tr.proxyURL() + "/v1/models")
 		require.NoError(t, err)
 		got, _ := io.ReadAll(resp.Body)
@@ -372,6 +487,7 @@ func TestProxyUpstreamFailures(t *testing.T) {
 		assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
 		assertOpenAIError(t, resp, string(got), errUpstreamUnreachable)
 		assert.Equal(t, int64(1), reasonCounter(t, tr, "otelcol_receiver_token_stream_proxy_passthrough_failures", "unreachable"))
+		assertUpstreamWarnedOnce(t, tr, addr)
 	})
 	t.Run("broken stream", func(t *testing.T) {
 		chat, _ := fixtureStreams(t)
@@ -385,7 +501,7 @@ func TestProxyUpstreamFailures(t *testing.T) {
 			}
 		})
 		sink := new(consumertest.LogsSink)
-		tr := startProxyReceiver(t, up.URL, sink)
+		tr := startTestProxy(t, up.URL, sink)
 		req, _ := http.NewRequest(http.MethodPost, tr.proxyURL()+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
@@ -401,7 +517,7 @@ func TestProxyUpstreamFailures(t *testing.T) {
 			_, _ = io.WriteString(w, "data: {not json\n\nretry: x\n\n: comment\n\ndata: [DONE]\n\n")
 		})
 		sink := new(consumertest.LogsSink)
-		tr := startProxyReceiver(t, up.URL, sink)
+		tr := startTestProxy(t, up.URL, sink)
 		_, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, nil)
 		assert.Equal(t, "data: {not json\n\nretry: x\n\n: comment\n\ndata: [DONE]\n\n", got, "forwarded as is")
 		evs := sessionEvents(t, sink, 1)
@@ -420,7 +536,7 @@ func TestProxyClientDisconnectAbortsUpstream(t *testing.T) {
 		})
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink)
+	tr := startTestProxy(t, up.URL, sink)
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, tr.proxyURL()+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
 	resp, err := http.DefaultClient.Do(req)
@@ -450,7 +566,7 @@ func TestProxyClientLeavingAfterDoneCompletes(t *testing.T) {
 		<-r.Context().Done() // holds the response open until the proxy gives up on it
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink)
+	tr := startTestProxy(t, up.URL, sink)
 	req, err := http.NewRequest(http.MethodPost, tr.proxyURL()+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
 	require.NoError(t, err)
 	resp, err := http.DefaultClient.Do(req)
@@ -485,7 +601,7 @@ func TestProxyConcurrentStreamsNoCrossTalk(t *testing.T) {
 		replay(u, w, r, events, func(int) time.Duration { return time.Millisecond })
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink)
+	tr := startTestProxy(t, up.URL, sink)
 	const streams = 1000
 	var wg sync.WaitGroup
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 100}}
@@ -554,20 +670,19 @@ func assertOpenAIError(t *testing.T, resp *http.Response, body, errType string) 
 }
 
 // A stream lasts as long as its completion: neither the header bound nor
-// the deprecated timeout (which used to bound the whole exchange) cuts it.
+// the idle bound cuts it while its bytes keep coming.
 func TestProxyStreamOutlivesTimeouts(t *testing.T) {
 	chat, _ := fixtureStreams(t)
 	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
 		replay(u, w, r, chat, func(int) time.Duration { return 40 * time.Millisecond })
 	})
-	for name, set := range map[string]func(*ProxyConfig){
-		"timeout (deprecated)":    func(p *ProxyConfig) { p.Upstream.ClientConfig.Timeout = 100 * time.Millisecond },
-		"response_header_timeout": func(p *ProxyConfig) { p.Upstream.ResponseHeaderTimeout = 100 * time.Millisecond },
-		"stream_idle_timeout":     func(p *ProxyConfig) { p.Upstream.StreamIdleTimeout = 200 * time.Millisecond },
+	for name, set := range map[string]func(*Config){
+		"response_header_timeout": func(c *Config) { c.ResponseHeaderTimeout = 100 * time.Millisecond },
+		"stream_idle_timeout":     func(c *Config) { c.StreamIdleTimeout = 200 * time.Millisecond },
 	} {
 		t.Run(name, func(t *testing.T) {
 			sink := new(consumertest.LogsSink)
-			tr := startProxyReceiver(t, up.URL, sink, set)
+			tr := startTestProxy(t, up.URL, sink, set)
 			resp, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, nil)
 			assert.Equal(t, http.StatusOK, resp.StatusCode)
 			assert.Equal(t, strings.Join(chat, ""), got, "the whole stream, [DONE] included, after %d×40 ms", len(chat))
@@ -586,7 +701,7 @@ func TestProxyHangBeforeHeaders(t *testing.T) {
 		}
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.Upstream.ResponseHeaderTimeout = 100 * time.Millisecond })
+	tr := startTestProxy(t, up.URL, sink, func(c *Config) { c.ResponseHeaderTimeout = 100 * time.Millisecond })
 	t0 := time.Now()
 	resp, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
 	assert.Less(t, time.Since(t0), 5*time.Second)
@@ -618,7 +733,7 @@ func TestProxyHangMidStream(t *testing.T) {
 		}
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.Upstream.StreamIdleTimeout = 150 * time.Millisecond })
+	tr := startTestProxy(t, up.URL, sink, func(c *Config) { c.StreamIdleTimeout = 150 * time.Millisecond })
 	t0 := time.Now()
 	resp, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil) // fails on an unclean end
 	assert.Less(t, time.Since(t0), 5*time.Second)
@@ -651,7 +766,7 @@ func TestProxyEngineErrorMidStream(t *testing.T) {
 				replay(u, w, r, events, func(int) time.Duration { return time.Millisecond })
 			})
 			sink := new(consumertest.LogsSink)
-			tr := startProxyReceiver(t, up.URL, sink)
+			tr := startTestProxy(t, up.URL, sink)
 			resp, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, nil)
 			assert.Equal(t, http.StatusOK, resp.StatusCode)
 			assert.Equal(t, strings.Join(events, ""), got, "the client gets the error as the engine sent it")
@@ -664,7 +779,7 @@ func TestProxyEngineErrorMidStream(t *testing.T) {
 }
 
 // reasonCounter is a proxy counter's value for one reason.
-func reasonCounter(t *testing.T, tr *testReceiver, name, reason string) int64 {
+func reasonCounter(t *testing.T, tr *testProxy, name, reason string) int64 {
 	t.Helper()
 	m, err := tr.tel.GetMetric(name)
 	if err != nil {
@@ -687,7 +802,7 @@ func TestProxyBodyOverLimit(t *testing.T) {
 		replay(u, w, r, chat, func(int) time.Duration { return 0 })
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.ServerConfig.MaxRequestBodySize = 1024 })
+	tr := startTestProxy(t, up.URL, sink, func(c *Config) { c.Server.MaxRequestBodySize = 1024 })
 	big := `{"model":"m","stream":true,"prompt":"` + strings.Repeat("x", 4096) + `"}`
 	for name, body := range map[string]io.Reader{
 		"content-length": strings.NewReader(big),
@@ -729,7 +844,7 @@ func TestProxyHostileModelNames(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			sink := new(consumertest.LogsSink)
-			tr := startProxyReceiver(t, up.URL, sink)
+			tr := startTestProxy(t, up.URL, sink)
 			resp, _ := postChat(t, tr.proxyURL(), `{"model":"`+tt.model+`","stream":true}`, nil)
 			assert.Equal(t, http.StatusOK, resp.StatusCode)
 			evs := sessionEvents(t, sink, 1)
@@ -753,7 +868,7 @@ func TestProxyHeaderPolicyParity(t *testing.T) {
 		h.Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"choices":[]}`)
 	})
-	tr := startProxyReceiver(t, up.URL, new(consumertest.LogsSink))
+	tr := startTestProxy(t, up.URL, new(consumertest.LogsSink))
 	var responses []*http.Response
 	for _, path := range []string{"/v1/chat/completions", "/v1/embeddings"} {
 		req, err := http.NewRequest(http.MethodPost, tr.proxyURL()+path, strings.NewReader(`{"model":"m"}`))
@@ -809,7 +924,7 @@ func TestProxySlowUploadIsNotAnUpstreamTimeout(t *testing.T) {
 		replay(u, w, r, chat, func(int) time.Duration { return 0 })
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.Upstream.ResponseHeaderTimeout = 100 * time.Millisecond })
+	tr := startTestProxy(t, up.URL, sink, func(c *Config) { c.ResponseHeaderTimeout = 100 * time.Millisecond })
 	pr, pw := io.Pipe()
 	go func() {
 		_, _ = io.WriteString(pw, `{"model":"m","stream":true,`)
@@ -835,8 +950,8 @@ func TestProxySlowDripUpload(t *testing.T) {
 		replay(u, w, r, chat, func(int) time.Duration { return 0 })
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.ClientBodyTimeout = 150 * time.Millisecond })
-	conn, err := net.Dial("tcp", tr.r.proxy.Addr.String())
+	tr := startTestProxy(t, up.URL, sink, func(c *Config) { c.ClientBodyTimeout = 150 * time.Millisecond })
+	conn, err := net.Dial("tcp", tr.p.Addr().String())
 	require.NoError(t, err)
 	defer conn.Close()
 	require.NoError(t, conn.SetDeadline(time.Now().Add(10*time.Second)))
@@ -883,8 +998,8 @@ func TestProxyClientStopsReading(t *testing.T) {
 		}
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.ClientSendTimeout = 200 * time.Millisecond })
-	conn, err := net.Dial("tcp", tr.r.proxy.Addr.String())
+	tr := startTestProxy(t, up.URL, sink, func(c *Config) { c.ClientSendTimeout = 200 * time.Millisecond })
+	conn, err := net.Dial("tcp", tr.p.Addr().String())
 	require.NoError(t, err)
 	defer conn.Close()
 	body := `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`
@@ -912,7 +1027,7 @@ func TestProxyOversizedEventCounted(t *testing.T) {
 		replay(u, w, r, events, func(int) time.Duration { return 0 })
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink)
+	tr := startTestProxy(t, up.URL, sink)
 	_, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, nil)
 	assert.Equal(t, strings.Join(events, ""), got)
 	sessionEvents(t, sink, 1)
@@ -959,15 +1074,11 @@ func FuzzRelayStream(f *testing.F) {
 	f.Add([]byte(strings.Join(completions, "")), []byte{3}, false)
 	f.Add([]byte("data: {\"error\":{\"type\":\"x\"}}\r\n\r\n: c\n\ndata: [DONE]\n\n"), []byte{1}, false)
 	f.Add([]byte("data: a\ndata: b\r\rid: 1\n\nretry: x"), []byte{}, true)
-	r, err := newTokenStreamReceiver(createDefaultConfig().(*Config), receivertest.NewNopSettings(metadata.Type), consumertest.NewNop())
-	require.NoError(f, err)
-	p := &proxyServer{r: r}
-	obs, _ := newObsReportForTest(r)
-	p.batch = newEventBatcher(r, obs, defaultEventQueueSize)
+	p := relayOnly(newTestSink(f, componenttest.NewNopTelemetrySettings(), consumertest.NewNop()), testConfig(f, "http://localhost:8000").EventQueueSize)
 	f.Cleanup(p.batch.shutdown)
-	relay := func(data, sizes []byte, strip bool) (string, *proxySession) {
+	relay := func(data, sizes []byte, strip bool) (string, *session) {
 		w := &bufferResponse{discardResponse: discardResponse{h: http.Header{}}}
-		s := &proxySession{p: p, id: "fuzz", completionTokens: -1, promptTokens: -1}
+		s := &session{p: p, id: "fuzz", completionTokens: -1, promptTokens: -1}
 		s.relayStream(w, context.Background(), &splitReader{data: data, sizes: sizes}, strip)
 		return w.String(), s
 	}

@@ -1,4 +1,4 @@
-package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
+package proxy // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxy"
 
 import (
 	"context"
@@ -8,10 +8,8 @@ import (
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
-	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
@@ -41,8 +39,8 @@ const (
 // idle timeout), where a lost token only thins the session's figures. At
 // most two queues' worth is held: one queued, one being handed over.
 type eventBatcher struct {
-	r   *tokenStreamReceiver
-	obs *receiverhelper.ObsReport
+	sink    Sink
+	dropped metric.Int64Counter
 
 	mu       sync.Mutex
 	queued   []tokenevent.Event
@@ -60,9 +58,9 @@ type eventBatcher struct {
 	done sync.WaitGroup
 }
 
-func newEventBatcher(r *tokenStreamReceiver, obs *receiverhelper.ObsReport, queueSize int) *eventBatcher {
+func newEventBatcher(sink Sink, counters Counters, queueSize int) *eventBatcher {
 	b := &eventBatcher{
-		r: r, obs: obs, writer: tokenrecord.NewRecordWriter(), kick: make(chan struct{}, 1), stop: make(chan struct{}),
+		sink: sink, dropped: counters.DroppedEvents, writer: tokenrecord.NewRecordWriter(), kick: make(chan struct{}, 1), stop: make(chan struct{}),
 		limit: queueSize, hardCap: queueSize + queueSize/4,
 	}
 	b.done.Add(1)
@@ -76,7 +74,7 @@ func (b *eventBatcher) add(ev *tokenevent.Event) {
 	b.mu.Lock()
 	if b.stopped {
 		b.mu.Unlock()
-		b.r.telemetry.ReceiverTokenStreamProxyDroppedEvents.Add(context.Background(), 1, dropShutdown)
+		b.dropped.Add(context.Background(), 1, dropShutdown)
 		return
 	}
 	limit := b.limit
@@ -120,7 +118,7 @@ func (b *eventBatcher) run() {
 
 func (b *eventBatcher) flush() {
 	if n := b.overflow.Swap(0); n > 0 {
-		b.r.telemetry.ReceiverTokenStreamProxyDroppedEvents.Add(context.Background(), n, dropQueueFull)
+		b.dropped.Add(context.Background(), n, dropQueueFull)
 	}
 	b.mu.Lock()
 	events := b.queued
@@ -138,18 +136,9 @@ func (b *eventBatcher) flush() {
 		b.writer.Append(&events[i])
 	}
 	b.writer.Flush()
-	ctx := b.obs.StartLogsOp(context.Background())
-	n := logs.LogRecordCount()
-	err := b.r.next.ConsumeLogs(ctx, logs)
-	b.obs.EndLogsOp(ctx, "sse", n, err)
-	attrs := transportAttrs[transportProxy]
-	if err != nil {
-		// The streams went on regardless; only the observation is lost.
-		b.r.telemetry.ReceiverTokenStreamRefusedEvents.Add(ctx, int64(len(events)), attrs)
-		b.r.logsLogger.Debug("pipeline refused proxy token events", zap.Int("events", len(events)), zap.Error(err))
-		return
-	}
-	b.r.telemetry.ReceiverTokenStreamAcceptedEvents.Add(ctx, int64(len(events)), attrs)
+	// The streams went on regardless of the pipeline's answer; the sink
+	// counts a refusal, only the observation is lost.
+	_ = b.sink.ConsumeEvents(context.Background(), logs, len(events))
 }
 
 // shutdown hands over what is queued; the events added after it are

@@ -1,4 +1,4 @@
-package tokenstreamreceiver
+package proxy
 
 import (
 	"bufio"
@@ -12,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/collector/config/configoptional"
 	"go.opentelemetry.io/collector/consumer"
 	"go.opentelemetry.io/collector/consumer/consumertest"
 	"go.opentelemetry.io/collector/pdata/plog"
@@ -62,7 +61,7 @@ func TestProxyShutdownDrainsThenCutsStreams(t *testing.T) {
 	})
 	sink := new(consumertest.LogsSink)
 	const drain = 1500 * time.Millisecond
-	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.DrainTimeout = drain })
+	tr := startTestProxy(t, up.URL, sink, func(c *Config) { c.DrainTimeout = drain })
 
 	open := func(hdr string) (*http.Response, *bufio.Reader) {
 		req, err := http.NewRequest(http.MethodPost, tr.proxyURL()+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
@@ -82,7 +81,7 @@ func TestProxyShutdownDrainsThenCutsStreams(t *testing.T) {
 
 	shutdownDone := make(chan error, 1)
 	t0 := time.Now()
-	go func() { shutdownDone <- tr.r.Shutdown(context.Background()) }()
+	go func() { shutdownDone <- tr.shutdown() }()
 	close(release) // the finishing stream ends during the drain
 
 	rest, err := io.ReadAll(finishingBody)
@@ -121,14 +120,12 @@ func TestProxyShutdownDrainsThenCutsStreams(t *testing.T) {
 // silently.
 func TestProxyEventsAfterShutdownCounted(t *testing.T) {
 	up := newScriptedUpstream(t, func(*scriptedUpstream, http.ResponseWriter, *http.Request) {})
-	tr := startProxyReceiver(t, up.URL, new(consumertest.LogsSink))
-	require.NoError(t, tr.r.Shutdown(context.Background()))
+	tr := startTestProxy(t, up.URL, new(consumertest.LogsSink))
+	require.NoError(t, tr.shutdown())
 	// A batcher stopped as the proxy's is at shutdown.
-	p := &proxyServer{r: tr.r}
-	obs, _ := newObsReportForTest(tr.r)
-	p.batch = newEventBatcher(tr.r, obs, 8)
+	p := relayOnly(tr.p.sink, 8)
 	p.batch.shutdown()
-	s := &proxySession{p: p, id: "late"}
+	s := &session{p: p, id: "late"}
 	s.token(time.Now())
 	s.end(time.Now(), "", "stop")
 	assert.Equal(t, int64(2), reasonCounter(t, tr, "otelcol_receiver_token_stream_proxy_dropped_events", "shutdown"))
@@ -166,14 +163,7 @@ func TestProxyBlockedPipelineBoundedAndCounted(t *testing.T) {
 	})
 	next := &blockingLogs{entered: make(chan struct{}), release: make(chan struct{})}
 	const queue = 16
-	tr := startReceiver(t, next, func(c *Config) {
-		c.Hooks.HTTP = configoptional.None[HTTPConfig]()
-		c.Hooks.UDP = configoptional.None[UDPConfig]()
-		p := c.Proxy.GetOrInsertDefault()
-		p.ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
-		p.Upstream.ClientConfig.Endpoint = up.URL
-		p.EventQueueSize = queue
-	})
+	tr := startTestProxy(t, up.URL, next, func(c *Config) { c.EventQueueSize = queue })
 	released := false
 	defer func() {
 		if !released {
@@ -189,11 +179,11 @@ func TestProxyBlockedPipelineBoundedAndCounted(t *testing.T) {
 	// A second whole stream while the pipeline is still blocked.
 	_, got = postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
 	assert.Equal(t, strings.Join(events, ""), got)
-	assert.LessOrEqual(t, tr.r.proxy.batch.queueLen(), queue+queue/4, "the queue is bounded")
+	assert.LessOrEqual(t, tr.p.batch.queueLen(), queue+queue/4, "the queue is bounded")
 
 	close(next.release)
 	released = true
-	require.NoError(t, tr.r.Shutdown(context.Background()))
+	require.NoError(t, tr.shutdown())
 
 	// Each stream: a start, a token per content chunk, an end.
 	var perStream int64 = 2
@@ -252,7 +242,7 @@ func TestProxyMaxStreams(t *testing.T) {
 		}
 	})
 	sink := new(consumertest.LogsSink)
-	tr := startProxyReceiver(t, up.URL, sink, func(p *ProxyConfig) { p.MaxStreams = 1 })
+	tr := startTestProxy(t, up.URL, sink, func(c *Config) { c.MaxStreams = 1 })
 
 	first, firstBody := openStream(t, tr.proxyURL())
 	defer first.Body.Close()
@@ -272,7 +262,7 @@ func TestProxyMaxStreams(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 1, starts, "the refused request has no session")
-	require.Eventually(t, func() bool { return tr.r.proxy.streams.Load() == 0 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return tr.p.streams.Load() == 0 }, 5*time.Second, 5*time.Millisecond)
 	resp, _ = postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "the slot is free once the first stream ended")
 }

@@ -1,0 +1,381 @@
+package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+	"go.opentelemetry.io/collector/pdata/ptrace"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/session"
+	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
+)
+
+// sessions is the part of the core that folds token events into sessions
+// and makes their outputs: the session table, the session metrics, the
+// token event records held for sampled sessions, the kept sessions whose
+// outputs wait (timing.go) and the join of engine timings. mu guards all of
+// it. Outputs made under mu are collected in pending and handed to the next
+// consumers after mu is released.
+//
+// Under mu it takes the engine context's lock (to write a session's engine
+// context) and the span gate's (to release a trace's held spans, or to
+// route a span batch); never the other way round.
+type sessions struct {
+	cfg       *Config
+	telemetry *processorTelemetry
+	engines   *engineContext
+	spans     *spanGate
+
+	// waiting is len(heldOutputs), for the metrics path, which takes mu
+	// only when outputs wait (for a scrape this may be).
+	waiting atomic.Int32
+
+	mu sync.Mutex
+	// toLogs, toMetrics and toTraces: the processor is in a pipeline of that
+	// signal, and makes outputs for it.
+	toLogs, toMetrics, toTraces bool
+
+	table   *session.Table[*sessionmetrics.Live]
+	metrics *sessionmetrics.Aggregator
+	pending outputs
+	// nowTS is the collector time of the operation under way.
+	nowTS    pcommon.Timestamp
+	nowNanos int64
+	event    tokenevent.Event
+	// applyFn folds an event into the table, collecting its reports in
+	// reports; bound once so that folding a record allocates nothing.
+	applyFn func(*tokenevent.Event)
+	reports []session.Report[*sessionmetrics.Live]
+	// With pass_token_events: sampled, the token event records of each
+	// active session.
+	sampledRecords map[string]plog.LogRecordSlice
+	// limits are the rules token event records are held to.
+	limits tokenevent.Limits
+	// heldOutputs are kept sessions whose outputs wait (for their engine's
+	// next scrape, or for the engine's timing); timing joins the engine's
+	// own timing to sessions. See timing.go.
+	heldOutputs []*heldOutput
+	timing      timingJoin
+	counters    session.Counters // as last reported to telemetry
+}
+
+// outputs are what a locked operation produced for the pipelines.
+type outputs struct {
+	logs   plog.Logs
+	traces ptrace.Traces
+}
+
+func newOutputs() outputs { return outputs{logs: plog.NewLogs(), traces: ptrace.NewTraces()} }
+
+// records is where session log records go: one resource (named, like
+// those of the spans and metrics, after the provider) and this scope.
+func (o *outputs) records(provider string) plog.LogRecordSlice {
+	if o.logs.ResourceLogs().Len() == 0 {
+		rl := o.logs.ResourceLogs().AppendEmpty()
+		rl.Resource().Attributes().PutStr(attrServiceName, provider)
+		sl := rl.ScopeLogs().AppendEmpty()
+		sl.Scope().SetName(metadata.ScopeName)
+		return sl.LogRecords()
+	}
+	return o.logs.ResourceLogs().At(0).ScopeLogs().At(0).LogRecords()
+}
+
+func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineContext, spans *spanGate) (*sessions, error) {
+	s := &sessions{cfg: cfg, telemetry: telemetry, engines: engines, spans: spans, limits: cfg.Limits.eventLimits(),
+		timing: newTimingJoin(), pending: newOutputs()}
+	var err error
+	if s.table, err = session.NewTable[*sessionmetrics.Live](cfg.sessionConfig(), s); err != nil {
+		return nil, err
+	}
+	if s.metrics, err = sessionmetrics.New(cfg.Metrics, time.Now()); err != nil {
+		return nil, err
+	}
+	s.table.SetTraceMemory(spans.keptTrace)
+	s.applyFn = func(ev *tokenevent.Event) { s.reports = s.table.Apply(ev, s.nowNanos, s.reports) }
+	if cfg.PassTokenEvents == PassSampled {
+		s.sampledRecords = make(map[string]plog.LogRecordSlice)
+	}
+	return s, nil
+}
+
+func (p *sessions) setNow(now time.Time) {
+	p.nowNanos = now.UnixNano()
+	p.nowTS = pcommon.Timestamp(p.nowNanos)
+}
+
+// fold folds the token event records of ld, taking them out (unless
+// pass_token_events: all), and returns the outputs they produced, with the
+// count of invalid records and the first one's error.
+func (p *sessions) fold(ld plog.Logs, now time.Time) (out outputs, invalid int, firstErr error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.setNow(now)
+	ld.ResourceLogs().RemoveIf(func(rl plog.ResourceLogs) bool {
+		rl.ScopeLogs().RemoveIf(func(sl plog.ScopeLogs) bool {
+			sl.LogRecords().RemoveIf(func(lr plog.LogRecord) bool {
+				if !tokenrecord.IsTokenEvent(lr) {
+					return false
+				}
+				err := tokenrecord.ReadRecord(lr, p.limits, &p.event, p.applyFn)
+				p.handleReports(&lr)
+				if err != nil {
+					if invalid++; invalid == 1 {
+						firstErr = err
+					}
+					return true
+				}
+				if p.sampledRecords != nil && p.table.Contains(p.event.SessionID) {
+					recs, ok := p.sampledRecords[p.event.SessionID]
+					if !ok {
+						recs = plog.NewLogRecordSlice()
+						p.sampledRecords[p.event.SessionID] = recs
+					}
+					lr.CopyTo(recs.AppendEmpty())
+				}
+				return p.cfg.PassTokenEvents != PassAll
+			})
+			return sl.LogRecords().Len() == 0
+		})
+		return rl.ScopeLogs().Len() == 0
+	})
+	// The last event's strings (its session ID, attributes) would live on
+	// in p.event until the next batch.
+	p.event.Reset()
+	clear(p.event.Attributes[:cap(p.event.Attributes)])
+	return p.takePending(), invalid, firstErr
+}
+
+// tick ends idle sessions, reports freezes, gives up on engine timings
+// that did not come, releases the outputs that wait no more and the held
+// spans that waited too long (expired: how many).
+func (p *sessions) tick(now time.Time) (out outputs, expired int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.setNow(now)
+	p.reports = p.table.Tick(p.nowNanos, p.reports)
+	p.handleReports(nil)
+	p.expireTimings()
+	p.releaseHeld(false)
+	expired = p.spans.expire(now, p.pending.traces)
+	return p.takePending(), expired
+}
+
+// shutdown ends every session and releases everything held, with the last
+// session metrics.
+func (p *sessions) shutdown(now time.Time) (outputs, pmetric.Metrics) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.setNow(now)
+	p.reports = p.table.Shutdown(p.nowNanos, p.reports)
+	p.handleReports(nil)
+	p.releaseHeld(true)
+	p.spans.flush(p.pending.traces)
+	return p.takePending(), p.renderMetrics(now)
+}
+
+// releaseWaiting releases the outputs that a scrape (just observed) may
+// have ended the wait of.
+func (p *sessions) releaseWaiting(now time.Time) outputs {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.setNow(now)
+	p.releaseHeld(false)
+	return p.takePending()
+}
+
+// routeSpans routes a span batch through the span gate (spans.go), which
+// asks this part whether a span's trace has an active session and gives it
+// the engine spans' timing; then releases the outputs whose engine span
+// just came.
+func (p *sessions) routeSpans(td ptrace.Traces, now time.Time) (spanCounts, outputs) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.setNow(now)
+	n := p.spans.route(td, now, p)
+	if len(p.heldOutputs) > 0 {
+		p.releaseHeld(false)
+	}
+	return n, p.takePending()
+}
+
+// traceActive is for the span gate: the table's view of a trace.
+func (p *sessions) traceActive(id pcommon.TraceID) (active, kept bool, th sampling.Threshold) {
+	return p.table.TraceActive(id)
+}
+
+// takePending returns the outputs collected so far and starts new ones;
+// it also reports the table's disorder counters. Call with mu held.
+func (p *sessions) takePending() outputs {
+	p.telemetry.reportCounters(&p.counters, &p.table.Counters, p.table.Active(), p.spans.heldSpans(),
+		p.cfg.Traces.VerdictSpans && p.toTraces)
+	p.waiting.Store(int32(len(p.heldOutputs)))
+	out := p.pending
+	p.pending = newOutputs()
+	return out
+}
+
+// sessionMetrics renders the session metrics, or returns an empty
+// pmetric.Metrics when no metrics pipeline uses this processor.
+func (p *sessions) sessionMetrics(now time.Time) pmetric.Metrics {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.renderMetrics(now)
+}
+
+func (p *sessions) renderMetrics(now time.Time) pmetric.Metrics {
+	if !p.toMetrics {
+		return pmetric.Metrics{}
+	}
+	md := pmetric.NewMetrics()
+	rm := md.ResourceMetrics().AppendEmpty()
+	rm.Resource().Attributes().PutStr(attrServiceName, p.cfg.ProviderName)
+	sm := rm.ScopeMetrics().AppendEmpty()
+	sm.Scope().SetName(metadata.ScopeName)
+	p.metrics.AppendTo(sm, now)
+	p.telemetry.reportOverflows(context.Background(), p.metrics.OverflowCount(), p.metrics.ModelOverflowCount())
+	return md
+}
+
+// The session.Observer side: called by the table under mu, it keeps the
+// sessions' metric state.
+
+func (p *sessions) Started(s *session.Session) *sessionmetrics.Live {
+	return p.metrics.SessionStarted(p.dims(s))
+}
+
+func (p *sessions) Restarted(s *session.Session, live *sessionmetrics.Live) *sessionmetrics.Live {
+	return p.metrics.SessionRestarted(live, p.dims(s))
+}
+
+func (p *sessions) Gap(_ *session.Session, live *sessionmetrics.Live, g time.Duration, n int64) {
+	p.metrics.ObserveGap(live, g, n)
+}
+
+// handleReports acts on what the table reported during the call just made,
+// in order, then hands the reports back. folded is the token event record
+// they came from, nil for a tick or shutdown: with pass_token_events:
+// sampled, the end record of a kept session goes out after the records
+// held for it. Call with mu held.
+func (p *sessions) handleReports(folded *plog.LogRecord) {
+	for i := range p.reports {
+		r := &p.reports[i]
+		switch r.Kind {
+		case session.ReportStalled:
+			p.stalled(r)
+		case session.ReportKeptEarly:
+			if kept, _ := p.spans.release(r.Session.TraceID, true, r.Trace.Threshold, p.pending.traces); kept > 0 {
+				p.telemetry.releasedSpans += int64(kept)
+			}
+			if p.cfg.Traces.VerdictSpans && p.toTraces {
+				p.appendVerdictSpan(p.pendingScopeSpans(), r.Session, r.Trace.Threshold, r.At)
+			}
+		case session.ReportEnded:
+			p.ended(r, folded)
+		}
+	}
+	p.reports = p.table.Release(p.reports)
+}
+
+func (p *sessions) stalled(r *session.Report[*sessionmetrics.Live]) {
+	p.metrics.Stall(r.State)
+	if p.toLogs {
+		p.appendStallAlert(p.pending.records(p.cfg.ProviderName), r, p.nowTS)
+	}
+}
+
+func (p *sessions) ended(r *session.Report[*sessionmetrics.Live], folded *plog.LogRecord) {
+	s, e := r.Session, &r.End
+	ttft, hasTTFT := s.TTFT()
+	tpot, hasTPOT := s.TPOT(e.CompletionTokens)
+	// GenAI semconv defines TTFT and TPOT for successful responses: a
+	// session cut short would pull them towards its failure.
+	completed := s.Outcome == session.OutcomeCompleted
+	hasTTFT, hasTPOT = hasTTFT && completed, hasTPOT && completed
+	res := sessionmetrics.Result{
+		ErrorType: errorType(s, e), Outcome: s.Outcome.String(), Sampled: s.Keep,
+		TTFT: ttft, HasTTFT: hasTTFT, TPOT: tpot, HasTPOT: hasTPOT, Duration: s.Duration(e),
+		InputTokens: s.PromptTokens, HasInputTokens: s.PromptTokens >= 0,
+	}
+	if n := outputTokens(s, e); n >= 0 {
+		res.OutputTokens, res.HasOutputTokens = n, true
+	}
+	p.metrics.SessionEnded(r.State, res)
+	p.telemetry.sessionEnded(s.Outcome, s.Keep)
+	if p.sampledRecords != nil {
+		recs, ok := p.sampledRecords[s.ID]
+		delete(p.sampledRecords, s.ID)
+		if s.Keep && p.toLogs {
+			out := p.pending.records(p.cfg.ProviderName)
+			if ok {
+				recs.MoveAndAppendTo(out)
+			}
+			// p.event is the folded record's last event: its session.
+			if folded != nil && p.event.SessionID == s.ID {
+				folded.CopyTo(out.AppendEmpty())
+			}
+		}
+	}
+	aw := p.joinTiming(r)
+	if s.Keep && !p.hold(s, e, aw) {
+		p.appendOutputs(s, e)
+	}
+	if r.Trace.Done {
+		kept, dropped := p.spans.release(s.TraceID, r.Trace.Kept, r.Trace.Threshold, p.pending.traces)
+		p.telemetry.releasedSpans += int64(kept)
+		p.telemetry.droppedSpans += int64(dropped)
+	}
+}
+
+// appendOutputs writes the summary and the span of a kept session.
+func (p *sessions) appendOutputs(s *session.Session, e *session.End) {
+	if p.toLogs {
+		p.appendSummary(p.pending.records(p.cfg.ProviderName), s, e, p.nowTS)
+	}
+	if p.toTraces {
+		p.appendSpan(p.pendingScopeSpans(), s, e)
+	}
+}
+
+// pendingScopeSpans is where session spans go: one resource and scope of
+// this processor's, ahead of any released spans.
+func (p *sessions) pendingScopeSpans() ptrace.ScopeSpans {
+	rss := p.pending.traces.ResourceSpans()
+	for i := range rss.Len() {
+		rs := rss.At(i)
+		if v, ok := rs.Resource().Attributes().Get(attrServiceName); ok && v.Str() == p.cfg.ProviderName &&
+			rs.ScopeSpans().Len() > 0 && rs.ScopeSpans().At(0).Scope().Name() == metadata.ScopeName {
+			return rs.ScopeSpans().At(0)
+		}
+	}
+	rs := rss.AppendEmpty()
+	rs.Resource().Attributes().PutStr(attrServiceName, p.cfg.ProviderName)
+	ss := rs.ScopeSpans().AppendEmpty()
+	ss.Scope().SetName(metadata.ScopeName)
+	return ss
+}
+
+// dims are the metric dimensions of a session.
+func (p *sessions) dims(s *session.Session) sessionmetrics.Dims {
+	d := sessionmetrics.Dims{Operation: s.Operation, Provider: p.cfg.ProviderName, Model: s.Model, Engine: s.Engine}
+	if n := len(p.cfg.Metrics.Dimensions); n > 0 {
+		d.Extra = make([]string, n)
+		for i, k := range p.cfg.Metrics.Dimensions {
+			for _, a := range s.Attributes() {
+				if a.Key == k {
+					d.Extra[i] = a.Value
+					break
+				}
+			}
+		}
+	}
+	return d
+}
