@@ -9,7 +9,7 @@
 #                          metadata.yaml: go generate ./...
 #   make check-generate    fails when the generated files are not current
 #   make bench   the Go benchmarks and bench/run.sh, into bench/results/
-#                (git-ignored; README.md keeps the figures of one dated run)
+#                (git-ignored; docs/performance.md keeps the figures of one dated run)
 #   make soak    vllmsim + the collector (proxy, scrape, token_session) +
 #                llmload at 200 streams for DURATION (default 15m): RSS, CPU,
 #                goroutines and open files every 10 s, a report in

@@ -121,7 +121,7 @@ func waitScrapes(e *fakeEngine, n int64, limit time.Duration) error {
 	return nil
 }
 
-// postSession posts the README's worked example to the HTTP hook: a start,
+// postSession posts the README's first session to the HTTP hook: a start,
 // six chunks and an end, with three gaps of 200 ms in a row (a stall), on
 // the given engine, timed now.
 func postSession(hooks, id, engine string) error {

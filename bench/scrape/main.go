@@ -1,7 +1,7 @@
 //go:build linux
 
 // Command scrape measures the token_stream receiver's vllm source against
-// contrib's prometheus receiver on the same engine (issue 12, point 9): CPU
+// contrib's prometheus receiver on the same engine: CPU
 // per scrape, memory, first-scrape latency, and what each reads from the
 // repository's vLLM expositions, down to the engine state token_session
 // attaches to a session. bench/scrape/run.sh builds and runs it; README.md

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The token_stream receiver's vllm source against contrib's prometheus
-# receiver on the same engine (issue 12, point 9): what each reads from the
+# receiver on the same engine: what each reads from the
 # repository's vLLM expositions, CPU per scrape, memory and first-scrape
 # latency. Every process is on loopback, bounded in time and stopped by the
 # harness (bench/scrape/*.go); the results are printed as Markdown at the end

@@ -5,7 +5,7 @@ Import this inside the inference engine's Python process (e.g. vLLM) and call
 validate their arguments, put a small tuple on a bounded in-memory queue and
 return. A daemon thread encodes the events as NDJSON (the token_stream
 receiver's wire schema v1: one JSON object per line, see the repository's
-README, "Token events") and sends them in batches over UDP datagrams or HTTP
+docs/wire-schema.md) and sends them in batches over UDP datagrams or HTTP
 POST. When the queue is full, events are dropped and counted.
 
 What counts as invalid, how long lines, rejected lines, proxies, timeouts and

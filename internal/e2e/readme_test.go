@@ -59,13 +59,17 @@ func yamlBlocks(t *testing.T, path string) []yamlBlock {
 var serviceLine = regexp.MustCompile(`(?m)^service:`)
 
 // TestReadmeConfigsValidate: every complete config in the READMEs (the
-// top-level one and each component's) is one the distribution accepts, as
-// a reader would paste it, and so are the configs at the top of the
-// repository.
+// top-level one, the pages of docs/ and each component's) is one the
+// distribution accepts, as a reader would paste it, and so are the configs
+// at the top of the repository.
 func TestReadmeConfigsValidate(t *testing.T) {
 	bin := testbin.Collector(t)
 	root := filepath.Join("..", "..")
 	readmes := []string{filepath.Join(root, "README.md")}
+	// The pages the README links to, under docs/, are held to the same.
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	require.NoError(t, err)
+	readmes = append(readmes, docs...)
 	for _, dir := range []string{"receiver", "processor", "exporter"} {
 		require.NoError(t, filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
 			if err == nil && !d.IsDir() && d.Name() == "README.md" {

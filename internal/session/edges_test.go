@@ -12,7 +12,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
-// The edges of session semantics (issue 14): each test names the defect
+// The edges of session semantics: each test names the defect
 // it guards.
 
 func inTrace(ev *tokenevent.Event, id pcommon.TraceID) *tokenevent.Event {

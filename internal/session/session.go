@@ -105,7 +105,7 @@ type Stall struct {
 // may read it during a call, and a Report's user until it releases the
 // Report; none may keep it afterwards (it is reused).
 //
-// Its size matters (issue 7: at most 512 B per in-flight session): the
+// Its size matters (the target is at most 512 B per in-flight session): the
 // word-sized fields come first and the small ones last so that no padding
 // sits between them, the gap window lives in the Table's dense array, and
 // what few sessions have sits behind one pointer (extra). 248 B; with the

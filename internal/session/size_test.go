@@ -5,7 +5,7 @@ import (
 	"unsafe"
 )
 
-// TestSessionSize guards the Session's size (issue 7: at most 512 B per
+// TestSessionSize guards the Session's size (the target: at most 512 B per
 // in-flight session): a field added or reordered carelessly would move it
 // up a size class.
 func TestSessionSize(t *testing.T) {

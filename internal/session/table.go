@@ -177,7 +177,7 @@ type Table[S any] struct {
 	// gaps holds each session's window of the latest per-token gaps, in µs,
 	// Window entries per slot: dense rather than a slice per session, which
 	// would cost a slice header and an allocation rounded up to its size
-	// class (issue 7).
+	// class (every byte counts against 512 B per in-flight session).
 	gaps []uint32
 
 	Counters Counters

@@ -14,7 +14,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
-// Session semantics at the edges (issue 14), through the processor's
+// Session semantics at the edges, through the processor's
 // pipelines: what a user sees in spans, summaries and metrics.
 
 // spansOf builds a traces batch of one service with a span per name, all in

@@ -227,7 +227,7 @@ func BenchmarkTokenPathHTTP(b *testing.B) {
 
 // BenchmarkTokenPathHTTPSmallBatches is the same path with batches of 42
 // events, one session's worth of make bench's "1 session per batch" shape
-// (issue 18's worst): the per-request cost, over few events.
+// (the worst of the shapes): the per-request cost, over few events.
 func BenchmarkTokenPathHTTPSmallBatches(b *testing.B) {
 	benchmarkTokenPathHTTP(b, newTokenPathWorkload(1, 50_000, 42))
 }

@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// Targets of issue 18 (performance, second round), each a benchmark figure.
+// The performance targets, each a benchmark figure.
 const (
 	targetHTTPRatio       = 10.0 // tokens per CPU-second, hooks HTTP over stock, on every workload shape
 	targetBytesPerSess    = 512.0

@@ -15,7 +15,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 )
 
-// The scale-out topology's two costs (README, "Scaling out"): the agent's
+// The scale-out topology's two costs (docs/scaling-out.md): the agent's
 // CPU per token when it exports through the loadbalancing exporter rather
 // than a plain otlp exporter, and the gateway's CPU per span with
 // tail_sampling at the rate ten agents would send at the demo's heaviest

@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// The token path's workload shapes (issue 18): ours (hooks HTTP →
+// The token path's workload shapes: ours (hooks HTTP →
 // token_session → otlp) against the stock pipeline (a span per token →
 // tail_sampling + span_metrics) on each of eight shapes, one dimension at a
 // time around a middle shape of 10 sessions per batch, 40 tokens per

@@ -96,14 +96,21 @@ func plotSplit(path string, pts []*PointResult) error {
 			continue
 		}
 		p := newPlot()
-		p.Title.Text = ScenarioTitles[sc]
-		p.Title.TextStyle.Font.Size = vg.Points(9)
-		p.Y.Label.Text = "ms (log)"
-		p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+		p.Title.Text = splitTitles[sc]
+		p.Y.Label.Text = "ms (log scale)"
+		p.Y.Scale = plot.LogScale{}
 		p.Legend.Top, p.Legend.Left = true, true
 		var ticks []plot.Tick
 		for i, r := range rs {
-			ticks = append(ticks, plot.Tick{Value: float64(i), Label: r.Point.Label})
+			label := r.Point.Label
+			if sc != ScenarioQuant {
+				label = fmt.Sprint(r.concurrency())
+			}
+			ticks = append(ticks, plot.Tick{Value: float64(i), Label: label})
+		}
+		p.X.Label.Text = "concurrent requests"
+		if sc == ScenarioQuant {
+			p.X.Label.Text = fmt.Sprintf("engine profile (%d concurrent requests)", rs[0].concurrency())
 		}
 		p.X.Tick.Marker = plot.ConstantTicks(ticks)
 		p.X.Min, p.X.Max = -0.3, float64(len(rs))-0.7
@@ -116,6 +123,7 @@ func plotSplit(path string, pts []*PointResult) error {
 			}
 			return xys
 		}
+		lo, hi := math.Inf(1), math.Inf(-1)
 		for _, l := range []struct {
 			name  string
 			c     color.Color
@@ -130,13 +138,64 @@ func plotSplit(path string, pts []*PointResult) error {
 			{"prefill p99", colorC, false, draw.SquareGlyph{}, func(r *PointResult) float64 { return r.Collector.Prefill.P99 }},
 			{"prefill p50", colorC, true, draw.SquareGlyph{}, func(r *PointResult) float64 { return r.Collector.Prefill.P50 }},
 		} {
-			if err := addSweepLine(p, l.name, series(l.y), l.c, l.dash, l.glyph); err != nil {
+			xys := series(l.y)
+			for _, xy := range xys {
+				lo, hi = min(lo, xy.Y), max(hi, xy.Y)
+			}
+			if err := addSweepLine(p, l.name, xys, l.c, l.dash, l.glyph); err != nil {
 				return err
 			}
+		}
+		if hi >= lo {
+			// The legend's six lines take the top third of the panel:
+			// room for them above the highest point, so that they cover
+			// none.
+			span := math.Log10(hi/lo) + 0.2
+			p.Y.Min = lo / math.Pow(10, 0.1)
+			p.Y.Max = p.Y.Min * math.Pow(10, span/0.62)
+			p.Y.Tick.Marker = logTicks{top: hi * math.Pow(10, 0.1)}
 		}
 		tiles = append(tiles, p)
 	}
 	return saveTiles(path, [][]*plot.Plot{tiles}, vg.Length(len(tiles))*5*vg.Inch, 4.5*vg.Inch)
+}
+
+// splitTitles are short enough for a third of the split plot's width.
+var splitTitles = map[string]string{
+	ScenarioQuant:   "(a) fp16 vs fp8",
+	ScenarioSweep:   "(b) chunked prefill off (prefill first)",
+	ScenarioChunked: "(c) chunked prefill on (decode first)",
+}
+
+// logTicks labels a log axis at 1, 2 and 5 times each power of ten, or at
+// the powers of ten alone when the range spans more than two decades
+// (gonum's LogTicks labels the powers of ten only: a panel within one
+// decade gets one label). No tick above top, where the legend is.
+type logTicks struct{ top float64 }
+
+func (lt logTicks) Ticks(lo, hi float64) []plot.Tick {
+	mults := []float64{1, 2, 5}
+	if lt.top > 0 {
+		hi = min(hi, lt.top)
+	}
+	if hi/lo > 100 {
+		mults = []float64{1}
+	}
+	var ticks []plot.Tick
+	for e := math.Floor(math.Log10(lo)); math.Pow(10, e) <= hi; e++ {
+		for m := 1.0; m < 10; m++ {
+			v := m * math.Pow(10, e)
+			if v < lo || v > hi {
+				continue
+			}
+			t := plot.Tick{Value: v}
+			if slices.Contains(mults, m) {
+				t.Label = strconv.FormatFloat(v, 'f', -1, 64)
+			}
+			ticks = append(ticks, t)
+		}
+	}
+	return ticks
 }
 
 // roundTicks puts about six ticks at round values (1, 2 or 5 times a power
@@ -183,6 +242,12 @@ func newPlot() *plot.Plot {
 	p.Y.Tick.Marker = roundTicks{}
 	p.Add(plotter.NewGrid())
 	return p
+}
+
+// lighten mixes c halfway with white.
+func lighten(c color.RGBA) color.RGBA {
+	mix := func(v uint8) uint8 { return v + (0xff-v)/2 }
+	return color.RGBA{R: mix(c.R), G: mix(c.G), B: mix(c.B), A: c.A}
 }
 
 func newLine(xys plotter.XYs, c color.Color, dash bool) (*plotter.Line, error) {
@@ -284,6 +349,10 @@ func sweepSeries(pts []*PointResult, y func(*PointResult) float64) plotter.XYs {
 }
 
 func addSweepLine(p *plot.Plot, name string, xys plotter.XYs, c color.Color, dash bool, glyph draw.GlyphDrawer) error {
+	return addSweepLineWidth(p, name, xys, c, dash, glyph, vg.Points(1.5))
+}
+
+func addSweepLineWidth(p *plot.Plot, name string, xys plotter.XYs, c color.Color, dash bool, glyph draw.GlyphDrawer, width vg.Length) error {
 	if len(xys) == 0 {
 		return nil
 	}
@@ -291,11 +360,11 @@ func addSweepLine(p *plot.Plot, name string, xys plotter.XYs, c color.Color, das
 	if err != nil {
 		return err
 	}
-	l.Color, l.Width = c, vg.Points(1.5)
+	l.Color, l.Width = c, width
 	if dash {
 		l.Dashes = dashed
 	}
-	s.Color, s.Shape, s.Radius = c, glyph, vg.Points(3)
+	s.Color, s.Shape, s.Radius = c, glyph, max(vg.Points(3), width)
 	p.Add(l, s)
 	p.Legend.Add(name, l, s)
 	return nil
@@ -329,27 +398,35 @@ func plotSweep(path string, b, c []*PointResult) error {
 	for _, s := range []struct {
 		pts   []*PointResult
 		label string
-		c     color.Color
+		c     color.RGBA
 	}{{b, "chunked prefill off", colorA}, {c, "chunked prefill on", colorC}} {
 		if len(s.pts) == 0 {
 			continue
 		}
+		// The collector agrees with the client within a few %: its
+		// dashed line is drawn thin on top of the client's wide, pale one,
+		// so that both show where they coincide.
 		lines := []struct {
 			p     *plot.Plot
 			name  string
 			dash  bool
+			wide  bool
 			glyph draw.GlyphDrawer
 			y     func(*PointResult) float64
 		}{
-			{p99, s.label + ", client", false, draw.CircleGlyph{}, func(r *PointResult) float64 { return r.Client.TTFT.P99 }},
-			{p99, s.label + ", collector", true, draw.TriangleGlyph{}, func(r *PointResult) float64 { return r.Collector.TTFT.P99 }},
-			{p50, s.label + ", client", false, draw.CircleGlyph{}, func(r *PointResult) float64 { return r.Client.TTFT.P50 }},
-			{p50, s.label + ", collector", true, draw.TriangleGlyph{}, func(r *PointResult) float64 { return r.Collector.TTFT.P50 }},
-			{stalls, s.label, false, draw.SquareGlyph{}, func(r *PointResult) float64 { return float64(len(r.Collector.StallAlerts)) }},
-			{pre, s.label, false, draw.CircleGlyph{}, func(r *PointResult) float64 { return r.Collector.PreemptionCount }},
+			{p99, s.label + ", client", false, true, draw.CircleGlyph{}, func(r *PointResult) float64 { return r.Client.TTFT.P99 }},
+			{p99, s.label + ", collector", true, false, draw.TriangleGlyph{}, func(r *PointResult) float64 { return r.Collector.TTFT.P99 }},
+			{p50, s.label + ", client", false, true, draw.CircleGlyph{}, func(r *PointResult) float64 { return r.Client.TTFT.P50 }},
+			{p50, s.label + ", collector", true, false, draw.TriangleGlyph{}, func(r *PointResult) float64 { return r.Collector.TTFT.P50 }},
+			{stalls, s.label, false, false, draw.SquareGlyph{}, func(r *PointResult) float64 { return float64(len(r.Collector.StallAlerts)) }},
+			{pre, s.label, false, false, draw.CircleGlyph{}, func(r *PointResult) float64 { return r.Collector.PreemptionCount }},
 		}
 		for _, l := range lines {
-			if err := addSweepLine(l.p, l.name, sweepSeries(s.pts, l.y), s.c, l.dash, l.glyph); err != nil {
+			c, width := s.c, vg.Points(1.5)
+			if l.wide {
+				c, width = lighten(s.c), vg.Points(5)
+			}
+			if err := addSweepLineWidth(l.p, l.name, sweepSeries(s.pts, l.y), c, l.dash, l.glyph, width); err != nil {
 				return err
 			}
 		}
@@ -361,7 +438,18 @@ func plotStalls(path string, pts []*PointResult) error {
 	kv := newPlot()
 	kv.Title.Text = "engine KV-cache usage (scraped every 500 ms) and stall alerts (x) at the KV usage they carry"
 	kv.Y.Label.Text = "KV usage (%)"
-	kv.Y.Min, kv.Y.Max = 0, 105
+	// Room above 100% for the legend, which would otherwise cover the line
+	// where the pool is full and the stall alerts on it.
+	kv.Y.Min, kv.Y.Max = 0, 135
+	var kvTicks []plot.Tick
+	for v := 0; v <= 100; v += 10 {
+		t := plot.Tick{Value: float64(v)}
+		if v%20 == 0 {
+			t.Label = strconv.Itoa(v)
+		}
+		kvTicks = append(kvTicks, t)
+	}
+	kv.Y.Tick.Marker = plot.ConstantTicks(kvTicks)
 	stalls := newPlot()
 	stalls.Title.Text = "stall alerts (cumulative, by the time of detection)"
 	stalls.Y.Label.Text = "stall alerts"
@@ -374,9 +462,6 @@ func plotStalls(path string, pts []*PointResult) error {
 		p.X.Min = 0
 		p.Y.Min = 0
 	}
-	// The pool is full for most of the run, and fills during the ramp-up:
-	// the legend goes low in the middle.
-	kv.Legend.Top, kv.Legend.XOffs, kv.Legend.YOffs = false, 3*vg.Inch, vg.Points(10)
 	colors := []color.Color{colorA, colorC, colorExtra}
 	for i, r := range pts {
 		col := colors[i%len(colors)]
@@ -402,7 +487,7 @@ func plotStalls(path string, pts []*PointResult) error {
 				return err
 			}
 			kv.Add(l)
-			kv.Legend.Add(name+" KV usage", l)
+			kv.Legend.Add(name+": KV usage", l)
 		}
 		if len(alertXY) > 0 {
 			sc, err := plotter.NewScatter(alertXY)
@@ -411,7 +496,7 @@ func plotStalls(path string, pts []*PointResult) error {
 			}
 			sc.Color, sc.Shape, sc.Radius = col, draw.CrossGlyph{}, vg.Points(3)
 			kv.Add(sc)
-			kv.Legend.Add(name+" stall alert", sc)
+			kv.Legend.Add(name+": stall alert", sc)
 		}
 		l, err := newLine(cumXY, col, false)
 		if err != nil {

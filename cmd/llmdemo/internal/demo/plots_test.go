@@ -25,3 +25,23 @@ func TestRoundTicksDecimals(t *testing.T) {
 	}
 	assert.Equal(t, []string{"0", "0.2", "0.4", "0.6", "0.8", "1.0"}, labels)
 }
+
+// Within two decades a log axis is labelled at 1, 2 and 5 times each power
+// of ten, not at one power of ten alone; nothing is labelled above top.
+func TestLogTicks(t *testing.T) {
+	var labels []string
+	for _, tk := range (logTicks{top: 120}).Ticks(5, 400) {
+		if tk.Label != "" {
+			labels = append(labels, tk.Label)
+		}
+	}
+	assert.Equal(t, []string{"5", "10", "20", "50", "100"}, labels)
+
+	labels = nil
+	for _, tk := range (logTicks{}).Ticks(15, 20000) {
+		if tk.Label != "" {
+			labels = append(labels, tk.Label)
+		}
+	}
+	assert.Equal(t, []string{"100", "1000", "10000"}, labels)
+}

@@ -19,7 +19,7 @@ var ScenarioTitles = map[string]string{
 	ScenarioChunked: "(c) the same sweep with chunked prefill on (decode-first, prefill chunks ride on decode steps)",
 }
 
-// The calibration, for a 2-core machine (see the README's demo section):
+// The calibration, for a 2-core machine (see docs/demo.md):
 //   - The KV pool holds sweepKVBlocks·16 tokens; a sweep request holds its
 //     prompt (mean ~750 words with the long share) plus the output so far,
 //     so the pool runs out between 75 and 100 concurrent requests.
