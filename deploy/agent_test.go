@@ -24,8 +24,8 @@ import (
 	"google.golang.org/grpc"
 	_ "google.golang.org/grpc/encoding/gzip" // the otlp_grpc exporter compresses
 
-	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
-	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/selfmetrics"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -54,7 +54,7 @@ func startAgent(t *testing.T, env []string, configs ...string) *testbin.Process 
 // summed over the series with every one of labels; -1 when it does not
 // answer.
 func selfMetric(ip, name string, labels map[string]string) float64 {
-	v, err := benchproc.SelfMetric(net.JoinHostPort(ip, "8888"), name, labels)
+	v, err := selfmetrics.Value(net.JoinHostPort(ip, "8888"), name, labels)
 	if err != nil {
 		return -1
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 )
 
 // TestDistributionComponents holds the binary, builder-config.yaml and the
@@ -33,7 +33,7 @@ func TestDistributionComponents(t *testing.T) {
 
 	// Every module in builder-config.yaml is on the release train, and every
 	// one is in the binary (a component ocb dropped would show here).
-	cfg, err := os.ReadFile(filepath.Join("..", "..", "builder-config.yaml"))
+	cfg, err := os.ReadFile(filepath.Join("..", "..", "..", "builder-config.yaml"))
 	require.NoError(t, err)
 	for _, m := range regexp.MustCompile(`(?m)^\s*- gomod: (\S+) (v\S+)`).FindAllStringSubmatch(string(cfg), -1) {
 		if strings.HasPrefix(m[1], "github.com/otelcol-llm/") {
@@ -50,7 +50,7 @@ func TestDistributionComponents(t *testing.T) {
 		assert.Contains(t, built[want.kind], want.name)
 	}
 
-	validate := exec.Command(bin, "validate", "--config", filepath.Join("..", "..", "testdata", "e2e", "release-train.yaml"))
+	validate := exec.Command(bin, "validate", "--config", filepath.Join("testdata", "release-train.yaml"))
 	validate.Env = append(os.Environ(), "FILE_EXPORTER_PATH="+filepath.Join(t.TempDir(), "traces.jsonl"))
 	out, err = validate.CombinedOutput()
 	require.NoError(t, err, "validate release-train.yaml:\n%s", out)
@@ -79,7 +79,7 @@ func componentsOf(out string) map[string][]string {
 // distribution": the component names of each row, aliases left out.
 func readmeComponents(t *testing.T) map[string][]string {
 	t.Helper()
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	readme, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
 	require.NoError(t, err)
 	_, section, ok := strings.Cut(string(readme), "## What is in the distribution")
 	require.True(t, ok, "README has no 'What is in the distribution' section")

@@ -6,14 +6,13 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
 )
 
 // SyncBuffer collects a process's output while a test reads it.
@@ -37,8 +36,7 @@ func (b *SyncBuffer) String() string {
 // Process is the distribution run by a test.
 type Process struct {
 	Output *SyncBuffer
-	cmd    *exec.Cmd
-	exited chan error
+	proc   *process.Process
 	once   sync.Once
 	t      testing.TB
 }
@@ -49,17 +47,14 @@ type Process struct {
 // exits cleanly; the process dies with the test binary whatever happens.
 func StartCollector(t testing.TB, args, env []string) *Process {
 	t.Helper()
-	p := &Process{Output: &SyncBuffer{}, cmd: exec.Command(Collector(t), args...), exited: make(chan error, 1), t: t}
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = p.Output, p.Output
-	p.cmd.SysProcAttr = benchproc.DieWithParent()
-	require.NoError(t, p.cmd.Start())
-	go func() { p.exited <- p.cmd.Wait() }()
+	p := &Process{Output: &SyncBuffer{}, t: t}
+	var err error
+	p.proc, err = process.Start("the collector", Collector(t), args, process.Options{Env: env, Output: p.Output})
+	require.NoError(t, err)
 	t.Cleanup(p.Stop)
 	require.Eventually(t, func() bool {
 		select {
-		case err := <-p.exited:
-			p.exited <- err
+		case <-p.proc.Exited():
 			return true
 		default:
 		}
@@ -73,45 +68,27 @@ func StartCollector(t testing.TB, args, env []string) *Process {
 // it does nothing the second time.
 func (p *Process) Stop() {
 	p.once.Do(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-p.exited:
+		if err := p.proc.Stop(30 * time.Second); err != nil {
 			assert.NoError(p.t, err, "collector exit\n%s", p.Output)
-		case <-time.After(30 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-			p.t.Errorf("the collector did not stop within 30 s of SIGTERM\n%s", p.Output)
 		}
 	})
 }
 
 // Crash kills the process (SIGKILL): no shutdown, as a node lost.
 func (p *Process) Crash() {
-	p.once.Do(func() {
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	})
+	p.once.Do(p.proc.Kill)
 }
 
-// Tool returns the path of a Debian-packaged tool, installing its package
-// when it is missing and the test runs as root (as CI does); elsewhere the
-// test is skipped without it, and under CI it fails.
+// Tool returns the path of a tool a test runs, which .ci/run installs with
+// its Debian package pkg. Without it the test fails under CI and is skipped
+// elsewhere, naming the command that installs it.
 func Tool(t testing.TB, name, pkg string) string {
 	t.Helper()
 	if path, err := exec.LookPath(name); err == nil {
 		return path
 	}
-	if _, err := exec.LookPath("apt-get"); err == nil && os.Geteuid() == 0 {
-		install := exec.Command("sh", "-c", "apt-get install -y -qq "+pkg+" || (apt-get update -qq && apt-get install -y -qq "+pkg+")")
-		install.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		out, err := install.CombinedOutput()
-		t.Logf("apt-get install %s: %v\n%s", pkg, err, out)
-		if path, err := exec.LookPath(name); err == nil {
-			return path
-		}
-	}
 	if os.Getenv("CI") != "" {
-		t.Fatalf("%s is missing and could not be installed (apt-get install %s)", name, pkg)
+		t.Fatalf("%s is missing: apt-get install %s", name, pkg)
 	}
 	t.Skipf("%s is missing: apt-get install %s", name, pkg)
 	return ""
@@ -123,13 +100,8 @@ func Tool(t testing.TB, name, pkg string) string {
 func StartProcess(t testing.TB, bin string, args ...string) *SyncBuffer {
 	t.Helper()
 	out := &SyncBuffer{}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = benchproc.DieWithParent()
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-	})
+	p, err := process.Start(bin, bin, args, process.Options{Output: out})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Stop(time.Hour) })
 	return out
 }

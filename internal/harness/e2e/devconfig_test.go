@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 )
 
 // startDevCollector runs otelcol-dev.yaml, the config of `make run`, as it
@@ -37,7 +37,7 @@ func startDevCollector(t *testing.T, engineURL string) *collector {
 		// The collector's own metrics listen on :8888 by default.
 		"service::telemetry::metrics::level=none",
 	}
-	args := []string{"--config", filepath.Join("..", "..", "otelcol-dev.yaml")}
+	args := []string{"--config", filepath.Join("..", "..", "..", "otelcol-dev.yaml")}
 	for _, s := range set {
 		args = append(args, "--set", s)
 	}

@@ -19,7 +19,7 @@ import (
 // shared/fixtures/vllm/sse-streams.txt, one string per event.
 func chatFixture(t *testing.T) []string {
 	t.Helper()
-	f, err := os.Open(filepath.Join("..", "..", "testdata", "fixtures", "vllm", "sse-streams.txt"))
+	f, err := os.Open(filepath.Join("..", "..", "..", "testdata", "fixtures", "vllm", "sse-streams.txt"))
 	require.NoError(t, err)
 	defer f.Close()
 	var events []string

@@ -18,7 +18,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/ptrace"
 	"sigs.k8s.io/yaml"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 )
 
@@ -45,7 +45,7 @@ const (
 // rewriteConfig writes a copy of deploy/<name> with edit applied to it.
 func rewriteConfig(t *testing.T, name string, edit func(cfg map[string]any)) string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("..", "..", "deploy", name))
+	data, err := os.ReadFile(filepath.Join("..", "..", "..", "deploy", name))
 	require.NoError(t, err)
 	var cfg map[string]any
 	require.NoError(t, yaml.Unmarshal(data, &cfg))
@@ -106,7 +106,7 @@ func startScaleOut(t *testing.T, decisionWait time.Duration) *scaleOut {
 			"enabled": true, "initial_interval": "100ms", "max_interval": "500ms"}
 	})
 	for _, ip := range so.agents {
-		testbin.StartCollector(t, []string{"--config", filepath.Join("..", "..", "deploy", "agent-config.yaml"),
+		testbin.StartCollector(t, []string{"--config", filepath.Join("..", "..", "..", "deploy", "agent-config.yaml"),
 			"--config", lbCfg}, []string{"MY_POD_IP=" + ip, "K8S_NODE_NAME=node-" + ip, "K8S_POD_NAME=agent-" + ip,
 			"K8S_NAMESPACE=observability", "OTLP_BACKEND=127.0.0.1:9", "OTELCOL_LLM_STORAGE_DIR=" + t.TempDir(),
 			"GATEWAY_INSECURE=true"})

@@ -3,8 +3,8 @@
 // its output checked in an OTLP sink and on the debug exporter's stdout.
 //
 // The binary's path comes from OTELCOL_LLM_BIN (make test sets it; see
-// internal/testbin). Without it the tests skip, except under CI, where a
-// missing binary is a failure.
+// internal/harness/testbin). Without it the tests skip, except under CI,
+// where a missing binary is a failure.
 package e2e
 
 import (
@@ -33,7 +33,7 @@ import (
 	"google.golang.org/grpc"
 	_ "google.golang.org/grpc/encoding/gzip" // the otlp exporter compresses with gzip
 
-	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenhook"
@@ -204,7 +204,7 @@ func startCollector(t *testing.T, config, sinkAddr string, env ...string) *colle
 	c := newCollector(t)
 	env = append([]string{"HOOKS_HTTP_ENDPOINT=" + c.httpAddr, "HOOKS_UDP_ENDPOINT=" + c.udpAddr,
 		"OTLP_ENDPOINT=" + c.otlpAddr, "PROXY_ENDPOINT=" + c.proxyAddr, "SINK_ENDPOINT=" + sinkAddr}, env...)
-	c.Process = testbin.StartCollector(t, []string{"--config", filepath.Join("..", "..", "testdata", "e2e", config)}, env)
+	c.Process = testbin.StartCollector(t, []string{"--config", filepath.Join("testdata", config)}, env)
 	return c
 }
 
@@ -357,7 +357,7 @@ func sendWithPythonClient(t *testing.T, endpoint, id string, base uint64) {
 	python, err := exec.LookPath("python3")
 	require.NoError(t, err, "python3 is needed for the Python hook client")
 	cmd := exec.Command(python, "-c", pythonSender, endpoint, id, fmt.Sprint(base))
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join("..", "..", "hooks", "python"))
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join("..", "..", "..", "hooks", "python"))
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, string(out))
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 )
 
 // yamlBlock is a ```yaml block of a Markdown file, and the line its first
@@ -64,7 +64,7 @@ var serviceLine = regexp.MustCompile(`(?m)^service:`)
 // repository.
 func TestReadmeConfigsValidate(t *testing.T) {
 	bin := testbin.Collector(t)
-	root := filepath.Join("..", "..")
+	root := filepath.Join("..", "..", "..")
 	readmes := []string{filepath.Join(root, "README.md")}
 	for _, dir := range []string{"receiver", "processor", "exporter"} {
 		require.NoError(t, filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {

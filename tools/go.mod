@@ -6,7 +6,7 @@
 // and v0.161.0 need go.opentelemetry.io/collector/internal/schemagen, which
 // the module proxy does not serve at any version. Move it to the train when a
 // served release resolves.
-module github.com/otelcol-llm/otelcol-llm/internal/tools
+module github.com/otelcol-llm/otelcol-llm/tools
 
 go 1.26.0
 
