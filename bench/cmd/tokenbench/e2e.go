@@ -71,7 +71,7 @@ func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (
       targets: [http://%s/metrics]
       interval: 1s
 `, proxy, upstream, upstream)
-	a := newAddrs(e.sink.addr)
+	a := newAddrs(e.sink.Addr())
 	c, err := startCollector("e2e", e.ours, e.out, oursConfig(a, extra), a.pprof, a.telemetry, proxy, upstream)
 	if err != nil {
 		return nil, err

@@ -57,16 +57,16 @@ func TestAgentTraceEndToEnd(t *testing.T) {
 	call(1, base, 900*ms)
 	call(2, base+1000*ms, 40*ms)
 	call(3, base+2000*ms, 40*ms)
-	require.Eventually(t, func() bool { return len(s.spans()) >= 3 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(s.Spans()) >= 3 }, 30*time.Second, 10*time.Millisecond)
 
 	time.Sleep(5 * time.Second)
 	sendSpans(t, col.otlpAddr, "vllm-engine", trace, pcommon.SpanID{0x5e, 0x55, 0x10}, "llm_request 1", "llm_request 2", "llm_request 3")
 	sendSpans(t, col.otlpAddr, "gateway", trace, root, "POST /v1/chat/completions")
 	sendSpans(t, col.otlpAddr, "agent", trace, pcommon.SpanID{}, "agent run")
 
-	require.Eventually(t, func() bool { return len(s.spans()) >= 8 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(s.Spans()) >= 8 }, 30*time.Second, 10*time.Millisecond)
 	time.Sleep(200 * time.Millisecond) // nothing more must come
-	spans := s.spans()
+	spans := s.Spans()
 	names := make([]string, len(spans))
 	reasons := map[string]any{}
 	for i, span := range spans {

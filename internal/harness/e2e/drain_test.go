@@ -50,8 +50,8 @@ func TestProxyDrainKeepsSessions(t *testing.T) {
 		sums := recordNamed(s, "llm.session.summary")
 		require.Len(t, sums, 1, "stop %d: one summary", i)
 		assert.Equal(t, "completed", sums[0].Attributes().AsRaw()["llm.session.outcome"], "stop %d", i)
-		assert.Len(t, s.spans(), 1, "stop %d: the session's span", i)
-		m, ok := s.metric("llm.sessions")
+		assert.Len(t, s.Spans(), 1, "stop %d: the session's span", i)
+		m, ok := s.Metric("llm.sessions")
 		require.True(t, ok, "stop %d: llm.sessions was sent", i)
 		byOutcome := map[string]int64{}
 		for _, dp := range m.Sum().DataPoints().All() {

@@ -17,22 +17,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/collector/pdata/plog"
-	"go.opentelemetry.io/collector/pdata/plog/plogotlp"
-	"go.opentelemetry.io/collector/pdata/pmetric"
-	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
-	"go.opentelemetry.io/collector/pdata/ptrace"
-	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
-	_ "google.golang.org/grpc/encoding/gzip" // the otlp exporter compresses with gzip
 
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/otlpsink"
 	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
@@ -43,74 +35,16 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// sink is an OTLP/gRPC endpoint for logs, traces and metrics that keeps
-// what it receives.
-type sink struct {
-	mu      sync.Mutex
-	logs    []plog.Logs
-	traces  []ptrace.Traces
-	metrics []pmetric.Metrics
-}
-
-type logsService struct {
-	plogotlp.UnimplementedGRPCServer
-	s *sink
-}
-
-func (l logsService) Export(_ context.Context, req plogotlp.ExportRequest) (plogotlp.ExportResponse, error) {
-	l.s.mu.Lock()
-	defer l.s.mu.Unlock()
-	l.s.logs = append(l.s.logs, req.Logs())
-	return plogotlp.NewExportResponse(), nil
-}
-
-type tracesService struct {
-	ptraceotlp.UnimplementedGRPCServer
-	s *sink
-}
-
-func (t tracesService) Export(_ context.Context, req ptraceotlp.ExportRequest) (ptraceotlp.ExportResponse, error) {
-	t.s.mu.Lock()
-	defer t.s.mu.Unlock()
-	t.s.traces = append(t.s.traces, req.Traces())
-	return ptraceotlp.NewExportResponse(), nil
-}
-
-type metricsService struct {
-	pmetricotlp.UnimplementedGRPCServer
-	s *sink
-}
-
-func (m metricsService) Export(_ context.Context, req pmetricotlp.ExportRequest) (pmetricotlp.ExportResponse, error) {
-	m.s.mu.Lock()
-	defer m.s.mu.Unlock()
-	m.s.metrics = append(m.s.metrics, req.Metrics())
-	return pmetricotlp.NewExportResponse(), nil
-}
-
-// records returns every log record received so far.
-func (s *sink) records() []plog.LogRecord {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []plog.LogRecord
-	for _, ld := range s.logs {
-		for _, rl := range ld.ResourceLogs().All() {
-			for _, sl := range rl.ScopeLogs().All() {
-				for _, lr := range sl.LogRecords().All() {
-					out = append(out, lr)
-				}
-			}
-		}
-	}
-	return out
-}
+// sink is the OTLP/gRPC backend the collector exports to: it keeps what it
+// receives.
+type sink struct{ *otlpsink.Sink }
 
 // session returns the token events of one session received so far, as
 // wire lines; a record that is not a valid token event fails the test.
 func (s *sink) session(t *testing.T, id string) []string {
 	var out []string
 	var ev tokenevent.Event
-	for _, lr := range s.records() {
+	for _, lr := range s.LogRecords() {
 		if !tokenrecord.IsTokenEvent(lr) {
 			continue
 		}
@@ -123,50 +57,12 @@ func (s *sink) session(t *testing.T, id string) []string {
 	return out
 }
 
-func (s *sink) spans() []ptrace.Span {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []ptrace.Span
-	for _, td := range s.traces {
-		for _, rs := range td.ResourceSpans().All() {
-			for _, ss := range rs.ScopeSpans().All() {
-				for _, span := range ss.Spans().All() {
-					out = append(out, span)
-				}
-			}
-		}
-	}
-	return out
-}
-
-// metric returns the data points of the named metric in the latest batch
-// that has it.
-func (s *sink) metric(name string) (pmetric.Metric, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i := len(s.metrics) - 1; i >= 0; i-- {
-		for _, rm := range s.metrics[i].ResourceMetrics().All() {
-			for _, sm := range rm.ScopeMetrics().All() {
-				for _, m := range sm.Metrics().All() {
-					if m.Name() == name {
-						return m, true
-					}
-				}
-			}
-		}
-	}
-	return pmetric.Metric{}, false
-}
-
 func startSink(t *testing.T) (*sink, string) {
 	t.Helper()
-	s := &sink{}
-	addr := testbin.ServeGRPC(t, "127.0.0.1:0", func(srv *grpc.Server) {
-		plogotlp.RegisterGRPCServer(srv, &logsService{s: s})
-		ptraceotlp.RegisterGRPCServer(srv, &tracesService{s: s})
-		pmetricotlp.RegisterGRPCServer(srv, &metricsService{s: s})
-	})
-	return s, addr
+	s, err := otlpsink.Start("127.0.0.1:0", otlpsink.Options{Keep: true})
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	return &sink{s}, s.Addr()
 }
 
 // freePort returns a loopback address free at the time of the call.

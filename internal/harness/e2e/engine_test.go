@@ -40,7 +40,7 @@ func TestEngineContextEndToEnd(t *testing.T) {
 	col := startCollector(t, "engine.yaml", sinkAddr, "METRICS_URL="+engine.URL+"/metrics")
 
 	// The engine metrics reach the sink, so token_session has read them.
-	require.Eventually(t, func() bool { _, ok := s.metric("vllm:kv_cache_usage_perc"); return ok }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { _, ok := s.Metric("vllm:kv_cache_usage_perc"); return ok }, 30*time.Second, 20*time.Millisecond)
 
 	base := time.Now().UnixNano()
 	ms := int64(time.Millisecond)
@@ -50,8 +50,8 @@ func TestEngineContextEndToEnd(t *testing.T) {
 		fmt.Sprintf(`{"event":"token","session_id":"e","time_unix_nano":%d}`, base+720*ms),
 		fmt.Sprintf(`{"event":"end","session_id":"e","time_unix_nano":%d,"completion_tokens":2}`, base+730*ms),
 	)
-	require.Eventually(t, func() bool { return len(s.spans()) == 1 }, 30*time.Second, 10*time.Millisecond)
-	attrs := s.spans()[0].Attributes().AsRaw()
+	require.Eventually(t, func() bool { return len(s.Spans()) == 1 }, 30*time.Second, 10*time.Millisecond)
+	attrs := s.Spans()[0].Attributes().AsRaw()
 	assert.Equal(t, 0.42, attrs["vllm.kv_cache_usage.start"])
 	assert.Equal(t, 0.42, attrs["vllm.kv_cache_usage.max"])
 	assert.Equal(t, 3.0, attrs["vllm.num_requests_waiting.start"])

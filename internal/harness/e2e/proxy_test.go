@@ -80,8 +80,8 @@ func TestProxyEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, strings.Join(events, ""), string(got))
 
-	require.Eventually(t, func() bool { return len(s.spans()) == 1 }, 30*time.Second, 10*time.Millisecond)
-	span := s.spans()[0]
+	require.Eventually(t, func() bool { return len(s.Spans()) == 1 }, 30*time.Second, 10*time.Millisecond)
+	span := s.Spans()[0]
 	assert.Equal(t, "chat meta-llama/Llama-3.1-8B-Instruct", span.Name())
 	assert.Equal(t, "0af7651916cd43dd8448eb211c80319c", span.TraceID().String())
 	assert.Equal(t, "b7ad6b7169203331", span.ParentSpanID().String())

@@ -164,7 +164,7 @@ func (so *scaleOut) tracesAt() [2]map[pcommon.TraceID][]ptrace.Span {
 	var out [2]map[pcommon.TraceID][]ptrace.Span
 	for i, s := range so.gateways {
 		out[i] = map[pcommon.TraceID][]ptrace.Span{}
-		for _, span := range s.spans() {
+		for _, span := range s.Spans() {
 			out[i][span.TraceID()] = append(out[i][span.TraceID()], span)
 		}
 	}

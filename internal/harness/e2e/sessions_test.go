@@ -72,7 +72,7 @@ func exportTraces(t *testing.T, addr string, td ptrace.Traces) {
 
 func recordNamed(s *sink, name string) []plog.LogRecord {
 	var out []plog.LogRecord
-	for _, lr := range s.records() {
+	for _, lr := range s.LogRecords() {
 		if lr.EventName() == name {
 			out = append(out, lr)
 		}
@@ -128,9 +128,9 @@ func TestSessionsEndToEnd(t *testing.T) {
 	)
 
 	// Spans: the session span and the released engine span of the slow trace.
-	require.Eventually(t, func() bool { return len(s.spans()) >= 2 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(s.Spans()) >= 2 }, 30*time.Second, 10*time.Millisecond)
 	var sessionSpan ptrace.Span
-	for _, span := range s.spans() {
+	for _, span := range s.Spans() {
 		assert.Equal(t, slowTrace, span.TraceID(), "nothing of the unsampled trace, %s", span.Name())
 		if span.Name() == "chat llama" {
 			sessionSpan = span
@@ -152,7 +152,7 @@ func TestSessionsEndToEnd(t *testing.T) {
 	assert.Equal(t, "llm.first_token", sessionSpan.Events().At(0).Name())
 	assert.Equal(t, "llm.stall", sessionSpan.Events().At(1).Name())
 	assert.Equal(t, pcommon.Timestamp(base+1220*ms), sessionSpan.Events().At(1).Timestamp())
-	assert.Len(t, s.spans(), 2)
+	assert.Len(t, s.Spans(), 2)
 
 	// Logs: one summary (slow) and one stall alert; no token events.
 	require.Eventually(t, func() bool { return len(recordNamed(s, "llm.session.summary")) == 1 }, 30*time.Second, 10*time.Millisecond)
@@ -163,26 +163,26 @@ func TestSessionsEndToEnd(t *testing.T) {
 	require.Len(t, alerts, 1)
 	assert.Equal(t, pcommon.Timestamp(base+1220*ms), alerts[0].Timestamp())
 	assert.Equal(t, []any{0.2, 0.2, 0.2}, alerts[0].Attributes().AsRaw()["llm.stall.gaps"])
-	assert.Len(t, s.records(), 2)
+	assert.Len(t, s.LogRecords(), 2)
 
 	// Metrics over both sessions: TTFT 0.6 + 0.05; ITL 2 + 4 gaps.
 	require.Eventually(t, func() bool {
-		m, ok := s.metric("gen_ai.server.time_to_first_token")
+		m, ok := s.Metric("gen_ai.server.time_to_first_token")
 		if !ok {
 			return false
 		}
 		n, _ := histogramTotals(m)
 		return n == 2
 	}, 30*time.Second, 20*time.Millisecond)
-	m, _ := s.metric("gen_ai.server.time_to_first_token")
+	m, _ := s.Metric("gen_ai.server.time_to_first_token")
 	_, ttftSum := histogramTotals(m)
 	assert.InDelta(t, 0.65, ttftSum, 1e-9)
-	m, ok := s.metric("llm.session.inter_token_latency")
+	m, ok := s.Metric("llm.session.inter_token_latency")
 	require.True(t, ok)
 	itlCount, itlSum := histogramTotals(m)
 	assert.Equal(t, uint64(6), itlCount)
 	assert.InDelta(t, 0.02+0.02+0.02+0.2+0.2+0.2, itlSum, 1e-9)
-	m, ok = s.metric("llm.sessions")
+	m, ok = s.Metric("llm.sessions")
 	require.True(t, ok)
 	sampled := map[bool]int64{}
 	for _, dp := range m.Sum().DataPoints().All() {

@@ -62,7 +62,7 @@ func TestEngineTimingEndToEnd(t *testing.T) {
 	// flow: a first request's span shows them.
 	post(`{"model":"sim","messages":[{"role":"user","content":"warm up"}],"max_tokens":2,"stream":true}`)
 	require.Eventually(t, func() bool {
-		for _, span := range s.spans() {
+		for _, span := range s.Spans() {
 			if span.Name() == "llm_request" {
 				return true
 			}
@@ -92,7 +92,7 @@ func TestEngineTimingEndToEnd(t *testing.T) {
 	type split struct{ queue, prefill float64 }
 	sessions := func() (joined map[string]split, engine map[string]split) {
 		joined, engine = map[string]split{}, map[string]split{}
-		for _, span := range s.spans() {
+		for _, span := range s.Spans() {
 			a := span.Attributes().AsRaw()
 			switch {
 			case span.Name() == "llm_request" && !span.ParentSpanID().IsEmpty() && a["gen_ai.usage.completion_tokens"] != int64(2):
@@ -109,10 +109,10 @@ func TestEngineTimingEndToEnd(t *testing.T) {
 	}, 60*time.Second, 50*time.Millisecond, "every session joined to its engine span") {
 		joined, engine := sessions()
 		sources := map[any]int{}
-		for _, span := range s.spans() {
+		for _, span := range s.Spans() {
 			sources[span.Attributes().AsRaw()["llm.session.timing_source"]]++
 		}
-		t.Fatalf("%d spans, %d joined, %d engine spans, timing sources %v\n%s", len(s.spans()), len(joined), len(engine), sources, col.Output)
+		t.Fatalf("%d spans, %d joined, %d engine spans, timing sources %v\n%s", len(s.Spans()), len(joined), len(engine), sources, col.Output)
 	}
 
 	joined, engine := sessions()
