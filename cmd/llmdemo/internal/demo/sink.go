@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/exphist"
 	"github.com/otelcol-llm/otelcol-llm/internal/harness/otlpsink"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
@@ -73,9 +74,9 @@ type sink struct {
 	sessions   map[string]float64 // attribute set -> latest cumulative count
 	outcomes   map[string]string  // attribute set -> its llm.session.outcome
 	stalls     map[string]float64
-	ttft, tpot map[string]expHistogram
+	ttft, tpot map[string]exphist.Histogram
 	// queue and prefill are the engine's split, as token_session reports it.
-	queue, prefill map[string]expHistogram
+	queue, prefill map[string]exphist.Histogram
 	kv             []Sample
 	preemptions    []Sample
 	waiting        []Sample
@@ -87,8 +88,8 @@ type sink struct {
 func startSink() (*sink, error) {
 	s := &sink{
 		sessions: map[string]float64{}, outcomes: map[string]string{}, stalls: map[string]float64{},
-		ttft: map[string]expHistogram{}, tpot: map[string]expHistogram{},
-		queue: map[string]expHistogram{}, prefill: map[string]expHistogram{},
+		ttft: map[string]exphist.Histogram{}, tpot: map[string]exphist.Histogram{},
+		queue: map[string]exphist.Histogram{}, prefill: map[string]exphist.Histogram{},
 	}
 	var err error
 	s.otlp, err = otlpsink.Start("127.0.0.1:0", otlpsink.Options{HTTP: true, OnMetrics: s.metrics, OnTraces: s.traces, OnLogs: s.logs})
@@ -142,9 +143,9 @@ func (s *sink) metric(m pmetric.Metric) {
 		if m.Type() != pmetric.MetricTypeExponentialHistogram {
 			return
 		}
-		dst := map[string]map[string]expHistogram{metricTTFT: s.ttft, metricTPOT: s.tpot, metricQueue: s.queue, metricPrefill: s.prefill}[m.Name()]
+		dst := map[string]map[string]exphist.Histogram{metricTTFT: s.ttft, metricTPOT: s.tpot, metricQueue: s.queue, metricPrefill: s.prefill}[m.Name()]
 		for _, dp := range m.ExponentialHistogram().DataPoints().All() {
-			dst[attrKey(dp.Attributes())] = expHistogramOf(dp)
+			dst[attrKey(dp.Attributes())] = exphist.Of(dp)
 		}
 	case metricKVUsage, metricWaiting:
 		if m.Type() != pmetric.MetricTypeGauge {
@@ -291,8 +292,8 @@ type CollectorFigures struct {
 	BadRequests     int            `json:"bad_otlp_requests"`
 	// BadRequestErrors: why the first of them were refused.
 	BadRequestErrors []string `json:"bad_otlp_request_errors,omitempty"`
-	ttftHist         expHistogram
-	tpotHist         expHistogram
+	ttftHist         exphist.Histogram
+	tpotHist         exphist.Histogram
 }
 
 // Quantiles are p50 and p99 in ms; NaN when there was nothing to measure.
@@ -347,23 +348,23 @@ func (s *sink) figures(start time.Time) CollectorFigures {
 		f.StallEpisodes += v
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.ttft)) {
-		f.ttftHist = f.ttftHist.merge(s.ttft[k])
+		f.ttftHist = f.ttftHist.Merge(s.ttft[k])
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.tpot)) {
-		f.tpotHist = f.tpotHist.merge(s.tpot[k])
+		f.tpotHist = f.tpotHist.Merge(s.tpot[k])
 	}
-	f.TTFT = Quantiles{P50: f.ttftHist.quantile(0.5) * 1000, P99: f.ttftHist.quantile(0.99) * 1000}
-	f.TPOT = Quantiles{P50: f.tpotHist.quantile(0.5) * 1000, P99: f.tpotHist.quantile(0.99) * 1000}
-	f.TTFTBucketWidth, f.TPOTBucketWidth = f.ttftHist.relativeBucketWidth(), f.tpotHist.relativeBucketWidth()
-	merged := func(m map[string]expHistogram) Quantiles {
-		var h expHistogram
+	f.TTFT = Quantiles{P50: f.ttftHist.Quantile(0.5) * 1000, P99: f.ttftHist.Quantile(0.99) * 1000}
+	f.TPOT = Quantiles{P50: f.tpotHist.Quantile(0.5) * 1000, P99: f.tpotHist.Quantile(0.99) * 1000}
+	f.TTFTBucketWidth, f.TPOTBucketWidth = f.ttftHist.RelativeBucketWidth(), f.tpotHist.RelativeBucketWidth()
+	merged := func(m map[string]exphist.Histogram) Quantiles {
+		var h exphist.Histogram
 		for _, k := range slices.Sorted(maps.Keys(m)) {
-			h = h.merge(m[k])
+			h = h.Merge(m[k])
 		}
 		if h.Count == 0 {
 			return Quantiles{P50: math.NaN(), P99: math.NaN()}
 		}
-		return Quantiles{P50: h.quantile(0.5) * 1000, P99: h.quantile(0.99) * 1000}
+		return Quantiles{P50: h.Quantile(0.5) * 1000, P99: h.Quantile(0.99) * 1000}
 	}
 	f.Queue, f.Prefill = merged(s.queue), merged(s.prefill)
 	f.Spans = slices.Clone(s.spans)

@@ -1,4 +1,8 @@
-package demo
+// Package exphist reads OTel base-2 exponential histograms: where a
+// bucket's bounds lie, and the positive range of a data point as a value
+// that merges with others and estimates quantiles. engine_health reads the
+// TTFT histograms it judges with it, and the demo its report's figures.
+package exphist // import "github.com/otelcol-llm/otelcol-llm/internal/exphist"
 
 import (
 	"math"
@@ -6,12 +10,25 @@ import (
 	"go.opentelemetry.io/collector/pdata/pmetric"
 )
 
-// expHistogram is the positive range of an OTel base-2 exponential
-// histogram: bucket i (Offset+position) holds values in
-// (base^i, base^(i+1)], base = 2^(2^-Scale). The collector's TTFT and TPOT
-// histograms hold durations, so negative values never occur and the zero
-// bucket only holds exact zeros.
-type expHistogram struct {
+// Base is the ratio of a bucket's upper bound to its lower at scale:
+// 2^(2^-scale).
+func Base(scale int32) float64 { return math.Exp2(math.Exp2(-float64(scale))) }
+
+// Bounds are the bounds of the positive bucket index at scale: it holds the
+// values in (lower, upper] = (base^index, base^(index+1)].
+func Bounds(scale, index int32) (lower, upper float64) {
+	base := Base(scale)
+	return math.Pow(base, float64(index)), math.Pow(base, float64(index)+1)
+}
+
+// lowerBound is the lower bound of the positive bucket index at scale.
+func lowerBound(scale, index int32) float64 { return math.Pow(Base(scale), float64(index)) }
+
+// Histogram is the positive range of a base-2 exponential histogram:
+// Counts[i] is bucket Offset+i (see Bounds). What it holds are durations,
+// so negative values never occur and the zero bucket only holds exact
+// zeros.
+type Histogram struct {
 	Scale     int32
 	ZeroCount uint64
 	Offset    int32
@@ -20,8 +37,9 @@ type expHistogram struct {
 	Sum       float64
 }
 
-func expHistogramOf(dp pmetric.ExponentialHistogramDataPoint) expHistogram {
-	return expHistogram{
+// Of reads a data point; Counts is a copy.
+func Of(dp pmetric.ExponentialHistogramDataPoint) Histogram {
+	return Histogram{
 		Scale:     dp.Scale(),
 		ZeroCount: dp.ZeroCount(),
 		Offset:    dp.Positive().Offset(),
@@ -31,15 +49,8 @@ func expHistogramOf(dp pmetric.ExponentialHistogramDataPoint) expHistogram {
 	}
 }
 
-func (h expHistogram) base() float64 { return math.Exp2(math.Exp2(-float64(h.Scale))) }
-
-// lower is the lower bound of bucket index i.
-func (h expHistogram) lower(i int32) float64 {
-	return math.Exp2(float64(i) * math.Exp2(-float64(h.Scale)))
-}
-
 // downscale merges buckets pairwise by times steps (scale − steps).
-func (h expHistogram) downscale(steps int32) expHistogram {
+func (h Histogram) downscale(steps int32) Histogram {
 	if steps <= 0 || len(h.Counts) == 0 {
 		h.Scale -= max(steps, 0)
 		return h
@@ -54,8 +65,8 @@ func (h expHistogram) downscale(steps int32) expHistogram {
 	return h
 }
 
-// merge adds o to h at the coarser of the two scales.
-func (h expHistogram) merge(o expHistogram) expHistogram {
+// Merge adds o to h at the coarser of the two scales.
+func (h Histogram) Merge(o Histogram) Histogram {
 	if h.Count == 0 {
 		return o
 	}
@@ -79,11 +90,11 @@ func (h expHistogram) merge(o expHistogram) expHistogram {
 	for i, c := range b.Counts {
 		counts[b.Offset+int32(i)-first] += c
 	}
-	return expHistogram{Scale: scale, ZeroCount: a.ZeroCount + b.ZeroCount, Offset: first, Counts: counts,
+	return Histogram{Scale: scale, ZeroCount: a.ZeroCount + b.ZeroCount, Offset: first, Counts: counts,
 		Count: a.Count + b.Count, Sum: a.Sum + b.Sum}
 }
 
-// quantile estimates the q-quantile (0..1) the way the client computes its
+// Quantile estimates the q-quantile (0..1) the way llmload computes its
 // percentiles from raw values (numpy's linear method: rank q·(n−1),
 // interpolated between the two order statistics around it), with each
 // order statistic estimated from its bucket: the c values of a bucket are
@@ -92,7 +103,7 @@ func (h expHistogram) merge(o expHistogram) expHistogram {
 // better than on a linear one. Each estimate lies in the right bucket, so
 // the relative error is below base−1 (4.4% at scale 4) and typically a
 // fraction of it. NaN when empty.
-func (h expHistogram) quantile(q float64) float64 {
+func (h Histogram) Quantile(q float64) float64 {
 	if h.Count == 0 {
 		return math.NaN()
 	}
@@ -107,7 +118,7 @@ func (h expHistogram) quantile(q float64) float64 {
 }
 
 // orderStatistic estimates the k-th smallest value (0-based).
-func (h expHistogram) orderStatistic(k uint64) float64 {
+func (h Histogram) orderStatistic(k uint64) float64 {
 	if k < h.ZeroCount {
 		return 0
 	}
@@ -115,18 +126,18 @@ func (h expHistogram) orderStatistic(k uint64) float64 {
 	for i, c := range h.Counts {
 		if k < cum+c {
 			frac := (float64(k-cum) + 0.5) / float64(c)
-			return h.lower(h.Offset+int32(i)) * math.Pow(h.base(), frac)
+			return lowerBound(h.Scale, h.Offset+int32(i)) * math.Pow(Base(h.Scale), frac)
 		}
 		cum += c
 	}
 	// k beyond the buckets (Count and the buckets disagree): the top.
-	return h.lower(h.Offset + int32(len(h.Counts)))
+	return lowerBound(h.Scale, h.Offset+int32(len(h.Counts)))
 }
 
-// cdf returns the histogram's cumulative distribution at the upper bound of
+// CDF returns the histogram's cumulative distribution at the upper bound of
 // every non-empty bucket: x values and the share of values at or below
 // them.
-func (h expHistogram) cdf() (xs, ps []float64) {
+func (h Histogram) CDF() (xs, ps []float64) {
 	if h.Count == 0 {
 		return nil, nil
 	}
@@ -136,15 +147,15 @@ func (h expHistogram) cdf() (xs, ps []float64) {
 			continue
 		}
 		if len(xs) == 0 {
-			xs, ps = append(xs, h.lower(h.Offset+int32(i))), append(ps, cum/float64(h.Count))
+			xs, ps = append(xs, lowerBound(h.Scale, h.Offset+int32(i))), append(ps, cum/float64(h.Count))
 		}
 		cum += float64(c)
-		xs = append(xs, h.lower(h.Offset+int32(i)+1))
+		xs = append(xs, lowerBound(h.Scale, h.Offset+int32(i)+1))
 		ps = append(ps, cum/float64(h.Count))
 	}
 	return xs, ps
 }
 
-// relativeBucketWidth is base − 1: the largest relative error of a value
+// RelativeBucketWidth is base − 1: the largest relative error of a value
 // placed anywhere in its bucket.
-func (h expHistogram) relativeBucketWidth() float64 { return h.base() - 1 }
+func (h Histogram) RelativeBucketWidth() float64 { return Base(h.Scale) - 1 }
