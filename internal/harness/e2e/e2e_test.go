@@ -250,8 +250,7 @@ assert st["sent"] == 5 and st["dropped"] == 0 and st["failed"] == 0, st
 
 func sendWithPythonClient(t *testing.T, endpoint, id string, base uint64) {
 	t.Helper()
-	python, err := exec.LookPath("python3")
-	require.NoError(t, err, "python3 is needed for the Python hook client")
+	python := testbin.Tool(t, "python3", "python3") // the Python hook client
 	cmd := exec.Command(python, "-c", pythonSender, endpoint, id, fmt.Sprint(base))
 	cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join("..", "..", "..", "hooks", "python"))
 	out, err := cmd.CombinedOutput()
