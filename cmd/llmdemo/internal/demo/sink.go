@@ -91,9 +91,12 @@ func startSink() (*sink, error) {
 		ttft: map[string]exphist.Histogram{}, tpot: map[string]exphist.Histogram{},
 		queue: map[string]exphist.Histogram{}, prefill: map[string]exphist.Histogram{},
 	}
-	var err error
-	s.otlp, err = otlpsink.Start("127.0.0.1:0", otlpsink.Options{HTTP: true, OnMetrics: s.metrics, OnTraces: s.traces, OnLogs: s.logs})
-	return s, err
+	otlp, err := otlpsink.Start("127.0.0.1:0", otlpsink.Options{HTTP: true, OnMetrics: s.metrics, OnTraces: s.traces, OnLogs: s.logs})
+	if err != nil {
+		return nil, err
+	}
+	s.otlp = otlp
+	return s, nil
 }
 
 func (s *sink) url() string { return s.otlp.URL() }
