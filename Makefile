@@ -5,7 +5,7 @@
 #                printed); CONFIG=otelcol-config.yaml for the production-shaped one
 #   make test    gofmt, go vet, the Python hook tests and go test -race,
 #                end-to-end tests against ./bin/otelcol-llm included
-#   make generate          mdatagen (pinned in internal/tools/go.mod) over every
+#   make generate          mdatagen (pinned in tools/go.mod) over every
 #                          metadata.yaml: go generate ./...
 #   make check-generate    fails when the generated files are not current
 #   make bench   the Go benchmarks and bench/run.sh, into bench/results/
@@ -31,11 +31,14 @@ BIN_DIR      := $(CURDIR)/bin
 OCB          := $(BIN_DIR)/ocb-$(OCB_VERSION)
 OTELCOL      := $(BIN_DIR)/otelcol-llm
 BUILD_DIR    := _build
-# Everything the binary is compiled from; tests and their helpers, generated
-# code and the stand-alone tools (simulator, load generator, demo, benchmarks)
-# excluded.
-GO_SOURCES   := $(shell find . -name '*.go' -not -name '*_test.go' -not -path './$(BUILD_DIR)/*' -not -path './bin/*' \
-                  -not -path './cmd/*' -not -path './bench/*' -not -path './internal/e2e/*' -not -path './internal/testbin/*') go.mod go.sum
+# Everything the binary is compiled from: the files of this module's
+# packages that the components of builder-config.yaml import (go list -deps),
+# tests left out. Listed only when the binary is checked (see
+# .SECONDEXPANSION below); -e lists a package that does not compile too, so
+# that go build, not make, reports it.
+MODULE       := github.com/otelcol-llm/otelcol-llm
+COMPONENTS    = $(shell sed -n 's/^ *import: *//p' builder-config.yaml)
+GO_SOURCES    = $(shell CGO_ENABLED=0 $(GO) list -e -deps -f '{{with .Module}}{{if eq .Path "$(MODULE)"}}{{range $$.GoFiles}}{{$$.Dir}}/{{.}} {{end}}{{range $$.EmbedFiles}}{{$$.Dir}}/{{.}} {{end}}{{end}}{{end}}' $(COMPONENTS)) go.mod go.sum
 BENCHTIME    ?= 1s
 
 .PHONY: build run test fmt-check vet python-test go-test check-deploy bench soak clean generate check-generate
@@ -53,13 +56,14 @@ $(BUILD_DIR)/main.go: builder-config.yaml go.mod $(OCB)
 	$(OCB) --config builder-config.yaml --skip-compilation
 	@touch $@
 
-$(OTELCOL): $(BUILD_DIR)/main.go $(GO_SOURCES)
+.SECONDEXPANSION:
+$(OTELCOL): $(BUILD_DIR)/main.go $$(GO_SOURCES)
 	cd $(BUILD_DIR) && CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ .
 
 MDATAGEN := $(BIN_DIR)/mdatagen
 
-$(MDATAGEN): internal/tools/go.mod internal/tools/go.sum
-	cd internal/tools && $(GO) build -o $@ go.opentelemetry.io/collector/cmd/mdatagen
+$(MDATAGEN): tools/go.mod tools/go.sum
+	cd tools && $(GO) build -o $@ go.opentelemetry.io/collector/cmd/mdatagen
 
 # The //go:generate lines call mdatagen by name: bin/ goes first on PATH.
 generate: $(MDATAGEN)

@@ -6,7 +6,6 @@
 package deploy
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -17,15 +16,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/collector/pdata/plog/plogotlp"
-	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
-	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
+	"go.opentelemetry.io/collector/pdata/plog"
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
-	_ "google.golang.org/grpc/encoding/gzip" // the otlp_grpc exporter compresses
 
-	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
-	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/otlpsink"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/selfmetrics"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -54,25 +50,23 @@ func startAgent(t *testing.T, env []string, configs ...string) *testbin.Process 
 // summed over the series with every one of labels; -1 when it does not
 // answer.
 func selfMetric(ip, name string, labels map[string]string) float64 {
-	v, err := benchproc.SelfMetric(net.JoinHostPort(ip, "8888"), name, labels)
+	v, err := selfmetrics.Value(net.JoinHostPort(ip, "8888"), name, labels)
 	if err != nil {
 		return -1
 	}
 	return v
 }
 
-// summarySink is an OTLP/gRPC logs backend that counts the session
-// summaries it receives, by session ID.
+// summarySink counts the session summaries an OTLP/gRPC backend receives,
+// by session ID; the agent's metrics and traces are taken, not kept.
 type summarySink struct {
-	plogotlp.UnimplementedGRPCServer
 	mu        sync.Mutex
 	summaries map[string]int
 }
 
-func (s *summarySink) Export(_ context.Context, req plogotlp.ExportRequest) (plogotlp.ExportResponse, error) {
+func (s *summarySink) logs(ld plog.Logs) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ld := req.Logs()
 	for _, rl := range ld.ResourceLogs().All() {
 		for _, sl := range rl.ScopeLogs().All() {
 			for _, lr := range sl.LogRecords().All() {
@@ -84,7 +78,6 @@ func (s *summarySink) Export(_ context.Context, req plogotlp.ExportRequest) (plo
 			}
 		}
 	}
-	return plogotlp.NewExportResponse(), nil
 }
 
 func (s *summarySink) counts() map[string]int {
@@ -97,32 +90,13 @@ func (s *summarySink) counts() map[string]int {
 	return out
 }
 
-type discardMetrics struct {
-	pmetricotlp.UnimplementedGRPCServer
-}
-
-func (discardMetrics) Export(context.Context, pmetricotlp.ExportRequest) (pmetricotlp.ExportResponse, error) {
-	return pmetricotlp.NewExportResponse(), nil
-}
-
-type discardTraces struct {
-	ptraceotlp.UnimplementedGRPCServer
-}
-
-func (discardTraces) Export(context.Context, ptraceotlp.ExportRequest) (ptraceotlp.ExportResponse, error) {
-	return ptraceotlp.NewExportResponse(), nil
-}
-
 // startSummarySink serves the sink on addr until the test ends.
 func startSummarySink(t *testing.T, addr string) *summarySink {
 	t.Helper()
 	s := &summarySink{summaries: map[string]int{}}
-	testbin.ServeGRPC(t, addr, func(srv *grpc.Server) {
-		plogotlp.RegisterGRPCServer(srv, s)
-		// The agent sends metrics and traces too: taken, not kept.
-		pmetricotlp.RegisterGRPCServer(srv, &discardMetrics{})
-		ptraceotlp.RegisterGRPCServer(srv, &discardTraces{})
-	})
+	otlp, err := otlpsink.Start(addr, otlpsink.Options{OnLogs: s.logs})
+	require.NoError(t, err)
+	t.Cleanup(otlp.Close)
 	return s
 }
 

@@ -15,7 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 )
 
 // dashboard is what the test reads of deploy/grafana/otelcol-llm.json.

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 )
 
 // TestImage builds deploy/Dockerfile with `make image` (buildah, Debian's)

@@ -11,7 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/selfmetrics"
 )
 
 // readyLine is what the collector logs once every component has started.
@@ -19,7 +20,7 @@ const readyLine = "Everything is ready"
 
 // collector is one otelcol-llm (or vllmsim) process of a measurement.
 type collector struct {
-	*benchproc.Process
+	*process.Process
 	telemetry string // host:port of its own metrics (Prometheus format)
 }
 
@@ -39,7 +40,7 @@ func startCollector(bin, dir, name, config, telemetry string) (*collector, error
 
 // startProcess starts bin with args, its output going to dir/name.log.
 func startProcess(bin, dir, name string, args ...string) (*collector, error) {
-	p, err := benchproc.Start(bin, dir, name, args...)
+	p, err := process.Start(name, bin, args, process.Options{Log: filepath.Join(dir, name+".log")})
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +87,7 @@ func logTime(path, text string) (time.Time, bool) {
 
 // stop sends SIGTERM and waits for the process to exit, killing it after
 // 15 s.
-func (c *collector) stop() { c.Stop(15 * time.Second) }
+func (c *collector) stop() { _ = c.Stop(15 * time.Second) }
 
 // cpu is the CPU time (user + system) the process has used so far.
 func (c *collector) cpu() (time.Duration, error) { return c.CPU() }
@@ -97,7 +98,7 @@ func (c *collector) rss() (int64, error) { return c.RSS() }
 // selfMetrics reads the collector's own metrics: the value of each family
 // (summed over its series), by name.
 func (c *collector) selfMetrics() (map[string]float64, error) {
-	return benchproc.SelfMetrics(c.telemetry)
+	return selfmetrics.Values(c.telemetry)
 }
 
 // loadAvg is the 1-minute load average.

@@ -20,7 +20,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
 )
 
 type options struct {
@@ -207,7 +207,7 @@ func cpuOne(o options, r int, name string, src source, exp exposition) (cpuResul
 // the last GC ran).
 func cpuOneOn(o options, r int, name string, src source, e *fakeEngine) (cpuResult, error) {
 	log.Printf("run %d: cpu %s, %s", r, name, src)
-	s := setup{src: src, targets: []string{e.addr()}, interval: o.cpuInterval, telemetry: benchproc.MustFreeAddr(), otlp: benchproc.MustFreeAddr()}
+	s := setup{src: src, targets: []string{e.addr()}, interval: o.cpuInterval, telemetry: process.MustFreeAddr(), otlp: process.MustFreeAddr()}
 	c, err := startCollector(o.bin, o.out, fmt.Sprintf("cpu-%d-%s-%s", r, slug(name), slug(string(src))), config(s), s.telemetry)
 	if err != nil {
 		return cpuResult{}, err
@@ -297,7 +297,7 @@ func latencyOne(o options, r int, src source, iv time.Duration, fixture expositi
 		return latencyResult{}, err
 	}
 	defer e.close()
-	s := setup{src: src, targets: []string{e.addr()}, interval: iv, telemetry: benchproc.MustFreeAddr()}
+	s := setup{src: src, targets: []string{e.addr()}, interval: iv, telemetry: process.MustFreeAddr()}
 	c, err := startCollector(o.bin, o.out, fmt.Sprintf("latency-%d-%s-%s", r, slug(string(src)), iv), config(s), s.telemetry)
 	if err != nil {
 		return latencyResult{}, err
@@ -321,7 +321,7 @@ type sim struct {
 }
 
 func startSim(o options) (*sim, error) {
-	addr := benchproc.MustFreeAddr()
+	addr := process.MustFreeAddr()
 	c, err := startProcess(o.vllmsim, o.out, "vllmsim", "-addr", addr)
 	if err != nil {
 		return nil, err

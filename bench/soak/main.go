@@ -38,7 +38,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/selfmetrics"
 )
 
 type options struct {
@@ -94,12 +95,13 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 	}
 	var a addrs
 	for _, p := range []*string{&a.sim, &a.proxy, &a.otlp, &a.pprof, &a.telemetry} {
-		if *p, err = benchproc.FreeAddr(); err != nil {
+		if *p, err = process.FreeAddr(); err != nil {
 			return false, err
 		}
 	}
 
-	sim, err := benchproc.Start(tools["vllmsim"], runDir, "vllmsim", "-addr", a.sim, "-max-num-seqs", strconv.Itoa(o.concurrency+56))
+	sim, err := process.Start("vllmsim", tools["vllmsim"], []string{"-addr", a.sim, "-max-num-seqs", strconv.Itoa(o.concurrency + 56)},
+		process.Options{Log: filepath.Join(runDir, "vllmsim.log")})
 	if err != nil {
 		return false, err
 	}
@@ -111,7 +113,7 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 	if err := os.WriteFile(cfgPath, []byte(collectorConfig(a)), 0o644); err != nil {
 		return false, err
 	}
-	col, err := benchproc.Start(collectorBin, runDir, "collector", "--config", cfgPath)
+	col, err := process.Start("collector", collectorBin, []string{"--config", cfgPath}, process.Options{Log: filepath.Join(runDir, "collector.log")})
 	if err != nil {
 		return false, err
 	}
@@ -132,18 +134,18 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 		o.concurrency, o.duration, a.proxy, o.interval, runDir)
 	loadOut := filepath.Join(runDir, "llmload.json")
 	loadStart := time.Since(col.Started)
-	load, err := benchproc.Start(tools["llmload"], runDir, "llmload",
-		"-url", "http://"+a.proxy, "-model", "meta-llama/Llama-3.1-8B-Instruct", "-endpoint", "chat",
+	load, err := process.Start("llmload", tools["llmload"], []string{
+		"-url", "http://" + a.proxy, "-model", "meta-llama/Llama-3.1-8B-Instruct", "-endpoint", "chat",
 		"-concurrency", strconv.Itoa(o.concurrency), "-ramp-up", "10s", "-duration", o.duration.String(),
 		"-prompt-tokens", o.promptTokens, "-output-tokens", o.outputTokens, "-timeout", "5m",
-		"-quiet", "-out", loadOut)
+		"-quiet", "-out", loadOut}, process.Options{Log: filepath.Join(runDir, "llmload.log")})
 	if err != nil {
 		return false, err
 	}
 	select {
 	case <-load.Exited():
 	case <-ctx.Done():
-		load.Stop(10 * time.Second)
+		_ = load.Stop(10 * time.Second)
 		return false, ctx.Err()
 	}
 	loadEnd := time.Since(col.Started)
@@ -162,7 +164,7 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 	var tel map[string]float64
 	settle := time.Now().Add(time.Minute)
 	for {
-		tel, err = benchproc.SelfMetrics(a.telemetry)
+		tel, err = selfmetrics.Values(a.telemetry)
 		if err == nil && sumPrefix(tel, metricSessionsActive) == 0 && int(sumPrefix(tel, metricSessionsEnded)) >= requests {
 			break
 		}
@@ -177,7 +179,7 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 	s.sample()
 	stopSampling()
 	<-samplingDone
-	cleanStop := col.Stop(30 * time.Second)
+	cleanStop := !errors.Is(col.Stop(30*time.Second), process.ErrKilled)
 
 	samples := s.all()
 	if len(samples) == 0 {
@@ -292,7 +294,7 @@ func pick(m map[string]float64) map[string]float64 {
 
 // sampler reads the collector every interval.
 type sampler struct {
-	col   *benchproc.Process
+	col   *process.Process
 	pprof string
 
 	mu       sync.Mutex

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/exporter/enginehealthexporter/internal/metadata"
+	"github.com/otelcol-llm/otelcol-llm/internal/exphist"
 	"github.com/otelcol-llm/otelcol-llm/internal/httpserve"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
@@ -413,22 +414,21 @@ func (r *batchReader) readTTFT(h pmetric.Histogram) {
 func (r *batchReader) readExponentialTTFT(h pmetric.ExponentialHistogram) {
 	cumulative := h.AggregationTemporality() == pmetric.AggregationTemporalityCumulative
 	for _, dp := range h.DataPoints().All() {
+		hist := exphist.Of(dp)
 		// The zero bucket first, then the positive ones: one list of counts.
-		counts := append([]uint64{dp.ZeroCount()}, dp.Positive().BucketCounts().AsRaw()...)
+		counts := append([]uint64{hist.ZeroCount}, hist.Counts...)
 		s, _, ok := r.point(metricTTFT, dp.Attributes(), cumulative, dp.StartTimestamp(), 0, &counts)
 		if !ok {
 			continue
 		}
-		base := math.Exp2(math.Exp2(-float64(dp.Scale())))
 		for i, c := range counts {
 			if c == 0 {
 				continue
 			}
-			// Positive bucket k (counts[k-offset+1]) holds (base^k, base^(k+1)].
+			// Positive bucket k is counts[k-offset+1].
 			lower, upper := 0.0, 0.0
 			if i > 0 {
-				k := float64(dp.Positive().Offset() + int32(i) - 1)
-				lower, upper = math.Pow(base, k), math.Pow(base, k+1)
+				lower, upper = exphist.Bounds(hist.Scale, hist.Offset+int32(i)-1)
 			}
 			s.ttft = append(s.ttft, bucket{lower: lower, upper: upper, count: c})
 		}

@@ -5,7 +5,7 @@ package main
 import (
 	"fmt"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
 )
 
 // telemetryYAML is the service::telemetry block both collectors get: warnings
@@ -37,7 +37,7 @@ type addrs struct {
 }
 
 func newAddrs(sink string) addrs {
-	free := benchproc.MustFreeAddr
+	free := process.MustFreeAddr
 	return addrs{hooksHTTP: free(), hooksUDP: free(), otlp: free(), pprof: free(), telemetry: free(), sink: sink}
 }
 

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
 )
 
 // e2eResult is the collector's cost at the demo's load: vllmsim behind the
@@ -41,7 +41,7 @@ type e2eResult struct {
 }
 
 func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (*e2eResult, error) {
-	upstream := benchproc.MustFreeAddr()
+	upstream := process.MustFreeAddr()
 	// The demo's heaviest point (cmd/llmdemo: scenario b at 200, chunked
 	// prefill off, prefill first, a KV pool that runs out): pre-emptions
 	// and stalls.
@@ -59,7 +59,7 @@ func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (
 	}
 	defer func() { _ = sim.Process.Signal(syscall.SIGTERM); _ = sim.Wait() }()
 
-	proxy := benchproc.MustFreeAddr()
+	proxy := process.MustFreeAddr()
 	extra := fmt.Sprintf(`    proxy:
       endpoint: %s
       upstream:
@@ -71,7 +71,7 @@ func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (
       targets: [http://%s/metrics]
       interval: 1s
 `, proxy, upstream, upstream)
-	a := newAddrs(e.sink.addr)
+	a := newAddrs(e.sink.Addr())
 	c, err := startCollector("e2e", e.ours, e.out, oursConfig(a, extra), a.pprof, a.telemetry, proxy, upstream)
 	if err != nil {
 		return nil, err

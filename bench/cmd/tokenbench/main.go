@@ -23,6 +23,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/otlpsink"
 )
 
 // result is tokenbench.json.
@@ -81,11 +83,11 @@ func main() {
 	ctx, cancelAll := context.WithTimeout(ctx, 12*time.Minute)
 	defer cancelAll()
 
-	sk, err := startSink()
+	sk, err := otlpsink.Start("127.0.0.1:0", otlpsink.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer sk.stop()
+	defer sk.Close()
 	e := &env{out: *out, ours: abs(*ours), stock: abs(*stock), workers: *workers, udpRate: *udpRate, udpBytes: *udpBytes,
 		memK: *memK, memToks: *memTokens, ctx: ctx, sink: sk, profile: *profile}
 	var res result
@@ -97,7 +99,7 @@ func main() {
 		if err != nil {
 			log.Printf("%s: %v", what, err)
 			cancel()
-			sk.stop()
+			sk.Close()
 			os.Exit(1)
 		}
 	}

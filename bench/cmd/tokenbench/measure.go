@@ -7,31 +7,33 @@ import (
 	"fmt"
 	"log"
 	"time"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/otlpsink"
 )
 
 // cpuRun is the collector's CPU time over one fed workload.
 type cpuRun struct {
-	Path               string     `json:"path"`
-	TokenEvents        int64      `json:"token_events"`
-	CPUSeconds         float64    `json:"cpu_seconds"`
-	IdleCPUSeconds     float64    `json:"idle_cpu_seconds_subtracted"`
-	WallSeconds        float64    `json:"wall_seconds"`
-	TokensPerCPUSecond float64    `json:"tokens_per_cpu_second"`
-	CPUSecPerMTokens   float64    `json:"cpu_seconds_per_million_tokens"`
-	Send               sendResult `json:"send"`
-	Sink               sinkCounts `json:"sink_received"`
+	Path               string          `json:"path"`
+	TokenEvents        int64           `json:"token_events"`
+	CPUSeconds         float64         `json:"cpu_seconds"`
+	IdleCPUSeconds     float64         `json:"idle_cpu_seconds_subtracted"`
+	WallSeconds        float64         `json:"wall_seconds"`
+	TokensPerCPUSecond float64         `json:"tokens_per_cpu_second"`
+	CPUSecPerMTokens   float64         `json:"cpu_seconds_per_million_tokens"`
+	Send               sendResult      `json:"send"`
+	Sink               otlpsink.Counts `json:"sink_received"`
 }
 
 // measureCPU feeds the collector with send, waits with settle until it has
 // finished the work (exported, decided), and charges it the CPU time it used
 // meanwhile minus what it uses idle (its timers) over the same wall time.
-func measureCPU(c *collector, sk *sink, path string, send func() (sendResult, error), settle func()) (cpuRun, error) {
+func measureCPU(c *collector, sk *otlpsink.Sink, path string, send func() (sendResult, error), settle func()) (cpuRun, error) {
 	c.waitIdle(10 * time.Second)
 	i0 := c.cpuSeconds()
 	time.Sleep(time.Second)
 	idleRate := c.cpuSeconds() - i0
 
-	before := sk.counts()
+	before := sk.Counts()
 	t0, w0 := c.cpuSeconds(), time.Now()
 	res, err := send()
 	if err != nil {
@@ -39,12 +41,12 @@ func measureCPU(c *collector, sk *sink, path string, send func() (sendResult, er
 	}
 	settle()
 	t1, wall := c.cpuSeconds(), time.Since(w0).Seconds()
-	after := sk.counts()
+	after := sk.Counts()
 	idle := idleRate * wall
 	cpu := t1 - t0 - idle
 	r := cpuRun{
 		Path: path, TokenEvents: res.Tokens, CPUSeconds: cpu, IdleCPUSeconds: idle, WallSeconds: wall, Send: res,
-		Sink: sinkCounts{LogRecords: after.LogRecords - before.LogRecords, Spans: after.Spans - before.Spans, Points: after.Points - before.Points},
+		Sink: otlpsink.Counts{LogRecords: after.LogRecords - before.LogRecords, Spans: after.Spans - before.Spans, Points: after.Points - before.Points},
 	}
 	if cpu > 0 {
 		r.TokensPerCPUSecond = float64(res.Tokens) / cpu
@@ -120,7 +122,7 @@ type memRun struct {
 // as fast as the collector takes them), measures RSS and the heap left after a
 // forced GC against the idle figures (and writes a heap profile if asked),
 // then ends the sessions.
-func measureMemory(ctx context.Context, c *collector, sk *sink, path string, k, tokens int, sendFn func([]batch) sendResult, enc func(*generator) func([]wEvent) []byte, settle func(), heapProfile string) (memRun, error) {
+func measureMemory(ctx context.Context, c *collector, sk *otlpsink.Sink, path string, k, tokens int, sendFn func([]batch) sendResult, enc func(*generator) func([]wEvent) []byte, settle func(), heapProfile string) (memRun, error) {
 	// RSS: growth from the fresh process, the runtime's working memory
 	// included (an upper bound of what the sessions cost). Heap: warm up
 	// first, with a few sessions that end, so that what grows once (buffer
@@ -145,7 +147,7 @@ func measureMemory(ctx context.Context, c *collector, sk *sink, path string, k, 
 	g := newGenerator(workload{Sessions: k, Tokens: tokens, Waves: 1, BatchLines: 1024}, uint64(k)+7)
 	g.newWave()
 	open := chunk(g.steps(nil, 0, tokens+1), 1024, enc(g))
-	logs0 := sk.counts().LogRecords
+	logs0 := sk.Counts().LogRecords
 	t0 := time.Now()
 	if res := sendFn(open); res.Failed > 0 {
 		return memRun{}, fmt.Errorf("%s: %d requests failed: %s", path, res.Failed, res.FirstErr)
@@ -158,7 +160,7 @@ func measureMemory(ctx context.Context, c *collector, sk *sink, path string, k, 
 	m := memRun{
 		Path: path, Sessions: k, TokensHeld: tokens, IdleRSS: idleRSS, RSS: rss, IdleHeap: idleHeap, Heap: heap,
 		RSSPerSession: float64(rss-idleRSS) / float64(k), HeapPerSession: float64(heap-idleHeap) / float64(k),
-		SecondsToMeasure: time.Since(t0).Seconds(), LogsMeanwhile: sk.counts().LogRecords - logs0,
+		SecondsToMeasure: time.Since(t0).Seconds(), LogsMeanwhile: sk.Counts().LogRecords - logs0,
 	}
 	log.Printf("%s: %d sessions × %d tokens in flight: RSS %.0f B/session, heap %.0f B/session (measured %.1fs after the first event)",
 		path, k, tokens, m.RSSPerSession, m.HeapPerSession, m.SecondsToMeasure)

@@ -17,14 +17,15 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/selfmetrics"
 )
 
 // collector is one collector process started for a measurement: its CPU time
 // and memory are read from /proc, its heap through the pprof extension and its
 // self-telemetry from its Prometheus endpoint.
 type collector struct {
-	*benchproc.Process
+	*process.Process
 	name      string
 	pprofAddr string
 	telemetry string // host:port of the Prometheus self-telemetry endpoint
@@ -37,7 +38,7 @@ func startCollector(name, bin, dir, config, pprofAddr, telemetry string, ready .
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
 		return nil, err
 	}
-	p, err := benchproc.Start(bin, dir, name, "--config", cfgPath)
+	p, err := process.Start(name, bin, []string{"--config", cfgPath}, process.Options{Log: filepath.Join(dir, name+".log")})
 	if err != nil {
 		return nil, err
 	}
@@ -52,7 +53,7 @@ func startCollector(name, bin, dir, config, pprofAddr, telemetry string, ready .
 }
 
 // stop sends SIGTERM and waits for a clean shutdown, killing it after 15 s.
-func (c *collector) stop() { c.Stop(15 * time.Second) }
+func (c *collector) stop() { _ = c.Stop(15 * time.Second) }
 
 // cpuSeconds is the CPU time the collector has used so far (0 once it is
 // gone).
@@ -69,13 +70,13 @@ func (c *collector) rssBytes() int64 {
 
 // driverCPUSeconds is the CPU time this driver has used so far.
 func driverCPUSeconds() float64 {
-	d, _ := benchproc.CPUOf(os.Getpid())
+	d, _ := process.CPUOf(os.Getpid())
 	return d.Seconds()
 }
 
 // machineBusySeconds is the CPU time every process on the machine has used.
 func machineBusySeconds() float64 {
-	d, _ := benchproc.MachineBusy()
+	d, _ := process.MachineBusy()
 	return d.Seconds()
 }
 
@@ -163,7 +164,7 @@ func (c *collector) heapProfile(path string) error {
 
 // metrics reads the collector's self-telemetry.
 func (c *collector) metrics() (selfMetrics, error) {
-	fams, err := benchproc.SelfMetricFamilies(c.telemetry)
+	fams, err := selfmetrics.Families(c.telemetry)
 	return selfMetrics(fams), err
 }
 

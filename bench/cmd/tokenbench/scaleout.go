@@ -128,7 +128,7 @@ func (e *env) scaleOut(w workload, gatewayFor time.Duration) (*scaleOutResult, e
 		{"agent_otlp", func(a addrs) string { return oursConfig(a, "") }, &res.AgentOTLP},
 		{"agent_loadbalancing", lbConfig, &res.AgentLB},
 	} {
-		a := newAddrs(e.sink.addr)
+		a := newAddrs(e.sink.Addr())
 		c, err := startCollector(run.name, e.ours, e.out, run.cfg(a), a.pprof, a.telemetry, a.hooksHTTP)
 		if err != nil {
 			return nil, err
@@ -155,7 +155,7 @@ func (e *env) scaleOut(w workload, gatewayFor time.Duration) (*scaleOutResult, e
 // gateway for d, half of them with a kept session, and charges it the CPU
 // it used until every decision was made.
 func (e *env) gateway(d time.Duration) (gatewayRun, error) {
-	a := newAddrs(e.sink.addr)
+	a := newAddrs(e.sink.Addr())
 	c, err := startCollector("gateway", e.ours, e.out, gatewayConfig(a), a.pprof, a.telemetry, a.otlp)
 	if err != nil {
 		return gatewayRun{}, err
@@ -171,7 +171,7 @@ func (e *env) gateway(d time.Duration) (gatewayRun, error) {
 
 	const tick = 100 * time.Millisecond
 	tracesPerTick := gatewaySpansPerSecond / 5 / int(time.Second/tick)
-	before := e.sink.counts()
+	before := e.sink.Counts()
 	t0, w0 := c.cpuSeconds(), time.Now()
 	client := &http.Client{Timeout: 10 * time.Second}
 	var sent int64
@@ -219,7 +219,7 @@ func (e *env) gateway(d time.Duration) (gatewayRun, error) {
 	c.waitIdle(10 * time.Second)
 	wall := time.Since(w0).Seconds()
 	cpu := c.cpuSeconds() - t0 - idleRate*wall
-	after := e.sink.counts()
+	after := e.sink.Counts()
 	m, err := c.metrics()
 	if err != nil {
 		return gatewayRun{}, err

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/otlpsink"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
@@ -46,7 +47,7 @@ type env struct {
 	memK     int
 	memToks  int
 	ctx      context.Context
-	sink     *sink
+	sink     *otlpsink.Sink
 	udpBytes int
 	// profile, when not zero: our collector is CPU-profiled for this long
 	// from the start of each token path, shape and scale run (profiled).
@@ -72,7 +73,7 @@ func (e *env) profiled(c *collector, name string, send func() (sendResult, error
 }
 
 func (e *env) startOurs(name, extra string) (*collector, addrs, error) {
-	a := newAddrs(e.sink.addr)
+	a := newAddrs(e.sink.Addr())
 	a.proxy, a.upstream = "", ""
 	c, err := startCollector(name, e.ours, e.out, oursConfig(a, extra), a.pprof, a.telemetry, a.hooksHTTP)
 	return c, a, err
@@ -80,7 +81,7 @@ func (e *env) startOurs(name, extra string) (*collector, addrs, error) {
 
 // startStock starts the stock baseline on fresh addresses.
 func (e *env) startStock(name string) (*collector, addrs, error) {
-	a := newAddrs(e.sink.addr)
+	a := newAddrs(e.sink.Addr())
 	c, err := startCollector(name, e.stock, e.out, stockConfig(a), a.pprof, a.telemetry, a.otlp)
 	return c, a, err
 }

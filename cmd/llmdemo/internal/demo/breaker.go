@@ -21,7 +21,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
 )
 
 // make demo-breaker: the load-balancer story. HAProxy balances two vllmsim
@@ -138,17 +138,17 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return nil, err
 	}
-	var started []*process
+	var started []*process.Process
 	defer func() {
 		for i := len(started) - 1; i >= 0; i-- {
-			if stopErr := started[i].stop(); stopErr != nil && err == nil {
+			if stopErr := started[i].Stop(stopGrace); stopErr != nil && err == nil {
 				err = stopErr
 			}
 		}
 	}()
 	addrs := map[string]string{}
 	for _, name := range []string{"sim_a", "sim_b", "proxy_a", "proxy_b", "health", "agent", "frontend", "stats"} {
-		if addrs[name], err = benchproc.FreeAddr(); err != nil {
+		if addrs[name], err = process.FreeAddr(); err != nil {
 			return nil, err
 		}
 	}
@@ -159,7 +159,7 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 			return nil, err
 		}
 		started = append(started, sim)
-		if err := sim.waitHTTP(ctx, "http://"+addrs["sim_"+r]+"/health", 30*time.Second); err != nil {
+		if err := sim.WaitHTTP(ctx, "http://"+addrs["sim_"+r]+"/health", 30*time.Second); err != nil {
 			return nil, err
 		}
 	}
@@ -177,7 +177,7 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 		return nil, err
 	}
 	started = append(started, col)
-	if err := col.waitHTTP(ctx, "http://"+addrs["health"]+"/engines", 60*time.Second); err != nil {
+	if err := col.WaitHTTP(ctx, "http://"+addrs["health"]+"/engines", 60*time.Second); err != nil {
 		return nil, err
 	}
 
@@ -201,7 +201,7 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 	}
 	started = append(started, ha)
 	statsURL := "http://" + addrs["stats"] + "/stats"
-	if err := ha.waitHTTP(ctx, statsURL, 30*time.Second); err != nil {
+	if err := ha.WaitHTTP(ctx, statsURL, 30*time.Second); err != nil {
 		return nil, err
 	}
 	// Both servers up before the load starts.
@@ -249,7 +249,7 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 	if err != nil {
 		return nil, err
 	}
-	if err := load.wait(ctx); err != nil {
+	if err := load.Wait(ctx, stopGrace); err != nil {
 		return nil, err
 	}
 	reqs, err := readRequests(requestsPath)
@@ -275,7 +275,7 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 
 // watchBreaker samples HAProxy and engine_health every 250 ms until the load
 // exits, and calls act at the story's degrade and heal moments.
-func watchBreaker(ctx context.Context, load *process, start time.Time, story BreakerStory,
+func watchBreaker(ctx context.Context, load *process.Process, start time.Time, story BreakerStory,
 	act func(at time.Duration, action string) error, statsURL, healthURL string,
 ) ([]breakerSample, error) {
 	tick := time.NewTicker(250 * time.Millisecond)
@@ -305,7 +305,7 @@ func watchBreaker(ctx context.Context, load *process, start time.Time, story Bre
 		select {
 		case <-ctx.Done():
 			return samples, ctx.Err()
-		case <-load.exited:
+		case <-load.Exited():
 			return samples, nil
 		case <-tick.C:
 		}

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 )
 
 // TestBreakerStory is make demo-breaker in short form, with a real HAProxy:

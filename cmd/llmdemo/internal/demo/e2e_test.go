@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/testbin"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 )
 
 // TestDemoPipeline is `make demo` in short form: vllmsim behind the

@@ -15,6 +15,8 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/exphist"
 )
 
 // Plot file names in the report folder.
@@ -274,8 +276,8 @@ func empiricalCDF(vals []float64) plotter.XYs {
 	return xys
 }
 
-func histCDF(h expHistogram, unit float64) plotter.XYs {
-	xs, ps := h.cdf()
+func histCDF(h exphist.Histogram, unit float64) plotter.XYs {
+	xs, ps := h.CDF()
 	xys := make(plotter.XYs, len(xs))
 	for i := range xs {
 		xys[i] = plotter.XY{X: xs[i] * unit, Y: ps[i]}

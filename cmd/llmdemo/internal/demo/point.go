@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/benchproc"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
 )
 
 // collectorConfig is the collector's configuration for every point: the
@@ -203,13 +203,13 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress 
 	if err := os.WriteFile(cfgPath, collectorConfig, 0o644); err != nil {
 		return nil, err
 	}
-	var started []*process
+	var started []*process.Process
 	var snk *sink
 	defer func() {
 		// Reverse order: the load, then the collector, then the engine;
 		// the sink last, so that the collector's last flush finds it.
 		for i := len(started) - 1; i >= 0; i-- {
-			if stopErr := started[i].stop(); stopErr != nil && err == nil {
+			if stopErr := started[i].Stop(stopGrace); stopErr != nil && err == nil {
 				err = stopErr
 			}
 		}
@@ -220,7 +220,7 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress 
 
 	var addrs [4]string
 	for i := range addrs {
-		if addrs[i], err = benchproc.FreeAddr(); err != nil {
+		if addrs[i], err = process.FreeAddr(); err != nil {
 			return nil, err
 		}
 	}
@@ -237,7 +237,7 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress 
 		return nil, err
 	}
 	started = append(started, sim)
-	if err := sim.waitHTTP(ctx, "http://"+simAddr+"/health", 30*time.Second); err != nil {
+	if err := sim.WaitHTTP(ctx, "http://"+simAddr+"/health", 30*time.Second); err != nil {
 		return nil, err
 	}
 
@@ -252,7 +252,7 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress 
 		return nil, err
 	}
 	started = append(started, col)
-	if err := col.waitHTTP(ctx, "http://"+healthAddr+"/", 60*time.Second); err != nil {
+	if err := col.WaitHTTP(ctx, "http://"+healthAddr+"/", 60*time.Second); err != nil {
 		return nil, err
 	}
 
@@ -262,7 +262,7 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress 
 		return nil, err
 	}
 	started = append(started, load)
-	if err := load.wait(ctx); err != nil {
+	if err := load.Wait(ctx, stopGrace); err != nil {
 		return nil, err
 	}
 
@@ -285,14 +285,14 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress 
 		progress("warning: %v", err)
 	}
 	// The collector flushes its metrics once more as it stops.
-	if err := col.stop(); err != nil {
+	if err := col.Stop(stopGrace); err != nil {
 		return nil, err
 	}
-	if err := sim.stop(); err != nil {
+	if err := sim.Stop(stopGrace); err != nil {
 		return nil, err
 	}
 	for _, pr := range started {
-		res.CPUSeconds[pr.name] = pr.cpuSeconds()
+		res.CPUSeconds[pr.Name] = pr.UsedCPU().Seconds()
 	}
 	if res.Client, err = readClient(filepath.Join(dir, "llmload.json")); err != nil {
 		return nil, err

@@ -1,15 +1,11 @@
 package demo
 
 import (
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"maps"
 	"math"
-	"net"
-	"net/http"
 	"slices"
 	"sort"
 	"strings"
@@ -17,11 +13,12 @@ import (
 	"time"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
-	"go.opentelemetry.io/collector/pdata/plog/plogotlp"
+	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/pdata/pmetric"
-	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
-	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
+	"go.opentelemetry.io/collector/pdata/ptrace"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/exphist"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/otlpsink"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
@@ -67,104 +64,44 @@ type StallAlert struct {
 	at      time.Time
 }
 
-// sink is an OTLP/HTTP receiver (protobuf, optionally gzip) that keeps the
-// figures the report is made of. Cumulative metrics are kept as their
-// latest value per attribute set.
+// sink is the demo's OTLP/HTTP backend (protobuf, optionally gzip): it
+// keeps the figures the report is made of. Cumulative metrics are kept as
+// their latest value per attribute set.
 type sink struct {
-	srv  *http.Server
-	addr string
-	done chan struct{}
+	otlp *otlpsink.Sink
 
 	mu         sync.Mutex
 	sessions   map[string]float64 // attribute set -> latest cumulative count
 	outcomes   map[string]string  // attribute set -> its llm.session.outcome
 	stalls     map[string]float64
-	ttft, tpot map[string]expHistogram
+	ttft, tpot map[string]exphist.Histogram
 	// queue and prefill are the engine's split, as token_session reports it.
-	queue, prefill map[string]expHistogram
+	queue, prefill map[string]exphist.Histogram
 	kv             []Sample
 	preemptions    []Sample
 	waiting        []Sample
 	spans          []Span
 	alerts         []StallAlert
 	summaries      int
-	badRequests    int
-	// badRequestErrors are the first maxBadRequestErrors failures, for the
-	// report and a failing test to say why.
-	badRequestErrors []string
 }
 
-const maxBadRequestErrors = 5
-
 func startSink() (*sink, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	s := &sink{
+		sessions: map[string]float64{}, outcomes: map[string]string{}, stalls: map[string]float64{},
+		ttft: map[string]exphist.Histogram{}, tpot: map[string]exphist.Histogram{},
+		queue: map[string]exphist.Histogram{}, prefill: map[string]exphist.Histogram{},
+	}
+	otlp, err := otlpsink.Start("127.0.0.1:0", otlpsink.Options{HTTP: true, OnMetrics: s.metrics, OnTraces: s.traces, OnLogs: s.logs})
 	if err != nil {
 		return nil, err
 	}
-	s := &sink{
-		addr: ln.Addr().String(), done: make(chan struct{}),
-		sessions: map[string]float64{}, outcomes: map[string]string{}, stalls: map[string]float64{},
-		ttft: map[string]expHistogram{}, tpot: map[string]expHistogram{},
-		queue: map[string]expHistogram{}, prefill: map[string]expHistogram{},
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/metrics", s.handle(s.metrics))
-	mux.HandleFunc("POST /v1/traces", s.handle(s.traces))
-	mux.HandleFunc("POST /v1/logs", s.handle(s.logs))
-	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		defer close(s.done)
-		_ = s.srv.Serve(ln)
-	}()
+	s.otlp = otlp
 	return s, nil
 }
 
-func (s *sink) url() string { return "http://" + s.addr }
+func (s *sink) url() string { return s.otlp.URL() }
 
-func (s *sink) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = s.srv.Shutdown(ctx)
-	<-s.done
-}
-
-// handle reads a request body and hands it to decode; the answer is an
-// empty success (an empty protobuf message is zero bytes).
-func (s *sink) handle(decode func([]byte) error) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		var body io.Reader = http.MaxBytesReader(w, r.Body, 64<<20)
-		if r.Header.Get("Content-Encoding") == "gzip" {
-			zr, err := gzip.NewReader(body)
-			if err != nil {
-				s.fail(w, r, err)
-				return
-			}
-			defer zr.Close()
-			body = zr
-		}
-		data, err := io.ReadAll(body)
-		if err == nil {
-			err = decode(data)
-		}
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		w.WriteHeader(http.StatusOK)
-	}
-}
-
-func (s *sink) fail(w http.ResponseWriter, r *http.Request, err error) {
-	s.mu.Lock()
-	s.badRequests++
-	if len(s.badRequestErrors) < maxBadRequestErrors {
-		s.badRequestErrors = append(s.badRequestErrors, fmt.Sprintf("%s (%d bytes declared): %v", r.URL.Path, r.ContentLength, err))
-	}
-	s.mu.Unlock()
-	// 400 is permanent for the exporter: it does not retry garbage.
-	http.Error(w, err.Error(), http.StatusBadRequest)
-}
+func (s *sink) close() { s.otlp.Close() }
 
 func attrKey(m pcommon.Map) string {
 	parts := make([]string, 0, m.Len())
@@ -175,21 +112,16 @@ func attrKey(m pcommon.Map) string {
 	return strings.Join(parts, ",")
 }
 
-func (s *sink) metrics(data []byte) error {
-	req := pmetricotlp.NewExportRequest()
-	if err := req.UnmarshalProto(data); err != nil {
-		return err
-	}
+func (s *sink) metrics(md pmetric.Metrics) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, rm := range req.Metrics().ResourceMetrics().All() {
+	for _, rm := range md.ResourceMetrics().All() {
 		for _, sm := range rm.ScopeMetrics().All() {
 			for _, m := range sm.Metrics().All() {
 				s.metric(m)
 			}
 		}
 	}
-	return nil
 }
 
 // metric takes one metric; called with s.mu held.
@@ -214,9 +146,9 @@ func (s *sink) metric(m pmetric.Metric) {
 		if m.Type() != pmetric.MetricTypeExponentialHistogram {
 			return
 		}
-		dst := map[string]map[string]expHistogram{metricTTFT: s.ttft, metricTPOT: s.tpot, metricQueue: s.queue, metricPrefill: s.prefill}[m.Name()]
+		dst := map[string]map[string]exphist.Histogram{metricTTFT: s.ttft, metricTPOT: s.tpot, metricQueue: s.queue, metricPrefill: s.prefill}[m.Name()]
 		for _, dp := range m.ExponentialHistogram().DataPoints().All() {
-			dst[attrKey(dp.Attributes())] = expHistogramOf(dp)
+			dst[attrKey(dp.Attributes())] = exphist.Of(dp)
 		}
 	case metricKVUsage, metricWaiting:
 		if m.Type() != pmetric.MetricTypeGauge {
@@ -240,14 +172,10 @@ func (s *sink) metric(m pmetric.Metric) {
 	}
 }
 
-func (s *sink) traces(data []byte) error {
-	req := ptraceotlp.NewExportRequest()
-	if err := req.UnmarshalProto(data); err != nil {
-		return err
-	}
+func (s *sink) traces(td ptrace.Traces) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, rs := range req.Traces().ResourceSpans().All() {
+	for _, rs := range td.ResourceSpans().All() {
 		for _, ss := range rs.ScopeSpans().All() {
 			for _, sp := range ss.Spans().All() {
 				a := sp.Attributes()
@@ -265,17 +193,12 @@ func (s *sink) traces(data []byte) error {
 			}
 		}
 	}
-	return nil
 }
 
-func (s *sink) logs(data []byte) error {
-	req := plogotlp.NewExportRequest()
-	if err := req.UnmarshalProto(data); err != nil {
-		return err
-	}
+func (s *sink) logs(ld plog.Logs) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, rl := range req.Logs().ResourceLogs().All() {
+	for _, rl := range ld.ResourceLogs().All() {
 		for _, sl := range rl.ScopeLogs().All() {
 			for _, lr := range sl.LogRecords().All() {
 				switch lr.EventName() {
@@ -291,7 +214,6 @@ func (s *sink) logs(data []byte) error {
 			}
 		}
 	}
-	return nil
 }
 
 func attrFloat(m pcommon.Map, k string) float64 {
@@ -373,8 +295,8 @@ type CollectorFigures struct {
 	BadRequests     int            `json:"bad_otlp_requests"`
 	// BadRequestErrors: why the first of them were refused.
 	BadRequestErrors []string `json:"bad_otlp_request_errors,omitempty"`
-	ttftHist         expHistogram
-	tpotHist         expHistogram
+	ttftHist         exphist.Histogram
+	tpotHist         exphist.Histogram
 }
 
 // Quantiles are p50 and p99 in ms; NaN when there was nothing to measure.
@@ -417,8 +339,8 @@ func (q *Quantiles) UnmarshalJSON(b []byte) error {
 func (s *sink) figures(start time.Time) CollectorFigures {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	f := CollectorFigures{SpansByReason: map[string]int{}, Summaries: s.summaries,
-		BadRequests: s.badRequests, BadRequestErrors: slices.Clone(s.badRequestErrors)}
+	f := CollectorFigures{SpansByReason: map[string]int{}, Summaries: s.summaries}
+	f.BadRequests, f.BadRequestErrors = s.otlp.Refused()
 	f.SessionsByOutcome = map[string]float64{}
 	for k, v := range s.sessions {
 		f.Sessions += v
@@ -429,23 +351,23 @@ func (s *sink) figures(start time.Time) CollectorFigures {
 		f.StallEpisodes += v
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.ttft)) {
-		f.ttftHist = f.ttftHist.merge(s.ttft[k])
+		f.ttftHist = f.ttftHist.Merge(s.ttft[k])
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.tpot)) {
-		f.tpotHist = f.tpotHist.merge(s.tpot[k])
+		f.tpotHist = f.tpotHist.Merge(s.tpot[k])
 	}
-	f.TTFT = Quantiles{P50: f.ttftHist.quantile(0.5) * 1000, P99: f.ttftHist.quantile(0.99) * 1000}
-	f.TPOT = Quantiles{P50: f.tpotHist.quantile(0.5) * 1000, P99: f.tpotHist.quantile(0.99) * 1000}
-	f.TTFTBucketWidth, f.TPOTBucketWidth = f.ttftHist.relativeBucketWidth(), f.tpotHist.relativeBucketWidth()
-	merged := func(m map[string]expHistogram) Quantiles {
-		var h expHistogram
+	f.TTFT = Quantiles{P50: f.ttftHist.Quantile(0.5) * 1000, P99: f.ttftHist.Quantile(0.99) * 1000}
+	f.TPOT = Quantiles{P50: f.tpotHist.Quantile(0.5) * 1000, P99: f.tpotHist.Quantile(0.99) * 1000}
+	f.TTFTBucketWidth, f.TPOTBucketWidth = f.ttftHist.RelativeBucketWidth(), f.tpotHist.RelativeBucketWidth()
+	merged := func(m map[string]exphist.Histogram) Quantiles {
+		var h exphist.Histogram
 		for _, k := range slices.Sorted(maps.Keys(m)) {
-			h = h.merge(m[k])
+			h = h.Merge(m[k])
 		}
 		if h.Count == 0 {
 			return Quantiles{P50: math.NaN(), P99: math.NaN()}
 		}
-		return Quantiles{P50: h.quantile(0.5) * 1000, P99: h.quantile(0.99) * 1000}
+		return Quantiles{P50: h.Quantile(0.5) * 1000, P99: h.Quantile(0.99) * 1000}
 	}
 	f.Queue, f.Prefill = merged(s.queue), merged(s.prefill)
 	f.Spans = slices.Clone(s.spans)
