@@ -91,7 +91,7 @@ func newCollector(t *testing.T) *collector {
 	return &collector{httpAddr: freePort(t, "tcp"), udpAddr: freePort(t, "udp"), otlpAddr: freePort(t, "tcp"), proxyAddr: freePort(t, "tcp")}
 }
 
-// startCollector runs the distribution with testdata/e2e/<config>, its
+// startCollector runs the distribution with testdata/<config>, its
 // endpoints on free loopback ports and its exporter pointed at sinkAddr. It
 // stops the process (SIGTERM) when the test ends, or at c.Stop, and checks
 // that it exits cleanly.
