@@ -683,21 +683,23 @@ class TotalityTest(unittest.TestCase):
         self.assertEqual(len(said), 1, logs.output)
 
     def test_no_client_until_first_request(self):
-        # The client (and its thread) comes into being in the one process that has requests.
+        # The client (and its sender thread) comes into being with the first request, in the one process that
+        # has requests, not in every process that loads the plugin.
         made = []
-        reset_plugin()
-        with mock.patch.object(plugin, "Observer", wraps=plugin.Observer.__wrapped__ if hasattr(
-                plugin.Observer, "__wrapped__") else None):
-            pass
+
+        def client(endpoint):
+            made.append(endpoint)
+            return self.client
+
         mod = vllm.output_processor_module()
-        with mock.patch("otelcol_llm_hook.Client", side_effect=lambda *a, **k: made.append(a) or self.client):
-            mock.patch.stopall()
-            with mock.patch.dict(os.environ, {plugin.ENV_ENDPOINT: "udp://127.0.0.1:9"}):
-                self.load(mod)
-                self.assertEqual(made, [])
-                self.assertEqual(plugin.stats()["sent"], 0)
-                drive(mod)
-        self.assertEqual(made, [("udp://127.0.0.1:9",)])
+        with mock.patch.object(plugin, "Observer", _RealObserver), \
+                mock.patch("otelcol_llm_hook.Client", side_effect=client):
+            self.load(mod)
+            self.assertEqual(made, [])
+            self.assertEqual(plugin.stats()["sent"], 0)
+            drive(mod)
+        self.assertEqual(made, ["udp://127.0.0.1:9"])
+        self.assertEqual(len(self.client.sessions()), 4)
 
 
 def plugin_observer(client, kw):
