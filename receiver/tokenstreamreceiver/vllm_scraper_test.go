@@ -452,7 +452,9 @@ func TestScrapeRedactsTargetCredentials(t *testing.T) {
 		return strings.Replace(base, "http://", "http://"+user+":"+pass+"@", 1) + "/metrics?token=" + token + "&x=1"
 	}
 	targets := []string{withCreds(bad.URL), withCreds(good.URL), withCreds("http://" + closedAddr)}
-	st := startScraping(t, targets, nil)
+	// A timeout the good target meets even on a loaded machine: its
+	// failure would add a third recoverable status below.
+	st := startScraping(t, targets, func(v *VLLMConfig) { v.Interval, v.Timeout = 500*time.Millisecond, 500*time.Millisecond })
 	require.Eventually(t, func() bool {
 		return st.scrapesFrom(instance(t, good.URL+"/metrics")) >= 2 &&
 			st.scrapeErrors(t, redactedTarget(bad.URL), reasonStatus) >= 2 &&
