@@ -71,8 +71,10 @@ func readEngine(bin, dir string, src source, exp exposition, negotiate bool) rea
 	}
 	defer b.close()
 	name := fmt.Sprintf("correct-%s-%s-%t", slug(string(src)), slug(exp.name), negotiate)
-	s := setup{src: src, targets: []string{a.addr(), b.addr()}, interval: time.Second, telemetry: benchproc.MustFreeAddr(),
-		hooks: benchproc.MustFreeAddr(), metricsFile: filepath.Join(dir, name+".metrics.json"), logsFile: filepath.Join(dir, name+".logs.json")}
+	s := setup{
+		src: src, targets: []string{a.addr(), b.addr()}, interval: time.Second, telemetry: benchproc.MustFreeAddr(),
+		hooks: benchproc.MustFreeAddr(), metricsFile: filepath.Join(dir, name+".metrics.json"), logsFile: filepath.Join(dir, name+".logs.json"),
+	}
 	// The file exporter appends: start from empty files.
 	_ = os.Remove(s.metricsFile)
 	_ = os.Remove(s.logsFile)

@@ -29,8 +29,10 @@ const model = "meta-llama/Llama-3.1-8B-Instruct"
 // it when the test ends.
 func startSim(t *testing.T, extra ...string) string {
 	t.Helper()
-	args := append([]string{"-addr", "127.0.0.1:0", "-model", model,
-		"-decode-base", "1ms", "-decode-per-seq", "10us", "-prefill-per-token", "5us", "-step-overhead", "100us"}, extra...)
+	args := append([]string{
+		"-addr", "127.0.0.1:0", "-model", model,
+		"-decode-base", "1ms", "-decode-per-seq", "10us", "-prefill-per-token", "5us", "-step-overhead", "100us",
+	}, extra...)
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
@@ -500,8 +502,10 @@ func TestShutdownEndsOpenStreams(t *testing.T) {
 }
 
 func TestFlags(t *testing.T) {
-	o, err := parseFlags([]string{"-profile", "fp8", "-kv-blocks", "100", "-max-num-seqs", "8", "-chunked-prefill=false",
-		"-max-num-batched-tokens", "512", "-prefill-priority", "-seed", "9", "-decode-base", "20ms", "-hook", "udp://127.0.0.1:4321"}, io.Discard)
+	o, err := parseFlags([]string{
+		"-profile", "fp8", "-kv-blocks", "100", "-max-num-seqs", "8", "-chunked-prefill=false",
+		"-max-num-batched-tokens", "512", "-prefill-priority", "-seed", "9", "-decode-base", "20ms", "-hook", "udp://127.0.0.1:4321",
+	}, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, "127.0.0.1:8000", o.addr)
 	assert.Equal(t, "fp8", o.cfg.Profile)

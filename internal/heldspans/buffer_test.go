@@ -1,10 +1,10 @@
 package heldspans
 
 import (
-	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
 	"testing"
 	"time"
 
+	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/pdata/pcommon"

@@ -174,9 +174,11 @@ func (p *Parser) parseCompactToken(line []byte, ev *tokenevent.Event) bool {
 	if k != len(line)-1 || line[k] != '}' {
 		return false
 	}
-	*ev = tokenevent.Event{Kind: tokenevent.KindToken, SessionID: p.intern(sid), TimeUnixNano: t, Count: int64(count), Seq: seq, HasSeq: hasSeq,
+	*ev = tokenevent.Event{
+		Kind: tokenevent.KindToken, SessionID: p.intern(sid), TimeUnixNano: t, Count: int64(count), Seq: seq, HasSeq: hasSeq,
 		PromptTokens: -1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
-		Attributes: ev.Attributes[:0]}
+		Attributes: ev.Attributes[:0],
+	}
 	return true
 }
 

@@ -209,8 +209,10 @@ func session(c *Client, id string) []tokenevent.Event {
 	})
 	c.Token(id, t0.Add(250*time.Millisecond), 1)
 	c.Token(id, t0.Add(300*time.Millisecond), 3)
-	c.End(End{SessionID: id, Time: t0.Add(time.Second), CompletionTokens: 4, HasCompletionTokens: true, FinishReason: "stop",
-		ResponseModel: "llama-fp8", QueueTime: 120 * time.Millisecond, PrefillTime: 80 * time.Millisecond, DecodeTime: -1, HasTiming: true})
+	c.End(End{
+		SessionID: id, Time: t0.Add(time.Second), CompletionTokens: 4, HasCompletionTokens: true, FinishReason: "stop",
+		ResponseModel: "llama-fp8", QueueTime: 120 * time.Millisecond, PrefillTime: 80 * time.Millisecond, DecodeTime: -1, HasTiming: true,
+	})
 
 	ns := uint64(t0.UnixNano())
 	return []tokenevent.Event{
@@ -226,8 +228,10 @@ func session(c *Client, id string) []tokenevent.Event {
 		},
 		{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: ns + 250e6, PromptTokens: -1, Count: 1, CompletionTokens: -1},
 		{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: ns + 300e6, PromptTokens: -1, Count: 3, CompletionTokens: -1},
-		{Kind: tokenevent.KindEnd, SessionID: id, TimeUnixNano: ns + 1e9, PromptTokens: -1, Count: 1, CompletionTokens: 4, FinishReason: "stop",
-			ResponseModel: "llama-fp8", QueueTimeNs: 120e6, PrefillTimeNs: 80e6, DecodeTimeNs: -1, TimingSource: tokenevent.TimingHook},
+		{
+			Kind: tokenevent.KindEnd, SessionID: id, TimeUnixNano: ns + 1e9, PromptTokens: -1, Count: 1, CompletionTokens: 4, FinishReason: "stop",
+			ResponseModel: "llama-fp8", QueueTimeNs: 120e6, PrefillTimeNs: 80e6, DecodeTimeNs: -1, TimingSource: tokenevent.TimingHook,
+		},
 	}
 }
 

@@ -53,8 +53,10 @@ func BenchmarkConsumeLogsTokens(b *testing.B) {
 			starts := make([]tokenevent.Event, sessions)
 			for i := range ids {
 				ids[i] = fmt.Sprintf("req-%08d", i)
-				starts[i] = tokenevent.Event{Kind: tokenevent.KindStart, SessionID: ids[i], TimeUnixNano: uint64(now), Model: "llama",
-					Operation: "chat", Engine: "vllm-0", PromptTokens: 100, Count: 1, CompletionTokens: -1}
+				starts[i] = tokenevent.Event{
+					Kind: tokenevent.KindStart, SessionID: ids[i], TimeUnixNano: uint64(now), Model: "llama",
+					Operation: "chat", Engine: "vllm-0", PromptTokens: 100, Count: 1, CompletionTokens: -1,
+				}
 			}
 			if err := lp.ConsumeLogs(context.Background(), events(starts...)); err != nil {
 				b.Fatal(err)

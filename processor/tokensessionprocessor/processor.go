@@ -64,8 +64,10 @@ func newCore(cfg *Config, set processor.Settings) (*core, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &core{cfg: cfg, set: set, telemetry: telemetry, engines: &engineContext{}, spans: &spanGate{buf: buf},
-		stop: make(chan struct{})}
+	c := &core{
+		cfg: cfg, set: set, telemetry: telemetry, engines: &engineContext{}, spans: &spanGate{buf: buf},
+		stop: make(chan struct{}),
+	}
 	if c.sessions, err = newSessions(cfg, telemetry, c.engines, c.spans); err != nil {
 		telemetry.shutdown()
 		return nil, err

@@ -95,17 +95,21 @@ func events(evs ...tokenevent.Event) plog.Logs {
 	return ld
 }
 
-var traceSlow = pcommon.TraceID{0xaa, 1}
-var traceFast = pcommon.TraceID{0xbb, 2}
+var (
+	traceSlow = pcommon.TraceID{0xaa, 1}
+	traceFast = pcommon.TraceID{0xbb, 2}
+)
 
 // base is an engine time close to the collector's clock, so that session
 // times and the collector's idle checks agree.
 var base = time.Now().UnixNano()
 
 func start(id string, trace pcommon.TraceID, at int64) tokenevent.Event {
-	return tokenevent.Event{Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: uint64(at), TraceID: tokenevent.TraceID(trace),
+	return tokenevent.Event{
+		Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: uint64(at), TraceID: tokenevent.TraceID(trace),
 		SpanID: tokenevent.SpanID{0x5e, byte(len(id))}, Model: "llama", Operation: "chat", Engine: "vllm-0", PromptTokens: 100,
-		Attributes: []tokenevent.Attribute{{Key: "quantization", Value: "fp8"}}, Count: 1, CompletionTokens: -1}
+		Attributes: []tokenevent.Attribute{{Key: "quantization", Value: "fp8"}}, Count: 1, CompletionTokens: -1,
+	}
 }
 
 func tok(id string, at, n int64) tokenevent.Event {
@@ -719,8 +723,10 @@ func TestEngineContextOnSessionAndStall(t *testing.T) {
 		require.NoError(t, p.metrics.ConsumeMetrics(ctx, md))
 	}
 	id := "ctx"
-	evs := []tokenevent.Event{start(id, traceSlow, base), tok(id, base+50*ms, 1),
-		tok(id, base+250*ms, 1), tok(id, base+450*ms, 1), tok(id, base+650*ms, 1), end(id, base+660*ms)}
+	evs := []tokenevent.Event{
+		start(id, traceSlow, base), tok(id, base+50*ms, 1),
+		tok(id, base+250*ms, 1), tok(id, base+450*ms, 1), tok(id, base+650*ms, 1), end(id, base+660*ms),
+	}
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(evs...)))
 
 	spans := allSpans(p.trcSink.AllTraces())

@@ -146,9 +146,11 @@ func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (
 		return nil, err
 	}
 	res.Sessions = m.sum("otelcol_processor_token_session_sessions_ended", nil)
-	for _, n := range []string{"otelcol_receiver_token_stream_accepted_events", "otelcol_receiver_token_stream_refused_events",
+	for _, n := range []string{
+		"otelcol_receiver_token_stream_accepted_events", "otelcol_receiver_token_stream_refused_events",
 		"otelcol_receiver_token_stream_rejected_events", "otelcol_processor_token_session_output_failures",
-		"otelcol_processor_token_session_invalid_records", "otelcol_exporter_send_failed_log_records", "otelcol_exporter_sent_log_records"} {
+		"otelcol_processor_token_session_invalid_records", "otelcol_exporter_send_failed_log_records", "otelcol_exporter_sent_log_records",
+	} {
 		if m.has(n) {
 			res.CountersExported = append(res.CountersExported, n)
 		}

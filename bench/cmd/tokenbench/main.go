@@ -14,7 +14,6 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
-
 	"log"
 	"os"
 	"os/signal"
@@ -86,8 +85,10 @@ func main() {
 		log.Fatal(err)
 	}
 	defer sk.stop()
-	e := &env{out: *out, ours: abs(*ours), stock: abs(*stock), workers: *workers, udpRate: *udpRate, udpBytes: *udpBytes,
-		memK: *memK, memToks: *memTokens, ctx: ctx, sink: sk, profile: *profile}
+	e := &env{
+		out: *out, ours: abs(*ours), stock: abs(*stock), workers: *workers, udpRate: *udpRate, udpBytes: *udpBytes,
+		memK: *memK, memToks: *memTokens, ctx: ctx, sink: sk, profile: *profile,
+	}
 	var res result
 	run := map[string]bool{}
 	for _, s := range strings.Split(*only, ",") {

@@ -528,9 +528,11 @@ func plotStalls(path string, pts []*PointResult) error {
 func saveTiles(path string, plots [][]*plot.Plot, w, h vg.Length) error {
 	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(100))
 	dc := draw.New(img)
-	t := draw.Tiles{Rows: len(plots), Cols: len(plots[0]),
+	t := draw.Tiles{
+		Rows: len(plots), Cols: len(plots[0]),
 		PadX: vg.Millimeter * 6, PadY: vg.Millimeter * 6,
-		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
+		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4,
+	}
 	canvases := plot.Align(plots, t, dc)
 	for j := range plots {
 		for i := range plots[j] {

@@ -214,7 +214,7 @@ func TestPreemptedRequestIsRecomputed(t *testing.T) {
 	require.NoError(t, err)
 	var recs []StepRecord
 	drive(t, e, t0, 200, func(bt *Batch) { recs = append(recs, e.Record(bt)) })
-	var preemptAt = -1
+	preemptAt := -1
 	for i, r := range recs {
 		if len(r.Preempted) > 0 {
 			preemptAt = i

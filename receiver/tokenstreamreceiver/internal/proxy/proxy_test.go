@@ -288,8 +288,10 @@ func TestProxyStreamObservedAndForwardedAsIs(t *testing.T) {
 	tr := startTestProxy(t, up.URL, sink)
 
 	body := `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"user","content":"What is the capital of France?"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":32}`
-	resp, got := postChat(t, tr.proxyURL(), body, map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-		"tracestate": "ot=th:8;rv:fedcba98765432,vendor=x"})
+	resp, got := postChat(t, tr.proxyURL(), body, map[string]string{
+		"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		"tracestate":  "ot=th:8;rv:fedcba98765432,vendor=x",
+	})
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, strings.Join(chat, ""), got, "the client gets the stream byte for byte")
 	assert.Equal(t, body, up.bodies[0], "a request that asked for usage is forwarded unchanged")
