@@ -29,7 +29,7 @@ const tol = 10.0 // ms
 
 func TestPercentileMatchesNumpyLinear(t *testing.T) {
 	// Values and expectations computed by hand with numpy's default
-	// ("linear") rule: index = (n-1)*p/100, interpolate between neighbours.
+	// ("linear") rule: index = (n-1)*p/100, interpolate between neighbors.
 	//
 	// x = [1, 2, 3, 4] (n=4):
 	//   p50: idx 1.5  -> 2 + 0.5*1          = 2.5

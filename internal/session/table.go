@@ -166,7 +166,7 @@ type Table[S any] struct {
 
 	// slots and clocks are dense, indexed by Session.slot: the per-token
 	// path writes one clocks entry instead of relinking lists (which would
-	// touch neighbouring sessions' memory), and Tick scans clocks
+	// touch neighboring sessions' memory), and Tick scans clocks
 	// sequentially, which for 100 000 sessions takes a fraction of a ms.
 	slots  []*entry[S]
 	clocks []clock
@@ -554,7 +554,7 @@ func (t *Table[S]) fillStart(s *entry[S], ev *tokenevent.Event) {
 
 // readTraceState keeps the caller's tracestate and its OTel entry's
 // randomness (rv) and head-sampling threshold (th), which the verdict
-// honours (OTEP 235).
+// honors (OTEP 235).
 func (t *Table[S]) readTraceState(s *entry[S], raw string) {
 	w3c, err := sampling.NewW3CTraceState(raw)
 	if err != nil {

@@ -199,7 +199,7 @@ func (lt logTicks) Ticks(lo, hi float64) []plot.Tick {
 }
 
 // roundTicks puts about six ticks at round values (1, 2 or 5 times a power
-// of ten), labelled without trailing zeros: gonum's default ticker labels
+// of ten), labeled without trailing zeros: gonum's default ticker labels
 // 0 to 25 with two ticks, "0.00" and "25.00".
 type roundTicks struct{}
 
@@ -227,7 +227,7 @@ func (roundTicks) Ticks(lo, hi float64) []plot.Tick {
 			label = "0" // not -0
 		}
 		ticks = append(ticks, plot.Tick{Value: v, Label: label})
-		// Unlabelled minor ticks halfway.
+		// Unlabeled minor ticks halfway.
 		if mid := v + step/2; mid <= hi {
 			ticks = append(ticks, plot.Tick{Value: mid})
 		}

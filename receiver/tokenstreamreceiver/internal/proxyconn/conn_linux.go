@@ -28,7 +28,7 @@ func wrap(c net.Conn) net.Conn {
 
 // rawTCPConn is a TCP connection whose reads and writes are raw system
 // calls on its non-blocking socket, made inside the runtime poller's
-// RawConn callbacks (which wait for readiness and honour deadlines as for
+// RawConn callbacks (which wait for readiness and honor deadlines as for
 // any net.Conn).
 //
 // Why: a read or write through net.Conn goes through syscall.Syscall, which
