@@ -134,7 +134,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	var obs observers
 	var closers []func()
 	if o.hook != "" {
-		h, err := newHook(o.hook, o.hookEngine, o.cfg)
+		h, err := newHook(o.hook, o.hookEngine, o.cfg, logger)
 		if err != nil {
 			return err
 		}
