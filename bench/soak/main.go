@@ -62,8 +62,8 @@ func main() {
 	flag.StringVar(&o.promptTokens, "prompt-tokens", "uniform:32-1024", "prompt length distribution (llmload's -prompt-tokens)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	failed, err := run(ctx, o)
+	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		os.Exit(2)

@@ -218,7 +218,7 @@ func doRequest(ctx context.Context, client *http.Client, cfg *Config, url string
 	res.End = time.Now()
 	if err != nil {
 		res.OK = false
-		if ctx.Err() != nil && context.Cause(ctx) == errInterrupted {
+		if ctx.Err() != nil && errors.Is(context.Cause(ctx), errInterrupted) {
 			res.Interrupted = true
 		}
 		res.Err = classify(err)

@@ -7,6 +7,7 @@ package tokenparse // import "github.com/otelcol-llm/otelcol-llm/internal/tokenp
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -260,7 +261,9 @@ func (p *Parser) ParseBatch(body []byte, maxLines int, onEvent func(*tokenevent.
 		}
 		taken++
 		if err := p.Parse(line, ev); err != nil {
-			onError(&LineError{Line: lineNo, FieldError: *err.(*tokenevent.FieldError)})
+			var fe *tokenevent.FieldError
+			errors.As(err, &fe) // Parse's errors are all *FieldError
+			onError(&LineError{Line: lineNo, FieldError: *fe})
 			continue
 		}
 		onEvent(ev)

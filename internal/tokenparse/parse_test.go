@@ -2,6 +2,7 @@ package tokenparse
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -298,7 +299,8 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 		if err := p.Parse(line, &ev); err != nil {
-			if _, ok := err.(*tokenevent.FieldError); !ok {
+			var fe *tokenevent.FieldError
+			if !errors.As(err, &fe) {
 				t.Fatalf("error of type %T", err)
 			}
 			return

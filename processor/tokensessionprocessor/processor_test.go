@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -340,7 +341,7 @@ func TestTracesHeldUntilVerdict(t *testing.T) {
 
 	// The rest of both sessions: the slow one's span is emitted, the fast
 	// one (not sampled) drops its held span, and its late spans too.
-	rest := append(slowSession("slow")[2:], fastSession("fast")[1:]...)
+	rest := slices.Concat(slowSession("slow")[2:], fastSession("fast")[1:])
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(rest...)))
 	spans = allSpans(p.trcSink.AllTraces())
 	require.Len(t, spans, 4)
@@ -816,7 +817,7 @@ func TestVerdictSpanAtTheMomentOfAnEarlyKeep(t *testing.T) {
 
 	// The rest: the slow session's span comes at its end; the fast one,
 	// kept by nothing, emits nothing.
-	rest := append(slowSession("slow")[2:], fastSession("fast")[1:]...)
+	rest := slices.Concat(slowSession("slow")[2:], fastSession("fast")[1:])
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(rest...)))
 	spans = allSpans(p.trcSink.AllTraces())
 	require.Len(t, spans, 2)

@@ -74,17 +74,17 @@ func main() {
 		}
 		return
 	}
+	sk, err := startSink()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sk.stop()
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	// Every load below is bounded in count or time; this bounds them all.
 	ctx, cancelAll := context.WithTimeout(ctx, 12*time.Minute)
 	defer cancelAll()
 
-	sk, err := startSink()
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer sk.stop()
 	e := &env{
 		out: *out, ours: abs(*ours), stock: abs(*stock), workers: *workers, udpRate: *udpRate, udpBytes: *udpBytes,
 		memK: *memK, memToks: *memTokens, ctx: ctx, sink: sk, profile: *profile,

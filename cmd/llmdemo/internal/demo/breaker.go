@@ -213,7 +213,10 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("HAProxy did not see both servers up within 30s: %v %v", s, err)
+			if err != nil {
+				return nil, fmt.Errorf("HAProxy did not see both servers up within 30s: %w", err)
+			}
+			return nil, fmt.Errorf("HAProxy did not see both servers up within 30s: %v", s)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -409,7 +409,7 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 		}
 	})
 	if err != nil {
-		if context.Cause(ctx) == errProxyShutdown {
+		if errors.Is(context.Cause(ctx), errProxyShutdown) {
 			writeProxyError(w, http.StatusServiceUnavailable, errShuttingDown)
 			s.end(time.Now(), tokenevent.ErrorShutdown, "")
 			return
@@ -534,7 +534,7 @@ func (s *session) relayStream(w http.ResponseWriter, clientCtx context.Context, 
 		s.end(now, s.engineError, s.finishReason)
 	case finished:
 		s.end(now, "", s.finishReason)
-	case context.Cause(clientCtx) == errProxyShutdown:
+	case errors.Is(context.Cause(clientCtx), errProxyShutdown):
 		s.end(now, tokenevent.ErrorShutdown, s.finishReason)
 	case clientGone || clientCtx.Err() != nil:
 		s.end(now, "", finishReasonAbort)
@@ -556,7 +556,7 @@ func (s *session) relayResponse(w http.ResponseWriter, clientCtx context.Context
 	now := time.Now()
 	if err != nil {
 		switch {
-		case context.Cause(clientCtx) == errProxyShutdown:
+		case errors.Is(context.Cause(clientCtx), errProxyShutdown):
 			s.end(now, tokenevent.ErrorShutdown, "")
 		case clientCtx.Err() != nil:
 			s.end(now, "", finishReasonAbort)
