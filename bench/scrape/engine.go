@@ -64,7 +64,6 @@ func startEngine(exp exposition, negotiate bool, upstream string) (*fakeEngine, 
 }
 
 func (e *fakeEngine) addr() string { return e.ln.Addr().String() }
-func (e *fakeEngine) url() string  { return "http://" + e.addr() + "/metrics" }
 
 func (e *fakeEngine) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -215,7 +215,7 @@ func TestConnectionReuse(t *testing.T) {
 	var conns atomic.Int64
 	u := &upstream{sc: script{firstDelay: 5 * time.Millisecond, gap: 2 * time.Millisecond, chunks: 3, usage: 3}}
 	u.Server = httptest.NewUnstartedServer(http.HandlerFunc(u.handle))
-	u.Server.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+	u.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
 			conns.Add(1)
 		}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -142,9 +143,8 @@ func fixtureStreams(t *testing.T) (chat, text []string) {
 	require.NoError(t, err)
 	defer f.Close()
 	all := sseData(t, f)
-	i := 0
-	for ; all[i] != "[DONE]"; i++ {
-	}
+	i := slices.Index(all, "[DONE]")
+	require.GreaterOrEqual(t, i, 0, "no [DONE] in the fixture")
 	return all[:i+1], all[i+1:]
 }
 

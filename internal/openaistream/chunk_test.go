@@ -210,7 +210,7 @@ func referenceInspect(data []byte) (ChunkFacts, bool) {
 		if len(t) == 0 || bytes.Equal(t, []byte("null")) {
 			return false
 		}
-		return !(t[0] == '[' && len(bytes.TrimSpace(t[1:len(t)-1])) == 0)
+		return t[0] != '[' || len(bytes.TrimSpace(t[1:len(t)-1])) != 0
 	}
 	for _, ch := range c.Choices {
 		if nonEmpty(ch.FinishReason) {

@@ -107,7 +107,7 @@ type testTable struct {
 
 func (tt *testTable) handle(reports []Report[struct{}]) {
 	tt.rec.record(reports)
-	tt.reports = tt.Table.Release(reports)
+	tt.reports = tt.Release(reports)
 }
 
 func (tt *testTable) Apply(ev *tokenevent.Event, now int64) {
@@ -648,6 +648,6 @@ func TestConfigValidate(t *testing.T) {
 
 func TestReasonString(t *testing.T) {
 	assert.Equal(t, "ttft,stall", (ReasonTTFT | ReasonStall).String())
-	assert.Equal(t, "", Reason(0).String())
+	assert.Empty(t, Reason(0).String())
 	assert.Equal(t, "timeout", OutcomeTimeout.String())
 }

@@ -240,7 +240,7 @@ func TestExponentialMatchesReference(t *testing.T) {
 				lo, hi = min(lo, idx), max(hi, idx)
 			}
 			assert.Equal(t, lo, h.offset)
-			assert.Equal(t, int(hi-lo+1), len(h.counts))
+			assert.Len(t, h.counts, int(hi-lo+1))
 			for i, c := range h.counts {
 				assert.Equal(t, want[h.offset+int32(i)], c, "bucket %d", h.offset+int32(i))
 			}

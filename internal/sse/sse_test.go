@@ -655,7 +655,7 @@ func equalResults(a, b result) bool {
 }
 
 // vllmChunk is a typical vLLM chat completion chunk event (~250 bytes).
-func vllmChunk(t testing.TB) []byte {
+func vllmChunk(testing.TB) []byte {
 	return []byte(`data: {"id":"chatcmpl-3f2b9c4e7a1d4e6f8b0c2d4e6f8a0b1c","object":"chat.completion.chunk","created":1754000123,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":" capital"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
 }
 

@@ -449,7 +449,7 @@ func TestBatchesByInterval(t *testing.T) {
 func blockingHTTP(t *testing.T) (col *httpCollector, entered <-chan struct{}, release func()) {
 	in := make(chan struct{}, 1)
 	out := make(chan struct{})
-	col = newHTTPCollector(t, func(w http.ResponseWriter, r *http.Request, _ int) {
+	col = newHTTPCollector(t, func(_ http.ResponseWriter, r *http.Request, _ int) {
 		select {
 		case in <- struct{}{}:
 		default:

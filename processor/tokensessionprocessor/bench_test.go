@@ -118,12 +118,10 @@ func BenchmarkRetainedPerSessionProcessor(b *testing.B) {
 				tokenevent.Event{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: uint64(now + 1e8), Count: 1, PromptTokens: -1, CompletionTokens: -1})
 		}
 		ld := events(evs...)
-		evs = nil
 		if err := c.consumeLogs(context.Background(), ld); err != nil {
 			b.Fatal(err)
 		}
-		ld = plog.Logs{}
-		runtime.GC()
+		runtime.GC() // evs and ld are dead here: collected before after is read
 		runtime.ReadMemStats(&after)
 		// Measured from before the batch was built to after it was
 		// collected: what remains is what the sessions hold, their IDs

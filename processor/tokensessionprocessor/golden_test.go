@@ -150,7 +150,7 @@ type goldenStartEvent struct {
 	attrs                        []tokenevent.Attribute
 }
 
-func (s goldenStartEvent) at(t int64) tokenevent.Event {
+func (s goldenStartEvent) at(t int64) tokenevent.Event { //nolint:unparam // the fixtures read as data: a start at t0
 	return tokenevent.Event{
 		Kind: tokenevent.KindStart, SessionID: s.id, TimeUnixNano: uint64(t),
 		TraceID: tokenevent.TraceID(s.trace), SpanID: tokenevent.SpanID(s.span), ParentSpanID: tokenevent.SpanID(s.parent), Model: s.model, Operation: s.operation,

@@ -533,7 +533,7 @@ func TestSelfTelemetry(t *testing.T) {
 		return total
 	}
 	attr := func(k, v string) func(attribute.Set) bool {
-		return func(s attribute.Set) bool { got, ok := s.Value(attribute.Key(k)); return ok && got.Emit() == v }
+		return func(s attribute.Set) bool { got, ok := s.Value(attribute.Key(k)); return ok && got.String() == v }
 	}
 	assert.Equal(t, int64(2), sum("otelcol_processor_token_session_sessions_ended", attr("outcome", "completed")))
 	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_sessions_ended", attr("outcome", "shutdown")), "the orphan's session")

@@ -92,7 +92,7 @@ func (e *env) shapes(list []shape) (*shapesResult, error) {
 	for _, sh := range list {
 		w := sh.workload()
 		r := shapeResult{Shape: sh, Workload: w}
-		ours, a, err := e.startOurs(fmt.Sprintf("shape%d-ours", sh.Index), "")
+		ours, a, err := e.startOurs(fmt.Sprintf("shape%d-ours", sh.Index))
 		if err != nil {
 			return nil, err
 		}

@@ -20,13 +20,13 @@ var (
 )
 
 // Build125Buckets is vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, …
-// up to max.
-func Build125Buckets(max int) []float64 {
+// up to upTo.
+func Build125Buckets(upTo int) []float64 {
 	var out []float64
 	for exp := 1; ; exp *= 10 {
 		for _, m := range []int{1, 2, 5} {
 			v := m * exp
-			if v > max {
+			if v > upTo {
 				return out
 			}
 			out = append(out, float64(v))
