@@ -315,10 +315,10 @@ func attrString(m pcommon.Map) string {
 
 // startKind names how a start time was set.
 func startKind(start, ts pcommon.Timestamp, firstTS map[pcommon.Timestamp]bool, exp exposition) string {
-	switch {
-	case start == 0:
+	switch start {
+	case 0:
 		return "unset"
-	case start == ts:
+	case ts:
 		return "= point time"
 	}
 	for c := range exp.created {

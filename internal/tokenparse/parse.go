@@ -457,11 +457,11 @@ func (p *Parser) skipValue(depth int) error {
 	if p.i >= len(p.b) {
 		return p.syntax("a value")
 	}
-	switch c := p.b[p.i]; {
-	case c == '"':
+	switch c := p.b[p.i]; c {
+	case '"':
 		_, err := p.str("")
 		return err
-	case c == '{' || c == '[':
+	case '{', '[':
 		if depth >= maxSkipDepth {
 			return &tokenevent.FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: nested deeper than %d", p.i+1, maxSkipDepth)}
 		}
@@ -485,7 +485,7 @@ func (p *Parser) skipValue(depth int) error {
 				return err
 			}
 		}
-	case c == 't' || c == 'f' || c == 'n':
+	case 't', 'f', 'n':
 		for _, lit := range [...]string{"true", "false", "null"} {
 			if len(p.b)-p.i >= len(lit) && string(p.b[p.i:p.i+len(lit)]) == lit {
 				p.i += len(lit)
