@@ -55,7 +55,7 @@ func startSim(t *testing.T, extra ...string) string {
 
 func post(t *testing.T, url, body string) *http.Response {
 	t.Helper()
-	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	resp, err := http.Post(url, "application/json", strings.NewReader(body)) //nolint:gosec // G107: the test server on loopback
 	require.NoError(t, err)
 	return resp
 }

@@ -312,9 +312,9 @@ func readsDifferently(data []byte) bool {
 	}
 }
 
-func fixtureChunks(t testing.TB) [][]byte {
+func fixtureChunks(tb testing.TB) [][]byte {
 	raw, err := os.ReadFile("../../testdata/fixtures/vllm/sse-streams.txt")
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	var out [][]byte
 	for _, line := range strings.Split(string(raw), "\n") {
 		if d, ok := strings.CutPrefix(line, "data: "); ok {

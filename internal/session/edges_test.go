@@ -256,14 +256,14 @@ func TestReasonsRecomputed(t *testing.T) {
 // a second time.
 func TestOrphanRekeyed(t *testing.T) {
 	tbl, rec := newTable(t, nil)
-	real := pcommon.TraceID{9}
+	realTrace := pcommon.TraceID{9}
 	// Stalled before the start arrived: kept early under a random trace.
 	apply(tbl, tok("o", t0+100*ms, 1), tok("o", t0+300*ms, 1), tok("o", t0+500*ms, 1), tok("o", t0+700*ms, 1))
 	require.Len(t, rec.stalls, 1)
 	assert.Empty(t, rec.early, "held for the start's trace")
-	apply(tbl, inTrace(start("o", t0), real))
+	apply(tbl, inTrace(start("o", t0), realTrace))
 	assert.Equal(t, []string{"o m e"}, rec.restarted)
-	active, kept, th := tbl.TraceActive(real)
+	active, kept, th := tbl.TraceActive(realTrace)
 	assert.True(t, active)
 	assert.True(t, kept, "the keep moved to the real trace")
 	assert.Equal(t, sampling.AlwaysSampleThreshold, th)

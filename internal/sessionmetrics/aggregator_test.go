@@ -17,14 +17,14 @@ var (
 	t2 = t0.Add(30 * time.Second)
 )
 
-func newAggregator(t testing.TB, mutate func(*Config)) *Aggregator {
-	t.Helper()
+func newAggregator(tb testing.TB, mutate func(*Config)) *Aggregator {
+	tb.Helper()
 	cfg := DefaultConfig()
 	if mutate != nil {
 		mutate(&cfg)
 	}
 	a, err := New(cfg, t0)
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	return a
 }
 
@@ -322,7 +322,7 @@ func TestDimsToAttributes(t *testing.T) {
 		for k, v := range base {
 			out[k] = v
 		}
-		for i := 0; i < len(kv); i += 2 {
+		for i := 0; i+1 < len(kv); i += 2 {
 			out[kv[i].(string)] = kv[i+1]
 		}
 		return out

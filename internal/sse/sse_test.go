@@ -74,8 +74,8 @@ func (r result) normalize() result {
 
 // feed runs a new parser over the pieces and checks the invariants that
 // hold for every split.
-func feed(t testing.TB, maxBytes int, pieces ...[]byte) result {
-	t.Helper()
+func feed(tb testing.TB, maxBytes int, pieces ...[]byte) result {
+	tb.Helper()
 	p := NewParser(maxBytes)
 	var r result
 	var partial []byte
@@ -84,19 +84,19 @@ func feed(t testing.TB, maxBytes int, pieces ...[]byte) result {
 		err := p.Feed(piece, func(e *Event) error {
 			if e.Partial {
 				if !e.Oversized {
-					t.Fatalf("Partial piece not Oversized: %+v", e)
+					tb.Fatalf("Partial piece not Oversized: %+v", e)
 				}
 				if len(e.Raw) == 0 {
-					t.Fatalf("empty Partial piece")
+					tb.Fatalf("empty Partial piece")
 				}
 				partial = append(partial, e.Raw...)
 				return nil
 			}
 			if len(partial) > 0 && !e.Oversized {
-				t.Fatalf("Partial pieces followed by a non-oversized event %q", e.Raw)
+				tb.Fatalf("Partial pieces followed by a non-oversized event %q", e.Raw)
 			}
 			if e.HasData != (e.Data != nil) {
-				t.Fatalf("HasData %v with Data %q", e.HasData, e.Data)
+				tb.Fatalf("HasData %v with Data %q", e.HasData, e.Data)
 			}
 			raw := string(partial) + string(e.Raw)
 			partial = partial[:0]
@@ -107,10 +107,10 @@ func feed(t testing.TB, maxBytes int, pieces ...[]byte) result {
 			return nil
 		})
 		if err != nil {
-			t.Fatalf("Feed: %v", err)
+			tb.Fatalf("Feed: %v", err)
 		}
 		if n := len(p.Pending()); n > limit {
-			t.Fatalf("Pending holds %d bytes, bound is %d", n, limit)
+			tb.Fatalf("Pending holds %d bytes, bound is %d", n, limit)
 		}
 	}
 	r.partial = string(partial)
@@ -411,10 +411,10 @@ func TestZeroCopyWithinOneRead(t *testing.T) {
 }
 
 // readFixture reads the project's copy of shared/fixtures/vllm/sse-streams.txt.
-func readFixture(t testing.TB) []byte {
-	t.Helper()
+func readFixture(tb testing.TB) []byte {
+	tb.Helper()
 	b, err := os.ReadFile("../../testdata/fixtures/vllm/sse-streams.txt")
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	return b
 }
 

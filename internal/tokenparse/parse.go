@@ -868,7 +868,7 @@ func (p *Parser) str(field string) ([]byte, error) {
 
 // strEscaped finishes a string that contains escapes, decoding it into scratch.
 func (p *Parser) strEscaped(field string, start int) ([]byte, error) {
-	out := append(p.scratch[:0], p.b[start:p.i]...)
+	out := append(p.scratch[:0], p.b[start:p.i]...) //nolint:gocritic // decodes into scratch; p.scratch = out keeps the grown buffer
 	for p.i < len(p.b) {
 		c := p.b[p.i]
 		switch {

@@ -460,7 +460,7 @@ func pprofTop(profile string, n int, cum bool, extra ...string) ([]string, error
 	if cum {
 		suffix = ".topcum.txt"
 	}
-	out, err := exec.Command("go", append(args, profile)...).Output()
+	out, err := exec.Command("go", append(args, profile)...).Output() //nolint:gosec // G204: go tool pprof on a profile this program wrote
 	if err != nil {
 		return nil, fmt.Errorf("go tool pprof: %w", err)
 	}

@@ -536,7 +536,7 @@ func saveTiles(path string, plots [][]*plot.Plot, w, h vg.Length) error {
 	canvases := plot.Align(plots, t, dc)
 	for j := range plots {
 		for i := range plots[j] {
-			plots[j][i].Draw(canvases[j][i])
+			plots[j][i].Draw(canvases[j][i]) //nolint:gosec // G602: plot.Align returns canvases of plots' shape
 		}
 	}
 	f, err := os.Create(path)
