@@ -20,6 +20,9 @@
 #   make demo-breaker  HAProxy ejecting a stalling replica through engine_health
 #   make check-deploy  the deploy kit's tests (promtool, Prometheus, manifests)
 #   make image   the container image of deploy/Dockerfile (podman or buildah)
+#   make lint    golangci-lint, pinned, with .golangci.yml (contrib's linters)
+#   make tidy-check    fails when go mod tidy would change a go.mod or go.sum
+#   make help    every target, one line each
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -41,9 +44,9 @@ COMPONENTS    = $(shell sed -n 's/^ *import: *//p' builder-config.yaml)
 GO_SOURCES    = $(shell CGO_ENABLED=0 $(GO) list -e -deps -f '{{with .Module}}{{if eq .Path "$(MODULE)"}}{{range $$.GoFiles}}{{$$.Dir}}/{{.}} {{end}}{{range $$.EmbedFiles}}{{$$.Dir}}/{{.}} {{end}}{{end}}{{end}}' $(COMPONENTS)) go.mod go.sum
 BENCHTIME    ?= 1s
 
-.PHONY: build run test fmt-check vet python-test go-test check-deploy bench soak clean generate check-generate
+.PHONY: build run test fmt-check vet python-test go-test check-deploy bench soak clean generate check-generate lint tidy-check help
 
-build: $(OTELCOL)
+build: $(OTELCOL) ## ./bin/otelcol-llm (ocb generates _build/, go compiles it)
 
 $(OCB):
 	@mkdir -p $(BIN_DIR)/.ocb
@@ -66,12 +69,12 @@ $(MDATAGEN): tools/go.mod tools/go.sum
 	cd tools && $(GO) build -o $@ go.opentelemetry.io/collector/cmd/mdatagen
 
 # The //go:generate lines call mdatagen by name: bin/ goes first on PATH.
-generate: $(MDATAGEN)
+generate: $(MDATAGEN) ## mdatagen over every metadata.yaml (go generate ./...)
 	PATH="$(BIN_DIR):$$PATH" $(GO) generate ./...
 
 # For CI on a clean clone: regenerating must change nothing that is committed
 # and add nothing new.
-check-generate: generate
+check-generate: generate ## fails when the generated files are not current
 	@if [ -n "$$(git status --porcelain --untracked-files=all)" ]; then \
 	  echo "generated files are not current; run make generate and commit:"; git status --short; exit 1; fi
 
@@ -80,21 +83,21 @@ check-generate: generate
 # exports as in production.
 CONFIG ?= otelcol-dev.yaml
 
-run: $(OTELCOL)
+run: $(OTELCOL) ## the collector in the foreground with CONFIG (default otelcol-dev.yaml)
 	$(OTELCOL) --config $(CONFIG)
 
-fmt-check:
+fmt-check: ## fails when a file needs gofmt
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 
-vet:
+vet: ## go vet ./...
 	$(GO) vet ./...
 
-python-test: $(OTELCOL)
+python-test: $(OTELCOL) ## the Python hook's tests against ./bin/otelcol-llm
 	cd hooks/python && OTELCOL_LLM_BIN=$(OTELCOL) python3 -m unittest -v
 
 # Last, so that its summary closes the output. The deploy kit's tests are
 # make check-deploy's.
-go-test: $(OTELCOL)
+go-test: $(OTELCOL) ## go test -race, end-to-end tests included (deploy/ is check-deploy's)
 	OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/deploy$$')
 
 # The image of deploy/Dockerfile, FROM scratch around the static binary:
@@ -103,7 +106,7 @@ IMAGE          ?= localhost/otelcol-llm:0.1.0
 CONTAINER_TOOL ?= $(shell command -v podman || command -v buildah || command -v docker)
 CA_BUNDLE      ?= /etc/ssl/certs/ca-certificates.crt
 .PHONY: image
-image: $(OTELCOL)
+image: $(OTELCOL) ## the container image of deploy/Dockerfile (podman, buildah or docker)
 	@if [ -z "$(CONTAINER_TOOL)" ]; then echo "make image needs podman, buildah or docker (Debian: apt-get install podman)"; exit 1; fi
 	rm -rf $(BUILD_DIR)/image && mkdir -p $(BUILD_DIR)/image
 	cp $(OTELCOL) $(BUILD_DIR)/image/otelcol-llm
@@ -115,17 +118,41 @@ image: $(OTELCOL)
 # prometheus package), then the Go tests that run the agent config, decode the
 # manifests, validate the Helm values and run the dashboard's queries against
 # a real Prometheus.
-check-deploy: $(OTELCOL)
+check-deploy: $(OTELCOL) ## the deploy kit's tests (promtool, Prometheus, manifests)
 	promtool check rules deploy/prometheus/rules.yaml
 	promtool test rules deploy/prometheus/rules_test.yaml
 	OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -count=1 ./deploy/...
 
-test: fmt-check vet python-test go-test
+test: fmt-check vet python-test go-test ## fmt-check, vet, python-test and go-test
+
+# golangci-lint is pinned and built once into bin/, like ocb: a second make
+# lint does not rebuild it. .golangci.yml says how it follows contrib's.
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT         := $(BIN_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+
+$(GOLANGCI_LINT):
+	@mkdir -p $(BIN_DIR)/.golangci
+	GOBIN=$(BIN_DIR)/.golangci $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(BIN_DIR)/.golangci/golangci-lint $@
+
+lint: $(GOLANGCI_LINT) ## golangci-lint run ./... with .golangci.yml (linters and formatters)
+	$(GOLANGCI_LINT) run ./...
+
+# go mod tidy -diff changes nothing and fails with the diff it would apply;
+# tools/ is a module of its own.
+tidy-check: ## fails when go mod tidy would change a go.mod or go.sum
+	$(GO) mod tidy -diff
+	cd tools && $(GO) mod tidy -diff
+
+# The targets with a "## " description after their prerequisites, in this
+# file's order.
+help: ## every target, one line each
+	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN { FS = ":.*## " } { printf "  %-16s %s\n", $$1, $$2 }'
 
 # The Go benchmarks, then the collector side by side with the stock pipeline
 # and nginx (bench/run.sh): bench/results/results.md and results.json, in a
 # git-ignored folder, so that a run leaves the tree clean.
-bench: $(OTELCOL)
+bench: $(OTELCOL) ## the Go benchmarks and bench/run.sh, into bench/results/
 	BENCHTIME=$(BENCHTIME) bench/run.sh
 
 SOAK_OUT ?= bench/results/soak
@@ -136,7 +163,7 @@ SOAK_DURATION = $(if $(filter command line environment environment override,$(or
 
 # The collector as an agent under steady load for DURATION (bench/soak):
 # the report's last line is "soak: <N> requests, <N> sessions counted, ...".
-soak: $(OTELCOL)
+soak: $(OTELCOL) ## the collector under steady load for DURATION (default 15m), judged
 	$(GO) run ./bench/soak -collector $(OTELCOL) -duration $(SOAK_DURATION) -out $(SOAK_OUT)
 
 # The demo's tools are rebuilt every time (go build caches); llmdemo starts
@@ -145,10 +172,10 @@ DURATION ?= 10s
 OUT      ?= demo-report
 
 .PHONY: demo demo-tools demo-breaker
-demo: $(OTELCOL) demo-tools
+demo: $(OTELCOL) demo-tools ## simulator, collector and load, scenario by scenario, into OUT
 	$(BIN_DIR)/llmdemo -bin $(BIN_DIR) -duration $(DURATION) -out $(OUT)
 
-demo-tools:
+demo-tools: ## bin/vllmsim, bin/llmload and bin/llmdemo
 	$(GO) build -o $(BIN_DIR)/vllmsim ./cmd/vllmsim
 	$(GO) build -o $(BIN_DIR)/llmload ./cmd/llmload
 	$(GO) build -o $(BIN_DIR)/llmdemo ./cmd/llmdemo
@@ -156,12 +183,12 @@ demo-tools:
 # The load-balancer story (about 75 s; needs Debian's haproxy): HAProxy,
 # two vllmsim replicas, one of which freezes, engine_health ejecting it.
 BREAKER_OUT ?= demo-breaker
-demo-breaker: $(OTELCOL) demo-tools
+demo-breaker: $(OTELCOL) demo-tools ## HAProxy ejecting a stalling replica through engine_health
 	$(BIN_DIR)/llmdemo -breaker -bin $(BIN_DIR) -out $(BREAKER_OUT)
 
 # bin/ goes whole: the binaries, mdatagen, the stock baseline of make bench
 # (bin/otelcol-stock, rebuilt by the next make bench) and ocb, which the
 # distribution and bench/stock share (one release train). The ocb-generated
 # sources go with them; results (bench/results/, demo-report/) stay.
-clean:
+clean: ## removes bin/ and the ocb-generated _build/ folders
 	rm -rf $(BUILD_DIR) bench/stock/_build $(BIN_DIR)

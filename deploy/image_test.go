@@ -27,9 +27,9 @@ func TestImage(t *testing.T) {
 	root := testbin.ModuleRoot(t)
 	testbin.Collector(t) // make image builds from ./bin/otelcol-llm
 	const image = "localhost/otelcol-llm:check-deploy"
-	make := exec.Command("make", "image", "CONTAINER_TOOL="+buildah, "IMAGE="+image)
-	make.Dir = root
-	out, err := make.CombinedOutput()
+	build := exec.Command("make", "image", "CONTAINER_TOOL="+buildah, "IMAGE="+image) //nolint:gosec // G204: make image with the buildah found on PATH
+	build.Dir = root
+	out, err := build.CombinedOutput()
 	require.NoError(t, err, "make image:\n%s", out)
 	t.Cleanup(func() { _ = exec.Command(buildah, "rmi", "-f", image).Run() })
 
@@ -51,7 +51,7 @@ func TestImage(t *testing.T) {
 		for _, e := range env {
 			cmdArgs = append(cmdArgs, "--env", e)
 		}
-		return exec.Command(buildah, append(append(cmdArgs, container, "--"), args...)...)
+		return exec.Command(buildah, append(append(cmdArgs, container, "--"), args...)...) //nolint:gosec // G204: buildah run in the test's own container
 	}
 	version, err := run(nil, nil, "/otelcol-llm", "--version").CombinedOutput()
 	require.NoError(t, err, "%s", version)

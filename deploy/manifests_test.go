@@ -147,7 +147,7 @@ func readCollectorConfig(t *testing.T, path string) collectorConfig {
 	port := func(endpoint string) int32 {
 		i := strings.LastIndexByte(endpoint, ':')
 		require.Positive(t, i, "endpoint %q has a port", endpoint)
-		p, err := strconv.Atoi(endpoint[i+1:])
+		p, err := strconv.ParseInt(endpoint[i+1:], 10, 32)
 		require.NoError(t, err, "endpoint %q", endpoint)
 		return int32(p)
 	}
@@ -367,7 +367,7 @@ func TestDaemonSetManifests(t *testing.T) {
 		env["OTELCOL_LLM_HOOK_ENDPOINT"].Value)
 	assert.Contains(t, strings.Join(vllm.Args, " "), "http://$(NODE_IP):"+strconv.Itoa(int(cfg.ports["otlp grpc"])),
 		"engine spans to the agent's OTLP")
-	metricsPort, err := strconv.Atoi(engine.Annotations["otelcol-llm/metrics-port"])
+	metricsPort, err := strconv.ParseInt(engine.Annotations["otelcol-llm/metrics-port"], 10, 32)
 	require.NoError(t, err)
 	assert.Equal(t, int32(metricsPort), vllm.Ports[0].ContainerPort)
 }

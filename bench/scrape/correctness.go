@@ -71,8 +71,10 @@ func readEngine(bin, dir string, src source, exp exposition, negotiate bool) rea
 	}
 	defer b.close()
 	name := fmt.Sprintf("correct-%s-%s-%t", slug(string(src)), slug(exp.name), negotiate)
-	s := setup{src: src, targets: []string{a.addr(), b.addr()}, interval: time.Second, telemetry: process.MustFreeAddr(),
-		hooks: process.MustFreeAddr(), metricsFile: filepath.Join(dir, name+".metrics.json"), logsFile: filepath.Join(dir, name+".logs.json")}
+	s := setup{
+		src: src, targets: []string{a.addr(), b.addr()}, interval: time.Second, telemetry: process.MustFreeAddr(),
+		hooks: process.MustFreeAddr(), metricsFile: filepath.Join(dir, name+".metrics.json"), logsFile: filepath.Join(dir, name+".logs.json"),
+	}
 	// The file exporter appends: start from empty files.
 	_ = os.Remove(s.metricsFile)
 	_ = os.Remove(s.logsFile)
@@ -313,10 +315,10 @@ func attrString(m pcommon.Map) string {
 
 // startKind names how a start time was set.
 func startKind(start, ts pcommon.Timestamp, firstTS map[pcommon.Timestamp]bool, exp exposition) string {
-	switch {
-	case start == 0:
+	switch start {
+	case 0:
 		return "unset"
-	case start == ts:
+	case ts:
 		return "= point time"
 	}
 	for c := range exp.created {

@@ -51,9 +51,11 @@ func startEngine(exp exposition, negotiate bool, upstream string) (*fakeEngine, 
 	if err != nil {
 		return nil, err
 	}
-	e := &fakeEngine{exp: exp, upstream: upstream, negotiate: negotiate, ln: ln,
+	e := &fakeEngine{
+		exp: exp, upstream: upstream, negotiate: negotiate, ln: ln,
 		client: &http.Client{Timeout: 5 * time.Second}, served: map[string]int{},
-		textGz: gzipped(exp.text), omGz: gzipped(exp.om)}
+		textGz: gzipped(exp.text), omGz: gzipped(exp.om),
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", e.metrics)
 	e.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
@@ -62,7 +64,6 @@ func startEngine(exp exposition, negotiate bool, upstream string) (*fakeEngine, 
 }
 
 func (e *fakeEngine) addr() string { return e.ln.Addr().String() }
-func (e *fakeEngine) url() string  { return "http://" + e.addr() + "/metrics" }
 
 func (e *fakeEngine) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -22,7 +22,7 @@ type exposition struct {
 	text []byte
 	om   []byte
 	// created holds the values of the body's _created samples (Unix
-	// seconds, as written), to recognise start times taken from them.
+	// seconds, as written), to recognize start times taken from them.
 	created map[string]bool
 }
 

@@ -92,11 +92,11 @@ func median(samples []sample, value func(sample) float64) float64 {
 		v[i] = value(s)
 	}
 	slices.Sort(v)
-	if n := len(v); n%2 == 1 {
+	n := len(v)
+	if n%2 == 1 {
 		return v[n/2]
-	} else {
-		return (v[n/2-1] + v[n/2]) / 2
 	}
+	return (v[n/2-1] + v[n/2]) / 2
 }
 
 // outcome is what the soak found, for its last line and exit status.

@@ -91,8 +91,10 @@ func TestLostSessionsFail(t *testing.T) {
 func TestLastLine(t *testing.T) {
 	o := outcome{Requests: 21345, Sessions: 21345, Lost: 0, RSSStart: 61.4, RSSEnd: 142.6, GoroutineStart: 40, GoroutineEnd: 523}
 	assert.Equal(t, "soak: 21345 requests, 21345 sessions counted, 0 lost, RSS 61 -> 143 MiB, goroutines 40 -> 523", o.lastLine())
-	r := report{Options: options{concurrency: 200, duration: time.Minute, interval: 10 * time.Second}, Outcome: o,
-		Samples: series(time.Minute, func(time.Duration) (float64, int) { return 100, 100 })}
+	r := report{
+		Options: options{concurrency: 200, duration: time.Minute, interval: 10 * time.Second}, Outcome: o,
+		Samples: series(time.Minute, func(time.Duration) (float64, int) { return 100, 100 }),
+	}
 	md := strings.TrimRight(r.markdown(), "\n")
 	assert.True(t, strings.HasSuffix(md, "\n"+o.lastLine()), "the report ends with the last line")
 	svg := plotSVG(r.Samples, 0, time.Minute)

@@ -63,8 +63,8 @@ func main() {
 	flag.StringVar(&o.promptTokens, "prompt-tokens", "uniform:32-1024", "prompt length distribution (llmload's -prompt-tokens)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	failed, err := run(ctx, o)
+	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		os.Exit(2)
@@ -89,7 +89,7 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 	tools := map[string]string{}
 	for _, cmd := range []string{"vllmsim", "llmload"} {
 		tools[cmd] = filepath.Join(runDir, cmd)
-		if b, err := exec.Command("go", "build", "-o", tools[cmd], "./cmd/"+cmd).CombinedOutput(); err != nil {
+		if b, err := exec.Command("go", "build", "-o", tools[cmd], "./cmd/"+cmd).CombinedOutput(); err != nil { //nolint:gosec // G204: go build of this repository's own commands
 			return false, fmt.Errorf("go build ./cmd/%s: %w\n%s", cmd, err, b)
 		}
 	}

@@ -137,7 +137,7 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 		fs.PrintDefaults()
 	}
 	var c Config
-	var prompt, output_, warmup string
+	var prompt, outputDist, warmup string
 	var sloTTFT, sloTPOT, sloE2E float64
 	fs.StringVar(&c.URL, "url", "http://localhost:8000", "base URL of the OpenAI-compatible server (with or without /v1)")
 	fs.StringVar(&c.Endpoint, "endpoint", EndpointChat, "API to call: chat (/v1/chat/completions) or completions (/v1/completions)")
@@ -149,7 +149,7 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.IntVar(&c.Requests, "requests", 0, "measure this many requests after warm-up (default 100 when -duration is not given)")
 	fs.StringVar(&warmup, "warmup", "0", "requests excluded from results: a count (e.g. 10) or a duration (e.g. 5s) from the start of the run")
 	fs.StringVar(&prompt, "prompt-tokens", "256", "prompt length distribution in tokens (~words): N, uniform:A-B or normal:MEAN,SD")
-	fs.StringVar(&output_, "output-tokens", "128", "output length distribution (max_tokens): N, uniform:A-B or normal:MEAN,SD")
+	fs.StringVar(&outputDist, "output-tokens", "128", "output length distribution (max_tokens): N, uniform:A-B or normal:MEAN,SD")
 	fs.Float64Var(&c.LongShare, "long-share", 0, "share (0..1) of requests that use -long-prompt-tokens instead of -prompt-tokens")
 	fs.IntVar(&c.LongPromptTokens, "long-prompt-tokens", 8192, "prompt length of the long-context share")
 	fs.Uint64Var(&c.Seed, "seed", 0, "random seed (prompts, lengths, arrivals)")
@@ -174,7 +174,7 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	if c.PromptTokens, err = ParseDist(prompt); err != nil {
 		return Config{}, fmt.Errorf("-prompt-tokens: %w", err)
 	}
-	if c.OutputTokens, err = ParseDist(output_); err != nil {
+	if c.OutputTokens, err = ParseDist(outputDist); err != nil {
 		return Config{}, fmt.Errorf("-output-tokens: %w", err)
 	}
 	if c.WarmupRequests, c.WarmupDuration, err = parseWarmup(warmup); err != nil {

@@ -29,7 +29,7 @@ const tol = 10.0 // ms
 
 func TestPercentileMatchesNumpyLinear(t *testing.T) {
 	// Values and expectations computed by hand with numpy's default
-	// ("linear") rule: index = (n-1)*p/100, interpolate between neighbours.
+	// ("linear") rule: index = (n-1)*p/100, interpolate between neighbors.
 	//
 	// x = [1, 2, 3, 4] (n=4):
 	//   p50: idx 1.5  -> 2 + 0.5*1          = 2.5
@@ -115,9 +115,11 @@ func TestParseDist(t *testing.T) {
 
 func TestParseFlags(t *testing.T) {
 	var out strings.Builder
-	c, err := ParseFlags([]string{"-url", "http://x:1", "-model", "m", "-rate", "5", "-duration", "10s",
+	c, err := ParseFlags([]string{
+		"-url", "http://x:1", "-model", "m", "-rate", "5", "-duration", "10s",
 		"-warmup", "3s", "-prompt-tokens", "uniform:100-200", "-output-tokens", "normal:64,8",
-		"-long-share", "0.1", "-long-prompt-tokens", "4000", "-slo-ttft", "250", "-slo-tpot", "40.5"}, &out)
+		"-long-share", "0.1", "-long-prompt-tokens", "4000", "-slo-ttft", "250", "-slo-tpot", "40.5",
+	}, &out)
 	require.NoError(t, err)
 	assert.Equal(t, 5.0, c.Rate)
 	assert.Equal(t, 0, c.Concurrency, "no cap in rate mode unless given")
@@ -192,8 +194,10 @@ func TestTimingAgainstScriptedUpstream(t *testing.T) {
 			name = "completions"
 		}
 		t.Run(name, func(t *testing.T) {
-			u := newUpstream(t, script{firstDelay: 50 * time.Millisecond, gap: 20 * time.Millisecond,
-				chunks: 6, usage: 6, usageDelay: 100 * time.Millisecond, completion: completion})
+			u := newUpstream(t, script{
+				firstDelay: 50 * time.Millisecond, gap: 20 * time.Millisecond,
+				chunks: 6, usage: 6, usageDelay: 100 * time.Millisecond, completion: completion,
+			})
 			cfg := baseConfig(u)
 			cfg.Requests = 3
 			cfg.Concurrency = 3
@@ -330,8 +334,10 @@ func TestDurationStopsRun(t *testing.T) {
 
 func TestFailuresCountedNotTimed(t *testing.T) {
 	modes := []string{"", "500", "broken", "nodone", "errorevent", ""}
-	u := newUpstream(t, script{firstDelay: 5 * time.Millisecond, gap: 5 * time.Millisecond, chunks: 3, usage: 3,
-		fail: func(n int64) string { return modes[n%int64(len(modes))] }})
+	u := newUpstream(t, script{
+		firstDelay: 5 * time.Millisecond, gap: 5 * time.Millisecond, chunks: 3, usage: 3,
+		fail: func(n int64) string { return modes[n%int64(len(modes))] },
+	})
 	cfg := baseConfig(u)
 	cfg.Requests = 12
 	cfg.Concurrency = 2
@@ -431,19 +437,23 @@ func TestJSONOutputAndTable(t *testing.T) {
 	require.NoError(t, err)
 	var got map[string]any
 	require.NoError(t, json.Unmarshal(data, &got))
-	for _, k := range []string{"tool", "params", "started_at", "interrupted", "window_s", "completed", "failed",
+	for _, k := range []string{
+		"tool", "params", "started_at", "interrupted", "window_s", "completed", "failed",
 		"aborted", "warmup_requests", "errors", "total_input_tokens", "total_output_tokens", "request_throughput",
 		"output_throughput", "total_token_throughput", "good_requests", "goodput", "max_concurrency",
-		"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"} {
+		"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms",
+	} {
 		assert.Contains(t, got, k)
 	}
 	for _, k := range []string{"count", "mean", "std", "min", "p50", "p90", "p95", "p99", "max"} {
 		assert.Contains(t, got["ttft_ms"], k)
 	}
 	params := got["params"].(map[string]any)
-	for _, k := range []string{"url", "endpoint", "model", "concurrency", "request_rate", "duration_s", "requests",
+	for _, k := range []string{
+		"url", "endpoint", "model", "concurrency", "request_rate", "duration_s", "requests",
 		"warmup_requests", "warmup_duration_s", "prompt_tokens", "output_tokens", "long_share",
-		"long_prompt_tokens", "seed", "ignore_eos", "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms"} {
+		"long_prompt_tokens", "seed", "ignore_eos", "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms",
+	} {
 		assert.Contains(t, params, k)
 	}
 	assert.Equal(t, "16", params["prompt_tokens"])
@@ -508,6 +518,7 @@ data: {"id":"chatcmpl-3f2b","object":"chat.completion.chunk","created":175400012
 data: {"id":"chatcmpl-3f2b","object":"chat.completion.chunk","created":1754000123,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}
 
 `
+
 const fixtureUsage = `data: {"id":"chatcmpl-3f2b","object":"chat.completion.chunk","created":1754000123,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[],"usage":{"prompt_tokens":42,"total_tokens":50,"completion_tokens":8}}
 
 `

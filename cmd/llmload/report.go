@@ -190,5 +190,5 @@ func (rep *Report) WriteJSONFile(path string) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(data, '\n'), 0o644)
+	return os.WriteFile(path, append(data, '\n'), 0o644) //nolint:gosec // G703: the path is the -out flag of the person running it
 }

@@ -199,7 +199,7 @@ func doRequest(ctx context.Context, client *http.Client, cfg *Config, url string
 		ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
 		defer cancel()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body)) //nolint:gosec // G704: the -url flag is the server under test
 	if err != nil {
 		res.Err = "request: " + err.Error()
 		return res
@@ -218,7 +218,7 @@ func doRequest(ctx context.Context, client *http.Client, cfg *Config, url string
 	res.End = time.Now()
 	if err != nil {
 		res.OK = false
-		if ctx.Err() != nil && context.Cause(ctx) == errInterrupted {
+		if ctx.Err() != nil && errors.Is(context.Cause(ctx), errInterrupted) {
 			res.Interrupted = true
 		}
 		res.Err = classify(err)
@@ -275,7 +275,7 @@ func classify(err error) string {
 }
 
 func stream(client *http.Client, req *http.Request, res *Result) error {
-	resp, err := client.Do(req)
+	resp, err := client.Do(req) //nolint:gosec // G704: the -url flag is the server under test
 	if err != nil {
 		return err
 	}

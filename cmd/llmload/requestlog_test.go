@@ -44,13 +44,15 @@ func readRequestLog(t *testing.T, path string) []RequestRecord {
 // TestRequestsOut: one line per request, warm-up and failures included and
 // flagged, with the same timings the report is built from.
 func TestRequestsOut(t *testing.T) {
-	u := newUpstream(t, script{firstDelay: 40 * time.Millisecond, gap: 10 * time.Millisecond, chunks: 5, usage: 5,
+	u := newUpstream(t, script{
+		firstDelay: 40 * time.Millisecond, gap: 10 * time.Millisecond, chunks: 5, usage: 5,
 		fail: func(n int64) string {
 			if n == 3 {
 				return "500"
 			}
 			return ""
-		}})
+		},
+	})
 	cfg := baseConfig(u)
 	cfg.Requests = 4
 	cfg.WarmupRequests = 2
@@ -213,7 +215,7 @@ func TestConnectionReuse(t *testing.T) {
 	var conns atomic.Int64
 	u := &upstream{sc: script{firstDelay: 5 * time.Millisecond, gap: 2 * time.Millisecond, chunks: 3, usage: 3}}
 	u.Server = httptest.NewUnstartedServer(http.HandlerFunc(u.handle))
-	u.Server.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+	u.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
 			conns.Add(1)
 		}

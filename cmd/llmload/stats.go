@@ -8,7 +8,7 @@ import (
 // Percentile returns the p-th percentile (0..100) of sorted, computed like
 // numpy.percentile's default method ("linear", type 7 of Hyndman & Fan):
 // the virtual index is (n-1)*p/100 and values are linearly interpolated
-// between its floor and ceiling neighbours. The interpolation uses numpy's
+// between its floor and ceiling neighbors. The interpolation uses numpy's
 // own lerp form (a + (b-a)*t, or b - (b-a)*(1-t) when t >= 0.5) so results
 // agree bit-for-bit in ordinary cases. sorted must be ascending; NaN if empty.
 func Percentile(sorted []float64, p float64) float64 {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"log"
 	"time"
 
 	"github.com/otelcol-llm/otelcol-llm/cmd/vllmsim/internal/sim"
@@ -15,32 +16,41 @@ type hook struct {
 	model   string
 	profile string
 	engine  string
+	logger  *log.Logger
 }
 
-func newHook(endpoint, engine string, cfg sim.Config) (*hook, error) {
+func newHook(endpoint, engine string, cfg sim.Config, logger *log.Logger) (*hook, error) {
 	c, err := tokenhook.New(tokenhook.Config{Endpoint: endpoint})
 	if err != nil {
 		return nil, err
 	}
-	return &hook{c: c, model: cfg.Model, profile: cfg.Profile, engine: engine}, nil
+	return &hook{c: c, model: cfg.Model, profile: cfg.Profile, engine: engine, logger: logger}, nil
 }
 
 func (h *hook) Started(r *sim.Request) {
-	h.c.Start(tokenhook.Start{
+	h.check(h.c.Start(tokenhook.Start{
 		SessionID: r.ID, Time: r.Arrival, Model: h.model, Operation: r.Params.Operation,
 		PromptTokens: r.Params.PromptTokens, HasPromptTokens: true, Engine: h.engine,
 		Attributes: map[string]string{"quantization": h.profile},
-	})
+	}))
 }
 
-func (h *hook) Token(r *sim.Request, ev sim.Event) { h.c.Token(r.ID, ev.Time, 1) }
+func (h *hook) Token(r *sim.Request, ev sim.Event) { h.check(h.c.Token(r.ID, ev.Time, 1)) }
 
 func (h *hook) Finished(r *sim.Request, reason string, t time.Time) {
 	e := tokenhook.End{SessionID: r.ID, Time: t, FinishReason: reason, CompletionTokens: r.Generated(), HasCompletionTokens: true}
 	// The engine's own timing, as a hook in a real engine would send it.
 	e.QueueTime, e.PrefillTime, e.DecodeTime = r.Timing()
 	e.HasTiming = true
-	h.c.End(e)
+	h.check(h.c.End(e))
+}
+
+// check logs an event the client refused as invalid: a simulator bug, since
+// the client only refuses events that break the event rules.
+func (h *hook) check(err error) {
+	if err != nil {
+		h.logger.Printf("token hook: %v", err)
+	}
 }
 
 func (h *hook) close() {

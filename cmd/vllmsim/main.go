@@ -38,8 +38,9 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
+	err := run(ctx, os.Args[1:], os.Stderr, nil)
+	stop()
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
@@ -134,7 +135,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	var obs observers
 	var closers []func()
 	if o.hook != "" {
-		h, err := newHook(o.hook, o.hookEngine, o.cfg)
+		h, err := newHook(o.hook, o.hookEngine, o.cfg, logger)
 		if err != nil {
 			return err
 		}

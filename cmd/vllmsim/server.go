@@ -157,8 +157,10 @@ func (s *server) completion(w http.ResponseWriter, r *http.Request, chat bool) {
 	if chat {
 		op = "chat"
 	}
-	sreq, err := s.eng.Submit(id, sim.Params{PromptTokens: max(prompt, 1), MaxTokens: maxTokens, IgnoreEOS: req.IgnoreEOS, Operation: op,
-		TraceParent: r.Header.Get("traceparent")}, arrival)
+	sreq, err := s.eng.Submit(id, sim.Params{
+		PromptTokens: max(prompt, 1), MaxTokens: maxTokens, IgnoreEOS: req.IgnoreEOS, Operation: op,
+		TraceParent: r.Header.Get("traceparent"),
+	}, arrival)
 	if err != nil {
 		code := http.StatusBadRequest
 		if errors.Is(err, sim.ErrStopped) {
@@ -210,8 +212,10 @@ func (s *server) completion(w http.ResponseWriter, r *http.Request, chat bool) {
 			first = false
 			if ev.Finish != "" && includeUsage {
 				usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
-				out = append(out, usageChunk{ID: id, Object: c.object(chat), Created: c.created, Model: s.model, Choices: []struct{}{}, Usage: usage,
-					Metrics: s.metricsOf(sreq)})
+				out = append(out, usageChunk{
+					ID: id, Object: c.object(chat), Created: c.created, Model: s.model, Choices: []struct{}{}, Usage: usage,
+					Metrics: s.metricsOf(sreq),
+				})
 			}
 			for _, v := range out {
 				if !send(v) {
@@ -248,8 +252,10 @@ func (s *server) whole(w http.ResponseWriter, r *http.Request, sreq *sim.Request
 		}
 	}
 	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
-	resp := wholeResponse{ID: c.id, Object: object, Created: c.created, Model: c.model, Usage: wholeUsage{usageInfo: usage},
-		Metrics: s.metricsOf(sreq)}
+	resp := wholeResponse{
+		ID: c.id, Object: object, Created: c.created, Model: c.model, Usage: wholeUsage{usageInfo: usage},
+		Metrics: s.metricsOf(sreq),
+	}
 	if chat {
 		resp.Choices = []any{chatWholeChoice{Message: chatMessage{Role: "assistant", Content: text.String(), ToolCalls: []struct{}{}}, FinishReason: finish}}
 	} else {

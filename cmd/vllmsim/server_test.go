@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,8 +30,10 @@ const model = "meta-llama/Llama-3.1-8B-Instruct"
 // it when the test ends.
 func startSim(t *testing.T, extra ...string) string {
 	t.Helper()
-	args := append([]string{"-addr", "127.0.0.1:0", "-model", model,
-		"-decode-base", "1ms", "-decode-per-seq", "10us", "-prefill-per-token", "5us", "-step-overhead", "100us"}, extra...)
+	args := append([]string{
+		"-addr", "127.0.0.1:0", "-model", model,
+		"-decode-base", "1ms", "-decode-per-seq", "10us", "-prefill-per-token", "5us", "-step-overhead", "100us",
+	}, extra...)
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
@@ -52,7 +55,7 @@ func startSim(t *testing.T, extra ...string) string {
 
 func post(t *testing.T, url, body string) *http.Response {
 	t.Helper()
-	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	resp, err := http.Post(url, "application/json", strings.NewReader(body)) //nolint:gosec // G107: the test server on loopback
 	require.NoError(t, err)
 	return resp
 }
@@ -140,9 +143,8 @@ func fixtureStreams(t *testing.T) (chat, text []string) {
 	require.NoError(t, err)
 	defer f.Close()
 	all := sseData(t, f)
-	i := 0
-	for ; all[i] != "[DONE]"; i++ {
-	}
+	i := slices.Index(all, "[DONE]")
+	require.GreaterOrEqual(t, i, 0, "no [DONE] in the fixture")
 	return all[:i+1], all[i+1:]
 }
 
@@ -500,8 +502,10 @@ func TestShutdownEndsOpenStreams(t *testing.T) {
 }
 
 func TestFlags(t *testing.T) {
-	o, err := parseFlags([]string{"-profile", "fp8", "-kv-blocks", "100", "-max-num-seqs", "8", "-chunked-prefill=false",
-		"-max-num-batched-tokens", "512", "-prefill-priority", "-seed", "9", "-decode-base", "20ms", "-hook", "udp://127.0.0.1:4321"}, io.Discard)
+	o, err := parseFlags([]string{
+		"-profile", "fp8", "-kv-blocks", "100", "-max-num-seqs", "8", "-chunked-prefill=false",
+		"-max-num-batched-tokens", "512", "-prefill-priority", "-seed", "9", "-decode-base", "20ms", "-hook", "udp://127.0.0.1:4321",
+	}, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, "127.0.0.1:8000", o.addr)
 	assert.Equal(t, "fp8", o.cfg.Profile)

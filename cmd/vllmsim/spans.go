@@ -73,8 +73,10 @@ func newSpanExporter(endpoint, model string, delay time.Duration, logger *log.Lo
 	if u.Path == "" || u.Path == "/" {
 		u.Path = "/v1/traces"
 	}
-	e := &spanExporter{url: u.String(), model: model, delay: delay, client: &http.Client{Timeout: 10 * time.Second},
-		logger: logger, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	e := &spanExporter{
+		url: u.String(), model: model, delay: delay, client: &http.Client{Timeout: 10 * time.Second},
+		logger: logger, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	}
 	go e.run()
 	return e, nil
 }
@@ -83,8 +85,10 @@ func (e *spanExporter) Started(*sim.Request)          {}
 func (e *spanExporter) Token(*sim.Request, sim.Event) {}
 
 func (e *spanExporter) Finished(r *sim.Request, _ string, t time.Time) {
-	d := spanData{id: r.ID, start: r.Arrival, end: t, prompt: r.Params.PromptTokens, completion: r.Generated(),
-		maxTokens: r.Params.MaxTokens}
+	d := spanData{
+		id: r.ID, start: r.Arrival, end: t, prompt: r.Params.PromptTokens, completion: r.Generated(),
+		maxTokens: r.Params.MaxTokens,
+	}
 	d.trace, d.parent = parseTraceparent(r.Params.TraceParent)
 	d.queue, d.prefill, d.decode = r.Timing()
 	d.firstToken = -1

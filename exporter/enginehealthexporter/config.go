@@ -73,16 +73,20 @@ func createDefaultConfig() *Config {
 		ServerConfig: server,
 		Window:       10 * time.Second,
 		MinSessions:  5,
-		Eject: EjectConfig{StallRatio: 0.2, TTFTP99: 2 * time.Second, ErrorRatio: 0.2, BaseTime: 30 * time.Second,
-			MaxTime: 300 * time.Second, MaxPercent: 50},
+		Eject: EjectConfig{
+			StallRatio: 0.2, TTFTP99: 2 * time.Second, ErrorRatio: 0.2, BaseTime: 30 * time.Second,
+			MaxTime: 300 * time.Second, MaxPercent: 50,
+		},
 		Agent: configoptional.Default(AgentConfig{Endpoint: defaultAgentEndpoint}),
 	}
 }
 
 func (cfg *Config) judgeConfig() judgeConfig {
-	return judgeConfig{window: cfg.Window, minSessions: cfg.MinSessions, stallRatio: cfg.Eject.StallRatio,
+	return judgeConfig{
+		window: cfg.Window, minSessions: cfg.MinSessions, stallRatio: cfg.Eject.StallRatio,
 		ttftP99: cfg.Eject.TTFTP99, errorRatio: cfg.Eject.ErrorRatio, saturatedRatio: cfg.Eject.SaturatedRatio,
-		baseTime: cfg.Eject.BaseTime, maxTime: cfg.Eject.MaxTime, maxPercent: cfg.Eject.MaxPercent}
+		baseTime: cfg.Eject.BaseTime, maxTime: cfg.Eject.MaxTime, maxPercent: cfg.Eject.MaxPercent,
+	}
 }
 
 var _ confmap.Validator = (*Config)(nil)

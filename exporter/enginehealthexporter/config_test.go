@@ -43,8 +43,10 @@ func TestConfigDefaults(t *testing.T) {
 	assert.Equal(t, "localhost:13140", cfg.ServerConfig.NetAddr.Endpoint)
 	assert.Equal(t, 10*time.Second, cfg.Window)
 	assert.Equal(t, 5, cfg.MinSessions)
-	assert.Equal(t, EjectConfig{StallRatio: 0.2, TTFTP99: 2 * time.Second, ErrorRatio: 0.2, BaseTime: 30 * time.Second,
-		MaxTime: 300 * time.Second, MaxPercent: 50}, cfg.Eject, "saturated_ratio 0: 429s never eject")
+	assert.Equal(t, EjectConfig{
+		StallRatio: 0.2, TTFTP99: 2 * time.Second, ErrorRatio: 0.2, BaseTime: 30 * time.Second,
+		MaxTime: 300 * time.Second, MaxPercent: 50,
+	}, cfg.Eject, "saturated_ratio 0: 429s never eject")
 	assert.False(t, cfg.Agent.HasValue(), "the agent-check endpoint is off unless configured")
 }
 
@@ -54,8 +56,10 @@ func TestConfigCustom(t *testing.T) {
 	assert.Equal(t, "0.0.0.0:9140", cfg.ServerConfig.NetAddr.Endpoint)
 	assert.Equal(t, 30*time.Second, cfg.Window)
 	assert.Equal(t, 20, cfg.MinSessions)
-	assert.Equal(t, EjectConfig{StallRatio: 0.5, TTFTP99: 5 * time.Second, ErrorRatio: 0.1, SaturatedRatio: 0.6,
-		BaseTime: 10 * time.Second, MaxTime: time.Minute, MaxPercent: 34}, cfg.Eject)
+	assert.Equal(t, EjectConfig{
+		StallRatio: 0.5, TTFTP99: 5 * time.Second, ErrorRatio: 0.1, SaturatedRatio: 0.6,
+		BaseTime: 10 * time.Second, MaxTime: time.Minute, MaxPercent: 34,
+	}, cfg.Eject)
 	assert.Equal(t, "0.0.0.0:9141", cfg.Agent.Get().Endpoint)
 }
 
@@ -69,8 +73,10 @@ func TestConfigAgentOnWithDefaults(t *testing.T) {
 func TestConfigInvalidNamesEveryKey(t *testing.T) {
 	_, err := loadConfig(t, "invalid")
 	require.Error(t, err)
-	for _, key := range []string{"endpoint:", "window:", "min_sessions:", "eject::stall_ratio:", "eject::ttft_p99:",
-		"eject::error_ratio:", "eject::saturated_ratio:", "eject::max_time:", "eject::max_percent:", "agent::endpoint:"} {
+	for _, key := range []string{
+		"endpoint:", "window:", "min_sessions:", "eject::stall_ratio:", "eject::ttft_p99:",
+		"eject::error_ratio:", "eject::saturated_ratio:", "eject::max_time:", "eject::max_percent:", "agent::endpoint:",
+	} {
 		assert.Contains(t, err.Error(), key)
 	}
 }

@@ -386,14 +386,18 @@ func TestSaturatedAndClientErrorsReported(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code, "refused for load: reported, not ejected")
 	var st map[string]any
 	require.NoError(t, json.Unmarshal(body, &st), string(body))
-	assert.Equal(t, map[string]any{"sessions": 6.0, "stall_ratio": 0.0, "error_ratio": 0.0, "saturated": 2.0,
-		"saturated_ratio": 0.25, "client_errors": 1.0}, st["window"])
+	assert.Equal(t, map[string]any{
+		"sessions": 6.0, "stall_ratio": 0.0, "error_ratio": 0.0, "saturated": 2.0,
+		"saturated_ratio": 0.25, "client_errors": 1.0,
+	}, st["window"])
 
 	code, _, body = get(t, base+"/engines/broken/health")
 	assert.Equal(t, http.StatusServiceUnavailable, code, "2 faults in the 10 sessions it took on, whatever the 90 bad requests")
 	require.NoError(t, json.Unmarshal(body, &st), string(body))
-	assert.Equal(t, map[string]any{"sessions": 10.0, "stall_ratio": 0.0, "error_ratio": 0.2, "saturated": 0.0,
-		"saturated_ratio": 0.0, "client_errors": 90.0}, st["window"])
+	assert.Equal(t, map[string]any{
+		"sessions": 10.0, "stall_ratio": 0.0, "error_ratio": 0.2, "saturated": 0.0,
+		"saturated_ratio": 0.0, "client_errors": 90.0,
+	}, st["window"])
 }
 
 // eject::saturated_ratio, when set, ejects an engine that refuses too many

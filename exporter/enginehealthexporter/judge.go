@@ -380,8 +380,10 @@ func (st engineStatus) at(now time.Time) engineStatus {
 }
 
 func (j *judge) status(e *engineState) engineStatus {
-	st := engineStatus{Engine: e.name, State: e.state, Reason: e.reason, Window: e.figures, Ejections: e.ejections,
-		until: e.until}
+	st := engineStatus{
+		Engine: e.name, State: e.state, Reason: e.reason, Window: e.figures, Ejections: e.ejections,
+		until: e.until,
+	}
 	if !math.IsNaN(e.figures.TTFTP99) && !math.IsInf(e.figures.TTFTP99, 0) {
 		v := e.figures.TTFTP99
 		st.TTFTP99S = &v

@@ -13,8 +13,10 @@ import (
 var t0 = time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
 
 func testJudge() *judge {
-	return newJudge(judgeConfig{window: 10 * time.Second, minSessions: 5, stallRatio: 0.2, ttftP99: 2 * time.Second,
-		errorRatio: 0.2, baseTime: 30 * time.Second, maxTime: 300 * time.Second, maxPercent: 50})
+	return newJudge(judgeConfig{
+		window: 10 * time.Second, minSessions: 5, stallRatio: 0.2, ttftP99: 2 * time.Second,
+		errorRatio: 0.2, baseTime: 30 * time.Second, maxTime: 300 * time.Second, maxPercent: 50,
+	})
 }
 
 // healthyTraffic adds n sessions without a stall, an error or a slow TTFT.

@@ -71,8 +71,10 @@ func TestHTTPEndpoints(t *testing.T) {
 	assert.Equal(t, "stall_ratio", b["reason"])
 	assert.Equal(t, 1.0, b["ejections"])
 	assert.Equal(t, 20.0, b["time_left_s"], "30 s base_time, 10 s later")
-	assert.Equal(t, map[string]any{"sessions": 5.0, "stall_ratio": 1.0, "error_ratio": 0.0, "saturated": 0.0,
-		"saturated_ratio": 0.0, "client_errors": 0.0}, b["window"])
+	assert.Equal(t, map[string]any{
+		"sessions": 5.0, "stall_ratio": 1.0, "error_ratio": 0.0, "saturated": 0.0,
+		"saturated_ratio": 0.0, "client_errors": 0.0,
+	}, b["window"])
 	a := list[0]
 	assert.Equal(t, "healthy", a["state"])
 	assert.NotContains(t, a, "reason")
@@ -102,8 +104,10 @@ func TestHTTPEndpoints(t *testing.T) {
 	assert.Contains(t, e["error"], `unknown engine "nope"`)
 
 	// The engine in the Host header, as Envoy's health checks send it.
-	for engine, want := range map[string]int{"b": http.StatusServiceUnavailable, "a": http.StatusOK,
-		"nope": http.StatusNotFound} {
+	for engine, want := range map[string]int{
+		"b": http.StatusServiceUnavailable, "a": http.StatusOK,
+		"nope": http.StatusNotFound,
+	} {
 		req, err := http.NewRequest(http.MethodGet, base+"/health", nil)
 		require.NoError(t, err)
 		req.Host = engine
@@ -418,8 +422,10 @@ func (c *fakeConn) SetReadDeadline(time.Time) error {
 // An engine name normalises once and for all, and the HTTP endpoint and the
 // agent agree on every name: the engine's state, or unknown ("up", 404).
 func FuzzEngineName(f *testing.F) {
-	for _, s := range []string{"lower.example.com", " LOWER.example.com\r\n", "..", "ns/Pod", "", " ",
-		strings.Repeat("x", 256), strings.Repeat("x", 257), "\u00c9TAT", "a\x00b"} {
+	for _, s := range []string{
+		"lower.example.com", " LOWER.example.com\r\n", "..", "ns/Pod", "", " ",
+		strings.Repeat("x", 256), strings.Repeat("x", 257), "\u00c9TAT", "a\x00b",
+	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
@@ -458,8 +464,10 @@ func FuzzEngineName(f *testing.F) {
 // The agent reads a check's line up to its newline, and never past
 // agentMaxLine bytes.
 func FuzzReadAgentLine(f *testing.F) {
-	for _, s := range []string{"b\n", "b\r\n", "b", "", "\n", "a\nb\n", strings.Repeat("x", 1023) + "\n",
-		strings.Repeat("x", 1024) + "\n", strings.Repeat("x", 3000)} {
+	for _, s := range []string{
+		"b\n", "b\r\n", "b", "", "\n", "a\nb\n", strings.Repeat("x", 1023) + "\n",
+		strings.Repeat("x", 1024) + "\n", strings.Repeat("x", 3000),
+	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {

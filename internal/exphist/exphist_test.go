@@ -101,8 +101,8 @@ func TestMergeIsTheHistogramOfTheUnion(t *testing.T) {
 		return off, c
 	}
 	wo, wc := trim(want)
-	go_, gc := trim(got)
-	assert.Equal(t, wo, go_)
+	gotOffset, gc := trim(got)
+	assert.Equal(t, wo, gotOffset)
 	assert.Equal(t, wc, gc)
 	assert.Equal(t, got, got.Merge(Histogram{}), "merging an empty one changes nothing")
 	assert.Equal(t, got, Histogram{}.Merge(got))

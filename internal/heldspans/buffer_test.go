@@ -1,10 +1,10 @@
 package heldspans
 
 import (
-	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
 	"testing"
 	"time"
 
+	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/pdata/pcommon"
@@ -49,10 +49,10 @@ func (s source) hold(b *Buffer, trace pcommon.TraceID, name string, now time.Tim
 	return b.Hold(trace, s.rs.Resource(), s.rs.SchemaUrl(), s.ss.Scope(), s.ss.SchemaUrl(), s.span(trace, name), now)
 }
 
-func newBuffer(t testing.TB, cfg Config) *Buffer {
-	t.Helper()
+func newBuffer(tb testing.TB, cfg Config) *Buffer {
+	tb.Helper()
 	b, err := New(cfg)
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	return b
 }
 

@@ -20,46 +20,103 @@ func TestInspectChunk(t *testing.T) {
 		want ChunkFacts
 		ok   bool
 	}{
-		{"role chunk", `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
-			ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
-		{"content", `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[{"index":0,"delta":{"content":"The"},"logprobs":null,"finish_reason":null}]}`,
-			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
-		{"reasoning", `{"choices":[{"index":0,"delta":{"reasoning_content":"Let me think"}}]}`,
-			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
-		{"tool call", `{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}`,
-			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
-		{"EOS finish chunk", `{"choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`,
-			ChunkFacts{FinishReason: "stop", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
-		{"usage chunk", `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[],"usage":{"prompt_tokens":42,"total_tokens":50,"completion_tokens":8}}`,
-			ChunkFacts{UsageOnly: true, CompletionTokens: 8, PromptTokens: 42, Timing: noTiming}, true},
-		{"completions text with usage null", `{"id":"cmpl-9d","object":"text_completion","created":1754000200,"model":"m","choices":[{"index":0,"text":" Paris","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}`,
-			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
-		{"completions last token", `{"choices":[{"index":0,"text":" It","finish_reason":"length"}],"usage":null}`,
-			ChunkFacts{Content: true, FinishReason: "length", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
-		{"continuous usage on a content chunk", `{"choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":5,"completion_tokens":1}}`,
-			ChunkFacts{Content: true, CompletionTokens: 1, PromptTokens: 5, Timing: noTiming}, true},
-		{"empty tool calls", `{"choices":[{"delta":{"tool_calls":[ ]},"tool_calls":null}]}`,
-			ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
-		{"escaped finish reason", `{"choices":[{"finish_reason":"st\u006fp"}]}`,
-			ChunkFacts{FinishReason: "stop", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
-		{"vLLM engine error", `{"error": {"object": "error", "message": "CUDA out of memory", "type": "InternalServerError", "param": null, "code": 500}}`,
-			ChunkFacts{ErrorType: "InternalServerError", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
-		{"error code only", `{"error":{"message":"m","type":null,"code":"context_length_exceeded"}}`,
-			ChunkFacts{ErrorType: "context_length_exceeded", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
-		{"error numeric code", `{"error":{"code":503}}`,
-			ChunkFacts{ErrorType: "503", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
-		{"error string", `{"error":"boom"}`,
-			ChunkFacts{ErrorType: EngineError, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
-		{"error null", `{"error":null,"choices":[]}`,
-			ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
-		{"error type escaped and long", `{"error":{"type":"\u00e9` + strings.Repeat("é", 40) + `"}}`,
-			ChunkFacts{ErrorType: strings.Repeat("é", 32), CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, true},
+		{
+			"role chunk", `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
+			ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
+		{
+			"content", `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[{"index":0,"delta":{"content":"The"},"logprobs":null,"finish_reason":null}]}`,
+			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
+		{
+			"reasoning", `{"choices":[{"index":0,"delta":{"reasoning_content":"Let me think"}}]}`,
+			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
+		{
+			"tool call", `{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}`,
+			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
+		{
+			"EOS finish chunk", `{"choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`,
+			ChunkFacts{FinishReason: "stop", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
+		{
+			"usage chunk", `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[],"usage":{"prompt_tokens":42,"total_tokens":50,"completion_tokens":8}}`,
+			ChunkFacts{UsageOnly: true, CompletionTokens: 8, PromptTokens: 42, Timing: noTiming},
+			true,
+		},
+		{
+			"completions text with usage null", `{"id":"cmpl-9d","object":"text_completion","created":1754000200,"model":"m","choices":[{"index":0,"text":" Paris","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}`,
+			ChunkFacts{Content: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
+		{
+			"completions last token", `{"choices":[{"index":0,"text":" It","finish_reason":"length"}],"usage":null}`,
+			ChunkFacts{Content: true, FinishReason: "length", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
+		{
+			"continuous usage on a content chunk", `{"choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":5,"completion_tokens":1}}`,
+			ChunkFacts{Content: true, CompletionTokens: 1, PromptTokens: 5, Timing: noTiming},
+			true,
+		},
+		{
+			"empty tool calls", `{"choices":[{"delta":{"tool_calls":[ ]},"tool_calls":null}]}`,
+			ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
+		{
+			"escaped finish reason", `{"choices":[{"finish_reason":"st\u006fp"}]}`,
+			ChunkFacts{FinishReason: "stop", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
+		{
+			"vLLM engine error", `{"error": {"object": "error", "message": "CUDA out of memory", "type": "InternalServerError", "param": null, "code": 500}}`,
+			ChunkFacts{ErrorType: "InternalServerError", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
+		{
+			"error code only", `{"error":{"message":"m","type":null,"code":"context_length_exceeded"}}`,
+			ChunkFacts{ErrorType: "context_length_exceeded", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
+		{
+			"error numeric code", `{"error":{"code":503}}`,
+			ChunkFacts{ErrorType: "503", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
+		{
+			"error string", `{"error":"boom"}`,
+			ChunkFacts{ErrorType: EngineError, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
+		{
+			"error null", `{"error":null,"choices":[]}`,
+			ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
+		{
+			"error type escaped and long", `{"error":{"type":"\u00e9` + strings.Repeat("é", 40) + `"}}`,
+			ChunkFacts{ErrorType: strings.Repeat("é", 32), CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			true,
+		},
 		// vLLM's per-request metrics (--enable-per-request-metrics, v0.25.0)
 		// on the final usage chunk of a stream: ms, measured in the engine.
-		{"per-request metrics", `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":10,"total_tokens":15,"completion_tokens":5},"metrics":{"time_to_first_token_ms":50.0,"generation_time_ms":200.0,"queue_time_ms":10.5,"mean_itl_ms":50.0,"tokens_per_second":20.0}}`,
-			ChunkFacts{UsageOnly: true, CompletionTokens: 5, PromptTokens: 10, Timing: RequestTiming{QueueMs: 10.5, PrefillMs: 50, DecodeMs: 200}}, true},
-		{"per-request metrics, some null", `{"choices":[],"usage":{"completion_tokens":1},"metrics":{"queue_time_ms":null,"time_to_first_token_ms":3,"generation_time_ms":-4}}`,
-			ChunkFacts{UsageOnly: true, CompletionTokens: 1, PromptTokens: -1, Timing: RequestTiming{QueueMs: -1, PrefillMs: 3, DecodeMs: -1}}, true},
+		{
+			"per-request metrics", `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":10,"total_tokens":15,"completion_tokens":5},"metrics":{"time_to_first_token_ms":50.0,"generation_time_ms":200.0,"queue_time_ms":10.5,"mean_itl_ms":50.0,"tokens_per_second":20.0}}`,
+			ChunkFacts{UsageOnly: true, CompletionTokens: 5, PromptTokens: 10, Timing: RequestTiming{QueueMs: 10.5, PrefillMs: 50, DecodeMs: 200}},
+			true,
+		},
+		{
+			"per-request metrics, some null", `{"choices":[],"usage":{"completion_tokens":1},"metrics":{"queue_time_ms":null,"time_to_first_token_ms":3,"generation_time_ms":-4}}`,
+			ChunkFacts{UsageOnly: true, CompletionTokens: 1, PromptTokens: -1, Timing: RequestTiming{QueueMs: -1, PrefillMs: 3, DecodeMs: -1}},
+			true,
+		},
 		{"done", `[DONE]`, ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, false},
 		{"malformed", `{"choices":[`, ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, false},
 	}
@@ -153,7 +210,7 @@ func referenceInspect(data []byte) (ChunkFacts, bool) {
 		if len(t) == 0 || bytes.Equal(t, []byte("null")) {
 			return false
 		}
-		return !(t[0] == '[' && len(bytes.TrimSpace(t[1:len(t)-1])) == 0)
+		return t[0] != '[' || len(bytes.TrimSpace(t[1:len(t)-1])) != 0
 	}
 	for _, ch := range c.Choices {
 		if nonEmpty(ch.FinishReason) {
@@ -190,9 +247,11 @@ func referenceInspect(data []byte) (ChunkFacts, bool) {
 }
 
 // chunkKeys are the keys the walker reads.
-var chunkKeys = []string{"choices", "usage", "completion_tokens", "prompt_tokens", "text", "tool_calls",
+var chunkKeys = []string{
+	"choices", "usage", "completion_tokens", "prompt_tokens", "text", "tool_calls",
 	"finish_reason", "delta", "content", "reasoning", "reasoning_content", "error", "type", "code",
-	"metrics", "queue_time_ms", "time_to_first_token_ms", "generation_time_ms"}
+	"metrics", "queue_time_ms", "time_to_first_token_ms", "generation_time_ms",
+}
 
 // readsDifferently reports whether valid JSON is read differently by
 // encoding/json and by the walker, which are both right about it: a
@@ -253,9 +312,9 @@ func readsDifferently(data []byte) bool {
 	}
 }
 
-func fixtureChunks(t testing.TB) [][]byte {
+func fixtureChunks(tb testing.TB) [][]byte {
 	raw, err := os.ReadFile("../../testdata/fixtures/vllm/sse-streams.txt")
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	var out [][]byte
 	for _, line := range strings.Split(string(raw), "\n") {
 		if d, ok := strings.CutPrefix(line, "data: "); ok {

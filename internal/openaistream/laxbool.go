@@ -18,10 +18,10 @@ import (
 // number is Python's int or float: float parsing rounds as Python's does.
 func LaxBool(v string, isString bool) (value, ok bool) {
 	if isString {
-		switch {
-		case v == "0":
+		switch v {
+		case "0":
 			return false, true
-		case v == "1":
+		case "1":
 			return true, true
 		}
 		for _, f := range [...]string{"f", "n", "no", "off", "false"} {

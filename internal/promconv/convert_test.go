@@ -114,7 +114,7 @@ func TestConvertFixtureTypes(t *testing.T) {
 	assert.Equal(t, ts(1754000000, 12_300_000), pre.DataPoints().At(0).StartTimestamp())
 	assert.Equal(t, pcommon.NewTimestampFromTime(now), pre.DataPoints().At(0).Timestamp())
 
-	// A labelled counter: one point per finished_reason.
+	// A labeled counter: one point per finished_reason.
 	succ := got["vllm:request_success_total"].Sum().DataPoints()
 	require.Equal(t, 4, succ.Len())
 	byReason := map[string]float64{}

@@ -93,14 +93,14 @@ func sumPointWith(t *testing.T, m pmetric.Metric, key, value string) pmetric.Num
 	return pmetric.NumberDataPoint{}
 }
 
-func histPointWith(t *testing.T, m pmetric.Metric, key, value string) pmetric.HistogramDataPoint {
+func histPointOfEngine(t *testing.T, m pmetric.Metric, engine string) pmetric.HistogramDataPoint {
 	t.Helper()
 	for _, dp := range m.Histogram().DataPoints().All() {
-		if v, ok := dp.Attributes().Get(key); ok && v.Str() == value {
+		if v, ok := dp.Attributes().Get("engine"); ok && v.Str() == engine {
 			return dp
 		}
 	}
-	t.Fatalf("%s: no point with %s=%s", m.Name(), key, value)
+	t.Fatalf("%s: no point with engine=%s", m.Name(), engine)
 	return pmetric.HistogramDataPoint{}
 }
 
@@ -417,7 +417,7 @@ func TestVLLMGoldenDataParallel(t *testing.T) {
 
 	ttft := got["vllm:time_to_first_token_seconds"]
 	require.Equal(t, 2, ttft.Histogram().DataPoints().Len())
-	h0, h1 := histPointWith(t, ttft, "engine", "0"), histPointWith(t, ttft, "engine", "1")
+	h0, h1 := histPointOfEngine(t, ttft, "0"), histPointOfEngine(t, ttft, "1")
 	assert.Equal(t, []float64{0.1, 0.5}, h0.ExplicitBounds().AsRaw())
 	assert.Equal(t, []uint64{98, 89, 13}, h0.BucketCounts().AsRaw())
 	assert.Equal(t, uint64(200), h0.Count())
@@ -541,7 +541,7 @@ func TestVLLMMultiprocessDataParallel(t *testing.T) {
 	got := metricsByName(t, convertBody(t, c, mp, textContentType, t1))
 	ttft := got["vllm:time_to_first_token_seconds"]
 	require.Equal(t, 2, ttft.Histogram().DataPoints().Len())
-	h0, h1 := histPointWith(t, ttft, "engine", "0"), histPointWith(t, ttft, "engine", "1")
+	h0, h1 := histPointOfEngine(t, ttft, "0"), histPointOfEngine(t, ttft, "1")
 	assert.Equal(t, []uint64{98, 89, 13}, h0.BucketCounts().AsRaw())
 	assert.Equal(t, []uint64{40, 110, 20}, h1.BucketCounts().AsRaw())
 	assert.Equal(t, 41.5, h1.Sum())
@@ -565,8 +565,8 @@ func TestVLLMMultiprocessDataParallel(t *testing.T) {
 	assert.Equal(t, pcommon.NewTimestampFromTime(t1), sumPointWith(t, gen, "engine", "0").StartTimestamp())
 	assert.Equal(t, pcommon.NewTimestampFromTime(t2), sumPointWith(t, gen, "engine", "1").StartTimestamp())
 	ttft = got["vllm:time_to_first_token_seconds"]
-	assert.Equal(t, pcommon.NewTimestampFromTime(t1), histPointWith(t, ttft, "engine", "0").StartTimestamp())
-	h1 = histPointWith(t, ttft, "engine", "1")
+	assert.Equal(t, pcommon.NewTimestampFromTime(t1), histPointOfEngine(t, ttft, "0").StartTimestamp())
+	h1 = histPointOfEngine(t, ttft, "1")
 	assert.Equal(t, pcommon.NewTimestampFromTime(t2), h1.StartTimestamp())
 	assert.Equal(t, []uint64{1, 0, 0}, h1.BucketCounts().AsRaw())
 }

@@ -49,7 +49,7 @@ func normalizeOpenMetrics(body []byte) ([]byte, Skipped) {
 	skipFam := make(map[string]bool)
 	skip := make(map[string]bool) // sample names of skipped families
 	for name, typ := range types {
-		reason := ""
+		var reason string
 		switch typ {
 		case "counter", "gauge", "histogram", "summary", "info", "stateset", "unknown":
 			continue

@@ -62,7 +62,7 @@ type TableConfig struct {
 	// recently active one.
 	MaxActive int `mapstructure:"max_active"`
 	// EndedMemory is how many recently ended session IDs are remembered, so
-	// that events arriving after the end are recognised as late.
+	// that events arriving after the end are recognized as late.
 	EndedMemory int `mapstructure:"ended_memory"`
 	// MaxFutureSkew rejects an event stamped further ahead of the
 	// collector's clock than this (a hook with a bad clock).

@@ -20,8 +20,9 @@ func inTrace(ev *tokenevent.Event, id pcommon.TraceID) *tokenevent.Event {
 	return ev
 }
 
-func seqTok(id string, at int64, seq uint64) *tokenevent.Event {
-	ev := tok(id, at, 1)
+// seqTok is a token event of session "s" with a sequence number.
+func seqTok(at int64, seq uint64) *tokenevent.Event {
+	ev := tok("s", at, 1)
 	ev.Seq, ev.HasSeq = seq, true
 	return ev
 }
@@ -214,9 +215,9 @@ func TestEventTimeBounds(t *testing.T) {
 // nothing; reordering within 64 is no duplicate.
 func TestSeqDedupe(t *testing.T) {
 	tbl, rec := newTable(t, nil)
-	apply(tbl, start("s", t0), seqTok("s", t0+10*ms, 0), seqTok("s", t0+30*ms, 1))
-	apply(tbl, seqTok("s", t0+10*ms, 0), seqTok("s", t0+30*ms, 1)) // the retry
-	apply(tbl, seqTok("s", t0+70*ms, 3), seqTok("s", t0+50*ms, 2), seqTok("s", t0+200*ms, 100), seqTok("s", t0+190*ms, 20))
+	apply(tbl, start("s", t0), seqTok(t0+10*ms, 0), seqTok(t0+30*ms, 1))
+	apply(tbl, seqTok(t0+10*ms, 0), seqTok(t0+30*ms, 1)) // the retry
+	apply(tbl, seqTok(t0+70*ms, 3), seqTok(t0+50*ms, 2), seqTok(t0+200*ms, 100), seqTok(t0+190*ms, 20))
 	apply(tbl, end("s", t0+200*ms, -1))
 	assert.Equal(t, uint64(3), tbl.Counters.DuplicateTokens, "the retried 0 and 1, and 20, too old to tell")
 	assert.Equal(t, int64(5), rec.ended[0].Tokens)
@@ -255,14 +256,14 @@ func TestReasonsRecomputed(t *testing.T) {
 // a second time.
 func TestOrphanRekeyed(t *testing.T) {
 	tbl, rec := newTable(t, nil)
-	real := pcommon.TraceID{9}
+	realTrace := pcommon.TraceID{9}
 	// Stalled before the start arrived: kept early under a random trace.
 	apply(tbl, tok("o", t0+100*ms, 1), tok("o", t0+300*ms, 1), tok("o", t0+500*ms, 1), tok("o", t0+700*ms, 1))
 	require.Len(t, rec.stalls, 1)
 	assert.Empty(t, rec.early, "held for the start's trace")
-	apply(tbl, inTrace(start("o", t0), real))
+	apply(tbl, inTrace(start("o", t0), realTrace))
 	assert.Equal(t, []string{"o m e"}, rec.restarted)
-	active, kept, th := tbl.TraceActive(real)
+	active, kept, th := tbl.TraceActive(realTrace)
 	assert.True(t, active)
 	assert.True(t, kept, "the keep moved to the real trace")
 	assert.Equal(t, sampling.AlwaysSampleThreshold, th)

@@ -166,7 +166,7 @@ type Table[S any] struct {
 
 	// slots and clocks are dense, indexed by Session.slot: the per-token
 	// path writes one clocks entry instead of relinking lists (which would
-	// touch neighbouring sessions' memory), and Tick scans clocks
+	// touch neighboring sessions' memory), and Tick scans clocks
 	// sequentially, which for 100 000 sessions takes a fraction of a ms.
 	slots  []*entry[S]
 	clocks []clock
@@ -359,11 +359,15 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 			}
 			return
 		}
-		e := End{Time: int64(ev.TimeUnixNano), CompletionTokens: ev.CompletionTokens, FinishReason: ev.FinishReason, ErrorType: ev.Error,
-			ResponseModel: ev.ResponseModel}
+		e := End{
+			Time: int64(ev.TimeUnixNano), CompletionTokens: ev.CompletionTokens, FinishReason: ev.FinishReason, ErrorType: ev.Error,
+			ResponseModel: ev.ResponseModel,
+		}
 		if ev.HasTiming() {
-			e.Timing = Timing{Queue: time.Duration(ev.QueueTimeNs), Prefill: time.Duration(ev.PrefillTimeNs),
-				Decode: time.Duration(ev.DecodeTimeNs), Source: ev.TimingSource}
+			e.Timing = Timing{
+				Queue: time.Duration(ev.QueueTimeNs), Prefill: time.Duration(ev.PrefillTimeNs),
+				Decode: time.Duration(ev.DecodeTimeNs), Source: ev.TimingSource,
+			}
 			if !e.Timing.Plausible(s.Duration(&e)) {
 				t.Counters.InvalidTimings++
 				e.Timing = Timing{}
@@ -550,7 +554,7 @@ func (t *Table[S]) fillStart(s *entry[S], ev *tokenevent.Event) {
 
 // readTraceState keeps the caller's tracestate and its OTel entry's
 // randomness (rv) and head-sampling threshold (th), which the verdict
-// honours (OTEP 235).
+// honors (OTEP 235).
 func (t *Table[S]) readTraceState(s *entry[S], raw string) {
 	w3c, err := sampling.NewW3CTraceState(raw)
 	if err != nil {
@@ -715,8 +719,10 @@ func (t *Table[S]) stall(s *entry[S], st Stall, out *[]Report[S]) {
 		x := s.ensureExtra()
 		x.stalls = append(x.stalls, st)
 	}
-	*out = append(*out, Report[S]{Kind: ReportStalled, Session: &s.Session, State: s.state, entry: s,
-		Stall: st, StallCount: int(s.StallCount), Chunks: s.Chunks})
+	*out = append(*out, Report[S]{
+		Kind: ReportStalled, Session: &s.Session, State: s.state, entry: s,
+		Stall: st, StallCount: int(s.StallCount), Chunks: s.Chunks,
+	})
 	if t.cfg.Sampling.Stalls {
 		t.keepEarly(s, ReasonStall, st.DetectedAt, out)
 	}
@@ -783,8 +789,10 @@ func (t *Table[S]) traceKeep(s *entry[S], at int64, out *[]Report[S]) {
 	}
 	ref.kept = true
 	t.traces[s.TraceID] = ref
-	*out = append(*out, Report[S]{Kind: ReportKeptEarly, Session: &s.Session, State: s.state, entry: s,
-		Trace: TraceVerdict{Kept: true, Threshold: ref.th}, At: at})
+	*out = append(*out, Report[S]{
+		Kind: ReportKeptEarly, Session: &s.Session, State: s.state, entry: s,
+		Trace: TraceVerdict{Kept: true, Threshold: ref.th}, At: at,
+	})
 }
 
 // ruleThreshold is the threshold of a session a rule keeps: every one,

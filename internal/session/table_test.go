@@ -107,7 +107,7 @@ type testTable struct {
 
 func (tt *testTable) handle(reports []Report[struct{}]) {
 	tt.rec.record(reports)
-	tt.reports = tt.Table.Release(reports)
+	tt.reports = tt.Release(reports)
 }
 
 func (tt *testTable) Apply(ev *tokenevent.Event, now int64) {
@@ -162,22 +162,28 @@ func TestFigures(t *testing.T) {
 			// TTFT 200 ms; gaps 20, 30, 40 ms; TPOT (290-200)/3 = 30 ms.
 			name:   "single tokens",
 			events: []*tokenevent.Event{start("a", t0), tok("a", t0+200*ms, 1), tok("a", t0+220*ms, 1), tok("a", t0+250*ms, 1), tok("a", t0+290*ms, 1), end("a", t0+300*ms, -1)},
-			want: ended{ID: "a", Outcome: OutcomeCompleted, TTFT: 200 * time.Millisecond, HasTTFT: true, TPOT: 30 * time.Millisecond, HasTPOT: true,
-				Window: 30 * time.Millisecond, MaxGap: 40 * time.Millisecond, Tokens: 4, Chunks: 4, Duration: 300 * time.Millisecond},
+			want: ended{
+				ID: "a", Outcome: OutcomeCompleted, TTFT: 200 * time.Millisecond, HasTTFT: true, TPOT: 30 * time.Millisecond, HasTPOT: true,
+				Window: 30 * time.Millisecond, MaxGap: 40 * time.Millisecond, Tokens: 4, Chunks: 4, Duration: 300 * time.Millisecond,
+			},
 		},
 		{
 			// A chunk of 4 tokens 80 ms after the first: 4 per-token gaps of 20 ms.
 			// completion_tokens (6) overrides the sum of counts (5) for TPOT: 80/5 = 16 ms.
 			name:   "multi-token chunk and completion_tokens",
 			events: []*tokenevent.Event{start("b", t0), tok("b", t0+100*ms, 1), tok("b", t0+180*ms, 4), end("b", t0+181*ms, 6)},
-			want: ended{ID: "b", Outcome: OutcomeCompleted, TTFT: 100 * time.Millisecond, HasTTFT: true, TPOT: 16 * time.Millisecond, HasTPOT: true,
-				Window: 20 * time.Millisecond, MaxGap: 20 * time.Millisecond, Tokens: 5, Chunks: 2, Duration: 181 * time.Millisecond},
+			want: ended{
+				ID: "b", Outcome: OutcomeCompleted, TTFT: 100 * time.Millisecond, HasTTFT: true, TPOT: 16 * time.Millisecond, HasTPOT: true,
+				Window: 20 * time.Millisecond, MaxGap: 20 * time.Millisecond, Tokens: 5, Chunks: 2, Duration: 181 * time.Millisecond,
+			},
 		},
 		{
 			name:   "one token: no TPOT",
 			events: []*tokenevent.Event{start("c", t0), tok("c", t0+50*ms, 1), end("c", t0+60*ms, 1)},
-			want: ended{ID: "c", Outcome: OutcomeCompleted, TTFT: 50 * time.Millisecond, HasTTFT: true, Tokens: 1, Chunks: 1,
-				Duration: 60 * time.Millisecond},
+			want: ended{
+				ID: "c", Outcome: OutcomeCompleted, TTFT: 50 * time.Millisecond, HasTTFT: true, Tokens: 1, Chunks: 1,
+				Duration: 60 * time.Millisecond,
+			},
 		},
 		{
 			name:   "no token: no TTFT",
@@ -199,15 +205,19 @@ func TestFigures(t *testing.T) {
 			// TTFT 600 ms > 500 ms: kept (early, at the first token).
 			name:   "slow TTFT",
 			events: []*tokenevent.Event{start("f", t0), tok("f", t0+600*ms, 1), tok("f", t0+610*ms, 1), end("f", t0+610*ms, 2)},
-			want: ended{ID: "f", Outcome: OutcomeCompleted, TTFT: 600 * time.Millisecond, HasTTFT: true, TPOT: 10 * time.Millisecond, HasTPOT: true,
-				Window: 10 * time.Millisecond, MaxGap: 10 * time.Millisecond, Tokens: 2, Chunks: 2, Keep: true, Reasons: ReasonTTFT, Duration: 610 * time.Millisecond},
+			want: ended{
+				ID: "f", Outcome: OutcomeCompleted, TTFT: 600 * time.Millisecond, HasTTFT: true, TPOT: 10 * time.Millisecond, HasTPOT: true,
+				Window: 10 * time.Millisecond, MaxGap: 10 * time.Millisecond, Tokens: 2, Chunks: 2, Keep: true, Reasons: ReasonTTFT, Duration: 610 * time.Millisecond,
+			},
 		},
 		{
 			// TPOT (100+100)/2 = 100 ms > 80 ms, but no gap above 150 ms: no stall.
 			name:   "slow TPOT",
 			events: []*tokenevent.Event{start("g", t0), tok("g", t0+10*ms, 1), tok("g", t0+110*ms, 1), tok("g", t0+210*ms, 1), end("g", t0+210*ms, -1)},
-			want: ended{ID: "g", Outcome: OutcomeCompleted, TTFT: 10 * time.Millisecond, HasTTFT: true, TPOT: 100 * time.Millisecond, HasTPOT: true,
-				Window: 100 * time.Millisecond, MaxGap: 100 * time.Millisecond, Tokens: 3, Chunks: 3, Keep: true, Reasons: ReasonTPOT, Duration: 210 * time.Millisecond},
+			want: ended{
+				ID: "g", Outcome: OutcomeCompleted, TTFT: 10 * time.Millisecond, HasTTFT: true, TPOT: 100 * time.Millisecond, HasTPOT: true,
+				Window: 100 * time.Millisecond, MaxGap: 100 * time.Millisecond, Tokens: 3, Chunks: 3, Keep: true, Reasons: ReasonTPOT, Duration: 210 * time.Millisecond,
+			},
 		},
 	}
 	for _, tt := range tests {
@@ -345,8 +355,10 @@ func TestStallSinceIsTheLastTokenBeforeTheEpisode(t *testing.T) {
 	apply(tbl, start("s", t0), tok("s", t0+10*ms, 1), tok("s", t0+30*ms, 1),
 		tok("s", t0+230*ms, 1), tok("s", t0+480*ms, 1), tok("s", t0+780*ms, 1))
 	require.Len(t, rec.stalls, 1)
-	assert.Equal(t, Stall{DetectedAt: t0 + 780*ms, Since: t0 + 30*ms,
-		Gaps: []time.Duration{200 * time.Millisecond, 250 * time.Millisecond, 300 * time.Millisecond}}, rec.stalls[0])
+	assert.Equal(t, Stall{
+		DetectedAt: t0 + 780*ms, Since: t0 + 30*ms,
+		Gaps: []time.Duration{200 * time.Millisecond, 250 * time.Millisecond, 300 * time.Millisecond},
+	}, rec.stalls[0])
 }
 
 func TestFreezeDetectedWhileItLasts(t *testing.T) {
@@ -636,6 +648,6 @@ func TestConfigValidate(t *testing.T) {
 
 func TestReasonString(t *testing.T) {
 	assert.Equal(t, "ttft,stall", (ReasonTTFT | ReasonStall).String())
-	assert.Equal(t, "", Reason(0).String())
+	assert.Empty(t, Reason(0).String())
 	assert.Equal(t, "timeout", OutcomeTimeout.String())
 }

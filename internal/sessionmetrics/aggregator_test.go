@@ -17,14 +17,14 @@ var (
 	t2 = t0.Add(30 * time.Second)
 )
 
-func newAggregator(t testing.TB, mutate func(*Config)) *Aggregator {
-	t.Helper()
+func newAggregator(tb testing.TB, mutate func(*Config)) *Aggregator {
+	tb.Helper()
 	cfg := DefaultConfig()
 	if mutate != nil {
 		mutate(&cfg)
 	}
 	a, err := New(cfg, t0)
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	return a
 }
 
@@ -306,8 +306,10 @@ func TestDimsToAttributes(t *testing.T) {
 	extra[0] = "mutated" // the aggregator keeps its own copy
 	a.ObserveGap(l, time.Millisecond, 1)
 	a.Stall(l)
-	a.SessionEnded(l, Result{ErrorType: "timeout", Outcome: "timeout", Sampled: true, TTFT: time.Second, HasTTFT: true,
-		TPOT: time.Millisecond, HasTPOT: true, OutputTokens: 3, HasOutputTokens: true})
+	a.SessionEnded(l, Result{
+		ErrorType: "timeout", Outcome: "timeout", Sampled: true, TTFT: time.Second, HasTTFT: true,
+		TPOT: time.Millisecond, HasTPOT: true, OutputTokens: 3, HasOutputTokens: true,
+	})
 	// Shorter Extra: missing values are absent; the same live dims as a zero value.
 	l2 := a.SessionStarted(Dims{Operation: "chat", Model: "m1", Engine: "e1", Extra: []string{"acme"}})
 
@@ -320,7 +322,7 @@ func TestDimsToAttributes(t *testing.T) {
 		for k, v := range base {
 			out[k] = v
 		}
-		for i := 0; i < len(kv); i += 2 {
+		for i := 0; i+1 < len(kv); i += 2 {
 			out[kv[i].(string)] = kv[i+1]
 		}
 		return out
@@ -347,8 +349,11 @@ func TestDimsToAttributes(t *testing.T) {
 func TestSessionsByOutcomeAndSampled(t *testing.T) {
 	a := newAggregator(t, nil)
 	for _, r := range []Result{
-		{Outcome: "completed"}, {Outcome: "completed"}, {Outcome: "completed", Sampled: true},
-		{Outcome: "error", ErrorType: "500", Sampled: true}, {Outcome: "aborted"},
+		{Outcome: "completed"},
+		{Outcome: "completed"},
+		{Outcome: "completed", Sampled: true},
+		{Outcome: "error", ErrorType: "500", Sampled: true},
+		{Outcome: "aborted"},
 	} {
 		a.SessionEnded(a.SessionStarted(chatDims), r)
 	}
@@ -644,8 +649,10 @@ func TestNegativeValuesRecordedAsZero(t *testing.T) {
 func TestSessionStartedDoesNotAllocateForKnownSeries(t *testing.T) {
 	a := newAggregator(t, func(c *Config) { c.Dimensions = []string{"tenant"} })
 	d := Dims{Operation: "chat", Provider: "vllm", Model: "m", Engine: "e", Extra: []string{"acme"}}
-	r := Result{Outcome: "completed", ErrorType: "x", TTFT: time.Millisecond, HasTTFT: true, TPOT: time.Millisecond, HasTPOT: true,
-		Duration: time.Second, InputTokens: 1, OutputTokens: 2, HasInputTokens: true, HasOutputTokens: true}
+	r := Result{
+		Outcome: "completed", ErrorType: "x", TTFT: time.Millisecond, HasTTFT: true, TPOT: time.Millisecond, HasTPOT: true,
+		Duration: time.Second, InputTokens: 1, OutputTokens: 2, HasInputTokens: true, HasOutputTokens: true,
+	}
 	a.SessionEnded(a.SessionStarted(d), r)
 	allocs := testing.AllocsPerRun(100, func() {
 		l := a.SessionStarted(d)

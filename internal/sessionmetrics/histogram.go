@@ -46,11 +46,12 @@ func newExponential(maxSize int) histogram {
 
 // record adds n observations of v (n ≥ 1, v ≥ 0).
 func (h *histogram) record(v float64, n uint64) {
-	if h.count == 0 {
+	switch {
+	case h.count == 0:
 		h.min, h.max = v, v
-	} else if v < h.min {
+	case v < h.min:
 		h.min = v
-	} else if v > h.max {
+	case v > h.max:
 		h.max = v
 	}
 	h.count += n

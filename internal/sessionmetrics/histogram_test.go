@@ -68,14 +68,32 @@ func TestMapToIndex(t *testing.T) {
 		want  int32
 	}{
 		// scale 0: base 2.
-		{1, 0, -1}, {2, 0, 0}, {3, 0, 1}, {4, 0, 1}, {0.5, 0, -2}, {0.75, 0, -1},
+		{1, 0, -1},
+		{2, 0, 0},
+		{3, 0, 1},
+		{4, 0, 1},
+		{0.5, 0, -2},
+		{0.75, 0, -1},
 		// scale -1: base 4.
-		{1, -1, -1}, {2, -1, 0}, {4, -1, 0}, {5, -1, 1}, {16, -1, 1}, {17, -1, 2}, {0.25, -1, -2},
+		{1, -1, -1},
+		{2, -1, 0},
+		{4, -1, 0},
+		{5, -1, 1},
+		{16, -1, 1},
+		{17, -1, 2},
+		{0.25, -1, -2},
 		{0.001, -1, -5}, // log2(0.001) = -9.966; base-2 index -10; -10 >> 1 = -5
 		// scale -10: base 2^1024, every normal value in one of two buckets.
-		{1, -10, -1}, {math.MaxFloat64, -10, 0}, {math.SmallestNonzeroFloat64, -10, -2},
+		{1, -10, -1},
+		{math.MaxFloat64, -10, 0},
+		{math.SmallestNonzeroFloat64, -10, -2},
 		// scale 1: base √2 ≈ 1.41421.
-		{1, 1, -1}, {1.4, 1, 0}, {1.5, 1, 1}, {2, 1, 1}, {2.5, 1, 2}, {3, 1, 3},
+		{1, 1, -1},
+		{1.4, 1, 0},
+		{1.5, 1, 1},
+		{2, 1, 1},
+		{2.5, 1, 2},
+		{3, 1, 3},
 		{1000, 1, 19}, // log2(1000)·2 = 19.93
 		// scale 3: base 2^(1/8) ≈ 1.09051.
 		{1.5, 3, 4},    // log2(1.5)·8 = 4.680
@@ -222,7 +240,7 @@ func TestExponentialMatchesReference(t *testing.T) {
 				lo, hi = min(lo, idx), max(hi, idx)
 			}
 			assert.Equal(t, lo, h.offset)
-			assert.Equal(t, int(hi-lo+1), len(h.counts))
+			assert.Len(t, h.counts, int(hi-lo+1))
 			for i, c := range h.counts {
 				assert.Equal(t, want[h.offset+int32(i)], c, "bucket %d", h.offset+int32(i))
 			}

@@ -74,8 +74,8 @@ func (r result) normalize() result {
 
 // feed runs a new parser over the pieces and checks the invariants that
 // hold for every split.
-func feed(t testing.TB, maxBytes int, pieces ...[]byte) result {
-	t.Helper()
+func feed(tb testing.TB, maxBytes int, pieces ...[]byte) result {
+	tb.Helper()
 	p := NewParser(maxBytes)
 	var r result
 	var partial []byte
@@ -84,19 +84,19 @@ func feed(t testing.TB, maxBytes int, pieces ...[]byte) result {
 		err := p.Feed(piece, func(e *Event) error {
 			if e.Partial {
 				if !e.Oversized {
-					t.Fatalf("Partial piece not Oversized: %+v", e)
+					tb.Fatalf("Partial piece not Oversized: %+v", e)
 				}
 				if len(e.Raw) == 0 {
-					t.Fatalf("empty Partial piece")
+					tb.Fatalf("empty Partial piece")
 				}
 				partial = append(partial, e.Raw...)
 				return nil
 			}
 			if len(partial) > 0 && !e.Oversized {
-				t.Fatalf("Partial pieces followed by a non-oversized event %q", e.Raw)
+				tb.Fatalf("Partial pieces followed by a non-oversized event %q", e.Raw)
 			}
 			if e.HasData != (e.Data != nil) {
-				t.Fatalf("HasData %v with Data %q", e.HasData, e.Data)
+				tb.Fatalf("HasData %v with Data %q", e.HasData, e.Data)
 			}
 			raw := string(partial) + string(e.Raw)
 			partial = partial[:0]
@@ -107,10 +107,10 @@ func feed(t testing.TB, maxBytes int, pieces ...[]byte) result {
 			return nil
 		})
 		if err != nil {
-			t.Fatalf("Feed: %v", err)
+			tb.Fatalf("Feed: %v", err)
 		}
 		if n := len(p.Pending()); n > limit {
-			t.Fatalf("Pending holds %d bytes, bound is %d", n, limit)
+			tb.Fatalf("Pending holds %d bytes, bound is %d", n, limit)
 		}
 	}
 	r.partial = string(partial)
@@ -228,83 +228,151 @@ func TestFraming(t *testing.T) {
 		want    []tEvent
 		pending string
 	}{
-		{name: "LF", in: "data: a\n\ndata: b\n\n",
-			want: []tEvent{data("data: a\n\n", "a"), data("data: b\n\n", "b")}},
-		{name: "CRLF", in: "data: a\r\n\r\ndata: b\r\n\r\n",
-			want: []tEvent{data("data: a\r\n\r\n", "a"), data("data: b\r\n\r\n", "b")}},
-		{name: "CR only", in: "data: a\r\rdata: b\r\r",
-			want: []tEvent{data("data: a\r\r", "a"), data("data: b\r\r", "b")}},
-		{name: "mixed line ends", in: "data: a\r\ndata: b\rdata: c\n\r\n",
-			want: []tEvent{data("data: a\r\ndata: b\rdata: c\n\r\n", "a\nb\nc")}},
-		{name: "CR CR LF is two line ends", in: "data: a\r\r\n",
-			want: []tEvent{data("data: a\r\r\n", "a")}},
-		{name: "LF CR is two line ends", in: "data: a\n\rdata: b\n\n",
-			want: []tEvent{data("data: a\n\r", "a"), data("data: b\n\n", "b")}},
-		{name: "BOM ignored", in: "\xEF\xBB\xBFdata: x\n\n",
-			want: []tEvent{data("\xEF\xBB\xBFdata: x\n\n", "x")}},
-		{name: "BOM then blank line", in: "\xEF\xBB\xBF\ndata: x\n\n",
-			want: []tEvent{blank("\xEF\xBB\xBF\n"), data("data: x\n\n", "x")}},
-		{name: "only one BOM ignored", in: "\xEF\xBB\xBF\xEF\xBB\xBFdata: x\n\n",
-			want: []tEvent{blank("\xEF\xBB\xBF\xEF\xBB\xBFdata: x\n\n")}},
-		{name: "BOM not at start is data", in: "data: a\n\n\xEF\xBB\xBFdata: b\n\n",
-			want: []tEvent{data("data: a\n\n", "a"), blank("\xEF\xBB\xBFdata: b\n\n")}},
-		{name: "comments", in: ": hello\ndata: a\n: mid\n\n:only\n\n",
-			want: []tEvent{data(": hello\ndata: a\n: mid\n\n", "a"), blank(":only\n\n")}},
-		{name: "comment with data-like text", in: ":data: x\n\n",
-			want: []tEvent{blank(":data: x\n\n")}},
-		{name: "no space after colon", in: "data:a\n\n",
-			want: []tEvent{data("data:a\n\n", "a")}},
-		{name: "only one space removed", in: "data:  a \n\n",
-			want: []tEvent{data("data:  a \n\n", " a ")}},
-		{name: "tab not removed", in: "data:\ta\n\n",
-			want: []tEvent{data("data:\ta\n\n", "\ta")}},
-		{name: "empty data value", in: "data: \n\n",
-			want: []tEvent{data("data: \n\n", "")}},
-		{name: "data without colon", in: "data\n\n",
-			want: []tEvent{data("data\n\n", "")}},
-		{name: "colon in value", in: "data: a:b: c\n\n",
-			want: []tEvent{data("data: a:b: c\n\n", "a:b: c")}},
-		{name: "multi-line data", in: "data: a\ndata:\ndata: c\n\n",
-			want: []tEvent{data("data: a\ndata:\ndata: c\n\n", "a\n\nc")}},
-		{name: "trailing empty data line", in: "data: a\ndata\n\n",
-			want: []tEvent{data("data: a\ndata\n\n", "a\n")}},
-		{name: "event type", in: "event: add\ndata: x\n\ndata: y\n\n",
-			want: []tEvent{{Raw: "event: add\ndata: x\n\n", Data: "x", HasData: true, Type: "add"}, data("data: y\n\n", "y")}},
-		{name: "last event field wins", in: "event: a\nevent: b\ndata: x\n\n",
-			want: []tEvent{{Raw: "event: a\nevent: b\ndata: x\n\n", Data: "x", HasData: true, Type: "b"}}},
-		{name: "event without colon is empty type", in: "event: a\nevent\ndata: x\n\n",
-			want: []tEvent{data("event: a\nevent\ndata: x\n\n", "x")}},
-		{name: "type without data", in: "event: a\n\n",
-			want: []tEvent{{Raw: "event: a\n\n", Type: "a"}}},
-		{name: "id persists", in: "id: 1\ndata: x\n\ndata: y\n\nid\ndata: z\n\n",
+		{
+			name: "LF", in: "data: a\n\ndata: b\n\n",
+			want: []tEvent{data("data: a\n\n", "a"), data("data: b\n\n", "b")},
+		},
+		{
+			name: "CRLF", in: "data: a\r\n\r\ndata: b\r\n\r\n",
+			want: []tEvent{data("data: a\r\n\r\n", "a"), data("data: b\r\n\r\n", "b")},
+		},
+		{
+			name: "CR only", in: "data: a\r\rdata: b\r\r",
+			want: []tEvent{data("data: a\r\r", "a"), data("data: b\r\r", "b")},
+		},
+		{
+			name: "mixed line ends", in: "data: a\r\ndata: b\rdata: c\n\r\n",
+			want: []tEvent{data("data: a\r\ndata: b\rdata: c\n\r\n", "a\nb\nc")},
+		},
+		{
+			name: "CR CR LF is two line ends", in: "data: a\r\r\n",
+			want: []tEvent{data("data: a\r\r\n", "a")},
+		},
+		{
+			name: "LF CR is two line ends", in: "data: a\n\rdata: b\n\n",
+			want: []tEvent{data("data: a\n\r", "a"), data("data: b\n\n", "b")},
+		},
+		{
+			name: "BOM ignored", in: "\xEF\xBB\xBFdata: x\n\n",
+			want: []tEvent{data("\xEF\xBB\xBFdata: x\n\n", "x")},
+		},
+		{
+			name: "BOM then blank line", in: "\xEF\xBB\xBF\ndata: x\n\n",
+			want: []tEvent{blank("\xEF\xBB\xBF\n"), data("data: x\n\n", "x")},
+		},
+		{
+			name: "only one BOM ignored", in: "\xEF\xBB\xBF\xEF\xBB\xBFdata: x\n\n",
+			want: []tEvent{blank("\xEF\xBB\xBF\xEF\xBB\xBFdata: x\n\n")},
+		},
+		{
+			name: "BOM not at start is data", in: "data: a\n\n\xEF\xBB\xBFdata: b\n\n",
+			want: []tEvent{data("data: a\n\n", "a"), blank("\xEF\xBB\xBFdata: b\n\n")},
+		},
+		{
+			name: "comments", in: ": hello\ndata: a\n: mid\n\n:only\n\n",
+			want: []tEvent{data(": hello\ndata: a\n: mid\n\n", "a"), blank(":only\n\n")},
+		},
+		{
+			name: "comment with data-like text", in: ":data: x\n\n",
+			want: []tEvent{blank(":data: x\n\n")},
+		},
+		{
+			name: "no space after colon", in: "data:a\n\n",
+			want: []tEvent{data("data:a\n\n", "a")},
+		},
+		{
+			name: "only one space removed", in: "data:  a \n\n",
+			want: []tEvent{data("data:  a \n\n", " a ")},
+		},
+		{
+			name: "tab not removed", in: "data:\ta\n\n",
+			want: []tEvent{data("data:\ta\n\n", "\ta")},
+		},
+		{
+			name: "empty data value", in: "data: \n\n",
+			want: []tEvent{data("data: \n\n", "")},
+		},
+		{
+			name: "data without colon", in: "data\n\n",
+			want: []tEvent{data("data\n\n", "")},
+		},
+		{
+			name: "colon in value", in: "data: a:b: c\n\n",
+			want: []tEvent{data("data: a:b: c\n\n", "a:b: c")},
+		},
+		{
+			name: "multi-line data", in: "data: a\ndata:\ndata: c\n\n",
+			want: []tEvent{data("data: a\ndata:\ndata: c\n\n", "a\n\nc")},
+		},
+		{
+			name: "trailing empty data line", in: "data: a\ndata\n\n",
+			want: []tEvent{data("data: a\ndata\n\n", "a\n")},
+		},
+		{
+			name: "event type", in: "event: add\ndata: x\n\ndata: y\n\n",
+			want: []tEvent{{Raw: "event: add\ndata: x\n\n", Data: "x", HasData: true, Type: "add"}, data("data: y\n\n", "y")},
+		},
+		{
+			name: "last event field wins", in: "event: a\nevent: b\ndata: x\n\n",
+			want: []tEvent{{Raw: "event: a\nevent: b\ndata: x\n\n", Data: "x", HasData: true, Type: "b"}},
+		},
+		{
+			name: "event without colon is empty type", in: "event: a\nevent\ndata: x\n\n",
+			want: []tEvent{data("event: a\nevent\ndata: x\n\n", "x")},
+		},
+		{
+			name: "type without data", in: "event: a\n\n",
+			want: []tEvent{{Raw: "event: a\n\n", Type: "a"}},
+		},
+		{
+			name: "id persists", in: "id: 1\ndata: x\n\ndata: y\n\nid\ndata: z\n\n",
 			want: []tEvent{
 				{Raw: "id: 1\ndata: x\n\n", Data: "x", HasData: true, ID: "1"},
 				{Raw: "data: y\n\n", Data: "y", HasData: true, ID: "1"},
 				data("id\ndata: z\n\n", "z"),
-			}},
-		{name: "id with NUL ignored", in: "id: 1\n\nid: a\x00b\ndata: x\n\n",
-			want: []tEvent{{Raw: "id: 1\n\n", ID: "1"}, {Raw: "id: a\x00b\ndata: x\n\n", Data: "x", HasData: true, ID: "1"}}},
-		{name: "id only event", in: "id: 5\n\n",
-			want: []tEvent{{Raw: "id: 5\n\n", ID: "5"}}},
-		{name: "retry", in: "retry: 1500\n\nretry: 15a\n\nretry:\n\nretry: 99999999999999999999\n\nretry: 007\ndata: x\n\n",
+			},
+		},
+		{
+			name: "id with NUL ignored", in: "id: 1\n\nid: a\x00b\ndata: x\n\n",
+			want: []tEvent{{Raw: "id: 1\n\n", ID: "1"}, {Raw: "id: a\x00b\ndata: x\n\n", Data: "x", HasData: true, ID: "1"}},
+		},
+		{
+			name: "id only event", in: "id: 5\n\n",
+			want: []tEvent{{Raw: "id: 5\n\n", ID: "5"}},
+		},
+		{
+			name: "retry", in: "retry: 1500\n\nretry: 15a\n\nretry:\n\nretry: 99999999999999999999\n\nretry: 007\ndata: x\n\n",
 			want: []tEvent{
 				{Raw: "retry: 1500\n\n", Retry: 1500, HasRetry: true},
 				blank("retry: 15a\n\n"), blank("retry:\n\n"), blank("retry: 99999999999999999999\n\n"),
 				{Raw: "retry: 007\ndata: x\n\n", Retry: 7, HasRetry: true, Data: "x", HasData: true},
-			}},
-		{name: "unknown and case-sensitive fields ignored", in: "foo: bar\nData: x\nDATA\n data: y\n\n",
-			want: []tEvent{blank("foo: bar\nData: x\nDATA\n data: y\n\n")}},
-		{name: "blank lines only", in: "\n\r\n\r",
-			want: []tEvent{blank("\n"), blank("\r\n"), blank("\r")}},
-		{name: "pending line end", in: "data: a\n\ndata: b\n", pending: "data: b\n",
-			want: []tEvent{data("data: a\n\n", "a")}},
-		{name: "pending no line end", in: "data: a\n\ndata: b", pending: "data: b",
-			want: []tEvent{data("data: a\n\n", "a")}},
-		{name: "pending CR", in: "data: a\r\rdata: b\r", pending: "data: b\r",
-			want: []tEvent{data("data: a\r\r", "a")}},
+			},
+		},
+		{
+			name: "unknown and case-sensitive fields ignored", in: "foo: bar\nData: x\nDATA\n data: y\n\n",
+			want: []tEvent{blank("foo: bar\nData: x\nDATA\n data: y\n\n")},
+		},
+		{
+			name: "blank lines only", in: "\n\r\n\r",
+			want: []tEvent{blank("\n"), blank("\r\n"), blank("\r")},
+		},
+		{
+			name: "pending line end", in: "data: a\n\ndata: b\n", pending: "data: b\n",
+			want: []tEvent{data("data: a\n\n", "a")},
+		},
+		{
+			name: "pending no line end", in: "data: a\n\ndata: b", pending: "data: b",
+			want: []tEvent{data("data: a\n\n", "a")},
+		},
+		{
+			name: "pending CR", in: "data: a\r\rdata: b\r", pending: "data: b\r",
+			want: []tEvent{data("data: a\r\r", "a")},
+		},
 		{name: "empty input", in: ""},
-		{name: "binary and NUL in data", in: "data: \x00\xff\n\n",
-			want: []tEvent{data("data: \x00\xff\n\n", "\x00\xff")}},
+		{
+			name: "binary and NUL in data", in: "data: \x00\xff\n\n",
+			want: []tEvent{data("data: \x00\xff\n\n", "\x00\xff")},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -343,10 +411,10 @@ func TestZeroCopyWithinOneRead(t *testing.T) {
 }
 
 // readFixture reads the project's copy of shared/fixtures/vllm/sse-streams.txt.
-func readFixture(t testing.TB) []byte {
-	t.Helper()
+func readFixture(tb testing.TB) []byte {
+	tb.Helper()
 	b, err := os.ReadFile("../../testdata/fixtures/vllm/sse-streams.txt")
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	return b
 }
 
@@ -587,7 +655,7 @@ func equalResults(a, b result) bool {
 }
 
 // vllmChunk is a typical vLLM chat completion chunk event (~250 bytes).
-func vllmChunk(t testing.TB) []byte {
+func vllmChunk(testing.TB) []byte {
 	return []byte(`data: {"id":"chatcmpl-3f2b9c4e7a1d4e6f8b0c2d4e6f8a0b1c","object":"chat.completion.chunk","created":1754000123,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":" capital"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
 }
 

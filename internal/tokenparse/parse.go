@@ -7,6 +7,7 @@ package tokenparse // import "github.com/otelcol-llm/otelcol-llm/internal/tokenp
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -174,9 +175,11 @@ func (p *Parser) parseCompactToken(line []byte, ev *tokenevent.Event) bool {
 	if k != len(line)-1 || line[k] != '}' {
 		return false
 	}
-	*ev = tokenevent.Event{Kind: tokenevent.KindToken, SessionID: p.intern(sid), TimeUnixNano: t, Count: int64(count), Seq: seq, HasSeq: hasSeq,
+	*ev = tokenevent.Event{
+		Kind: tokenevent.KindToken, SessionID: p.intern(sid), TimeUnixNano: t, Count: int64(count), Seq: seq, HasSeq: hasSeq,
 		PromptTokens: -1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
-		Attributes: ev.Attributes[:0]}
+		Attributes: ev.Attributes[:0],
+	}
 	return true
 }
 
@@ -258,7 +261,9 @@ func (p *Parser) ParseBatch(body []byte, maxLines int, onEvent func(*tokenevent.
 		}
 		taken++
 		if err := p.Parse(line, ev); err != nil {
-			onError(&LineError{Line: lineNo, FieldError: *err.(*tokenevent.FieldError)})
+			var fe *tokenevent.FieldError
+			errors.As(err, &fe) // Parse's errors are all *FieldError
+			onError(&LineError{Line: lineNo, FieldError: *fe})
 			continue
 		}
 		onEvent(ev)
@@ -452,11 +457,11 @@ func (p *Parser) skipValue(depth int) error {
 	if p.i >= len(p.b) {
 		return p.syntax("a value")
 	}
-	switch c := p.b[p.i]; {
-	case c == '"':
+	switch c := p.b[p.i]; c {
+	case '"':
 		_, err := p.str("")
 		return err
-	case c == '{' || c == '[':
+	case '{', '[':
 		if depth >= maxSkipDepth {
 			return &tokenevent.FieldError{Reason: fmt.Sprintf("invalid JSON at byte %d: nested deeper than %d", p.i+1, maxSkipDepth)}
 		}
@@ -480,7 +485,7 @@ func (p *Parser) skipValue(depth int) error {
 				return err
 			}
 		}
-	case c == 't' || c == 'f' || c == 'n':
+	case 't', 'f', 'n':
 		for _, lit := range [...]string{"true", "false", "null"} {
 			if len(p.b)-p.i >= len(lit) && string(p.b[p.i:p.i+len(lit)]) == lit {
 				p.i += len(lit)
@@ -863,7 +868,7 @@ func (p *Parser) str(field string) ([]byte, error) {
 
 // strEscaped finishes a string that contains escapes, decoding it into scratch.
 func (p *Parser) strEscaped(field string, start int) ([]byte, error) {
-	out := append(p.scratch[:0], p.b[start:p.i]...)
+	out := append(p.scratch[:0], p.b[start:p.i]...) //nolint:gocritic // decodes into scratch; p.scratch = out keeps the grown buffer
 	for p.i < len(p.b) {
 		c := p.b[p.i]
 		switch {

@@ -2,6 +2,7 @@ package tokenparse
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -83,12 +84,18 @@ func TestParseOptionalFields(t *testing.T) {
 	assert.False(t, ev.HasSeq, "absent")
 
 	for _, ev := range []tokenevent.Event{
-		{Kind: tokenevent.KindStart, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: 1, NoStream: true, TraceState: "ot=rv:0123456789abcd",
-			QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1},
-		{Kind: tokenevent.KindToken, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: tokenevent.MaxCount, Seq: 0, HasSeq: true,
-			QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1},
-		{Kind: tokenevent.KindEnd, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: 3, Count: 1, ResponseModel: "m-fp8",
-			QueueTimeNs: 120_000_000, PrefillTimeNs: -1, DecodeTimeNs: 0, TimingSource: tokenevent.TimingHook},
+		{
+			Kind: tokenevent.KindStart, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: 1, NoStream: true, TraceState: "ot=rv:0123456789abcd",
+			QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
+		},
+		{
+			Kind: tokenevent.KindToken, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: tokenevent.MaxCount, Seq: 0, HasSeq: true,
+			QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
+		},
+		{
+			Kind: tokenevent.KindEnd, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: 3, Count: 1, ResponseModel: "m-fp8",
+			QueueTimeNs: 120_000_000, PrefillTimeNs: -1, DecodeTimeNs: 0, TimingSource: tokenevent.TimingHook,
+		},
 	} {
 		line := tokenevent.AppendJSON(nil, &ev)
 		var got tokenevent.Event
@@ -247,7 +254,8 @@ func TestParseBatchMaxLines(t *testing.T) {
 }
 
 func TestAppendJSONRoundTrip(t *testing.T) {
-	for _, line := range []string{startLine, tokenLine, endLine,
+	for _, line := range []string{
+		startLine, tokenLine, endLine,
 		`{"event":"token","session_id":"q\"\\\u0001é","time_unix_nano":7,"count":4}`,
 		`{"event":"end","session_id":"s","time_unix_nano":9,"error":"aborted"}`,
 	} {
@@ -269,9 +277,11 @@ func TestAppendJSONInvalidUTF8(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	for _, s := range []string{startLine, tokenLine, endLine, `{}`, `{"event":"token","session_id":"a","time_unix_nano":12,"count":3}`,
+	for _, s := range []string{
+		startLine, tokenLine, endLine, `{}`, `{"event":"token","session_id":"a","time_unix_nano":12,"count":3}`,
 		`{"event":"token","session_id":"a","time_unix_nano":012}`, `{"event":"token","session_id":"a","time_unix_nano":1,"count":0}`, `{"attributes":{"a":"\ud800"}}`, `{"event":"token","session_id":"\u00e9","time_unix_nano":1,"count":2}`,
-		`{"bad"}`, `{"bad":[1,{"x":-0.5E+2}],"event":"token"}`, `{"event":"token","x":[[[[]]]]}`} {
+		`{"bad"}`, `{"bad":[1,{"x":-0.5E+2}],"event":"token"}`, `{"event":"token","x":[[[[]]]]}`,
+	} {
 		f.Add([]byte(s))
 	}
 	p := NewParser(tokenevent.Limits{})
@@ -289,7 +299,8 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 		if err := p.Parse(line, &ev); err != nil {
-			if _, ok := err.(*tokenevent.FieldError); !ok {
+			var fe *tokenevent.FieldError
+			if !errors.As(err, &fe) {
 				t.Fatalf("error of type %T", err)
 			}
 			return

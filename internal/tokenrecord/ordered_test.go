@@ -16,8 +16,10 @@ import (
 // ev is a compact event for the ordered writer's tests: kind, session,
 // time in ms after t0.
 func ev(kind tokenevent.Kind, id string, ms int64) tokenevent.Event {
-	return tokenevent.Event{Kind: kind, SessionID: id, TimeUnixNano: uint64(t0 + ms*1_000_000), Count: 1,
-		PromptTokens: -1, CompletionTokens: -1}
+	return tokenevent.Event{
+		Kind: kind, SessionID: id, TimeUnixNano: uint64(t0 + ms*1_000_000), Count: 1,
+		PromptTokens: -1, CompletionTokens: -1,
+	}
 }
 
 const t0 = int64(1_700_000_000_000_000_000)
@@ -82,8 +84,10 @@ func TestOrderedWriter(t *testing.T) {
 		},
 		{
 			name: "a session out of order is rewritten after the others",
-			in: []tokenevent.Event{ev(token, "b", 10), ev(token, "a", 100), ev(end, "a", 140), ev(token, "b", 20),
-				ev(token, "a", 130), ev(end, "b", 30)},
+			in: []tokenevent.Event{
+				ev(token, "b", 10), ev(token, "a", 100), ev(end, "a", 140), ev(token, "b", 20),
+				ev(token, "a", 130), ev(end, "b", 30),
+			},
 			want: []string{"token b 10", "token b 20", "end b 30", "token a 100", "token a 130", "end a 140"},
 		},
 	} {

@@ -225,8 +225,10 @@ func TestPackedRoundTripLong(t *testing.T) {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			var want []tokenevent.Event
 			for i := range n {
-				want = append(want, tokenevent.Event{Kind: tokenevent.KindToken, SessionID: "s", TimeUnixNano: uint64(1_700_000_000_000_000_000 + i*20_000_017 - (i%7)*1000),
-					Count: int64(1 + i%3), PromptTokens: -1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1})
+				want = append(want, tokenevent.Event{
+					Kind: tokenevent.KindToken, SessionID: "s", TimeUnixNano: uint64(1_700_000_000_000_000_000 + i*20_000_017 - (i%7)*1000),
+					Count: int64(1 + i%3), PromptTokens: -1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
+				})
 			}
 			records := plog.NewLogRecordSlice()
 			w := NewRecordWriter()

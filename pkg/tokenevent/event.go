@@ -148,6 +148,8 @@ func (ev *Event) HasTiming() bool { return ev.TimingSource != "" }
 // Reset clears ev for reuse, keeping the capacity of Attributes.
 func (ev *Event) Reset() {
 	attrs := ev.Attributes[:0]
-	*ev = Event{PromptTokens: -1, Count: 1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
-		Attributes: attrs}
+	*ev = Event{
+		PromptTokens: -1, Count: 1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
+		Attributes: attrs,
+	}
 }

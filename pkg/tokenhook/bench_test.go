@@ -46,7 +46,9 @@ func BenchmarkToken(b *testing.B) {
 			}
 			b.StartTimer()
 		}
-		c.Token("chatcmpl-5f1c2a9e", t, 1)
+		if err := c.Token("chatcmpl-5f1c2a9e", t, 1); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
@@ -60,7 +62,10 @@ func BenchmarkTokenParallel(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			c.Token("chatcmpl-5f1c2a9e", t, 1)
+			if err := c.Token("chatcmpl-5f1c2a9e", t, 1); err != nil {
+				b.Error(err)
+				return
+			}
 		}
 	})
 }

@@ -191,8 +191,9 @@ func closeClient(t *testing.T, c *Client) {
 
 // session sends a complete session with every field set and returns what
 // the receiver must parse.
-func session(c *Client, id string) []tokenevent.Event {
-	c.Start(Start{
+func session(t *testing.T, c *Client, id string) []tokenevent.Event {
+	t.Helper()
+	require.NoError(t, c.Start(Start{
 		SessionID:       id,
 		Time:            t0,
 		TraceID:         [16]byte{0x0a, 0xf7, 0x65, 0x19, 0x16, 0xcd, 0x43, 0xdd, 0x84, 0x48, 0xeb, 0x21, 0x1c, 0x80, 0x31, 0x9c},
@@ -206,11 +207,13 @@ func session(c *Client, id string) []tokenevent.Event {
 		Attributes:      map[string]string{"tenant": "a \"quoted\"\n", "quantization": "fp8"},
 		NoStream:        true,
 		TraceState:      "ot=th:8,vendor=x",
-	})
-	c.Token(id, t0.Add(250*time.Millisecond), 1)
-	c.Token(id, t0.Add(300*time.Millisecond), 3)
-	c.End(End{SessionID: id, Time: t0.Add(time.Second), CompletionTokens: 4, HasCompletionTokens: true, FinishReason: "stop",
-		ResponseModel: "llama-fp8", QueueTime: 120 * time.Millisecond, PrefillTime: 80 * time.Millisecond, DecodeTime: -1, HasTiming: true})
+	}))
+	require.NoError(t, c.Token(id, t0.Add(250*time.Millisecond), 1))
+	require.NoError(t, c.Token(id, t0.Add(300*time.Millisecond), 3))
+	require.NoError(t, c.End(End{
+		SessionID: id, Time: t0.Add(time.Second), CompletionTokens: 4, HasCompletionTokens: true, FinishReason: "stop",
+		ResponseModel: "llama-fp8", QueueTime: 120 * time.Millisecond, PrefillTime: 80 * time.Millisecond, DecodeTime: -1, HasTiming: true,
+	}))
 
 	ns := uint64(t0.UnixNano())
 	return []tokenevent.Event{
@@ -226,25 +229,27 @@ func session(c *Client, id string) []tokenevent.Event {
 		},
 		{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: ns + 250e6, PromptTokens: -1, Count: 1, CompletionTokens: -1},
 		{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: ns + 300e6, PromptTokens: -1, Count: 3, CompletionTokens: -1},
-		{Kind: tokenevent.KindEnd, SessionID: id, TimeUnixNano: ns + 1e9, PromptTokens: -1, Count: 1, CompletionTokens: 4, FinishReason: "stop",
-			ResponseModel: "llama-fp8", QueueTimeNs: 120e6, PrefillTimeNs: 80e6, DecodeTimeNs: -1, TimingSource: tokenevent.TimingHook},
+		{
+			Kind: tokenevent.KindEnd, SessionID: id, TimeUnixNano: ns + 1e9, PromptTokens: -1, Count: 1, CompletionTokens: 4, FinishReason: "stop",
+			ResponseModel: "llama-fp8", QueueTimeNs: 120e6, PrefillTimeNs: 80e6, DecodeTimeNs: -1, TimingSource: tokenevent.TimingHook,
+		},
 	}
 }
 
 func TestEventsArriveIntactAndInOrder(t *testing.T) {
 	transports(t, func(t *testing.T, col collector) {
 		c := newClient(t, Config{Endpoint: col.endpoint()})
-		want := session(c, "s-1")
+		want := session(t, c, "s-1")
 		// A bare session: absent optional fields must stay absent.
-		c.Start(Start{SessionID: "s-2", Time: t0})
-		c.End(End{SessionID: "s-2", Time: t0.Add(time.Second), Error: "timeout"})
+		require.NoError(t, c.Start(Start{SessionID: "s-2", Time: t0}))
+		require.NoError(t, c.End(End{SessionID: "s-2", Time: t0.Add(time.Second), Error: "timeout"}))
 		ns := uint64(t0.UnixNano())
 		want = append(want,
 			tokenevent.Event{Kind: tokenevent.KindStart, SessionID: "s-2", TimeUnixNano: ns, PromptTokens: -1, Count: 1, CompletionTokens: -1},
 			tokenevent.Event{Kind: tokenevent.KindEnd, SessionID: "s-2", TimeUnixNano: ns + 1e9, PromptTokens: -1, Count: 1, CompletionTokens: -1, Error: "timeout"},
 		)
 		for i := range 100 {
-			c.Token("s-3", t0.Add(time.Duration(i)), i+1)
+			require.NoError(t, c.Token("s-3", t0.Add(time.Duration(i)), i+1))
 			want = append(want, tokenevent.Event{
 				Kind: tokenevent.KindToken, SessionID: "s-3", TimeUnixNano: ns + uint64(i), PromptTokens: -1, Count: int64(i + 1), CompletionTokens: -1,
 			})
@@ -262,7 +267,7 @@ func TestHTTPRequestShape(t *testing.T) {
 		Endpoint: strings.TrimSuffix(col.endpoint(), DefaultHTTPPath), // the path defaults
 		Headers:  map[string]string{"Authorization": "Bearer secret", "x-tenant": "a"},
 	})
-	c.Token("s-1", t0, 1)
+	require.NoError(t, c.Token("s-1", t0, 1))
 	closeClient(t, c)
 	reqs := col.requests()
 	require.Len(t, reqs, 1)
@@ -285,7 +290,7 @@ func TestBatchesBySize(t *testing.T) {
 		// sent because the next line would not fit.
 		const n = queue / 2
 		for i := range n {
-			c.Token("s-1", t0.Add(time.Duration(i)), 1)
+			require.NoError(t, c.Token("s-1", t0.Add(time.Duration(i)), 1))
 		}
 		require.Eventually(t, func() bool { return countReceived(col) == n/perBatch*perBatch }, waitFor, tick)
 
@@ -314,7 +319,7 @@ func TestBatchesByLines(t *testing.T) {
 		// Close takes all n at once.
 		c := newClient(t, Config{Endpoint: col.endpoint(), QueueSize: 64, MaxBatchLines: maxLines, FlushInterval: time.Hour})
 		for i := range n {
-			c.Token("s-1", t0.Add(time.Duration(i)), 1)
+			require.NoError(t, c.Token("s-1", t0.Add(time.Duration(i)), 1))
 		}
 		closeClient(t, c)
 		require.Eventually(t, func() bool { return countReceived(col) == n }, waitFor, tick)
@@ -428,10 +433,10 @@ func TestBatchesByInterval(t *testing.T) {
 	transports(t, func(t *testing.T, col collector) {
 		c := newClient(t, Config{Endpoint: col.endpoint(), FlushInterval: 20 * time.Millisecond})
 		// Far from MaxBatchBytes and before Close: only the interval sends.
-		c.Token("s-1", t0, 1)
-		c.Token("s-1", t0.Add(1), 1)
+		require.NoError(t, c.Token("s-1", t0, 1))
+		require.NoError(t, c.Token("s-1", t0.Add(1), 1))
 		require.Eventually(t, func() bool { return countReceived(col) == 2 }, waitFor, tick)
-		c.Token("s-1", t0.Add(2), 1)
+		require.NoError(t, c.Token("s-1", t0.Add(2), 1))
 		require.Eventually(t, func() bool { return countReceived(col) == 3 }, waitFor, tick)
 		assert.GreaterOrEqual(t, len(col.batches()), 2)
 		closeClient(t, c)
@@ -444,7 +449,7 @@ func TestBatchesByInterval(t *testing.T) {
 func blockingHTTP(t *testing.T) (col *httpCollector, entered <-chan struct{}, release func()) {
 	in := make(chan struct{}, 1)
 	out := make(chan struct{})
-	col = newHTTPCollector(t, func(w http.ResponseWriter, r *http.Request, _ int) {
+	col = newHTTPCollector(t, func(_ http.ResponseWriter, r *http.Request, _ int) {
 		select {
 		case in <- struct{}{}:
 		default:
@@ -473,7 +478,7 @@ func TestQueueFullDropsWithoutBlocking(t *testing.T) {
 	col, entered, release := blockingHTTP(t)
 	const queue = 4
 	c := newClient(t, Config{Endpoint: col.endpoint(), QueueSize: queue, FlushInterval: time.Millisecond})
-	c.Token("s-1", t0, 1)
+	require.NoError(t, c.Token("s-1", t0, 1))
 	waitClosed(t, entered, "the first batch never reached the receiver")
 
 	// The background goroutine is stuck in the request: the queue fills.
@@ -482,7 +487,7 @@ func TestQueueFullDropsWithoutBlocking(t *testing.T) {
 	go func() {
 		defer close(done)
 		for i := range more {
-			c.Token("s-1", t0.Add(time.Duration(i+1)), 1)
+			assert.NoError(t, c.Token("s-1", t0.Add(time.Duration(i+1)), 1))
 		}
 	}()
 	waitClosed(t, done, "Token blocked on a full queue")
@@ -497,7 +502,7 @@ func TestQueueFullDropsWithoutBlocking(t *testing.T) {
 func TestCloseFlushes(t *testing.T) {
 	transports(t, func(t *testing.T, col collector) {
 		c := newClient(t, Config{Endpoint: col.endpoint(), FlushInterval: time.Hour})
-		want := session(c, "s-1")
+		want := session(t, c, "s-1")
 		closeClient(t, c)
 		assert.Equal(t, Stats{Sent: uint64(len(want))}, c.Stats(), "Close returns after the last send")
 		require.Eventually(t, func() bool { return countReceived(col) == len(want) }, waitFor, tick)
@@ -509,13 +514,13 @@ func TestCloseTwiceAndEventsAfterClose(t *testing.T) {
 	transports(t, func(t *testing.T, col collector) {
 		c, err := New(Config{Endpoint: col.endpoint()})
 		require.NoError(t, err)
-		c.Token("s-1", t0, 1)
+		require.NoError(t, c.Token("s-1", t0, 1))
 		require.NoError(t, c.Close(context.Background()))
 		require.NoError(t, c.Close(context.Background()))
 
-		c.Start(Start{SessionID: "s-2", Time: t0})
-		c.Token("s-2", t0, 1)
-		c.End(End{SessionID: "s-2", Time: t0})
+		require.NoError(t, c.Start(Start{SessionID: "s-2", Time: t0}))
+		require.NoError(t, c.Token("s-2", t0, 1))
+		require.NoError(t, c.End(End{SessionID: "s-2", Time: t0}))
 		assert.Equal(t, Stats{Sent: 1, Dropped: 3}, c.Stats())
 		require.NoError(t, c.Close(context.Background()))
 	})
@@ -524,9 +529,9 @@ func TestCloseTwiceAndEventsAfterClose(t *testing.T) {
 func TestCloseAbortsWhenContextEnds(t *testing.T) {
 	col, entered, _ := blockingHTTP(t)
 	c := newClient(t, Config{Endpoint: col.endpoint(), FlushInterval: time.Millisecond})
-	c.Token("s-1", t0, 1)
+	require.NoError(t, c.Token("s-1", t0, 1))
 	waitClosed(t, entered, "the first batch never reached the receiver")
-	c.Token("s-1", t0.Add(1), 1)
+	require.NoError(t, c.Token("s-1", t0.Add(1), 1))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -641,7 +646,7 @@ func TestHTTPStatus(t *testing.T) {
 			col := newHTTPCollector(t, tc.respond)
 			c := newClient(t, Config{Endpoint: col.endpoint(), FlushInterval: time.Hour})
 			for i := range 3 {
-				c.Token("s-1", t0.Add(time.Duration(i)), 1)
+				require.NoError(t, c.Token("s-1", t0.Add(time.Duration(i)), 1))
 			}
 			closeClient(t, c)
 			assert.Equal(t, tc.want, c.Stats())
@@ -655,7 +660,7 @@ func TestHTTPTransportErrorFails(t *testing.T) {
 	endpoint := col.endpoint()
 	col.srv.Close() // nothing listens there any more
 	c := newClient(t, Config{Endpoint: endpoint})
-	c.Token("s-1", t0, 1)
+	require.NoError(t, c.Token("s-1", t0, 1))
 	closeClient(t, c)
 	assert.Equal(t, Stats{Failed: 1}, c.Stats())
 }
@@ -748,9 +753,9 @@ func TestZeroTimeMeansNow(t *testing.T) {
 	col := newHTTPCollector(t, nil)
 	c := newClient(t, Config{Endpoint: col.endpoint()})
 	before := time.Now().UnixNano()
-	c.Token("s-1", time.Time{}, 1)
-	c.Start(Start{SessionID: "s-2"})
-	c.End(End{SessionID: "s-2"})
+	require.NoError(t, c.Token("s-1", time.Time{}, 1))
+	require.NoError(t, c.Start(Start{SessionID: "s-2"}))
+	require.NoError(t, c.End(End{SessionID: "s-2"}))
 	after := time.Now().UnixNano()
 	closeClient(t, c)
 	got := received(t, col)
@@ -763,9 +768,9 @@ func TestZeroTimeMeansNow(t *testing.T) {
 
 func TestNilClientIgnoresCalls(t *testing.T) {
 	var c *Client
-	c.Start(Start{SessionID: "s-1"})
-	c.Token("s-1", t0, 1)
-	c.End(End{SessionID: "s-1"})
+	require.NoError(t, c.Start(Start{SessionID: "s-1"}))
+	require.NoError(t, c.Token("s-1", t0, 1))
+	require.NoError(t, c.End(End{SessionID: "s-1"}))
 	assert.Equal(t, Stats{}, c.Stats())
 	assert.NoError(t, c.Close(context.Background()))
 }

@@ -59,5 +59,5 @@ func TestReadmeShowsExample(t *testing.T) {
 		}
 	}
 	want := strings.Join(lines, "\n") + "\n"
-	assert.True(t, strings.Contains(string(example), want), "README's Go block\n%s\nis not Example's code", block)
+	assert.Contains(t, string(example), want, "README's Go block\n%s\nis not Example's code", block)
 }

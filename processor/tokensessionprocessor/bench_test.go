@@ -53,8 +53,10 @@ func BenchmarkConsumeLogsTokens(b *testing.B) {
 			starts := make([]tokenevent.Event, sessions)
 			for i := range ids {
 				ids[i] = fmt.Sprintf("req-%08d", i)
-				starts[i] = tokenevent.Event{Kind: tokenevent.KindStart, SessionID: ids[i], TimeUnixNano: uint64(now), Model: "llama",
-					Operation: "chat", Engine: "vllm-0", PromptTokens: 100, Count: 1, CompletionTokens: -1}
+				starts[i] = tokenevent.Event{
+					Kind: tokenevent.KindStart, SessionID: ids[i], TimeUnixNano: uint64(now), Model: "llama",
+					Operation: "chat", Engine: "vllm-0", PromptTokens: 100, Count: 1, CompletionTokens: -1,
+				}
 			}
 			if err := lp.ConsumeLogs(context.Background(), events(starts...)); err != nil {
 				b.Fatal(err)
@@ -116,12 +118,10 @@ func BenchmarkRetainedPerSessionProcessor(b *testing.B) {
 				tokenevent.Event{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: uint64(now + 1e8), Count: 1, PromptTokens: -1, CompletionTokens: -1})
 		}
 		ld := events(evs...)
-		evs = nil
 		if err := c.consumeLogs(context.Background(), ld); err != nil {
 			b.Fatal(err)
 		}
-		ld = plog.Logs{}
-		runtime.GC()
+		runtime.GC() // evs and ld are dead here: collected before after is read
 		runtime.ReadMemStats(&after)
 		// Measured from before the batch was built to after it was
 		// collected: what remains is what the sessions hold, their IDs

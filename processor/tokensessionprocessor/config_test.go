@@ -47,8 +47,10 @@ func TestConfigDefaults(t *testing.T) {
 	assert.Equal(t, createDefaultConfig(), cfg)
 	assert.Equal(t, PassNone, cfg.PassTokenEvents)
 	assert.Equal(t, 10, cfg.Window)
-	assert.Equal(t, session.StallConfig{Gap: 150 * time.Millisecond, Consecutive: 3, MaxRecords: 8, CheckInterval: 50 * time.Millisecond,
-		DeliverySlack: 500 * time.Millisecond}, cfg.Stall)
+	assert.Equal(t, session.StallConfig{
+		Gap: 150 * time.Millisecond, Consecutive: 3, MaxRecords: 8, CheckInterval: 50 * time.Millisecond,
+		DeliverySlack: 500 * time.Millisecond,
+	}, cfg.Stall)
 	assert.Equal(t, session.TableConfig{IdleTimeout: 5 * time.Minute, MaxActive: 100000, EndedMemory: 16384, MaxFutureSkew: time.Minute}, cfg.Session)
 	assert.Equal(t, LimitsConfig{MaxSessionIDBytes: 256, MaxAttributes: 32}, cfg.Limits)
 	assert.Equal(t, session.SamplingConfig{TTFT: 500 * time.Millisecond, TPOT: 80 * time.Millisecond, Stalls: true, Errors: true, NormalPercent: 1}, cfg.Sampling)
@@ -64,13 +66,17 @@ func TestConfigCustom(t *testing.T) {
 	assert.Equal(t, PassAll, cfg.PassTokenEvents)
 	assert.Equal(t, "sglang", cfg.ProviderName)
 	assert.Equal(t, 20, cfg.Window)
-	assert.Equal(t, session.StallConfig{Gap: 200 * time.Millisecond, Consecutive: 4, MaxRecords: 2, CheckInterval: 100 * time.Millisecond,
-		DeliverySlack: time.Second}, cfg.Stall)
+	assert.Equal(t, session.StallConfig{
+		Gap: 200 * time.Millisecond, Consecutive: 4, MaxRecords: 2, CheckInterval: 100 * time.Millisecond,
+		DeliverySlack: time.Second,
+	}, cfg.Stall)
 	assert.Equal(t, session.TableConfig{IdleTimeout: time.Minute, MaxActive: 5000, EndedMemory: 1000, MaxFutureSkew: 10 * time.Second}, cfg.Session)
 	assert.Equal(t, LimitsConfig{MaxSessionIDBytes: 512, MaxAttributes: 8}, cfg.Limits)
 	assert.Equal(t, session.SamplingConfig{TTFT: time.Second, TPOT: 100 * time.Millisecond, Stalls: false, Errors: true, NormalPercent: 5}, cfg.Sampling)
-	assert.Equal(t, sessionmetrics.Config{FlushInterval: 30 * time.Second, Dimensions: []string{"quantization", "tenant"}, CardinalityLimit: 500,
-		Temporality: sessionmetrics.Delta, Histogram: sessionmetrics.Exponential, ExponentialMaxSize: 80, MaxModels: 20}, cfg.Metrics)
+	assert.Equal(t, sessionmetrics.Config{
+		FlushInterval: 30 * time.Second, Dimensions: []string{"quantization", "tenant"}, CardinalityLimit: 500,
+		Temporality: sessionmetrics.Delta, Histogram: sessionmetrics.Exponential, ExponentialMaxSize: 80, MaxModels: 20,
+	}, cfg.Metrics)
 	assert.Equal(t, heldspans.Config{MaxHeldSpans: 1000, MaxHold: time.Minute, VerdictCacheSize: 2000}, cfg.Traces)
 }
 

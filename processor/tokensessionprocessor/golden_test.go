@@ -150,21 +150,27 @@ type goldenStartEvent struct {
 	attrs                        []tokenevent.Attribute
 }
 
-func (s goldenStartEvent) at(t int64) tokenevent.Event {
-	return tokenevent.Event{Kind: tokenevent.KindStart, SessionID: s.id, TimeUnixNano: uint64(t),
+func (s goldenStartEvent) at(t int64) tokenevent.Event { //nolint:unparam // the fixtures read as data: a start at t0
+	return tokenevent.Event{
+		Kind: tokenevent.KindStart, SessionID: s.id, TimeUnixNano: uint64(t),
 		TraceID: tokenevent.TraceID(s.trace), SpanID: tokenevent.SpanID(s.span), ParentSpanID: tokenevent.SpanID(s.parent), Model: s.model, Operation: s.operation,
-		Engine: s.engine, PromptTokens: s.promptTokens, Attributes: s.attrs, Count: 1, CompletionTokens: -1}
+		Engine: s.engine, PromptTokens: s.promptTokens, Attributes: s.attrs, Count: 1, CompletionTokens: -1,
+	}
 }
 
 func goldenTok(id string, t, count int64) tokenevent.Event {
-	return tokenevent.Event{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: uint64(t), Count: count,
-		PromptTokens: -1, CompletionTokens: -1}
+	return tokenevent.Event{
+		Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: uint64(t), Count: count,
+		PromptTokens: -1, CompletionTokens: -1,
+	}
 }
 
 // goldenEnd: completion < 0 means the end event has no completion_tokens.
 func goldenEnd(id string, t, completion int64, finish, errType string) tokenevent.Event {
-	return tokenevent.Event{Kind: tokenevent.KindEnd, SessionID: id, TimeUnixNano: uint64(t), CompletionTokens: completion,
-		FinishReason: finish, Error: errType, PromptTokens: -1, Count: 1}
+	return tokenevent.Event{
+		Kind: tokenevent.KindEnd, SessionID: id, TimeUnixNano: uint64(t), CompletionTokens: completion,
+		FinishReason: finish, Error: errType, PromptTokens: -1, Count: 1,
+	}
 }
 
 // The slow session: TTFT 800 ms (> 500 ms), then decoding at 20 ms per
@@ -258,13 +264,17 @@ func TestGoldenSlowSession(t *testing.T) {
 func goldenMetricsSessions() [][]tokenevent.Event {
 	t0 := goldenT0
 	llama := func(id string, trace byte, prompt int64) goldenStartEvent {
-		return goldenStartEvent{id: id, model: "llama-3.1-8b", operation: tokenevent.OperationChat, engine: "vllm-0",
+		return goldenStartEvent{
+			id: id, model: "llama-3.1-8b", operation: tokenevent.OperationChat, engine: "vllm-0",
 			trace: pcommon.TraceID{0xa0, trace}, span: pcommon.SpanID{0xa0, trace}, promptTokens: prompt,
-			attrs: []tokenevent.Attribute{{Key: "quantization", Value: "fp8"}}}
+			attrs: []tokenevent.Attribute{{Key: "quantization", Value: "fp8"}},
+		}
 	}
 	qwen := func(id string, trace byte, prompt int64) goldenStartEvent {
-		return goldenStartEvent{id: id, model: "qwen2.5-7b", operation: tokenevent.OperationTextCompletion, engine: "vllm-1",
-			trace: pcommon.TraceID{0xb0, trace}, span: pcommon.SpanID{0xb0, trace}, promptTokens: prompt}
+		return goldenStartEvent{
+			id: id, model: "qwen2.5-7b", operation: tokenevent.OperationTextCompletion, engine: "vllm-1",
+			trace: pcommon.TraceID{0xb0, trace}, span: pcommon.SpanID{0xb0, trace}, promptTokens: prompt,
+		}
 	}
 	b := goldenSlowBatches()
 	slow := append(append(append([]tokenevent.Event(nil), b[0]...), b[1]...), b[2]...)

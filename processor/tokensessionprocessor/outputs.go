@@ -3,11 +3,10 @@ package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/proc
 import (
 	"time"
 
+	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/pdata/ptrace"
-
-	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
 	"github.com/otelcol-llm/otelcol-llm/internal/session"

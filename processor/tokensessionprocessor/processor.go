@@ -64,8 +64,10 @@ func newCore(cfg *Config, set processor.Settings) (*core, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &core{cfg: cfg, set: set, telemetry: telemetry, engines: &engineContext{}, spans: &spanGate{buf: buf},
-		stop: make(chan struct{})}
+	c := &core{
+		cfg: cfg, set: set, telemetry: telemetry, engines: &engineContext{}, spans: &spanGate{buf: buf},
+		stop: make(chan struct{}),
+	}
 	if c.sessions, err = newSessions(cfg, telemetry, c.engines, c.spans); err != nil {
 		telemetry.shutdown()
 		return nil, err
@@ -98,7 +100,7 @@ func (c *core) setNext(logs consumer.Logs, metrics consumer.Metrics, traces cons
 
 func (c *core) Start(context.Context, component.Host) error {
 	c.done.Add(1)
-	go c.run()
+	go c.run() //nolint:gosec // G118: Start's context ends with Start; run stops on Shutdown
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -95,17 +96,21 @@ func events(evs ...tokenevent.Event) plog.Logs {
 	return ld
 }
 
-var traceSlow = pcommon.TraceID{0xaa, 1}
-var traceFast = pcommon.TraceID{0xbb, 2}
+var (
+	traceSlow = pcommon.TraceID{0xaa, 1}
+	traceFast = pcommon.TraceID{0xbb, 2}
+)
 
 // base is an engine time close to the collector's clock, so that session
 // times and the collector's idle checks agree.
 var base = time.Now().UnixNano()
 
 func start(id string, trace pcommon.TraceID, at int64) tokenevent.Event {
-	return tokenevent.Event{Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: uint64(at), TraceID: tokenevent.TraceID(trace),
+	return tokenevent.Event{
+		Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: uint64(at), TraceID: tokenevent.TraceID(trace),
 		SpanID: tokenevent.SpanID{0x5e, byte(len(id))}, Model: "llama", Operation: "chat", Engine: "vllm-0", PromptTokens: 100,
-		Attributes: []tokenevent.Attribute{{Key: "quantization", Value: "fp8"}}, Count: 1, CompletionTokens: -1}
+		Attributes: []tokenevent.Attribute{{Key: "quantization", Value: "fp8"}}, Count: 1, CompletionTokens: -1,
+	}
 }
 
 func tok(id string, at, n int64) tokenevent.Event {
@@ -336,7 +341,7 @@ func TestTracesHeldUntilVerdict(t *testing.T) {
 
 	// The rest of both sessions: the slow one's span is emitted, the fast
 	// one (not sampled) drops its held span, and its late spans too.
-	rest := append(slowSession("slow")[2:], fastSession("fast")[1:]...)
+	rest := slices.Concat(slowSession("slow")[2:], fastSession("fast")[1:])
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(rest...)))
 	spans = allSpans(p.trcSink.AllTraces())
 	require.Len(t, spans, 4)
@@ -528,7 +533,7 @@ func TestSelfTelemetry(t *testing.T) {
 		return total
 	}
 	attr := func(k, v string) func(attribute.Set) bool {
-		return func(s attribute.Set) bool { got, ok := s.Value(attribute.Key(k)); return ok && got.Emit() == v }
+		return func(s attribute.Set) bool { got, ok := s.Value(attribute.Key(k)); return ok && got.String() == v }
 	}
 	assert.Equal(t, int64(2), sum("otelcol_processor_token_session_sessions_ended", attr("outcome", "completed")))
 	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_sessions_ended", attr("outcome", "shutdown")), "the orphan's session")
@@ -719,8 +724,10 @@ func TestEngineContextOnSessionAndStall(t *testing.T) {
 		require.NoError(t, p.metrics.ConsumeMetrics(ctx, md))
 	}
 	id := "ctx"
-	evs := []tokenevent.Event{start(id, traceSlow, base), tok(id, base+50*ms, 1),
-		tok(id, base+250*ms, 1), tok(id, base+450*ms, 1), tok(id, base+650*ms, 1), end(id, base+660*ms)}
+	evs := []tokenevent.Event{
+		start(id, traceSlow, base), tok(id, base+50*ms, 1),
+		tok(id, base+250*ms, 1), tok(id, base+450*ms, 1), tok(id, base+650*ms, 1), end(id, base+660*ms),
+	}
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(evs...)))
 
 	spans := allSpans(p.trcSink.AllTraces())
@@ -810,7 +817,7 @@ func TestVerdictSpanAtTheMomentOfAnEarlyKeep(t *testing.T) {
 
 	// The rest: the slow session's span comes at its end; the fast one,
 	// kept by nothing, emits nothing.
-	rest := append(slowSession("slow")[2:], fastSession("fast")[1:]...)
+	rest := slices.Concat(slowSession("slow")[2:], fastSession("fast")[1:])
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(rest...)))
 	spans = allSpans(p.trcSink.AllTraces())
 	require.Len(t, spans, 2)

@@ -90,8 +90,10 @@ func (o *outputs) records(provider string) plog.LogRecordSlice {
 }
 
 func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineContext, spans *spanGate) (*sessions, error) {
-	s := &sessions{cfg: cfg, telemetry: telemetry, engines: engines, spans: spans, limits: cfg.Limits.eventLimits(),
-		timing: newTimingJoin(), pending: newOutputs()}
+	s := &sessions{
+		cfg: cfg, telemetry: telemetry, engines: engines, spans: spans, limits: cfg.Limits.eventLimits(),
+		timing: newTimingJoin(), pending: newOutputs(),
+	}
 	var err error
 	if s.table, err = session.NewTable[*sessionmetrics.Live](cfg.sessionConfig(), s); err != nil {
 		return nil, err

@@ -109,12 +109,16 @@ func (t *processorTelemetry) sessionEnded(o session.Outcome, sampled bool) {
 
 // disorderKinds are the kind attribute's values, in the order of
 // disorderCounts.
-var disorderKinds = [...]string{"orphan_token", "orphan_end", "late", "duplicate_start", "out_of_order",
-	"duplicate_token", "invalid_tracestate"}
+var disorderKinds = [...]string{
+	"orphan_token", "orphan_end", "late", "duplicate_start", "out_of_order",
+	"duplicate_token", "invalid_tracestate",
+}
 
 func disorderCounts(c *session.Counters) [len(disorderKinds)]uint64 {
-	return [...]uint64{c.OrphanTokens, c.OrphanEnds, c.LateEvents, c.DuplicateStarts, c.OutOfOrder,
-		c.DuplicateTokens, c.InvalidTraceStates}
+	return [...]uint64{
+		c.OrphanTokens, c.OrphanEnds, c.LateEvents, c.DuplicateStarts, c.OutOfOrder,
+		c.DuplicateTokens, c.InvalidTraceStates,
+	}
 }
 
 // rejectReasons and eventKinds are the values of events_rejected's reason

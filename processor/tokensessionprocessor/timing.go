@@ -196,8 +196,10 @@ func (p *sessions) joinTiming(r *session.Report[*sessionmetrics.Live]) *awaited 
 		p.telemetry.timing(session.TimingEngineSpan, timingOverflow)
 		return nil
 	}
-	a := &awaited{trace: s.TraceID, span: s.SpanID, live: r.State, errorType: errorType(s, e), duration: s.Duration(e),
-		until: p.nowNanos + int64(p.cfg.EngineTiming.Wait)}
+	a := &awaited{
+		trace: s.TraceID, span: s.SpanID, live: r.State, errorType: errorType(s, e), duration: s.Duration(e),
+		until: p.nowNanos + int64(p.cfg.EngineTiming.Wait),
+	}
 	j.bySpan[a.span] = a
 	j.byTrace.add(a.trace, a)
 	j.queue = append(j.queue, a)
@@ -265,8 +267,10 @@ func (p *sessions) observeEngineSpan(span ptrace.Span) {
 			p.telemetry.timing(session.TimingEngineSpan, timingOverflow)
 			return
 		}
-		sp := &earlySpan{trace: span.TraceID(), parent: span.ParentSpanID(), timing: t, model: model,
-			until: p.nowNanos + int64(p.cfg.EngineTiming.Wait)}
+		sp := &earlySpan{
+			trace: span.TraceID(), parent: span.ParentSpanID(), timing: t, model: model,
+			until: p.nowNanos + int64(p.cfg.EngineTiming.Wait),
+		}
 		if old := j.earlyByParent[sp.parent]; old != nil {
 			old.done = true // a second span of one parent: the later wins
 			j.forgetEarly(old)

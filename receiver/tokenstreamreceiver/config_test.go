@@ -223,7 +223,7 @@ func TestREADMEExamples(t *testing.T) {
 	require.Len(t, blocks, 4)
 	for i, b := range blocks {
 		path := filepath.Join(t.TempDir(), "config.yaml")
-		require.NoError(t, os.WriteFile(path, b[1], 0o600))
+		require.NoError(t, os.WriteFile(path, b[1], 0o600)) //nolint:gosec // G703: a path under t.TempDir()
 		cm, err := confmaptest.LoadConf(path)
 		require.NoError(t, err, "example %d", i)
 		sub, err := cm.Sub("receivers::token_stream")

@@ -90,8 +90,10 @@ func startHooksUDP(cfg *UDPConfig, sink hookSink, host component.Host) (*hooksUD
 	}
 	sink.Logger().Info("Token event hook listening", zap.String("transport", "udp"), zap.String("endpoint", conn.LocalAddr().String()))
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &hooksUDPListener{sink: sink, warn: lograte.OncePerMinute(sink.Logger()), conn: conn, window: cfg.BatchWindow, cancel: cancel,
-		batch: newBatchReader(conn), msgs: make([]ipv4.Message, udpReadBatch)}
+	l := &hooksUDPListener{
+		sink: sink, warn: lograte.OncePerMinute(sink.Logger()), conn: conn, window: cfg.BatchWindow, cancel: cancel,
+		batch: newBatchReader(conn), msgs: make([]ipv4.Message, udpReadBatch),
+	}
 	counted := enableDropCount(conn)
 	for i := range l.msgs {
 		l.msgs[i].Buffers = [][]byte{make([]byte, maxDatagramBytes+1)}

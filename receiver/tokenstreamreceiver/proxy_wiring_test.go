@@ -17,7 +17,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
-// The proxy's behaviour is tested in internal/proxy; these tests cover its
+// The proxy's behavior is tested in internal/proxy; these tests cover its
 // wiring: the configuration handed to it and its events reaching the
 // pipeline through the receiver.
 

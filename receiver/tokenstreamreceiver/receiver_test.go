@@ -373,8 +373,10 @@ func TestUDPBurst(t *testing.T) {
 			var lines []string
 			for i := range 10 {
 				n := (burst*20+d)*10 + i
-				ev := tokenevent.Event{Kind: tokenevent.KindToken, SessionID: fmt.Sprintf("s-%d", n%3),
-					TimeUnixNano: uint64(1_700_000_000_000_000_000 + n*1000), Count: 1}
+				ev := tokenevent.Event{
+					Kind: tokenevent.KindToken, SessionID: fmt.Sprintf("s-%d", n%3),
+					TimeUnixNano: uint64(1_700_000_000_000_000_000 + n*1000), Count: 1,
+				}
 				lines = append(lines, strings.TrimSpace(string(tokenevent.AppendJSON(nil, &ev))))
 			}
 			datagrams = append(datagrams, strings.Join(lines, "\n"))

@@ -82,9 +82,11 @@ func newTokenPathWorkloadOf(inFlight, total, perBatch, minTokens, spread int) *t
 	start := func(at uint64) *live {
 		next++
 		s := &live{left: minTokens + rng.IntN(spread)}
-		s.ev = tokenevent.Event{Kind: tokenevent.KindStart, SessionID: fmt.Sprintf("r%0*d-s%07d", roundDigits, 0, next),
+		s.ev = tokenevent.Event{
+			Kind: tokenevent.KindStart, SessionID: fmt.Sprintf("r%0*d-s%07d", roundDigits, 0, next),
 			TimeUnixNano: at, Model: "llama-3.1-8b", Operation: tokenevent.OperationChat, PromptTokens: int64(100 + rng.IntN(2000)),
-			Engine: "vllm-0", Count: 1, CompletionTokens: -1}
+			Engine: "vllm-0", Count: 1, CompletionTokens: -1,
+		}
 		binaryRand(rng, s.ev.TraceID[:])
 		binaryRand(rng, s.ev.SpanID[:])
 		emit(&s.ev)
@@ -100,8 +102,10 @@ func newTokenPathWorkloadOf(inFlight, total, perBatch, minTokens, spread int) *t
 			if s == nil {
 				continue
 			}
-			tok := tokenevent.Event{Kind: tokenevent.KindToken, SessionID: s.ev.SessionID, TimeUnixNano: t + uint64(i)*1000,
-				Count: 1, PromptTokens: -1, CompletionTokens: -1}
+			tok := tokenevent.Event{
+				Kind: tokenevent.KindToken, SessionID: s.ev.SessionID, TimeUnixNano: t + uint64(i)*1000,
+				Count: 1, PromptTokens: -1, CompletionTokens: -1,
+			}
 			if rng.IntN(20) == 0 {
 				tok.Count = 3
 			}
@@ -110,8 +114,10 @@ func newTokenPathWorkloadOf(inFlight, total, perBatch, minTokens, spread int) *t
 			if s.left--; s.left > 0 {
 				continue
 			}
-			end := tokenevent.Event{Kind: tokenevent.KindEnd, SessionID: s.ev.SessionID, TimeUnixNano: tok.TimeUnixNano + 1000,
-				CompletionTokens: int64(s.sent), FinishReason: "stop", PromptTokens: -1, Count: 1}
+			end := tokenevent.Event{
+				Kind: tokenevent.KindEnd, SessionID: s.ev.SessionID, TimeUnixNano: tok.TimeUnixNano + 1000,
+				CompletionTokens: int64(s.sent), FinishReason: "stop", PromptTokens: -1, Count: 1,
+			}
 			emit(&end)
 			if w.events < total {
 				sessions[i] = start(end.TimeUnixNano + 1000)
@@ -257,7 +263,7 @@ func floorServer(b *testing.B) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := io.Copy(io.Discard, r.Body)
 		writeAccepted(w, int(n/64))
 	})}

@@ -150,7 +150,7 @@ func (s *vllmScraper) scrape(ctx context.Context, t *vllmTarget) {
 	s.countSkipped(ctx, t.conv.Skipped())
 	s.recovered(t)
 	// The hand-over is not cancelled with the scrape loop: a scrape taken
-	// is delivered whole. Shutdown cancelling it would abort an exporter's
+	// is delivered whole. Shutdown canceling it would abort an exporter's
 	// request mid-body (its backend sees a truncated body) and lose the
 	// engine's last state; shutdown waits for it instead, bounded by the
 	// pipeline's own timeouts.

@@ -484,7 +484,7 @@ func TestScrapeRedactsTargetCredentials(t *testing.T) {
 	require.NoError(t, err)
 	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
 		for _, kv := range dp.Attributes.ToSlice() {
-			noSecret("failed_scrapes attribute", kv.Value.Emit())
+			noSecret("failed_scrapes attribute", kv.Value.String())
 		}
 	}
 	for _, md := range st.sink.AllMetrics() {

@@ -97,7 +97,7 @@ func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (
 		}
 	}()
 	outFile := filepath.Join(e.out, "e2e-llmload.json")
-	load := exec.CommandContext(e.ctx, llmload, "-url", "http://"+proxy, "-model", benchModel,
+	load := exec.CommandContext(e.ctx, llmload, "-url", "http://"+proxy, "-model", benchModel, //nolint:gosec // G204: runs the tool this program built or was pointed at by its own flag
 		"-concurrency", fmt.Sprint(concurrency), "-duration", dur.String(), "-warmup", "0",
 		"-ramp-up", "3s", "-prompt-tokens", "uniform:200-800", "-output-tokens", "128", "-long-share", "0.1", "-long-prompt-tokens", "3000",
 		"-seed", "1", "-traceparent", "-quiet", "-out", outFile)
@@ -146,9 +146,11 @@ func (e *env) e2e(vllmsim, llmload string, concurrency int, dur time.Duration) (
 		return nil, err
 	}
 	res.Sessions = m.sum("otelcol_processor_token_session_sessions_ended", nil)
-	for _, n := range []string{"otelcol_receiver_token_stream_accepted_events", "otelcol_receiver_token_stream_refused_events",
+	for _, n := range []string{
+		"otelcol_receiver_token_stream_accepted_events", "otelcol_receiver_token_stream_refused_events",
 		"otelcol_receiver_token_stream_rejected_events", "otelcol_processor_token_session_output_failures",
-		"otelcol_processor_token_session_invalid_records", "otelcol_exporter_send_failed_log_records", "otelcol_exporter_sent_log_records"} {
+		"otelcol_processor_token_session_invalid_records", "otelcol_exporter_send_failed_log_records", "otelcol_exporter_sent_log_records",
+	} {
 		if m.has(n) {
 			res.CountersExported = append(res.CountersExported, n)
 		}

@@ -14,7 +14,6 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
-
 	"log"
 	"os"
 	"os/signal"
@@ -77,19 +76,21 @@ func main() {
 		}
 		return
 	}
+	sk, err := otlpsink.Start("127.0.0.1:0", otlpsink.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sk.Close()
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	// Every load below is bounded in count or time; this bounds them all.
 	ctx, cancelAll := context.WithTimeout(ctx, 12*time.Minute)
 	defer cancelAll()
 
-	sk, err := otlpsink.Start("127.0.0.1:0", otlpsink.Options{})
-	if err != nil {
-		log.Fatal(err)
+	e := &env{
+		out: *out, ours: abs(*ours), stock: abs(*stock), workers: *workers, udpRate: *udpRate, udpBytes: *udpBytes,
+		memK: *memK, memToks: *memTokens, ctx: ctx, sink: sk, profile: *profile,
 	}
-	defer sk.Close()
-	e := &env{out: *out, ours: abs(*ours), stock: abs(*stock), workers: *workers, udpRate: *udpRate, udpBytes: *udpBytes,
-		memK: *memK, memToks: *memTokens, ctx: ctx, sink: sk, profile: *profile}
 	var res result
 	run := map[string]bool{}
 	for _, s := range strings.Split(*only, ",") {

@@ -171,36 +171,52 @@ func summarize(t result, proxy []proxySummary) []summaryRow {
 	if tp := t.TokenPath; tp != nil {
 		udpShare := ratio(tp.UDP.TokensPerCPUSecond, tp.HTTP.TokensPerCPUSecond)
 		rows = append(rows,
-			summaryRow{What: "token path, tokens per collector CPU-second: hooks HTTP → token_session vs stock (span per token → tail_sampling + span_metrics)",
+			summaryRow{
+				What: "token path, tokens per collector CPU-second: hooks HTTP → token_session vs stock (span per token → tail_sampling + span_metrics)",
 				Ours: mtok(tp.HTTP.TokensPerCPUSecond), Other: mtok(tp.Stock.TokensPerCPUSecond), Ratio: tp.HTTPvsStock,
-				RatioS: fmt.Sprintf("%.1f×", tp.HTTPvsStock)}.atLeast(tp.HTTPvsStock, targetHTTPRatio, "%g×"),
-			summaryRow{What: "token path, tokens per collector CPU-second: hooks UDP → token_session vs stock",
+				RatioS: fmt.Sprintf("%.1f×", tp.HTTPvsStock),
+			}.atLeast(tp.HTTPvsStock, targetHTTPRatio, "%g×"),
+			summaryRow{
+				What: "token path, tokens per collector CPU-second: hooks UDP → token_session vs stock",
 				Ours: mtok(tp.UDP.TokensPerCPUSecond), Other: mtok(tp.Stock.TokensPerCPUSecond), Ratio: tp.UDPvsStock,
-				RatioS: fmt.Sprintf("%.1f×", tp.UDPvsStock)},
-			summaryRow{What: "token path, tokens per collector CPU-second: hooks UDP vs hooks HTTP",
+				RatioS: fmt.Sprintf("%.1f×", tp.UDPvsStock),
+			},
+			summaryRow{
+				What: "token path, tokens per collector CPU-second: hooks UDP vs hooks HTTP",
 				Ours: mtok(tp.UDP.TokensPerCPUSecond), Other: mtok(tp.HTTP.TokensPerCPUSecond), Ratio: udpShare,
-				RatioS: fmt.Sprintf("%.0f%%", 100*udpShare)}.atLeast(100*udpShare, 100*targetUDPShare, "%g%%"),
-			summaryRow{What: "CPU-seconds per million tokens (HTTP vs stock)",
+				RatioS: fmt.Sprintf("%.0f%%", 100*udpShare),
+			}.atLeast(100*udpShare, 100*targetUDPShare, "%g%%"),
+			summaryRow{
+				What: "CPU-seconds per million tokens (HTTP vs stock)",
 				Ours: fmt.Sprintf("%.3f", tp.HTTP.CPUSecPerMTokens), Other: fmt.Sprintf("%.3f", tp.Stock.CPUSecPerMTokens),
-				Ratio: ratio(tp.Stock.CPUSecPerMTokens, tp.HTTP.CPUSecPerMTokens), RatioS: fmt.Sprintf("%.1f× less", ratio(tp.Stock.CPUSecPerMTokens, tp.HTTP.CPUSecPerMTokens))},
-			summaryRow{What: fmt.Sprintf("memory per in-flight session, live heap after GC (%d sessions × %d tokens in flight)", tp.MemOurs.Sessions, tp.MemOurs.TokensHeld),
+				Ratio: ratio(tp.Stock.CPUSecPerMTokens, tp.HTTP.CPUSecPerMTokens), RatioS: fmt.Sprintf("%.1f× less", ratio(tp.Stock.CPUSecPerMTokens, tp.HTTP.CPUSecPerMTokens)),
+			},
+			summaryRow{
+				What: fmt.Sprintf("memory per in-flight session, live heap after GC (%d sessions × %d tokens in flight)", tp.MemOurs.Sessions, tp.MemOurs.TokensHeld),
 				Ours: bytesText(tp.MemOurs.HeapPerSession), Other: bytesText(tp.MemStock.HeapPerSession), Ratio: tp.MemoryStockVsOurs,
-				RatioS: fmt.Sprintf("%.0f× less", tp.MemoryStockVsOurs)}.atMost(tp.MemOurs.HeapPerSession, targetBytesPerSess, "%g B"),
-			summaryRow{What: "memory per in-flight session, RSS growth from a fresh process (runtime working memory included)",
+				RatioS: fmt.Sprintf("%.0f× less", tp.MemoryStockVsOurs),
+			}.atMost(tp.MemOurs.HeapPerSession, targetBytesPerSess, "%g B"),
+			summaryRow{
+				What: "memory per in-flight session, RSS growth from a fresh process (runtime working memory included)",
 				Ours: bytesText(tp.MemOurs.RSSPerSession), Other: bytesText(tp.MemStock.RSSPerSession), Ratio: tp.RSSStockVsOurs,
-				RatioS: fmt.Sprintf("%.1f× less", tp.RSSStockVsOurs)},
+				RatioS: fmt.Sprintf("%.1f× less", tp.RSSStockVsOurs),
+			},
 		)
 	}
 	if len(t.Scale) > 0 {
 		first, last := t.Scale[0], t.Scale[len(t.Scale)-1]
 		if len(t.Scale) > 1 && first.CPU.CPUSecPerMTokens > 0 {
 			r := ratio(last.CPU.CPUSecPerMTokens, first.CPU.CPUSecPerMTokens)
-			rows = append(rows, summaryRow{What: fmt.Sprintf("scale: CPU-seconds per million tokens at %d concurrent sessions vs at %d", last.Sessions, first.Sessions),
+			rows = append(rows, summaryRow{
+				What: fmt.Sprintf("scale: CPU-seconds per million tokens at %d concurrent sessions vs at %d", last.Sessions, first.Sessions),
 				Ours: fmt.Sprintf("%.2f", last.CPU.CPUSecPerMTokens), Other: fmt.Sprintf("%.2f", first.CPU.CPUSecPerMTokens), Ratio: r,
-				RatioS: fmt.Sprintf("%.2f×", r)}.atMost(r, targetScaleRatio, "%g×"))
+				RatioS: fmt.Sprintf("%.2f×", r),
+			}.atMost(r, targetScaleRatio, "%g×"))
 		}
-		rows = append(rows, summaryRow{What: fmt.Sprintf("memory per in-flight session at %d sessions, live heap after GC", last.Sessions),
-			Ours: bytesText(last.Memory.HeapPerSession)}.atMost(last.Memory.HeapPerSession, targetBytesPerSess, "%g B"))
+		rows = append(rows, summaryRow{
+			What: fmt.Sprintf("memory per in-flight session at %d sessions, live heap after GC", last.Sessions),
+			Ours: bytesText(last.Memory.HeapPerSession),
+		}.atMost(last.Memory.HeapPerSession, targetBytesPerSess, "%g B"))
 	}
 	byKey := map[string]proxySummary{}
 	for _, p := range proxy {
@@ -214,8 +230,10 @@ func summarize(t result, proxy []proxySummary) []summaryRow {
 		if !ok {
 			continue
 		}
-		row := summaryRow{What: fmt.Sprintf("proxy, added p99 latency per SSE event, %d streams: collector vs nginx", p.C),
-			Ours: fmt.Sprintf("%.0f µs", p.AddedP99), Other: fmt.Sprintf("%.0f µs", n.AddedP99)}
+		row := summaryRow{
+			What: fmt.Sprintf("proxy, added p99 latency per SSE event, %d streams: collector vs nginx", p.C),
+			Ours: fmt.Sprintf("%.0f µs", p.AddedP99), Other: fmt.Sprintf("%.0f µs", n.AddedP99),
+		}
 		if p.AddedP99 > 0 && n.AddedP99 > 0 {
 			row.Ratio = ratio(p.AddedP99, n.AddedP99)
 			row.RatioS = fmt.Sprintf("%.2f×", row.Ratio)
@@ -233,38 +251,52 @@ func summarize(t result, proxy []proxySummary) []summaryRow {
 		rows = append(rows, row)
 		if p.CPUPerEv != nil && n.CPUPerEv != nil {
 			r := ratio(*p.CPUPerEv, *n.CPUPerEv)
-			rows = append(rows, summaryRow{What: fmt.Sprintf("proxy, CPU per SSE event, %d streams: collector vs nginx", p.C),
+			rows = append(rows, summaryRow{
+				What: fmt.Sprintf("proxy, CPU per SSE event, %d streams: collector vs nginx", p.C),
 				Ours: fmt.Sprintf("%.1f µs", *p.CPUPerEv), Other: fmt.Sprintf("%.1f µs", *n.CPUPerEv), Ratio: r,
-				RatioS: fmt.Sprintf("%.2f×", r)}.atMost(r, targetProxyCPURatio, "%g×"))
+				RatioS: fmt.Sprintf("%.2f×", r),
+			}.atMost(r, targetProxyCPURatio, "%g×"))
 		}
 		if p.C == targetProxyMemStreams {
 			if p.MemKB != nil {
 				kib := *p.MemKB // /proc's "kB" are KiB
-				rows = append(rows, summaryRow{What: fmt.Sprintf("proxy, memory per open stream at %d streams: RSS growth (run median − idle) ÷ streams", p.C),
-					Ours: fmt.Sprintf("%.1f KiB", kib)}.atMost(kib, targetProxyKiBStream, "%g KiB"))
+				rows = append(rows, summaryRow{
+					What: fmt.Sprintf("proxy, memory per open stream at %d streams: RSS growth (run median − idle) ÷ streams", p.C),
+					Ours: fmt.Sprintf("%.1f KiB", kib),
+				}.atMost(kib, targetProxyKiBStream, "%g KiB"))
 			}
 			if p.HeapKB != nil {
-				rows = append(rows, summaryRow{What: fmt.Sprintf("proxy, memory per open stream at %d streams: live heap after GC, mid-run − idle, ÷ streams", p.C),
-					Ours: fmt.Sprintf("%.1f KiB", *p.HeapKB)}.atMost(*p.HeapKB, targetProxyKiBStream, "%g KiB"))
+				rows = append(rows, summaryRow{
+					What: fmt.Sprintf("proxy, memory per open stream at %d streams: live heap after GC, mid-run − idle, ÷ streams", p.C),
+					Ours: fmt.Sprintf("%.1f KiB", *p.HeapKB),
+				}.atMost(*p.HeapKB, targetProxyKiBStream, "%g KiB"))
 			}
 		}
 	}
 	if sh := t.Shapes; sh != nil {
 		for _, r := range sh.Shapes {
-			rows = append(rows, summaryRow{What: "token path shape: " + r.Shape.Name + ", tokens per collector CPU-second: ours vs stock",
+			rows = append(rows, summaryRow{
+				What: "token path shape: " + r.Shape.Name + ", tokens per collector CPU-second: ours vs stock",
 				Ours: fmt.Sprintf("%.2f M", r.Ours.TokensPerCPUSecond/1e6), Other: fmt.Sprintf("%.2f M", r.Stock.TokensPerCPUSecond/1e6),
-				Ratio: r.Ratio, RatioS: fmt.Sprintf("%.1f×", r.Ratio)}.atLeast(r.Ratio, targetHTTPRatio, "%g×"))
+				Ratio: r.Ratio, RatioS: fmt.Sprintf("%.1f×", r.Ratio),
+			}.atLeast(r.Ratio, targetHTTPRatio, "%g×"))
 		}
-		rows = append(rows, summaryRow{What: "token path shapes: the worst (" + sh.WorstShape + ")",
-			Ratio: sh.WorstRatio, RatioS: fmt.Sprintf("%.1f×", sh.WorstRatio)}.atLeast(sh.WorstRatio, targetHTTPRatio, "%g×"))
+		rows = append(rows, summaryRow{
+			What:  "token path shapes: the worst (" + sh.WorstShape + ")",
+			Ratio: sh.WorstRatio, RatioS: fmt.Sprintf("%.1f×", sh.WorstRatio),
+		}.atLeast(sh.WorstRatio, targetHTTPRatio, "%g×"))
 	}
 	if so := t.ScaleOut; so != nil {
 		rows = append(rows,
-			summaryRow{What: "scale-out agent: CPU per token, loadbalancing (by trace ID) vs otlp exporter",
+			summaryRow{
+				What: "scale-out agent: CPU per token, loadbalancing (by trace ID) vs otlp exporter",
 				Ours: fmt.Sprintf("%.3f CPU-s/M tokens", so.AgentLB.CPUSecPerMTokens), Other: fmt.Sprintf("%.3f CPU-s/M tokens", so.AgentOTLP.CPUSecPerMTokens),
-				Ratio: so.LBCostRatio, RatioS: fmt.Sprintf("%.2f×", so.LBCostRatio)},
-			summaryRow{What: fmt.Sprintf("scale-out gateway: CPU per span with tail_sampling at %.0f spans/s (ten agents at the demo's heaviest point)", so.Gateway.SpansPerSecond),
-				Ours: fmt.Sprintf("%.1f µs, %.3f cores", so.Gateway.MicrosPerSpan, so.Gateway.CoresAtRate)})
+				Ratio: so.LBCostRatio, RatioS: fmt.Sprintf("%.2f×", so.LBCostRatio),
+			},
+			summaryRow{
+				What: fmt.Sprintf("scale-out gateway: CPU per span with tail_sampling at %.0f spans/s (ten agents at the demo's heaviest point)", so.Gateway.SpansPerSecond),
+				Ours: fmt.Sprintf("%.1f µs, %.3f cores", so.Gateway.MicrosPerSpan, so.Gateway.CoresAtRate),
+			})
 	}
 	if e := t.E2E; e != nil {
 		drops := 0.0
@@ -272,10 +304,14 @@ func summarize(t result, proxy []proxySummary) []summaryRow {
 			drops += v
 		}
 		rows = append(rows,
-			summaryRow{What: fmt.Sprintf("end to end at the demo's load (%d streams through the proxy, %.0f output tokens/s): collector CPU, RSS median", e.Concurrency, e.TokensPerSecond),
-				Ours: fmt.Sprintf("%.2f cores, %s", e.Cores, bytesText(float64(e.RSSMedian)))},
-			summaryRow{What: fmt.Sprintf("end to end at the demo's load (%d streams): events dropped", e.Concurrency),
-				Ours: fmt.Sprintf("%.0f", drops), Target: "0", Met: boolp(drops == 0)})
+			summaryRow{
+				What: fmt.Sprintf("end to end at the demo's load (%d streams through the proxy, %.0f output tokens/s): collector CPU, RSS median", e.Concurrency, e.TokensPerSecond),
+				Ours: fmt.Sprintf("%.2f cores, %s", e.Cores, bytesText(float64(e.RSSMedian))),
+			},
+			summaryRow{
+				What: fmt.Sprintf("end to end at the demo's load (%d streams): events dropped", e.Concurrency),
+				Ours: fmt.Sprintf("%.0f", drops), Target: "0", Met: boolp(drops == 0),
+			})
 	}
 	return rows
 }

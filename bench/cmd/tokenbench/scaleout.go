@@ -224,9 +224,11 @@ func (e *env) gateway(d time.Duration) (gatewayRun, error) {
 	if err != nil {
 		return gatewayRun{}, err
 	}
-	r := gatewayRun{TracesKept: m.sum("otelcol_processor_tail_sampling_global_count_traces_sampled", map[string]string{"sampled": "true"}),
+	r := gatewayRun{
+		TracesKept:    m.sum("otelcol_processor_tail_sampling_global_count_traces_sampled", map[string]string{"sampled": "true"}),
 		TracesDropped: m.sum("otelcol_processor_tail_sampling_global_count_traces_sampled", map[string]string{"sampled": "false"}), SpansPerSecond: gatewaySpansPerSecond, Seconds: d.Seconds(), Spans: sent,
-		SpansKept: after.Spans - before.Spans, CPUSeconds: cpu, IdleCPUSeconds: idleRate * wall}
+		SpansKept: after.Spans - before.Spans, CPUSeconds: cpu, IdleCPUSeconds: idleRate * wall,
+	}
 	if sent > 0 {
 		r.MicrosPerSpan = cpu / float64(sent) * 1e6
 		r.CoresAtRate = r.MicrosPerSpan * gatewaySpansPerSecond / 1e6

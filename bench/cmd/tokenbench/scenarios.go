@@ -72,10 +72,10 @@ func (e *env) profiled(c *collector, name string, send func() (sendResult, error
 	}
 }
 
-func (e *env) startOurs(name, extra string) (*collector, addrs, error) {
+func (e *env) startOurs(name string) (*collector, addrs, error) {
 	a := newAddrs(e.sink.Addr())
 	a.proxy, a.upstream = "", ""
-	c, err := startCollector(name, e.ours, e.out, oursConfig(a, extra), a.pprof, a.telemetry, a.hooksHTTP)
+	c, err := startCollector(name, e.ours, e.out, oursConfig(a, ""), a.pprof, a.telemetry, a.hooksHTTP)
 	return c, a, err
 }
 
@@ -101,7 +101,7 @@ func spanPoster(a addrs, workers int) *poster {
 func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
 	res := &tokenPathResult{Workload: w, UDPDatagramBytes: e.udpBytes, UDPRate: e.udpRate}
 
-	ours, a, err := e.startOurs("ours", "")
+	ours, a, err := e.startOurs("ours")
 	if err != nil {
 		return nil, err
 	}
@@ -259,7 +259,7 @@ func (e *env) scale(ks []int, tokensTotal int) ([]scaleStep, error) {
 	largest := slices.Max(ks)
 	perSession := max(10, tokensTotal/largest)
 	for _, k := range ks {
-		c, a, err := e.startOurs(fmt.Sprintf("scale-%d", k), "")
+		c, a, err := e.startOurs(fmt.Sprintf("scale-%d", k))
 		if err != nil {
 			return nil, err
 		}
@@ -328,7 +328,6 @@ type tokenStream struct {
 	next  int
 	start bool
 	ev    tokenevent.Event
-	buf   []byte
 }
 
 func newTokenStream(prefix string, sessions int) *tokenStream {
@@ -369,7 +368,7 @@ func (ts *tokenStream) batch(lines int) batch {
 // of the offered one or events are lost, then profiles the collector at the
 // rate that saturated it.
 func (e *env) saturate(rates []float64, sessions int, stepDur time.Duration) (*saturation, error) {
-	c, a, err := e.startOurs("saturation", "")
+	c, a, err := e.startOurs("saturation")
 	if err != nil {
 		return nil, err
 	}
@@ -462,7 +461,7 @@ func pprofTop(profile string, n int, cum bool, extra ...string) ([]string, error
 	if cum {
 		suffix = ".topcum.txt"
 	}
-	out, err := exec.Command("go", append(args, profile)...).Output()
+	out, err := exec.Command("go", append(args, profile)...).Output() //nolint:gosec // G204: go tool pprof on a profile this program wrote
 	if err != nil {
 		return nil, fmt.Errorf("go tool pprof: %w", err)
 	}

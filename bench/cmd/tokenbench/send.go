@@ -127,10 +127,7 @@ func (p *poster) paced(ctx context.Context, workers int, rate float64, limit tim
 	}
 	start := time.Now()
 	offered := 0
-	for {
-		if limit > 0 && time.Since(start) >= limit || ctx.Err() != nil {
-			break
-		}
+	for (limit <= 0 || time.Since(start) < limit) && ctx.Err() == nil {
 		b, ok := next()
 		if !ok {
 			break

@@ -63,8 +63,10 @@ func (s shape) workload() workload {
 		return workload{Sessions: s.Concurrent, Tokens: s.Tokens, Waves: 1, BatchLines: 1024}
 	}
 	perBatch := s.SessionsPerBatch * s.Tokens
-	return workload{Sessions: s.SessionsPerBatch, Tokens: s.Tokens, Waves: max(1, shapeTokens/perBatch),
-		BatchLines: s.SessionsPerBatch * (s.Tokens + 2)}
+	return workload{
+		Sessions: s.SessionsPerBatch, Tokens: s.Tokens, Waves: max(1, shapeTokens/perBatch),
+		BatchLines: s.SessionsPerBatch * (s.Tokens + 2),
+	}
 }
 
 // shapeResult is one shape, both sides.
@@ -90,7 +92,7 @@ func (e *env) shapes(list []shape) (*shapesResult, error) {
 	for _, sh := range list {
 		w := sh.workload()
 		r := shapeResult{Shape: sh, Workload: w}
-		ours, a, err := e.startOurs(fmt.Sprintf("shape%d-ours", sh.Index), "")
+		ours, a, err := e.startOurs(fmt.Sprintf("shape%d-ours", sh.Index))
 		if err != nil {
 			return nil, err
 		}

@@ -240,14 +240,14 @@ func (g *generator) otlpSpans(evs []wEvent) []byte {
 }
 
 // datagrams splits an NDJSON body at line ends into UDP payloads of at most
-// max bytes.
-func datagrams(body []byte, max int) [][]byte {
+// maxBytes bytes.
+func datagrams(body []byte, maxBytes int) [][]byte {
 	var out [][]byte
 	for len(body) > 0 {
-		if len(body) <= max {
+		if len(body) <= maxBytes {
 			return append(out, body)
 		}
-		cut := max
+		cut := maxBytes
 		for cut > 0 && body[cut-1] != '\n' {
 			cut--
 		}

@@ -143,8 +143,10 @@ func main() {
 		}
 		res.Meanus = sum / float64(len(all)) / 1e3
 	}
-	enc := json.NewEncoder(os.Stdout)
-	enc.Encode(res)
+	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1) //nolint:gocritic // cancel only releases the signal handler of a process that ends here
+	}
 }
 
 // stream runs one request and appends the latency of each content chunk

@@ -30,9 +30,7 @@ import (
 	"time"
 )
 
-var (
-	conns, requests, streams atomic.Int64
-)
+var conns, requests, streams atomic.Int64
 
 type chatRequest struct {
 	Model         string `json:"model"`

@@ -70,8 +70,10 @@ type BreakerStory struct {
 // its ejection, engine_health's default) and the traffic it gets after it
 // are in the run.
 func DefaultBreakerStory() BreakerStory {
-	return BreakerStory{Degrade: 15 * time.Second, Heal: 35 * time.Second, Total: 65 * time.Second, Concurrency: 8,
-		Freeze: 1500 * time.Millisecond, Every: 8, BaseTime: 30 * time.Second}
+	return BreakerStory{
+		Degrade: 15 * time.Second, Heal: 35 * time.Second, Total: 65 * time.Second, Concurrency: 8,
+		Freeze: 1500 * time.Millisecond, Every: 8, BaseTime: 30 * time.Second,
+	}
 }
 
 // clientStallGap is a gap the client counts as a stall: token_session's
@@ -211,7 +213,10 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("HAProxy did not see both servers up within 30s: %v %v", s, err)
+			if err != nil {
+				return nil, fmt.Errorf("HAProxy did not see both servers up within 30s: %w", err)
+			}
+			return nil, fmt.Errorf("HAProxy did not see both servers up within 30s: %v", s)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -230,8 +235,10 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 	}
 	started = append(started, load)
 	start := time.Now()
-	rep = &BreakerReport{Story: story, StartedAt: start.UTC(), DegradedS: -1, EjectedS: -1, DownS: -1, HealedS: -1,
-		ReadmittedS: -1, UpS: -1}
+	rep = &BreakerReport{
+		Story: story, StartedAt: start.UTC(), DegradedS: -1, EjectedS: -1, DownS: -1, HealedS: -1,
+		ReadmittedS: -1, UpS: -1,
+	}
 
 	samples, err := watchBreaker(ctx, load, start, story, func(at time.Duration, action string) error {
 		simB := "http://" + addrs["sim_b"]

@@ -20,8 +20,10 @@ import (
 func TestBreakerStory(t *testing.T) {
 	haproxy := testbin.Tool(t, "haproxy", "haproxy")
 	bins := Binaries{Collector: testbin.Collector(t), Sim: testbin.Build(t, "./cmd/vllmsim"), Load: testbin.Build(t, "./cmd/llmload")}
-	story := BreakerStory{Degrade: 4 * time.Second, Heal: 9 * time.Second, Total: 22 * time.Second, Concurrency: 6,
-		Freeze: 1500 * time.Millisecond, Every: 8, BaseTime: 5 * time.Second}
+	story := BreakerStory{
+		Degrade: 4 * time.Second, Heal: 9 * time.Second, Total: 22 * time.Second, Concurrency: 6,
+		Freeze: 1500 * time.Millisecond, Every: 8, BaseTime: 5 * time.Second,
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	out := t.TempDir()

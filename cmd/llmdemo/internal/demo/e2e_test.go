@@ -31,8 +31,10 @@ func TestDemoPipeline(t *testing.T) {
 	p := Point{
 		Scenario: ScenarioSweep, Label: "e2e",
 		Engine: Engine{Profile: "fp16", KVBlocks: 4096},
-		Load: Load{Concurrency: 16, Duration: 4 * time.Second, PromptTokens: "uniform:200-800", OutputTokens: "32",
-			LongShare: 0.3, LongPromptTokens: 3000, Seed: 7},
+		Load: Load{
+			Concurrency: 16, Duration: 4 * time.Second, PromptTokens: "uniform:200-800", OutputTokens: "32",
+			LongShare: 0.3, LongPromptTokens: 3000, Seed: 7,
+		},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

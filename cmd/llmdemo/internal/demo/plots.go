@@ -201,7 +201,7 @@ func (lt logTicks) Ticks(lo, hi float64) []plot.Tick {
 }
 
 // roundTicks puts about six ticks at round values (1, 2 or 5 times a power
-// of ten), labelled without trailing zeros: gonum's default ticker labels
+// of ten), labeled without trailing zeros: gonum's default ticker labels
 // 0 to 25 with two ticks, "0.00" and "25.00".
 type roundTicks struct{}
 
@@ -229,7 +229,7 @@ func (roundTicks) Ticks(lo, hi float64) []plot.Tick {
 			label = "0" // not -0
 		}
 		ticks = append(ticks, plot.Tick{Value: v, Label: label})
-		// Unlabelled minor ticks halfway.
+		// Unlabeled minor ticks halfway.
 		if mid := v + step/2; mid <= hi {
 			ticks = append(ticks, plot.Tick{Value: mid})
 		}
@@ -530,13 +530,15 @@ func plotStalls(path string, pts []*PointResult) error {
 func saveTiles(path string, plots [][]*plot.Plot, w, h vg.Length) error {
 	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(100))
 	dc := draw.New(img)
-	t := draw.Tiles{Rows: len(plots), Cols: len(plots[0]),
+	t := draw.Tiles{
+		Rows: len(plots), Cols: len(plots[0]),
 		PadX: vg.Millimeter * 6, PadY: vg.Millimeter * 6,
-		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
+		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4,
+	}
 	canvases := plot.Align(plots, t, dc)
 	for j := range plots {
 		for i := range plots[j] {
-			plots[j][i].Draw(canvases[j][i])
+			plots[j][i].Draw(canvases[j][i]) //nolint:gosec // G602: plot.Align returns canvases of plots' shape
 		}
 	}
 	f, err := os.Create(path)

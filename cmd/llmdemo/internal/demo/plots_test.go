@@ -26,8 +26,8 @@ func TestRoundTicksDecimals(t *testing.T) {
 	assert.Equal(t, []string{"0", "0.2", "0.4", "0.6", "0.8", "1.0"}, labels)
 }
 
-// Within two decades a log axis is labelled at 1, 2 and 5 times each power
-// of ten, not at one power of ten alone; nothing is labelled above top.
+// Within two decades a log axis is labeled at 1, 2 and 5 times each power
+// of ten, not at one power of ten alone; nothing is labeled above top.
 func TestLogTicks(t *testing.T) {
 	var labels []string
 	for _, tk := range (logTicks{top: 120}).Ticks(5, 400) {

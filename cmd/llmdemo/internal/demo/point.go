@@ -48,10 +48,12 @@ type Engine struct {
 }
 
 func (e Engine) args(addr string) []string {
-	args := []string{"-addr", addr, "-model", Model, "-profile", e.Profile,
+	args := []string{
+		"-addr", addr, "-model", Model, "-profile", e.Profile,
 		"-kv-blocks", strconv.Itoa(e.KVBlocks),
 		"-chunked-prefill=" + strconv.FormatBool(e.ChunkedPrefill),
-		"-prefill-priority=" + strconv.FormatBool(e.PrefillPriority)}
+		"-prefill-priority=" + strconv.FormatBool(e.PrefillPriority),
+	}
 	if e.MaxNumBatchedTokens > 0 {
 		args = append(args, "-max-num-batched-tokens", strconv.Itoa(e.MaxNumBatchedTokens))
 	}
@@ -71,14 +73,16 @@ type Load struct {
 }
 
 func (l Load) args(url, dir string) []string {
-	return []string{"-url", url, "-model", Model, "-quiet", "-traceparent",
+	return []string{
+		"-url", url, "-model", Model, "-quiet", "-traceparent",
 		"-concurrency", strconv.Itoa(l.Concurrency), "-duration", l.Duration.String(), "-ramp-up", l.RampUp.String(),
 		"-prompt-tokens", l.PromptTokens, "-output-tokens", l.OutputTokens,
 		"-long-share", strconv.FormatFloat(l.LongShare, 'g', -1, 64),
 		"-long-prompt-tokens", strconv.Itoa(l.LongPromptTokens),
 		"-seed", strconv.FormatUint(l.Seed, 10),
 		"-out", filepath.Join(dir, "llmload.json"),
-		"-requests-out", filepath.Join(dir, "requests.ndjson")}
+		"-requests-out", filepath.Join(dir, "requests.ndjson"),
+	}
 }
 
 // Point is one run: a fresh simulator and collector under one load.

@@ -66,8 +66,10 @@ func DefaultPoints(duration time.Duration) []Point {
 		pts = append(pts, Point{
 			Scenario: ScenarioQuant, Label: profile,
 			Engine: Engine{Profile: profile, KVBlocks: quantKVBlocks, ChunkedPrefill: true},
-			Load: Load{Concurrency: quantConcurrency, Duration: duration, RampUp: ramp, PromptTokens: promptTokens,
-				OutputTokens: outputTokens, LongPromptTokens: longPromptTokens, Seed: 1},
+			Load: Load{
+				Concurrency: quantConcurrency, Duration: duration, RampUp: ramp, PromptTokens: promptTokens,
+				OutputTokens: outputTokens, LongPromptTokens: longPromptTokens, Seed: 1,
+			},
 		})
 	}
 	for _, sc := range []string{ScenarioSweep, ScenarioChunked} {
@@ -78,8 +80,10 @@ func DefaultPoints(duration time.Duration) []Point {
 			}
 			pts = append(pts, Point{
 				Scenario: sc, Label: fmt.Sprintf("c%d", c), Engine: e,
-				Load: Load{Concurrency: c, Duration: duration, RampUp: ramp, PromptTokens: promptTokens, OutputTokens: outputTokens,
-					LongShare: longShare, LongPromptTokens: longPromptTokens, Seed: 1},
+				Load: Load{
+					Concurrency: c, Duration: duration, RampUp: ramp, PromptTokens: promptTokens, OutputTokens: outputTokens,
+					LongShare: longShare, LongPromptTokens: longPromptTokens, Seed: 1,
+				},
 			})
 		}
 	}

@@ -286,7 +286,7 @@ type Engine struct {
 	obs     Observer
 	// degrade, when freeze is set, stretches every every-th step with
 	// decodes in it by freeze: a replica whose decode freezes now and then
-	// (a bad GPU, a noisy neighbour), for the load balancer story.
+	// (a bad GPU, a noisy neighbor), for the load balancer story.
 	degrade     Degradation
 	decodeSteps uint64
 }

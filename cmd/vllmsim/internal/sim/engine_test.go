@@ -31,14 +31,13 @@ func newEngine(t *testing.T, c Config) *Engine {
 	return e
 }
 
-// drive steps e from now until no work is left, returning the batches and
-// the end time.
-func drive(t *testing.T, e *Engine, now time.Time, maxSteps int, each func(b *Batch)) time.Time {
+// drive steps e from now until no work is left, handing each batch to each.
+func drive(t *testing.T, e *Engine, now time.Time, maxSteps int, each func(b *Batch)) {
 	t.Helper()
 	for i := 0; i < maxSteps; i++ {
 		s := e.Snapshot()
 		if s.Running+s.Waiting == 0 {
-			return now
+			return
 		}
 		b := e.Step(now)
 		require.NotEmpty(t, b.Entries, "stuck with work left: %+v", s)
@@ -48,7 +47,6 @@ func drive(t *testing.T, e *Engine, now time.Time, maxSteps int, each func(b *Ba
 		now = now.Add(b.Duration)
 	}
 	t.Fatalf("not done after %d steps", maxSteps)
-	return now
 }
 
 // collect reads a finished request's events.
@@ -214,7 +212,7 @@ func TestPreemptedRequestIsRecomputed(t *testing.T) {
 	require.NoError(t, err)
 	var recs []StepRecord
 	drive(t, e, t0, 200, func(bt *Batch) { recs = append(recs, e.Record(bt)) })
-	var preemptAt = -1
+	preemptAt := -1
 	for i, r := range recs {
 		if len(r.Preempted) > 0 {
 			preemptAt = i

@@ -20,13 +20,13 @@ var (
 )
 
 // Build125Buckets is vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, …
-// up to max.
-func Build125Buckets(max int) []float64 {
+// up to upTo.
+func Build125Buckets(upTo int) []float64 {
 	var out []float64
 	for exp := 1; ; exp *= 10 {
 		for _, m := range []int{1, 2, 5} {
 			v := m * exp
-			if v > max {
+			if v > upTo {
 				return out
 			}
 			out = append(out, float64(v))
@@ -164,18 +164,20 @@ func (e *Engine) WriteMetrics(w io.Writer) error {
 	defer e.mu.Unlock()
 	m := e.m
 	bw := bufio.NewWriter(w)
+	// bufio.Writer keeps its first error and Flush returns it.
+	write := func(s string) { _, _ = bw.WriteString(s) }
 	lbl := `engine="0",model_name="` + escape(m.model) + `"`
 	created := FormatFloat(m.created)
 	meta := func(name, help, typ string) {
-		bw.WriteString("# HELP " + name + " " + help + "\n# TYPE " + name + " " + typ + "\n")
+		write("# HELP " + name + " " + help + "\n# TYPE " + name + " " + typ + "\n")
 	}
 	gauge := func(name, help string, v float64) {
 		meta(name, help, "gauge")
-		bw.WriteString(name + "{" + lbl + "} " + FormatFloat(v) + "\n")
+		write(name + "{" + lbl + "} " + FormatFloat(v) + "\n")
 	}
 	counter := func(base, help string, v float64) {
 		meta(base+"_total", help, "counter")
-		bw.WriteString(base + "_total{" + lbl + "} " + FormatFloat(v) + "\n")
+		write(base + "_total{" + lbl + "} " + FormatFloat(v) + "\n")
 		gauge(base+"_created", help, m.created)
 	}
 	hist := func(name, help string, h *histogram) {
@@ -187,10 +189,10 @@ func (e *Engine) WriteMetrics(w io.Writer) error {
 			if i < len(h.bounds) {
 				le = FormatFloat(h.bounds[i])
 			}
-			bw.WriteString(name + `_bucket{engine="0",le="` + le + `",model_name="` + escape(m.model) + `"} ` + FormatFloat(float64(cum)) + "\n")
+			write(name + `_bucket{engine="0",le="` + le + `",model_name="` + escape(m.model) + `"} ` + FormatFloat(float64(cum)) + "\n")
 		}
-		bw.WriteString(name + "_count{" + lbl + "} " + FormatFloat(float64(h.n)) + "\n")
-		bw.WriteString(name + "_sum{" + lbl + "} " + FormatFloat(h.sum) + "\n")
+		write(name + "_count{" + lbl + "} " + FormatFloat(float64(h.n)) + "\n")
+		write(name + "_sum{" + lbl + "} " + FormatFloat(h.sum) + "\n")
 		gauge(name+"_created", help, m.created)
 	}
 
@@ -207,11 +209,11 @@ func (e *Engine) WriteMetrics(w io.Writer) error {
 	reasons := []string{FinishStop, FinishLength, FinishAbort, FinishError}
 	meta("vllm:request_success_total", successHelp, "counter")
 	for _, r := range reasons {
-		bw.WriteString(`vllm:request_success_total{engine="0",finished_reason="` + r + `",model_name="` + escape(m.model) + `"} ` + FormatFloat(float64(m.success[r])) + "\n")
+		write(`vllm:request_success_total{engine="0",finished_reason="` + r + `",model_name="` + escape(m.model) + `"} ` + FormatFloat(float64(m.success[r])) + "\n")
 	}
 	meta("vllm:request_success_created", successHelp, "gauge")
 	for _, r := range reasons {
-		bw.WriteString(`vllm:request_success_created{engine="0",finished_reason="` + r + `",model_name="` + escape(m.model) + `"} ` + created + "\n")
+		write(`vllm:request_success_created{engine="0",finished_reason="` + r + `",model_name="` + escape(m.model) + `"} ` + created + "\n")
 	}
 
 	hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", m.promptTokens)
@@ -231,7 +233,7 @@ func (e *Engine) WriteMetrics(w io.Writer) error {
 		kv = append(kv, p[0]+`="`+escape(p[1])+`"`)
 	}
 	sort.Strings(kv)
-	bw.WriteString("vllm:cache_config_info{" + strings.Join(kv, ",") + "} 1.0\n")
+	write("vllm:cache_config_info{" + strings.Join(kv, ",") + "} 1.0\n")
 	return bw.Flush()
 }
 

@@ -195,7 +195,7 @@ func (b *idleBoundedBody) Read(p []byte) (int, error) {
 	b.timer.Reset(b.idle)
 	n, err := b.rc.Read(p)
 	b.timer.Stop()
-	if err != nil && !errors.Is(err, io.EOF) && context.Cause(b.ctx) == errIdleTimeout {
+	if err != nil && !errors.Is(err, io.EOF) && errors.Is(context.Cause(b.ctx), errIdleTimeout) {
 		err = errIdleTimeout
 	}
 	return n, err

@@ -192,7 +192,7 @@ func (p *Server) Shutdown(ctx context.Context) error {
 		// moment to send the end event and close the response, then close
 		// the connections of any still blocked on a write.
 		p.cutAll(errProxyShutdown)
-		if !waitGroupWithin(&p.handlers, ctx, shutdownGrace) {
+		if !waitGroupWithin(ctx, &p.handlers, shutdownGrace) {
 			_ = p.srv.HTTP.Close()
 		}
 		err = nil
@@ -213,7 +213,7 @@ const shutdownGrace = time.Second
 
 // waitGroupWithin waits for wg, at most d or until ctx ends; it reports
 // whether wg was done.
-func waitGroupWithin(wg *sync.WaitGroup, ctx context.Context, d time.Duration) bool {
+func waitGroupWithin(ctx context.Context, wg *sync.WaitGroup, d time.Duration) bool {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	t := time.NewTimer(d)
@@ -351,7 +351,7 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 	ctx, cancel := context.WithCancelCause(req.Context())
 	defer cancel(nil)
 	defer context.AfterFunc(p.cut, func() { cancel(context.Cause(p.cut)) })()
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, p.upstreamURL(req.URL), body)
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, p.upstreamURL(req.URL), body) //nolint:gosec // G704: the upstream is the operator's configured engine, only the path comes from the client
 	if err != nil {
 		writeProxyError(w, http.StatusBadRequest, "invalid_request")
 		return
@@ -361,7 +361,7 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 	if traceState != "" {
 		out.Header.Set("tracestate", traceState)
 	}
-	resp, err := p.client.Do(out)
+	resp, err := p.client.Do(out) //nolint:gosec // G704: as above, the configured upstream
 	model, stream, injected := body.Stop()
 	if limited.timedOut.Load() {
 		if err == nil {
@@ -409,7 +409,7 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 		}
 	})
 	if err != nil {
-		if context.Cause(ctx) == errProxyShutdown {
+		if errors.Is(context.Cause(ctx), errProxyShutdown) {
 			writeProxyError(w, http.StatusServiceUnavailable, errShuttingDown)
 			s.end(time.Now(), tokenevent.ErrorShutdown, "")
 			return
@@ -442,9 +442,9 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 		_, _ = io.Copy(armedWriter{w, s.send}, resp.Body)
 		s.end(time.Now(), strconv.Itoa(resp.StatusCode), "")
 	case streaming:
-		s.relayStream(w, ctx, resp.Body, injected)
+		s.relayStream(ctx, w, resp.Body, injected)
 	default:
-		s.relayResponse(w, ctx, resp.Body)
+		s.relayResponse(ctx, w, resp.Body)
 	}
 }
 
@@ -452,7 +452,7 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 // observing each. The events of one read from the upstream go out in one
 // flush: they were all there at once, and a flush is a system call (its
 // cost is most of the proxy's per event).
-func (s *session) relayStream(w http.ResponseWriter, clientCtx context.Context, upstream io.Reader, strip bool) {
+func (s *session) relayStream(clientCtx context.Context, w http.ResponseWriter, upstream io.Reader, strip bool) {
 	flusher, _ := w.(http.Flusher)
 	parser := sse.NewParser(0)
 	buf := make([]byte, sseReadBuffer)
@@ -534,7 +534,7 @@ func (s *session) relayStream(w http.ResponseWriter, clientCtx context.Context, 
 		s.end(now, s.engineError, s.finishReason)
 	case finished:
 		s.end(now, "", s.finishReason)
-	case context.Cause(clientCtx) == errProxyShutdown:
+	case errors.Is(context.Cause(clientCtx), errProxyShutdown):
 		s.end(now, tokenevent.ErrorShutdown, s.finishReason)
 	case clientGone || clientCtx.Err() != nil:
 		s.end(now, "", finishReasonAbort)
@@ -549,14 +549,14 @@ func (s *session) relayStream(w http.ResponseWriter, clientCtx context.Context, 
 
 // relayResponse forwards a non-streaming response: its first token is the
 // whole response, its tokens come from usage.
-func (s *session) relayResponse(w http.ResponseWriter, clientCtx context.Context, upstream io.Reader) {
+func (s *session) relayResponse(clientCtx context.Context, w http.ResponseWriter, upstream io.Reader) {
 	var kept limitedBuffer
 	kept.limit = maxNonStreamingBody
 	_, err := io.Copy(io.MultiWriter(armedWriter{w, s.send}, &kept), upstream)
 	now := time.Now()
 	if err != nil {
 		switch {
-		case context.Cause(clientCtx) == errProxyShutdown:
+		case errors.Is(context.Cause(clientCtx), errProxyShutdown):
 			s.end(now, tokenevent.ErrorShutdown, "")
 		case clientCtx.Err() != nil:
 			s.end(now, "", finishReasonAbort)

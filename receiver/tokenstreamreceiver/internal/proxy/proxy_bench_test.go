@@ -45,7 +45,7 @@ func BenchmarkProxyRelayEvent(b *testing.B) {
 	b.SetBytes(int64(stream.Len()))
 	for b.Loop() {
 		s := &session{p: p, id: "bench", completionTokens: -1, promptTokens: -1}
-		s.relayStream(w, context.Background(), strings.NewReader(data), false)
+		s.relayStream(context.Background(), w, strings.NewReader(data), false)
 	}
 	b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(b.N*events), "ns/event")
 }

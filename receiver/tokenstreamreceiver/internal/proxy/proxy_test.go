@@ -158,9 +158,9 @@ func (tp *testProxy) shutdown() error {
 
 // testConfig is the receiver's default proxy configuration, listening on
 // a loopback port chosen by the OS.
-func testConfig(t testing.TB, upstream string) *Config {
+func testConfig(tb testing.TB, upstream string) *Config {
 	u, err := url.Parse(upstream)
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	server := confighttp.NewDefaultServerConfig()
 	server.NetAddr.Endpoint = "127.0.0.1:0"
 	server.WriteTimeout = 0
@@ -184,15 +184,15 @@ type testSink struct {
 	log  *zap.Logger
 }
 
-func newTestSink(t testing.TB, ts component.TelemetrySettings, next consumer.Logs) *testSink {
-	tb, err := metadata.NewTelemetryBuilder(ts)
-	require.NoError(t, err)
-	t.Cleanup(tb.Shutdown)
+func newTestSink(tb testing.TB, ts component.TelemetrySettings, next consumer.Logs) *testSink {
+	builder, err := metadata.NewTelemetryBuilder(ts)
+	require.NoError(tb, err)
+	tb.Cleanup(builder.Shutdown)
 	set := receivertest.NewNopSettings(metadata.Type)
 	set.TelemetrySettings = ts
 	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{ReceiverID: set.ID, Transport: "proxy", ReceiverCreateSettings: set})
-	require.NoError(t, err)
-	return &testSink{next: next, obs: obs, tel: tb, log: zap.NewNop()}
+	require.NoError(tb, err)
+	return &testSink{next: next, obs: obs, tel: builder, log: zap.NewNop()}
 }
 
 var transportProxy = metric.WithAttributeSet(attribute.NewSet(attribute.String("transport", "proxy")))
@@ -288,8 +288,10 @@ func TestProxyStreamObservedAndForwardedAsIs(t *testing.T) {
 	tr := startTestProxy(t, up.URL, sink)
 
 	body := `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"user","content":"What is the capital of France?"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":32}`
-	resp, got := postChat(t, tr.proxyURL(), body, map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-		"tracestate": "ot=th:8;rv:fedcba98765432,vendor=x"})
+	resp, got := postChat(t, tr.proxyURL(), body, map[string]string{
+		"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		"tracestate":  "ot=th:8;rv:fedcba98765432,vendor=x",
+	})
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, strings.Join(chat, ""), got, "the client gets the stream byte for byte")
 	assert.Equal(t, body, up.bodies[0], "a request that asked for usage is forwarded unchanged")
@@ -416,7 +418,7 @@ func TestProxyStartsATraceWithoutTraceparent(t *testing.T) {
 func TestProxyPassThrough(t *testing.T) {
 	up := newScriptedUpstream(t, func(_ *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Path", r.URL.Path)
-		_, _ = io.WriteString(w, r.Method+" "+r.URL.RequestURI())
+		_, _ = io.WriteString(w, r.Method+" "+r.URL.RequestURI()) //nolint:gosec // G705: a test upstream echoing to the test
 	})
 	sink := new(consumertest.LogsSink)
 	tr := startTestProxy(t, up.URL, sink)
@@ -1079,7 +1081,7 @@ func FuzzRelayStream(f *testing.F) {
 	relay := func(data, sizes []byte, strip bool) (string, *session) {
 		w := &bufferResponse{discardResponse: discardResponse{h: http.Header{}}}
 		s := &session{p: p, id: "fuzz", completionTokens: -1, promptTokens: -1}
-		s.relayStream(w, context.Background(), &splitReader{data: data, sizes: sizes}, strip)
+		s.relayStream(context.Background(), w, &splitReader{data: data, sizes: sizes}, strip)
 		return w.String(), s
 	}
 	f.Fuzz(func(t *testing.T, data, sizes []byte, strip bool) {

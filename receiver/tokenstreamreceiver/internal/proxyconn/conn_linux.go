@@ -1,6 +1,7 @@
 package proxyconn // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxyconn"
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -28,7 +29,7 @@ func wrap(c net.Conn) net.Conn {
 
 // rawTCPConn is a TCP connection whose reads and writes are raw system
 // calls on its non-blocking socket, made inside the runtime poller's
-// RawConn callbacks (which wait for readiness and honour deadlines as for
+// RawConn callbacks (which wait for readiness and honor deadlines as for
 // any net.Conn).
 //
 // Why: a read or write through net.Conn goes through syscall.Syscall, which
@@ -119,7 +120,8 @@ func (c *rawTCPConn) run(call *call, b []byte) (int, error) {
 // op names), so that callers checking for timeouts or closed connections
 // see what they expect.
 func (c *rawTCPConn) opError(op string, err error) error {
-	if oe, ok := err.(*net.OpError); ok {
+	var oe *net.OpError
+	if errors.As(err, &oe) {
 		err = oe.Err
 	}
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
