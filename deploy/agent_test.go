@@ -30,9 +30,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // it, with the agent's listeners on ip: each test takes its own loopback
 // address, so the config's fixed ports do not collide.
 func agentEnv(ip, backend, storage string) []string {
-	return []string{"MY_POD_IP=" + ip, "K8S_NODE_NAME=node-1", "K8S_POD_NAME=otelcol-llm-agent-x7k2p",
+	return []string{
+		"MY_POD_IP=" + ip, "K8S_NODE_NAME=node-1", "K8S_POD_NAME=otelcol-llm-agent-x7k2p",
 		"K8S_NAMESPACE=observability", "OTLP_BACKEND=" + backend, "OTLP_BACKEND_INSECURE=true",
-		"OTELCOL_LLM_STORAGE_DIR=" + storage}
+		"OTELCOL_LLM_STORAGE_DIR=" + storage,
+	}
 }
 
 // startAgent runs the distribution with configs and env, and returns once
@@ -120,8 +122,10 @@ func TestAgentLosesNothingAcrossRestarts(t *testing.T) {
 		if i%2 == 1 {
 			ttft = 30 * time.Millisecond
 		}
-		lines := testbin.HookSession{ID: fmt.Sprintf("restart-%02d", i), Start: start.Add(time.Duration(i) * time.Second),
-			TTFT: ttft, Tokens: 2}.Lines()
+		lines := testbin.HookSession{
+			ID: fmt.Sprintf("restart-%02d", i), Start: start.Add(time.Duration(i) * time.Second),
+			TTFT: ttft, Tokens: 2,
+		}.Lines()
 		body.WriteString(strings.Join(lines, "\n") + "\n")
 	}
 	resp, err := http.Post("http://"+net.JoinHostPort(ip, "4320")+"/v1/token-events", "application/x-ndjson",

@@ -105,7 +105,7 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	defer sim.Stop(10 * time.Second)
+	defer func() { _ = sim.Stop(10 * time.Second) }() // how it stopped is the collector's question, below
 	if err := sim.WaitListening(a.sim, 30*time.Second); err != nil {
 		return false, fmt.Errorf("vllmsim: %w", err)
 	}
@@ -117,7 +117,7 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	defer col.Stop(30 * time.Second)
+	defer func() { _ = col.Stop(30 * time.Second) }() // the clean stop is checked where it counts
 	for _, addr := range []string{a.proxy, a.telemetry, a.pprof} {
 		if err := col.WaitListening(addr, time.Minute); err != nil {
 			return false, fmt.Errorf("collector: %w", err)
@@ -138,7 +138,8 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 		"-url", "http://" + a.proxy, "-model", "meta-llama/Llama-3.1-8B-Instruct", "-endpoint", "chat",
 		"-concurrency", strconv.Itoa(o.concurrency), "-ramp-up", "10s", "-duration", o.duration.String(),
 		"-prompt-tokens", o.promptTokens, "-output-tokens", o.outputTokens, "-timeout", "5m",
-		"-quiet", "-out", loadOut}, process.Options{Log: filepath.Join(runDir, "llmload.log")})
+		"-quiet", "-out", loadOut,
+	}, process.Options{Log: filepath.Join(runDir, "llmload.log")})
 	if err != nil {
 		return false, err
 	}

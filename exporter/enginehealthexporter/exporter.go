@@ -79,8 +79,10 @@ func newEngineHealth(cfg *Config, set exporter.Settings) (*engineHealth, error) 
 	if err != nil {
 		return nil, err
 	}
-	h := &engineHealth{cfg: cfg, set: set, tel: tel, now: time.Now, judge: newJudge(cfg.judgeConfig()),
-		series: make(map[string]seriesPoint), stop: make(chan struct{})}
+	h := &engineHealth{
+		cfg: cfg, set: set, tel: tel, now: time.Now, judge: newJudge(cfg.judgeConfig()),
+		series: make(map[string]seriesPoint), stop: make(chan struct{}),
+	}
 	h.verdicts.Store(newVerdicts(nil))
 	err = tel.RegisterExporterEngineHealthEnginesEjectedCallback(func(_ context.Context, o metric.Int64Observer) error {
 		h.mu.Lock()
@@ -320,8 +322,10 @@ func (h *engineHealth) consumeMetrics(md pmetric.Metrics) {
 			h.judge.reset(name)
 			resets++
 		}
-		if !h.judge.add(name, sample{at: r.now, sessions: s.sessions, errors: s.errors, saturated: s.saturated,
-			rejected: s.rejected, stalls: s.stalls, active: s.active, ttft: s.ttft}) {
+		if !h.judge.add(name, sample{
+			at: r.now, sessions: s.sessions, errors: s.errors, saturated: s.saturated,
+			rejected: s.rejected, stalls: s.stalls, active: s.active, ttft: s.ttft,
+		}) {
 			tooMany++
 		}
 	}

@@ -90,8 +90,10 @@ func (h Histogram) Merge(o Histogram) Histogram {
 	for i, c := range b.Counts {
 		counts[b.Offset+int32(i)-first] += c
 	}
-	return Histogram{Scale: scale, ZeroCount: a.ZeroCount + b.ZeroCount, Offset: first, Counts: counts,
-		Count: a.Count + b.Count, Sum: a.Sum + b.Sum}
+	return Histogram{
+		Scale: scale, ZeroCount: a.ZeroCount + b.ZeroCount, Offset: first, Counts: counts,
+		Count: a.Count + b.Count, Sum: a.Sum + b.Sum,
+	}
 }
 
 // Quantile estimates the q-quantile (0..1) the way llmload computes its

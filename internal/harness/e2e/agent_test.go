@@ -77,7 +77,9 @@ func TestAgentTraceEndToEnd(t *testing.T) {
 			reasons[id.Str()] = span.Attributes().AsRaw()["llm.session.sampling.reason"]
 		}
 	}
-	assert.ElementsMatch(t, []string{"chat llama", "chat llama", "chat llama", "llm_request 1", "llm_request 2", "llm_request 3",
-		"POST /v1/chat/completions", "agent run"}, names)
+	assert.ElementsMatch(t, []string{
+		"chat llama", "chat llama", "chat llama", "llm_request 1", "llm_request 2", "llm_request 3",
+		"POST /v1/chat/completions", "agent run",
+	}, names)
 	assert.Equal(t, map[string]any{"call-1": "ttft", "call-2": "trace", "call-3": "trace"}, reasons)
 }

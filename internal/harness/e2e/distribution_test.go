@@ -44,8 +44,11 @@ func TestDistributionComponents(t *testing.T) {
 	}
 
 	for _, want := range []struct{ kind, name string }{
-		{"exporters", "load_balancing"}, {"exporters", "file"},
-		{"processors", "tail_sampling"}, {"processors", "filter"}, {"processors", "transform"},
+		{"exporters", "load_balancing"},
+		{"exporters", "file"},
+		{"processors", "tail_sampling"},
+		{"processors", "filter"},
+		{"processors", "transform"},
 	} {
 		assert.Contains(t, built[want.kind], want.name)
 	}

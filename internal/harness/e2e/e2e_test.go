@@ -98,8 +98,10 @@ func newCollector(t *testing.T) *collector {
 func startCollector(t *testing.T, config, sinkAddr string, env ...string) *collector {
 	t.Helper()
 	c := newCollector(t)
-	env = append([]string{"HOOKS_HTTP_ENDPOINT=" + c.httpAddr, "HOOKS_UDP_ENDPOINT=" + c.udpAddr,
-		"OTLP_ENDPOINT=" + c.otlpAddr, "PROXY_ENDPOINT=" + c.proxyAddr, "SINK_ENDPOINT=" + sinkAddr}, env...)
+	env = append([]string{
+		"HOOKS_HTTP_ENDPOINT=" + c.httpAddr, "HOOKS_UDP_ENDPOINT=" + c.udpAddr,
+		"OTLP_ENDPOINT=" + c.otlpAddr, "PROXY_ENDPOINT=" + c.proxyAddr, "SINK_ENDPOINT=" + sinkAddr,
+	}, env...)
 	c.Process = testbin.StartCollector(t, []string{"--config", filepath.Join("testdata", config)}, env)
 	return c
 }
@@ -107,10 +109,12 @@ func startCollector(t *testing.T, config, sinkAddr string, env ...string) *colle
 // session returns the wire lines of one complete session with the given ID.
 func session(id string, base uint64) []string {
 	evs := []tokenevent.Event{
-		{Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: base, Model: "meta-llama/Llama-3.1-8B-Instruct",
+		{
+			Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: base, Model: "meta-llama/Llama-3.1-8B-Instruct",
 			Operation: tokenevent.OperationChat, PromptTokens: 812, Engine: "vllm-0",
 			TraceID:    [16]byte{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36},
-			Attributes: []tokenevent.Attribute{{Key: "quantization", Value: "fp8"}}, Count: 1, CompletionTokens: -1},
+			Attributes: []tokenevent.Attribute{{Key: "quantization", Value: "fp8"}}, Count: 1, CompletionTokens: -1,
+		},
 		{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: base + 180_000_000, Count: 1, PromptTokens: -1, CompletionTokens: -1},
 		{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: base + 205_000_000, Count: 2, PromptTokens: -1, CompletionTokens: -1},
 		{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: base + 231_000_000, Count: 1, PromptTokens: -1, CompletionTokens: -1},
@@ -182,9 +186,11 @@ func TestHooksEndToEnd(t *testing.T) {
 
 	t.Run("debug exporter", func(t *testing.T) {
 		out := col.Output.String()
-		for _, want := range []string{"EventName: llm.session.start", "EventName: llm.token", "EventName: llm.session.end",
+		for _, want := range []string{
+			"EventName: llm.session.start", "EventName: llm.token", "EventName: llm.session.end",
 			"-> llm.session.id: Str(http-1)", "-> gen_ai.request.model: Str(meta-llama/Llama-3.1-8B-Instruct)",
-			"-> llm.token.events: Str(0 25000000:2 51000000)", "Trace ID: 4bf92f3577b34da6a3ce929d0e0e4736"} {
+			"-> llm.token.events: Str(0 25000000:2 51000000)", "Trace ID: 4bf92f3577b34da6a3ce929d0e0e4736",
+		} {
 			assert.Contains(t, out, want)
 		}
 	})
@@ -215,16 +221,16 @@ func sendWithGoClient(t *testing.T, endpoint, id string, base uint64) {
 	hook, err := tokenhook.New(tokenhook.Config{Endpoint: endpoint})
 	require.NoError(t, err)
 	at := func(offset uint64) time.Time { return time.Unix(0, int64(base+offset)) }
-	hook.Start(tokenhook.Start{
+	require.NoError(t, hook.Start(tokenhook.Start{
 		SessionID: id, Time: at(0), Model: "meta-llama/Llama-3.1-8B-Instruct", Operation: tokenhook.OperationChat,
 		PromptTokens: 812, HasPromptTokens: true, Engine: "vllm-0",
 		TraceID:    [16]byte{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36},
 		Attributes: map[string]string{"quantization": "fp8"},
-	})
-	hook.Token(id, at(180_000_000), 1)
-	hook.Token(id, at(205_000_000), 2)
-	hook.Token(id, at(231_000_000), 1)
-	hook.End(tokenhook.End{SessionID: id, Time: at(232_000_000), CompletionTokens: 4, HasCompletionTokens: true, FinishReason: "stop"})
+	}))
+	require.NoError(t, hook.Token(id, at(180_000_000), 1))
+	require.NoError(t, hook.Token(id, at(205_000_000), 2))
+	require.NoError(t, hook.Token(id, at(231_000_000), 1))
+	require.NoError(t, hook.End(tokenhook.End{SessionID: id, Time: at(232_000_000), CompletionTokens: 4, HasCompletionTokens: true, FinishReason: "stop"}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, hook.Close(ctx))

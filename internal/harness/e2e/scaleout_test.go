@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -94,7 +95,8 @@ func startScaleOut(t *testing.T, decisionWait time.Duration) *scaleOut {
 	lbCfg := rewriteConfig(t, "agent-lb.yaml", func(cfg map[string]any) {
 		for _, exp := range []string{"load_balancing", "load_balancing/metrics"} {
 			sub(cfg, "exporters", exp)["resolver"] = map[string]any{"static": map[string]any{
-				"hostnames": []any{gatewayIPs[0] + ":4317", gatewayIPs[1] + ":4317"}}}
+				"hostnames": []any{gatewayIPs[0] + ":4317", gatewayIPs[1] + ":4317"},
+			}}
 		}
 		// Retries scaled down with decision_wait (60 s → 3 s): a trace's
 		// spans come through both agents, each retrying on its own, and a
@@ -103,13 +105,18 @@ func startScaleOut(t *testing.T, decisionWait time.Duration) *scaleOut {
 		// apart on a loaded machine, and the trace was decided on half of
 		// it.
 		sub(cfg, "exporters", "load_balancing")["retry_on_failure"] = map[string]any{
-			"enabled": true, "initial_interval": "100ms", "max_interval": "500ms"}
+			"enabled": true, "initial_interval": "100ms", "max_interval": "500ms",
+		}
 	})
 	for _, ip := range so.agents {
-		testbin.StartCollector(t, []string{"--config", filepath.Join("..", "..", "..", "deploy", "agent-config.yaml"),
-			"--config", lbCfg}, []string{"MY_POD_IP=" + ip, "K8S_NODE_NAME=node-" + ip, "K8S_POD_NAME=agent-" + ip,
+		testbin.StartCollector(t, []string{
+			"--config", filepath.Join("..", "..", "..", "deploy", "agent-config.yaml"),
+			"--config", lbCfg,
+		}, []string{
+			"MY_POD_IP=" + ip, "K8S_NODE_NAME=node-" + ip, "K8S_POD_NAME=agent-" + ip,
 			"K8S_NAMESPACE=observability", "OTLP_BACKEND=127.0.0.1:9", "OTELCOL_LLM_STORAGE_DIR=" + t.TempDir(),
-			"GATEWAY_INSECURE=true"})
+			"GATEWAY_INSECURE=true",
+		})
 	}
 	return so
 }
@@ -120,7 +127,9 @@ func (so *scaleOut) hookURL(agent int) string {
 }
 
 // otlpAddr is an agent's OTLP/gRPC endpoint.
-func (so *scaleOut) otlpAddr(agent int) string { return net.JoinHostPort(so.agents[agent], "4317") }
+// otlpAddr is the OTLP endpoint of the second agent, the one the tests send
+// application spans to (the first sends the sessions).
+func (so *scaleOut) otlpAddr() string { return net.JoinHostPort(so.agents[1], "4317") }
 
 // appSpans are the spans an app and an API gateway make for a request
 // whose model call is the session sessionSpan.
@@ -155,8 +164,10 @@ func appSpans(td ptrace.Traces, trace pcommon.TraceID) {
 // API gateway's span (appSpans): the first token after ttft, then tokens
 // 20 ms apart, and the end.
 func sessionEvents(id string, trace pcommon.TraceID, span pcommon.SpanID, start time.Time, ttft time.Duration, tokens int) []string {
-	return testbin.HookSession{ID: id, TraceID: trace, SpanID: span, ParentSpanID: [8]byte{0xa0, trace[0], trace[1], trace[2], trace[3], 2},
-		Start: start, TTFT: ttft, Tokens: tokens}.Lines()
+	return testbin.HookSession{
+		ID: id, TraceID: trace, SpanID: span, ParentSpanID: [8]byte{0xa0, trace[0], trace[1], trace[2], trace[3], 2},
+		Start: start, TTFT: ttft, Tokens: tokens,
+	}.Lines()
 }
 
 // tracesAt groups the spans each gateway exported, by trace.
@@ -214,7 +225,7 @@ func TestScaleOut(t *testing.T) {
 	longSpan := pcommon.SpanID{0x10, 0xfe}
 	td := ptrace.NewTraces()
 	appSpans(td, longTrace)
-	exportTraces(t, so.otlpAddr(1), td)
+	exportTraces(t, so.otlpAddr(), td)
 	longStart := time.Now()
 	postLines(t, so.hookURL(0), sessionEvents("long", longTrace, longSpan, longStart, 700*time.Millisecond, 0)[:1]...)
 	const longFor = 30 * time.Second
@@ -227,8 +238,10 @@ func TestScaleOut(t *testing.T) {
 		time.Sleep(time.Until(at))
 		n := 0
 		for time.Since(longStart) < longFor {
-			line := strings.TrimSpace(string(tokenevent.AppendJSON(nil, &tokenevent.Event{Kind: tokenevent.KindToken, SessionID: "long",
-				TimeUnixNano: uint64(time.Now().UnixNano()), Count: 1, PromptTokens: -1, CompletionTokens: -1})))
+			line := strings.TrimSpace(string(tokenevent.AppendJSON(nil, &tokenevent.Event{
+				Kind: tokenevent.KindToken, SessionID: "long",
+				TimeUnixNano: uint64(time.Now().UnixNano()), Count: 1, PromptTokens: -1, CompletionTokens: -1,
+			})))
 			if err := postBatch(so.hookURL(0), line); err != nil {
 				once.Do(func() { longErr = err })
 				return
@@ -236,8 +249,10 @@ func TestScaleOut(t *testing.T) {
 			n++
 			time.Sleep(100 * time.Millisecond)
 		}
-		end := strings.TrimSpace(string(tokenevent.AppendJSON(nil, &tokenevent.Event{Kind: tokenevent.KindEnd, SessionID: "long",
-			TimeUnixNano: uint64(time.Now().UnixNano()), CompletionTokens: int64(n), FinishReason: "stop", PromptTokens: -1, Count: 1})))
+		end := strings.TrimSpace(string(tokenevent.AppendJSON(nil, &tokenevent.Event{
+			Kind: tokenevent.KindEnd, SessionID: "long",
+			TimeUnixNano: uint64(time.Now().UnixNano()), CompletionTokens: int64(n), FinishReason: "stop", PromptTokens: -1, Count: 1,
+		})))
 		if err := postBatch(so.hookURL(0), end); err != nil {
 			once.Do(func() { longErr = err })
 		}
@@ -250,7 +265,7 @@ func TestScaleOut(t *testing.T) {
 	for _, tr := range []pcommon.TraceID{slowTrace, dropTrace, drawnTrace} {
 		appSpans(td, tr)
 	}
-	exportTraces(t, so.otlpAddr(1), td)
+	exportTraces(t, so.otlpAddr(), td)
 	var lines []string
 	lines = append(lines, sessionEvents("slow", slowTrace, pcommon.SpanID{0x11}, time.Now(), 600*time.Millisecond, 5)...)
 	lines = append(lines, sessionEvents("dropped", dropTrace, pcommon.SpanID{0x12}, time.Now(), 50*time.Millisecond, 5)...)
@@ -268,7 +283,7 @@ func TestScaleOut(t *testing.T) {
 		at := so.tracesAt()
 		require.True(t, len(at[0][trace]) == 0 || len(at[1][trace]) == 0, "trace %s split across the gateways: %v / %v",
 			trace, spanNames(at[0][trace]), spanNames(at[1][trace]))
-		spans := append(at[0][trace], at[1][trace]...)
+		spans := slices.Concat(at[0][trace], at[1][trace])
 		assert.ElementsMatch(t, want, spanNames(spans), "trace %s", trace)
 	}
 	whole(slowTrace, "POST /chat", "api-gateway /v1/chat/completions", "llm.session.verdict", "chat llama-3.1-8b")
@@ -302,7 +317,7 @@ func TestScaleOut(t *testing.T) {
 		perAgent[i%2] = append(perAgent[i%2], sessionEvents(fmt.Sprintf("bulk-%d", i), tr, pcommon.SpanID{0x20, byte(i >> 8), byte(i)},
 			time.Now(), ttft, 3)...)
 	}
-	exportTraces(t, so.otlpAddr(1), td)
+	exportTraces(t, so.otlpAddr(), td)
 	for a := range 2 {
 		postLines(t, so.hookURL(a), perAgent[a]...)
 	}
@@ -333,7 +348,7 @@ func TestScaleOut(t *testing.T) {
 			continue
 		}
 		require.True(t, len(a) == 0 || len(b) == 0, "trace %s split: %v / %v", tr, spanNames(a), spanNames(b))
-		spans := append(a, b...)
+		spans := slices.Concat(a, b)
 		names := spanNames(spans)
 		assert.Contains(t, names, "POST /chat", "trace %s", tr)
 		assert.Contains(t, names, "api-gateway /v1/chat/completions", "trace %s", tr)
@@ -370,7 +385,7 @@ func (so *scaleOut) bulkSessions(t *testing.T, first, n int) []pcommon.TraceID {
 		perAgent[i%2] = append(perAgent[i%2], sessionEvents(fmt.Sprintf("s-%d", i), tr, pcommon.SpanID{0x30, byte(i >> 8), byte(i)},
 			time.Now(), 600*time.Millisecond, 3)...)
 	}
-	exportTraces(t, so.otlpAddr(1), td)
+	exportTraces(t, so.otlpAddr(), td)
 	for a := range 2 {
 		postLines(t, so.hookURL(a), perAgent[a]...)
 	}

@@ -68,8 +68,10 @@ func check(t *testing.T, s *Sink, got *atomic.Int32) {
 func TestGRPC(t *testing.T) {
 	var got atomic.Int32
 	count := func() { got.Add(1) }
-	s, err := Start("127.0.0.1:0", Options{Keep: true, OnLogs: func(plog.Logs) { count() },
-		OnTraces: func(ptrace.Traces) { count() }, OnMetrics: func(pmetric.Metrics) { count() }})
+	s, err := Start("127.0.0.1:0", Options{
+		Keep: true, OnLogs: func(plog.Logs) { count() },
+		OnTraces: func(ptrace.Traces) { count() }, OnMetrics: func(pmetric.Metrics) { count() },
+	})
 	require.NoError(t, err)
 	defer s.Close()
 
@@ -113,8 +115,10 @@ func post(t *testing.T, url string, body []byte, gz bool) int {
 func TestHTTP(t *testing.T) {
 	var got atomic.Int32
 	count := func() { got.Add(1) }
-	s, err := Start("127.0.0.1:0", Options{HTTP: true, Keep: true, OnLogs: func(plog.Logs) { count() },
-		OnTraces: func(ptrace.Traces) { count() }, OnMetrics: func(pmetric.Metrics) { count() }})
+	s, err := Start("127.0.0.1:0", Options{
+		HTTP: true, Keep: true, OnLogs: func(plog.Logs) { count() },
+		OnTraces: func(ptrace.Traces) { count() }, OnMetrics: func(pmetric.Metrics) { count() },
+	})
 	require.NoError(t, err)
 	defer s.Close()
 

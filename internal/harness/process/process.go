@@ -212,7 +212,7 @@ func (p *Process) WaitHTTP(ctx context.Context, url string, timeout time.Duratio
 		}
 		select {
 		case <-p.exited:
-			return fmt.Errorf("%s exited before it was ready: %v%s", p.Name, p.err, p.seeLog())
+			return fmt.Errorf("%s exited before it was ready: %w%s", p.Name, p.err, p.seeLog())
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				return fmt.Errorf("%s not ready at %s within %s%s", p.Name, url, timeout, p.seeLog())

@@ -45,14 +45,14 @@ type Process struct {
 // test's environment, and returns once it is ready. It stops the process
 // (SIGTERM) when the test ends, if Stop or Crash has not, and checks that it
 // exits cleanly; the process dies with the test binary whatever happens.
-func StartCollector(t testing.TB, args, env []string) *Process {
-	t.Helper()
-	p := &Process{Output: &SyncBuffer{}, t: t}
+func StartCollector(tb testing.TB, args, env []string) *Process {
+	tb.Helper()
+	p := &Process{Output: &SyncBuffer{}, t: tb}
 	var err error
-	p.proc, err = process.Start("the collector", Collector(t), args, process.Options{Env: env, Output: p.Output})
-	require.NoError(t, err)
-	t.Cleanup(p.Stop)
-	require.Eventually(t, func() bool {
+	p.proc, err = process.Start("the collector", Collector(tb), args, process.Options{Env: env, Output: p.Output})
+	require.NoError(tb, err)
+	tb.Cleanup(p.Stop)
+	require.Eventually(tb, func() bool {
 		select {
 		case <-p.proc.Exited():
 			return true
@@ -60,7 +60,7 @@ func StartCollector(t testing.TB, args, env []string) *Process {
 		}
 		return strings.Contains(p.Output.String(), "Everything is ready")
 	}, 60*time.Second, 20*time.Millisecond)
-	require.Contains(t, p.Output.String(), "Everything is ready", "the collector exited early")
+	require.Contains(tb, p.Output.String(), "Everything is ready", "the collector exited early")
 	return p
 }
 
@@ -82,26 +82,26 @@ func (p *Process) Crash() {
 // Tool returns the path of a tool a test runs, which .ci/run installs with
 // its Debian package pkg. Without it the test fails under CI and is skipped
 // elsewhere, naming the command that installs it.
-func Tool(t testing.TB, name, pkg string) string {
-	t.Helper()
+func Tool(tb testing.TB, name, pkg string) string {
+	tb.Helper()
 	if path, err := exec.LookPath(name); err == nil {
 		return path
 	}
 	if os.Getenv("CI") != "" {
-		t.Fatalf("%s is missing: apt-get install %s", name, pkg)
+		tb.Fatalf("%s is missing: apt-get install %s", name, pkg)
 	}
-	t.Skipf("%s is missing: apt-get install %s", name, pkg)
+	tb.Skipf("%s is missing: apt-get install %s", name, pkg)
 	return ""
 }
 
 // StartProcess runs bin with args until the test ends (SIGTERM then, and
 // the process dies with the test binary whatever happens), and returns its
 // output.
-func StartProcess(t testing.TB, bin string, args ...string) *SyncBuffer {
-	t.Helper()
+func StartProcess(tb testing.TB, bin string, args ...string) *SyncBuffer {
+	tb.Helper()
 	out := &SyncBuffer{}
 	p, err := process.Start(bin, bin, args, process.Options{Output: out})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Stop(time.Hour) })
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = p.Stop(time.Hour) })
 	return out
 }

@@ -17,46 +17,46 @@ import (
 // Collector returns the path of the built distribution, from
 // OTELCOL_LLM_BIN; it skips the test when the variable is unset, or fails it
 // under CI.
-func Collector(t testing.TB) string {
-	t.Helper()
+func Collector(tb testing.TB) string {
+	tb.Helper()
 	bin := os.Getenv("OTELCOL_LLM_BIN")
 	if bin == "" {
 		if os.Getenv("CI") != "" {
-			t.Fatal("OTELCOL_LLM_BIN is not set: run the end-to-end tests through `make test`")
+			tb.Fatal("OTELCOL_LLM_BIN is not set: run the end-to-end tests through `make test`")
 		}
-		t.Skip("OTELCOL_LLM_BIN is not set; `make test` builds the collector and sets it")
+		tb.Skip("OTELCOL_LLM_BIN is not set; `make test` builds the collector and sets it")
 	}
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("OTELCOL_LLM_BIN: %v", err)
+	if _, err := os.Stat(bin); err != nil { //nolint:gosec // the binary the test runner names
+		tb.Fatalf("OTELCOL_LLM_BIN: %v", err)
 	}
 	return bin
 }
 
 // Build builds the module's package pkg (a path from the module root, such
 // as ./cmd/vllmsim) into the test's temporary folder and returns the binary.
-func Build(t testing.TB, pkg string) string {
-	t.Helper()
-	root := ModuleRoot(t)
-	out := filepath.Join(t.TempDir(), filepath.Base(pkg))
+func Build(tb testing.TB, pkg string) string {
+	tb.Helper()
+	root := ModuleRoot(tb)
+	out := filepath.Join(tb.TempDir(), filepath.Base(pkg))
 	cmd := exec.Command("go", "build", "-o", out, pkg)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+		tb.Fatalf("go build %s: %v\n%s", pkg, err, b)
 	}
 	return out
 }
 
 // ModuleRoot returns the folder of the module's go.mod, wherever in the
 // module the test runs.
-func ModuleRoot(t testing.TB) string {
-	t.Helper()
+func ModuleRoot(tb testing.TB) string {
+	tb.Helper()
 	b, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
-		t.Fatalf("go env GOMOD: %v", err)
+		tb.Fatalf("go env GOMOD: %v", err)
 	}
 	gomod := strings.TrimSpace(string(b))
 	if gomod == "" || gomod == os.DevNull {
-		t.Fatal("go env GOMOD: the test does not run inside the module")
+		tb.Fatal("go env GOMOD: the test does not run inside the module")
 	}
 	return filepath.Dir(gomod)
 }
