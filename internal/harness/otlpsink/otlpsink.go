@@ -5,6 +5,7 @@
 package otlpsink // import "github.com/otelcol-llm/otelcol-llm/internal/harness/otlpsink"
 
 import (
+	"bytes"
 	"compress/gzip"
 	"context"
 	"fmt"
@@ -153,38 +154,59 @@ func (s *Sink) Refused() (int, []string) {
 
 func (s *Sink) takeLogs(ld plog.Logs) {
 	s.logRecords.Add(int64(ld.LogRecordCount()))
-	if s.opts.Keep {
-		s.mu.Lock()
-		s.logs = append(s.logs, ld)
-		s.mu.Unlock()
-	}
-	if s.opts.OnLogs != nil {
-		s.opts.OnLogs(ld)
-	}
+	take(s, &s.logs, ld, s.opts.OnLogs)
 }
 
 func (s *Sink) takeTraces(td ptrace.Traces) {
 	s.spans.Add(int64(td.SpanCount()))
-	if s.opts.Keep {
-		s.mu.Lock()
-		s.traces = append(s.traces, td)
-		s.mu.Unlock()
-	}
-	if s.opts.OnTraces != nil {
-		s.opts.OnTraces(td)
-	}
+	take(s, &s.traces, td, s.opts.OnTraces)
 }
 
 func (s *Sink) takeMetrics(md pmetric.Metrics) {
 	s.points.Add(int64(md.DataPointCount()))
+	take(s, &s.metrics, md, s.opts.OnMetrics)
+}
+
+// take keeps v (Options.Keep) and hands it to the signal's callback.
+func take[T any](s *Sink, kept *[]T, v T, on func(T)) {
 	if s.opts.Keep {
 		s.mu.Lock()
-		s.metrics = append(s.metrics, md)
+		*kept = append(*kept, v)
 		s.mu.Unlock()
 	}
-	if s.opts.OnMetrics != nil {
-		s.opts.OnMetrics(md)
+	if on != nil {
+		on(v)
 	}
+}
+
+// Post sends body to url as OTLP/HTTP protobuf, gzipped when gz, and returns
+// the answer's status: what an exporter does, for the tests of a sink.
+func Post(url string, body []byte, gz bool) (int, error) {
+	if gz {
+		var b bytes.Buffer
+		w := gzip.NewWriter(&b)
+		if _, err := w.Write(body); err != nil {
+			return 0, err
+		}
+		if err := w.Close(); err != nil {
+			return 0, err
+		}
+		body = b.Bytes()
+	}
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/x-protobuf")
+	if gz {
+		req.Header.Set("Content-Encoding", "gzip")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
 }
 
 // LogRecords returns every log record kept so far (Options.Keep).

@@ -1,8 +1,6 @@
 package otlpsink
 
 import (
-	"bytes"
-	"compress/gzip"
 	"context"
 	"net/http"
 	"sync/atomic"
@@ -93,23 +91,9 @@ func TestGRPC(t *testing.T) {
 
 func post(t *testing.T, url string, body []byte, gz bool) int {
 	t.Helper()
-	if gz {
-		var b bytes.Buffer
-		w := gzip.NewWriter(&b)
-		_, _ = w.Write(body)
-		require.NoError(t, w.Close())
-		body = b.Bytes()
-	}
-	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	status, err := Post(url, body, gz)
 	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/x-protobuf")
-	if gz {
-		req.Header.Set("Content-Encoding", "gzip")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	return resp.StatusCode
+	return status
 }
 
 func TestHTTP(t *testing.T) {

@@ -1,8 +1,6 @@
 package demo
 
 import (
-	"bytes"
-	"compress/gzip"
 	"net/http"
 	"testing"
 	"time"
@@ -17,6 +15,8 @@ import (
 	"go.opentelemetry.io/collector/pdata/ptrace"
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 	"go.uber.org/goleak"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/otlpsink"
 )
 
 func TestMain(m *testing.M) {
@@ -25,23 +25,9 @@ func TestMain(m *testing.M) {
 
 func post(t *testing.T, url string, body []byte, gz bool) int {
 	t.Helper()
-	if gz {
-		var b bytes.Buffer
-		w := gzip.NewWriter(&b)
-		_, _ = w.Write(body)
-		require.NoError(t, w.Close())
-		body = b.Bytes()
-	}
-	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	status, err := otlpsink.Post(url, body, gz)
 	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/x-protobuf")
-	if gz {
-		req.Header.Set("Content-Encoding", "gzip")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	return resp.StatusCode
+	return status
 }
 
 // metricsAt builds a flush of the collector: cumulative session counts, a
