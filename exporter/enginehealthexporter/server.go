@@ -76,8 +76,8 @@ func normalizeEngine(raw string) (name string, tooLong bool) {
 	return name, false
 }
 
-// handler serves GET /engines, GET /engines/{engine}/health and GET /health
-// (the engine in the Host header). It routes on the escaped path itself:
+// handler serves GET /engines, GET /engines/{engine}/health, GET /health
+// (the engine in the Host header) and GET /metrics. It routes on the escaped path itself:
 // http.ServeMux would clean a path whose engine is "." or ".." into another
 // (a 307 to /health), and cannot tell an escaped "/" in a name.
 func (h *engineHealth) handler() http.Handler {
@@ -87,6 +87,10 @@ func (h *engineHealth) handler() http.Handler {
 		switch segment, isHealth := engineSegment(path); {
 		case path == "/engines":
 			serve = func() { h.serveList(w) }
+		case path == "/metrics":
+			// The verdicts as gauges, for a router that scrapes its
+			// endpoints (the llm-d router's endpoint picker) or Prometheus.
+			serve = func() { h.serveMetrics(w, r) }
 		case path == "/health":
 			// Checkers whose path is one for all the servers they check
 			// (Envoy's health checks: a path per cluster, a Host header per
@@ -102,7 +106,7 @@ func (h *engineHealth) handler() http.Handler {
 			}
 			serve = func() { h.serveHealth(w, engine) }
 		default:
-			writeError(w, http.StatusNotFound, "no such endpoint: GET /engines, /engines/{engine}/health or /health")
+			writeError(w, http.StatusNotFound, "no such endpoint: GET /engines, /engines/{engine}/health, /health or /metrics")
 			return
 		}
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {

@@ -1,0 +1,195 @@
+package enginehealthexporter
+
+import (
+	"bytes"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
+)
+
+// scrape GETs /metrics (with query, if any) and parses it as Prometheus
+// does, by name.
+func scrape(t *testing.T, th *testHealth, query string) map[string]*dto.MetricFamily {
+	t.Helper()
+	code, hdr, body := get(t, "http://"+th.http.Addr.String()+"/metrics"+query)
+	require.Equal(t, http.StatusOK, code, string(body))
+	assert.Equal(t, expfmt.TypeTextPlain, expfmt.ResponseFormat(hdr).FormatType(), hdr.Get("Content-Type"))
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	require.NoError(t, err, string(body))
+	return families
+}
+
+// gauges is each family's gauge values, by engine label.
+func gauges(t *testing.T, families map[string]*dto.MetricFamily) map[string]map[string]float64 {
+	t.Helper()
+	out := make(map[string]map[string]float64, len(families))
+	for name, f := range families {
+		require.Equal(t, dto.MetricType_GAUGE, f.GetType(), name)
+		out[name] = make(map[string]float64)
+		for _, m := range f.GetMetric() {
+			require.Len(t, m.GetLabel(), 1, name)
+			require.Equal(t, labelEngine, m.GetLabel()[0].GetName(), name)
+			assert.Zero(t, m.GetTimestampMs(), "%s: no timestamp, as a model server's gauges", name)
+			out[name][m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+		}
+	}
+	return out
+}
+
+func TestMetricsEndpointServesTheWindow(t *testing.T) {
+	th := startHealth(t, nil)
+	tr := newTraffic(t, sessionmetrics.Delta, sessionmetrics.Explicit, t0)
+	tr.healthy("a", 10)
+	tr.sessions("c", 10, 1, 300*time.Millisecond, "completed")
+	th.consumeMetrics(tr.flush(th.clock.Now()))
+	th.consumeLogs(stallAlerts("b", "s1", "s2", "s3", "s4", "s5"))
+	require.Equal(t, stateEjected, th.status(t, "b").State)
+
+	got := gauges(t, scrape(t, th, ""))
+	assert.Equal(t, map[string]float64{"a": 0, "b": 1, "c": 0}, got[metricEjected])
+	assert.Equal(t, map[string]float64{"a": 0, "b": 1, "c": 0.1}, got[metricStallRatio])
+	assert.Equal(t, map[string]float64{"a": 10, "b": 5, "c": 10}, got[metricWindowSession])
+	// b has no TTFT in its window (stall alerts only): no series, not 0.
+	require.Len(t, got[metricTTFTP99], 2)
+	assert.InDelta(t, 0.1, got[metricTTFTP99]["a"], 0.002, "100 ms TTFTs: p99 within their bucket (0.08, 0.1]")
+	for _, engine := range []string{"a", "c"} {
+		assert.Equal(t, *th.status(t, engine).TTFTP99S, got[metricTTFTP99][engine], engine)
+	}
+	assert.Greater(t, got[metricTTFTP99]["c"], 0.25)
+
+	// A pod's scrape names its engine, in any case; one never seen has no
+	// series, an unknown name no error.
+	got = gauges(t, scrape(t, th, "?engine="+url.QueryEscape(" C ")))
+	assert.Equal(t, map[string]float64{"c": 0.1}, got[metricStallRatio])
+	assert.Len(t, got, 4)
+	assert.Empty(t, scrape(t, th, "?engine=nope"))
+	assert.Empty(t, scrape(t, th, "?engine="+strings.Repeat("c", maxEngineName+1)))
+}
+
+func TestMetricsEjectedFlipsWithAnEjection(t *testing.T) {
+	th := startHealth(t, nil)
+	tr := newTraffic(t, sessionmetrics.Delta, sessionmetrics.Explicit, t0)
+	tr.healthy("a", 10)
+	tr.healthy("b", 10)
+	th.consumeMetrics(tr.flush(th.clock.Now()))
+	before := gauges(t, scrape(t, th, "?engine=b"))
+	assert.Equal(t, map[string]float64{"b": 0}, before[metricEjected])
+
+	th.consumeLogs(stallAlerts("b", "s1", "s2", "s3", "s4", "s5"))
+	require.Equal(t, stateEjected, th.status(t, "b").State)
+	after := gauges(t, scrape(t, th, "?engine=b"))
+	assert.Equal(t, map[string]float64{"b": 1}, after[metricEjected])
+	assert.Equal(t, map[string]float64{"b": 0.5}, after[metricStallRatio], "5 stalled of 10")
+}
+
+// The selector syntax of the llm-d router's metricSpec (its metrics
+// extractor's spec.go): name{label=value,label="value"}, equality only.
+var (
+	eppSpecRE  = regexp.MustCompile(`^\s*(\S+?)\s*(?:\{([^}]*)\})?\s*$`)
+	eppLabelRE = regexp.MustCompile(`^\s*(\S+?)\s*=\s*"?([^",]*)"?\s*$`)
+)
+
+// eppConfig is what deploy/llm-d/epp-config.yaml says of the metrics it reads.
+type eppConfig struct {
+	Plugins []struct {
+		Type       string `json:"type"`
+		Name       string `json:"name"`
+		Parameters struct {
+			Port          int `json:"port"`
+			EngineConfigs []struct {
+				CustomMetrics []struct {
+					AttributeKey string `json:"attributeKey"`
+					MetricSpec   string `json:"metricSpec"`
+				} `json:"customMetrics"`
+			} `json:"engineConfigs"`
+			Attribute    string `json:"attribute"`
+			AttributeKey string `json:"attributeKey"`
+		} `json:"parameters"`
+	} `json:"plugins"`
+}
+
+// Every metricSpec the shipped EPP config reads matches exactly one series
+// that engine_health serves to a pod's scrape, by name and labels, and the
+// filter and scorer read attributes those specs produce.
+func TestLLMDConfigSelectsServedSeries(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "llm-d", "epp-config.yaml"))
+	require.NoError(t, err)
+	var cfg eppConfig
+	require.NoError(t, yaml.Unmarshal(raw, &cfg))
+
+	// The sidecar's proxy names its engine by its upstream, localhost:8000,
+	// with a TTFT in the window so that every gauge has its series.
+	th := startHealth(t, nil)
+	tr := newTraffic(t, sessionmetrics.Delta, sessionmetrics.Explicit, t0)
+	tr.healthy("localhost:8000", 10)
+	th.consumeMetrics(tr.flush(th.clock.Now()))
+	served := scrape(t, th, "")
+
+	attributes := map[string]bool{}
+	selected := map[string]bool{}
+	for _, p := range cfg.Plugins {
+		for _, ec := range p.Parameters.EngineConfigs {
+			for _, cm := range ec.CustomMetrics {
+				m := eppSpecRE.FindStringSubmatch(cm.MetricSpec)
+				require.NotNil(t, m, cm.MetricSpec)
+				want := map[string]string{}
+				if block := strings.TrimSpace(m[2]); block != "" {
+					for _, pair := range strings.Split(block, ",") {
+						lm := eppLabelRE.FindStringSubmatch(pair)
+						require.NotNil(t, lm, "%s: %s", cm.MetricSpec, pair)
+						want[lm[1]] = lm[2]
+					}
+				}
+				f, ok := served[m[1]]
+				require.True(t, ok, "%s: no such metric served", cm.MetricSpec)
+				matches := 0
+				for _, s := range f.GetMetric() {
+					labels := map[string]string{}
+					for _, l := range s.GetLabel() {
+						labels[l.GetName()] = l.GetValue()
+					}
+					if assert.ObjectsAreEqual(want, labels) {
+						matches++
+					}
+				}
+				assert.Equal(t, 1, matches, "%s: the series it selects, labels and all", cm.MetricSpec)
+				attributes[cm.AttributeKey] = true
+				selected[m[1]] = true
+			}
+		}
+	}
+	for name := range served {
+		assert.True(t, selected[name], "%s served but not read by the EPP config", name)
+	}
+	read := 0
+	for _, p := range cfg.Plugins {
+		switch p.Type {
+		case "endpoint-attribute-filter":
+			assert.True(t, attributes[p.Parameters.Attribute], "%s reads %q", p.Name, p.Parameters.Attribute)
+			read++
+		case "endpoint-attribute-scorer":
+			assert.True(t, attributes[p.Parameters.AttributeKey], "%s reads %q", p.Name, p.Parameters.AttributeKey)
+			read++
+		case "metrics-data-source":
+			if p.Parameters.Port != 0 {
+				assert.Equal(t, 13140, p.Parameters.Port, "engine_health's endpoint in deploy/llm-d/sidecar-config.yaml")
+			}
+		}
+	}
+	assert.Equal(t, 2, read, "a filter and a scorer")
+}
