@@ -2,11 +2,15 @@ package enginehealthexporter
 
 import (
 	"bytes"
+	"fmt"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -187,9 +191,52 @@ func TestLLMDConfigSelectsServedSeries(t *testing.T) {
 			read++
 		case "metrics-data-source":
 			if p.Parameters.Port != 0 {
-				assert.Equal(t, 13140, p.Parameters.Port, "engine_health's endpoint in deploy/llm-d/sidecar-config.yaml")
+				assert.Equal(t, sidecarPort(t), strconv.Itoa(p.Parameters.Port), "engine_health's endpoint in deploy/llm-d/sidecar-config.yaml")
 			}
 		}
 	}
 	assert.Equal(t, 2, read, "a filter and a scorer")
+}
+
+// sidecarPort is the port of engine_health's endpoint in deploy/llm-d's
+// sidecar config.
+func sidecarPort(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "llm-d", "sidecar-config.yaml"))
+	require.NoError(t, err)
+	var cfg struct {
+		Exporters struct {
+			EngineHealth struct {
+				Endpoint string `json:"endpoint"`
+			} `json:"engine_health"`
+		} `json:"exporters"`
+	}
+	require.NoError(t, yaml.Unmarshal(raw, &cfg))
+	_, port, err := net.SplitHostPort(cfg.Exporters.EngineHealth.Endpoint)
+	require.NoError(t, err)
+	return port
+}
+
+// A pod's scrape, every 50 ms from the EPP: one engine of many known.
+func BenchmarkServeMetrics(b *testing.B) {
+	list := make([]engineStatus, 64)
+	for i := range list {
+		ttft := 0.1
+		list[i] = engineStatus{
+			Engine: fmt.Sprintf("10.0.0.%d:8000", i), State: stateHealthy,
+			Window: windowFigures{Sessions: 40, StallRatio: 0.05}, TTFTP99S: &ttft,
+		}
+	}
+	h := &engineHealth{}
+	h.verdicts.Store(newVerdicts(list))
+	for _, query := range []string{"", "?engine=10.0.0.1:8000"} {
+		b.Run("query="+query, func(b *testing.B) {
+			req := httptest.NewRequest(http.MethodGet, "/metrics"+query, http.NoBody)
+			b.ReportAllocs()
+			for b.Loop() {
+				w := httptest.NewRecorder()
+				h.serveMetrics(w, req)
+			}
+		})
+	}
 }
