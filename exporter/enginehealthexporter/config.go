@@ -48,6 +48,11 @@ type EjectConfig struct {
 	// MaxPercent bounds the share of the engines in play (with traffic in
 	// the window, or ejected) ejected at once.
 	MaxPercent float64 `mapstructure:"max_percent"`
+	// KeepLast keeps the last engine with traffic in, whatever MaxPercent
+	// says. Off only where the balancer keeps one in itself and this
+	// exporter sees one engine of many: the llm-d endpoint picker
+	// (fallbackOnEmpty) beside a per-pod sidecar.
+	KeepLast bool `mapstructure:"keep_last"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -75,7 +80,7 @@ func createDefaultConfig() *Config {
 		MinSessions:  5,
 		Eject: EjectConfig{
 			StallRatio: 0.2, TTFTP99: 2 * time.Second, ErrorRatio: 0.2, BaseTime: 30 * time.Second,
-			MaxTime: 300 * time.Second, MaxPercent: 50,
+			MaxTime: 300 * time.Second, MaxPercent: 50, KeepLast: true,
 		},
 		Agent: configoptional.Default(AgentConfig{Endpoint: defaultAgentEndpoint}),
 	}
@@ -86,6 +91,7 @@ func (cfg *Config) judgeConfig() judgeConfig {
 		window: cfg.Window, minSessions: cfg.MinSessions, stallRatio: cfg.Eject.StallRatio,
 		ttftP99: cfg.Eject.TTFTP99, errorRatio: cfg.Eject.ErrorRatio, saturatedRatio: cfg.Eject.SaturatedRatio,
 		baseTime: cfg.Eject.BaseTime, maxTime: cfg.Eject.MaxTime, maxPercent: cfg.Eject.MaxPercent,
+		keepLast: cfg.Eject.KeepLast,
 	}
 }
 

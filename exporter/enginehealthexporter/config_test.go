@@ -45,7 +45,7 @@ func TestConfigDefaults(t *testing.T) {
 	assert.Equal(t, 5, cfg.MinSessions)
 	assert.Equal(t, EjectConfig{
 		StallRatio: 0.2, TTFTP99: 2 * time.Second, ErrorRatio: 0.2, BaseTime: 30 * time.Second,
-		MaxTime: 300 * time.Second, MaxPercent: 50,
+		MaxTime: 300 * time.Second, MaxPercent: 50, KeepLast: true,
 	}, cfg.Eject, "saturated_ratio 0: 429s never eject")
 	assert.False(t, cfg.Agent.HasValue(), "the agent-check endpoint is off unless configured")
 }
@@ -58,7 +58,7 @@ func TestConfigCustom(t *testing.T) {
 	assert.Equal(t, 20, cfg.MinSessions)
 	assert.Equal(t, EjectConfig{
 		StallRatio: 0.5, TTFTP99: 5 * time.Second, ErrorRatio: 0.1, SaturatedRatio: 0.6,
-		BaseTime: 10 * time.Second, MaxTime: time.Minute, MaxPercent: 34,
+		BaseTime: 10 * time.Second, MaxTime: time.Minute, MaxPercent: 34, KeepLast: true,
 	}, cfg.Eject)
 	assert.Equal(t, "0.0.0.0:9141", cfg.Agent.Get().Endpoint)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/confmap"
 	"sigs.k8s.io/yaml"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
@@ -99,6 +100,43 @@ func TestMetricsEjectedFlipsWithAnEjection(t *testing.T) {
 	after := gauges(t, scrape(t, th, "?engine=b"))
 	assert.Equal(t, map[string]float64{"b": 1}, after[metricEjected])
 	assert.Equal(t, map[string]float64{"b": 0.5}, after[metricStallRatio], "5 stalled of 10")
+}
+
+// A sidecar judges its pod's engine alone. By default the last engine with
+// traffic is never ejected, so its ejected gauge would stay 0; the shipped
+// llm-d sidecar config (the picker keeps the last endpoint itself) lets a
+// stalling pod's engine be ejected, and the gauge the picker filters on
+// flips.
+func TestSidecarEjectsItsOwnEngine(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "llm-d", "sidecar-config.yaml"))
+	require.NoError(t, err)
+	var file struct {
+		Exporters struct {
+			EngineHealth map[string]any `json:"engine_health"`
+		} `json:"exporters"`
+	}
+	require.NoError(t, yaml.Unmarshal(raw, &file))
+	shipped := createDefaultConfig()
+	require.NoError(t, confmap.NewFromStringMap(file.Exporters.EngineHealth).Unmarshal(shipped))
+	require.False(t, shipped.Eject.KeepLast, "the shipped sidecar config lets its own engine be ejected")
+
+	for name, mutate := range map[string]func(*Config){
+		"default":       nil,
+		"llm-d sidecar": func(c *Config) { c.Eject = shipped.Eject },
+	} {
+		t.Run(name, func(t *testing.T) {
+			th := startHealth(t, mutate)
+			tr := newTraffic(t, sessionmetrics.Delta, sessionmetrics.Explicit, t0)
+			tr.healthy("localhost:8000", 10)
+			th.consumeMetrics(tr.flush(th.clock.Now()))
+			th.consumeLogs(stallAlerts("localhost:8000", "s1", "s2", "s3", "s4", "s5"))
+			want := map[string]float64{"localhost:8000": 1}
+			if mutate == nil {
+				want["localhost:8000"] = 0 // the last engine with traffic stays in
+			}
+			assert.Equal(t, want, gauges(t, scrape(t, th, ""))[metricEjected])
+		})
+	}
 }
 
 // The selector syntax of the llm-d router's metricSpec (its metrics

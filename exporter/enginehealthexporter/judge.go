@@ -41,6 +41,8 @@ type judgeConfig struct {
 	baseTime       time.Duration
 	maxTime        time.Duration
 	maxPercent     float64
+	// keepLast: never eject the last engine with traffic (eject::keep_last).
+	keepLast bool
 }
 
 // bucket is one histogram bucket: count values in (lower, upper], in
@@ -290,7 +292,8 @@ func (j *judge) breach(f windowFigures) (reason string, severity float64) {
 // evaluate re-admits the engines whose ejection time is over and ejects
 // those whose window breaches a threshold, the worst first. It never ejects
 // more than max_percent of the engines in play (those with traffic in the
-// window and those ejected now), nor the last engine with traffic still in:
+// window and those ejected now), nor (eject::keep_last, the default) the
+// last engine with traffic still in:
 // engines gone silent (pods replaced, known for minutes after) must not make
 // room for ejecting every engine that carries traffic. It returns what
 // changed.
@@ -336,7 +339,10 @@ func (j *judge) evaluate(now time.Time) []change {
 			candidates = append(candidates, candidate{e, reason, severity})
 		}
 	}
-	allowed := min(int(math.Floor(j.cfg.maxPercent/100*float64(inPlay)))-ejected, servingIn-1)
+	allowed := int(math.Floor(j.cfg.maxPercent/100*float64(inPlay))) - ejected
+	if j.cfg.keepLast {
+		allowed = min(allowed, servingIn-1)
+	}
 	sort.Slice(candidates, func(a, b int) bool {
 		if candidates[a].severity != candidates[b].severity {
 			return candidates[a].severity > candidates[b].severity

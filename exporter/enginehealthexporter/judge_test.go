@@ -15,7 +15,7 @@ var t0 = time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
 func testJudge() *judge {
 	return newJudge(judgeConfig{
 		window: 10 * time.Second, minSessions: 5, stallRatio: 0.2, ttftP99: 2 * time.Second,
-		errorRatio: 0.2, baseTime: 30 * time.Second, maxTime: 300 * time.Second, maxPercent: 50,
+		errorRatio: 0.2, baseTime: 30 * time.Second, maxTime: 300 * time.Second, maxPercent: 50, keepLast: true,
 	})
 }
 
@@ -227,6 +227,16 @@ func TestJudgeMaxPercentOfEnginesWithTraffic(t *testing.T) {
 		j.cfg.maxPercent = 100
 		failing(j, "a")
 		assert.Empty(t, j.evaluate(now), "the only engine")
+	})
+	t.Run("keep_last false: the only engine may go, within max_percent", func(t *testing.T) {
+		j := testJudge()
+		j.cfg.maxPercent, j.cfg.keepLast = 100, false
+		failing(j, "a")
+		assert.Len(t, j.evaluate(now), 1, "the balancer keeps one in itself")
+		j = testJudge()
+		j.cfg.keepLast = false
+		failing(j, "a")
+		assert.Empty(t, j.evaluate(now), "50% of one engine is none")
 	})
 	t.Run("the ejected count among the engines in play", func(t *testing.T) {
 		// Of four live engines, a is ejected and gets no traffic after; b
