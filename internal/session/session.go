@@ -62,15 +62,21 @@ const (
 	// kept; a keep holds for the whole trace.
 	ReasonTrace
 	// ReasonCorrected: kept early (a TTFT breach, a freeze) on figures that
-	// late or reordered events later corrected, so no rule matches at the
-	// end; the trace had been released as kept, and a keep is not undone.
+	// late or reordered events later contradicted (an earlier first token;
+	// a token made before the freeze, with no freeze in the gap the alert
+	// fell in), so no rule matches at the end; the trace had been released
+	// as kept, and a keep is not undone.
 	ReasonCorrected
 	// ReasonQueue: the engine said the request waited in its queue longer
 	// than SamplingConfig.QueueTime.
 	ReasonQueue
+	// ReasonFreeze: a freeze was reported while it lasted (Session.Freezes),
+	// and the session's tokens did not contradict it. ReasonStall is for the
+	// other stall episodes, the runs of slow gaps.
+	ReasonFreeze
 )
 
-var reasonNames = [...]string{"ttft", "tpot", "stall", "error", "timeout", "probabilistic", "trace", "corrected", "queue"}
+var reasonNames = [...]string{"ttft", "tpot", "stall", "error", "timeout", "probabilistic", "trace", "corrected", "queue", "freeze"}
 
 // String lists the reasons joined by commas, e.g. "ttft,stall".
 func (r Reason) String() string {
@@ -153,6 +159,10 @@ type Session struct {
 	source *source
 
 	StallCount int32
+	// Freezes are the stall episodes counted in StallCount that were freezes
+	// reported while they lasted (their alerts went out), less those later
+	// contradicted.
+	Freezes int32
 	// slowRun counts the consecutive slow per-token gaps.
 	slowRun int32
 	// slot is the session's index in the table's dense arrays.
@@ -197,6 +207,10 @@ type extra struct {
 	// keptAt is when (engine time) a session opened by a token was kept
 	// early, while its keep is held for its start (Session.keepHeld).
 	keptAt int64
+	// withdrawnSince is the Since of the freeze last withdrawn, 0 when
+	// none waits: it is reinstated if the gap its alert's moment falls in
+	// turns out longer than the freeze time after all.
+	withdrawnSince int64
 }
 
 // TraceState is the caller's W3C tracestate, "" when none was given (or

@@ -130,6 +130,9 @@ type Counters struct {
 	// WithdrawnFreezes were reported and then withdrawn, because a token
 	// stamped before the freeze began arrived late.
 	WithdrawnFreezes uint64
+	// ReinstatedFreezes were withdrawn and then counted again: the gap
+	// the alert's moment fell in proved longer than the freeze time.
+	ReinstatedFreezes uint64
 	// InvalidTraceStates came on a start and could not be parsed; the
 	// session is sampled on its trace ID alone.
 	InvalidTraceStates uint64
@@ -630,9 +633,26 @@ func (t *Table[S]) token(s *entry[S], at, count, now int64, out *[]Report[S]) {
 		s.LastTokenTime = max(s.LastTokenTime, at)
 		return
 	}
-	if s.inFreeze && at >= s.LastTokenTime && at-s.LastTokenTime <= t.freezeAfter {
-		// Made before the freeze began, only delivered late: no freeze.
-		t.withdrawFreeze(s)
+	if s.inFreeze && at >= s.LastTokenTime {
+		if at-s.LastTokenTime <= t.freezeAfter {
+			// Made before the freeze began, only delivered late: no freeze.
+			t.withdrawFreeze(s)
+		} else {
+			// The first token after the freeze closes its gap, as long as
+			// the alert said: confirmed. The tokens after it (the fast gap
+			// that ends the episode among them) are no late ones.
+			s.inFreeze = false
+		}
+	}
+	if x := s.extra; x != nil && x.withdrawnSince != 0 && at > x.withdrawnSince+t.freezeAfter && at >= s.LastTokenTime {
+		// The first token past the withdrawn alert's moment closes the gap
+		// that moment fell in: longer than the freeze time, the session
+		// froze there after all (its last tokens were only late).
+		alertAt := x.withdrawnSince + t.freezeAfter
+		x.withdrawnSince = 0
+		if at-s.LastTokenTime > t.freezeAfter && !s.inStall {
+			t.reinstateFreeze(s, Stall{DetectedAt: alertAt, Since: s.LastTokenTime, Freeze: true})
+		}
 	}
 	if !s.inStall {
 		c.lastTokenSeen = now
@@ -714,30 +734,57 @@ func (t *Table[S]) latestGaps(s *entry[S], n int) []time.Duration {
 
 func (t *Table[S]) stall(s *entry[S], st Stall, out *[]Report[S]) {
 	s.inStall, s.inFreeze = true, st.Freeze
-	s.StallCount++
-	if len(s.Stalls()) < t.cfg.Stall.MaxRecords {
-		x := s.ensureExtra()
-		x.stalls = append(x.stalls, st)
-	}
+	t.countStall(s, st)
 	*out = append(*out, Report[S]{
 		Kind: ReportStalled, Session: &s.Session, State: s.state, entry: s,
 		Stall: st, StallCount: int(s.StallCount), Chunks: s.Chunks,
 	})
 	if t.cfg.Sampling.Stalls {
-		t.keepEarly(s, ReasonStall, st.DetectedAt, out)
+		r := ReasonStall
+		if st.Freeze {
+			r = ReasonFreeze
+		}
+		t.keepEarly(s, r, st.DetectedAt, out)
+	}
+}
+
+// countStall counts the episode st in s's figures and records it.
+func (t *Table[S]) countStall(s *entry[S], st Stall) {
+	s.StallCount++
+	if st.Freeze {
+		s.Freezes++
+	}
+	if len(s.Stalls()) < t.cfg.Stall.MaxRecords {
+		x := s.ensureExtra()
+		x.stalls = append(x.stalls, st)
 	}
 }
 
 // withdrawFreeze takes back the open freeze of s: a token stamped before it
 // began has arrived. Its alert has gone out; the session's figures, span
-// and verdict no longer count it.
+// and verdict no longer count it, unless the gap its alert's moment falls
+// in proves longer than the freeze time (reinstateFreeze).
 func (t *Table[S]) withdrawFreeze(s *entry[S]) {
 	s.inStall, s.inFreeze = false, false
 	s.StallCount--
-	if x := s.extra; x != nil && len(x.stalls) > int(s.StallCount) {
+	s.Freezes--
+	x := s.ensureExtra()
+	if len(x.stalls) > int(s.StallCount) {
 		x.stalls = x.stalls[:s.StallCount]
 	}
+	x.withdrawnSince = s.LastTokenTime
 	t.Counters.WithdrawnFreezes++
+}
+
+// reinstateFreeze counts again the freeze withdrawn from s, as st: its
+// last tokens came late, but the session froze at the alert's moment all
+// the same. No second alert goes out (the first was right); the episode
+// lasts until a fast gap, as a freeze does.
+func (t *Table[S]) reinstateFreeze(s *entry[S], st Stall) {
+	s.inStall = true
+	t.clocks[s.slot].lastTokenSeen = 0
+	t.countStall(s, st)
+	t.Counters.ReinstatedFreezes++
 }
 
 func (t *Table[S]) checkTTFT(s *entry[S], out *[]Report[S]) {
@@ -806,7 +853,10 @@ func (t *Table[S]) ruleThreshold(s *entry[S]) sampling.Threshold {
 }
 
 // decide sets the final verdict. The reasons are those the final figures
-// match (an early keep on figures later corrected is kept as corrected):
+// match: a freeze its alert reported is a reason of its own (freeze), apart
+// from the runs of slow gaps (stall); an early keep that no final figure
+// bears out (a TTFT an earlier first token undid, a freeze withdrawn and
+// not reinstated) is kept as corrected:
 // kept when a rule matches, else when another session of the trace was
 // kept (a keep holds for the whole trace), else by the consistent draw
 // on the session's randomness (OTEP 235), at the lower of NormalPercent
@@ -820,8 +870,11 @@ func (t *Table[S]) decide(s *entry[S], e *End) {
 	if tpot, ok := s.TPOT(e.CompletionTokens); ok && p.TPOT > 0 && tpot > p.TPOT {
 		r |= ReasonTPOT
 	}
-	if p.Stalls && s.StallCount > 0 {
+	if p.Stalls && s.StallCount > s.Freezes {
 		r |= ReasonStall
+	}
+	if p.Stalls && s.Freezes > 0 {
+		r |= ReasonFreeze
 	}
 	if p.Errors && s.Outcome == OutcomeError {
 		r |= ReasonError
@@ -909,6 +962,7 @@ func (t *Table[S]) recycle(s *entry[S]) {
 		x.attributes = x.attributes[:0]
 		// The stall records' gap slices may be large; let them go.
 		x.stalls = nil
+		x.withdrawnSince = 0
 		x.traceState, x.hasRV, x.hasUpstream = "", false, false
 	}
 	t.free = append(t.free, s)

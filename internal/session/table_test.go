@@ -32,6 +32,7 @@ type ended struct {
 	Tokens        int64
 	Chunks        int64
 	Stalls        int
+	Freezes       int
 	Keep          bool
 	Reasons       Reason
 	Threshold     sampling.Threshold
@@ -90,7 +91,7 @@ func (r *recorder) record(reports []Report[struct{}]) {
 			r.ended = append(r.ended, ended{
 				ID: s.ID, Outcome: s.Outcome, TTFT: ttft, HasTTFT: hasTTFT, TPOT: tpot, HasTPOT: hasTPOT,
 				Window: w, WMax: s.WindowTPOTMax, MaxGap: s.MaxGap, Tokens: s.Tokens, Chunks: s.Chunks, Stalls: int(s.StallCount),
-				Keep: s.Keep, Reasons: s.Reasons, Threshold: s.Threshold, Duration: s.Duration(e), End: *e, Trace: rp.Trace,
+				Freezes: int(s.Freezes), Keep: s.Keep, Reasons: s.Reasons, Threshold: s.Threshold, Duration: s.Duration(e), End: *e, Trace: rp.Trace,
 				StallRecords: append([]Stall(nil), s.Stalls()...), HasStart: s.HasStart, Model: s.Model, Engine: s.Engine,
 			})
 		}

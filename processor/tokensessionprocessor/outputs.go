@@ -37,6 +37,7 @@ const (
 	attrSessionMaxGap     = "llm.session.max_gap"
 	attrSessionDuration   = "llm.session.duration"
 	attrSessionStalls     = "llm.session.stalls"
+	attrSessionFreezes    = "llm.session.freezes"
 	attrSessionChunks     = "llm.session.chunks"
 	attrQueueTime         = "llm.session.queue_time"
 	attrPrefillTime       = "llm.session.prefill_time"
@@ -149,6 +150,7 @@ func (p *sessions) putSessionAttributes(m pcommon.Map, s *session.Session, e *se
 		m.PutStr(attrTimingSource, t.Source)
 	}
 	m.PutInt(attrSessionStalls, int64(s.StallCount))
+	m.PutInt(attrSessionFreezes, int64(s.Freezes))
 	m.PutInt(attrSessionChunks, s.Chunks)
 	if s.Keep {
 		m.PutStr(attrSamplingReason, s.Reasons.String())
@@ -271,7 +273,7 @@ func (p *sessions) appendSummary(records plog.LogRecordSlice, s *session.Session
 	case s.Outcome == session.OutcomeError || s.Outcome == session.OutcomeTimeout:
 		lr.SetSeverityNumber(plog.SeverityNumberError)
 		lr.SetSeverityText("ERROR")
-	case s.Reasons&(session.ReasonTTFT|session.ReasonTPOT|session.ReasonStall) != 0:
+	case s.Reasons&(session.ReasonTTFT|session.ReasonTPOT|session.ReasonStall|session.ReasonFreeze) != 0:
 		lr.SetSeverityNumber(plog.SeverityNumberWarn)
 		lr.SetSeverityText("WARN")
 	default:

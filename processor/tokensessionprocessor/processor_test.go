@@ -206,6 +206,7 @@ func TestLogsFoldsTokenEventsAndEmitsSummaries(t *testing.T) {
 		"llm.session.tpot":                    (40 * time.Millisecond / 3).Seconds(),
 		"llm.session.max_gap":                 0.02,
 		"llm.session.duration":                0.65,
+		"llm.session.freezes":                 int64(0),
 		"llm.session.stalls":                  int64(0),
 		"llm.session.chunks":                  int64(3),
 		"llm.session.sampling.reason":         "ttft",
@@ -316,6 +317,37 @@ func TestFreezeAlertedWithoutTokens(t *testing.T) {
 	require.Eventually(t, func() bool { return len(recordsNamed(p.logSink.AllLogs(), eventNameStall)) == 1 }, 10*time.Second, 5*time.Millisecond)
 	a := recordsNamed(p.logSink.AllLogs(), eventNameStall)[0]
 	assert.Equal(t, true, a.Attributes().AsRaw()[attrStallFreeze])
+}
+
+// A freeze its alert reported is the session's reason, freeze, and counted
+// in llm.session.freezes on the summary and the span, once decoding
+// resumed (the fast gap after the freeze does not withdraw it).
+func TestFreezeKeptForItsAlert(t *testing.T) {
+	p := newPipelines(t, func(c *Config) {
+		c.Stall.Gap = 10 * time.Millisecond
+		c.Stall.CheckInterval = 5 * time.Millisecond
+		c.Sampling.TPOT = 0
+	})
+	defer p.shutdown(t)
+	ctx := context.Background()
+	now := time.Now().UnixNano()
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(start("frozen", traceSlow, now), tok("frozen", now+ms, 1))))
+	require.Eventually(t, func() bool { return len(recordsNamed(p.logSink.AllLogs(), eventNameStall)) == 1 }, 10*time.Second, 5*time.Millisecond)
+	// Decoding resumes 200 ms after the first token, then fast; the end
+	// comes in the same batch, before the ticker could see another freeze.
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(tok("frozen", now+200*ms, 1), tok("frozen", now+201*ms, 1),
+		tok("frozen", now+202*ms, 1), end("frozen", now+202*ms))))
+	sums := recordsNamed(p.logSink.AllLogs(), eventNameSummary)
+	require.Len(t, sums, 1)
+	attrs := sums[0].Attributes().AsRaw()
+	assert.Equal(t, "freeze", attrs[attrSamplingReason])
+	assert.Equal(t, int64(1), attrs[attrSessionFreezes])
+	assert.Equal(t, int64(1), attrs[attrSessionStalls])
+	assert.Equal(t, plog.SeverityNumberWarn, sums[0].SeverityNumber())
+	spans := allSpans(p.trcSink.AllTraces())
+	require.Len(t, spans, 1)
+	assert.Equal(t, "freeze", spans[0].Attributes().AsRaw()[attrSamplingReason])
+	assert.Equal(t, int64(1), spans[0].Attributes().AsRaw()[attrSessionFreezes])
 }
 
 func TestTracesHeldUntilVerdict(t *testing.T) {

@@ -156,6 +156,9 @@ func (t *processorTelemetry) reportCounters(reported, now *session.Counters, act
 	if d := now.WithdrawnFreezes - reported.WithdrawnFreezes; d > 0 {
 		t.builder.ProcessorTokenSessionFreezesWithdrawn.Add(ctx, int64(d))
 	}
+	if d := now.ReinstatedFreezes - reported.ReinstatedFreezes; d > 0 {
+		t.builder.ProcessorTokenSessionFreezesReinstated.Add(ctx, int64(d))
+	}
 	if d := now.UnreportedKeeps - reported.UnreportedKeeps; d > 0 && verdictSpans {
 		t.builder.ProcessorTokenSessionVerdictSpansDropped.Add(ctx, int64(d))
 	}

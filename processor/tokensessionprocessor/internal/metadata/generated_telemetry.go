@@ -31,6 +31,7 @@ type TelemetryBuilder struct {
 	ProcessorTokenSessionDisorderEvents        metric.Int64Counter
 	ProcessorTokenSessionEngineTimings         metric.Int64Counter
 	ProcessorTokenSessionEventsRejected        metric.Int64Counter
+	ProcessorTokenSessionFreezesReinstated     metric.Int64Counter
 	ProcessorTokenSessionFreezesWithdrawn      metric.Int64Counter
 	ProcessorTokenSessionHeldOutputsOverflowed metric.Int64Counter
 	ProcessorTokenSessionInvalidRecords        metric.Int64Counter
@@ -135,9 +136,15 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		metric.WithUnit("{event}"),
 	)
 	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionFreezesReinstated, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_freezes_reinstated",
+		metric.WithDescription("Withdrawn freezes counted again: the gap the alert's moment fell in proved longer than the freeze time (the session's last tokens were late, then it froze); no second alert goes out. Their withdrawal stays counted. [Development]"),
+		metric.WithUnit("{stall}"),
+	)
+	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionFreezesWithdrawn, err = builder.meter.Int64Counter(
 		"otelcol_processor_token_session_freezes_withdrawn",
-		metric.WithDescription("Freezes reported (an alert went out) and then withdrawn, because a token stamped before the freeze began arrived late; the session's stalls and span no longer count them. [Development]"),
+		metric.WithDescription("Freezes reported (an alert went out) and then withdrawn, because a token stamped before the freeze began arrived late; the session's stalls and span no longer count them (unless reinstated: freezes_reinstated). [Development]"),
 		metric.WithUnit("{stall}"),
 	)
 	errs = errors.Join(errs, err)

@@ -69,10 +69,26 @@ func AssertEqualProcessorTokenSessionEventsRejected(t *testing.T, tt *componentt
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }
 
+func AssertEqualProcessorTokenSessionFreezesReinstated(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_processor_token_session_freezes_reinstated",
+		Description: "Withdrawn freezes counted again: the gap the alert's moment fell in proved longer than the freeze time (the session's last tokens were late, then it froze); no second alert goes out. Their withdrawal stays counted. [Development]",
+		Unit:        "{stall}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_processor_token_session_freezes_reinstated")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
 func AssertEqualProcessorTokenSessionFreezesWithdrawn(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_processor_token_session_freezes_withdrawn",
-		Description: "Freezes reported (an alert went out) and then withdrawn, because a token stamped before the freeze began arrived late; the session's stalls and span no longer count them. [Development]",
+		Description: "Freezes reported (an alert went out) and then withdrawn, because a token stamped before the freeze began arrived late; the session's stalls and span no longer count them (unless reinstated: freezes_reinstated). [Development]",
 		Unit:        "{stall}",
 		Data: metricdata.Sum[int64]{
 			Temporality: metricdata.CumulativeTemporality,

@@ -31,6 +31,7 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ProcessorTokenSessionDisorderEvents.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionEngineTimings.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionEventsRejected.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionFreezesReinstated.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionFreezesWithdrawn.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionHeldOutputsOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionInvalidRecords.Add(context.Background(), 1)
@@ -51,6 +52,9 @@ func TestSetupTelemetry(t *testing.T) {
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionEventsRejected(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionFreezesReinstated(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionFreezesWithdrawn(t, testTel,
