@@ -24,9 +24,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// Timing tolerance for loopback + scheduling noise (2 cores, -race).
-const tol = 10.0 // ms
-
 func TestPercentileMatchesNumpyLinear(t *testing.T) {
 	// Values and expectations computed by hand with numpy's default
 	// ("linear") rule: index = (n-1)*p/100, interpolate between neighbors.
@@ -204,29 +201,30 @@ func TestTimingAgainstScriptedUpstream(t *testing.T) {
 			if completion {
 				cfg.Endpoint = EndpointCompletions
 			}
-			retryTiming(t, func(a *assert.Assertions) {
-				rep, err := Run(context.Background(), cfg, nil)
-				require.NoError(t, err)
-				// Deterministic parts.
-				require.Equal(t, 3, rep.Completed)
-				require.Equal(t, 0, rep.Failed)
-				require.EqualValues(t, 18, rep.OutputTokens)
-				require.EqualValues(t, 21, rep.InputTokens, "usage.prompt_tokens 7 x 3")
-				require.Equal(t, 15, rep.ITL.Count, "5 gaps per request, pooled")
-				require.Equal(t, 3, rep.TPOT.Count)
-				// Timings, ±10 ms.
-				a.InDelta(50, rep.TTFT.Mean, tol, "TTFT")
-				a.InDelta(50, rep.TTFT.P99, tol, "TTFT p99")
-				a.InDelta(20, rep.ITL.Mean, tol/2, "ITL mean")
-				a.InDelta(20, rep.ITL.P50, tol/2, "ITL p50")
-				a.InDelta(20, rep.ITL.P99, tol, "ITL p99")
-				a.InDelta(150, rep.E2E.Mean, tol, "E2E (usage chunk at 250 ms does not advance it)")
-				a.InDelta(150, rep.E2E.P99, tol, "E2E p99")
-				a.InDelta(20, rep.TPOT.Mean, tol/2, "TPOT")
-				// 3 parallel requests finishing at ~250 ms (after the usage chunk).
-				a.InDelta(3/0.25, rep.RequestThroughput, 2, "throughput")
-				a.EqualValues(3, rep.MaxConcurrency)
-			})
+			rep, err := Run(context.Background(), cfg, nil)
+			require.NoError(t, err)
+			require.Equal(t, 3, rep.Completed)
+			require.Equal(t, 0, rep.Failed)
+			require.EqualValues(t, 18, rep.OutputTokens)
+			require.EqualValues(t, 21, rep.InputTokens, "usage.prompt_tokens 7 x 3")
+			require.Equal(t, 15, rep.ITL.Count, "5 gaps per request, pooled")
+			require.Equal(t, 3, rep.TPOT.Count)
+			require.EqualValues(t, 3, rep.MaxConcurrency)
+			// Wall-clock figures on a shared machine are only bounded below:
+			// the upstream waits before each chunk, and nothing arrives
+			// earlier than it is sent. Upper bounds would test the machine's
+			// load, not llmload.
+			assert.GreaterOrEqual(t, rep.TTFT.P50, 50.0, "TTFT: the first content chunk at 50 ms")
+			assert.GreaterOrEqual(t, rep.E2E.P50, 150.0, "E2E: the last content chunk at 150 ms")
+			assert.LessOrEqual(t, rep.RequestThroughput, 3/0.25, "3 requests that last at least 250 ms (the usage chunk)")
+			// What the formulas make of the measured times holds exactly,
+			// whatever the times: a request's gaps add up to its time from
+			// first to last content (E2E ends at the last content chunk, not
+			// at the usage chunk after it), and its TPOT is that over its
+			// output tokens - 1 (6 from usage).
+			const eps = 1e-6
+			assert.InEpsilon(t, (rep.E2E.Mean-rep.TTFT.Mean)*3, rep.ITL.Mean*15, eps, "the pooled gaps are the requests' first-to-last times")
+			assert.InEpsilon(t, (rep.E2E.Mean-rep.TTFT.Mean)/5, rep.TPOT.Mean, eps, "TPOT = (E2E - TTFT) / (6 - 1)")
 
 			body := u.firstBody(t)
 			assert.Equal(t, true, body["stream"])
