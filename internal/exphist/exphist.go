@@ -17,12 +17,16 @@ func Base(scale int32) float64 { return math.Exp2(math.Exp2(-float64(scale))) }
 // Bounds are the bounds of the positive bucket index at scale: it holds the
 // values in (lower, upper] = (base^index, base^(index+1)].
 func Bounds(scale, index int32) (lower, upper float64) {
-	base := Base(scale)
-	return math.Pow(base, float64(index)), math.Pow(base, float64(index)+1)
+	return lowerBound(scale, index), lowerBound(scale, index+1)
 }
 
-// lowerBound is the lower bound of the positive bucket index at scale.
-func lowerBound(scale, index int32) float64 { return math.Pow(Base(scale), float64(index)) }
+// lowerBound is the lower bound of the positive bucket index at scale,
+// 2^(index·2^-scale): exact where it is a power of two (2 s at scale 4 is
+// 2, where base^index misses it by a few ulps and a value of exactly 2 s,
+// a threshold, would fall in the bucket above).
+func lowerBound(scale, index int32) float64 {
+	return math.Exp2(float64(index) * math.Exp2(-float64(scale)))
+}
 
 // Histogram is the positive range of a base-2 exponential histogram:
 // Counts[i] is bucket Offset+i (see Bounds). What it holds are durations,

@@ -115,12 +115,27 @@ func TestCDF(t *testing.T) {
 	assert.Equal(t, []float64{0, 0.25, 1}, ps)
 }
 
+// The bounds that are powers of two are exact: a duration threshold such
+// as 1 s or 2 s is a bucket edge, not an ulp beside one.
+func TestBoundsExactAtPowersOfTwo(t *testing.T) {
+	for scale := int32(-2); scale <= 8; scale++ {
+		for e := int32(-4); e <= 4; e++ {
+			index := e << max(scale, 0) >> max(-scale, 0)
+			if scale < 0 && e%(1<<-scale) != 0 {
+				continue
+			}
+			lower, _ := Bounds(scale, index)
+			assert.Equal(t, math.Ldexp(1, int(e)), lower, "scale %d, 2^%d", scale, e)
+		}
+	}
+}
+
 func TestBounds(t *testing.T) {
 	lower, upper := Bounds(0, -2)
 	assert.Equal(t, []float64{0.25, 0.5}, []float64{lower, upper})
 	lower, upper = Bounds(4, 15)
 	assert.InEpsilon(t, math.Exp2(15.0/16), lower, 1e-14)
-	assert.InEpsilon(t, 2.0, upper, 1e-14, "base^k: within a few ulps of the exact bound")
+	assert.Equal(t, 2.0, upper, "exact: 2^(16/16)")
 	assert.InDelta(t, 0.04427, Histogram{Scale: 4}.RelativeBucketWidth(), 1e-5)
 }
 
