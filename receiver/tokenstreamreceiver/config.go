@@ -95,6 +95,26 @@ type ProxyConfig struct {
 	// it is full, further token events are dropped (counted) and the
 	// streams go on.
 	EventQueueSize int `mapstructure:"event_queue_size"`
+	// Stall is the stall breaker: a stream whose next token is too late is
+	// cut, so that the client can retry on another replica. Off by default.
+	Stall StallConfig `mapstructure:"stall"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// StallConfig is the proxy's stall breaker.
+type StallConfig struct {
+	// MaxGap is the longest a stream may go without a token once it has
+	// MinTokens; a later token is not waited for: the upstream request is
+	// cancelled and the client gets an engine_stalled error event. 0 turns
+	// the breaker off. The wait for the first token (queue and prefill) is
+	// never cut.
+	MaxGap time.Duration `mapstructure:"max_gap"`
+	// MinTokens is the token events (content chunks) a stream relays before
+	// the breaker watches it, for models that pause long early on (a
+	// reasoning phase); 0 and 1 both watch from the first token.
+	MinTokens int `mapstructure:"min_tokens"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -176,6 +196,7 @@ func (cfg *Config) Validate() error {
 			{"upstream::timeout", p.Upstream.ClientConfig.Timeout},
 			{"upstream::response_header_timeout", p.Upstream.ResponseHeaderTimeout},
 			{"upstream::stream_idle_timeout", p.Upstream.StreamIdleTimeout},
+			{"stall::max_gap", p.Stall.MaxGap},
 		} {
 			if d.v < 0 {
 				errs = append(errs, fmt.Errorf("proxy::%s: must not be negative, got %s", d.key, d.v))
@@ -183,6 +204,9 @@ func (cfg *Config) Validate() error {
 		}
 		if p.MaxStreams < 0 {
 			errs = append(errs, fmt.Errorf("proxy::max_streams: must not be negative (0: no bound), got %d", p.MaxStreams))
+		}
+		if p.Stall.MinTokens < 0 {
+			errs = append(errs, fmt.Errorf("proxy::stall::min_tokens: must not be negative, got %d", p.Stall.MinTokens))
 		}
 		if p.EventQueueSize <= 0 {
 			errs = append(errs, fmt.Errorf("proxy::event_queue_size: must be positive, got %d", p.EventQueueSize))

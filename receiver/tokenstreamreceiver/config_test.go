@@ -157,6 +157,7 @@ func TestConfigProxyDefaults(t *testing.T) {
 	assert.Equal(t, 1024, p.MaxStreams)
 	assert.Equal(t, 65536, p.EventQueueSize)
 	assert.Equal(t, time.Duration(0), p.Upstream.ClientConfig.Timeout, "no bound on a stream's length")
+	assert.Equal(t, StallConfig{}, p.Stall, "the stall breaker is off by default")
 }
 
 func TestConfigProxy(t *testing.T) {
@@ -175,6 +176,8 @@ func TestConfigProxy(t *testing.T) {
 	assert.Equal(t, 10*time.Second, p.DrainTimeout)
 	assert.Equal(t, 256, p.MaxStreams)
 	assert.Equal(t, 10000, p.EventQueueSize)
+	assert.Equal(t, 2*time.Second, p.Stall.MaxGap)
+	assert.Equal(t, 16, p.Stall.MinTokens)
 	require.Len(t, p.Upstream.ClientConfig.Headers, 1)
 	assert.Equal(t, "Authorization", p.Upstream.ClientConfig.Headers[0].Name)
 	assert.Equal(t, "/etc/otelcol/engine-ca.pem", p.Upstream.ClientConfig.TLS.CAFile)
@@ -193,6 +196,8 @@ func TestConfigProxyInvalid(t *testing.T) {
 		`proxy::drain_timeout: must not be negative, got -1s`,
 		`proxy::max_streams: must not be negative (0: no bound), got -1`,
 		`proxy::event_queue_size: must be positive, got 0`,
+		`proxy::stall::max_gap: must not be negative, got -1s`,
+		`proxy::stall::min_tokens: must not be negative, got -2`,
 		`proxy::upstream::endpoint: want an http(s) URL, got "vllm:8000"`,
 		`proxy::upstream::response_header_timeout: must be positive, got 0s`,
 		`proxy::upstream::stream_idle_timeout: must not be negative, got -1s`,

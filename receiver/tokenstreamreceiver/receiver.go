@@ -382,6 +382,7 @@ func (s *logsSink) Counters() proxy.Counters {
 		PassthroughFailures: t.ReceiverTokenStreamProxyPassthroughFailures,
 		OversizedEvents:     t.ReceiverTokenStreamProxyOversizedEvents,
 		DroppedEvents:       t.ReceiverTokenStreamProxyDroppedEvents,
+		StalledStreams:      t.ReceiverTokenStreamProxyStalledStreams,
 	}
 }
 
@@ -442,6 +443,7 @@ func (r *tokenStreamReceiver) startProxy(ctx context.Context, cfg *ProxyConfig, 
 		ResponseHeaderTimeout: cfg.Upstream.headerTimeout(), StreamIdleTimeout: cfg.Upstream.StreamIdleTimeout,
 		ClientBodyTimeout: cfg.ClientBodyTimeout, ClientSendTimeout: cfg.ClientSendTimeout,
 		DrainTimeout: cfg.DrainTimeout, MaxStreams: cfg.MaxStreams, EventQueueSize: cfg.EventQueueSize,
+		StallMaxGap: cfg.Stall.MaxGap, StallMinTokens: int64(cfg.Stall.MinTokens),
 	}, sink, host, r.settings.TelemetrySettings)
 }
 

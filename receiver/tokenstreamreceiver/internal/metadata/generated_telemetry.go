@@ -33,6 +33,7 @@ type TelemetryBuilder struct {
 	ReceiverTokenStreamProxyOversizedEvents     metric.Int64Counter
 	ReceiverTokenStreamProxyPassthroughFailures metric.Int64Counter
 	ReceiverTokenStreamProxyRefusedRequests     metric.Int64Counter
+	ReceiverTokenStreamProxyStalledStreams      metric.Int64Counter
 	ReceiverTokenStreamRefusedEvents            metric.Int64Counter
 	ReceiverTokenStreamRejectedEvents           metric.Int64Counter
 	ReceiverTokenStreamSkippedFamilies          metric.Int64Counter
@@ -109,6 +110,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_receiver_token_stream_proxy_refused_requests",
 		metric.WithDescription("Completions requests the proxy answered itself for the client's fault, without a session (the engine is not blamed for them), by reason. [Development]"),
 		metric.WithUnit("{request}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ReceiverTokenStreamProxyStalledStreams, err = builder.meter.Int64Counter(
+		"otelcol_receiver_token_stream_proxy_stalled_streams",
+		metric.WithDescription("Streams the proxy's stall breaker cut (proxy::stall::max_gap without a token): the upstream request was cancelled and the client got an engine_stalled error event; their sessions end error, error.type engine_stalled. [Development]"),
+		metric.WithUnit("{stream}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ReceiverTokenStreamRefusedEvents, err = builder.meter.Int64Counter(

@@ -133,6 +133,22 @@ func AssertEqualReceiverTokenStreamProxyRefusedRequests(t *testing.T, tt *compon
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }
 
+func AssertEqualReceiverTokenStreamProxyStalledStreams(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_receiver_token_stream_proxy_stalled_streams",
+		Description: "Streams the proxy's stall breaker cut (proxy::stall::max_gap without a token): the upstream request was cancelled and the client got an engine_stalled error event; their sessions end error, error.type engine_stalled. [Development]",
+		Unit:        "{stream}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_receiver_token_stream_proxy_stalled_streams")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
 func AssertEqualReceiverTokenStreamRefusedEvents(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_receiver_token_stream_refused_events",

@@ -31,14 +31,16 @@ var hopHeaders = map[string]bool{
 // forwarding fields on both paths (setForwardingFields); on the observed
 // paths (observedOnly) also the body's length (the usage member may be
 // added), Accept-Encoding (the proxy reads the stream, so the transport
-// negotiates its own compression) and the trace context (the upstream's
-// parent is the session span).
+// negotiates its own compression), the trace context (the upstream's
+// parent is the session span) and the stall breaker's field.
 var notForwarded = map[string]bool{
 	"Forwarded": true, "X-Forwarded-For": true, "X-Forwarded-Host": true, "X-Forwarded-Proto": true,
 }
 
 var observedOnly = map[string]bool{
 	"Content-Length": true, "Accept-Encoding": true, "Traceparent": true, "Tracestate": true,
+	// Addressed to the proxy (its stall breaker), not to the engine.
+	StallBreakerHeader: true,
 }
 
 // connectionNamed is the set of fields in's Connection field names.
@@ -149,6 +151,7 @@ var proxyErrorMessages = map[string]string{
 	errUpstreamUnreachable: "the upstream could not be reached",
 	errTooManyStreams:      "the proxy has proxy::max_streams requests open; retry later",
 	errShuttingDown:        "the proxy is shutting down; retry",
+	errBadStallHeader:      "X-Otelcol-LLM-Stall-Breaker: want on or off",
 }
 
 func writeProxyError(w http.ResponseWriter, status int, errType string) {

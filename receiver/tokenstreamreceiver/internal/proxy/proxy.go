@@ -54,6 +54,9 @@ const (
 	// session, the engine is not blamed.
 	errTooManyStreams = "too_many_streams"
 	errShuttingDown   = "shutting_down"
+	// errBadStallHeader: the request's StallBreakerHeader is neither on nor
+	// off; answered 400 before anything reaches the upstream, no session.
+	errBadStallHeader = "invalid_request_error"
 	finishReasonAbort = "abort"
 	// maxNonStreamingBody bounds the copy of a non-streaming response kept
 	// to read its usage; the response itself always reaches the client.
@@ -90,6 +93,11 @@ type Config struct {
 	// MaxStreams bounds the observed requests open at once (0: no bound);
 	// EventQueueSize the token events waiting for the pipeline.
 	MaxStreams, EventQueueSize int
+	// StallMaxGap is the stall breaker's longest wait for a stream's next
+	// token (0: the breaker is off); StallMinTokens the token events a
+	// stream relays before the breaker watches it.
+	StallMaxGap    time.Duration
+	StallMinTokens int64
 }
 
 // Server is a reverse proxy in front of an OpenAI-compatible server that
@@ -111,7 +119,11 @@ type Server struct {
 	bodyTimeout, sendTimeout time.Duration
 	drainTimeout             time.Duration
 	maxStreams               int64
-	streams                  atomic.Int64 // observed requests open
+	// stallMaxGap and stallMinTokens are the stall breaker's (stallBreaker);
+	// a zero stallMaxGap turns it off.
+	stallMaxGap    time.Duration
+	stallMinTokens int64
+	streams        atomic.Int64 // observed requests open
 	// handlers counts the requests being served, pass-through ones too:
 	// Shutdown waits for them after it cut the streams.
 	handlers sync.WaitGroup
@@ -142,6 +154,7 @@ func Start(ctx context.Context, cfg *Config, sink Sink, host component.Host, set
 		upstream: upstream, engine: cfg.Engine, client: client,
 		bodyTimeout: cfg.ClientBodyTimeout, sendTimeout: cfg.ClientSendTimeout,
 		drainTimeout: cfg.DrainTimeout, maxStreams: int64(cfg.MaxStreams), draining: make(chan struct{}),
+		stallMaxGap: cfg.StallMaxGap, stallMinTokens: cfg.StallMinTokens,
 	}
 	p.cut, p.cutAll = context.WithCancelCause(context.Background())
 	p.passthrough = &httputil.ReverseProxy{
@@ -279,6 +292,8 @@ type session struct {
 	modelRead     bool
 	// send bounds the writes to the client; nil: unbounded.
 	send *sendDeadline
+	// breaker cuts the stream when its next token is too late; nil: off.
+	breaker *stallBreaker
 }
 
 func (s *session) emit(kind tokenevent.Kind, at time.Time, fill func(*tokenevent.Event)) {
@@ -333,6 +348,12 @@ func (s *session) read(f *openaistream.ChunkFacts, data []byte) {
 }
 
 func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
+	breakerWanted, err := stallBreakerWanted(req.Header)
+	if err != nil {
+		writeProxyError(w, http.StatusBadRequest, errBadStallHeader)
+		p.counters.RefusedRequests.Add(req.Context(), 1, refusalInvalidHeader)
+		return
+	}
 	s := &session{p: p, id: newSessionID(), started: time.Now(), completionTokens: -1, promptTokens: -1}
 	traceID, parentSpanID, traceState := parseTraceContext(req.Header)
 	var spanID pcommon.SpanID
@@ -351,6 +372,10 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 	ctx, cancel := context.WithCancelCause(req.Context())
 	defer cancel(nil)
 	defer context.AfterFunc(p.cut, func() { cancel(context.Cause(p.cut)) })()
+	if breakerWanted {
+		s.breaker = newStallBreaker(p.stallMaxGap, p.stallMinTokens, cancel)
+		defer s.breaker.stop()
+	}
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, p.upstreamURL(req.URL), body) //nolint:gosec // G704: the upstream is the operator's configured engine, only the path comes from the client
 	if err != nil {
 		writeProxyError(w, http.StatusBadRequest, "invalid_request")
@@ -506,6 +531,8 @@ func (s *session) relayStream(clientCtx context.Context, w http.ResponseWriter, 
 		if n > 0 {
 			now = time.Now()
 			s.send.arm(now)
+			s.breaker.pause()
+			tokens := s.chunks
 			if ferr := parser.Feed(buf[:n], onEvent); ferr != nil {
 				break
 			}
@@ -513,12 +540,13 @@ func (s *session) relayStream(clientCtx context.Context, w http.ResponseWriter, 
 				flusher.Flush()
 			}
 			unflushed = false
+			s.breaker.resume(now, s.chunks, s.chunks != tokens)
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
 				readErr = err
 			}
-			if rest := parser.Pending(); len(rest) > 0 && !clientGone {
+			if rest := parser.Pending(); len(rest) > 0 && !clientGone && !stallCut(clientCtx) {
 				_, _ = w.Write(rest)
 			}
 			break
@@ -534,6 +562,14 @@ func (s *session) relayStream(clientCtx context.Context, w http.ResponseWriter, 
 		s.end(now, s.engineError, s.finishReason)
 	case finished:
 		s.end(now, "", s.finishReason)
+	case stallCut(clientCtx) && !clientGone:
+		// The upstream request is cancelled; the client learns why, in
+		// the stream, and can retry elsewhere.
+		s.p.counters.StalledStreams.Add(context.Background(), 1)
+		if _, err := w.Write(stallEvent(s.breaker.maxGap)); err == nil && flusher != nil {
+			flusher.Flush()
+		}
+		s.end(now, errEngineStalled, s.finishReason)
 	case errors.Is(context.Cause(clientCtx), errProxyShutdown):
 		s.end(now, tokenevent.ErrorShutdown, s.finishReason)
 	case clientGone || clientCtx.Err() != nil:
@@ -606,6 +642,10 @@ var refusalBodyTimeout = metric.WithAttributeSet(attribute.NewSet(attribute.Stri
 var refusalBodyTooLarge = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "body_too_large")))
 
 var (
-	refusalMaxStreams = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "max_streams")))
-	refusalShutdown   = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "shutdown")))
+	refusalMaxStreams    = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "max_streams")))
+	refusalShutdown      = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "shutdown")))
+	refusalInvalidHeader = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "invalid_header")))
 )
+
+// stallCut reports whether the stall breaker cancelled the exchange of ctx.
+func stallCut(ctx context.Context) bool { return errors.Is(context.Cause(ctx), errStallCut) }

@@ -25,6 +25,13 @@ func (d *discardResponse) Flush()                      {}
 // vLLM chat stream: framing, reading the chunk, writing and flushing it to
 // the client, and queueing its token event. Network I/O is not included.
 func BenchmarkProxyRelayEvent(b *testing.B) {
+	b.Run("breaker=off", func(b *testing.B) { benchmarkRelay(b, 0) })
+	// The stall breaker on: its timer paused and re-set per read from the
+	// upstream.
+	b.Run("breaker=on", func(b *testing.B) { benchmarkRelay(b, time.Minute) })
+}
+
+func benchmarkRelay(b *testing.B, maxGap time.Duration) {
 	chat, _ := fixtureStreams(&testing.T{})
 	var stream bytes.Buffer
 	const repeats = 100
@@ -45,7 +52,11 @@ func BenchmarkProxyRelayEvent(b *testing.B) {
 	b.SetBytes(int64(stream.Len()))
 	for b.Loop() {
 		s := &session{p: p, id: "bench", completionTokens: -1, promptTokens: -1}
-		s.relayStream(context.Background(), w, strings.NewReader(data), false)
+		ctx, cancel := context.WithCancelCause(context.Background())
+		s.breaker = newStallBreaker(maxGap, 0, cancel)
+		s.relayStream(ctx, w, strings.NewReader(data), false)
+		s.breaker.stop()
+		cancel(nil)
 	}
 	b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(b.N*events), "ns/event")
 }

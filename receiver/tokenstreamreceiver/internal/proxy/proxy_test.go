@@ -216,6 +216,7 @@ func (s *testSink) Counters() Counters {
 		PassthroughFailures: s.tel.ReceiverTokenStreamProxyPassthroughFailures,
 		OversizedEvents:     s.tel.ReceiverTokenStreamProxyOversizedEvents,
 		DroppedEvents:       s.tel.ReceiverTokenStreamProxyDroppedEvents,
+		StalledStreams:      s.tel.ReceiverTokenStreamProxyStalledStreams,
 	}
 }
 

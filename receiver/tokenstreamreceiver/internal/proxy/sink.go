@@ -43,4 +43,6 @@ type Counters struct {
 	OversizedEvents metric.Int64Counter
 	// DroppedEvents: token events dropped before the pipeline (event_drop).
 	DroppedEvents metric.Int64Counter
+	// StalledStreams: streams the stall breaker cut.
+	StalledStreams metric.Int64Counter
 }
