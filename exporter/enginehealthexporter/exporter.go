@@ -198,7 +198,8 @@ const (
 // an upstream's non-200 answer by its status ("503", "429", "404"), and an
 // engine's error inside a 200 stream, an upstream that times out or resets
 // by a name ("engine_error", "upstream_timeout", "upstream_stream_broken",
-// the error object's type); a hook names an engine's exception by its class.
+// "engine_stalled" when its stall breaker cut the stream, the error
+// object's type); a hook names an engine's exception by its class.
 // An error type of three digits is an HTTP status: 5xx is the engine's
 // fault, 429 a refusal for load, any other the request's (an unknown model,
 // a prompt too long), which a client could otherwise send to take every

@@ -327,7 +327,8 @@ func (tr *traffic) failed(engine string, n int, errorType string) {
 }
 
 // Only the engine's own faults count against it: 5xx, errors inside a 200
-// stream, upstream timeouts and resets, sessions that went silent. A client
+// stream, upstream timeouts and resets, streams the proxy's stall breaker
+// cut, sessions that went silent. A client
 // sending bad requests (400, 404, 422) or an engine refusing for load (429)
 // ejects nothing.
 func TestOnlyEngineFaultsEject(t *testing.T) {
@@ -351,13 +352,15 @@ func TestOnlyEngineFaultsEject(t *testing.T) {
 	tr.sessions("timeouts", 2, 0, 100*time.Millisecond, "timeout")
 	tr.failed("resets", 3, "upstream_unreachable")
 	tr.failed("resets", 3, "upstream_stream_broken")
+	// The proxy's stall breaker cut the streams of a freezing engine.
+	tr.failed("stalled", 6, "engine_stalled")
 	th.clock.Advance(time.Second)
 	th.consumeMetrics(tr.flush(th.clock.Now()))
 
 	for _, engine := range []string{"a", "b", "c", "d", "saturated", "bad-requests"} {
 		assert.Equal(t, stateHealthy, th.status(t, engine).State, engine)
 	}
-	for _, engine := range []string{"5xx", "mid-stream", "timeouts", "resets"} {
+	for _, engine := range []string{"5xx", "mid-stream", "timeouts", "resets", "stalled"} {
 		st := th.status(t, engine)
 		assert.Equal(t, stateEjected, st.State, engine)
 		assert.Equal(t, reasonErrorRatio, st.Reason, engine)
