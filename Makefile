@@ -97,8 +97,18 @@ python-test: $(OTELCOL) ## the Python hook's tests against ./bin/otelcol-llm
 
 # Last, so that its summary closes the output. The deploy kit's tests are
 # make check-deploy's.
-go-test: $(OTELCOL) ## go test -race, end-to-end tests included (deploy/ is check-deploy's)
+go-test: $(OTELCOL) js-client ## go test -race, end-to-end tests included (deploy/ is check-deploy's)
 	OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/deploy$$')
+
+# The official OpenAI JS client that TestStallBreakerEndToEnd streams with,
+# pinned in its package-lock.json. Without npm the test's JS part skips
+# (fails under CI), saying so.
+JS_CLIENT_DIR := internal/harness/e2e/testdata/openai-js
+.PHONY: js-client
+js-client: ## npm ci of the OpenAI JS client the end-to-end tests use (when npm is there)
+	@if [ -f $(JS_CLIENT_DIR)/node_modules/openai/package.json ] && [ $(JS_CLIENT_DIR)/node_modules/.package-lock.json -nt $(JS_CLIENT_DIR)/package-lock.json ]; then :; \
+	elif command -v npm >/dev/null; then cd $(JS_CLIENT_DIR) && npm ci --no-audit --no-fund --loglevel=error; \
+	else echo "npm is missing: the OpenAI JS client part of TestStallBreakerEndToEnd will skip (apt-get install nodejs npm)"; fi
 
 # The image of deploy/Dockerfile, FROM scratch around the static binary:
 # podman, buildah or docker, whichever is there (CONTAINER_TOOL=...).

@@ -69,18 +69,18 @@ func (e *freezingEngine) cancelCount() int {
 }
 
 // openAIJS returns the command that streams one chat completion with the
-// official OpenAI JS client (testdata/openai-js/stream.mjs), installing the
-// client first (npm ci, from package-lock.json) when it is not there.
+// official OpenAI JS client (testdata/openai-js/stream.mjs). make go-test
+// installs the client (make js-client: npm ci); without it the test skips,
+// or fails under CI.
 func openAIJS(t *testing.T) func(baseURL string, freeze bool) jsOutcome {
 	node := testbin.Tool(t, "node", "nodejs")
 	dir, err := filepath.Abs(filepath.Join("testdata", "openai-js"))
 	require.NoError(t, err)
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai")); err != nil {
-		npm := testbin.Tool(t, "npm", "npm")
-		cmd := exec.Command(npm, "ci", "--no-audit", "--no-fund")
-		cmd.Dir = dir
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "npm ci: %s", out)
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("the OpenAI JS client is not installed: make js-client")
+		}
+		t.Skip("the OpenAI JS client is not installed: make js-client (npm ci in testdata/openai-js)")
 	}
 	return func(baseURL string, freeze bool) jsOutcome {
 		t.Helper()
@@ -143,24 +143,35 @@ func TestStallBreakerEndToEnd(t *testing.T) {
 
 	// The official OpenAI JS client raises the error; on a whole stream it
 	// returns the whole answer.
-	run := openAIJS(t)
-	o := run(proxyURL+"/v1", true)
-	assert.Equal(t, jsOutcome{Outcome: "threw", Error: "APIError", Type: "engine_stalled", Text: "The capital of"}, o)
-	o = run(proxyURL+"/v1", false)
-	assert.Equal(t, jsOutcome{Outcome: "completed", Text: "The capital of France is Paris."}, o)
-	require.Eventually(t, func() bool { return engine.cancelCount() == 2 }, 10*time.Second, 10*time.Millisecond)
+	stalled, completed := 1, 0
+	t.Run("openai-js", func(t *testing.T) {
+		run := openAIJS(t)
+		o := run(proxyURL+"/v1", true)
+		stalled++
+		assert.Equal(t, jsOutcome{Outcome: "threw", Error: "APIError", Type: "engine_stalled", Text: "The capital of"}, o)
+		o = run(proxyURL+"/v1", false)
+		completed++
+		assert.Equal(t, jsOutcome{Outcome: "completed", Text: "The capital of France is Paris."}, o)
+		require.Eventually(t, func() bool { return engine.cancelCount() == 2 }, 10*time.Second, 10*time.Millisecond)
+	})
 
-	// token_session: two sessions ended by the breaker, one completed.
-	require.Eventually(t, func() bool { return len(recordNamed(s, "llm.session.summary")) == 3 }, 30*time.Second, 10*time.Millisecond)
+	// token_session: the sessions the breaker cut end in error, the others
+	// complete.
+	require.Eventually(t, func() bool { return len(recordNamed(s, "llm.session.summary")) == stalled+completed },
+		30*time.Second, 10*time.Millisecond)
 	ends := map[string]int{}
 	for _, lr := range recordNamed(s, "llm.session.summary") {
 		attrs := lr.Attributes().AsRaw()
 		et, _ := attrs["error.type"].(string)
 		ends[attrs["llm.session.outcome"].(string)+"/"+et]++
 	}
-	assert.Equal(t, map[string]int{"error/engine_stalled": 2, "completed/": 1}, ends)
+	want := map[string]int{"error/engine_stalled": stalled}
+	if completed > 0 {
+		want["completed/"] = completed
+	}
+	assert.Equal(t, want, ends)
 
-	// engine_health: the two cut sessions are the engine's faults.
+	// engine_health: the cut sessions are the engine's faults.
 	engineName := strings.TrimPrefix(engine.URL, "http://")
 	var window struct {
 		Sessions   float64 `json:"sessions"`
@@ -178,7 +189,7 @@ func TestStallBreakerEndToEnd(t *testing.T) {
 		if json.NewDecoder(r.Body).Decode(&st) != nil || json.Unmarshal(st.Window, &window) != nil {
 			return false
 		}
-		return window.Sessions == 3
-	}, 30*time.Second, 50*time.Millisecond, "engine_health sees the three sessions")
-	assert.InDelta(t, 2.0/3, window.ErrorRatio, 1e-9)
+		return window.Sessions == float64(stalled+completed)
+	}, 30*time.Second, 50*time.Millisecond, "engine_health sees every session")
+	assert.InDelta(t, float64(stalled)/float64(stalled+completed), window.ErrorRatio, 1e-9)
 }
