@@ -55,6 +55,10 @@ type Config struct {
 	// RampUp spreads the start of the closed loop's workers evenly over
 	// this long, so a run does not begin with Concurrency requests at once.
 	RampUp time.Duration
+	// RetryStalled re-sends a request whose stream a stall breaker cut (an
+	// error event of type engine_stalled), up to this many times, as an
+	// application or gateway retrying on another replica would.
+	RetryStalled int
 }
 
 // Dist is a distribution of token counts: fixed N, uniform:A-B or normal:MEAN,SD.
@@ -163,6 +167,7 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.StringVar(&c.RequestsOut, "requests-out", "", "write one NDJSON line per request (warm-up included and flagged) to this file: timings, tokens, error, trace_id")
 	fs.BoolVar(&c.RequestsITL, "requests-itl", false, "add each request's inter-token gaps (itl_ms, in order) to its -requests-out line")
 	fs.DurationVar(&c.RampUp, "ramp-up", 0, "closed loop: start the -concurrency workers evenly over this long instead of all at once (the requests of the ramp count like any other; see -warmup)")
+	fs.IntVar(&c.RetryStalled, "retry-stalled", 0, "re-send a request whose stream was cut with an engine_stalled error event (the collector proxy's stall breaker) up to N times; each attempt is its own -requests-out line, and the report counts the retries")
 	fs.BoolVar(&c.Traceparent, "traceparent", false, "send a fresh W3C traceparent (random trace ID, sampled flag) with each request; its trace ID goes into -requests-out")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err

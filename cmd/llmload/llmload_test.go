@@ -559,3 +559,67 @@ func TestFixtureStreamParsing(t *testing.T) {
 		})
 	}
 }
+
+// -retry-stalled: a request whose stream a stall breaker cut is sent again;
+// the cut attempt is its own -requests-out line, with the gaps the client
+// waited through (the last ending at the error event), and the report
+// counts it as a retry, not a failure. Without retries, it is a failure of
+// its own class.
+func TestRetryStalled(t *testing.T) {
+	u := newUpstream(t, script{
+		firstDelay: 5 * time.Millisecond, gap: 5 * time.Millisecond, chunks: 3, usage: 3,
+		fail: func(n int64) string {
+			if n < 3 {
+				return "stalled"
+			}
+			return ""
+		},
+	})
+	cfg := baseConfig(u)
+	cfg.Requests = 2
+	cfg.RetryStalled = 2
+	cfg.RequestsOut = filepath.Join(t.TempDir(), "requests.ndjson")
+	cfg.RequestsITL = true
+	rep, err := Run(context.Background(), cfg, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 1, rep.Completed)
+	assert.Equal(t, 1, rep.Failed, "the first request: cut three times, retried twice (the limit)")
+	assert.Equal(t, 1, rep.Errors["engine_stalled"])
+	assert.Equal(t, 2, rep.Retried)
+	assert.Equal(t, int64(4), u.requests.Load())
+
+	data, err := os.ReadFile(cfg.RequestsOut)
+	require.NoError(t, err)
+	var recs []RequestRecord
+	for line := range strings.Lines(string(data)) {
+		var rec RequestRecord
+		require.NoError(t, json.Unmarshal([]byte(line), &rec))
+		recs = append(recs, rec)
+	}
+	require.Len(t, recs, 4)
+	for i, want := range []struct {
+		index, attempt int
+		retried, ok    bool
+	}{{0, 0, true, false}, {0, 1, true, false}, {0, 2, false, false}, {1, 0, false, true}} {
+		r := recs[i]
+		assert.Equal(t, want.index, r.Index, i)
+		assert.Equal(t, want.attempt, r.Attempt, i)
+		assert.Equal(t, want.retried, r.Retried, i)
+		assert.Equal(t, want.ok, r.OK, i)
+		if !want.ok {
+			assert.Equal(t, "engine_stalled", r.Error, i)
+			assert.Len(t, r.ITLms, 1, "%d: the wait from the only token to the error event", i)
+			assert.Positive(t, r.TTFTms, i)
+		}
+	}
+
+	cfg.RetryStalled = 0
+	u.requests.Store(1)
+	cfg.RequestsOut = ""
+	rep, err = Run(context.Background(), cfg, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 2, rep.Failed, "both cut, neither retried")
+	assert.Equal(t, 2, rep.Errors["engine_stalled"])
+	assert.Equal(t, int64(3), u.requests.Load())
+	assert.Equal(t, 0, rep.Retried)
+}

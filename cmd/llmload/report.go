@@ -35,13 +35,16 @@ type Params struct {
 
 // Report is the result of a run; it is what -out writes.
 type Report struct {
-	Tool              string         `json:"tool"`
-	Params            Params         `json:"params"`
-	StartedAt         time.Time      `json:"started_at"`
-	Interrupted       bool           `json:"interrupted"`
-	WindowS           float64        `json:"window_s"` // measured window: first measured request issued -> last measured request finished
-	Completed         int            `json:"completed"`
-	Failed            int            `json:"failed"`
+	Tool        string    `json:"tool"`
+	Params      Params    `json:"params"`
+	StartedAt   time.Time `json:"started_at"`
+	Interrupted bool      `json:"interrupted"`
+	WindowS     float64   `json:"window_s"` // measured window: first measured request issued -> last measured request finished
+	Completed   int       `json:"completed"`
+	Failed      int       `json:"failed"`
+	// Retried: attempts cut by a stall breaker (engine_stalled) and sent
+	// again (-retry-stalled); each request counts once, by its last attempt.
+	Retried           int            `json:"retried"`
 	Aborted           int            `json:"aborted"` // in flight at SIGINT: neither completed nor failed
 	WarmupRequests    int            `json:"warmup_requests"`
 	Errors            map[string]int `json:"errors"`
@@ -83,6 +86,7 @@ func (r *runner) buildReport(startWall, end time.Time, interrupted bool) *Report
 		Interrupted:    interrupted,
 		Completed:      a.completed,
 		Failed:         a.failed,
+		Retried:        a.retried,
 		Aborted:        a.interrupted,
 		WarmupRequests: a.warmupDone,
 		Errors:         a.errors,
@@ -136,6 +140,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	line("Successful requests:", "%d", rep.Completed)
 	line("Failed requests:", "%d", rep.Failed)
+	if rep.Retried > 0 {
+		line("Retried (engine_stalled):", "%d", rep.Retried)
+	}
 	if len(rep.Errors) > 0 {
 		keys := make([]string, 0, len(rep.Errors))
 		for k := range rep.Errors {

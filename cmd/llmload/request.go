@@ -130,6 +130,14 @@ type Result struct {
 	PromptTokens int // from usage, 0 if absent
 	UsageSeen    bool
 	ContentCount int // content chunks (incl. later empty-delta chunks such as the finish chunk)
+	// Stalled: a stall breaker cut the stream (an engine_stalled error
+	// event). ITLs then holds the gaps seen before the cut, the last one
+	// ending at the error event: the client waited that long for nothing.
+	Stalled bool
+	// Attempt is 0 for a request's first sending, n for its n-th retry;
+	// Retried marks an attempt that was cut and sent again.
+	Attempt int
+	Retried bool
 }
 
 // TPOT is (E2E − TTFT)/(output tokens − 1), 0 when there is at most one token.
@@ -222,7 +230,11 @@ func doRequest(ctx context.Context, client *http.Client, cfg *Config, url string
 			res.Interrupted = true
 		}
 		res.Err = classify(err)
-		res.ITLs = nil
+		if res.Err == errTypeEngineStalled {
+			res.Stalled = true
+		} else {
+			res.ITLs = nil
+		}
 		return res
 	}
 	res.OK = true
@@ -242,7 +254,12 @@ var (
 	errNoContent = errors.New("no content chunks")
 )
 
-type streamError struct{ msg string }
+// streamError is an error event inside a 200 stream; typ is its type.
+type streamError struct{ msg, typ string }
+
+// errTypeEngineStalled is the error type of a stream the collector proxy's
+// stall breaker cut: the engine froze, and another replica may answer.
+const errTypeEngineStalled = "engine_stalled"
 
 func (e streamError) Error() string { return "error event: " + e.msg }
 
@@ -253,6 +270,8 @@ func classify(err error) string {
 	switch {
 	case errors.As(err, &hs):
 		return hs.Error()
+	case errors.As(err, &se) && se.typ == errTypeEngineStalled:
+		return errTypeEngineStalled
 	case errors.As(err, &se):
 		return "error event in stream"
 	case errors.Is(err, errNoDone), errors.Is(err, errNoContent):
@@ -311,7 +330,17 @@ func stream(client *http.Client, req *http.Request, res *Result) error {
 			return fmt.Errorf("bad chunk JSON: %w", err)
 		}
 		if len(chunk.Error) > 0 && string(chunk.Error) != "null" {
-			return streamError{string(chunk.Error)}
+			se := streamError{msg: string(chunk.Error)}
+			var obj struct {
+				Type string `json:"type"`
+			}
+			if json.Unmarshal(chunk.Error, &obj) == nil {
+				se.typ = obj.Type
+			}
+			if se.typ == errTypeEngineStalled && !first.IsZero() {
+				res.ITLs = append(res.ITLs, now.Sub(last).Seconds())
+			}
+			return se
 		}
 		if len(chunk.Choices) > 0 {
 			text := chunk.hasText()

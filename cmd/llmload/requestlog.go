@@ -30,6 +30,11 @@ type RequestRecord struct {
 	MaxITLms float64 `json:"max_itl_ms"`
 	ITLCount int     `json:"itl_count"`
 	TraceID  string  `json:"trace_id,omitempty"` // with -traceparent
+	// Attempt is 0 for the request's first sending, n for its n-th retry
+	// (-retry-stalled); Retried marks an attempt cut by a stall breaker
+	// (error engine_stalled) and sent again.
+	Attempt int  `json:"attempt,omitempty"`
+	Retried bool `json:"retried,omitempty"`
 	// ITLms are the gaps between the chunks, in order (with -requests-itl):
 	// the first chunk came TTFTms after the start, and each next one its
 	// gap later.
@@ -47,6 +52,8 @@ func recordOf(res *Result, withITL bool) RequestRecord {
 		PromptTokens: res.PromptTokens,
 		OutputTokens: res.OutputTokens,
 		ITLCount:     len(res.ITLs),
+		Attempt:      res.Attempt,
+		Retried:      res.Retried,
 	}
 	if rec.PromptTokens == 0 {
 		rec.PromptTokens = res.Spec.PromptWords
@@ -54,8 +61,16 @@ func recordOf(res *Result, withITL bool) RequestRecord {
 	if !res.Start.IsZero() {
 		rec.StartUnixNano = res.Start.UnixNano()
 	}
-	if res.OK {
-		rec.TTFTms, rec.E2Ems, rec.TPOTms = ms(res.TTFT), ms(res.E2E), ms(res.TPOT())
+	if res.Stalled {
+		// The gaps the client waited through before the cut, the last
+		// ending at the error event; the first chunk came TTFTms after the
+		// start.
+		rec.TTFTms = ms(res.TTFT)
+	}
+	if res.OK || res.Stalled {
+		if res.OK {
+			rec.TTFTms, rec.E2Ems, rec.TPOTms = ms(res.TTFT), ms(res.E2E), ms(res.TPOT())
+		}
 		if len(res.ITLs) > 0 {
 			rec.MaxITLms = slices.Max(res.ITLs) * 1000
 		}

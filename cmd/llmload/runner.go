@@ -38,6 +38,7 @@ type runner struct {
 // aggregator accumulates measured results; guarded by runner.mu.
 type aggregator struct {
 	completed, failed, interrupted int
+	retried                        int // attempts cut by a stall breaker and sent again
 	warmupDone                     int
 	good                           int
 	errors                         map[string]int
@@ -189,6 +190,13 @@ func (r *runner) execute(reqCtx context.Context, spec *RequestSpec) {
 		}
 	}
 	res := doRequest(reqCtx, r.client, &r.cfg, r.url, spec)
+	for res.Stalled && res.Attempt < r.cfg.RetryStalled && reqCtx.Err() == nil {
+		res.Retried = true
+		r.record(res)
+		attempt := res.Attempt + 1
+		res = doRequest(reqCtx, r.client, &r.cfg, r.url, spec)
+		res.Attempt = attempt
+	}
 	r.inflight.Add(-1)
 	r.record(res)
 }
@@ -285,6 +293,13 @@ func (r *runner) record(res *Result) {
 	a := &r.agg
 	if r.requestLog != nil {
 		r.requestLog.write(recordOf(res, r.cfg.RequestsITL))
+	}
+	if res.Retried {
+		// Not the request's outcome: its retry's is.
+		if !res.Spec.Warmup {
+			a.retried++
+		}
+		return
 	}
 	if res.Spec.Warmup {
 		a.warmupDone++

@@ -21,7 +21,9 @@ type script struct {
 	usage      int           // completion_tokens in the usage chunk; 0 = no usage chunk
 	completion bool          // legacy completions shape (no role chunk)
 	// failure mode by request number: "" ok, "500", "broken" (connection cut
-	// mid-stream), "nodone" (clean end without [DONE]), "errorevent"
+	// mid-stream), "nodone" (clean end without [DONE]), "errorevent",
+	// "stalled" (the collector proxy's stall breaker: an engine_stalled
+	// error event after the first chunk, then [DONE])
 	fail func(n int64) string
 }
 
@@ -143,6 +145,11 @@ func (u *upstream) handle(w http.ResponseWriter, r *http.Request) {
 			case "errorevent":
 				leave()
 				send(`{"error":{"object":"error","message":"engine died","type":"InternalServerError","code":500}}`)
+				return
+			case "stalled":
+				leave()
+				send(`{"error":{"message":"the engine sent no token for 2s","type":"engine_stalled","code":504}}`)
+				send("[DONE]")
 				return
 			}
 		}
