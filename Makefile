@@ -190,11 +190,14 @@ demo-tools: ## bin/vllmsim, bin/llmload and bin/llmdemo
 	$(GO) build -o $(BIN_DIR)/llmload ./cmd/llmload
 	$(GO) build -o $(BIN_DIR)/llmdemo ./cmd/llmdemo
 
-# The load-balancer story (about 75 s; needs Debian's haproxy): HAProxy,
+# The load-balancer story (about 2.5 min; needs Debian's haproxy): HAProxy,
 # two vllmsim replicas, one of which freezes, engine_health ejecting it.
+# Run twice: the proxies' stall breaker off, then on at BREAKER_STALL_MAX_GAP
+# (0 skips the second run), about 75 s each.
 BREAKER_OUT ?= demo-breaker
-demo-breaker: $(OTELCOL) demo-tools ## HAProxy ejecting a stalling replica through engine_health
-	$(BIN_DIR)/llmdemo -breaker -bin $(BIN_DIR) -out $(BREAKER_OUT)
+BREAKER_STALL_MAX_GAP ?= 500ms
+demo-breaker: $(OTELCOL) demo-tools ## HAProxy ejecting a stalling replica through engine_health, the stall breaker off and on
+	$(BIN_DIR)/llmdemo -breaker -bin $(BIN_DIR) -out $(BREAKER_OUT) -stall-max-gap $(BREAKER_STALL_MAX_GAP)
 
 # bin/ goes whole: the binaries, mdatagen, the stock baseline of make bench
 # (bin/otelcol-stock, rebuilt by the next make bench) and ocb, which the

@@ -35,6 +35,8 @@ func run(args []string) int {
 	breaker := fs.Bool("breaker", false, "run the load-balancer story instead (make demo-breaker): HAProxy, two vllmsim replicas, "+
 		"one of which freezes, engine_health ejecting it")
 	haproxy := fs.String("haproxy", "haproxy", "the haproxy binary, for -breaker")
+	stallMaxGap := fs.Duration("stall-max-gap", 500*time.Millisecond, "for -breaker: run the story a second time with the proxies' "+
+		"stall breaker at this proxy::stall::max_gap, into OUT/stall-breaker, and compare the runs in OUT/comparison.md (0: one run, breaker off)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -76,12 +78,30 @@ func run(args []string) int {
 			fmt.Fprintf(os.Stderr, "llmdemo: %v (Debian: apt-get install haproxy)\n", err)
 			return 2
 		}
-		rep, err := demo.RunBreaker(ctx, bins, bin, demo.DefaultBreakerStory(), *out, logf)
+		story := demo.DefaultBreakerStory()
+		rep, err := demo.RunBreaker(ctx, bins, bin, story, *out, logf)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "llmdemo:", err)
 			return 1
 		}
 		logf("report: %s (time to eject %.2f s)", filepath.Join(*out, "report.md"), rep.EjectedS-rep.DegradedS)
+		if *stallMaxGap <= 0 {
+			return 0
+		}
+		story.StallMaxGap = *stallMaxGap
+		onOut := filepath.Join(*out, "stall-breaker")
+		on, err := demo.RunBreaker(ctx, bins, bin, story, onOut, logf)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "llmdemo:", err)
+			return 1
+		}
+		logf("report with the stall breaker on: %s (time to eject %.2f s)", filepath.Join(onOut, "report.md"), on.EjectedS-on.DegradedS)
+		cmp := filepath.Join(*out, "comparison.md")
+		if err := os.WriteFile(cmp, []byte(demo.BreakerComparison(rep, on, "stall-breaker/report.md")), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "llmdemo:", err)
+			return 1
+		}
+		logf("comparison: %s", cmp)
 		return 0
 	}
 	var points []demo.Point

@@ -63,7 +63,15 @@ type BreakerStory struct {
 	Every  int           `json:"every"`
 	// BaseTime is engine_health's eject::base_time.
 	BaseTime time.Duration `json:"base_time_ns"`
+	// StallMaxGap is the proxies' proxy::stall::max_gap (0: the breaker is
+	// off); llmload re-sends a request the breaker cut up to
+	// stallRetries times, through HAProxy.
+	StallMaxGap time.Duration `json:"stall_max_gap_ns"`
 }
+
+// stallRetries is llmload's -retry-stalled in the story: enough that a
+// request cut on B twice before B is out still completes on A.
+const stallRetries = 5
 
 // DefaultBreakerStory is make demo-breaker's: 15 s healthy, B degraded
 // until 35 s, the load until 65 s, so that B's re-admission (30 s after
@@ -101,7 +109,12 @@ type BreakerPhase struct {
 	ToS      float64 `json:"to_s"`
 	Requests int     `json:"requests"`
 	// Stalled requests saw a gap of 450 ms or more.
-	Stalled  int     `json:"stalled"`
+	Stalled int `json:"stalled"`
+	// Cut are the attempts the stall breaker cut (each sent again by
+	// llmload when Retried); they count in Requests, and their gaps, the
+	// wait up to the error event included, in the quantiles.
+	Cut      int     `json:"cut"`
+	Retried  int     `json:"retried"`
 	GapP50Ms float64 `json:"gap_p50_ms"`
 	GapP99Ms float64 `json:"gap_p99_ms"`
 }
@@ -174,6 +187,7 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 		"PROXY_A=" + addrs["proxy_a"], "PROXY_B=" + addrs["proxy_b"],
 		"UPSTREAM_A=http://" + addrs["sim_a"], "UPSTREAM_B=http://" + addrs["sim_b"],
 		"HEALTH_ENDPOINT=" + addrs["health"], "AGENT_ENDPOINT=" + addrs["agent"], "BASE_TIME=" + story.BaseTime.String(),
+		"STALL_MAX_GAP=" + story.StallMaxGap.String(),
 	})
 	if err != nil {
 		return nil, err
@@ -221,14 +235,19 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	progress("load: %d concurrent streams through HAProxy for %s; B freezes %s every %d steps from %s to %s",
-		story.Concurrency, story.Total, story.Freeze, story.Every, story.Degrade, story.Heal)
+	breakerNote := "the proxies' stall breaker off"
+	if story.StallMaxGap > 0 {
+		breakerNote = fmt.Sprintf("the proxies' stall breaker at %s, llmload retrying what it cuts up to %d times", story.StallMaxGap, stallRetries)
+	}
+	progress("load: %d concurrent streams through HAProxy for %s; B freezes %s every %d steps from %s to %s; %s",
+		story.Concurrency, story.Total, story.Freeze, story.Every, story.Degrade, story.Heal, breakerNote)
 	requestsPath := filepath.Join(out, "requests.ndjson")
 	load, err := startProcess("llmload", filepath.Join(out, "llmload.log"), bins.Load, []string{
 		"-url", "http://" + addrs["frontend"], "-model", Model, "-quiet",
 		"-concurrency", strconv.Itoa(story.Concurrency), "-duration", story.Total.String(),
 		"-prompt-tokens", "uniform:50-200", "-output-tokens", "64", "-seed", "16",
 		"-out", filepath.Join(out, "llmload.json"), "-requests-out", requestsPath, "-requests-itl",
+		"-retry-stalled", strconv.Itoa(stallRetries),
 	}, nil)
 	if err != nil {
 		return nil, err
@@ -420,8 +439,10 @@ func (rep *BreakerReport) build(samples []breakerSample, reqs []requestRecord, s
 	type gap struct{ endS, ms float64 }
 	var gaps []gap
 	for _, r := range reqs {
-		if !r.OK {
+		if !r.OK && !r.Retried {
 			rep.Failed++
+		}
+		if !r.OK && r.Error != errEngineStalled {
 			continue
 		}
 		at := float64(r.StartUnixNano-start.UnixNano())/1e9 + r.TTFTms/1000
@@ -477,10 +498,17 @@ func (rep *BreakerReport) build(samples []breakerSample, reqs []requestRecord, s
 		var all []float64
 		for _, r := range reqs {
 			t := float64(r.StartUnixNano-start.UnixNano()) / 1e9
-			if !r.OK || t < ph.FromS || t >= ph.ToS {
+			cut := !r.OK && r.Error == errEngineStalled
+			if (!r.OK && !cut) || t < ph.FromS || t >= ph.ToS {
 				continue
 			}
 			ph.Requests++
+			if cut {
+				ph.Cut++
+				if r.Retried {
+					ph.Retried++
+				}
+			}
 			if len(r.ITLms) > 0 && slices.Max(r.ITLms) >= float64(clientStallGap.Milliseconds()) {
 				ph.Stalled++
 			}
@@ -497,6 +525,10 @@ func (rep *BreakerReport) build(samples []breakerSample, reqs []requestRecord, s
 // stateEjected is engine_health's word for an ejected engine.
 const stateEjected = "ejected"
 
+// errEngineStalled is the error class llmload gives a stream the proxy's
+// stall breaker cut.
+const errEngineStalled = "engine_stalled"
+
 // markdown is report.md.
 func (rep *BreakerReport) markdown() string {
 	var b strings.Builder
@@ -505,6 +537,13 @@ func (rep *BreakerReport) markdown() string {
 		"token_stream proxy; HAProxy asks engine_health's agent-check about each. llmload keeps %d streams going "+
 		"through HAProxy for %s. At %s B starts to freeze for %s every %d decoding steps; at %s it is healed.\n\n",
 		rep.StartedAt.Format(time.RFC3339), s.Concurrency, s.Total, s.Degrade, s.Freeze, s.Every, s.Heal)
+	if s.StallMaxGap > 0 {
+		fmt.Fprintf(&b, "The proxies' stall breaker is on (`proxy::stall::max_gap: %s`): a stream without a token for that "+
+			"long is cut with an `engine_stalled` error event, and llmload sends the request again (up to %d times), "+
+			"through HAProxy.\n\n", s.StallMaxGap, stallRetries)
+	} else {
+		b.WriteString("The proxies' stall breaker is off.\n\n")
+	}
 	fmt.Fprintf(&b, "| moment | s |\n|---|---|\n")
 	for _, m := range []struct {
 		name string
@@ -527,10 +566,13 @@ func (rep *BreakerReport) markdown() string {
 		b.WriteString(" (moments are read every 250 ms).\n")
 	}
 	fmt.Fprintf(&b, "\n## The client, by when each request started\n\nA request counts in the phase it started in: one "+
-		"already on B when B began to freeze stalls whatever happens next, since ejection only steers new requests.\n\n| phase | from s | to s | requests | with a gap ≥ 450 ms | gap p50 ms | gap p99 ms |\n|---|---|---|---|---|---|---|\n")
+		"already on B when B began to freeze stalls whatever happens next, since ejection only steers new requests, "+
+		"unless the stall breaker cuts it. A request the breaker cut and llmload sent again counts once per attempt; "+
+		"the gaps of a cut attempt end with the wait for its error event.\n\n"+
+		"| phase | from s | to s | requests | with a gap ≥ 450 ms | cut by the breaker (retried) | gap p50 ms | gap p99 ms |\n|---|---|---|---|---|---|---|---|\n")
 	for _, ph := range rep.Phases {
-		fmt.Fprintf(&b, "| %s | %s | %s | %d | %d | %s | %s |\n", ph.Name, moment(ph.FromS), moment(ph.ToS), ph.Requests, ph.Stalled,
-			f1(ph.GapP50Ms), f1(ph.GapP99Ms))
+		fmt.Fprintf(&b, "| %s | %s | %s | %d | %d | %d (%d) | %s | %s |\n", ph.Name, moment(ph.FromS), moment(ph.ToS), ph.Requests, ph.Stalled,
+			ph.Cut, ph.Retried, f1(ph.GapP50Ms), f1(ph.GapP99Ms))
 	}
 	fmt.Fprintf(&b, "\n%d requests failed.\n\n![requests, stalls and B's state](%s)\n\n", rep.Failed, rep.Plot)
 	fmt.Fprintf(&b, "## Per second\n\n| t s | requests to A | requests to B | client stalls | B (engine_health) | b (HAProxy) |\n|---|---|---|---|---|---|\n")
@@ -658,4 +700,39 @@ func addLines(p *plot.Plot, lines ...namedLine) error {
 		p.Legend.Add(nl.name, l)
 	}
 	return nil
+}
+
+// BreakerComparison is comparison.md: the client's phases of the story run
+// with the stall breaker off and on, side by side; onReport is the on
+// run's report.md, relative to comparison.md.
+func BreakerComparison(off, on *BreakerReport, onReport string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# make demo-breaker: the stall breaker off and on\n\nThe same story twice: [breaker off](report.md) "+
+		"(started %s), [breaker on](%s) (`proxy::stall::max_gap: %s`, llmload retrying a cut request up to %d times; "+
+		"started %s). Requests by the phase they started in; a cut attempt counts as a request, and its gaps end "+
+		"with the wait for its error event.\n\n", off.StartedAt.Format(time.RFC3339), onReport, on.Story.StallMaxGap,
+		stallRetries, on.StartedAt.Format(time.RFC3339))
+	b.WriteString("| phase | breaker | from s | to s | requests | with a gap ≥ 450 ms | cut (retried) | gap p50 ms | gap p99 ms |\n" +
+		"|---|---|---|---|---|---|---|---|---|\n")
+	for i := range min(len(off.Phases), len(on.Phases)) {
+		for _, run := range []struct {
+			name string
+			ph   BreakerPhase
+		}{{"off", off.Phases[i]}, {"on", on.Phases[i]}} {
+			ph := run.ph
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %d | %d (%d) | %s | %s |\n", ph.Name, run.name, moment(ph.FromS),
+				moment(ph.ToS), ph.Requests, ph.Stalled, ph.Cut, ph.Retried, f1(ph.GapP50Ms), f1(ph.GapP99Ms))
+		}
+	}
+	fmt.Fprintf(&b, "\nTime to eject B: %s s off, %s s on (from its degradation to engine_health's verdict). "+
+		"Requests failed: %d off, %d on.\n", since(off.EjectedS, off.DegradedS), since(on.EjectedS, on.DegradedS), off.Failed, on.Failed)
+	return b.String()
+}
+
+// since is to − from in seconds, or a dash when either did not happen.
+func since(to, from float64) string {
+	if to < 0 || from < 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", to-from)
 }

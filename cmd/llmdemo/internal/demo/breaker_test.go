@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -68,4 +69,38 @@ func TestBreakerStory(t *testing.T) {
 	assert.Positive(t, stalls, "the client saw B's freezes")
 	assert.FileExists(t, filepath.Join(out, PlotBreaker))
 	assert.FileExists(t, filepath.Join(out, "report.md"))
+}
+
+// TestBreakerStoryStallBreaker is the story with the proxies' stall breaker
+// on: the streams B freezes are cut instead of waiting the freeze out, and
+// llmload's retries (through HAProxy) complete every request.
+func TestBreakerStoryStallBreaker(t *testing.T) {
+	haproxy := testbin.Tool(t, "haproxy", "haproxy")
+	bins := Binaries{Collector: testbin.Collector(t), Sim: testbin.Build(t, "./cmd/vllmsim"), Load: testbin.Build(t, "./cmd/llmload")}
+	story := BreakerStory{
+		Degrade: 4 * time.Second, Heal: 9 * time.Second, Total: 14 * time.Second, Concurrency: 6,
+		Freeze: 1500 * time.Millisecond, Every: 8, BaseTime: 5 * time.Second, StallMaxGap: 500 * time.Millisecond,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out := t.TempDir()
+	rep, err := RunBreaker(ctx, bins, haproxy, story, out, t.Logf)
+	require.NoError(t, err)
+	cut, retried := 0, 0
+	for _, ph := range rep.Phases {
+		t.Logf("%s: %d requests, %d stalled, %d cut (%d retried), gap p50 %.1f p99 %.1f ms", ph.Name, ph.Requests, ph.Stalled,
+			ph.Cut, ph.Retried, ph.GapP50Ms, ph.GapP99Ms)
+		cut += ph.Cut
+		retried += ph.Retried
+	}
+	require.Positive(t, cut, "the breaker cut B's frozen streams")
+	assert.Equal(t, cut, retried, "llmload sent every cut request again")
+	assert.Zero(t, rep.Failed, "and every one completed")
+	// The breaker cuts at 500 ms a freeze that lasts 1.5 s: a generous
+	// bound, as the machine is shared.
+	assert.Less(t, rep.Phases[1].GapP99Ms, float64(story.Freeze.Milliseconds()), "the client no longer waits out B's freezes")
+	require.Positive(t, rep.EjectedS, "engine_health still ejects B")
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	require.NoError(t, err)
+	assert.Contains(t, string(md), "stall breaker is on (`proxy::stall::max_gap: 500ms`)")
 }

@@ -134,6 +134,12 @@ type requestRecord struct {
 	TPOTms        float64 `json:"tpot_ms"`
 	OutputTokens  int     `json:"output_tokens"`
 	TraceID       string  `json:"trace_id"`
+	// Error is the failure's class; a stream cut by the proxy's stall
+	// breaker is engine_stalled, its ITLms the gaps the client waited
+	// through (the last ending at the error event). Retried: llmload sent
+	// the request again (-retry-stalled).
+	Error   string `json:"error"`
+	Retried bool   `json:"retried"`
 	// ITLms are the request's gaps between chunks, in order (llmload
 	// -requests-itl; make demo-breaker).
 	ITLms []float64 `json:"itl_ms"`
