@@ -87,3 +87,21 @@ func BenchmarkIdleBoundedRead(b *testing.B) {
 type zeroReader struct{}
 
 func (zeroReader) Read(p []byte) (int, error) { return len(p), nil }
+
+// BenchmarkStallBreakerRead is what the stall breaker adds to each read
+// from the upstream that brought a token: pausing its timer while the read
+// is relayed, then re-setting it.
+func BenchmarkStallBreakerRead(b *testing.B) {
+	_, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	br := newStallBreaker(time.Minute, 0, cancel)
+	defer br.stop()
+	now := time.Now()
+	tokens := int64(0)
+	b.ReportAllocs()
+	for b.Loop() {
+		br.pause()
+		tokens++
+		br.resume(now, tokens, true)
+	}
+}
