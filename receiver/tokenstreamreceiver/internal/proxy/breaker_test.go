@@ -44,8 +44,9 @@ func (u *scriptedUpstream) cancelCount() int {
 	return u.cancelled
 }
 
-func withStallBreaker(maxGap time.Duration, minTokens int64) func(*Config) {
-	return func(c *Config) { c.StallMaxGap, c.StallMinTokens = maxGap, minTokens }
+// withStallBreaker turns the breaker on at testMaxGap.
+func withStallBreaker(minTokens int64) func(*Config) {
+	return func(c *Config) { c.StallMaxGap, c.StallMinTokens = testMaxGap, minTokens }
 }
 
 func stalledStreams(t *testing.T, tp *testProxy) int64 {
@@ -78,7 +79,7 @@ func TestStallBreakerCutsAFrozenStream(t *testing.T) {
 	chat, _ := fixtureStreams(t)
 	up := freezingUpstream(t, chat[:4], func(int) time.Duration { return time.Millisecond })
 	sink := new(consumertest.LogsSink)
-	tp := startTestProxy(t, up.URL, sink, withStallBreaker(testMaxGap, 0))
+	tp := startTestProxy(t, up.URL, sink, withStallBreaker(0))
 	t0 := time.Now()
 	resp, got := postChat(t, tp.proxyURL(), streamUsage, nil)
 	// A sanity bound only (the upstream would hold the stream 10 s).
@@ -130,7 +131,7 @@ func TestStallBreakerLeavesNormalStreams(t *testing.T) {
 		})
 	})
 	sink := new(consumertest.LogsSink)
-	tp := startTestProxy(t, up.URL, sink, withStallBreaker(testMaxGap, 0))
+	tp := startTestProxy(t, up.URL, sink, withStallBreaker(0))
 	resp, got := postChat(t, tp.proxyURL(), streamUsage, nil)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, strings.Join(chat, ""), got, "the whole stream, unchanged")
@@ -151,7 +152,7 @@ func TestStallBreakerMinTokens(t *testing.T) {
 		return time.Millisecond
 	})
 	sink := new(consumertest.LogsSink)
-	tp := startTestProxy(t, up.URL, sink, withStallBreaker(testMaxGap, 3))
+	tp := startTestProxy(t, up.URL, sink, withStallBreaker(3))
 	_, got := postChat(t, tp.proxyURL(), streamUsage, nil)
 	require.True(t, strings.HasPrefix(got, strings.Join(chat[:5], "")), "the pause before the third token is waited for: %q", got)
 	assert.Contains(t, got, `"type":"engine_stalled"`, "the freeze after it is cut")
@@ -161,7 +162,7 @@ func TestStallBreakerMinTokens(t *testing.T) {
 
 // X-Otelcol-LLM-Stall-Breaker: off lets a request wait out a freeze; the
 // field is the proxy's and never reaches the upstream. "on" is the
-// configured behaviour; any other value is refused before the upstream
+// configured behavior; any other value is refused before the upstream
 // sees the request.
 func TestStallBreakerHeader(t *testing.T) {
 	chat, _ := fixtureStreams(t)
@@ -176,7 +177,7 @@ func TestStallBreakerHeader(t *testing.T) {
 	t.Run("off", func(t *testing.T) {
 		up := newScriptedUpstream(t, pausing)
 		sink := new(consumertest.LogsSink)
-		tp := startTestProxy(t, up.URL, sink, withStallBreaker(testMaxGap, 0))
+		tp := startTestProxy(t, up.URL, sink, withStallBreaker(0))
 		_, got := postChat(t, tp.proxyURL(), streamUsage, map[string]string{"X-Otelcol-LLM-Stall-Breaker": "Off"})
 		assert.Equal(t, strings.Join(chat, ""), got, "the pause is waited out")
 		assert.Empty(t, lastEnd(t, sessionEvents(t, sink, 1)).Error)
@@ -189,7 +190,7 @@ func TestStallBreakerHeader(t *testing.T) {
 	t.Run("on", func(t *testing.T) {
 		up := newScriptedUpstream(t, pausing)
 		sink := new(consumertest.LogsSink)
-		tp := startTestProxy(t, up.URL, sink, withStallBreaker(testMaxGap, 0))
+		tp := startTestProxy(t, up.URL, sink, withStallBreaker(0))
 		_, got := postChat(t, tp.proxyURL(), streamUsage, map[string]string{"X-Otelcol-LLM-Stall-Breaker": "on"})
 		assert.Contains(t, got, `"type":"engine_stalled"`)
 		assert.Equal(t, errEngineStalled, lastEnd(t, sessionEvents(t, sink, 1)).Error)
@@ -197,7 +198,7 @@ func TestStallBreakerHeader(t *testing.T) {
 	t.Run("invalid", func(t *testing.T) {
 		up := newScriptedUpstream(t, pausing)
 		sink := new(consumertest.LogsSink)
-		tp := startTestProxy(t, up.URL, sink, withStallBreaker(testMaxGap, 0))
+		tp := startTestProxy(t, up.URL, sink, withStallBreaker(0))
 		resp, got := postChat(t, tp.proxyURL(), streamUsage, map[string]string{"X-Otelcol-LLM-Stall-Breaker": "2s"})
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 		assertOpenAIError(t, resp, got, errBadStallHeader)
