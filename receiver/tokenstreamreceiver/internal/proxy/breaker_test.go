@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -253,4 +254,38 @@ func TestStallBreakerWanted(t *testing.T) {
 		assert.NoError(t, err, tt.values)
 		assert.Equal(t, tt.want, got, tt.values)
 	}
+}
+
+// An event over the parser's bound (1 MiB) is forwarded unread: its tokens
+// cannot be counted, so the breaker takes each of its pieces for a token
+// rather than cut a stream that is sending.
+func TestStallBreakerOversizedEventIsActivity(t *testing.T) {
+	chat, _ := fixtureStreams(t)
+	huge := "data: " + `{"choices":[{"index":0,"delta":{"content":"` + strings.Repeat("x", 1<<20) + `"}}]}` + "\n\n"
+	const pieces = 6
+	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+		replay(u, w, r, chat[:2], func(int) time.Duration { return time.Millisecond })
+		// The huge event trickles in over 6 × max_gap/2.
+		size := len(huge)/pieces + 1
+		for rest := huge; rest != ""; {
+			n := min(size, len(rest))
+			select {
+			case <-time.After(testMaxGap / 2):
+			case <-r.Context().Done():
+				return
+			}
+			if _, err := io.WriteString(w, rest[:n]); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			rest = rest[n:]
+		}
+		replay(u, w, r, chat[2:], func(int) time.Duration { return time.Millisecond })
+	})
+	sink := new(consumertest.LogsSink)
+	tp := startTestProxy(t, up.URL, sink, withStallBreaker(0))
+	_, got := postChat(t, tp.proxyURL(), streamUsage, nil)
+	assert.Equal(t, strings.Join(chat[:2], "")+huge+strings.Join(chat[2:], ""), got, "the whole stream")
+	assert.Empty(t, lastEnd(t, sessionEvents(t, sink, 1)).Error)
+	assert.Equal(t, int64(0), stalledStreams(t, tp))
 }

@@ -489,9 +489,16 @@ func (s *session) relayStream(clientCtx context.Context, w http.ResponseWriter, 
 	var now time.Time // when the read holding the event returned
 	unflushed := false
 	oversized := int64(0)
+	// unread: the read brought a piece of an oversized event, whose tokens
+	// are not read; the stall breaker takes it, and bytes added to an event
+	// still arriving (pending), for a token: the engine is sending.
+	unread := false
 	onEvent := func(ev *sse.Event) error {
-		if ev.Oversized && !ev.Partial {
-			oversized++
+		if ev.Oversized {
+			unread = true
+			if !ev.Partial {
+				oversized++
+			}
 		}
 		if ev.HasData && !ev.Oversized {
 			if openaistream.IsDone(ev.Data) {
@@ -532,7 +539,8 @@ func (s *session) relayStream(clientCtx context.Context, w http.ResponseWriter, 
 			now = time.Now()
 			s.send.arm(now)
 			s.breaker.pause()
-			tokens := s.chunks
+			tokens, pending := s.chunks, len(parser.Pending())
+			unread = false
 			if ferr := parser.Feed(buf[:n], onEvent); ferr != nil {
 				break
 			}
@@ -540,7 +548,7 @@ func (s *session) relayStream(clientCtx context.Context, w http.ResponseWriter, 
 				flusher.Flush()
 			}
 			unflushed = false
-			s.breaker.resume(now, s.chunks, s.chunks != tokens)
+			s.breaker.resume(now, s.chunks, s.chunks != tokens || unread || len(parser.Pending()) > pending)
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
