@@ -538,9 +538,12 @@ func (s *session) relayStream(clientCtx context.Context, w http.ResponseWriter, 
 		if n > 0 {
 			now = time.Now()
 			s.send.arm(now)
-			s.breaker.pause()
-			tokens, pending := s.chunks, len(parser.Pending())
-			unread = false
+			var tokens int64
+			var pending int
+			if s.breaker != nil {
+				s.breaker.pause()
+				tokens, pending, unread = s.chunks, len(parser.Pending()), false
+			}
 			if ferr := parser.Feed(buf[:n], onEvent); ferr != nil {
 				break
 			}
@@ -548,7 +551,9 @@ func (s *session) relayStream(clientCtx context.Context, w http.ResponseWriter, 
 				flusher.Flush()
 			}
 			unflushed = false
-			s.breaker.resume(now, s.chunks, s.chunks != tokens || unread || len(parser.Pending()) > pending)
+			if s.breaker != nil {
+				s.breaker.resume(now, s.chunks, s.chunks != tokens || unread || len(parser.Pending()) > pending)
+			}
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
