@@ -97,7 +97,9 @@ func TestPhaseSpansEndToEnd(t *testing.T) {
 			assert.False(t, ph.StartTimestamp() < tr.session.StartTimestamp() || ph.EndTimestamp() > tr.session.EndTimestamp(),
 				"%s within the session span", name)
 		}
-		dur := func(sp ptrace.Span) time.Duration { return sp.EndTimestamp().AsTime().Sub(sp.StartTimestamp().AsTime()) }
+		dur := func(sp ptrace.Span) time.Duration {
+			return sp.EndTimestamp().AsTime().Sub(sp.StartTimestamp().AsTime())
+		}
 		assert.InDelta(t, e["gen_ai.latency.time_in_queue"], seconds(dur(queue)), 1e-6, "queue span of %s", id)
 		assert.InDelta(t, e["gen_ai.latency.time_in_model_prefill"], seconds(dur(prefill)), 1e-6, "prefill span of %s", id)
 		assert.Equal(t, queue.EndTimestamp(), prefill.StartTimestamp())

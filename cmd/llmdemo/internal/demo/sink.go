@@ -94,9 +94,9 @@ type sink struct {
 	waiting        []Sample
 	spans          []Span
 	// phases are the phase spans' names by their parent, a session span.
-	phases map[string][]string
-	alerts []StallAlert
-	summaries      int
+	phases    map[string][]string
+	alerts    []StallAlert
+	summaries int
 }
 
 func startSink() (*sink, error) {
@@ -305,22 +305,22 @@ type CollectorFigures struct {
 	SplitSessions float64 `json:"split_sessions"`
 	// TTFTBucketWidth is the relative width of the TTFT histogram's buckets
 	// (base − 1): the bound of its quantiles' error; as the others'.
-	TTFTBucketWidth    float64 `json:"ttft_bucket_width"`
-	TPOTBucketWidth    float64 `json:"tpot_bucket_width"`
-	QueueBucketWidth   float64 `json:"queue_bucket_width"`
-	PrefillBucketWidth float64 `json:"prefill_bucket_width"`
-	Spans           []Span         `json:"spans"`
-	SpansKept       int            `json:"spans_kept"`
-	SpansByReason   map[string]int `json:"spans_by_reason"`
-	Summaries       int            `json:"summaries"`
-	StallEpisodes   float64        `json:"stall_episodes"` // llm.session.stalls
-	StallAlerts     []StallAlert   `json:"stall_alerts"`
-	KVUsage         []Sample       `json:"kv_usage"`
-	Preemptions     []Sample       `json:"preemptions"` // vllm:num_preemptions_total as scraped
-	Waiting         []Sample       `json:"waiting"`
-	MaxKVUsage      float64        `json:"max_kv_usage"`
-	PreemptionCount float64        `json:"preemption_count"` // the counter's last value
-	BadRequests     int            `json:"bad_otlp_requests"`
+	TTFTBucketWidth    float64        `json:"ttft_bucket_width"`
+	TPOTBucketWidth    float64        `json:"tpot_bucket_width"`
+	QueueBucketWidth   float64        `json:"queue_bucket_width"`
+	PrefillBucketWidth float64        `json:"prefill_bucket_width"`
+	Spans              []Span         `json:"spans"`
+	SpansKept          int            `json:"spans_kept"`
+	SpansByReason      map[string]int `json:"spans_by_reason"`
+	Summaries          int            `json:"summaries"`
+	StallEpisodes      float64        `json:"stall_episodes"` // llm.session.stalls
+	StallAlerts        []StallAlert   `json:"stall_alerts"`
+	KVUsage            []Sample       `json:"kv_usage"`
+	Preemptions        []Sample       `json:"preemptions"` // vllm:num_preemptions_total as scraped
+	Waiting            []Sample       `json:"waiting"`
+	MaxKVUsage         float64        `json:"max_kv_usage"`
+	PreemptionCount    float64        `json:"preemption_count"` // the counter's last value
+	BadRequests        int            `json:"bad_otlp_requests"`
 	// BadRequestErrors: why the first of them were refused.
 	BadRequestErrors []string `json:"bad_otlp_request_errors,omitempty"`
 	ttftHist         exphist.Histogram
