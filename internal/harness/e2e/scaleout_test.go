@@ -368,10 +368,12 @@ func TestScaleOut(t *testing.T) {
 	assert.Positive(t, perGateway[0], "both gateways take traces")
 	assert.Positive(t, perGateway[1], "both gateways take traces")
 
-	// The long session's span joins its kept trace at the end.
+	// The long session's span, and its phases, join its kept trace at the
+	// end.
 	<-longDone
 	require.NoError(t, longErr)
-	whole(longTrace, "POST /chat", "api-gateway /v1/chat/completions", "llm.session.verdict", "chat llama-3.1-8b")
+	whole(longTrace, "POST /chat", "api-gateway /v1/chat/completions", "llm.session.verdict", "chat llama-3.1-8b",
+		"llm.session.time_to_first_token", "llm.session.decode")
 	t.Logf("scale-out run: %s", time.Since(start).Round(time.Second))
 }
 
