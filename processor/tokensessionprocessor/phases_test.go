@@ -68,8 +68,10 @@ func TestSessionPhases(t *testing.T) {
 	const t0 = int64(1_000_000 * time.Millisecond)
 	none := session.Timing{Queue: -1, Prefill: -1, Decode: -1}
 	timing := func(q, p, d int64) session.Timing {
-		return session.Timing{Queue: time.Duration(q) * time.Millisecond, Prefill: time.Duration(p) * time.Millisecond,
-			Decode: time.Duration(d) * time.Millisecond, Source: session.TimingResponse}
+		return session.Timing{
+			Queue: time.Duration(q) * time.Millisecond, Prefill: time.Duration(p) * time.Millisecond,
+			Decode: time.Duration(d) * time.Millisecond, Source: session.TimingResponse,
+		}
 	}
 	for _, tc := range []struct {
 		name               string

@@ -191,7 +191,7 @@ func (p *sessions) joinTiming(r *session.Report[*sessionmetrics.Live]) *awaited 
 		p.telemetry.timing(e.Timing.Source, timingJoined)
 		return nil
 	}
-	if !(j.seen || p.cfg.EngineTiming.ExpectSpans) || !p.toTraces {
+	if (!j.seen && !p.cfg.EngineTiming.ExpectSpans) || !p.toTraces {
 		return nil
 	}
 	if j.pending() >= p.cfg.EngineTiming.MaxSessions {
