@@ -114,18 +114,26 @@ func (e *spanExporter) Finished(r *sim.Request, _ string, t time.Time) {
 // parseTraceparent reads a W3C traceparent; without a valid one the span
 // starts a trace of its own, as vLLM's does.
 func parseTraceparent(tp string) (pcommon.TraceID, pcommon.SpanID) {
+	if trace, parent, ok := readTraceparent(tp); ok {
+		return trace, parent
+	}
 	var trace pcommon.TraceID
-	var parent pcommon.SpanID
+	_, _ = rand.Read(trace[:])
+	return trace, pcommon.SpanID{}
+}
+
+// readTraceparent reads the trace and parent IDs of a W3C traceparent; ok
+// is false when it is not a valid one.
+func readTraceparent(tp string) (trace pcommon.TraceID, parent pcommon.SpanID, ok bool) {
 	parts := strings.Split(tp, "-")
 	if len(parts) == 4 && len(parts[1]) == 32 && len(parts[2]) == 16 {
 		_, err1 := hex.Decode(trace[:], []byte(parts[1]))
 		_, err2 := hex.Decode(parent[:], []byte(parts[2]))
 		if err1 == nil && err2 == nil {
-			return trace, parent
+			return trace, parent, true
 		}
 	}
-	_, _ = rand.Read(trace[:])
-	return trace, pcommon.SpanID{}
+	return pcommon.TraceID{}, pcommon.SpanID{}, false
 }
 
 func (e *spanExporter) run() {
@@ -240,8 +248,9 @@ func (e *spanExporter) close() {
 // timingLog keeps the engine's true split of every finished request and
 // writes it as NDJSON when the simulator stops (-timings-out): the truth a
 // demo compares the collector's figures with. One line a request: id,
-// finish (stop, length, abort), queue_s, prefill_s, decode_s (-1 for a part
-// never reached).
+// trace_id (from its traceparent, "" without one: the key to the client's
+// and the collector's records of it), finish (stop, length, abort),
+// queue_s, prefill_s, decode_s (-1 for a part never reached).
 type timingLog struct {
 	path string
 	mu   sync.Mutex
@@ -250,6 +259,7 @@ type timingLog struct {
 
 type timingRecord struct {
 	ID       string  `json:"id"`
+	TraceID  string  `json:"trace_id"`
 	Finish   string  `json:"finish"`
 	QueueS   float64 `json:"queue_s"`
 	PrefillS float64 `json:"prefill_s"`
@@ -267,8 +277,12 @@ func (l *timingLog) Finished(r *sim.Request, reason string, _ time.Time) {
 		}
 		return x.Seconds()
 	}
+	var trace string
+	if id, _, ok := readTraceparent(r.Params.TraceParent); ok {
+		trace = id.String()
+	}
 	l.mu.Lock()
-	l.recs = append(l.recs, timingRecord{ID: r.ID, Finish: reason, QueueS: sec(q), PrefillS: sec(p), DecodeS: sec(d)})
+	l.recs = append(l.recs, timingRecord{ID: r.ID, TraceID: trace, Finish: reason, QueueS: sec(q), PrefillS: sec(p), DecodeS: sec(d)})
 	l.mu.Unlock()
 }
 

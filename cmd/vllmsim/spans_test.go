@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +17,8 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
+
+	"github.com/otelcol-llm/otelcol-llm/cmd/vllmsim/internal/sim"
 )
 
 // otlpSink is an OTLP/HTTP traces endpoint that keeps the spans it gets.
@@ -99,4 +103,28 @@ func TestSpansAndPerRequestMetrics(t *testing.T) {
 	assert.InDelta(t, sec("gen_ai.latency.time_in_queue")+sec("gen_ai.latency.time_in_model_prefill"),
 		sec("gen_ai.latency.time_to_first_token"), 1e-9)
 	assert.LessOrEqual(t, sec("gen_ai.latency.time_to_first_token"), sec("gen_ai.latency.e2e"))
+}
+
+// The truth file names each request's trace (from its traceparent), the key
+// a demo joins it on with the client's and the collector's records; a
+// request without a traceparent has none.
+func TestTimingLogNamesTheTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timings.ndjson")
+	l := &timingLog{path: path}
+	l.Finished(&sim.Request{ID: "traced", Params: sim.Params{TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}, "stop", time.Now())
+	l.Finished(&sim.Request{ID: "untraced"}, "abort", time.Now())
+	require.NoError(t, l.close())
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var got []timingRecord
+	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		var r timingRecord
+		require.NoError(t, json.Unmarshal([]byte(line), &r))
+		got = append(got, r)
+	}
+	require.Len(t, got, 2)
+	assert.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", got[0].TraceID)
+	assert.Equal(t, "stop", got[0].Finish)
+	assert.Empty(t, got[1].TraceID)
+	assert.Equal(t, -1.0, got[1].QueueS, "never scheduled")
 }

@@ -26,6 +26,11 @@ type Config struct {
 	// before the session span, which comes at the end. The Buffer does not
 	// read it; it is here because it is a setting of the same section.
 	VerdictSpans bool `mapstructure:"verdict_spans"`
+	// PhaseSpans: the caller writes a kept session's phases (queue, prefill,
+	// decode) as child spans of its session span, so that a trace UI draws
+	// where the time went. Like VerdictSpans, a setting of the section the
+	// Buffer does not read.
+	PhaseSpans bool `mapstructure:"phase_spans"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -37,6 +42,7 @@ func DefaultConfig() Config {
 		MaxHeldSpans:     100_000,
 		MaxHold:          5 * time.Minute,
 		VerdictCacheSize: 100_000,
+		PhaseSpans:       true,
 	}
 }
 

@@ -77,6 +77,12 @@ type EngineTimingConfig struct {
 	Wait time.Duration `mapstructure:"wait"`
 	// MaxSessions bounds the sessions, and early engine spans, waiting.
 	MaxSessions int `mapstructure:"max_sessions"`
+	// ExpectSpans: the engine sends its spans here, so sessions wait for
+	// them from the first one. Without it a session waits only once an
+	// engine span has been seen, and the first sessions after a start go
+	// out without the engine's split; with it, a deployment whose engine
+	// sends none would hold every kept session's outputs for Wait.
+	ExpectSpans bool `mapstructure:"expect_spans"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}

@@ -57,7 +57,8 @@ func TestConfigDefaults(t *testing.T) {
 	assert.Equal(t, 15*time.Second, cfg.Metrics.FlushInterval)
 	assert.Equal(t, 2000, cfg.Metrics.CardinalityLimit)
 	assert.Equal(t, sessionmetrics.Cumulative, cfg.Metrics.Temporality)
-	assert.Equal(t, heldspans.Config{MaxHeldSpans: 100000, MaxHold: 5 * time.Minute, VerdictCacheSize: 100000}, cfg.Traces)
+	assert.Equal(t, heldspans.Config{MaxHeldSpans: 100000, MaxHold: 5 * time.Minute, VerdictCacheSize: 100000, PhaseSpans: true}, cfg.Traces)
+	assert.Equal(t, EngineTimingConfig{Wait: 6 * time.Second, MaxSessions: 20000}, cfg.EngineTiming)
 }
 
 func TestConfigCustom(t *testing.T) {
@@ -78,6 +79,7 @@ func TestConfigCustom(t *testing.T) {
 		Temporality: sessionmetrics.Delta, Histogram: sessionmetrics.Exponential, ExponentialMaxSize: 80, MaxModels: 20,
 	}, cfg.Metrics)
 	assert.Equal(t, heldspans.Config{MaxHeldSpans: 1000, MaxHold: time.Minute, VerdictCacheSize: 2000}, cfg.Traces)
+	assert.Equal(t, EngineTimingConfig{Wait: 10 * time.Second, MaxSessions: 500, ExpectSpans: true}, cfg.EngineTiming)
 }
 
 // Every problem is reported at once, each named by its YAML key path; the

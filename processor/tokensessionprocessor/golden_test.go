@@ -86,12 +86,24 @@ func goldenConfig() *Config {
 	cfg.Metrics.Dimensions = nil
 	cfg.Metrics.Temporality = sessionmetrics.Cumulative
 	cfg.Metrics.Histogram = sessionmetrics.Explicit
+	cfg.Traces.PhaseSpans = false // on in the phase spans' own golden test
+	cfg.EngineTiming.ExpectSpans = false
 	return cfg
 }
 
 func newGoldenPipes(t *testing.T, name string) *goldenPipes {
 	t.Helper()
+	return newGoldenPipesWith(t, name, nil)
+}
+
+// newGoldenPipesWith is newGoldenPipes with goldenConfig changed by mutate
+// first.
+func newGoldenPipesWith(t *testing.T, name string, mutate func(*Config)) *goldenPipes {
+	t.Helper()
 	cfg := goldenConfig()
+	if mutate != nil {
+		mutate(cfg)
+	}
 	require.NoError(t, cfg.Validate())
 	set := processortest.NewNopSettings(metadata.Type)
 	set.ID = component.NewIDWithName(metadata.Type, name)

@@ -54,6 +54,9 @@ func newPipelinesWith(t *testing.T, set processor.Settings, mutate func(*Config)
 	cfg := createDefaultConfig()
 	cfg.Sampling.NormalPercent = 0
 	cfg.Metrics.FlushInterval = time.Hour // flushed at shutdown in these tests
+	// These tests count and read session spans; phases_test.go turns the
+	// phase spans on.
+	cfg.Traces.PhaseSpans = false
 	if mutate != nil {
 		mutate(cfg)
 	}

@@ -337,13 +337,18 @@ func (p *sessions) ended(r *session.Report[*sessionmetrics.Live], folded *plog.L
 	}
 }
 
-// appendOutputs writes the summary and the span of a kept session.
+// appendOutputs writes the summary and the span of a kept session, and its
+// phase spans (traces::phase_spans).
 func (p *sessions) appendOutputs(s *session.Session, e *session.End) {
 	if p.toLogs {
 		p.appendSummary(p.pending.records(p.cfg.ProviderName), s, e, p.nowTS)
 	}
 	if p.toTraces {
-		p.appendSpan(p.pendingScopeSpans(), s, e)
+		ss := p.pendingScopeSpans()
+		p.appendSpan(ss, s, e)
+		if p.cfg.Traces.PhaseSpans {
+			p.appendPhaseSpans(ss, s, e)
+		}
 	}
 }
 

@@ -104,7 +104,8 @@ type earlySpan struct {
 // timingJoin is the processor's state for joining engine spans to sessions.
 type timingJoin struct {
 	// seen is set once an engine span with timing has passed: only then do
-	// sessions wait for one.
+	// sessions wait for one, unless engine_timing::expect_spans says they
+	// come from the start.
 	seen bool
 	// bySpan and byTrace index the awaited sessions; a trace matches by
 	// itself only while it has one awaited session.
@@ -165,7 +166,8 @@ func (j *timingJoin) pending() int { return len(j.bySpan) + len(j.earlyByParent)
 
 // joinTiming gives the session that r ended its engine timing: the one its
 // end brought, or an engine span that came before the end. Without either,
-// once engine spans are seen to flow, the session waits in the join for its
+// once engine spans are seen to flow (or from the start, with
+// engine_timing::expect_spans), the session waits in the join for its
 // span; the returned awaited is its place, nil when it does not wait. (A
 // deployment without engine spans keeps nothing here, and delays nothing.)
 // Call with mu held.
@@ -189,7 +191,7 @@ func (p *sessions) joinTiming(r *session.Report[*sessionmetrics.Live]) *awaited 
 		p.telemetry.timing(e.Timing.Source, timingJoined)
 		return nil
 	}
-	if !j.seen || !p.toTraces {
+	if (!j.seen && !p.cfg.EngineTiming.ExpectSpans) || !p.toTraces {
 		return nil
 	}
 	if j.pending() >= p.cfg.EngineTiming.MaxSessions {

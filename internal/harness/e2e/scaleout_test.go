@@ -286,8 +286,13 @@ func TestScaleOut(t *testing.T) {
 		spans := slices.Concat(at[0][trace], at[1][trace])
 		assert.ElementsMatch(t, want, spanNames(spans), "trace %s", trace)
 	}
-	whole(slowTrace, "POST /chat", "api-gateway /v1/chat/completions", "llm.session.verdict", "chat llama-3.1-8b")
-	whole(drawnTrace, "POST /chat", "api-gateway /v1/chat/completions", "chat llama-3.1-8b")
+	// A kept session's span comes with its phases (traces::phase_spans,
+	// on in the shipped agent config by default): without the engine's
+	// split, the wait for the first token and the decode.
+	whole(slowTrace, "POST /chat", "api-gateway /v1/chat/completions", "llm.session.verdict", "chat llama-3.1-8b",
+		"llm.session.time_to_first_token", "llm.session.decode")
+	whole(drawnTrace, "POST /chat", "api-gateway /v1/chat/completions", "chat llama-3.1-8b",
+		"llm.session.time_to_first_token", "llm.session.decode")
 	// The long session's app spans and its verdict span are kept at the
 	// verdict, long before the session's end.
 	whole(longTrace, "POST /chat", "api-gateway /v1/chat/completions", "llm.session.verdict")
@@ -363,10 +368,12 @@ func TestScaleOut(t *testing.T) {
 	assert.Positive(t, perGateway[0], "both gateways take traces")
 	assert.Positive(t, perGateway[1], "both gateways take traces")
 
-	// The long session's span joins its kept trace at the end.
+	// The long session's span, and its phases, join its kept trace at the
+	// end.
 	<-longDone
 	require.NoError(t, longErr)
-	whole(longTrace, "POST /chat", "api-gateway /v1/chat/completions", "llm.session.verdict", "chat llama-3.1-8b")
+	whole(longTrace, "POST /chat", "api-gateway /v1/chat/completions", "llm.session.verdict", "chat llama-3.1-8b",
+		"llm.session.time_to_first_token", "llm.session.decode")
 	t.Logf("scale-out run: %s", time.Since(start).Round(time.Second))
 }
 
@@ -392,8 +399,9 @@ func (so *scaleOut) bulkSessions(t *testing.T, first, n int) []pcommon.TraceID {
 	return traces
 }
 
-// outcome is where each of traces is: complete at one gateway (4 spans: the
-// app's two, the verdict, the session), absent, or else (split or partial).
+// outcome is where each of traces is: complete at one gateway (6 spans: the
+// app's two, the verdict, the session and its two phases), absent, or else
+// (split or partial).
 func (so *scaleOut) outcome(traces []pcommon.TraceID) (complete, absent int, bad []string) {
 	at := so.tracesAt()
 	for _, tr := range traces {
@@ -401,7 +409,7 @@ func (so *scaleOut) outcome(traces []pcommon.TraceID) (complete, absent int, bad
 		switch {
 		case len(a) == 0 && len(b) == 0:
 			absent++
-		case (len(a) == 4 && len(b) == 0) || (len(b) == 4 && len(a) == 0):
+		case (len(a) == 6 && len(b) == 0) || (len(b) == 6 && len(a) == 0):
 			complete++
 		default:
 			bad = append(bad, fmt.Sprintf("%s: %v / %v", tr, spanNames(a), spanNames(b)))

@@ -97,7 +97,7 @@ func TestEngineTimingEndToEnd(t *testing.T) {
 			switch {
 			case span.Name() == "llm_request" && !span.ParentSpanID().IsEmpty() && a["gen_ai.usage.completion_tokens"] != int64(2):
 				engine[span.ParentSpanID().String()] = split{a["gen_ai.latency.time_in_queue"].(float64), a["gen_ai.latency.time_in_model_prefill"].(float64)}
-			case a["llm.session.timing_source"] == "engine_span":
+			case a["llm.session.timing_source"] == "engine_span" && a["llm.session.id"] != nil: // a session span, not a phase
 				joined[span.SpanID().String()] = split{a["llm.session.queue_time"].(float64), a["llm.session.prefill_time"].(float64)}
 			}
 		}

@@ -66,6 +66,15 @@ func TestDemoPipeline(t *testing.T) {
 	assert.Positive(t, res.Slow.Slow, "the run must have slow sessions for the span check to mean anything")
 	assert.Equal(t, res.Slow.Slow, res.Slow.WithSpan, "slow sessions without a span: %v", res.Slow.Missing)
 
+	// The engine's split on every session (the final chunk brings it), on
+	// every kept span exactly the simulator's, each drawn as its phases.
+	assert.InDelta(t, k.Sessions, k.SplitSessions, 0, "every session with the engine's split")
+	assert.Positive(t, res.Split.Checked)
+	assert.Zero(t, res.Split.Differ, "kept spans whose split is not the simulator's: %v", res.Split.DifferIDs)
+	for _, sp := range k.Spans {
+		assert.Equal(t, []string{"llm.session.queue", "llm.session.prefill", "llm.session.decode"}, sp.Phases, sp.TraceID)
+	}
+
 	assert.NotEmpty(t, k.KVUsage, "the simulator's /metrics was scraped")
 	assert.Positive(t, k.MaxKVUsage)
 }

@@ -62,15 +62,22 @@ func markdown(rep *Report, runErr error) string {
 	b.WriteString("\n## Why was it slow: the engine's split of TTFT (ms)\n\n")
 	b.WriteString("Collector: quantiles of `token_session`'s `llm.session.queue_time` and `llm.session.prefill_time` histograms, the " +
 		"engine's own timing joined to each session (vllmsim sends its per-request metrics on the final chunk and its `llm_request` " +
-		"spans to the collector's `otlp` receiver). Simulator: the true queue (arrival to first scheduled) and prefill (scheduled to " +
-		"first token) of every request, written by vllmsim (`-timings-out`). TTFT is the collector's, for scale.\n\n")
-	b.WriteString("| point | conc. | TTFT p50 | queue p50 collector | simulator | prefill p50 collector | simulator | TTFT p99 | queue p99 collector | simulator | prefill p99 collector | simulator |\n")
-	b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		"spans to the collector's `otlp` receiver; `engine_timing::expect_spans` is on). Simulator: the true queue (arrival to first " +
+		"scheduled) and prefill (scheduled to first token) of every request, written by vllmsim (`-timings-out`). Both sides' " +
+		"quantiles interpolate between the closest ranks, as llmload's do: the collector's within its histogram's buckets, whose " +
+		"relative width (`bucket`) bounds the difference. TTFT is the collector's, for scale. **With split**: the sessions counted " +
+		"with the engine's split (the queue histogram's count) of all counted. **Kept spans**: the kept sessions' spans by " +
+		"`llm.session.timing_source`, and of those with the split, how many differ from the simulator's figures for the same " +
+		"request (by trace ID) by more than 0.01 ms.\n\n")
+	b.WriteString("| point | conc. | with split | kept spans (by source) | differ | TTFT p50 | queue p50 collector | simulator | prefill p50 collector | simulator | TTFT p99 | queue p99 collector | simulator | prefill p99 collector | simulator | bucket |\n")
+	b.WriteString("|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range rep.Points {
 		k, t := r.Collector, r.Truth
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Point.Name(), r.concurrency(),
+		fmt.Fprintf(&b, "| %s | %d | %.0f / %.0f | %d %s | %d / %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f%% |\n", r.Point.Name(), r.concurrency(),
+			k.SplitSessions, k.Sessions, r.Split.Kept, reasons(r.Split.BySource), r.Split.Differ, r.Split.Checked,
 			f1(k.TTFT.P50), f1(k.Queue.P50), f1(t.Queue.P50), f1(k.Prefill.P50), f1(t.Prefill.P50),
-			f1(k.TTFT.P99), f1(k.Queue.P99), f1(t.Queue.P99), f1(k.Prefill.P99), f1(t.Prefill.P99))
+			f1(k.TTFT.P99), f1(k.Queue.P99), f1(t.Queue.P99), f1(k.Prefill.P99), f1(t.Prefill.P99),
+			100*max(k.QueueBucketWidth, k.PrefillBucketWidth))
 	}
 
 	b.WriteString("\n## Throughput and what the collector saw\n\n")

@@ -55,9 +55,9 @@ func Run(ctx context.Context, bins Binaries, points []Point, out string, progres
 		}
 		rep.Points = append(rep.Points, res)
 		step("done in %.1fs: TTFT p99 client %s / collector %s ms, TPOT p50 client %s / collector %s ms, "+
-			"%d spans, %d stall alerts, %g pre-emptions, max KV %.0f%%, %.2f cores",
+			"engine split on %.0f of %.0f sessions, %d spans, %d stall alerts, %g pre-emptions, max KV %.0f%%, %.2f cores",
 			time.Since(t0).Seconds(), f1(res.Client.TTFT.P99), f1(res.Collector.TTFT.P99),
-			f1(res.Client.TPOT.P50), f1(res.Collector.TPOT.P50), res.Collector.SpansKept,
+			f1(res.Client.TPOT.P50), f1(res.Collector.TPOT.P50), res.Collector.SplitSessions, res.Collector.Sessions, res.Collector.SpansKept,
 			len(res.Collector.StallAlerts), res.Collector.PreemptionCount, 100*res.Collector.MaxKVUsage, res.CPUCores())
 	}
 	rep.WallS = time.Since(rep.StartedAt).Seconds()

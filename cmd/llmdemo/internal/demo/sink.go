@@ -36,6 +36,10 @@ const (
 	metricWaiting     = "vllm:num_requests_waiting"
 	eventStall        = tokenrecord.EventNameStall
 	eventSummary      = tokenrecord.EventNameSummary
+	// The processor's other spans: the phases of a kept session (their
+	// names begin so) and the verdict span.
+	phaseSpanPrefix = "llm.session."
+	verdictSpanName = "llm.session.verdict"
 )
 
 // Sample is one scraped engine value.
@@ -54,6 +58,14 @@ type Span struct {
 	Outcome        string  `json:"outcome"`
 	SamplingReason string  `json:"sampling_reason"`
 	Stalls         int64   `json:"stalls"`
+	// TimingSource is llm.session.timing_source ("" without the engine's
+	// split); QueueMs and PrefillMs the split.
+	TimingSource string  `json:"timing_source,omitempty"`
+	QueueMs      float64 `json:"queue_ms,omitempty"`
+	PrefillMs    float64 `json:"prefill_ms,omitempty"`
+	// Phases are the names of its phase spans (traces::phase_spans).
+	Phases []string `json:"phases,omitempty"`
+	spanID string
 }
 
 // StallAlert is one llm.session.stall record.
@@ -81,8 +93,10 @@ type sink struct {
 	preemptions    []Sample
 	waiting        []Sample
 	spans          []Span
-	alerts         []StallAlert
-	summaries      int
+	// phases are the phase spans' names by their parent, a session span.
+	phases    map[string][]string
+	alerts    []StallAlert
+	summaries int
 }
 
 func startSink() (*sink, error) {
@@ -90,6 +104,7 @@ func startSink() (*sink, error) {
 		sessions: map[string]float64{}, outcomes: map[string]string{}, stalls: map[string]float64{},
 		ttft: map[string]exphist.Histogram{}, tpot: map[string]exphist.Histogram{},
 		queue: map[string]exphist.Histogram{}, prefill: map[string]exphist.Histogram{},
+		phases: map[string][]string{},
 	}
 	otlp, err := otlpsink.Start("127.0.0.1:0", otlpsink.Options{HTTP: true, OnMetrics: s.metrics, OnTraces: s.traces, OnLogs: s.logs})
 	if err != nil {
@@ -179,7 +194,11 @@ func (s *sink) traces(td ptrace.Traces) {
 		for _, ss := range rs.ScopeSpans().All() {
 			for _, sp := range ss.Spans().All() {
 				a := sp.Attributes()
-				if _, ok := a.Get("llm.session.id"); !ok {
+				if strings.HasPrefix(sp.Name(), phaseSpanPrefix) && sp.Name() != verdictSpanName {
+					s.phases[sp.ParentSpanID().String()] = append(s.phases[sp.ParentSpanID().String()], sp.Name())
+					continue
+				}
+				if _, ok := a.Get("llm.session.id"); !ok || sp.Name() == verdictSpanName {
 					continue // not a session span
 				}
 				s.spans = append(s.spans, Span{
@@ -189,6 +208,10 @@ func (s *sink) traces(td ptrace.Traces) {
 					Outcome:        attrStr(a, "llm.session.outcome"),
 					SamplingReason: attrStr(a, "llm.session.sampling.reason"),
 					Stalls:         attrInt(a, "llm.session.stalls"),
+					TimingSource:   attrStr(a, "llm.session.timing_source"),
+					QueueMs:        attrFloat(a, "llm.session.queue_time") * 1000,
+					PrefillMs:      attrFloat(a, "llm.session.prefill_time") * 1000,
+					spanID:         sp.SpanID().String(),
 				})
 			}
 		}
@@ -277,22 +300,27 @@ type CollectorFigures struct {
 	// joined it to the sessions (llm.session.queue_time, prefill_time).
 	Queue   Quantiles `json:"queue"`
 	Prefill Quantiles `json:"prefill"`
+	// SplitSessions are the sessions with the engine's split: the count of
+	// the queue_time histogram.
+	SplitSessions float64 `json:"split_sessions"`
 	// TTFTBucketWidth is the relative width of the TTFT histogram's buckets
-	// (base − 1): the bound of its quantiles' error.
-	TTFTBucketWidth float64        `json:"ttft_bucket_width"`
-	TPOTBucketWidth float64        `json:"tpot_bucket_width"`
-	Spans           []Span         `json:"spans"`
-	SpansKept       int            `json:"spans_kept"`
-	SpansByReason   map[string]int `json:"spans_by_reason"`
-	Summaries       int            `json:"summaries"`
-	StallEpisodes   float64        `json:"stall_episodes"` // llm.session.stalls
-	StallAlerts     []StallAlert   `json:"stall_alerts"`
-	KVUsage         []Sample       `json:"kv_usage"`
-	Preemptions     []Sample       `json:"preemptions"` // vllm:num_preemptions_total as scraped
-	Waiting         []Sample       `json:"waiting"`
-	MaxKVUsage      float64        `json:"max_kv_usage"`
-	PreemptionCount float64        `json:"preemption_count"` // the counter's last value
-	BadRequests     int            `json:"bad_otlp_requests"`
+	// (base − 1): the bound of its quantiles' error; as the others'.
+	TTFTBucketWidth    float64        `json:"ttft_bucket_width"`
+	TPOTBucketWidth    float64        `json:"tpot_bucket_width"`
+	QueueBucketWidth   float64        `json:"queue_bucket_width"`
+	PrefillBucketWidth float64        `json:"prefill_bucket_width"`
+	Spans              []Span         `json:"spans"`
+	SpansKept          int            `json:"spans_kept"`
+	SpansByReason      map[string]int `json:"spans_by_reason"`
+	Summaries          int            `json:"summaries"`
+	StallEpisodes      float64        `json:"stall_episodes"` // llm.session.stalls
+	StallAlerts        []StallAlert   `json:"stall_alerts"`
+	KVUsage            []Sample       `json:"kv_usage"`
+	Preemptions        []Sample       `json:"preemptions"` // vllm:num_preemptions_total as scraped
+	Waiting            []Sample       `json:"waiting"`
+	MaxKVUsage         float64        `json:"max_kv_usage"`
+	PreemptionCount    float64        `json:"preemption_count"` // the counter's last value
+	BadRequests        int            `json:"bad_otlp_requests"`
 	// BadRequestErrors: why the first of them were refused.
 	BadRequestErrors []string `json:"bad_otlp_request_errors,omitempty"`
 	ttftHist         exphist.Histogram
@@ -359,18 +387,25 @@ func (s *sink) figures(start time.Time) CollectorFigures {
 	f.TTFT = Quantiles{P50: f.ttftHist.Quantile(0.5) * 1000, P99: f.ttftHist.Quantile(0.99) * 1000}
 	f.TPOT = Quantiles{P50: f.tpotHist.Quantile(0.5) * 1000, P99: f.tpotHist.Quantile(0.99) * 1000}
 	f.TTFTBucketWidth, f.TPOTBucketWidth = f.ttftHist.RelativeBucketWidth(), f.tpotHist.RelativeBucketWidth()
-	merged := func(m map[string]exphist.Histogram) Quantiles {
+	merged := func(m map[string]exphist.Histogram) (Quantiles, exphist.Histogram) {
 		var h exphist.Histogram
 		for _, k := range slices.Sorted(maps.Keys(m)) {
 			h = h.Merge(m[k])
 		}
 		if h.Count == 0 {
-			return Quantiles{P50: math.NaN(), P99: math.NaN()}
+			return Quantiles{P50: math.NaN(), P99: math.NaN()}, h
 		}
-		return Quantiles{P50: h.Quantile(0.5) * 1000, P99: h.Quantile(0.99) * 1000}
+		return Quantiles{P50: h.Quantile(0.5) * 1000, P99: h.Quantile(0.99) * 1000}, h
 	}
-	f.Queue, f.Prefill = merged(s.queue), merged(s.prefill)
+	var qh, ph exphist.Histogram
+	f.Queue, qh = merged(s.queue)
+	f.Prefill, ph = merged(s.prefill)
+	f.SplitSessions = float64(qh.Count)
+	f.QueueBucketWidth, f.PrefillBucketWidth = qh.RelativeBucketWidth(), ph.RelativeBucketWidth()
 	f.Spans = slices.Clone(s.spans)
+	for i := range f.Spans {
+		f.Spans[i].Phases = slices.Clone(s.phases[f.Spans[i].spanID])
+	}
 	f.SpansKept = len(s.spans)
 	for _, sp := range s.spans {
 		f.SpansByReason[sp.SamplingReason]++
