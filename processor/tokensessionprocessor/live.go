@@ -108,14 +108,31 @@ const (
 type ttftHist [ttftBuckets]uint32
 
 // add counts d in its bucket: the one whose (lower, upper] holds it.
+// math.Frexp, not math.Log2: the snapshot does this for every session in
+// flight, under the lock.
 func (h *ttftHist) add(d time.Duration) {
-	sec := d.Seconds()
 	i := ttftOffset
-	if sec > 0 {
-		i = int(math.Ceil(math.Log2(sec)*(1<<ttftScale))) - 1
+	if sec := d.Seconds(); sec > 0 {
+		frac, exp := math.Frexp(sec) // sec = frac·2^exp, frac in [0.5, 1)
+		m := 2 * frac                // sec = m·2^(exp-1), m in [1, 2)
+		i = (exp - 1) << ttftScale
+		switch {
+		case m == 1:
+			i-- // a power of two is the upper bound of the bucket below
+		case m > ttftQuarter[2]:
+			i += 3
+		case m > ttftQuarter[1]:
+			i += 2
+		case m > ttftQuarter[0]:
+			i++
+		}
 	}
 	h[min(max(i-ttftOffset, 0), ttftBuckets-1)]++
 }
+
+// ttftQuarter are the bucket bounds within an octave at scale 2:
+// 2^(1/4), 2^(2/4), 2^(3/4).
+var ttftQuarter = [3]float64{math.Exp2(0.25), math.Exp2(0.5), math.Exp2(0.75)}
 
 // ttftMinute is one engine's TTFTs by the second their first token came
 // in, over the last minute.
@@ -352,21 +369,33 @@ func (p *sessions) takeLive(now time.Time, f liveFilter, heap *worstHeap) *liveS
 	heap.k = l.cfg.MaxSessions
 	heap.items = heap.items[:0]
 	tallies := make(map[string]*engineTally)
+	few := make([]*engineTally, 0, 8)
 	var last *engineTally
-	lastEngine := ""
 
 	p.mu.Lock()
 	snap.InFlight = p.table.Active()
 	p.table.Scan(nowNs, func(s *session.Session, phase session.Phase, engineNow int64) {
-		// Sessions of one engine tend to come in runs; the map is asked only
-		// when the engine changes.
-		if last == nil || s.Engine != lastEngine {
-			last = tallies[s.Engine]
+		// An engine's sessions often come in runs, and there are few
+		// engines: the last one, then a short list, are checked before the
+		// map, which would hash every session's engine name.
+		if last == nil || s.Engine != last.Engine {
+			last = nil
+			for _, t := range few {
+				if t.Engine == s.Engine {
+					last = t
+					break
+				}
+			}
+			if last == nil {
+				last = tallies[s.Engine]
+			}
 			if last == nil {
 				last = &engineTally{liveEngineJSON: liveEngineJSON{Engine: s.Engine}}
 				tallies[s.Engine] = last
+				if len(few) < cap(few) {
+					few = append(few, last)
+				}
 			}
-			lastEngine = s.Engine
 		}
 		t := last
 		t.InFlight++

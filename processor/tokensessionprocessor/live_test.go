@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/exphist"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
 )
@@ -488,4 +489,19 @@ func TestLiveShutdownWithViewers(t *testing.T) {
 	p.shutdown(t)
 	_, err := io.ReadAll(c.r)
 	require.NoError(t, err, "the stream ends cleanly")
+}
+
+// The bucket of a TTFT is the one exphist's bounds say holds it: (lower,
+// upper], a power of two in the bucket below it.
+func TestTTFTBucket(t *testing.T) {
+	for _, d := range []time.Duration{
+		time.Millisecond, 2 * time.Second, time.Second, 1500 * time.Millisecond, 1189 * time.Millisecond,
+		1190 * time.Millisecond, 77 * time.Millisecond, 123456 * time.Microsecond, 3 * time.Minute,
+	} {
+		var h ttftHist
+		h.add(d)
+		i := slices.IndexFunc(h[:], func(c uint32) bool { return c == 1 })
+		lower, upper := exphist.Bounds(ttftScale, int32(i+ttftOffset))
+		assert.True(t, d.Seconds() > lower && d.Seconds() <= upper, "%s in (%g, %g]", d, lower, upper)
+	}
 }

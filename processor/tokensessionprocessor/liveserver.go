@@ -46,6 +46,11 @@ type liveServer struct {
 	mu          sync.Mutex
 	viewers     map[*liveViewer]struct{}
 	broadcaster bool // running
+	// latest are the broadcaster's snapshots of its last tick, by filter:
+	// a viewer that joins gets one as its first if it is fresh, rather than
+	// a snapshot of its own.
+	latest   map[liveFilter][]byte
+	latestAt time.Time
 	closed      bool
 	closing     chan struct{}
 	done        sync.WaitGroup
@@ -195,11 +200,15 @@ func (ls *liveServer) serveStream(w http.ResponseWriter, r *http.Request) {
 	}
 	// The first snapshot at once, not an interval later; the retry field
 	// tells EventSource how long to wait before reconnecting.
-	var heap worstHeap
 	if _, err := fmt.Fprintf(w, "retry: %d\n\n", max(ls.cfg.Interval.Milliseconds(), 1000)); err != nil {
 		return
 	}
-	if !write(ls.snapshot(v.filter, &heap)) {
+	first := ls.fresh(v.filter)
+	if first == nil {
+		var heap worstHeap
+		first = ls.snapshot(v.filter, &heap)
+	}
+	if !write(first) {
 		ls.drop(v)
 		return
 	}
@@ -218,6 +227,17 @@ func (ls *liveServer) serveStream(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// fresh is the broadcaster's latest snapshot for f, if it is younger than
+// an interval; nil otherwise.
+func (ls *liveServer) fresh(f liveFilter) []byte {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.now().Sub(ls.latestAt) >= ls.cfg.Interval {
+		return nil
+	}
+	return ls.latest[f]
 }
 
 // join adds v, starting the broadcaster if it is the first viewer.
@@ -268,7 +288,6 @@ func (ls *liveServer) broadcast() {
 	var (
 		heap    worstHeap
 		viewers []*liveViewer
-		snaps   = make(map[liveFilter][]byte)
 	)
 	for {
 		select {
@@ -279,6 +298,7 @@ func (ls *liveServer) broadcast() {
 		ls.mu.Lock()
 		if len(ls.viewers) == 0 {
 			ls.broadcaster = false
+			ls.latest = nil
 			ls.mu.Unlock()
 			return
 		}
@@ -287,7 +307,9 @@ func (ls *liveServer) broadcast() {
 			viewers = append(viewers, v)
 		}
 		ls.mu.Unlock()
-		clear(snaps)
+		// A new map each tick: the joining viewers read the last one.
+		snaps := make(map[liveFilter][]byte)
+		at := ls.now()
 		for _, v := range viewers {
 			data, ok := snaps[v.filter]
 			if !ok {
@@ -300,6 +322,9 @@ func (ls *liveServer) broadcast() {
 				ls.drop(v) // the last one is still waiting
 			}
 		}
+		ls.mu.Lock()
+		ls.latest, ls.latestAt = snaps, at
+		ls.mu.Unlock()
 		clear(viewers) // no viewer kept alive until the next tick
 	}
 }
