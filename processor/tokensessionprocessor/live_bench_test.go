@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -103,7 +104,7 @@ func startLiveViewers(b *testing.B, c *core, n int, snapshots *atomic.Int64) {
 				if bytes.HasPrefix(line, []byte("data: ")) {
 					snapshots.Add(1)
 				}
-				if err != nil && err != bufio.ErrBufferFull {
+				if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
 					return
 				}
 			}
