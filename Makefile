@@ -16,7 +16,8 @@
 #                SOAK_OUT (bench/results/soak); fails on a lost session or
 #                unbounded growth
 #   make demo    vllmsim + the collector + llmload, scenario by scenario, into a
-#                report folder (DURATION=10s per point, OUT=demo-report)
+#                report folder (DURATION=10s per point, OUT=demo-report); it
+#                prints the URL of token_session's live view as it starts
 #   make demo-breaker  HAProxy ejecting a stalling replica through engine_health
 #   make check-deploy  the deploy kit's tests (promtool, Prometheus, manifests)
 #   make image   the container image of deploy/Dockerfile (podman or buildah)

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/otelcol-llm/otelcol-llm/cmd/llmdemo/internal/demo"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
 )
 
 func main() {
@@ -37,6 +39,8 @@ func run(args []string) int {
 	haproxy := fs.String("haproxy", "haproxy", "the haproxy binary, for -breaker")
 	stallMaxGap := fs.Duration("stall-max-gap", 500*time.Millisecond, "for -breaker: run the story a second time with the proxies' "+
 		"stall breaker at this proxy::stall::max_gap, into OUT/stall-breaker, and compare the runs in OUT/comparison.md (0: one run, breaker off)")
+	live := fs.String("live", "localhost:8002", "where each point's collector serves token_session's live view (its URL is printed; "+
+		"another free port if this one is taken; empty: off)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -111,11 +115,34 @@ func run(args []string) int {
 		}
 	}
 
-	rep, err := demo.Run(ctx, bins, points, *out, logf)
+	liveAddr, err := liveAddress(*live)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "llmdemo: -live:", err)
+		return 2
+	}
+	if liveAddr != "" {
+		logf("live view: open http://%s/ to watch the streams in flight while the points run "+
+			"(each point's collector serves it in turn; the page reconnects)", liveAddr)
+	}
+	rep, err := demo.Run(ctx, bins, points, *out, liveAddr, logf)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "llmdemo:", err)
 		return 1
 	}
 	logf("report: %s (%d points in %s)", filepath.Join(*out, "report.md"), len(rep.Points), time.Since(start).Round(time.Second))
 	return 0
+}
+
+// liveAddress is the address the live view is served on: addr if it is
+// free, else another free port on loopback; "" stays off. One address for
+// the whole run, so that a page left open follows every point.
+func liveAddress(addr string) (string, error) {
+	if addr == "" {
+		return "", nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err == nil {
+		return addr, ln.Close()
+	}
+	return process.FreeAddr()
 }

@@ -48,6 +48,8 @@ type Config struct {
 	Limits   LimitsConfig           `mapstructure:"limits"`
 	// EngineTiming joins the engine's own timing (its span) to sessions.
 	EngineTiming EngineTimingConfig `mapstructure:"engine_timing"`
+	// Live serves the sessions in flight over HTTP (liveconfig.go).
+	Live LiveConfig `mapstructure:"live"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -103,6 +105,7 @@ func createDefaultConfig() *Config {
 		Traces:          heldspans.DefaultConfig(),
 		Limits:          LimitsConfig{MaxSessionIDBytes: tokenevent.DefaultMaxSessionIDBytes, MaxAttributes: tokenevent.DefaultMaxAttributes},
 		EngineTiming:    EngineTimingConfig{Wait: 6 * time.Second, MaxSessions: 20_000},
+		Live:            defaultLiveConfig(),
 	}
 }
 
@@ -148,6 +151,7 @@ func (cfg *Config) Validate() error {
 	if cfg.EngineTiming.MaxSessions < 0 {
 		errs = append(errs, fmt.Errorf("engine_timing::max_sessions: must not be negative, got %d", cfg.EngineTiming.MaxSessions))
 	}
+	errs = append(errs, under("live", cfg.Live.Validate())...)
 	return errors.Join(errs...)
 }
 

@@ -176,6 +176,9 @@ func TestReadmeConfigs(t *testing.T) {
 				if len(cfg.Metrics.Dimensions) == 0 {
 					cfg.Metrics.Dimensions = nil // dimensions: [] as the default's nil
 				}
+				if len(cfg.Live.Attributes) == 0 {
+					cfg.Live.Attributes = nil
+				}
 				assert.Equal(t, createDefaultConfig(), cfg, "the README's every key at its default")
 			}
 		}

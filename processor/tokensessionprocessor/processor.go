@@ -44,6 +44,9 @@ type core struct {
 	sessions *sessions
 	engines  *engineContext
 	spans    *spanGate
+	// live serves the sessions in flight (liveserver.go); nil when
+	// live::endpoint is not set.
+	live *liveServer
 
 	// The next consumers are set while the pipelines are built, before
 	// Start, and only read afterwards.
@@ -98,7 +101,13 @@ func (c *core) setNext(logs consumer.Logs, metrics consumer.Metrics, traces cons
 	return nil
 }
 
-func (c *core) Start(context.Context, component.Host) error {
+func (c *core) Start(ctx context.Context, host component.Host) error {
+	if c.cfg.Live.enabled() {
+		c.live = newLiveServer(&c.cfg.Live, c.sessions, c.set.TelemetrySettings, c.telemetry.builder)
+		if err := c.live.start(ctx, host); err != nil {
+			return err
+		}
+	}
 	c.done.Add(1)
 	go c.run() //nolint:gosec // G118: Start's context ends with Start; run stops on Shutdown
 	return nil
@@ -120,6 +129,11 @@ func (c *core) Shutdown(ctx context.Context) error {
 	}
 	close(c.stop)
 	c.done.Wait()
+	if c.live != nil {
+		if err := c.live.shutdown(ctx); err != nil {
+			stopErr = errors.Join(stopErr, fmt.Errorf("stopping the live view: %w", err))
+		}
+	}
 	out, md := c.sessions.shutdown(time.Now())
 	c.emit(ctx, out)
 	c.emitMetrics(ctx, md)

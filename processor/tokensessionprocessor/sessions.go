@@ -66,6 +66,8 @@ type sessions struct {
 	heldOutputs []*heldOutput
 	timing      timingJoin
 	counters    session.Counters // as last reported to telemetry
+	// live is the live view's state (live.go); nil when it is off.
+	live *liveState
 }
 
 // outputs are what a locked operation produced for the pipelines.
@@ -103,6 +105,9 @@ func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineCont
 	}
 	s.table.SetTraceMemory(spans.keptTrace)
 	s.applyFn = func(ev *tokenevent.Event) { s.reports = s.table.Apply(ev, s.nowNanos, s.reports) }
+	if cfg.Live.enabled() {
+		s.live = newLiveState(&cfg.Live)
+	}
 	if cfg.PassTokenEvents == PassSampled {
 		s.sampledRecords = make(map[string]plog.LogRecordSlice)
 	}
@@ -311,6 +316,9 @@ func (p *sessions) ended(r *session.Report[*sessionmetrics.Live], folded *plog.L
 		res.OutputTokens, res.HasOutputTokens = n, true
 	}
 	p.metrics.SessionEnded(r.State, res)
+	if p.live != nil {
+		p.live.ended(s, e, p.nowNanos)
+	}
 	p.telemetry.sessionEnded(s.Outcome, s.Keep)
 	if p.sampledRecords != nil {
 		recs, ok := p.sampledRecords[s.ID]

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -25,6 +26,7 @@ import (
 func startDevCollector(t *testing.T, engineURL string) *collector {
 	t.Helper()
 	c := newCollector(t)
+	c.liveAddr = freePort(t, "tcp")
 	set := []string{
 		"receivers::token_stream::hooks::http::endpoint=" + c.httpAddr,
 		"receivers::token_stream::hooks::udp::endpoint=" + c.udpAddr,
@@ -34,6 +36,7 @@ func startDevCollector(t *testing.T, engineURL string) *collector {
 		"receivers::otlp::protocols::grpc::endpoint=" + c.otlpAddr,
 		"receivers::otlp::protocols::http::endpoint=" + freePort(t, "tcp"),
 		"extensions::health_check::endpoint=" + freePort(t, "tcp"),
+		"processors::token_session::live::endpoint=" + c.liveAddr,
 		// The collector's own metrics listen on :8888 by default.
 		"service::telemetry::metrics::level=none",
 	}
@@ -132,6 +135,20 @@ func TestDevConfig(t *testing.T) {
 		assert.Contains(t, spans[0], "-> vllm.kv_cache_usage.start: Double(0.42)", "engine context, from the metrics the filter then drops")
 	}
 	assert.Contains(t, debugBlocks(col.Output.String(), "LogRecord #", `Trace ID: `+hookTrace)[0], "-> llm.session.id: Str(dev-hook-1)")
+
+	// The live view of `make run` (http://localhost:8002/) lists both
+	// sessions among the ended ones.
+	live, err := http.Get("http://" + col.liveAddr + "/sessions") //nolint:gosec // the test's own collector
+	require.NoError(t, err)
+	var snap struct {
+		Recent []struct {
+			ID string `json:"id"`
+		} `json:"recent"`
+	}
+	require.NoError(t, json.NewDecoder(live.Body).Decode(&snap))
+	live.Body.Close()
+	require.Len(t, snap.Recent, 2)
+	assert.Contains(t, []string{snap.Recent[0].ID, snap.Recent[1].ID}, "dev-hook-1")
 
 	// Session metrics every 5 s, each point printed.
 	require.Eventually(t, func() bool {

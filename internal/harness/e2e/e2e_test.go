@@ -83,6 +83,8 @@ func freePort(t *testing.T, network string) string {
 // collector is the distribution on free loopback ports.
 type collector struct {
 	httpAddr, udpAddr, otlpAddr, proxyAddr string
+	// liveAddr is token_session's live view, where the config serves it.
+	liveAddr string
 	*testbin.Process
 }
 

@@ -39,7 +39,7 @@ func TestDemoPipeline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	res, err := RunPoint(ctx, bins, p, dir, t.Logf)
+	res, err := RunPoint(ctx, bins, p, dir, "", t.Logf)
 	require.NoError(t, err)
 
 	c, k := res.Client, res.Collector

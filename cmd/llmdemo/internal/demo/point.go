@@ -251,12 +251,13 @@ func (r *PointResult) CPUCores() float64 {
 // Progress receives one line per step.
 type Progress func(format string, args ...any)
 
-// RunPoint runs one point with its files in dir: the simulator, the
+// RunPoint runs one point with its files in dir, the collector's live
+// view on live ("" for none): the simulator, the
 // collector in front of it, the load through the collector's proxy; then it
 // waits for the collector to have counted every session, stops the
 // collector (which flushes) and the simulator, and reads the figures.
 // Every process it started is stopped when it returns, error or not.
-func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress Progress) (res *PointResult, err error) {
+func RunPoint(ctx context.Context, bins Binaries, p Point, dir, live string, progress Progress) (res *PointResult, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -307,7 +308,7 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir string, progress 
 	}
 	col, err := startProcess("otelcol-llm", filepath.Join(dir, "otelcol.log"), bins.Collector, []string{"--config", cfgPath}, []string{
 		"PROXY_ENDPOINT=" + proxyAddr, "UPSTREAM_URL=http://" + simAddr, "METRICS_URL=http://" + simAddr + "/metrics",
-		"OTLP_ENDPOINT=" + otlpAddr, "HEALTH_ENDPOINT=" + healthAddr, "SINK_URL=" + snk.url(),
+		"OTLP_ENDPOINT=" + otlpAddr, "HEALTH_ENDPOINT=" + healthAddr, "SINK_URL=" + snk.url(), "LIVE_ENDPOINT=" + live,
 	})
 	if err != nil {
 		return nil, err

@@ -28,10 +28,10 @@ type Report struct {
 }
 
 // Run runs the points one after the other, with their files under
-// out/points/<name>, and writes out/report.md, out/report.json and the
+// out/points/<name> and each collector's live view on live ("" for none), and writes out/report.md, out/report.json and the
 // plots. When a point fails or ctx ends (Ctrl-C) the report is still
 // written with the points done so far, and the error returned.
-func Run(ctx context.Context, bins Binaries, points []Point, out string, progress Progress) (*Report, error) {
+func Run(ctx context.Context, bins Binaries, points []Point, out, live string, progress Progress) (*Report, error) {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return nil, err
 	}
@@ -45,7 +45,7 @@ func Run(ctx context.Context, bins Binaries, points []Point, out string, progres
 		step("%s; vllmsim %s, kv-blocks %d, chunked prefill %v, prefill priority %v", ScenarioTitles[p.Scenario],
 			p.Engine.Profile, p.Engine.KVBlocks, p.Engine.ChunkedPrefill, p.Engine.PrefillPriority)
 		t0 := time.Now()
-		res, err := RunPoint(ctx, bins, p, filepath.Join(out, "points", p.Name()), step)
+		res, err := RunPoint(ctx, bins, p, filepath.Join(out, "points", p.Name()), live, step)
 		if err != nil {
 			if ctx.Err() != nil {
 				err = errors.New("interrupted; every process it started is stopped")

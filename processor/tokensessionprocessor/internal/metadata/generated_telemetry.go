@@ -35,6 +35,8 @@ type TelemetryBuilder struct {
 	ProcessorTokenSessionFreezesWithdrawn      metric.Int64Counter
 	ProcessorTokenSessionHeldOutputsOverflowed metric.Int64Counter
 	ProcessorTokenSessionInvalidRecords        metric.Int64Counter
+	ProcessorTokenSessionLiveViewers           metric.Int64UpDownCounter
+	ProcessorTokenSessionLiveViewersDropped    metric.Int64Counter
 	ProcessorTokenSessionMetricOverflows       metric.Int64Counter
 	ProcessorTokenSessionModelsOverflowed      metric.Int64Counter
 	ProcessorTokenSessionOutputFailures        metric.Int64Counter
@@ -158,6 +160,18 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_processor_token_session_invalid_records",
 		metric.WithDescription("Token event records that could not be read; dropped. [Development]"),
 		metric.WithUnit("{record}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionLiveViewers, err = builder.meter.Int64UpDownCounter(
+		"otelcol_processor_token_session_live_viewers",
+		metric.WithDescription("Viewers connected to the live view's GET /sessions/stream. [Development]"),
+		metric.WithUnit("{viewer}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionLiveViewersDropped, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_live_viewers_dropped",
+		metric.WithDescription("Viewers of the live view's GET /sessions/stream turned away or disconnected, by cause. [Development]"),
+		metric.WithUnit("{viewer}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionMetricOverflows, err = builder.meter.Int64Counter(

@@ -35,6 +35,8 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ProcessorTokenSessionFreezesWithdrawn.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionHeldOutputsOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionInvalidRecords.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionLiveViewers.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionLiveViewersDropped.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionMetricOverflows.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionModelsOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionOutputFailures.Add(context.Background(), 1)
@@ -64,6 +66,12 @@ func TestSetupTelemetry(t *testing.T) {
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionInvalidRecords(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionLiveViewers(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionLiveViewersDropped(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionMetricOverflows(t, testTel,

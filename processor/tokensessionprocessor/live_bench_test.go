@@ -1,0 +1,302 @@
+package tokensessionprocessor
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/collector/component/componenttest"
+	"go.opentelemetry.io/collector/consumer/consumertest"
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/processor/processortest"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
+)
+
+const liveBenchSessions = 100_000
+
+// liveBenchCore is a started token_session with the live view on
+// 127.0.0.1:0 (defaults otherwise: a snapshot a second, 500 sessions) and
+// n open sessions on four engines, every fourth waiting for its first
+// token, the others decoding. It returns the core and the engine time of
+// the sessions' latest event.
+func liveBenchCore(b *testing.B, n, maxViewers int) (*core, int64) {
+	b.Helper()
+	cfg := createDefaultConfig()
+	cfg.Metrics.FlushInterval = time.Hour
+	cfg.Live.ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
+	cfg.Live.MaxViewers = maxViewers
+	// No freeze checks: the benchmarks run the engine's clock at their own
+	// pace (20 ms a round of tokens), which the collector's clock would
+	// take for frozen streams. Tick's cost is not the live view's.
+	cfg.Stall.CheckInterval = time.Hour
+	c, err := newCore(cfg, processortest.NewNopSettings(metadata.Type))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := c.setNext(consumertest.NewNop(), nil, nil); err != nil {
+		b.Fatal(err)
+	}
+	if err := c.Start(context.Background(), componenttest.NewNopHost()); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = c.Shutdown(context.Background()) })
+	now := time.Now().UnixNano()
+	evs := make([]tokenevent.Event, 0, 2*n)
+	for i := range n {
+		id := fmt.Sprintf("req-%08d", i)
+		evs = append(evs, tokenevent.Event{
+			Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: uint64(now), Model: "llama", Operation: "chat",
+			Engine: fmt.Sprintf("vllm-%d", i%4), PromptTokens: 100, Count: 1, CompletionTokens: -1,
+		})
+		if i%4 != 0 {
+			evs = append(evs, tokenevent.Event{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: uint64(now + 1e8), Count: 1, PromptTokens: -1, CompletionTokens: -1})
+		}
+	}
+	if _, _, err := c.sessions.fold(events(evs...), time.Unix(0, now+1e8)); err != nil {
+		b.Fatal(err)
+	}
+	if c.sessions.table.Active() != n {
+		b.Fatalf("%d sessions open, want %d", c.sessions.table.Active(), n)
+	}
+	return c, now + 1e8
+}
+
+// startLiveViewers connects n viewers to GET /sessions/stream, each reading
+// every snapshot, until the benchmark ends; snapshots counts what they
+// read.
+func startLiveViewers(b *testing.B, c *core, n int, snapshots *atomic.Int64) {
+	b.Helper()
+	url := "http://" + c.live.http.Addr.String() + "/sessions/stream"
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	b.Cleanup(func() { cancel(); wg.Wait() })
+	for range n {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, http.NoBody)
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer resp.Body.Close()
+			r := bufio.NewReaderSize(resp.Body, 64<<10)
+			for {
+				line, err := r.ReadSlice('\n')
+				if bytes.HasPrefix(line, []byte("data: ")) {
+					snapshots.Add(1)
+				}
+				if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+					return
+				}
+			}
+		}()
+	}
+	// The first snapshot of each, sent as it connects, is not the
+	// benchmark's: wait for them.
+	for snapshots.Load() < int64(n) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	snapshots.Store(0)
+}
+
+// BenchmarkLiveFoldToken is BenchmarkFoldToken of internal/session (one
+// token event folded, round-robin over the open sessions) in the processor,
+// under the sessions' lock as a batch takes it, at 100 000 open sessions,
+// with no viewer and with 10 on GET /sessions/stream: the view's only cost
+// to the fold is the lock its snapshot holds once a second.
+func BenchmarkLiveFoldToken(b *testing.B) {
+	for _, viewers := range []int{0, 10} {
+		b.Run(fmt.Sprintf("sessions=%d/viewers=%d", liveBenchSessions, viewers), func(b *testing.B) {
+			c, now := liveBenchCore(b, liveBenchSessions, 16)
+			var snapshots atomic.Int64
+			startLiveViewers(b, c, viewers, &snapshots)
+			p := c.sessions
+			ids := make([]string, liveBenchSessions)
+			for i := range ids {
+				ids[i] = fmt.Sprintf("req-%08d", i)
+			}
+			ev := tokenevent.Event{Kind: tokenevent.KindToken, Count: 1, PromptTokens: -1, CompletionTokens: -1}
+			i := 0
+			var waited time.Duration
+			b.ReportAllocs()
+			for b.Loop() {
+				ev.SessionID, ev.TimeUnixNano = ids[i], uint64(now)
+				// The fold's own wait for the lock, timed only when it has
+				// to wait: a snapshot holds it.
+				if !p.mu.TryLock() {
+					t := time.Now()
+					p.mu.Lock()
+					waited += time.Since(t)
+				}
+				p.nowNanos = now
+				p.reports = p.table.Apply(&ev, now, p.reports)
+				if len(p.reports) > 0 {
+					p.handleReports(nil)
+				}
+				p.mu.Unlock()
+				if i++; i == len(ids) {
+					i = 0
+					now += 20 * ms
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+			b.ReportMetric(100*float64(waited)/float64(b.Elapsed()), "%lock-wait")
+			if viewers > 0 {
+				b.ReportMetric(float64(snapshots.Load())/float64(viewers), "snapshots/viewer")
+			}
+		})
+	}
+}
+
+// BenchmarkLiveTokenPath is BenchmarkConsumeLogsTokens at 100 000 open
+// sessions, one token event each per batch (a packed record per session),
+// with no viewer and with 10.
+func BenchmarkLiveTokenPath(b *testing.B) {
+	for _, viewers := range []int{0, 10} {
+		b.Run(fmt.Sprintf("sessions=%d/viewers=%d", liveBenchSessions, viewers), func(b *testing.B) {
+			c, now := liveBenchCore(b, liveBenchSessions, 16)
+			var snapshots atomic.Int64
+			startLiveViewers(b, c, viewers, &snapshots)
+			ids := make([]string, liveBenchSessions)
+			for i := range ids {
+				ids[i] = fmt.Sprintf("req-%08d", i)
+			}
+			w := tokenrecord.NewRecordWriter()
+			ev := tokenevent.Event{Kind: tokenevent.KindToken, Count: 1, PromptTokens: -1, CompletionTokens: -1}
+			var folded int
+			b.ReportAllocs()
+			for b.Loop() {
+				b.StopTimer()
+				ld := plog.NewLogs()
+				w.Reset(ld.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty().LogRecords(), 1)
+				now += 20 * ms
+				for _, id := range ids {
+					ev.SessionID, ev.TimeUnixNano = id, uint64(now)
+					w.Append(&ev)
+				}
+				w.Flush()
+				b.StartTimer()
+				if _, _, err := c.sessions.fold(ld, time.Unix(0, now)); err != nil {
+					b.Fatal(err)
+				}
+				folded += liveBenchSessions
+			}
+			b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(folded), "ns/event")
+			if viewers > 0 {
+				b.ReportMetric(float64(snapshots.Load())/float64(viewers), "snapshots/viewer")
+			}
+		})
+	}
+}
+
+// BenchmarkLiveSnapshot takes the snapshot of 100 000 open sessions (the
+// worst 500, four engines' totals), encoded: lock-ns is the part that
+// holds the sessions' lock, B/snapshot the JSON a viewer is sent.
+func BenchmarkLiveSnapshot(b *testing.B) {
+	c, _ := liveBenchCore(b, liveBenchSessions, 16)
+	var heap worstHeap
+	var size int
+	var locked time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		t := time.Now()
+		snap := c.sessions.takeLive(t, liveFilter{}, &heap)
+		locked += time.Since(t)
+		body := c.sessions.liveSnapshot(t, liveFilter{}, &heap)
+		size = len(body)
+		if len(snap.Sessions) != 500 {
+			b.Fatalf("%d sessions in the snapshot, want 500", len(snap.Sessions))
+		}
+	}
+	// Each iteration took the snapshot twice: once alone, for the lock's
+	// share, once encoded.
+	b.ReportMetric(float64(b.Elapsed()-locked)/float64(b.N), "encoded-ns/snapshot")
+	b.ReportMetric(float64(locked)/float64(b.N), "lock-ns/snapshot")
+	b.ReportMetric(float64(size), "B/snapshot")
+}
+
+// BenchmarkLiveViewerMemory measures the server's memory (heap and
+// goroutine stacks) per GET /sessions/stream viewer: 100 viewers, reading
+// every snapshot, of a collector with 1000 open sessions, after three
+// snapshots. The viewers run in a process of their own (this test binary
+// again, TestLiveViewerClients), so that only the server's side is
+// counted; the snapshot they share counts once, not per viewer.
+func BenchmarkLiveViewerMemory(b *testing.B) {
+	const viewers = 100
+	c, _ := liveBenchCore(b, 1000, viewers)
+	connected := func() int {
+		c.live.mu.Lock()
+		defer c.live.mu.Unlock()
+		return len(c.live.viewers)
+	}
+	var perViewer float64
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		ctx, cancel := context.WithCancel(context.Background())
+		//nolint:gosec // this test binary, run again as the viewers' process
+		clients := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestLiveViewerClients$")
+		clients.Env = append(os.Environ(), fmt.Sprintf("LIVE_VIEWER_CLIENTS=%d", viewers),
+			"LIVE_VIEWER_URL=http://"+c.live.http.Addr.String()+"/sessions/stream")
+		if err := clients.Start(); err != nil {
+			b.Fatal(err)
+		}
+		for connected() < viewers {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(3 * c.cfg.Live.Interval)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		used := func(m *runtime.MemStats) float64 { return float64(m.HeapAlloc + m.StackInuse) }
+		perViewer = (used(&after) - used(&before)) / viewers
+		cancel()
+		_ = clients.Wait()
+		for connected() > 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	b.ReportMetric(perViewer, "B/viewer")
+}
+
+// TestLiveViewerClients is BenchmarkLiveViewerMemory's viewers, in a
+// process of their own; it does nothing in a test run.
+func TestLiveViewerClients(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("LIVE_VIEWER_CLIENTS"))
+	if n == 0 {
+		t.Skip("the viewers of BenchmarkLiveViewerMemory, run by it")
+	}
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Get(os.Getenv("LIVE_VIEWER_URL")) //nolint:gosec // the benchmark's own server
+			if err != nil {
+				return
+			}
+			defer resp.Body.Close()
+			_, _ = io.Copy(io.Discard, resp.Body)
+		}()
+	}
+	wg.Wait()
+}

@@ -1,0 +1,341 @@
+package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/collector/component"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/httpserve"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
+)
+
+// livePage is GET /: one self-contained page (no script or style from
+// elsewhere) that follows GET /sessions/stream.
+//
+//go:embed live.html
+var livePage []byte
+
+// liveServer serves the live view: GET / (the page), GET /sessions (a
+// snapshot as JSON) and GET /sessions/stream (a snapshot every
+// live::interval as Server-Sent Events).
+//
+// Snapshots for the stream are made by one goroutine, the broadcaster,
+// which runs only while a viewer is connected: one snapshot per distinct
+// filter per interval, encoded once and shared by the viewers that asked
+// for it. Each viewer has room for one snapshot; one that has not taken
+// the last when the next is ready is dropped, so nothing queues for a
+// viewer that does not read.
+type liveServer struct {
+	cfg      *LiveConfig
+	sessions *sessions
+	set      component.TelemetrySettings
+	tel      *metadata.TelemetryBuilder
+	dropSet  [2]metric.AddOption // by liveDropCause
+	http     *httpserve.Server
+	now      func() time.Time
+
+	mu          sync.Mutex
+	viewers     map[*liveViewer]struct{}
+	broadcaster bool // running
+	// latest are the broadcaster's snapshots of its last tick, by filter:
+	// a viewer that joins gets one as its first if it is fresh, rather than
+	// a snapshot of its own.
+	latest   map[liveFilter][]byte
+	latestAt time.Time
+	closed   bool
+	closing  chan struct{}
+	done     sync.WaitGroup
+}
+
+type liveDropCause int
+
+const (
+	dropLimit liveDropCause = iota
+	dropSlow
+)
+
+// liveViewer is one GET /sessions/stream.
+type liveViewer struct {
+	filter liveFilter
+	// next holds the snapshot to write; room for one.
+	next chan []byte
+	// gone is closed when the viewer is dropped.
+	gone chan struct{}
+}
+
+func newLiveServer(cfg *LiveConfig, s *sessions, set component.TelemetrySettings, tel *metadata.TelemetryBuilder) *liveServer {
+	ls := &liveServer{
+		cfg: cfg, sessions: s, set: set, tel: tel, now: time.Now,
+		viewers: make(map[*liveViewer]struct{}), closing: make(chan struct{}),
+	}
+	for i, cause := range []string{"limit", "slow"} {
+		ls.dropSet[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("cause", cause)))
+	}
+	return ls
+}
+
+func (ls *liveServer) start(ctx context.Context, host component.Host) error {
+	ls.http = &httpserve.Server{}
+	if err := ls.http.Serve(ctx, &ls.cfg.ServerConfig, ls.handler(), host, ls.set, nil); err != nil {
+		return fmt.Errorf("live::endpoint: %w", err)
+	}
+	return nil
+}
+
+// shutdown ends the streams (a stream never goes idle, and the server's
+// Shutdown waits for idle connections), then the server.
+func (ls *liveServer) shutdown(ctx context.Context) error {
+	ls.mu.Lock()
+	if !ls.closed {
+		ls.closed = true
+		close(ls.closing)
+	}
+	ls.mu.Unlock()
+	ls.done.Wait()
+	if ls.http == nil || ls.http.HTTP == nil {
+		return nil
+	}
+	return ls.http.Shutdown(ctx)
+}
+
+func (ls *liveServer) handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var serve func()
+		switch r.URL.Path {
+		case "/":
+			serve = func() { ls.servePage(w) }
+		case "/sessions":
+			serve = func() { ls.serveSnapshot(w, r) }
+		case "/sessions/stream":
+			serve = func() { ls.serveStream(w, r) }
+		default:
+			writeLiveError(w, http.StatusNotFound, "no such endpoint: GET /, /sessions or /sessions/stream")
+			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeLiveError(w, http.StatusMethodNotAllowed, "method not allowed: GET only")
+			return
+		}
+		serve()
+	})
+}
+
+func (ls *liveServer) servePage(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	// The page is its own: no script, style or frame from elsewhere.
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	_, _ = w.Write(livePage)
+}
+
+// filterOf reads ?engine= and ?model=.
+func filterOf(r *http.Request) liveFilter {
+	q := r.URL.Query()
+	return liveFilter{engine: q.Get("engine"), model: q.Get("model")}
+}
+
+func (ls *liveServer) snapshot(f liveFilter, heap *worstHeap) []byte {
+	return ls.sessions.liveSnapshot(ls.now(), f, heap)
+}
+
+func (ls *liveServer) serveSnapshot(w http.ResponseWriter, r *http.Request) {
+	var heap worstHeap
+	body := ls.snapshot(filterOf(r), &heap)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	// G705: JSON the encoder made, served as JSON (nosniff), never as HTML.
+	_, _ = w.Write(append(body, '\n')) //nolint:gosec
+}
+
+// writeTimeout is how long one snapshot may take to reach a viewer; a
+// viewer that takes longer is dropped.
+func (ls *liveServer) writeTimeout() time.Duration {
+	return max(2*ls.cfg.Interval, 2*time.Second)
+}
+
+func (ls *liveServer) serveStream(w http.ResponseWriter, r *http.Request) {
+	v := &liveViewer{filter: filterOf(r), next: make(chan []byte, 1), gone: make(chan struct{})}
+	ctx := r.Context()
+	if err := ls.join(v); err != nil {
+		ls.tel.ProcessorTokenSessionLiveViewersDropped.Add(ctx, 1, ls.dropSet[dropLimit])
+		w.Header().Set("Retry-After", "5")
+		writeLiveError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	ls.tel.ProcessorTokenSessionLiveViewers.Add(ctx, 1)
+	defer func() {
+		ls.leave(v)
+		ls.tel.ProcessorTokenSessionLiveViewers.Add(context.WithoutCancel(ctx), -1)
+	}()
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	// A buffering reverse proxy in front would hold the events back.
+	h.Set("X-Accel-Buffering", "no")
+	rc := http.NewResponseController(w)
+	write := func(data []byte) bool {
+		// A deadline per snapshot: the server's write_timeout is for
+		// whole responses, and a stream has no end. A viewer that does
+		// not read is let go when it passes.
+		if err := rc.SetWriteDeadline(time.Now().Add(ls.writeTimeout())); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return false
+		}
+		for _, part := range [...][]byte{[]byte("event: snapshot\ndata: "), data, []byte("\n\n")} {
+			if _, err := w.Write(part); err != nil {
+				return false
+			}
+		}
+		return rc.Flush() == nil
+	}
+	// The first snapshot at once, not an interval later; the retry field
+	// tells EventSource how long to wait before reconnecting.
+	if _, err := fmt.Fprintf(w, "retry: %d\n\n", max(ls.cfg.Interval.Milliseconds(), 1000)); err != nil {
+		return
+	}
+	first := ls.fresh(v.filter)
+	if first == nil {
+		var heap worstHeap
+		first = ls.snapshot(v.filter, &heap)
+	}
+	if !write(first) {
+		ls.drop(v)
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-v.gone:
+			return
+		case <-ls.closing:
+			return
+		case data := <-v.next:
+			if !write(data) {
+				ls.drop(v)
+				return
+			}
+		}
+	}
+}
+
+// fresh is the broadcaster's latest snapshot for f, if it is younger than
+// an interval; nil otherwise.
+func (ls *liveServer) fresh(f liveFilter) []byte {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.now().Sub(ls.latestAt) >= ls.cfg.Interval {
+		return nil
+	}
+	return ls.latest[f]
+}
+
+// join adds v, starting the broadcaster if it is the first viewer.
+func (ls *liveServer) join(v *liveViewer) error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	switch {
+	case ls.closed:
+		return errors.New("the collector is shutting down")
+	case len(ls.viewers) >= ls.cfg.MaxViewers:
+		return fmt.Errorf("too many viewers: live::max_viewers (%d) are connected; try again later", ls.cfg.MaxViewers)
+	}
+	ls.viewers[v] = struct{}{}
+	if !ls.broadcaster {
+		ls.broadcaster = true
+		ls.done.Add(1)
+		go ls.broadcast()
+	}
+	return nil
+}
+
+func (ls *liveServer) leave(v *liveViewer) {
+	ls.mu.Lock()
+	delete(ls.viewers, v)
+	ls.mu.Unlock()
+}
+
+// drop disconnects a slow viewer, once.
+func (ls *liveServer) drop(v *liveViewer) {
+	ls.mu.Lock()
+	_, ok := ls.viewers[v]
+	if ok {
+		delete(ls.viewers, v)
+		close(v.gone)
+	}
+	ls.mu.Unlock()
+	if ok {
+		ls.tel.ProcessorTokenSessionLiveViewersDropped.Add(context.Background(), 1, ls.dropSet[dropSlow])
+	}
+}
+
+// broadcast makes a snapshot per filter every interval and offers it to
+// the viewers; it ends when the last viewer has gone.
+func (ls *liveServer) broadcast() {
+	defer ls.done.Done()
+	tick := time.NewTicker(ls.cfg.Interval)
+	defer tick.Stop()
+	var (
+		heap    worstHeap
+		viewers []*liveViewer
+	)
+	for {
+		select {
+		case <-ls.closing:
+			return
+		case <-tick.C:
+		}
+		ls.mu.Lock()
+		if len(ls.viewers) == 0 {
+			ls.broadcaster = false
+			ls.latest = nil
+			ls.mu.Unlock()
+			return
+		}
+		viewers = viewers[:0]
+		for v := range ls.viewers {
+			viewers = append(viewers, v)
+		}
+		ls.mu.Unlock()
+		// A new map each tick: the joining viewers read the last one.
+		snaps := make(map[liveFilter][]byte)
+		at := ls.now()
+		for _, v := range viewers {
+			data, ok := snaps[v.filter]
+			if !ok {
+				data = ls.snapshot(v.filter, &heap)
+				snaps[v.filter] = data
+			}
+			select {
+			case v.next <- data:
+			default:
+				ls.drop(v) // the last one is still waiting
+			}
+		}
+		ls.mu.Lock()
+		ls.latest, ls.latestAt = snaps, at
+		ls.mu.Unlock()
+		clear(viewers) // no viewer kept alive until the next tick
+	}
+}
+
+func writeLiveError(w http.ResponseWriter, code int, msg string) {
+	body, _ := json.Marshal(map[string]string{"error": msg})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(body, '\n'))
+}
