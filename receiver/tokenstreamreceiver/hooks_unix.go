@@ -247,25 +247,36 @@ func (u *unixConn) handOver(first time.Time, fill func(d *batchDecoder)) {
 	d.begin(first, false)
 	fill(d)
 	d.finish()
-	if d.accepted+d.rejected == 0 {
+	ack, ok := deliverStreamBatch(u.l.sink, u.l.warn, d, u.ack[:0])
+	if !ok {
 		return
 	}
-	if d.rejected > 0 {
-		u.l.warn.Warn("Unix hook rejected token event lines (logged at most once a minute; the client is told in its acknowledgement, every one is counted in otelcol_receiver_token_stream_rejected_events)",
-			zap.Int("rejected", d.rejected), zap.Int("accepted", d.accepted), zap.Error(d.errs[0]))
-	}
-	// As with UDP, what was read is delivered even when shutting down.
-	refused := 0
-	if err := u.l.sink.consume(context.Background(), d); err != nil {
-		refused = d.accepted
-	}
-	u.ack = appendAck(u.ack[:0], d, refused)
+	u.ack = ack
 	if err := u.c.SetWriteDeadline(time.Now().Add(ackWriteTimeout)); err == nil {
 		if _, err := u.c.Write(u.ack); err != nil && !u.stopped.Load() {
 			u.l.warn.Warn("Unix hook client does not read its acknowledgements: connection closed (logged at most once a minute)", zap.Error(err))
 			u.stop()
 		}
 	}
+}
+
+// deliverStreamBatch hands a stream's batch d to the pipeline and appends
+// its acknowledgement to ack; false, with nothing handed over, for a batch
+// that took no line.
+func deliverStreamBatch(sink hookSink, warn *zap.Logger, d *batchDecoder, ack []byte) ([]byte, bool) {
+	if d.accepted+d.rejected == 0 {
+		return ack, false
+	}
+	if d.rejected > 0 {
+		warn.Warn("Unix hook rejected token event lines (logged at most once a minute; the client is told in its acknowledgement, every one is counted in otelcol_receiver_token_stream_rejected_events)",
+			zap.Int("rejected", d.rejected), zap.Int("accepted", d.accepted), zap.Error(d.errs[0]))
+	}
+	// As with UDP, what was read is delivered even when shutting down.
+	refused := 0
+	if err := sink.consume(context.Background(), d); err != nil {
+		refused = d.accepted
+	}
+	return appendAck(ack, d, refused), true
 }
 
 // unixAck is the JSON of an acknowledgement with errors; appendAck writes
