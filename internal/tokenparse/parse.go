@@ -111,7 +111,7 @@ func (p *Parser) Parse(line []byte, ev *tokenevent.Event) error {
 		ev.Reset()
 		return &tokenevent.FieldError{Reason: fmt.Sprintf("line is %d bytes, limit is %d", len(line), p.limits.MaxLineBytes)}
 	}
-	if p.parseCompactToken(line, ev) {
+	if p.parseCompact(line, ev) {
 		return nil
 	}
 	return p.parseObject(line, ev)
