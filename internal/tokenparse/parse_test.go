@@ -469,7 +469,8 @@ func TestCompactPathsTakeClientLines(t *testing.T) {
 // form (a start without attributes): compact through Parse's compact paths,
 // general through the general parser alone.
 func BenchmarkParseStartEnd(b *testing.B) {
-	start := []byte(startLine[:strings.Index(startLine, `,"attributes"`)] + "}")
+	withoutAttrs, _, _ := strings.Cut(startLine, `,"attributes"`)
+	start := []byte(withoutAttrs + "}")
 	lines := [][]byte{start, []byte(endLine)}
 	for _, path := range []string{"compact", "general"} {
 		b.Run(path, func(b *testing.B) {

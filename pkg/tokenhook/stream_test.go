@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -18,10 +17,7 @@ import (
 // lines with ack(lines), standing in for the receiver's hooks::unix.
 func fakeStreamReceiver(t *testing.T, ack func(lines int) string) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "th")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	path := filepath.Join(dir, "s.sock")
+	path := filepath.Join(t.TempDir(), "s.sock")
 	ln, err := net.Listen("unix", path)
 	require.NoError(t, err)
 	done := make(chan struct{})
@@ -112,10 +108,7 @@ func TestStreamNoReceiverAndForeignAnswers(t *testing.T) {
 
 // Close's context ending aborts the wait for acknowledgements.
 func TestStreamCloseAborts(t *testing.T) {
-	dir, err := os.MkdirTemp("", "th")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	path := filepath.Join(dir, "s.sock")
+	path := filepath.Join(t.TempDir(), "s.sock")
 	ln, err := net.Listen("unix", path)
 	require.NoError(t, err)
 	defer ln.Close()

@@ -174,12 +174,6 @@ func (l *hooksUnixListener) shutdown() error {
 	return err
 }
 
-func (l *hooksUnixListener) isClosing() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.closing
-}
-
 // unixConn is one client's connection and its read state.
 type unixConn struct {
 	l       *hooksUnixListener

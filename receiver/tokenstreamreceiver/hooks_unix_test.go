@@ -22,14 +22,10 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
 
-// socketPath is a socket path in a directory of the test's own, short
-// enough for sun_path (t.TempDir's names can be long).
+// socketPath is a socket path in a directory of the test's own.
 func socketPath(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "hs")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return filepath.Join(dir, "hooks.sock")
+	return filepath.Join(t.TempDir(), "hooks.sock")
 }
 
 // startUnixReceiver starts a receiver with the Unix socket hook only.

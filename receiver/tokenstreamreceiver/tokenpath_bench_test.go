@@ -15,7 +15,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -404,12 +403,7 @@ func benchmarkTokenPathUnix(b *testing.B, w *tokenPathWorkload) {
 					}
 				}
 			case "socket":
-				dir, err := os.MkdirTemp("", "tp")
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { _ = os.RemoveAll(dir) })
-				l, err := startHooksUnix(&UnixConfig{Endpoint: filepath.Join(dir, "s.sock"), BatchWindow: 0}, r.cfg.Hooks.Limits, sink)
+				l, err := startHooksUnix(&UnixConfig{Endpoint: filepath.Join(b.TempDir(), "s.sock"), BatchWindow: 0}, r.cfg.Hooks.Limits, sink)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -15,17 +15,17 @@ import (
 // the same load, through the stock pipeline (a span per token). Targets:
 // our collector at most 0.05 cores, and at least 10× fewer than stock's.
 type busyNodeResult struct {
-	Engines        int     `json:"engines"`
-	RatePerEngine  float64 `json:"tokens_per_second_per_engine"`
-	Seconds        float64 `json:"seconds"`
-	SessionsOpen   int     `json:"sessions_open_per_engine"`
-	FlushInterval  string  `json:"client_flush_interval"`
-	Transport      string  `json:"hook_transport"`
-	Ours           cpuRun  `json:"ours"`
-	Stock          cpuRun  `json:"stock"`
-	OursCores      float64 `json:"ours_cores"`
-	StockCores     float64 `json:"stock_cores"`
-	Ratio          float64 `json:"stock_over_ours_cores"`
+	Engines        int       `json:"engines"`
+	RatePerEngine  float64   `json:"tokens_per_second_per_engine"`
+	Seconds        float64   `json:"seconds"`
+	SessionsOpen   int       `json:"sessions_open_per_engine"`
+	FlushInterval  string    `json:"client_flush_interval"`
+	Transport      string    `json:"hook_transport"`
+	Ours           cpuRun    `json:"ours"`
+	Stock          cpuRun    `json:"stock"`
+	OursCores      float64   `json:"ours_cores"`
+	StockCores     float64   `json:"stock_cores"`
+	Ratio          float64   `json:"stock_over_ours_cores"`
 	Ratios         []float64 `json:"ratios"`
 	OursCoresRuns  []float64 `json:"ours_cores_runs"`
 	StockCoresRuns []float64 `json:"stock_cores_runs"`

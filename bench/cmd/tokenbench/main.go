@@ -73,6 +73,9 @@ func main() {
 	)
 	flag.Parse()
 	log.SetFlags(log.Ltime)
+	if *transport != "unix" && *transport != "http" {
+		log.Fatalf("-hook-transport: want unix or http, got %q", *transport)
+	}
 	var err error
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		log.Fatal(err)
@@ -87,7 +90,6 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer os.RemoveAll(socketDir)
 	sk, err := otlpsink.Start("127.0.0.1:0", otlpsink.Options{})
 	if err != nil {
 		log.Fatal(err)
@@ -104,9 +106,7 @@ func main() {
 		memK: *memK, memToks: *memTokens, ctx: ctx, sink: sk, profile: *profile,
 		hookTransport: *transport, repeat: max(1, *repeat),
 	}
-	if *transport != "unix" && *transport != "http" {
-		log.Fatalf("-hook-transport: want unix or http, got %q", *transport)
-	}
+
 	var res result
 	run := map[string]bool{}
 	for _, s := range strings.Split(*only, ",") {
@@ -115,6 +115,7 @@ func main() {
 	fail := func(what string, err error) {
 		if err != nil {
 			log.Printf("%s: %v", what, err)
+			_ = os.RemoveAll(socketDir)
 			cancel()
 			sk.Close()
 			os.Exit(1)
@@ -154,6 +155,7 @@ func main() {
 	}
 	b, _ := json.MarshalIndent(res, "", "  ")
 	fail("write", os.WriteFile(filepath.Join(*out, "tokenbench.json"), b, 0o644))
+	_ = os.RemoveAll(socketDir)
 }
 
 func abs(p string) string {

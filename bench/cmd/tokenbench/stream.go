@@ -139,10 +139,8 @@ func (s streamSender) send(ctx context.Context, workers int, next func(worker in
 	wg.Wait()
 	res.Elapsed = time.Since(start)
 	close(errs)
-	for err := range errs {
-		if res.FirstErr == "" {
-			res.FirstErr = err.Error()
-		}
+	if err, ok := <-errs; ok {
+		res.FirstErr = err.Error()
 		return res, err
 	}
 	if res.Rejected+res.Failed > 0 {
