@@ -146,10 +146,7 @@ func (p *Parser) parseCompactToken(line []byte, ev *tokenevent.Event) bool {
 		return false
 	}
 	i := len(compactTokenPrefix)
-	j := i
-	for j < len(line) && plainByte[line[j]] {
-		j++
-	}
+	j := plainEnd(line, i)
 	if j == i || j-i > p.limits.MaxSessionIDBytes || !bytes.HasPrefix(line[j:], compactTokenTime) {
 		return false
 	}
@@ -837,10 +834,7 @@ func (p *Parser) str(field string) ([]byte, error) {
 	p.i++
 	start := p.i
 	b := p.b
-	i := p.i
-	for i < len(b) && plainByte[b[i]] {
-		i++
-	}
+	i := plainEnd(b, p.i)
 	ascii := true
 	for ; i < len(b); i++ {
 		c := b[i]

@@ -492,3 +492,25 @@ func BenchmarkParseStartEnd(b *testing.B) {
 		})
 	}
 }
+
+// plainEnd finds the first byte plainByte does not mark, as a byte-at-a-time
+// scan does, for every such byte at every offset of an eight-byte word.
+func TestPlainEnd(t *testing.T) {
+	naive := func(b []byte, i int) int {
+		for i < len(b) && plainByte[b[i]] {
+			i++
+		}
+		return i
+	}
+	for c := range 256 {
+		for pos := range 20 {
+			b := []byte(strings.Repeat("abcdefgh", 3))
+			if pos < len(b) {
+				b[pos] = byte(c)
+			}
+			for from := range 3 {
+				require.Equal(t, naive(b, from), plainEnd(b, from), "byte %#x at %d, from %d", c, pos, from)
+			}
+		}
+	}
+}
