@@ -217,16 +217,22 @@ func (u *unixConn) serve() {
 		var end error
 		u.handOver(time.Now(), func(d *batchDecoder) {
 			u.lines.take(d)
-			end = fillWindow(u.c, d.observed, u.l.window, n, func() (int, error) {
-				n, err := u.lines.read(u.c)
-				u.lines.take(d)
-				return n, err
-			}, func() bool { return d.accepted+d.rejected >= u.l.limits.MaxLinesPerBatch })
+			if err != nil {
+				// The first read ended the stream already (data with its
+				// EOF): no window to wait.
+				end = err
+			} else {
+				end = fillWindow(u.c, d.observed, u.l.window, n, func() (int, error) {
+					n, err := u.lines.read(u.c)
+					u.lines.take(d)
+					return n, err
+				}, func() bool { return d.accepted+d.rejected >= u.l.limits.MaxLinesPerBatch })
+			}
 			if errors.Is(end, io.EOF) {
 				u.lines.flushPartial(d)
 			}
 		})
-		if end != nil || err != nil {
+		if end != nil {
 			return
 		}
 	}
