@@ -5,7 +5,10 @@
 #     against the stock pipeline (span per token → tail_sampling +
 #     span_metrics, bin/otelcol-stock built by bench/stock/build.sh), memory
 #     per in-flight session, the token path by workload shape (eight shapes,
-#     ours vs stock), scale to 100k sessions, event rate to saturation with a
+#     ours over the hook clients' default transport, the Unix socket, vs
+#     stock; 3 runs a side alternating, median ratio and spread), a busy node
+#     (8 engines × 5000 tokens/s for 60 s: collector cores, ours vs stock),
+#     scale to 100k sessions, event rate to saturation with a
 #     CPU profile, the overhead at the demo's load (vllmsim + llmload
 #     -concurrency 200), and the scale-out topology's costs (the agent through
 #     load_balancing vs otlp, a tail_sampling gateway per span);

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -43,9 +45,30 @@ func startAgent(t *testing.T, env []string, configs ...string) *testbin.Process 
 	t.Helper()
 	var args []string
 	for _, c := range configs {
-		args = append(args, "--config", c)
+		args = append(args, "--config", withPrivateSocket(t, c))
 	}
 	return testbin.StartCollector(t, args, env)
+}
+
+// agentSocket is the hooks' Unix socket in the agent's config: a path of
+// the node, which the tests (several at once, in several worktrees) must
+// not share.
+const agentSocket = "/run/otelcol-llm/hooks.sock"
+
+// withPrivateSocket returns config, or a copy of it with its hooks' socket
+// in a directory of the test's own.
+func withPrivateSocket(t *testing.T, config string) string {
+	t.Helper()
+	text, err := os.ReadFile(config)
+	require.NoError(t, err)
+	if !strings.Contains(string(text), agentSocket) {
+		return config
+	}
+	dir := t.TempDir()
+	copied := filepath.Join(dir, filepath.Base(config))
+	private := strings.ReplaceAll(string(text), agentSocket, filepath.Join(dir, "hooks.sock"))
+	require.NoError(t, os.WriteFile(copied, []byte(private), 0o600)) //nolint:gosec // G703: the test's own temporary directory
+	return copied
 }
 
 // selfMetric reads a counter or gauge of the agent's own telemetry (:8888),

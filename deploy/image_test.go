@@ -64,14 +64,15 @@ func TestImage(t *testing.T) {
 		assert.FileExists(t, filepath.Join(rootfs, f))
 	}
 
-	// With the DaemonSet's environment and a writable queue directory (the
-	// DaemonSet's hostPath), the default config starts, and its
-	// health_check answers.
+	// With the DaemonSet's environment, a writable queue directory and a
+	// writable directory for the hooks' socket (the DaemonSet's hostPaths),
+	// the default config starts, and its health_check answers.
 	const ip = "127.0.0.5"
-	queue := t.TempDir()
+	queue, sockets := t.TempDir(), t.TempDir()
 	require.NoError(t, os.Chmod(queue, 0o777))
+	require.NoError(t, os.Chmod(sockets, 0o777))
 	env := agentEnv(ip, net.JoinHostPort(ip, freePort(t, ip)), "/var/lib/otelcol-llm/queue")
-	agentCmd := run(env, []string{"--volume", queue + ":/var/lib/otelcol-llm/queue"},
+	agentCmd := run(env, []string{"--volume", queue + ":/var/lib/otelcol-llm/queue", "--volume", sockets + ":/run/otelcol-llm"},
 		"/otelcol-llm", "--config", "/etc/otelcol-llm/config.yaml")
 	logs := &testbin.SyncBuffer{}
 	agentCmd.Stdout, agentCmd.Stderr = logs, logs

@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -93,6 +94,8 @@ type collectorConfig struct {
 	// udpPorts are its UDP ports.
 	udpPorts map[string]int32
 	health   int32
+	// unixSocket is the hooks' Unix socket, if any.
+	unixSocket string
 }
 
 func readCollectorConfig(t *testing.T, path string) collectorConfig {
@@ -114,6 +117,7 @@ func readCollectorConfig(t *testing.T, path string) collectorConfig {
 				Hooks struct {
 					HTTP struct{ Endpoint string } `json:"http"`
 					UDP  struct{ Endpoint string } `json:"udp"`
+					Unix struct{ Endpoint string } `json:"unix"`
 				} `json:"hooks"`
 				Proxy struct{ Endpoint string } `json:"proxy"`
 			} `json:"token_stream"`
@@ -159,6 +163,7 @@ func readCollectorConfig(t *testing.T, path string) collectorConfig {
 	rs := cfg.Receivers
 	add(c.ports, "hooks http", rs.TokenStream.Hooks.HTTP.Endpoint)
 	add(c.udpPorts, "hooks udp", rs.TokenStream.Hooks.UDP.Endpoint)
+	c.unixSocket = rs.TokenStream.Hooks.Unix.Endpoint
 	add(c.ports, "proxy", rs.TokenStream.Proxy.Endpoint)
 	add(c.ports, "otlp grpc", rs.OTLP.Protocols.GRPC.Endpoint)
 	add(c.ports, "otlp http", rs.OTLP.Protocols.HTTP.Endpoint)
@@ -363,8 +368,12 @@ func TestDaemonSetManifests(t *testing.T) {
 	}
 	require.Contains(t, env, "NODE_IP")
 	assert.Equal(t, "status.hostIP", env["NODE_IP"].ValueFrom.FieldRef.FieldPath)
-	assert.Equal(t, "http://$(NODE_IP):"+strconv.Itoa(int(cfg.ports["hooks http"]))+"/v1/token-events",
-		env["OTELCOL_LLM_HOOK_ENDPOINT"].Value)
+	// Its hooks go over the agent's Unix socket: the same directory of the
+	// node mounted in both pods, where the config puts the socket.
+	require.NotEmpty(t, cfg.unixSocket, "the agent offers the Unix socket")
+	assert.Equal(t, "unix://"+cfg.unixSocket, env["OTELCOL_LLM_HOOK_ENDPOINT"].Value)
+	agentDir := hostPathAt(t, spec, agent, path.Dir(cfg.unixSocket))
+	assert.Equal(t, agentDir, hostPathAt(t, engine.Spec, vllm, path.Dir(cfg.unixSocket)), "the engine mounts the agent's socket directory")
 	assert.Contains(t, strings.Join(vllm.Args, " "), "http://$(NODE_IP):"+strconv.Itoa(int(cfg.ports["otlp grpc"])),
 		"engine spans to the agent's OTLP")
 	metricsPort, err := strconv.ParseInt(engine.Annotations["otelcol-llm/metrics-port"], 10, 32)
@@ -387,6 +396,44 @@ func TestSidecarManifests(t *testing.T) {
 	assert.Contains(t, cfg.text, "endpoint: http://localhost:8000", "the proxy's upstream is vLLM in the pod")
 	assert.Contains(t, strings.Join(vllm.Args, " "), "--port 8000")
 	assert.True(t, *sidecar.SecurityContext.RunAsNonRoot)
+
+	// The hooks' socket is in an emptyDir both containers mount.
+	require.NotEmpty(t, cfg.unixSocket)
+	dir := path.Dir(cfg.unixSocket)
+	vol := func(c corev1.Container) string {
+		for _, vm := range c.VolumeMounts {
+			if vm.MountPath == dir {
+				return vm.Name
+			}
+		}
+		return ""
+	}
+	require.NotEmpty(t, vol(sidecar), "the sidecar mounts %s", dir)
+	assert.Equal(t, vol(sidecar), vol(vllm), "vLLM mounts the sidecar's socket directory")
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Name == vol(sidecar) {
+			assert.NotNil(t, v.EmptyDir, "the socket's directory is the pod's own")
+		}
+	}
+}
+
+// hostPathAt is the node's directory that container c of spec mounts at
+// dir (a hostPath volume).
+func hostPathAt(t *testing.T, spec corev1.PodSpec, c corev1.Container, dir string) string {
+	t.Helper()
+	for _, vm := range c.VolumeMounts {
+		if vm.MountPath != dir {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == vm.Name {
+				require.NotNil(t, v.HostPath, "%s is a hostPath", dir)
+				return v.HostPath.Path
+			}
+		}
+	}
+	t.Fatalf("container %s mounts nothing at %s", c.Name, dir)
+	return ""
 }
 
 func TestGatewayManifests(t *testing.T) {

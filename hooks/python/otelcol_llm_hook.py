@@ -30,11 +30,26 @@ import urllib.request
 import weakref
 from collections import deque
 
-__all__ = ["Client", "DEFAULT_HTTP_PORT", "DEFAULT_UDP_PORT", "DEFAULT_HTTP_PATH"]
+__all__ = ["Client", "DEFAULT_HTTP_PORT", "DEFAULT_UDP_PORT", "DEFAULT_HTTP_PATH", "DEFAULT_UNIX_SOCKET",
+           "node_endpoint"]
 
 DEFAULT_HTTP_PORT = 4320
 DEFAULT_UDP_PORT = 4321
 DEFAULT_HTTP_PATH = "/v1/token-events"
+# The token_stream receiver's default hooks::unix::endpoint: the socket the
+# node agent offers (a hostPath its DaemonSet shares with the engines' pods).
+DEFAULT_UNIX_SOCKET = "/run/otelcol-llm/hooks.sock"
+# One write on the Unix socket: a flush interval's events at a busy
+# engine's rate.
+DEFAULT_UNIX_BATCH_BYTES = 256 << 10
+# The longest socket path (sockaddr_un's sun_path on Linux, its NUL excluded).
+_MAX_UNIX_PATH_BYTES = 107
+# Reconnection backoff on the Unix socket: doubled from the first to the
+# last after each failed connect, reset by a successful one.
+_FIRST_REDIAL_SECONDS = 0.1
+_LAST_REDIAL_SECONDS = 5.0
+# An acknowledgement line is at most this long (ten errors of a few hundred bytes).
+_MAX_ACK_BYTES = 64 << 10
 
 DEFAULT_HTTP_BATCH_BYTES = 1 << 20
 DEFAULT_UDP_BATCH_BYTES = 8 << 10
@@ -221,12 +236,36 @@ def _check_attributes(attributes):
     return dict(items)
 
 
+def node_endpoint():
+    """The endpoint of the node's collector, what an empty endpoint stands for.
+
+    Its Unix socket (DEFAULT_UNIX_SOCKET) when the socket's directory exists,
+    which is how the node agent offers it (the directory is its hostPath,
+    mounted into the engine's pod; the socket itself may come and go with
+    collector restarts); otherwise its UDP port on loopback.
+    """
+    if os.path.isdir(os.path.dirname(DEFAULT_UNIX_SOCKET)):
+        return "unix://" + DEFAULT_UNIX_SOCKET
+    return "udp://127.0.0.1:%d" % DEFAULT_UDP_PORT
+
+
 def _parse_endpoint(endpoint):
-    """Return (transport, target): ("udp", (host, port)) or ("http", url)."""
+    """Return (transport, target): ("unix", path), ("udp", (host, port)) or ("http", url)."""
+    if endpoint is None or endpoint == "":
+        endpoint = node_endpoint()
     if type(endpoint) is not str:
         raise ValueError("endpoint: want a str, got %s" % type(endpoint).__name__)
     u = urllib.parse.urlsplit(endpoint)
     scheme = u.scheme.lower()
+    if scheme == "unix":
+        if u.netloc or u.query or u.fragment:
+            raise ValueError("endpoint %r: a unix endpoint is an absolute path only, as unix:///run/otelcol-llm/hooks.sock"
+                             % (endpoint,))
+        if not u.path.startswith("/"):
+            raise ValueError("endpoint %r: missing the socket's path" % (endpoint,))
+        if len(u.path.encode("utf-8", "surrogatepass")) > _MAX_UNIX_PATH_BYTES:
+            raise ValueError("endpoint %r: a socket path holds at most %d bytes" % (endpoint, _MAX_UNIX_PATH_BYTES))
+        return "unix", u.path
     try:
         port = u.port
     except ValueError as e:
@@ -243,7 +282,7 @@ def _parse_endpoint(endpoint):
             netloc = "%s:%d" % (netloc, DEFAULT_HTTP_PORT)
         path = u.path if u.path not in ("", "/") else DEFAULT_HTTP_PATH
         return "http", urllib.parse.urlunsplit((scheme, netloc, path, u.query, ""))
-    raise ValueError("endpoint %r: scheme must be udp, http or https" % (endpoint,))
+    raise ValueError("endpoint %r: scheme must be unix, udp, http or https" % (endpoint,))
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -255,9 +294,12 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 class Client:
     """A non-blocking sender of token events.
 
-    endpoint: ``udp://host[:port]`` (port defaults to 4321) or
-    ``http(s)://host[:port][/path]`` (port defaults to 4320, path to
-    ``/v1/token-events``).
+    endpoint: ``unix:///path/to/hooks.sock`` (the receiver's hooks::unix: one
+    stream connection, the cheapest for the collector), ``udp://host[:port]``
+    (port defaults to 4321) or ``http(s)://host[:port][/path]`` (port
+    defaults to 4320, path to ``/v1/token-events``). None or "" is the
+    node's collector, ``node_endpoint()``: its socket where the node offers
+    it, UDP on loopback otherwise.
     queue_size: events held while the sender thread catches up; beyond it
     events are dropped and counted.
     flush_interval: seconds an event may wait for its batch to fill up.
@@ -267,7 +309,9 @@ class Client:
     headers: extra HTTP headers, e.g. an Authorization header (never logged).
     HTTP only.
     request_timeout: seconds one HTTP request may wait for each step
-    (connect, send, each read); default 5. HTTP only.
+    (connect, send, each read); default 5. Over a Unix socket: connecting,
+    each write, and close's wait for the acknowledgements of the lines in
+    flight.
     max_batch_lines: the most lines (events) in one HTTP body or UDP
     datagram; default 10 000, the receiver's default max_lines_per_batch
     (it reads no more lines of a batch and rejects the rest). Set the
@@ -278,13 +322,14 @@ class Client:
     ``start``/``token``/``end`` raise ValueError for invalid arguments (a bad
     trace_id, a negative count, ...), send nothing then, and never block.
     ``stats()`` counts the events taken, each in one of: ``sent`` (handed to
-    UDP, or accepted by the receiver), ``dropped`` (queue full, client
+    UDP, or accepted by the receiver; over a Unix socket once its
+    acknowledgement says so, until then the event is in flight), ``dropped`` (queue full, client
     closed), ``failed`` (the send failed: transport error, timeout, non-2xx
     status) and ``rejected`` (lines the receiver reported as rejected, or too
     long to send). The contract shared with the Go client: hooks/README.md.
     """
 
-    def __init__(self, endpoint, queue_size=65536, flush_interval=0.1, max_batch_bytes=None, headers=None,
+    def __init__(self, endpoint=None, queue_size=65536, flush_interval=0.1, max_batch_bytes=None, headers=None,
                  *, request_timeout=None, max_batch_lines=None):
         self._transport, self._target = _parse_endpoint(endpoint)
         if type(queue_size) is not int or queue_size < 1:
@@ -292,7 +337,8 @@ class Client:
         if not isinstance(flush_interval, (int, float)) or isinstance(flush_interval, bool) or not flush_interval > 0:
             raise ValueError("flush_interval: want a positive number of seconds, got %r" % (flush_interval,))
         if max_batch_bytes is None:
-            max_batch_bytes = DEFAULT_UDP_BATCH_BYTES if self._transport == "udp" else DEFAULT_HTTP_BATCH_BYTES
+            max_batch_bytes = {"udp": DEFAULT_UDP_BATCH_BYTES, "unix": DEFAULT_UNIX_BATCH_BYTES}.get(
+                self._transport, DEFAULT_HTTP_BATCH_BYTES)
         if type(max_batch_bytes) is not int or max_batch_bytes < 64:
             raise ValueError("max_batch_bytes: want an int of at least 64, got %r" % (max_batch_bytes,))
         if self._transport == "udp" and max_batch_bytes > MAX_UDP_DATAGRAM_BYTES:
@@ -309,6 +355,8 @@ class Client:
                 raise ValueError("headers: set, but a udp:// endpoint sends no headers")
             if request_timeout is not None:
                 raise ValueError("request_timeout: set, but a udp:// endpoint has no requests to time")
+        if self._transport == "unix" and headers:
+            raise ValueError("headers: set, but a unix:// endpoint sends no headers")
         if request_timeout is None:
             request_timeout = DEFAULT_REQUEST_TIMEOUT
         if not isinstance(request_timeout, (int, float)) or isinstance(request_timeout, bool) \
@@ -447,7 +495,10 @@ class Client:
                 if left <= 0 or not thread.is_alive():
                     return self._done >= target
                 self._done_cond.wait(left)
-        return True
+        # Over a Unix socket, what was written is in flight until
+        # acknowledged.
+        stream = self._stream
+        return stream is None or stream.settled(deadline - time.monotonic())
 
     def close(self, timeout=5.0):
         """Send what is queued and stop the sender thread. Idempotent.
@@ -490,6 +541,9 @@ class Client:
         self._high_water = max(1, self._queue_size // 2)
         self._sock = None
         self._udp_addr = None
+        self._stream = None  # the Unix socket connection, if open
+        self._next_dial = 0.0
+        self._backoff = 0.0
         self._last_log = None
         self._thread = None
         if not self._closed:
@@ -505,6 +559,9 @@ class Client:
         # had queued. The child starts its own thread on its first event.
         if self._sock is not None:
             self._sock.close()  # the child's copy of the parent's socket
+        if self._stream is not None:
+            # close, not shutdown: shutdown would end the parent's connection.
+            self._stream.sock.close()
         closed = self._closed
         self._closed = True
         self._init_runtime()
@@ -537,6 +594,8 @@ class Client:
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
+            if self._stream is not None:
+                self._stream.finish(self._request_timeout)
             with self._done_cond:
                 self._done_cond.notify_all()
 
@@ -587,7 +646,9 @@ class Client:
 
     def _send_batch(self, lines, size):
         body = b"".join(lines)
-        if self._transport == "udp":
+        if self._transport == "unix":
+            self._send_unix(body, len(lines))
+        elif self._transport == "udp":
             self._send_udp(body, len(lines))
         else:
             self._send_http(body, len(lines))
@@ -610,6 +671,47 @@ class Client:
             self._log_failure("UDP send of %d events failed: %s" % (n, e.__class__.__name__))
             return
         self._count(sent=n)
+
+    def _send_unix(self, body, n):
+        """Write a batch on the Unix socket: its lines are in flight until acknowledged.
+
+        No connection and none to be made (the collector is down, or the
+        backoff since the last failed connect has not passed): the batch
+        fails at once, so the engine never waits for a collector.
+        """
+        stream = self._stream
+        if stream is not None and stream.ended:
+            stream = self._stream = None
+        if stream is None:
+            now = time.monotonic()
+            if now < self._next_dial:
+                self._count(failed=n)
+                return
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self._request_timeout)
+            try:
+                sock.connect(self._target)
+            except OSError as e:
+                sock.close()
+                self._backoff = min(max(2 * self._backoff, _FIRST_REDIAL_SECONDS), _LAST_REDIAL_SECONDS)
+                self._next_dial = now + self._backoff
+                self._count(failed=n)
+                self._log_failure("connecting to %s failed: %s" % (self._target, e.__class__.__name__))
+                return
+            self._backoff = 0.0
+            stream = self._stream = _Stream(self, sock)
+        if not stream.take(n):
+            self._stream = None
+            self._count(failed=n)
+            return
+        try:
+            stream.sock.sendall(body)
+        except OSError as e:
+            # Some lines may have arrived: those acknowledged count as the
+            # acknowledgement says, the others fail when the reader ends.
+            stream.abort()
+            self._stream = None
+            self._log_failure("writing %d events failed: %s" % (n, e.__class__.__name__))
 
     def _send_http(self, body, n):
         """POST a batch and count the receiver's verdict, as the Go client does.
@@ -683,6 +785,114 @@ class Client:
             s = self.stats()
             _log.warning("otelcol-llm hook: %s (totals: sent %d, dropped %d, failed %d, rejected %d)",
                          msg, s["sent"], s["dropped"], s["failed"], s["rejected"])
+
+
+class _Stream:
+    """One Unix socket connection and the lines in flight on it.
+
+    A thread of its own reads the receiver's acknowledgements,
+    ``{"accepted":N,"rejected":M,"refused":K,"errors":[...]}`` a batch of
+    lines, and settles the lines in flight: accepted as sent, rejected as
+    rejected, refused (the pipeline refused them) as failed. When the
+    connection ends, the lines no acknowledgement covered count as failed:
+    a collector restart loses at most those, and counts them.
+    """
+
+    def __init__(self, client, sock):
+        self.client = client
+        self.sock = sock
+        self.in_flight = 0
+        self.ended = False
+        self.cond = threading.Condition(threading.Lock())
+        self.thread = threading.Thread(target=self._read_acks, name="otelcol-llm-hook-acks", daemon=True)
+        self.thread.start()
+
+    def take(self, n):
+        """Count n lines about to be written as in flight; False if the connection has ended."""
+        with self.cond:
+            if self.ended:
+                return False
+            self.in_flight += n
+            return True
+
+    def settled(self, timeout):
+        """Wait up to timeout seconds until nothing is in flight."""
+        deadline = time.monotonic() + max(timeout, 0)
+        with self.cond:
+            while self.in_flight and not self.ended:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return True
+
+    def abort(self):
+        """End the connection at once; the reader counts what is in flight as failed."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def finish(self, timeout):
+        """Close the write side, so that the receiver hands over and acknowledges what it read, and wait up to
+        timeout seconds for that; then what is still in flight counts as failed."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            self.abort()
+            self.thread.join()
+
+    def _read_acks(self):
+        buf = b""
+        try:
+            while True:
+                try:
+                    chunk = self.sock.recv(65536)
+                except socket.timeout:
+                    continue  # idle: the socket's timeout is the writes'
+                if not chunk:
+                    break
+                buf += chunk
+                if len(buf) > _MAX_ACK_BYTES and b"\n" not in buf:
+                    break  # not our receiver
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    if not self._settle(line):
+                        return
+        except (OSError, ValueError):
+            pass
+        finally:
+            with self.cond:
+                self.ended = True
+                lost, self.in_flight = self.in_flight, 0
+                self.cond.notify_all()
+            self.client._count(failed=lost)
+            if lost:
+                self.client._log_failure("connection to the collector ended with %d events unacknowledged" % lost)
+            self.sock.close()
+
+    def _settle(self, line):
+        try:
+            ack = json.loads(line)
+            accepted, rejected, refused = (int(ack.get(k, 0)) for k in ("accepted", "rejected", "refused"))
+        except (ValueError, TypeError, AttributeError):
+            return False  # not our receiver: what is in flight cannot be told
+        if min(accepted, rejected, refused) < 0:
+            return False
+        with self.cond:
+            # An acknowledgement covers no more than is in flight.
+            n = min(accepted + rejected + refused, self.in_flight)
+            self.in_flight -= n
+            sent = min(accepted, n)
+            rej = min(rejected, n - sent)
+            self.cond.notify_all()
+        self.client._count(sent=sent, rejected=rej, failed=n - sent - rej)
+        if rej:
+            self.client._log_failure("collector rejected %d events%s" % (rej, _first_error(ack)))
+        return True
 
 
 def _first_error(verdict):

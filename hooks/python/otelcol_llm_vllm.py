@@ -3,8 +3,8 @@
 Installed with the hook (``pip install ./hooks/python``), this module is a vLLM *general plugin*: the package
 registers ``register`` in the entry point group ``vllm.general_plugins`` (name ``otelcol_llm``), which vLLM loads in
 each of its processes at start (``vllm/plugins/__init__.py``, ``load_general_plugins``). It does nothing unless
-``OTELCOL_LLM_HOOK_ENDPOINT`` is set (e.g. ``udp://127.0.0.1:4321``): installing it never changes vLLM's behaviour
-on its own.
+``OTELCOL_LLM_HOOK_ENDPOINT`` is set (e.g. ``unix:///run/otelcol-llm/hooks.sock``): installing it never changes
+vLLM's behaviour on its own.
 
 With the endpoint set, it wraps three methods of vLLM V1's output processor (``vllm/v1/engine/output_processor.py``),
 which runs in the API server process and sees every output of every engine step:
@@ -34,8 +34,10 @@ expects.
 
 Settings (environment):
 
-- ``OTELCOL_LLM_HOOK_ENDPOINT``: the collector's hook endpoint (``udp://host:port`` or ``http(s)://host:port``);
-  unset, the plugin is off;
+- ``OTELCOL_LLM_HOOK_ENDPOINT``: the collector's hook endpoint: ``unix:///path/to/hooks.sock`` (the node agent's
+  socket, the cheapest for the collector: one stream connection, acknowledged), ``udp://host:port`` or
+  ``http(s)://host:port``; ``node`` is the node's collector (``otelcol_llm_hook.node_endpoint()``: its socket where
+  the node offers it, UDP on loopback otherwise); unset, the plugin is off;
 - ``OTELCOL_LLM_HOOK_MODEL``: the model name to report (vLLM's output processor does not know the served name);
 - ``OTELCOL_LLM_HOOK_ENGINE``: the engine instance's name (default ``vllm-<hostname>``);
 - ``OTELCOL_LLM_HOOK_OPERATION``: ``chat`` (default) or ``text_completion``.
@@ -58,6 +60,8 @@ __all__ = ["register", "install", "stats", "Observer", "TARGETS"]
 _log = logging.getLogger("vllm.plugins.otelcol_llm")
 
 ENV_ENDPOINT = "OTELCOL_LLM_HOOK_ENDPOINT"
+# The value of ENV_ENDPOINT that stands for the node's collector, wherever it listens.
+NODE_ENDPOINT = "node"
 ENV_RUST_FRONTEND = "VLLM_USE_RUST_FRONTEND"
 
 # The attribute that marks a function as one of the plugin's wrappers (install is idempotent).
@@ -530,8 +534,10 @@ def register():
                       type(e).__name__)
             return
         if _observer is None:
-            from otelcol_llm_hook import Client
+            from otelcol_llm_hook import Client, node_endpoint
 
+            if endpoint == NODE_ENDPOINT:
+                endpoint = node_endpoint()
             engine = os.environ.get("OTELCOL_LLM_HOOK_ENGINE") or "vllm-" + socket.gethostname()
             _observer = Observer(functools.partial(Client, endpoint),
                                  model=os.environ.get("OTELCOL_LLM_HOOK_MODEL") or None,

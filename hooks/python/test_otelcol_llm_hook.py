@@ -194,7 +194,7 @@ class ValidationTest(unittest.TestCase):
         self.assertEqual(p("http://collector"), ("http", "http://collector:4320/v1/token-events"))
         self.assertEqual(p("http://h:1234/v1/token-events"), ("http", "http://h:1234/v1/token-events"))
         self.assertEqual(p("https://h/custom"), ("http", "https://h:4320/custom"))
-        for bad in ("tcp://h:1", "h:4321", "udp://:4321", "http://h:99999", "udp://h:1/path", None):
+        for bad in ("tcp://h:1", "h:4321", "udp://:4321", "http://h:99999", "udp://h:1/path", 42):
             with self.subTest(endpoint=bad), self.assertRaises(ValueError):
                 Client(bad)
 
@@ -690,6 +690,193 @@ def collector_binary():
     return os.environ.get("OTELCOL_LLM_BIN") or os.path.normpath(os.path.join(HERE, "..", "..", "bin", "otelcol-llm"))
 
 
+class UnixSink:
+    """A Unix socket standing in for the receiver's hooks::unix: it reads lines and answers each read's lines
+    with ack(lines), a function returning the acknowledgement (bytes) or None for none."""
+
+    def __init__(self, ack=None):
+        self.dir = tempfile.mkdtemp(prefix="hk")
+        self.path = os.path.join(self.dir, "hooks.sock")
+        self.endpoint = "unix://" + self.path
+        self.ack = ack or (lambda lines: b'{"accepted":%d,"rejected":0,"refused":0,"errors":[]}\n' % len(lines))
+        self.lines = []
+        self.conns = []
+        self.lock = threading.Lock()
+        self.listen()
+
+    def listen(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        self.sock.listen(8)
+        self.thread = threading.Thread(target=self._accept, args=(self.sock,), daemon=True)
+        self.thread.start()
+
+    def _accept(self, ls):
+        while True:
+            try:
+                c, _ = ls.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.conns.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c):
+        buf = b""
+        try:
+            while True:
+                chunk = c.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                lines = [ln for ln in lines if ln]
+                with self.lock:
+                    self.lines.extend(ln.decode("utf-8") for ln in lines)
+                a = self.ack(lines) if lines else None
+                if a:
+                    c.sendall(a)
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+    def stop(self):
+        """A collector stopping: the listener and every connection closed, the socket file removed."""
+        self.sock.close()
+        with self.lock:
+            for c in self.conns:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self.conns = []
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def close(self):
+        self.stop()
+        shutil.rmtree(self.dir, True)
+
+
+class UnixTest(unittest.TestCase):
+    """The Unix socket transport: lines in flight until acknowledged, the unacknowledged failed."""
+
+    def test_endpoint_parsing(self):
+        p = hook._parse_endpoint
+        self.assertEqual(p("unix:///run/otelcol-llm/hooks.sock"), ("unix", "/run/otelcol-llm/hooks.sock"))
+        for bad in ("unix://host/x.sock", "unix://", "unix:///" + "x" * 120):
+            with self.subTest(endpoint=bad), self.assertRaises(ValueError):
+                Client(bad)
+        with self.assertRaises(ValueError):
+            Client("unix:///x.sock", headers={"Authorization": "x"})
+        with Client("unix:///nonexistent/x.sock") as c:
+            self.assertEqual(c._max_batch_bytes, 256 << 10)
+
+    def test_empty_endpoint_is_the_nodes_collector(self):
+        with mock.patch("os.path.isdir", return_value=True):
+            self.assertEqual(hook.node_endpoint(), "unix:///run/otelcol-llm/hooks.sock")
+            self.assertEqual(hook._parse_endpoint(None), ("unix", "/run/otelcol-llm/hooks.sock"))
+        with mock.patch("os.path.isdir", return_value=False):
+            self.assertEqual(hook.node_endpoint(), "udp://127.0.0.1:4321")
+            self.assertEqual(hook._parse_endpoint(""), ("udp", ("127.0.0.1", 4321)))
+
+    def test_acknowledgements_settle(self):
+        n = [0]
+
+        def ack(lines):
+            out = b""
+            for _ in lines:
+                n[0] += 1
+                kind = n[0] % 3
+                out += (b'{"accepted":1,"rejected":0,"refused":0,"errors":[]}\n' if kind == 1 else
+                        b'{"accepted":0,"rejected":1,"refused":0,"errors":[{"line":%d,"message":"x: bad"}]}\n' % n[0]
+                        if kind == 2 else b'{"accepted":0,"rejected":0,"refused":1,"errors":[]}\n')
+            return out
+
+        sink = UnixSink(ack)
+        self.addCleanup(sink.close)
+        c = Client(sink.endpoint, flush_interval=0.001)
+        for i in range(30):
+            c.token("s%d" % i, T0 + i)
+        self.assertTrue(c.flush(timeout=10))
+        self.assertEqual(c.stats(), {"sent": 10, "dropped": 0, "failed": 10, "rejected": 10})
+        c.close()
+        self.assertEqual(len(sink.lines), 30)
+        self.assertEqual(json.loads(sink.lines[0]), {"event": "token", "session_id": "s0", "time_unix_nano": T0})
+
+    def test_close_waits_for_acknowledgements_then_fails_the_rest(self):
+        sink = UnixSink(lambda lines: None)  # never acknowledges
+        self.addCleanup(sink.close)
+        c = Client(sink.endpoint, request_timeout=0.2)
+        for i in range(5):
+            c.token("s", T0 + i)
+        c.close(timeout=5)
+        self.assertEqual(c.stats(), {"sent": 0, "dropped": 0, "failed": 5, "rejected": 0})
+        self.assertEqual(len(sink.lines), 5)
+
+    def test_no_collector_fails_at_once(self):
+        c = Client("unix:///nonexistent-dir/hooks.sock")
+        for i in range(5):
+            c.token("s", T0 + i)
+        t0 = time.monotonic()
+        c.close()
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertEqual(c.stats(), {"sent": 0, "dropped": 0, "failed": 5, "rejected": 0})
+
+    def test_restart_reconnects_and_counts_what_was_in_flight(self):
+        # The first collector takes lines but acknowledges none, then stops:
+        # they were in flight and count failed. The second one is reached
+        # by reconnecting.
+        sink = UnixSink(lambda lines: None)
+        self.addCleanup(sink.close)
+        c = Client(sink.endpoint, flush_interval=0.001)
+        self.addCleanup(c.close)
+        for i in range(10):
+            c.token("s", T0 + i)
+        wait_for(lambda: len(sink.lines) == 10)
+        sink.stop()
+        self.assertTrue(wait_for(lambda: c.stats()["failed"] == 10))
+        sink.ack = lambda lines: b'{"accepted":%d,"rejected":0,"refused":0,"errors":[]}\n' % len(lines)
+        sink.listen()
+        taken = 10
+
+        def more():
+            nonlocal taken
+            c.token("s", T0 + taken)
+            taken += 1
+            return c.stats()["sent"] > 0
+
+        self.assertTrue(wait_for(more, timeout=15))
+        self.assertTrue(c.flush(timeout=10))
+        st = c.stats()
+        self.assertEqual(st["sent"] + st["failed"] + st["dropped"] + st["rejected"], taken, st)
+
+    def test_forked_child_does_not_share_the_connection(self):
+        sink = UnixSink()
+        self.addCleanup(sink.close)
+        c = Client(sink.endpoint, flush_interval=0.001)
+        self.addCleanup(c.close)
+        c.token("parent", T0)
+        self.assertTrue(c.flush(timeout=10))
+        pid = os.fork()
+        if pid == 0:  # the child: its own connection, its own events
+            code = 1
+            try:
+                before = c.stats()["sent"]  # the parent's, copied
+                c.token("child", T0 + 1)
+                code = 0 if c.flush(timeout=10) and c.stats()["sent"] == before + 1 else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        c.token("parent", T0 + 2)
+        self.assertTrue(c.flush(timeout=10))
+        self.assertEqual(c.stats()["sent"], 2)
+
+
 class OTLPSink(HTTPSink):
     """Collects the OTLP/JSON ExportLogsServiceRequest bodies the otlphttp exporter posts."""
 
@@ -750,10 +937,12 @@ class CollectorTestCase(unittest.TestCase):
         self.addCleanup(self.sink.close)
         self.http_port = free_port()
         self.udp_port = free_port(socket.SOCK_DGRAM)
+        self.unix_path = os.path.join(self.tmp, "hooks.sock")
         config = {
             "receivers": {"token_stream": {"hooks": {
                 "http": {"endpoint": "127.0.0.1:%d" % self.http_port},
                 "udp": {"endpoint": "127.0.0.1:%d" % self.udp_port},
+                "unix": {"endpoint": self.unix_path},
             }}},
             # otlp_http is the exporter's type since v0.165.0; "otlphttp" is its deprecated alias.
             "exporters": {"otlp_http": {
@@ -770,15 +959,19 @@ class CollectorTestCase(unittest.TestCase):
         }
         if self.processors:
             config["processors"] = dict(self.processors)
-        path = os.path.join(self.tmp, "config.yaml")
-        with open(path, "w") as f:
+        self.config_path = os.path.join(self.tmp, "config.yaml")
+        with open(self.config_path, "w") as f:
             json.dump(config, f, indent=2)  # JSON is YAML
         self.log_path = os.path.join(self.tmp, "collector.log")
         self.log = open(self.log_path, "wb")
         self.addCleanup(self.log.close)
-        self.proc = subprocess.Popen([binary, "--config", path], stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+        self.binary = binary
+        self.start_collector()
         self.addCleanup(self.stop_collector)
+
+    def start_collector(self):
+        self.proc = subprocess.Popen([self.binary, "--config", self.config_path], stdout=self.log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.wait_ready()
 
     def stop_collector(self):
@@ -804,13 +997,15 @@ class CollectorTestCase(unittest.TestCase):
             except OSError:
                 return None
 
+        self.log.flush()
+        ready_before = self.collector_log().count("Everything is ready")
         state = wait_for(http_up, timeout=20, interval=0.05)
         if state != "up":
             self.fail("collector %s before its HTTP hook listened; log:\n%s"
                       % ("exited" if state else "not ready in 20 s", self.collector_log()))
         # The UDP hook starts right after the HTTP one; the service logs this
         # line once every component has started.
-        wait_for(lambda: "Everything is ready" in self.collector_log(), timeout=5, interval=0.05)
+        wait_for(lambda: self.collector_log().count("Everything is ready") > ready_before, timeout=5, interval=0.05)
 
 
 class RealCollectorTest(CollectorTestCase):
@@ -892,6 +1087,49 @@ class RealCollectorTest(CollectorTestCase):
 
     def test_udp_session_reaches_pipeline(self):
         self.run_session("udp://127.0.0.1:%d" % self.udp_port, "udp-session-1", "abort", "ClientDisconnected")
+
+    def test_unix_session_reaches_pipeline(self):
+        self.run_session("unix://" + self.unix_path, "unix-session-1", "length", None)
+
+    def test_unix_collector_restart(self):
+        # The client streams across a collector restart: what the old
+        # collector acknowledged is sent, what was in flight or written
+        # while no collector listened is failed, and the client reconnects
+        # by itself. Every event taken counts once, and the sink got those
+        # counted sent.
+        c = Client("unix://" + self.unix_path, flush_interval=0.005)
+        self.addCleanup(c.close)
+        base = time.time_ns()
+        taken = 0
+
+        def token():
+            nonlocal taken
+            c.token("restart-1", base + taken)
+            taken += 1
+
+        for _ in range(200):
+            token()
+        self.assertTrue(c.flush(timeout=10))
+        self.assertEqual(c.stats()["sent"], 200)
+        self.stop_collector()
+        for _ in range(50):
+            token()
+        self.assertTrue(wait_for(lambda: c.stats()["failed"] > 0, timeout=10))
+        self.start_collector()
+
+        def sent_again():
+            token()
+            time.sleep(0.01)
+            return c.stats()["sent"] > 200
+
+        self.assertTrue(wait_for(sent_again, timeout=20), c.stats())
+        self.assertTrue(c.flush(timeout=10))
+        st = c.stats()
+        self.assertEqual(st["sent"] + st["failed"] + st["dropped"] + st["rejected"], taken, st)
+        got = wait_for(lambda: sum(n for _, n in token_events(self.sink.records("restart-1"))) == st["sent"],
+                       timeout=15)
+        self.assertTrue(got, "sink has %d tokens, client counted %d sent"
+                        % (sum(n for _, n in token_events(self.sink.records("restart-1"))), st["sent"]))
 
     def test_single_token_records(self):
         # Token events in separate batches arrive as separate, unpacked records.

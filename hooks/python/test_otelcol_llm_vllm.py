@@ -701,6 +701,23 @@ class TotalityTest(unittest.TestCase):
         self.assertEqual(made, ["udp://127.0.0.1:9"])
         self.assertEqual(len(self.client.sessions()), 4)
 
+    def test_node_endpoint(self):
+        # "node": the node's collector, its socket where its directory is mounted.
+        os.environ[plugin.ENV_ENDPOINT] = "node"
+        made = []
+
+        def client(endpoint):
+            made.append(endpoint)
+            return self.client
+
+        mod = vllm.output_processor_module()
+        with mock.patch.object(plugin, "Observer", _RealObserver), \
+                mock.patch("otelcol_llm_hook.Client", side_effect=client), \
+                mock.patch("otelcol_llm_hook.node_endpoint", return_value="unix:///run/otelcol-llm/hooks.sock"):
+            self.load(mod)
+            drive(mod)
+        self.assertEqual(made, ["unix:///run/otelcol-llm/hooks.sock"])
+
 
 def plugin_observer(client, kw):
     return _RealObserver(client, **kw)
@@ -710,13 +727,14 @@ _RealObserver = plugin.Observer
 
 
 class PluginCollectorTest(test_otelcol_llm_hook.CollectorTestCase):
-    """The plugin, in vLLM's output processor (the stand-in), sending over UDP to the built collector, whose
-    token_session folds the sessions: what a user of vLLM and the collector sees in the summaries."""
+    """The plugin, in vLLM's output processor (the stand-in), sending over the Unix socket (what deploy/ wires) to
+    the built collector, whose token_session folds the sessions: what a user of vLLM and the collector sees in the
+    summaries."""
 
     processors = {"token_session": {"sampling": {"normal_percent": 100}}}
 
     def test_sessions_as_vllm_ran_them(self):
-        client = Client("udp://127.0.0.1:%d" % self.udp_port, flush_interval=0.01)
+        client = Client("unix://" + self.unix_path, flush_interval=0.01)
         self.addCleanup(client.close)
         observer = plugin.Observer(client, model="llama", engine="vllm-0")
         mod = vllm.output_processor_module()

@@ -111,7 +111,7 @@ func (p *Parser) Parse(line []byte, ev *tokenevent.Event) error {
 		ev.Reset()
 		return &tokenevent.FieldError{Reason: fmt.Sprintf("line is %d bytes, limit is %d", len(line), p.limits.MaxLineBytes)}
 	}
-	if p.parseCompactToken(line, ev) {
+	if p.parseCompact(line, ev) {
 		return nil
 	}
 	return p.parseObject(line, ev)
@@ -146,10 +146,7 @@ func (p *Parser) parseCompactToken(line []byte, ev *tokenevent.Event) bool {
 		return false
 	}
 	i := len(compactTokenPrefix)
-	j := i
-	for j < len(line) && plainByte[line[j]] {
-		j++
-	}
+	j := plainEnd(line, i)
 	if j == i || j-i > p.limits.MaxSessionIDBytes || !bytes.HasPrefix(line[j:], compactTokenTime) {
 		return false
 	}
@@ -837,10 +834,7 @@ func (p *Parser) str(field string) ([]byte, error) {
 	p.i++
 	start := p.i
 	b := p.b
-	i := p.i
-	for i < len(b) && plainByte[b[i]] {
-		i++
-	}
+	i := plainEnd(b, p.i)
 	ascii := true
 	for ; i < len(b); i++ {
 		c := b[i]
@@ -950,17 +944,26 @@ func (p *Parser) hex4() (rune, bool) {
 	return r, true
 }
 
-func unhex(c byte) int {
-	switch {
-	case '0' <= c && c <= '9':
-		return int(c - '0')
-	case 'a' <= c && c <= 'f':
-		return int(c - 'a' + 10)
-	case 'A' <= c && c <= 'F':
-		return int(c - 'A' + 10)
+// unhex is the value of hex digit c, -1 for any other byte.
+func unhex(c byte) int { return int(hexValue[c]) }
+
+// hexValue maps each byte to its hex digit's value, -1 for the others: a
+// trace ID is 32 digits, and a lookup beats a comparison chain per digit.
+var hexValue = func() (t [256]int8) {
+	for c := range t {
+		switch {
+		case '0' <= c && c <= '9':
+			t[c] = int8(c - '0')
+		case 'a' <= c && c <= 'f':
+			t[c] = int8(c - 'a' + 10)
+		case 'A' <= c && c <= 'F':
+			t[c] = int8(c - 'A' + 10)
+		default:
+			t[c] = -1
+		}
 	}
-	return -1
-}
+	return t
+}()
 
 // uint parses a non-negative JSON integer that fits an int64.
 func (p *Parser) uint(field string) (uint64, error) {

@@ -281,6 +281,10 @@ func FuzzParse(f *testing.F) {
 		startLine, tokenLine, endLine, `{}`, `{"event":"token","session_id":"a","time_unix_nano":12,"count":3}`,
 		`{"event":"token","session_id":"a","time_unix_nano":012}`, `{"event":"token","session_id":"a","time_unix_nano":1,"count":0}`, `{"attributes":{"a":"\ud800"}}`, `{"event":"token","session_id":"\u00e9","time_unix_nano":1,"count":2}`,
 		`{"bad"}`, `{"bad":[1,{"x":-0.5E+2}],"event":"token"}`, `{"event":"token","x":[[[[]]]]}`,
+		`{"event":"start","session_id":"a","time_unix_nano":5,"trace_id":"0af7651916cd43dd8448eb211c80319c","span_id":"b7ad6b7169203331","parent_span_id":"00f067aa0ba902b7","model":"m","operation":"chat","prompt_tokens":3,"engine":"e","stream":false,"tracestate":"ot=th:8"}`,
+		`{"event":"start","session_id":"a","time_unix_nano":5,"operation":"chatx"}`, `{"event":"start","session_id":"a","time_unix_nano":5,"trace_id":"00000000000000000000000000000000"}`,
+		`{"event":"end","session_id":"a","time_unix_nano":5,"completion_tokens":7,"finish_reason":"stop","error":"E","response_model":"r","queue_time_ns":1,"prefill_time_ns":2,"decode_time_ns":3}`,
+		`{"event":"end","session_id":"a","time_unix_nano":5,"decode_time_ns":3}`, `{"event":"end","session_id":"a","time_unix_nano":5,"completion_tokens":07}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -290,7 +294,7 @@ func FuzzParse(f *testing.F) {
 		// The compact fast path and the general parser agree on every line
 		// the fast path takes.
 		var fast, general tokenevent.Event
-		if p.parseCompactToken(line, &fast) {
+		if p.parseCompact(line, &fast) {
 			if err := p.parseObject(line, &general); err != nil {
 				t.Fatalf("fast path took %q, general parser rejects it: %v", line, err)
 			}
@@ -421,4 +425,92 @@ func TestParseBatchCutOnce(t *testing.T) {
 	require.Len(t, errs, 1)
 	assert.Equal(t, 2, errs[0].Line)
 	assert.Equal(t, 1001, errs[0].Unread, "999+1 lines of 1 and the x, blank lines not counted")
+}
+
+// The compact paths take the lines the clients write (AppendJSON's form)
+// for every kind, and parse them as the general parser does; a start with
+// attributes is left to the general parser.
+func TestCompactPathsTakeClientLines(t *testing.T) {
+	p := NewParser(tokenevent.Limits{})
+	start := tokenevent.Event{}
+	start.Reset()
+	start.Kind, start.SessionID, start.TimeUnixNano = tokenevent.KindStart, "chat-1", 1_700_000_000_000_000_000
+	start.TraceID = tokenevent.TraceID{1, 2, 3}
+	start.SpanID, start.ParentSpanID = tokenevent.SpanID{4}, tokenevent.SpanID{5}
+	start.Model, start.Operation, start.PromptTokens, start.Engine = "llama", tokenevent.OperationChat, 812, "vllm-0"
+	start.NoStream, start.TraceState = true, "ot=th:8"
+	end := tokenevent.Event{}
+	end.Reset()
+	end.Kind, end.SessionID, end.TimeUnixNano = tokenevent.KindEnd, "chat-1", 1_700_000_001_000_000_000
+	end.CompletionTokens, end.FinishReason, end.Error, end.ResponseModel = 7, "stop", "Timeout", "llama-lora"
+	end.TimingSource, end.QueueTimeNs, end.PrefillTimeNs, end.DecodeTimeNs = tokenevent.TimingHook, 1, 2, 3
+	minimal := tokenevent.Event{}
+	minimal.Reset()
+	minimal.Kind, minimal.SessionID, minimal.TimeUnixNano = tokenevent.KindEnd, "x", 1
+	withAttrs := start
+	withAttrs.Attributes = []tokenevent.Attribute{{Key: "a", Value: "b"}}
+	for _, tc := range []struct {
+		ev      tokenevent.Event
+		compact bool
+	}{{start, true}, {end, true}, {minimal, true}, {withAttrs, false}} {
+		line := tokenevent.AppendJSON(nil, &tc.ev)
+		line = line[:len(line)-1]
+		var fast, general tokenevent.Event
+		require.Equal(t, tc.compact, p.parseCompact(line, &fast), "%s", line)
+		require.NoError(t, p.parseObject(line, &general))
+		if tc.compact {
+			assert.Equal(t, fmt.Sprint(general), fmt.Sprint(fast), "%s", line)
+		}
+		assert.Equal(t, fmt.Sprint(tc.ev), fmt.Sprint(general), "%s", line)
+	}
+}
+
+// BenchmarkParseStartEnd parses a start and an end line of the clients'
+// form (a start without attributes): compact through Parse's compact paths,
+// general through the general parser alone.
+func BenchmarkParseStartEnd(b *testing.B) {
+	withoutAttrs, _, _ := strings.Cut(startLine, `,"attributes"`)
+	start := []byte(withoutAttrs + "}")
+	lines := [][]byte{start, []byte(endLine)}
+	for _, path := range []string{"compact", "general"} {
+		b.Run(path, func(b *testing.B) {
+			p := NewParser(tokenevent.Limits{})
+			var ev tokenevent.Event
+			b.ReportAllocs()
+			for b.Loop() {
+				for _, l := range lines {
+					if path == "general" {
+						if err := p.parseObject(l, &ev); err != nil {
+							b.Fatal(err)
+						}
+					} else if !p.parseCompact(l, &ev) {
+						b.Fatalf("not compact: %s", l)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(2*b.N), "ns/line")
+		})
+	}
+}
+
+// plainEnd finds the first byte plainByte does not mark, as a byte-at-a-time
+// scan does, for every such byte at every offset of an eight-byte word.
+func TestPlainEnd(t *testing.T) {
+	naive := func(b []byte, i int) int {
+		for i < len(b) && plainByte[b[i]] {
+			i++
+		}
+		return i
+	}
+	for c := range 256 {
+		for pos := range 20 {
+			b := []byte(strings.Repeat("abcdefgh", 3))
+			if pos < len(b) {
+				b[pos] = byte(c)
+			}
+			for from := range 3 {
+				require.Equal(t, naive(b, from), plainEnd(b, from), "byte %#x at %d, from %d", c, pos, from)
+			}
+		}
+	}
 }

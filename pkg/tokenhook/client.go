@@ -158,22 +158,34 @@ type item struct {
 }
 
 // New validates cfg, opens the UDP socket or prepares the HTTP client, and
-// starts the background goroutine. Call Close to stop it.
+// starts the background goroutine. A Unix socket is connected at the first
+// send, and again after the connection is lost: the collector may start
+// after the engine, and restart. Call Close to stop it.
 func New(cfg Config) (*Client, error) {
 	s, err := cfg.resolve()
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	c := &Client{
+		queue:  make(chan item, s.queueSize),
+		wakeAt: max(s.queueSize/2, 1),
+		wake:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
 	var snd sender
-	if s.udp {
+	switch {
+	case s.unix != "":
+		snd = newStreamSender(s.unix, s.timeout, c)
+	case s.udp:
 		conn, err := net.Dial("udp", s.addr)
 		if err != nil {
 			cancel()
 			return nil, fmt.Errorf("tokenhook: Endpoint: %w", err)
 		}
 		snd = &udpSender{conn: conn}
-	} else {
+	default:
 		hs := &httpSender{ctx: ctx, url: s.url, headers: s.headers, client: s.httpClient}
 		if hs.client == nil {
 			hs.client = newHTTPClient(s.timeout)
@@ -181,14 +193,7 @@ func New(cfg Config) (*Client, error) {
 		}
 		snd = hs
 	}
-	c := &Client{
-		queue:  make(chan item, s.queueSize),
-		wakeAt: max(s.queueSize/2, 1),
-		wake:   make(chan struct{}, 1),
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
-		abort:  func() { cancel(); snd.abort() },
-	}
+	c.abort = func() { cancel(); snd.abort() }
 	w := &worker{
 		c: c, snd: snd, flushInterval: s.flushInterval,
 		maxLineBytes: min(s.maxBatchBytes, tokenevent.DefaultMaxLineBytes+1), maxBatchBytes: s.maxBatchBytes, maxBatchLines: s.maxBatchLines,
@@ -492,17 +497,17 @@ func (w *worker) flush() {
 	if w.events == 0 {
 		return
 	}
-	sent, rejected, stated, reuse := w.snd.send(w.batch, w.events)
-	w.c.sent.Add(uint64(sent))
-	w.c.rejected.Add(uint64(rejected))
-	w.c.failed.Add(uint64(w.events - sent - rejected))
+	r := w.snd.send(w.batch, w.events)
+	w.c.sent.Add(uint64(r.sent))
+	w.c.rejected.Add(uint64(r.rejected))
+	w.c.failed.Add(uint64(w.events - r.sent - r.rejected - r.inFlight))
 	w.events = 0
-	if reuse {
+	if r.reuse {
 		w.batch = w.batch[:0]
 	} else {
 		w.batch = make([]byte, 0, cap(w.batch))
 	}
-	w.adopt(stated)
+	w.adopt(r.stated)
 }
 
 // adopt lowers the bounds of the next batches to the limits the receiver

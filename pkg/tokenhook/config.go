@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +25,9 @@ const (
 	DefaultFlushInterval     = 100 * time.Millisecond
 	DefaultHTTPMaxBatchBytes = 1 << 20
 	DefaultUDPMaxBatchBytes  = 8 << 10
+	// DefaultUnixMaxBatchBytes bounds one write on a Unix socket: a
+	// FlushInterval's events at a busy engine's rate, written at once.
+	DefaultUnixMaxBatchBytes = 256 << 10
 	// DefaultMaxBatchLines is the receiver's default
 	// hooks::limits::max_lines_per_batch: it reads no more lines of a
 	// request body or datagram and rejects the rest.
@@ -32,14 +37,22 @@ const (
 	DefaultHTTPTimeout = 5 * time.Second
 	// MaxUDPBatchBytes is the largest UDP payload an IPv4 datagram can carry.
 	MaxUDPBatchBytes = 65507
+	// DefaultUnixSocket is the token_stream receiver's default
+	// hooks::unix::endpoint, the socket the node agent offers (a hostPath
+	// its DaemonSet shares with the engines' pods).
+	DefaultUnixSocket = "/run/otelcol-llm/hooks.sock"
 )
 
 // Config configures a Client. Only Endpoint is required.
 type Config struct {
 	// Endpoint is where the token_stream receiver listens:
-	// "udp://host:port" (port defaults to 4321) or
-	// "http://host:port/v1/token-events" (https too; port defaults to 4320
-	// for both, and an empty path to /v1/token-events).
+	// "unix:///path/to/hooks.sock" (hooks::unix: one stream connection,
+	// the cheapest for the collector), "udp://host:port" (port defaults to
+	// 4321) or "http://host:port/v1/token-events" (https too; port
+	// defaults to 4320 for both, and an empty path to /v1/token-events).
+	// Empty means the node's collector: the Unix socket
+	// DefaultUnixSocket when its directory exists (the node agent's
+	// mount), udp://127.0.0.1:4321 otherwise (see NodeEndpoint).
 	Endpoint string
 	// QueueSize is how many events may wait for the background goroutine;
 	// while it is full, new events are dropped. The goroutine takes the
@@ -67,9 +80,10 @@ type Config struct {
 	// Headers are added to every HTTP request, e.g. Authorization. HTTP only.
 	Headers map[string]string
 	// Timeout bounds one HTTP request, from connecting to reading the
-	// answer; a request that takes longer fails its batch. Default
-	// DefaultHTTPTimeout. HTTP only, and not with HTTPClient, which brings
-	// its own.
+	// answer; a request that takes longer fails its batch. Over a Unix
+	// socket it bounds connecting, each write, and Close's wait for the
+	// acknowledgement of the lines in flight. Default DefaultHTTPTimeout.
+	// Not with HTTPClient, which brings its own.
 	Timeout time.Duration
 	// HTTPClient sends the HTTP requests. Default: a private client with
 	// its own connection pool and the Timeout, which neither uses a proxy
@@ -81,6 +95,7 @@ type Config struct {
 // settings is a validated Config with defaults applied.
 type settings struct {
 	udp           bool
+	unix          string // the socket's path, for a unix:// endpoint
 	addr          string // UDP: host:port
 	url           string // HTTP: the full request URL
 	queueSize     int
@@ -104,11 +119,15 @@ func (cfg Config) resolve() (settings, error) {
 		timeout:       cfg.Timeout,
 		httpClient:    cfg.HTTPClient,
 	}
-	ep, err := parseEndpoint(cfg.Endpoint)
+	raw := cfg.Endpoint
+	if raw == "" {
+		raw = NodeEndpoint()
+	}
+	ep, err := parseEndpoint(raw)
 	if err != nil {
 		errs = append(errs, err)
 	}
-	s.udp, s.addr, s.url = ep.udp, ep.addr, ep.url
+	s.udp, s.unix, s.addr, s.url = ep.udp, ep.unix, ep.addr, ep.url
 
 	s.queueSize = orDefault("QueueSize", s.queueSize, DefaultQueueSize, &errs)
 	s.maxBatchLines = orDefault("MaxBatchLines", s.maxBatchLines, DefaultMaxBatchLines, &errs)
@@ -124,6 +143,8 @@ func (cfg Config) resolve() (settings, error) {
 	switch {
 	case s.maxBatchBytes < 0:
 		errs = append(errs, fmt.Errorf("MaxBatchBytes: must not be negative, got %d", s.maxBatchBytes))
+	case s.maxBatchBytes == 0 && s.unix != "":
+		s.maxBatchBytes = DefaultUnixMaxBatchBytes
 	case s.maxBatchBytes == 0 && s.udp:
 		s.maxBatchBytes = DefaultUDPMaxBatchBytes
 	case s.maxBatchBytes == 0:
@@ -132,6 +153,14 @@ func (cfg Config) resolve() (settings, error) {
 		errs = append(errs, fmt.Errorf("MaxBatchBytes: %d does not fit a UDP datagram, limit is %d", s.maxBatchBytes, MaxUDPBatchBytes))
 	}
 
+	if err == nil && s.unix != "" {
+		if len(cfg.Headers) > 0 {
+			errs = append(errs, errors.New("Headers: set, but a unix:// endpoint sends no headers"))
+		}
+		if cfg.HTTPClient != nil {
+			errs = append(errs, errors.New("HTTPClient: set, but the endpoint is unix://"))
+		}
+	}
 	if err == nil && s.udp {
 		// Settings a UDP endpoint would silently ignore are mistakes: an
 		// Authorization header that is never sent, for one.
@@ -180,15 +209,30 @@ func orDefault[T int | time.Duration](field string, v, def T, errs *[]error) T {
 
 type endpoint struct {
 	udp  bool
+	unix string
 	addr string
 	url  string
 }
 
-func parseEndpoint(raw string) (endpoint, error) {
-	const want = "want udp://host:port or http://host:port" + DefaultHTTPPath
-	if raw == "" {
-		return endpoint{}, errors.New("Endpoint: missing, " + want)
+// NodeEndpoint is the endpoint an empty Config.Endpoint stands for, the
+// node's collector: its Unix socket (DefaultUnixSocket) when the socket's
+// directory exists, which is how the node agent offers it (the directory
+// is its hostPath, mounted into the engine's pod; the socket itself may
+// come and go with collector restarts), otherwise its UDP port on
+// loopback.
+func NodeEndpoint() string {
+	if fi, err := os.Stat(filepath.Dir(DefaultUnixSocket)); err == nil && fi.IsDir() {
+		return "unix://" + DefaultUnixSocket
 	}
+	return "udp://127.0.0.1:" + strconv.Itoa(DefaultUDPPort)
+}
+
+// maxUnixPathBytes is the longest socket path (sockaddr_un's sun_path, its
+// NUL excluded, on Linux).
+const maxUnixPathBytes = 107
+
+func parseEndpoint(raw string) (endpoint, error) {
+	const want = "want unix:///path, udp://host:port or http://host:port" + DefaultHTTPPath
 	u, err := url.Parse(raw)
 	if err != nil {
 		return endpoint{}, fmt.Errorf("Endpoint: %w", err)
@@ -196,6 +240,17 @@ func parseEndpoint(raw string) (endpoint, error) {
 	var ep endpoint
 	port := DefaultHTTPPort
 	switch u.Scheme {
+	case "unix":
+		switch {
+		case u.Host != "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "":
+			return endpoint{}, fmt.Errorf("Endpoint %q: a unix:// endpoint is an absolute path only, as unix:///run/otelcol-llm/hooks.sock", raw)
+		case !strings.HasPrefix(u.Path, "/"):
+			return endpoint{}, fmt.Errorf("Endpoint %q: missing the socket's path", raw)
+		case len(u.Path) > maxUnixPathBytes:
+			return endpoint{}, fmt.Errorf("Endpoint %q: the path is %d bytes, a socket path holds at most %d", raw, len(u.Path), maxUnixPathBytes)
+		}
+		ep.unix = u.Path
+		return ep, nil
 	case "udp":
 		ep.udp, port = true, DefaultUDPPort
 		if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {

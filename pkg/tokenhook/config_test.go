@@ -2,6 +2,9 @@ package tokenhook
 
 import (
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,9 +17,13 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		cfg  Config
 		want []string // every one must be in the error
 	}{
-		{Config{}, []string{"Endpoint: missing"}},
+		{Config{Endpoint: "unix://host/run/x.sock"}, []string{"a unix:// endpoint is an absolute path only"}},
+		{Config{Endpoint: "unix://"}, []string{"missing the socket's path"}},
+		{Config{Endpoint: "unix:///" + strings.Repeat("x", 120)}, []string{"a socket path holds at most 107"}},
+		{Config{Endpoint: "unix:///run/x.sock", Headers: map[string]string{"Authorization": "x"}}, []string{"Headers: set, but a unix:// endpoint sends no headers"}},
+		{Config{Endpoint: "unix:///run/x.sock", HTTPClient: http.DefaultClient}, []string{"HTTPClient: set, but the endpoint is unix://"}},
 		{Config{Endpoint: "localhost:4321"}, []string{`Endpoint "localhost:4321": scheme "localhost" not supported`}},
-		{Config{Endpoint: "tcp://127.0.0.1:4321"}, []string{`scheme "tcp" not supported, want udp://host:port or http://host:port/v1/token-events`}},
+		{Config{Endpoint: "tcp://127.0.0.1:4321"}, []string{`scheme "tcp" not supported, want unix:///path, udp://host:port or http://host:port/v1/token-events`}},
 		{Config{Endpoint: "udp://"}, []string{`Endpoint "udp://": missing host`}},
 		{Config{Endpoint: "http:///v1/token-events"}, []string{"missing host"}},
 		{Config{Endpoint: "udp://127.0.0.1:notaport"}, []string{"Endpoint:", "invalid port"}},
@@ -62,6 +69,7 @@ func TestConfigDefaults(t *testing.T) {
 		{"http://collector", settings{url: "http://collector:4320/v1/token-events", maxBatchBytes: DefaultHTTPMaxBatchBytes}},
 		{"https://collector/", settings{url: "https://collector:4320/v1/token-events", maxBatchBytes: DefaultHTTPMaxBatchBytes}},
 		{"http://collector:8080/hooks?tenant=a", settings{url: "http://collector:8080/hooks?tenant=a", maxBatchBytes: DefaultHTTPMaxBatchBytes}},
+		{"unix:///run/otelcol-llm/hooks.sock", settings{unix: "/run/otelcol-llm/hooks.sock", maxBatchBytes: DefaultUnixMaxBatchBytes}},
 	} {
 		t.Run(tc.endpoint, func(t *testing.T) {
 			s, err := Config{Endpoint: tc.endpoint}.resolve()
@@ -83,6 +91,16 @@ func TestConfigDefaults(t *testing.T) {
 	s, err = Config{Endpoint: "http://collector", Timeout: time.Second}.resolve()
 	require.NoError(t, err)
 	assert.Equal(t, time.Second, s.timeout)
+	// An empty endpoint is the node's collector: its socket where the
+	// node offers one.
+	s, err = Config{}.resolve()
+	require.NoError(t, err)
+	if _, serr := os.Stat(filepath.Dir(DefaultUnixSocket)); serr == nil {
+		assert.Equal(t, DefaultUnixSocket, s.unix)
+	} else {
+		assert.Equal(t, "127.0.0.1:4321", s.addr)
+		assert.True(t, s.udp)
+	}
 	s, err = Config{Endpoint: "http://collector", HTTPClient: http.DefaultClient}.resolve()
 	require.NoError(t, err)
 	assert.Equal(t, time.Duration(0), s.timeout, "HTTPClient brings its own")

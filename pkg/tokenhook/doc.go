@@ -1,7 +1,8 @@
 // Package tokenhook is the client an inference engine embeds to send token
 // events (session start, streamed token chunks, session end) to the
-// otelcol-llm token_stream receiver, over UDP or HTTP, in the receiver's
-// NDJSON wire schema (v1). Its Event is the collector's own event model,
+// otelcol-llm token_stream receiver, over the receiver's Unix socket (one
+// stream connection, acknowledged; the default where the node offers it),
+// UDP or HTTP, in the receiver's NDJSON wire schema (v1). Its Event is the collector's own event model,
 // and it checks events by the receiver's own rules; it needs nothing but
 // the standard library.
 //
@@ -13,6 +14,12 @@
 // them; what happened to every event shows in Client.Stats. That goroutine
 // polls the queue (every FlushInterval, or when a caller finds it half
 // full) rather than waiting on it, so a call never pays for waking it.
+//
+// Over a Unix socket (Config.Endpoint "unix:///path"), a line written is in
+// flight until the receiver's acknowledgement says what became of it;
+// Stats counts it then. When the connection ends (a collector restart), the
+// lines in flight no acknowledgement covered count as failed, and the next
+// batch connects again, backing off while it cannot.
 //
 // A batch holds whole lines, and ends at Config.MaxBatchBytes or at
 // Config.MaxBatchLines lines, whichever comes first: the receiver reads at

@@ -17,11 +17,12 @@ import (
 // sender delivers batches for the background goroutine.
 type sender interface {
 	// send delivers batch, which holds events whole lines, and returns how
-	// many of them were delivered and how many the receiver rejected (the
-	// rest failed), the limits the receiver's answer stated, and whether
-	// batch may be overwritten now (false when a transport may still read
-	// it).
-	send(batch []byte, events int) (sent, rejected int, stated receiverLimits, reuse bool)
+	// many of them were delivered, how many the receiver rejected and how
+	// many are in flight, to be counted by the sender once acknowledged
+	// (the rest failed), the limits the receiver's answer stated, and
+	// whether batch may be overwritten now (false when a transport may
+	// still read it).
+	send(batch []byte, events int) sendResult
 	// abort makes the send under way and all later ones fail at once. It
 	// is called from another goroutine.
 	abort()
@@ -29,16 +30,23 @@ type sender interface {
 	close()
 }
 
+// sendResult is what became of a batch's events at send.
+type sendResult struct {
+	sent, rejected, inFlight int
+	stated                   receiverLimits
+	reuse                    bool
+}
+
 // udpSender writes each batch as one datagram on a connected socket.
 type udpSender struct {
 	conn net.Conn
 }
 
-func (s *udpSender) send(batch []byte, events int) (int, int, receiverLimits, bool) {
+func (s *udpSender) send(batch []byte, events int) sendResult {
 	if _, err := s.conn.Write(batch); err != nil {
-		return 0, 0, receiverLimits{}, true
+		return sendResult{reuse: true}
 	}
-	return events, 0, receiverLimits{}, true
+	return sendResult{sent: events, reuse: true}
 }
 
 // abort sets a write deadline in the past, which fails pending and later
@@ -85,7 +93,7 @@ type httpSender struct {
 // delivered on a 2xx and failed otherwise, as after a transport error. A
 // 503 with a Retry-After of at most one second is retried once after that
 // delay.
-func (s *httpSender) send(batch []byte, events int) (int, int, receiverLimits, bool) {
+func (s *httpSender) send(batch []byte, events int) sendResult {
 	reuse := true
 	for attempt := 0; ; attempt++ {
 		status, retryAfter, v, held, err := s.post(batch)
@@ -93,19 +101,19 @@ func (s *httpSender) send(batch []byte, events int) (int, int, receiverLimits, b
 		rejected := min(max(v.Rejected, 0), events)
 		switch {
 		case err != nil:
-			return 0, 0, receiverLimits{}, reuse
+			return sendResult{reuse: reuse}
 		case status >= 200 && status < 300:
-			return events - rejected, rejected, v.Limits, reuse
+			return sendResult{sent: events - rejected, rejected: rejected, stated: v.Limits, reuse: reuse}
 		case status == http.StatusServiceUnavailable && attempt == 0 && retryAfter >= 0 && retryAfter <= maxRetryAfter:
 			t := time.NewTimer(retryAfter)
 			select {
 			case <-t.C:
 			case <-s.ctx.Done():
 				t.Stop()
-				return 0, rejected, v.Limits, reuse
+				return sendResult{rejected: rejected, stated: v.Limits, reuse: reuse}
 			}
 		default:
-			return 0, rejected, v.Limits, reuse
+			return sendResult{rejected: rejected, stated: v.Limits, reuse: reuse}
 		}
 	}
 }

@@ -37,7 +37,10 @@ type HooksConfig struct {
 	HTTP configoptional.Optional[HTTPConfig] `mapstructure:"http"`
 	// UDP accepts datagrams of one or more NDJSON lines.
 	UDP configoptional.Optional[UDPConfig] `mapstructure:"udp"`
-	// Limits apply to both transports.
+	// Unix accepts stream connections on a Unix domain socket, each a
+	// stream of NDJSON lines.
+	Unix configoptional.Optional[UnixConfig] `mapstructure:"unix"`
+	// Limits apply to every transport.
 	Limits LimitsConfig `mapstructure:"limits"`
 
 	// prevent unkeyed literal initialization
@@ -66,6 +69,23 @@ type UDPConfig struct {
 	// one pipeline call and one record per session for all of them, instead
 	// of per datagram. 0 waits for none: only the datagrams one read takes
 	// (those already queued) go together.
+	BatchWindow time.Duration `mapstructure:"batch_window"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// UnixConfig is the Unix domain socket hook endpoint: an engine on the
+// node keeps a connection open and writes lines as they come, and the
+// listener hands them to the pipeline in batches by time, acknowledging
+// each batch on the connection.
+type UnixConfig struct {
+	// Endpoint is the socket's path. A socket file left by a collector
+	// that did not shut down is replaced.
+	Endpoint string `mapstructure:"endpoint"`
+	// BatchWindow is how long a connection goes on reading after the
+	// first bytes of a batch before handing the batch to the pipeline, as
+	// hooks::udp::batch_window. 0 hands over what each read took.
 	BatchWindow time.Duration `mapstructure:"batch_window"`
 
 	// prevent unkeyed literal initialization
@@ -171,8 +191,8 @@ var _ confmap.Validator = (*Config)(nil)
 // Validate checks the configuration, reporting every problem at once.
 func (cfg *Config) Validate() error {
 	var errs []error
-	if !cfg.Hooks.HTTP.HasValue() && !cfg.Hooks.UDP.HasValue() && !cfg.Proxy.HasValue() && !cfg.VLLM.HasValue() {
-		errs = append(errs, errors.New("no source configured: set at least one of hooks::http, hooks::udp, proxy and vllm"))
+	if !cfg.Hooks.HTTP.HasValue() && !cfg.Hooks.UDP.HasValue() && !cfg.Hooks.Unix.HasValue() && !cfg.Proxy.HasValue() && !cfg.VLLM.HasValue() {
+		errs = append(errs, errors.New("no source configured: set at least one of hooks::http, hooks::udp, hooks::unix, proxy and vllm"))
 	}
 	if v := cfg.VLLM.Get(); v != nil {
 		errs = append(errs, v.validate()...)
@@ -228,8 +248,19 @@ func (cfg *Config) Validate() error {
 		if u.SocketBufferSize < 0 {
 			errs = append(errs, fmt.Errorf("hooks::udp::socket_buffer_size: must not be negative, got %d", u.SocketBufferSize))
 		}
-		if u.BatchWindow < 0 || u.BatchWindow > maxUDPBatchWindow {
-			errs = append(errs, fmt.Errorf("hooks::udp::batch_window: want 0 to %s, got %s", maxUDPBatchWindow, u.BatchWindow))
+		if u.BatchWindow < 0 || u.BatchWindow > maxBatchWindow {
+			errs = append(errs, fmt.Errorf("hooks::udp::batch_window: want 0 to %s, got %s", maxBatchWindow, u.BatchWindow))
+		}
+	}
+	if u := cfg.Hooks.Unix.Get(); u != nil {
+		switch {
+		case u.Endpoint == "":
+			errs = append(errs, errors.New("hooks::unix::endpoint: want the socket's path, got none"))
+		case len(u.Endpoint) > maxUnixPathBytes:
+			errs = append(errs, fmt.Errorf("hooks::unix::endpoint: %d bytes, a socket path holds at most %d", len(u.Endpoint), maxUnixPathBytes))
+		}
+		if u.BatchWindow < 0 || u.BatchWindow > maxBatchWindow {
+			errs = append(errs, fmt.Errorf("hooks::unix::batch_window: want 0 to %s, got %s", maxBatchWindow, u.BatchWindow))
 		}
 	}
 	l := cfg.Hooks.Limits
@@ -251,6 +282,10 @@ func (cfg *Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// maxUnixPathBytes is the longest socket path: sockaddr_un's sun_path holds
+// 108 bytes on Linux, its terminating NUL included (104 on the BSDs).
+const maxUnixPathBytes = 107
 
 // checkBodyLimit reports a negative max_request_body_size, which confighttp
 // would silently replace by its own default (0 keeps that default).

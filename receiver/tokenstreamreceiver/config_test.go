@@ -35,7 +35,7 @@ func TestConfigStruct(t *testing.T) {
 
 func TestConfigNoSource(t *testing.T) {
 	_, err := loadConfig(t, component.NewID(metadata.Type))
-	require.EqualError(t, err, "no source configured: set at least one of hooks::http, hooks::udp, proxy and vllm")
+	require.EqualError(t, err, "no source configured: set at least one of hooks::http, hooks::udp, hooks::unix, proxy and vllm")
 }
 
 func TestConfigDefaults(t *testing.T) {
@@ -50,6 +50,10 @@ func TestConfigDefaults(t *testing.T) {
 	require.NotNil(t, u)
 	assert.Equal(t, "localhost:4321", u.Endpoint)
 	assert.Equal(t, 5*time.Millisecond, u.BatchWindow)
+	x := cfg.Hooks.Unix.Get()
+	require.NotNil(t, x)
+	assert.Equal(t, "/run/otelcol-llm/hooks.sock", x.Endpoint)
+	assert.Equal(t, 5*time.Millisecond, x.BatchWindow)
 	assert.Equal(t, LimitsConfig{MaxLineBytes: 16384, MaxLinesPerBatch: 10000, MaxSessionIDBytes: 256, MaxAttributes: 32}, cfg.Hooks.Limits)
 }
 
@@ -64,6 +68,9 @@ func TestConfigCustom(t *testing.T) {
 	assert.Equal(t, "0.0.0.0:14321", u.Endpoint)
 	assert.Equal(t, 4<<20, u.SocketBufferSize)
 	assert.Equal(t, 20*time.Millisecond, u.BatchWindow)
+	x := cfg.Hooks.Unix.Get()
+	assert.Equal(t, "/var/run/llm/hooks.sock", x.Endpoint)
+	assert.Equal(t, 10*time.Millisecond, x.BatchWindow)
 	assert.Equal(t, LimitsConfig{MaxLineBytes: 4096, MaxLinesPerBatch: 500, MaxSessionIDBytes: 64, MaxAttributes: 8}, cfg.Hooks.Limits)
 }
 
@@ -76,6 +83,8 @@ func TestConfigInvalidReportsEveryProblem(t *testing.T) {
 		`hooks::udp::endpoint: address no-port: missing port in address`,
 		`hooks::udp::socket_buffer_size: must not be negative, got -1`,
 		`hooks::udp::batch_window: want 0 to 100ms, got 1s`,
+		`hooks::unix::endpoint: want the socket's path, got none`,
+		`hooks::unix::batch_window: want 0 to 100ms, got -1ms`,
 		`hooks::limits::max_lines_per_batch: must be positive, got 0`,
 		`hooks::limits::max_line_bytes: 100000 exceeds the largest UDP datagram (65507)`,
 	} {

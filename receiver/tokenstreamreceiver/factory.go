@@ -28,6 +28,13 @@ const (
 	// below a token gap, let alone a stall.
 	defaultUDPBatchWindow    = 5 * time.Millisecond
 	defaultMaxRequestBodyMiB = 8
+	// defaultUnixEndpoint is where node agents' sockets conventionally
+	// live; the DaemonSet mounts its directory from the host.
+	defaultUnixEndpoint = "/run/otelcol-llm/hooks.sock"
+	// defaultUnixBatchWindow: a hook client writes what it queued every
+	// FlushInterval (100 ms), which arrives in one read or a few: the
+	// window gathers them into one batch, as for UDP.
+	defaultUnixBatchWindow = 5 * time.Millisecond
 	// A non-streaming completion's headers come when it is whole, and a
 	// loaded engine queues requests: minutes, not seconds.
 	defaultResponseHeaderTimeout = 5 * time.Minute
@@ -85,6 +92,7 @@ func createDefaultConfig() component.Config {
 		Hooks: HooksConfig{
 			HTTP: configoptional.Default(HTTPConfig{ServerConfig: httpServer, Path: defaultHTTPPath}),
 			UDP:  configoptional.Default(UDPConfig{Endpoint: defaultUDPEndpoint, BatchWindow: defaultUDPBatchWindow}),
+			Unix: configoptional.Default(UnixConfig{Endpoint: defaultUnixEndpoint, BatchWindow: defaultUnixBatchWindow}),
 			Limits: LimitsConfig{
 				MaxLineBytes:      tokenevent.DefaultMaxLineBytes,
 				MaxLinesPerBatch:  tokenevent.DefaultMaxLinesPerBatch,

@@ -3,18 +3,23 @@ package tokenstreamreceiver
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/component/componenttest"
+	"go.opentelemetry.io/collector/config/configoptional"
 	"go.opentelemetry.io/collector/consumer/consumertest"
 	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/receiver/receivertest"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenhook"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
 
 // pausedPipeline holds every hand-over until resumed, and says when the
@@ -107,4 +112,102 @@ func TestHookClientBacklogAfterPause(t *testing.T) {
 	assert.Equal(t, int(taken), pipe.tokens(t))
 	assert.Zero(t, counter(t, tr.tel, "otelcol_receiver_token_stream_rejected_events", "http"))
 	assert.Zero(t, counter(t, tr.tel, "otelcol_receiver_token_stream_truncated_batches", "http"))
+}
+
+// The Go hook client over the Unix socket against this receiver: every
+// event taken is sent (acknowledged), and a line the receiver rejects is
+// counted rejected, as the acknowledgement says.
+func TestHookClientUnix(t *testing.T) {
+	path := socketPath(t)
+	tr := startReceiver(t, new(consumertest.LogsSink), func(c *Config) {
+		c.Hooks.HTTP = configoptional.None[HTTPConfig]()
+		c.Hooks.UDP = configoptional.None[UDPConfig]()
+		c.Hooks.Unix.GetOrInsertDefault().Endpoint = path
+		c.Hooks.Limits.MaxAttributes = 2
+	})
+	c, err := tokenhook.New(tokenhook.Config{Endpoint: "unix://" + path, FlushInterval: time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(tokenhook.Start{SessionID: "u-1", Model: "m"}))
+	for range 1000 {
+		require.NoError(t, c.Token("u-1", time.Time{}, 1))
+	}
+	// The receiver's limit is lower than the client's: the line is
+	// written, and rejected.
+	require.NoError(t, c.Start(tokenhook.Start{SessionID: "u-2", Attributes: map[string]string{"a": "1", "b": "2", "c": "3"}}))
+	require.NoError(t, c.End(tokenhook.End{SessionID: "u-1"}))
+	require.NoError(t, c.Close(context.Background()))
+	assert.Equal(t, tokenhook.Stats{Sent: 1002, Rejected: 1}, c.Stats())
+	assert.Equal(t, int64(1002), counter(t, tr.tel, "otelcol_receiver_token_stream_accepted_events", "unix"))
+	assert.Equal(t, int64(1), counter(t, tr.tel, "otelcol_receiver_token_stream_rejected_events", "unix"))
+}
+
+// A collector restart under a streaming client: the lines written before
+// the restart are either acknowledged (sent) or counted failed, the
+// batches while no collector listens fail at once, and once the collector
+// listens again the client reconnects by itself. Every event taken counts
+// once, and the receivers got exactly those counted sent.
+func TestHookClientUnixRestart(t *testing.T) {
+	path := socketPath(t)
+	cfg := createDefaultConfig().(*Config)
+	cfg.Hooks.HTTP = configoptional.None[HTTPConfig]()
+	cfg.Hooks.UDP = configoptional.None[UDPConfig]()
+	cfg.Hooks.Unix.GetOrInsertDefault().Endpoint = path
+	start := func(sink *consumertest.LogsSink) *tokenStreamReceiver {
+		rcv, err := NewFactory().CreateLogs(context.Background(), receivertest.NewNopSettings(metadata.Type), cfg, sink)
+		require.NoError(t, err)
+		require.NoError(t, rcv.Start(context.Background(), componenttest.NewNopHost()))
+		return rcv.(*tokenStreamReceiver)
+	}
+	tokensIn := func(sinks ...*consumertest.LogsSink) int {
+		n := 0
+		for _, s := range sinks {
+			for _, e := range events(t, s) {
+				n += strings.Count(e, `"event":"token"`)
+			}
+		}
+		return n
+	}
+	sink1, sink2 := new(consumertest.LogsSink), new(consumertest.LogsSink)
+	r1 := start(sink1)
+	c, err := tokenhook.New(tokenhook.Config{Endpoint: "unix://" + path, FlushInterval: time.Millisecond})
+	require.NoError(t, err)
+	taken := uint64(0)
+	token := func() {
+		if c.Token("restart-1", time.Time{}, 1) == nil {
+			taken++
+		}
+	}
+	for range 500 {
+		token()
+	}
+	require.Eventually(t, func() bool { return c.Stats().Sent > 0 }, 10*time.Second, time.Millisecond)
+	// Stop while the client writes.
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		assert.NoError(t, r1.Shutdown(context.Background()))
+	}()
+	for range 500 {
+		token()
+	}
+	<-stopped
+	// No collector: batches fail.
+	for range 100 {
+		token()
+	}
+	require.Eventually(t, func() bool { return c.Stats().Failed > 0 }, 10*time.Second, time.Millisecond)
+	r2 := start(sink2)
+	defer func() { require.NoError(t, r2.Shutdown(context.Background())) }()
+	// The client reconnects (within its backoff, at most 5 s).
+	before := c.Stats().Sent
+	require.Eventually(t, func() bool {
+		token()
+		return c.Stats().Sent > before && tokensIn(sink2) > 0
+	}, 30*time.Second, 5*time.Millisecond)
+	require.NoError(t, c.Close(context.Background()))
+	st := c.Stats()
+	t.Logf("taken %d: %+v", taken, st)
+	assert.Equal(t, taken, st.Sent+st.Dropped+st.Failed+st.Rejected, "every event taken counts once: %+v", st)
+	assert.Equal(t, int(st.Sent), tokensIn(sink1, sink2), "sent means the receivers took it")
+	assert.NotZero(t, st.Failed)
 }

@@ -20,21 +20,6 @@ import (
 // maxDatagramBytes is the largest UDP payload; a datagram is read whole.
 const maxDatagramBytes = 65507
 
-// Datagrams that arrive together are handed to the pipeline together: after
-// the first datagram of a batch, the listener goes on reading until
-// hooks::udp::batch_window has passed or coalesceBytes are read, and packs
-// each session's tokens of all of them into one record. At a high rate a
-// hook client's datagram (8 KiB) holds about one token of each session it
-// streams, so a record per session per datagram would be a record per
-// token, and the per-record cost is most of the token path's. (An earlier
-// version waited 100 µs for each next datagram: at a steady pace that timed
-// out after every one.)
-const coalesceBytes = 256 << 10
-
-// maxUDPBatchWindow bounds hooks::udp::batch_window: the delay it adds to
-// every event must stay far below the stall gap.
-const maxUDPBatchWindow = 100 * time.Millisecond
-
 // hooksUDPListener reads datagrams of NDJSON lines. It is fire-and-forget on
 // the sender's side, so nothing here may stop it: bad datagrams and refused
 // batches are counted and the loop goes on.
@@ -137,7 +122,7 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 			l.sink.release(d)
 			continue
 		}
-		closed := l.readMore(d, first.Add(l.window), read)
+		closed := l.readMore(d, first, read)
 		d.finish()
 		if d.rejected > 0 {
 			l.warn.Warn("UDP hook rejected token event lines (logged at most once a minute; every one is counted in otelcol_receiver_token_stream_rejected_events)",
@@ -154,26 +139,19 @@ func (l *hooksUDPListener) readLoop(ctx context.Context, host component.Host) {
 	}
 }
 
-// readMore adds to d the datagrams read until deadline, up to
-// coalesceBytes in all (read counts those already in d). It reports
-// whether the connection was closed meanwhile; any other read error is
-// left to the next read of the loop.
-func (l *hooksUDPListener) readMore(d *batchDecoder, deadline time.Time, read int) (closed bool) {
-	if l.window <= 0 {
-		return false
-	}
-	if err := l.conn.SetReadDeadline(deadline); err != nil {
-		return errors.Is(err, net.ErrClosed)
-	}
-	defer func() { _ = l.conn.SetReadDeadline(time.Time{}) }()
-	for read < coalesceBytes {
+// readMore adds to d the datagrams read within the batch window (see
+// fillWindow; read counts the bytes already in d). It reports whether the
+// connection was closed meanwhile; any other read error is left to the next
+// read of the loop.
+func (l *hooksUDPListener) readMore(d *batchDecoder, first time.Time, read int) (closed bool) {
+	err := fillWindow(l.conn, first, l.window, read, func() (int, error) {
 		n, err := l.batch.ReadBatch(l.msgs, 0)
 		if err != nil {
-			return errors.Is(err, net.ErrClosed)
+			return 0, err
 		}
-		read += l.add(d, n)
-	}
-	return false
+		return l.add(d, n), nil
+	}, func() bool { return false })
+	return closedConn(err)
 }
 
 // add adds to d the first n datagrams of msgs, the last read's, and

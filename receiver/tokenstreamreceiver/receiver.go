@@ -57,6 +57,7 @@ type tokenStreamReceiver struct {
 
 	http  *hooksHTTPServer
 	udp   *hooksUDPListener
+	unix  *hooksUnixListener
 	proxy *proxy.Server
 	vllm  *vllmScraper
 
@@ -140,7 +141,7 @@ func (r *tokenStreamReceiver) Shutdown(ctx context.Context) error {
 // proxy for logs, the vllm scraper for metrics.
 func (r *tokenStreamReceiver) start(ctx context.Context, host component.Host) error {
 	r.unregisterEarlyStop = earlystop.Register(r.Shutdown)
-	logSources := r.cfg.Hooks.HTTP.HasValue() || r.cfg.Hooks.UDP.HasValue() || r.cfg.Proxy.HasValue()
+	logSources := r.cfg.Hooks.HTTP.HasValue() || r.cfg.Hooks.UDP.HasValue() || r.cfg.Hooks.Unix.HasValue() || r.cfg.Proxy.HasValue()
 	switch {
 	case r.next == nil && logSources:
 		r.settings.Logger.Warn("hooks or proxy configured but the receiver is in no logs pipeline: they are not started")
@@ -191,6 +192,17 @@ func (r *tokenStreamReceiver) startLogSources(ctx context.Context, host componen
 		}
 		r.udp = l
 	}
+	if u := r.cfg.Hooks.Unix.Get(); u != nil {
+		sink, err := r.newLogsSink(transportUnix, "ndjson")
+		if err != nil {
+			return errors.Join(err, r.shutdown(ctx))
+		}
+		l, err := startHooksUnix(u, r.cfg.Hooks.Limits, sink)
+		if err != nil {
+			return errors.Join(err, r.shutdown(ctx))
+		}
+		r.unix = l
+	}
 	if p := r.cfg.Proxy.Get(); p != nil {
 		srv, err := r.startProxy(ctx, p, host)
 		if err != nil {
@@ -220,6 +232,10 @@ func (r *tokenStreamReceiver) shutdown(ctx context.Context) error {
 		errs = append(errs, r.udp.shutdown())
 		r.udp = nil
 	}
+	if r.unix != nil {
+		errs = append(errs, r.unix.shutdown())
+		r.unix = nil
+	}
 	if r.proxy != nil {
 		errs = append(errs, r.proxy.Shutdown(ctx))
 		r.proxy = nil
@@ -239,7 +255,12 @@ type batchDecoder struct {
 	writer   *tokenrecord.RecordWriter
 	maxLines int
 
-	logs     plog.Logs
+	logs plog.Logs
+	// observed is when the batch began.
+	observed time.Time
+	// lineBase is added to the line numbers of the errors: a stream's
+	// lines are numbered from its first, across batches.
+	lineBase int
 	accepted int
 	rejected int
 	// truncated counts the bodies cut at maxLines.
@@ -261,6 +282,7 @@ func (d *batchDecoder) decode(body []byte, observed time.Time) {
 // before they go (tokenrecord's SetOrdered).
 func (d *batchDecoder) begin(observed time.Time, ordered bool) {
 	d.logs = plog.NewLogs()
+	d.observed, d.lineBase = observed, 0
 	d.accepted, d.rejected, d.truncated, d.errs = 0, 0, 0, d.errs[:0]
 	sl := d.logs.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty()
 	sl.Scope().SetName(metadata.ScopeName)
@@ -277,12 +299,24 @@ func (d *batchDecoder) add(body []byte) {
 // finish completes the batch's records (the packed ones are written last).
 func (d *batchDecoder) finish() { d.writer.Flush() }
 
+// addLines parses lines of a stream into the batch: no line limit (a
+// stream's batch ends at it instead), and line numbers from lineBase on.
+func (d *batchDecoder) addLines(lines []byte) {
+	d.parser.ParseBatch(lines, 0, d.onEvent, d.onError)
+}
+
 func (d *batchDecoder) onEvent(ev *tokenevent.Event) {
 	d.accepted++
 	d.writer.Append(ev)
 }
 
 func (d *batchDecoder) onError(e *tokenparse.LineError) {
+	e.Line += d.lineBase
+	d.reject(e)
+}
+
+// reject counts a rejected line and keeps its error, numbered already.
+func (d *batchDecoder) reject(e *tokenparse.LineError) {
 	d.rejected += 1 + e.Unread
 	if e.Unread > 0 {
 		d.truncated++
@@ -453,10 +487,11 @@ const (
 	transportHTTP transportKind = iota
 	transportUDP
 	transportProxy
+	transportUnix
 	transportKinds
 )
 
-func (t transportKind) String() string { return [...]string{"http", "udp", "proxy"}[t] }
+func (t transportKind) String() string { return [...]string{"http", "udp", "proxy", "unix"}[t] }
 
 // transportAttrs are the attribute sets of the token event counters, one a
 // transport, built once: they are on every batch's path. The counters count

@@ -409,7 +409,7 @@ func TestUDPBatchWindow(t *testing.T) {
 		window         time.Duration
 		calls, records int
 	}{
-		{window: maxUDPBatchWindow, calls: 1, records: 1},
+		{window: maxBatchWindow, calls: 1, records: 1},
 		{window: 0, calls: 2, records: 2},
 	} {
 		t.Run(tc.window.String(), func(t *testing.T) {

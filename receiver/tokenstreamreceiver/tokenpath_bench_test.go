@@ -6,13 +6,16 @@
 package tokenstreamreceiver
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -338,6 +341,118 @@ func benchmarkTokenPathHTTP(b *testing.B, w *tokenPathWorkload) {
 			}
 			cpu := cpuNanos() - cpu0 - setup
 			client.CloseIdleConnections()
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(events), "ns/event")
+			b.ReportMetric(float64(cpu)/float64(events), "cpu-ns/event")
+			b.ReportMetric(float64(events)/(float64(cpu)/1e9), "events/cpu-s")
+			b.ReportMetric(float64(events)/float64(b.N), "events/op")
+		})
+	}
+}
+
+// BenchmarkTokenPathUnix is BenchmarkTokenPathHTTP's path through the Unix
+// socket hook, the clients' default transport where the node offers it:
+// each workload body is what one batch window of one connection holds.
+// stream feeds the connection's line cutter, decoder, pipeline and
+// acknowledgement in process, no system call (the streaming equivalent of
+// handler); socket writes the bodies on a real connection to the started
+// listener and reads the acknowledgements, the client's cost included.
+func BenchmarkTokenPathUnix(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		w    func() *tokenPathWorkload
+	}{
+		{"batch1000", func() *tokenPathWorkload { return newTokenPathWorkload(100, 100_000, 1000) }},
+		{"short_sessions", func() *tokenPathWorkload { return newTokenPathWorkloadOf(10, 50_000, 120, 10, 1) }},
+		{"one_token_per_session", func() *tokenPathWorkload { return newTokenPathWorkload(1000, 200_000, 1000) }},
+	} {
+		b.Run(tc.name, func(b *testing.B) { benchmarkTokenPathUnix(b, tc.w()) })
+	}
+}
+
+func benchmarkTokenPathUnix(b *testing.B, w *tokenPathWorkload) {
+	for _, mode := range []string{"stream", "socket"} {
+		b.Run(mode, func(b *testing.B) {
+			r := newTokenPath(b)
+			sink, err := r.newLogsSink(transportUnix, "ndjson")
+			if err != nil {
+				b.Fatal(err)
+			}
+			var post func(body []byte, events int)
+			switch mode {
+			case "stream":
+				lines := newLineStream(r.cfg.Hooks.Limits.MaxLineBytes)
+				reader := bytes.NewReader(nil)
+				var ack []byte
+				warn := r.logsLogger
+				post = func(body []byte, _ int) {
+					reader.Reset(body)
+					d := sink.decoder()
+					d.begin(time.Now(), false)
+					for {
+						_, err := lines.read(reader)
+						lines.take(d)
+						if err != nil {
+							break
+						}
+					}
+					d.finish()
+					ack, _ = deliverStreamBatch(sink, warn, d, ack[:0])
+					sink.release(d)
+					if d.rejected > 0 {
+						b.Fatalf("rejected: %s", ack)
+					}
+				}
+			case "socket":
+				l, err := startHooksUnix(&UnixConfig{Endpoint: filepath.Join(b.TempDir(), "s.sock"), BatchWindow: 0}, r.cfg.Hooks.Limits, sink)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { _ = l.shutdown() })
+				conn, err := net.Dial("unix", l.path)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { _ = conn.Close() })
+				acks := bufio.NewReader(conn)
+				post = func(body []byte, events int) {
+					if _, err := conn.Write(body); err != nil {
+						b.Fatal(err)
+					}
+					// Wait for the body's acknowledgements: one batch at a
+					// time, as a client flushing on its interval sends.
+					for events > 0 {
+						line, err := acks.ReadSlice('\n')
+						if err != nil {
+							b.Fatal(err)
+						}
+						var a unixAck
+						if err := json.Unmarshal(line, &a); err != nil || a.Rejected+a.Refused > 0 {
+							b.Fatalf("acknowledgement %s: %v", line, err)
+						}
+						events -= a.Accepted
+					}
+				}
+			}
+			round, i, events := 0, 0, 0
+			var setup int64
+			w.setRound(round)
+			b.ReportAllocs()
+			cpu0 := cpuNanos()
+			for b.Loop() {
+				if i == w.batches {
+					b.StopTimer()
+					c := cpuNanos()
+					round++
+					w.setRound(round)
+					i = 0
+					setup += cpuNanos() - c
+					b.StartTimer()
+				}
+				post(w.bodies[i], w.counts[i])
+				events += w.counts[i]
+				i++
+			}
+			cpu := cpuNanos() - cpu0 - setup
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(events), "ns/event")
 			b.ReportMetric(float64(cpu)/float64(events), "cpu-ns/event")
 			b.ReportMetric(float64(events)/(float64(cpu)/1e9), "events/cpu-s")

@@ -4,6 +4,7 @@ package main
 
 import (
 	"fmt"
+	"path/filepath"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
 )
@@ -33,15 +34,30 @@ const exporterBatchYAML = `    sending_queue:
 // addrs are the listening addresses of one collector under test.
 type addrs struct {
 	hooksHTTP, hooksUDP, otlp, pprof, telemetry, sink string
-	proxy, upstream                                   string
+	// hooksUnix is the Unix socket hook's path.
+	hooksUnix       string
+	proxy, upstream string
 }
 
 func newAddrs(sink string) addrs {
 	free := process.MustFreeAddr
-	return addrs{hooksHTTP: free(), hooksUDP: free(), otlp: free(), pprof: free(), telemetry: free(), sink: sink}
+	return addrs{hooksHTTP: free(), hooksUDP: free(), otlp: free(), pprof: free(), telemetry: free(), sink: sink, hooksUnix: socketPath()}
 }
 
-// oursConfig is the token path under test: hooks (HTTP and UDP) →
+// socketPath is a fresh path for a collector's Unix socket hook, short
+// enough for a socket (the -out directory may not be).
+func socketPath() string {
+	socketSeq++
+	return filepath.Join(socketDir, fmt.Sprintf("h%d.sock", socketSeq))
+}
+
+// socketDir holds the collectors' sockets: made by main, removed at its end.
+var (
+	socketDir string
+	socketSeq int
+)
+
+// oursConfig is the token path under test: hooks (HTTP, UDP and Unix) →
 // token_session (logs, traces and metrics instances, one session table) →
 // otlp exporter to the driver's sink, with token_session's defaults (sampling
 // TTFT 500 ms, TPOT 80 ms, 1% of the rest) except a session table large enough
@@ -53,6 +69,7 @@ func oursConfig(a addrs, extra string) string {
     hooks:
       http: {endpoint: %s}
       udp: {endpoint: %s, socket_buffer_size: 4194304}
+      unix: {endpoint: %s}
 %s  otlp:
     protocols:
       grpc: {endpoint: %s}
@@ -72,7 +89,7 @@ service:
     logs: {receivers: [token_stream], processors: [token_session], exporters: [otlp_grpc]}
     traces: {receivers: [otlp], processors: [token_session], exporters: [otlp_grpc]}
     metrics: {receivers: [otlp%s], processors: [token_session], exporters: [otlp_grpc]}
-`, a.hooksHTTP, a.hooksUDP, extra, a.otlp, stallYAML(extra), a.sink, exporterBatchYAML, a.pprof, telemetryYAML(a.telemetry), metricsReceivers(extra))
+`, a.hooksHTTP, a.hooksUDP, a.hooksUnix, extra, a.otlp, stallYAML(extra), a.sink, exporterBatchYAML, a.pprof, telemetryYAML(a.telemetry), metricsReceivers(extra))
 }
 
 // stallYAML: freeze detection runs on the collector's clock (no token for

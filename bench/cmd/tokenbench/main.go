@@ -34,6 +34,7 @@ type result struct {
 	E2E        *e2eResult       `json:"e2e,omitempty"`
 	ScaleOut   *scaleOutResult  `json:"scale_out,omitempty"`
 	Shapes     *shapesResult    `json:"shapes,omitempty"`
+	BusyNode   *busyNodeResult  `json:"busy_node,omitempty"`
 }
 
 func main() {
@@ -43,7 +44,12 @@ func main() {
 		stock      = flag.String("stock", "bin/otelcol-stock", "the stock baseline collector")
 		vllmsim    = flag.String("vllmsim", "bin/vllmsim", "the engine simulator")
 		llmload    = flag.String("llmload", "bin/llmload", "the load generator")
-		only       = flag.String("run", "tokenpath,shapes,scale,saturation,e2e,scaleout", "scenarios to run, comma-separated")
+		only       = flag.String("run", "tokenpath,shapes,busynode,scale,saturation,e2e,scaleout", "scenarios to run, comma-separated")
+		transport  = flag.String("hook-transport", "unix", "shapes and busynode: our side's hook transport, unix (the clients' default where the node offers the socket) or http")
+		repeat     = flag.Int("repeat", 3, "shapes and busynode: runs of each side, alternating ours and stock; each ratio is the median pair's")
+		engines    = flag.Int("busy-engines", 8, "busynode: engines on the node")
+		engineRate = flag.Float64("busy-rate", 5000, "busynode: tokens/s per engine")
+		busyFor    = flag.Duration("busy-duration", 60*time.Second, "busynode: how long the node is busy")
 		sessions   = flag.Int("sessions", 256, "token path: concurrent sessions per wave")
 		tokens     = flag.Int("tokens", 256, "token path: tokens per session")
 		waves      = flag.Int("waves", 16, "token path: waves of sessions")
@@ -67,6 +73,10 @@ func main() {
 	)
 	flag.Parse()
 	log.SetFlags(log.Ltime)
+	if *transport != "unix" && *transport != "http" {
+		log.Fatalf("-hook-transport: want unix or http, got %q", *transport)
+	}
+	var err error
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		log.Fatal(err)
 	}
@@ -76,6 +86,10 @@ func main() {
 		}
 		return
 	}
+	socketDir, err = os.MkdirTemp("", "tokenbench")
+	if err != nil {
+		log.Fatal(err)
+	}
 	sk, err := otlpsink.Start("127.0.0.1:0", otlpsink.Options{})
 	if err != nil {
 		log.Fatal(err)
@@ -84,13 +98,15 @@ func main() {
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	// Every load below is bounded in count or time; this bounds them all.
-	ctx, cancelAll := context.WithTimeout(ctx, 12*time.Minute)
+	ctx, cancelAll := context.WithTimeout(ctx, 40*time.Minute)
 	defer cancelAll()
 
 	e := &env{
 		out: *out, ours: abs(*ours), stock: abs(*stock), workers: *workers, udpRate: *udpRate, udpBytes: *udpBytes,
 		memK: *memK, memToks: *memTokens, ctx: ctx, sink: sk, profile: *profile,
+		hookTransport: *transport, repeat: max(1, *repeat),
 	}
+
 	var res result
 	run := map[string]bool{}
 	for _, s := range strings.Split(*only, ",") {
@@ -99,6 +115,7 @@ func main() {
 	fail := func(what string, err error) {
 		if err != nil {
 			log.Printf("%s: %v", what, err)
+			_ = os.RemoveAll(socketDir)
 			cancel()
 			sk.Close()
 			os.Exit(1)
@@ -114,6 +131,10 @@ func main() {
 		fail("shapes", err)
 		res.Shapes, err = e.shapes(list)
 		fail("shapes", err)
+	}
+	if run["busynode"] {
+		res.BusyNode, err = e.busyNode(*engines, *engineRate, *busyFor)
+		fail("busy node", err)
 	}
 	if run["scale"] {
 		res.Scale, err = e.scale(ints(*scaleKs), *scaleToks)
@@ -134,6 +155,7 @@ func main() {
 	}
 	b, _ := json.MarshalIndent(res, "", "  ")
 	fail("write", os.WriteFile(filepath.Join(*out, "tokenbench.json"), b, 0o644))
+	_ = os.RemoveAll(socketDir)
 }
 
 func abs(p string) string {

@@ -52,6 +52,11 @@ type env struct {
 	// profile, when not zero: our collector is CPU-profiled for this long
 	// from the start of each token path, shape and scale run (profiled).
 	profile time.Duration
+	// hookTransport is our side's hook transport in shapes and busynode:
+	// unix or http.
+	hookTransport string
+	// repeat is how many runs of each side shapes and busynode make.
+	repeat int
 }
 
 // profiled wraps a run's send: when e.profile is set, our collector c is

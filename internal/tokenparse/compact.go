@@ -1,0 +1,232 @@
+package tokenparse // import "github.com/otelcol-llm/otelcol-llm/internal/tokenparse"
+
+import (
+	"bytes"
+	"encoding/binary"
+
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+)
+
+// The compact paths read the lines every hook client writes: AppendJSON's
+// field order and compact form (the Go client's encoder; the Python client
+// writes the same), with plain-ASCII strings. Each reports false, leaving
+// the line to the general parser, for anything else, including every
+// invalid line and every field it does not read (attributes, "stream":
+// true), so that what it takes the general parser takes the same way
+// (FuzzParse checks it). A session's start and end lines are as many as
+// its token lines in a short session: this keeps them off the general
+// parser's key dispatch and per-field checks.
+
+// parseCompact parses line by the compact path of its kind, if it has one.
+func (p *Parser) parseCompact(line []byte, ev *tokenevent.Event) bool {
+	if len(line) < len(compactStartPrefix) {
+		return false
+	}
+	// `{"event":"` then the kind's first letter decides.
+	switch line[len(`{"event":"`)] {
+	case 't':
+		return p.parseCompactToken(line, ev)
+	case 's':
+		return p.parseCompactStart(line, ev)
+	case 'e':
+		return p.parseCompactEnd(line, ev)
+	}
+	return false
+}
+
+var (
+	compactStartPrefix = []byte(`{"event":"start","session_id":"`)
+	compactEndPrefix   = []byte(`{"event":"end","session_id":"`)
+)
+
+// Keys of the optional fields, in AppendJSON's order, each with the comma
+// before it and the colon after.
+var (
+	keyTraceID      = []byte(`,"trace_id":"`)
+	keySpanID       = []byte(`,"span_id":"`)
+	keyParentSpanID = []byte(`,"parent_span_id":"`)
+	keyModel        = []byte(`,"model":"`)
+	keyOperation    = []byte(`,"operation":"`)
+	keyPromptTokens = []byte(`,"prompt_tokens":`)
+	keyEngine       = []byte(`,"engine":"`)
+	keyNoStream     = []byte(`,"stream":false`)
+	keyTraceState   = []byte(`,"tracestate":"`)
+
+	keyCompletionTokens = []byte(`,"completion_tokens":`)
+	keyFinishReason     = []byte(`,"finish_reason":"`)
+	keyError            = []byte(`,"error":"`)
+	keyResponseModel    = []byte(`,"response_model":"`)
+	keyQueueTime        = []byte(`,"queue_time_ns":`)
+	keyPrefillTime      = []byte(`,"prefill_time_ns":`)
+	keyDecodeTime       = []byte(`,"decode_time_ns":`)
+)
+
+// compactCursor reads a line of the compact form; ok turns false at the
+// first thing it cannot read, and every read after it is a no-op.
+type compactCursor struct {
+	line []byte
+	k    int
+	ok   bool
+}
+
+// has steps past key if the line goes on with it.
+func (c *compactCursor) has(key []byte) bool {
+	if c.ok && bytes.HasPrefix(c.line[c.k:], key) {
+		c.k += len(key)
+		return true
+	}
+	return false
+}
+
+// plain reads a string's plain-ASCII content up to its closing quote (the
+// opening one is the key's) and steps past the quote.
+func (c *compactCursor) plain() []byte {
+	i := plainEnd(c.line, c.k)
+	if i >= len(c.line) || c.line[i] != '"' {
+		c.ok = false
+		return nil
+	}
+	s := c.line[c.k:i]
+	c.k = i + 1
+	return s
+}
+
+// uint reads a non-negative integer that fits an int64.
+func (c *compactCursor) uint() uint64 {
+	v, next, ok := compactUint(c.line, c.k)
+	c.ok = c.ok && ok
+	c.k = next
+	return v
+}
+
+// hex reads a string of exactly 2*len(dst) hex digits, not all zeros, into
+// dst.
+func (c *compactCursor) hex(dst []byte) {
+	s := c.plain()
+	if !c.ok || len(s) != 2*len(dst) {
+		c.ok = false
+		return
+	}
+	var nonZero byte
+	for i := range dst {
+		hi, lo := unhex(s[2*i]), unhex(s[2*i+1])
+		if hi < 0 || lo < 0 {
+			c.ok = false
+			return
+		}
+		dst[i] = byte(hi<<4 | lo)
+		nonZero |= dst[i]
+	}
+	c.ok = nonZero != 0
+}
+
+// end reports whether the line ends here, with the object.
+func (c *compactCursor) end() bool { return c.ok && c.k == len(c.line)-1 && c.line[c.k] == '}' }
+
+// common reads the session ID and time after prefix into ev, which it
+// resets first.
+func (p *Parser) common(line, prefix []byte, kind tokenevent.Kind, ev *tokenevent.Event) compactCursor {
+	c := compactCursor{line: line, k: len(prefix), ok: bytes.HasPrefix(line, prefix)}
+	if !c.ok {
+		return c
+	}
+	sid := c.plain()
+	if !c.ok || len(sid) == 0 || len(sid) > p.limits.MaxSessionIDBytes || !c.has(compactTokenTime[1:]) {
+		c.ok = false
+		return c
+	}
+	t := c.uint()
+	if !c.ok || t == 0 {
+		c.ok = false
+		return c
+	}
+	ev.Reset()
+	ev.Kind, ev.SessionID, ev.TimeUnixNano = kind, p.intern(sid), t
+	return c
+}
+
+// parseCompactStart is the compact path of a start line.
+func (p *Parser) parseCompactStart(line []byte, ev *tokenevent.Event) bool {
+	c := p.common(line, compactStartPrefix, tokenevent.KindStart, ev)
+	if c.has(keyTraceID) {
+		c.hex(ev.TraceID[:])
+	}
+	if c.has(keySpanID) {
+		c.hex(ev.SpanID[:])
+	}
+	if c.has(keyParentSpanID) {
+		c.hex(ev.ParentSpanID[:])
+	}
+	if c.has(keyModel) {
+		ev.Model = p.intern(c.plain())
+	}
+	if c.has(keyOperation) {
+		op, err := tokenevent.CheckOperation(c.plain())
+		c.ok = c.ok && err == nil
+		ev.Operation = op
+	}
+	if c.has(keyPromptTokens) {
+		ev.PromptTokens = int64(c.uint())
+	}
+	if c.has(keyEngine) {
+		ev.Engine = p.intern(c.plain())
+	}
+	ev.NoStream = c.has(keyNoStream)
+	if c.has(keyTraceState) {
+		ts := c.plain()
+		c.ok = c.ok && tokenevent.CheckTraceState(ts) == nil
+		ev.TraceState = p.intern(ts)
+	}
+	return c.end()
+}
+
+// parseCompactEnd is the compact path of an end line.
+func (p *Parser) parseCompactEnd(line []byte, ev *tokenevent.Event) bool {
+	c := p.common(line, compactEndPrefix, tokenevent.KindEnd, ev)
+	if c.has(keyCompletionTokens) {
+		ev.CompletionTokens = int64(c.uint())
+	}
+	if c.has(keyFinishReason) {
+		ev.FinishReason = p.intern(c.plain())
+	}
+	if c.has(keyError) {
+		ev.Error = p.intern(c.plain())
+	}
+	if c.has(keyResponseModel) {
+		ev.ResponseModel = p.intern(c.plain())
+	}
+	for _, t := range [...]struct {
+		key []byte
+		dst *int64
+	}{{keyQueueTime, &ev.QueueTimeNs}, {keyPrefillTime, &ev.PrefillTimeNs}, {keyDecodeTime, &ev.DecodeTimeNs}} {
+		if c.has(t.key) {
+			*t.dst = int64(c.uint())
+			ev.TimingSource = tokenevent.TimingHook
+		}
+	}
+	return c.end()
+}
+
+// plainEnd is the index of the first byte of b from i on that plainByte
+// does not mark (len(b) if none): eight bytes at a time while they are all
+// plain, then byte by byte. A session ID or a model name is tens of bytes,
+// and the byte-at-a-time scan was most of a token line's compact parse.
+func plainEnd(b []byte, i int) int {
+	const (
+		ones  = 0x0101010101010101
+		highs = 0x8080808080808080
+	)
+	for ; i+8 <= len(b); i += 8 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		quote, backslash := x^('"'*ones), x^('\\'*ones)
+		// A byte of 0x80 or more, below 0x20, or a zero byte of quote or
+		// backslash (the exact tests for "some byte is": no false alarm).
+		if (x|((x-0x20*ones)&^x)|((quote-ones)&^quote)|((backslash-ones)&^backslash))&highs != 0 {
+			break
+		}
+	}
+	for i < len(b) && plainByte[b[i]] {
+		i++
+	}
+	return i
+}
