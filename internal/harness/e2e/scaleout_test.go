@@ -109,9 +109,21 @@ func startScaleOut(t *testing.T, decisionWait time.Duration) *scaleOut {
 		}
 	})
 	for _, ip := range so.agents {
+		// The agent's hooks' Unix socket is a path of the node: each agent
+		// here (and each test run at once elsewhere) gets its own. The
+		// agent expects its engines' spans (engine_timing::expect_spans),
+		// so a kept session waits up to engine_timing::wait for one; the
+		// sessions here have none, and that wait is scaled down with
+		// decision_wait (6 s → 300 ms), as the shipped 60 s covers 6 s.
+		dir := t.TempDir()
+		agentCfg := filepath.Join(dir, "agent.yaml")
+		require.NoError(t, os.WriteFile(agentCfg, []byte( //nolint:gosec // G703: the test's own temporary directory
+			"receivers:\n  token_stream:\n    hooks:\n      unix:\n        endpoint: "+filepath.Join(dir, "hooks.sock")+"\n"+
+				"processors:\n  token_session:\n    engine_timing:\n      wait: 300ms\n"), 0o600))
 		testbin.StartCollector(t, []string{
 			"--config", filepath.Join("..", "..", "..", "deploy", "agent-config.yaml"),
 			"--config", lbCfg,
+			"--config", agentCfg,
 		}, []string{
 			"MY_POD_IP=" + ip, "K8S_NODE_NAME=node-" + ip, "K8S_POD_NAME=agent-" + ip,
 			"K8S_NAMESPACE=observability", "OTLP_BACKEND=127.0.0.1:9", "OTELCOL_LLM_STORAGE_DIR=" + t.TempDir(),
