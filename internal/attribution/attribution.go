@@ -61,7 +61,8 @@ type Share struct {
 	// (final after End); Energy its energy in joules, meaningful when
 	// EnergyKnown.
 	Prefill, Decode float64
-	Energy          float64
+	// Energy is the whole session's, PrefillEnergy its prefill's part.
+	Energy, PrefillEnergy float64
 	// EnergyKnown: the engine had a power reading for the whole session.
 	EnergyKnown bool
 
@@ -288,7 +289,11 @@ func (e *Engine) close(s *Share) {
 		e.decoding--
 	}
 	if s.EnergyKnown {
-		s.Energy += s.w * (e.u - s.u0)
+		j := s.w * (e.u - s.u0)
+		s.Energy += j
+		if s.phase == PhasePrefill {
+			s.PrefillEnergy += j
+		}
 	}
 	e.w -= s.w
 	if e.decoding == 0 && e.prefillW < 1e-9 {
@@ -370,6 +375,9 @@ func (e *Engine) Totals(at int64) Totals {
 	}
 	return t
 }
+
+// Latest is the latest time the engine's integrals reached (ns).
+func (e *Engine) Latest() int64 { return e.now }
 
 // HasPower reports whether the engine has a power reading.
 func (e *Engine) HasPower() bool { return e.hasPower }

@@ -24,6 +24,9 @@ type Observer[S any] interface {
 	// Gap: n per-token gaps of g each (a chunk of n tokens arriving g·n
 	// after the previous one); state is what Started returned for s.
 	Gap(s *Session, state S, g time.Duration, n int64)
+	// FirstToken: s's first token (s.FirstTokenTime), the end of its
+	// prefill; once per session.
+	FirstToken(s *Session, state S)
 	// Restarted: the start of a session opened by an earlier token event
 	// arrived and filled in its model, engine and attributes; the state
 	// returned replaces state.
@@ -662,6 +665,7 @@ func (t *Table[S]) token(s *entry[S], at, count, now int64, out *[]Report[S]) {
 		if s.StartTime != 0 && at < s.StartTime {
 			t.Counters.OutOfOrder++
 		}
+		t.obs.FirstToken(&s.Session, s.state)
 		t.checkTTFT(s, out)
 		return
 	}

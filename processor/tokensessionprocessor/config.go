@@ -48,6 +48,9 @@ type Config struct {
 	Limits   LimitsConfig           `mapstructure:"limits"`
 	// EngineTiming joins the engine's own timing (its span) to sessions.
 	EngineTiming EngineTimingConfig `mapstructure:"engine_timing"`
+	// Attribution divides each engine's time and energy among its sessions
+	// (attribution.go).
+	Attribution AttributionConfig `mapstructure:"attribution"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -97,6 +100,7 @@ func createDefaultConfig() *Config {
 		Traces:          heldspans.DefaultConfig(),
 		Limits:          LimitsConfig{MaxSessionIDBytes: tokenevent.DefaultMaxSessionIDBytes, MaxAttributes: tokenevent.DefaultMaxAttributes},
 		EngineTiming:    EngineTimingConfig{Wait: 6 * time.Second, MaxSessions: 20_000},
+		Attribution:     defaultAttributionConfig(),
 	}
 }
 
@@ -142,6 +146,7 @@ func (cfg *Config) Validate() error {
 	if cfg.EngineTiming.MaxSessions < 0 {
 		errs = append(errs, fmt.Errorf("engine_timing::max_sessions: must not be negative, got %d", cfg.EngineTiming.MaxSessions))
 	}
+	errs = append(errs, under("attribution", cfg.Attribution.Validate())...)
 	return errors.Join(errs...)
 }
 

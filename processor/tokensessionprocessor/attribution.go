@@ -1,0 +1,453 @@
+package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"sort"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/attribution"
+	"github.com/otelcol-llm/otelcol-llm/internal/session"
+)
+
+// AttributionConfig configures who used the GPU: each engine's busy time
+// and energy divided among its sessions (internal/attribution states the
+// model), on the session outputs and as the llm.engine.time and
+// llm.engine.energy counters.
+type AttributionConfig struct {
+	// Enabled: on by default; it costs three O(1) steps per session, none
+	// per token.
+	Enabled bool `mapstructure:"enabled"`
+	// TenantAttribute is the start attribute whose value is the session's
+	// tenant on the counters (llm.tenant).
+	TenantAttribute string `mapstructure:"tenant_attribute"`
+	// MaxTenants bounds the distinct tenants on the counters; the sessions
+	// of the others count as _OTHER.
+	MaxTenants int `mapstructure:"max_tenants"`
+	// StepTokens, KVCacheTokens and MaxNumSeqs are the engine scheduler's
+	// limits (vLLM's max_num_batched_tokens, its KV cache in tokens,
+	// max_num_seqs; 0: unlimited) by which the model admits prompts.
+	StepTokens    int `mapstructure:"step_tokens"`
+	KVCacheTokens int `mapstructure:"kv_cache_tokens"`
+	MaxNumSeqs    int `mapstructure:"max_num_seqs"`
+	// PowerMetric is the GPU power gauge (W) read from the metrics
+	// pipeline; PodAttribute its attribute naming the engine's pod.
+	PowerMetric  string `mapstructure:"power_metric"`
+	PodAttribute string `mapstructure:"pod_attribute"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+func defaultAttributionConfig() AttributionConfig {
+	return AttributionConfig{
+		Enabled: true, TenantAttribute: "tenant.id", MaxTenants: 100,
+		StepTokens: attribution.DefaultBudget, MaxNumSeqs: 256,
+		PowerMetric: "DCGM_FI_DEV_POWER_USAGE", PodAttribute: "pod",
+	}
+}
+
+// Validate names each bad setting within the section.
+func (c AttributionConfig) Validate() []error {
+	var errs []error
+	if c.MaxTenants < 1 {
+		errs = append(errs, fmt.Errorf("max_tenants: must be at least 1, got %d", c.MaxTenants))
+	}
+	if c.StepTokens < 1 {
+		errs = append(errs, fmt.Errorf("step_tokens: must be at least 1, got %d", c.StepTokens))
+	}
+	if c.KVCacheTokens < 0 {
+		errs = append(errs, fmt.Errorf("kv_cache_tokens: must not be negative, got %d", c.KVCacheTokens))
+	}
+	if c.MaxNumSeqs < 0 {
+		errs = append(errs, fmt.Errorf("max_num_seqs: must not be negative, got %d", c.MaxNumSeqs))
+	}
+	return errs
+}
+
+// Names of the attribution's outputs.
+const (
+	attrEngineTime        = "llm.session.engine_time"
+	attrEngineTimePrefill = "llm.session.engine_time.prefill"
+	attrEngineTimeDecode  = "llm.session.engine_time.decode"
+	attrEnergy            = "llm.session.energy"
+	attrAttributionSource = "llm.session.attribution_source"
+
+	metricEngineTime   = "llm.engine.time"
+	metricEngineEnergy = "llm.engine.energy"
+	attrMetricEngine   = "llm.engine"
+	attrMetricModel    = "gen_ai.request.model"
+	attrMetricTenant   = "llm.tenant"
+	attrMetricState    = "state"
+	stateIdle          = "idle"
+	statePrefill       = "prefill"
+	stateDecode        = "decode"
+	tenantOverflow     = "_OTHER"
+)
+
+// attributionLag is how far behind the collector's clock the counters
+// close an engine's integral: events come in up to this late (the hooks'
+// batching, a UDP queue) and an integral cannot run backwards.
+const attributionLag = int64(time.Second)
+
+// attributor is the part of the core that divides each engine's time and
+// energy among its sessions. mu is a leaf: the sessions part calls it with
+// its own lock held (session events), the metrics path alone (power).
+type attributor struct {
+	cfg AttributionConfig
+
+	mu      sync.Mutex
+	engines map[string]*engineAccount
+	last    *engineAccount
+	// shares are the open sessions' accounts; free the recycled ones.
+	shares map[*session.Session]*attribution.Share
+	free   []*attribution.Share
+	// pods holds the latest power reading of each pod, for engines seen
+	// after it.
+	pods map[string]powerReading
+
+	series  map[seriesKey]*shareSeries
+	tenants map[string]struct{}
+	// tenantOverflows counts the sessions counted as _OTHER.
+	tenantOverflows uint64
+	created         pcommon.Timestamp
+}
+
+type engineAccount struct {
+	name string
+	m    *attribution.Engine
+	// seenAt is the collector's time of the engine's latest session event:
+	// the counters advance the engine's integral by the collector time
+	// since, on the engine's own clock (the two may differ).
+	seenAt int64
+}
+
+type powerReading struct {
+	at    int64
+	watts float64
+}
+
+type seriesKey struct{ engine, model, tenant string }
+
+type shareSeries struct {
+	key                         seriesKey
+	prefill, decode             float64
+	prefillEnergy, decodeEnergy float64
+	hasEnergy                   bool
+}
+
+func newAttributor(cfg AttributionConfig, now time.Time) *attributor {
+	return &attributor{
+		cfg: cfg, engines: map[string]*engineAccount{}, shares: map[*session.Session]*attribution.Share{},
+		pods: map[string]powerReading{}, series: map[seriesKey]*shareSeries{}, tenants: map[string]struct{}{},
+		created: pcommon.NewTimestampFromTime(now),
+	}
+}
+
+// engine returns the account of the named engine, made on first sight
+// with the power of its pod if one was read.
+func (a *attributor) engine(name string) *engineAccount {
+	if e := a.last; e != nil && e.name == name {
+		return e // most events are of the engine of the event before
+	}
+	if e, ok := a.engines[name]; ok {
+		a.last = e
+		return e
+	}
+	e := &engineAccount{name: name, m: attribution.NewEngine(attribution.Limits{
+		StepTokens: a.cfg.StepTokens, KVTokens: a.cfg.KVCacheTokens, MaxSeqs: a.cfg.MaxNumSeqs,
+	})}
+	a.engines[name] = e
+	a.last = e
+	for pod, r := range a.pods {
+		if podOf(name, pod) {
+			e.m.SetPower(r.at, r.watts)
+		}
+	}
+	return e
+}
+
+// podOf reports whether pod is the engine's pod: its name, or the host of
+// its host:port (the proxy names an engine by its upstream address).
+func podOf(engine, pod string) bool {
+	if engine == pod {
+		return true
+	}
+	host, _, err := net.SplitHostPort(engine)
+	return err == nil && host == pod
+}
+
+func (a *attributor) share(s *session.Session) *attribution.Share {
+	var sh *attribution.Share
+	if n := len(a.free); n > 0 {
+		sh, a.free = a.free[n-1], a.free[:n-1]
+	} else {
+		sh = &attribution.Share{}
+	}
+	a.shares[s] = sh
+	return sh
+}
+
+// started: the session arrives on its engine (a session opened by a token
+// that overtook its start arrives at its first token).
+// now is the collector's time of the event.
+func (a *attributor) started(s *session.Session, now int64) {
+	if !a.cfg.Enabled || !s.HasStart {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e := a.engine(s.Engine)
+	e.seenAt = now
+	e.m.Arrive(a.share(s), s.StartTime, s.PromptTokens)
+}
+
+// firstToken: the session's prefill ended.
+func (a *attributor) firstToken(s *session.Session, now int64) {
+	if !a.cfg.Enabled {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e := a.engine(s.Engine)
+	e.seenAt = now
+	sh, ok := a.shares[s]
+	if !ok {
+		sh = a.share(s)
+		e.m.Arrive(sh, s.FirstTokenTime, -1)
+	}
+	e.m.FirstToken(sh, s.FirstTokenTime)
+}
+
+// ended closes the session's account, writes its share into the end (the
+// engine's own, if the end event brought one, stays) and counts it.
+func (a *attributor) ended(s *session.Session, e *session.End, now int64) {
+	if !a.cfg.Enabled {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	sh, ok := a.shares[s]
+	if !ok {
+		return
+	}
+	delete(a.shares, s)
+	at := e.Time
+	if at == 0 {
+		// No end event (timeout, eviction): the last token is when the
+		// engine last computed for it.
+		at = sessionEnd(s, e)
+	}
+	eng := a.engine(s.Engine)
+	eng.seenAt = now
+	eng.m.End(sh, at, outputTokens(s, e))
+	if e.Share.Source == "" {
+		e.Share = session.EngineShare{
+			Prefill: sh.Prefill, Decode: sh.Decode, Energy: sh.Energy, HasEnergy: sh.EnergyKnown,
+			Source: session.ShareCollector,
+		}
+	}
+	sr := a.seriesOf(s)
+	sr.prefill += e.Share.Prefill
+	sr.decode += e.Share.Decode
+	if sh.EnergyKnown {
+		sr.hasEnergy = true
+		sr.prefillEnergy += sh.PrefillEnergy
+		sr.decodeEnergy += sh.Energy - sh.PrefillEnergy
+	}
+	*sh = attribution.Share{}
+	a.free = append(a.free, sh)
+}
+
+// seriesOf is the counters' series of the session: its engine, model and
+// tenant, the tenant folded into _OTHER beyond max_tenants.
+func (a *attributor) seriesOf(s *session.Session) *shareSeries {
+	tenant := ""
+	for _, at := range s.Attributes() {
+		if at.Key == a.cfg.TenantAttribute {
+			tenant = at.Value
+			break
+		}
+	}
+	if tenant != "" {
+		if _, ok := a.tenants[tenant]; !ok {
+			if len(a.tenants) >= a.cfg.MaxTenants {
+				tenant = tenantOverflow
+				a.tenantOverflows++
+			} else {
+				a.tenants[tenant] = struct{}{}
+			}
+		}
+	}
+	k := seriesKey{engine: s.Engine, model: s.Model, tenant: tenant}
+	sr, ok := a.series[k]
+	if !ok {
+		sr = &shareSeries{key: k}
+		a.series[k] = sr
+	}
+	return sr
+}
+
+// observePower reads the GPUs' power (power_metric) from a metrics batch
+// and sets it on the engines of their pods: a pod's GPUs add up.
+func (a *attributor) observePower(md pmetric.Metrics, now int64) {
+	if !a.cfg.Enabled || a.cfg.PowerMetric == "" {
+		return
+	}
+	var byPod map[string]powerReading
+	for _, rm := range md.ResourceMetrics().All() {
+		for _, sm := range rm.ScopeMetrics().All() {
+			for _, m := range sm.Metrics().All() {
+				if m.Name() != a.cfg.PowerMetric || m.Type() != pmetric.MetricTypeGauge {
+					continue
+				}
+				for _, dp := range m.Gauge().DataPoints().All() {
+					pod, ok := dp.Attributes().Get(a.cfg.PodAttribute)
+					if !ok || pod.Str() == "" {
+						continue
+					}
+					v := dp.DoubleValue()
+					if dp.ValueType() == pmetric.NumberDataPointValueTypeInt {
+						v = float64(dp.IntValue())
+					}
+					at := int64(dp.Timestamp())
+					if at == 0 {
+						at = now
+					}
+					if byPod == nil {
+						byPod = map[string]powerReading{}
+					}
+					r := byPod[pod.Str()]
+					r.watts += v
+					r.at = max(r.at, at)
+					byPod[pod.Str()] = r
+				}
+			}
+		}
+	}
+	if byPod == nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for pod, r := range byPod {
+		a.pods[pod] = r
+		for _, e := range a.engines {
+			if podOf(e.name, pod) {
+				e.m.SetPower(r.at, r.watts)
+			}
+		}
+	}
+}
+
+// appendTo writes the llm.engine.time and llm.engine.energy counters
+// (cumulative): each engine, model and tenant's prefill and decode, and
+// each engine's idle time, up to attributionLag before now.
+func (a *attributor) appendTo(sm pmetric.ScopeMetrics, now time.Time) {
+	if !a.cfg.Enabled {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.engines) == 0 {
+		return
+	}
+	ts := pcommon.NewTimestampFromTime(now)
+	timeM := sm.Metrics().AppendEmpty()
+	timeM.SetName(metricEngineTime)
+	timeM.SetUnit("s")
+	timeM.SetDescription("Engine time: each session's share of its engine's busy time by model and tenant (state prefill or decode), and the engine's idle time (state idle).")
+	td := timeM.SetEmptySum()
+	td.SetIsMonotonic(true)
+	td.SetAggregationTemporality(pmetric.AggregationTemporalityCumulative)
+	energyM := pmetric.NewMetric()
+	energyM.SetName(metricEngineEnergy)
+	energyM.SetUnit("J")
+	energyM.SetDescription("GPU energy: each session's share of its engine's energy by model and tenant (state prefill or decode), and the engine's idle energy (state idle); engines with a power reading only.")
+	ed := energyM.SetEmptySum()
+	ed.SetIsMonotonic(true)
+	ed.SetAggregationTemporality(pmetric.AggregationTemporalityCumulative)
+
+	point := func(dps pmetric.NumberDataPointSlice, v float64, k seriesKey, state string) {
+		dp := dps.AppendEmpty()
+		dp.SetStartTimestamp(a.created)
+		dp.SetTimestamp(ts)
+		dp.SetDoubleValue(v)
+		m := dp.Attributes()
+		m.PutStr(attrMetricEngine, k.engine)
+		putStr(m, attrMetricModel, k.model)
+		putStr(m, attrMetricTenant, k.tenant)
+		m.PutStr(attrMetricState, state)
+	}
+	keys := make([]seriesKey, 0, len(a.series))
+	for k := range a.series {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		x, y := keys[i], keys[j]
+		if x.engine != y.engine {
+			return x.engine < y.engine
+		}
+		if x.model != y.model {
+			return x.model < y.model
+		}
+		return x.tenant < y.tenant
+	})
+	for _, k := range keys {
+		sr := a.series[k]
+		point(td.DataPoints(), sr.prefill, k, statePrefill)
+		point(td.DataPoints(), sr.decode, k, stateDecode)
+		if sr.hasEnergy {
+			point(ed.DataPoints(), sr.prefillEnergy, k, statePrefill)
+			point(ed.DataPoints(), sr.decodeEnergy, k, stateDecode)
+		}
+	}
+	names := make([]string, 0, len(a.engines))
+	for n := range a.engines {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		e := a.engines[n]
+		at := e.m.Latest()
+		if since := now.UnixNano() - e.seenAt - attributionLag; e.seenAt != 0 && since > 0 {
+			// Idle (or busy) since the latest event, on the engine's clock.
+			at += since
+			e.seenAt += since
+		}
+		tot := e.m.Totals(at)
+		point(td.DataPoints(), tot.Idle, seriesKey{engine: n}, stateIdle)
+		if e.m.HasPower() || tot.IdleEnergy > 0 {
+			point(ed.DataPoints(), tot.IdleEnergy, seriesKey{engine: n}, stateIdle)
+		}
+	}
+	if ed.DataPoints().Len() > 0 {
+		energyM.MoveTo(sm.Metrics().AppendEmpty())
+	}
+}
+
+// overflows returns the sessions counted as _OTHER so far.
+func (a *attributor) overflows() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.tenantOverflows
+}
+
+// putShare writes a session's share of its engine on its summary and span.
+func putShare(m pcommon.Map, sh *session.EngineShare) {
+	if sh.Source == "" {
+		return
+	}
+	m.PutDouble(attrEngineTime, sh.Prefill+sh.Decode)
+	m.PutDouble(attrEngineTimePrefill, sh.Prefill)
+	m.PutDouble(attrEngineTimeDecode, sh.Decode)
+	if sh.HasEnergy && !math.IsNaN(sh.Energy) {
+		m.PutDouble(attrEnergy, sh.Energy)
+	}
+	m.PutStr(attrAttributionSource, sh.Source)
+}
