@@ -117,14 +117,14 @@ type Server struct {
 	log      *zap.Logger
 	// warn logs what a user must see at the default level (the upstream
 	// failing) without flooding the log while it lasts.
-	warn        *zap.Logger
-	upstream    *url.URL
-	engine      string
+	warn     *zap.Logger
+	upstream *url.URL
+	engine   string
 	// headerAttributes are copied from each request into its start.
 	headerAttributes []HeaderAttribute
-	client      *http.Client
-	passthrough *httputil.ReverseProxy
-	batch       *eventBatcher
+	client           *http.Client
+	passthrough      *httputil.ReverseProxy
+	batch            *eventBatcher
 	// bodyTimeout and sendTimeout bound each read of the client's body and
 	// each write to the client (0: unbounded).
 	bodyTimeout, sendTimeout time.Duration
