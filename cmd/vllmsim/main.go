@@ -55,6 +55,7 @@ type options struct {
 	defaultMaxTokens int
 	hook             string
 	hookEngine       string
+	hookEngineShare  bool
 	// otlpTraces, traceDelay and perRequestMetrics are vLLM's
 	// --otlp-traces-endpoint (its batch delay) and
 	// --enable-per-request-metrics.
@@ -113,6 +114,7 @@ with pf, df = 1 for fp16 and the -fp8-*-factor flags for fp8.
 	fs.Float64Var(&c.Cost.FP8PrefillFactor, "fp8-prefill-factor", c.Cost.FP8PrefillFactor, "factor of the fp8 profile on the arithmetic term")
 	fs.StringVar(&o.hook, "hook", "", "send token events with pkg/tokenhook to this endpoint, e.g. udp://127.0.0.1:4321 (empty: off)")
 	fs.StringVar(&o.hookEngine, "hook-engine", "vllmsim", "the engine name the hook sends (llm.engine of its sessions)")
+	fs.BoolVar(&o.hookEngineShare, "hook-engine-share", true, "the hook's end events carry each request's exact share of engine time and energy (wire fields engine_time_prefill_ns, engine_time_decode_ns, energy_mj); false: the collector computes it")
 	fs.StringVar(&o.otlpTraces, "otlp-traces-endpoint", "", "send vLLM's llm_request span of every request over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces (empty: off)")
 	fs.DurationVar(&o.traceDelay, "otlp-traces-delay", 5*time.Second, "how often spans are sent in a batch (vLLM's BatchSpanProcessor: 5s)")
 	fs.StringVar(&o.timingsOut, "timings-out", "", "write every finished request's true queue, prefill and decode time (NDJSON) to this file when stopping (empty: off)")
@@ -158,6 +160,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 		if err != nil {
 			return err
 		}
+		h.engineShare = o.hookEngineShare
 		obs = append(obs, h)
 		closers = append(closers, h.close)
 	}

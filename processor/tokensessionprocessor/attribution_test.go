@@ -141,3 +141,24 @@ func TestAttributionDisabled(t *testing.T) {
 	}
 	assert.Empty(t, engineCounters(t, p, "llm.engine.time"))
 }
+
+// An end event that brings the engine's own share wins over the
+// collector's: attribution_source says which, and the counters take it.
+func TestAttributionEngineShareWins(t *testing.T) {
+	p := newPipelines(t, func(c *Config) { c.Sampling.NormalPercent = 100 })
+	e := end("x", base+100*ms)
+	e.HasEngineTime, e.EngineTimePrefillNs, e.EngineTimeDecodeNs = true, int64(7*ms), int64(30*ms)
+	e.HasEnergy, e.EnergyMilliJ = true, 4200
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(
+		tenantStart("x", "acme", base, 100), tok("x", base+50*ms, 1), e)))
+	p.shutdown(t)
+	summaries := recordsNamed(p.logSink.AllLogs(), eventNameSummary)
+	require.Len(t, summaries, 1)
+	a := summaries[0].Attributes().AsRaw()
+	assert.Equal(t, "engine", a["llm.session.attribution_source"])
+	assert.InDelta(t, 0.007, a["llm.session.engine_time.prefill"], 1e-12)
+	assert.InDelta(t, 0.030, a["llm.session.engine_time.decode"], 1e-12)
+	assert.InDelta(t, 4.2, a["llm.session.energy"], 1e-12)
+	c := engineCounters(t, p, "llm.engine.time")
+	assert.InDelta(t, 0.007, c["acme/prefill"], 1e-12)
+}
