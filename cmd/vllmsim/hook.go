@@ -31,10 +31,13 @@ func newHook(endpoint, engine string, cfg sim.Config, logger *log.Logger) (*hook
 }
 
 func (h *hook) Started(r *sim.Request) {
+	attrs := map[string]string{"quantization": h.profile}
+	if r.Params.Tenant != "" {
+		attrs["tenant.id"] = r.Params.Tenant // as a gateway in front of the engine would label it
+	}
 	h.check(h.c.Start(tokenhook.Start{
 		SessionID: r.ID, Time: r.Arrival, Model: h.model, Operation: r.Params.Operation,
-		PromptTokens: r.Params.PromptTokens, HasPromptTokens: true, Engine: h.engine,
-		Attributes: map[string]string{"quantization": h.profile},
+		PromptTokens: r.Params.PromptTokens, HasPromptTokens: true, Engine: h.engine, Attributes: attrs,
 	}))
 }
 

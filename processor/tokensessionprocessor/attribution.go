@@ -113,6 +113,10 @@ type attributor struct {
 
 	series  map[seriesKey]*shareSeries
 	tenants map[string]struct{}
+	// prompts are the mean prompt lengths by engine and tenant, learned at
+	// the sessions' ends: the estimate for a session whose start did not
+	// give its prompt (the proxy learns it from the usage at the end).
+	prompts map[promptKey]*promptMean
 	// tenantOverflows counts the sessions counted as _OTHER.
 	tenantOverflows uint64
 	created         pcommon.Timestamp
@@ -134,6 +138,10 @@ type powerReading struct {
 
 type seriesKey struct{ engine, model, tenant string }
 
+type promptKey struct{ engine, tenant string }
+
+type promptMean struct{ sum, n float64 }
+
 type shareSeries struct {
 	key                         seriesKey
 	prefill, decode             float64
@@ -145,6 +153,7 @@ func newAttributor(cfg AttributionConfig, now time.Time) *attributor {
 	return &attributor{
 		cfg: cfg, engines: map[string]*engineAccount{}, shares: map[*session.Session]*attribution.Share{},
 		pods: map[string]powerReading{}, series: map[seriesKey]*shareSeries{}, tenants: map[string]struct{}{},
+		prompts: map[promptKey]*promptMean{},
 		created: pcommon.NewTimestampFromTime(now),
 	}
 }
@@ -204,7 +213,27 @@ func (a *attributor) started(s *session.Session, now int64) {
 	defer a.mu.Unlock()
 	e := a.engine(s.Engine)
 	e.seenAt = now
-	e.m.Arrive(a.share(s), s.StartTime, s.PromptTokens)
+	prompt := s.PromptTokens
+	if prompt < 0 {
+		tenant := a.tenantOf(s)
+		if _, ok := a.tenants[tenant]; !ok && tenant != "" && len(a.tenants) >= a.cfg.MaxTenants {
+			tenant = tenantOverflow
+		}
+		if m, ok := a.prompts[promptKey{s.Engine, tenant}]; ok {
+			prompt = int64(m.sum/m.n + 0.5)
+		}
+	}
+	e.m.Arrive(a.share(s), s.StartTime, prompt)
+}
+
+// tenantOf is the session's tenant attribute ("" without one).
+func (a *attributor) tenantOf(s *session.Session) string {
+	for _, at := range s.Attributes() {
+		if at.Key == a.cfg.TenantAttribute {
+			return at.Value
+		}
+	}
+	return ""
 }
 
 // firstToken: the session's prefill ended.
@@ -253,6 +282,17 @@ func (a *attributor) ended(s *session.Session, e *session.End, now int64) {
 		}
 	}
 	sr := a.seriesOf(s)
+	if s.PromptTokens >= 0 {
+		// Keyed by the counters' tenant, so bounded as they are.
+		k := promptKey{s.Engine, sr.key.tenant}
+		m, ok := a.prompts[k]
+		if !ok {
+			m = &promptMean{}
+			a.prompts[k] = m
+		}
+		m.sum += float64(s.PromptTokens)
+		m.n++
+	}
 	sr.prefill += e.Share.Prefill
 	sr.decode += e.Share.Decode
 	if sh.EnergyKnown {
@@ -267,13 +307,7 @@ func (a *attributor) ended(s *session.Session, e *session.End, now int64) {
 // seriesOf is the counters' series of the session: its engine, model and
 // tenant, the tenant folded into _OTHER beyond max_tenants.
 func (a *attributor) seriesOf(s *session.Session) *shareSeries {
-	tenant := ""
-	for _, at := range s.Attributes() {
-		if at.Key == a.cfg.TenantAttribute {
-			tenant = at.Value
-			break
-		}
-	}
+	tenant := a.tenantOf(s)
 	if tenant != "" {
 		if _, ok := a.tenants[tenant]; !ok {
 			if len(a.tenants) >= a.cfg.MaxTenants {

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -41,13 +42,13 @@ func (o *modelObserver) Finished(r *Request, _ string, t time.Time) {
 // event times an engine hook sends: two tenants (RAG, 3000-token prompts,
 // 64 tokens out; chat, 200-token prompts, 256 out) in a closed loop.
 // Per-tenant totals within 2%, per-session p90 within 10%, where the
-// engine does not pre-empt; at 32 and 48 clients the KV cache thrashes
-// (tens, then hundreds of pre-emptions, which double the prefill work) and
-// the model, which does not see them, is only logged.
+// engine does not pre-empt; from 24 clients on the KV cache runs out (9,
+// 16, then hundreds of pre-emptions at 48, which double the prefill work)
+// and the model, which does not see them, is only logged.
 func TestModelAgainstTruth(t *testing.T) {
 	for _, clients := range []int{4, 16, 24, 32, 48} {
 		t.Run(fmt.Sprint(clients), func(t *testing.T) {
-			holds := clients <= 24
+			holds := clients <= 16
 			c := testConfig()
 			e := newEngine(t, c)
 			o := &modelObserver{m: attribution.NewEngine(attribution.Limits{StepTokens: c.MaxNumBatchedTokens, KVTokens: c.KVBlocks * BlockSize, MaxSeqs: c.MaxNumSeqs}), shares: map[string]*attribution.Share{}}
@@ -68,12 +69,24 @@ func TestModelAgainstTruth(t *testing.T) {
 			for range clients {
 				submit()
 			}
+			// A client's next request arrives at a random moment of the
+			// step after its last one finished, as over a network: the
+			// engine takes it at the step after.
+			rng := rand.New(rand.NewPCG(uint64(clients), 3))
+			var pending []time.Time
 			var all []*Request
 			for step := 0; step < 200000 && n < 400; step++ {
 				b := e.Step(now)
+				for _, at := range pending {
+					saved := now
+					now = at
+					submit()
+					now = saved
+				}
+				pending = pending[:0]
 				now = now.Add(b.Duration)
 				for range o.finished {
-					submit()
+					pending = append(pending, now.Add(time.Duration(rng.Float64()*float64(b.Duration))))
 				}
 				all = append(all, o.finished...)
 				o.finished = o.finished[:0]
@@ -93,7 +106,9 @@ func TestModelAgainstTruth(t *testing.T) {
 			t.Logf("clients %d: %d sessions, per-session error p50 %.1f%% p90 %.1f%% max %.1f%%; rag %.3fs vs %.3fs, chat %.3fs vs %.3fs; unadmitted %d; busy %.3f vs %.3f",
 				clients, len(all), 100*p50, 100*p90, 100*worst, model["rag"], truth["rag"], model["chat"], truth["chat"], tot.Unadmitted, tot.Busy, etot.Busy.Seconds())
 			t.Logf("pre-emptions %d, truth prefill tokens %d decode %d", e.Snapshot().Preemptions, etot.PrefillTokens, etot.DecodeTokens)
-			assert.InDelta(t, etot.Busy.Seconds(), tot.Busy, 1e-6, "both see the same busy time")
+			// The model's busy time starts at an arrival, the engine's at the
+			// step that takes it.
+			assert.InEpsilon(t, etot.Busy.Seconds(), tot.Busy, 0.01, "both see about the same busy time")
 			if !holds {
 				return
 			}
