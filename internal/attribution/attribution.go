@@ -103,6 +103,10 @@ type Limits struct {
 	StepTokens int
 	KVTokens   int
 	MaxSeqs    int
+	// PrefillFirst: a step that computes prompts runs no decodes (vLLM
+	// V0's scheduler without chunked prefill); otherwise every step runs
+	// every decode and prompts fill the rest of its budget.
+	PrefillFirst bool
 }
 
 // Engine is one engine's virtual-time integral. It is not safe for
@@ -122,7 +126,13 @@ type Engine struct {
 	wallStart int64
 	now       int64
 
-	v, u     float64 // virtual time (s per unit weight) and energy (J per unit weight)
+	// v and u are the virtual time (s per unit weight) and energy (J per
+	// unit weight) of the prefills, vd and ud those of the decodes: the
+	// same clock unless prefillFirst, where a step with prompts runs no
+	// decodes (vLLM V0 without chunked prefill) and each runs apart.
+	v, u         float64
+	vd, ud       float64
+	prefillFirst bool
 	w        float64 // sum of the weights in compute
 	decoding int
 	prefillW float64
@@ -155,7 +165,7 @@ func NewEngine(l Limits) *Engine {
 	if l.StepTokens < 1 {
 		l.StepTokens = DefaultBudget
 	}
-	return &Engine{budget: float64(l.StepTokens), kvCap: float64(max(l.KVTokens, 0)), seqCap: max(l.MaxSeqs, 0)}
+	return &Engine{budget: float64(l.StepTokens), kvCap: float64(max(l.KVTokens, 0)), seqCap: max(l.MaxSeqs, 0), prefillFirst: l.PrefillFirst}
 }
 
 // advance moves the integrals to at (ns). Times before the engine's latest
@@ -172,11 +182,30 @@ func (e *Engine) advance(at int64) {
 	d := float64(at-e.now) / 1e9
 	e.now = at
 	if e.w > 0 {
-		e.v += d / e.w
 		e.totals.Busy += d
 		if e.hasPower {
-			e.u += d * e.watts / e.w
 			e.totals.BusyEnergy += d * e.watts
+		}
+		switch {
+		case !e.prefillFirst:
+			// Every step computes the prefills and the decodes: one clock.
+			e.v += d / e.w
+			e.vd = e.v
+			if e.hasPower {
+				e.u += d * e.watts / e.w
+				e.ud = e.u
+			}
+		case e.prefillW > 0:
+			// Prefill first: while prompts are computed, the decodes wait.
+			e.v += d / e.prefillW
+			if e.hasPower {
+				e.u += d * e.watts / e.prefillW
+			}
+		default:
+			e.vd += d / float64(e.decoding)
+			if e.hasPower {
+				e.ud += d * e.watts / float64(e.decoding)
+			}
 		}
 		return
 	}
@@ -280,7 +309,11 @@ func (e *Engine) close(s *Share) {
 	if s.phase != PhasePrefill && s.phase != PhaseDecode {
 		return
 	}
-	t := s.w * (e.v - s.v0)
+	v, u := e.v, e.u
+	if s.phase == PhaseDecode {
+		v, u = e.vd, e.ud
+	}
+	t := s.w * (v - s.v0)
 	if s.phase == PhasePrefill {
 		s.Prefill += t
 		e.prefillW -= s.w
@@ -289,17 +322,21 @@ func (e *Engine) close(s *Share) {
 		e.decoding--
 	}
 	if s.EnergyKnown {
-		j := s.w * (e.u - s.u0)
+		j := s.w * (u - s.u0)
 		s.Energy += j
 		if s.phase == PhasePrefill {
 			s.PrefillEnergy += j
 		}
 	}
 	e.w -= s.w
+	if e.prefillW < 1e-9 {
+		// No prompt left: the float sum's rounding must not stand for one.
+		e.prefillW, e.w = 0, float64(e.decoding)
+	}
 	if e.decoding == 0 && e.prefillW < 1e-9 {
 		// Nothing in compute: no segment holds V or U, so they restart at
 		// zero (and the float sums of weights lose their rounding).
-		e.w, e.prefillW, e.v, e.u = 0, 0, 0, 0
+		e.w, e.prefillW, e.v, e.u, e.vd, e.ud = 0, 0, 0, 0, 0, 0
 	}
 }
 
@@ -322,7 +359,7 @@ func (e *Engine) FirstToken(s *Share, at int64) {
 	e.close(s)
 	s.phase = PhaseDecode
 	s.w = 1
-	s.v0, s.u0 = e.v, e.u
+	s.v0, s.u0 = e.vd, e.ud
 	e.decoding++
 	e.w++
 	e.admit()

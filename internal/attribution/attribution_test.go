@@ -18,7 +18,7 @@ const ms = int64(1e6)
 func TestConservationRandom(t *testing.T) {
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		e := NewEngine(Limits{StepTokens: 256})
+		e := NewEngine(Limits{StepTokens: 256, PrefillFirst: seed%2 == 1})
 		var open []*Share
 		var ended []*Share
 		now := int64(1e18)
@@ -168,4 +168,21 @@ func TestEnergy(t *testing.T) {
 	e.SetPower(2020*ms, 100)
 	e.End(&c, 2030*ms, 10)
 	assert.False(t, c.EnergyKnown, "arrived without power")
+}
+
+// Prefill first (vLLM V0 without chunked prefill): while a prompt is
+// computed the decodes wait, so the prompt's step time is all its own.
+func TestPrefillFirst(t *testing.T) {
+	e := NewEngine(Limits{StepTokens: 4096, PrefillFirst: true})
+	var chat, rag Share
+	e.Arrive(&chat, 0, 200)
+	e.FirstToken(&chat, 10*ms)
+	e.Arrive(&rag, 100*ms, 3000)
+	e.FirstToken(&rag, 300*ms) // 100-300: rag's prefill alone
+	e.End(&rag, 400*ms, 10)
+	e.End(&chat, 500*ms, 10)
+	assert.InDelta(t, 0.2, rag.Prefill, 1e-9)
+	assert.InDelta(t, 0.05, rag.Decode, 1e-9)
+	assert.InDelta(t, 0.09+0.05+0.1, chat.Decode, 1e-9)
+	assert.InDelta(t, 0.5, e.Totals(500*ms).Busy, 1e-9)
 }

@@ -35,6 +35,13 @@ type AttributionConfig struct {
 	StepTokens    int `mapstructure:"step_tokens"`
 	KVCacheTokens int `mapstructure:"kv_cache_tokens"`
 	MaxNumSeqs    int `mapstructure:"max_num_seqs"`
+	// PrefillFirst: the engine runs no decodes in a step that computes
+	// prompts (vLLM V0 without chunked prefill).
+	PrefillFirst bool `mapstructure:"prefill_first"`
+	// DefaultPromptTokens is the prompt length assumed for a session whose
+	// start did not give one (the proxy learns it at the end) before any
+	// session of its tenant, or of its engine, ended with one.
+	DefaultPromptTokens int `mapstructure:"default_prompt_tokens"`
 	// PowerMetric is the GPU power gauge (W) read from the metrics
 	// pipeline; PodAttribute its attribute naming the engine's pod.
 	PowerMetric  string `mapstructure:"power_metric"`
@@ -47,7 +54,7 @@ type AttributionConfig struct {
 func defaultAttributionConfig() AttributionConfig {
 	return AttributionConfig{
 		Enabled: true, TenantAttribute: "tenant.id", MaxTenants: 100,
-		StepTokens: attribution.DefaultBudget, MaxNumSeqs: 256,
+		StepTokens: attribution.DefaultBudget, MaxNumSeqs: 256, DefaultPromptTokens: 512,
 		PowerMetric: "DCGM_FI_DEV_POWER_USAGE", PodAttribute: "pod",
 	}
 }
@@ -63,6 +70,9 @@ func (c AttributionConfig) Validate() []error {
 	}
 	if c.KVCacheTokens < 0 {
 		errs = append(errs, fmt.Errorf("kv_cache_tokens: must not be negative, got %d", c.KVCacheTokens))
+	}
+	if c.DefaultPromptTokens < 1 {
+		errs = append(errs, fmt.Errorf("default_prompt_tokens: must be at least 1, got %d", c.DefaultPromptTokens))
 	}
 	if c.MaxNumSeqs < 0 {
 		errs = append(errs, fmt.Errorf("max_num_seqs: must not be negative, got %d", c.MaxNumSeqs))
@@ -142,6 +152,10 @@ type promptKey struct{ engine, tenant string }
 
 type promptMean struct{ sum, n float64 }
 
+// anyTenant keys an engine's mean prompt over all tenants (no tenant
+// value can be it: attribute values are strings, this is not UTF-8).
+const anyTenant = "\xff"
+
 type shareSeries struct {
 	key                         seriesKey
 	prefill, decode             float64
@@ -170,6 +184,7 @@ func (a *attributor) engine(name string) *engineAccount {
 	}
 	e := &engineAccount{name: name, m: attribution.NewEngine(attribution.Limits{
 		StepTokens: a.cfg.StepTokens, KVTokens: a.cfg.KVCacheTokens, MaxSeqs: a.cfg.MaxNumSeqs,
+		PrefillFirst: a.cfg.PrefillFirst,
 	})}
 	a.engines[name] = e
 	a.last = e
@@ -219,7 +234,10 @@ func (a *attributor) started(s *session.Session, now int64) {
 		if _, ok := a.tenants[tenant]; !ok && tenant != "" && len(a.tenants) >= a.cfg.MaxTenants {
 			tenant = tenantOverflow
 		}
+		prompt = int64(a.cfg.DefaultPromptTokens)
 		if m, ok := a.prompts[promptKey{s.Engine, tenant}]; ok {
+			prompt = int64(m.sum/m.n + 0.5)
+		} else if m, ok := a.prompts[promptKey{engine: s.Engine, tenant: anyTenant}]; ok {
 			prompt = int64(m.sum/m.n + 0.5)
 		}
 	}
@@ -283,15 +301,17 @@ func (a *attributor) ended(s *session.Session, e *session.End, now int64) {
 	}
 	sr := a.seriesOf(s)
 	if s.PromptTokens >= 0 {
-		// Keyed by the counters' tenant, so bounded as they are.
-		k := promptKey{s.Engine, sr.key.tenant}
-		m, ok := a.prompts[k]
-		if !ok {
-			m = &promptMean{}
-			a.prompts[k] = m
+		// Keyed by the counters' tenant, so bounded as they are; and the
+		// engine's, for the tenants not seen yet.
+		for _, k := range [...]promptKey{{s.Engine, sr.key.tenant}, {s.Engine, anyTenant}} {
+			m, ok := a.prompts[k]
+			if !ok {
+				m = &promptMean{}
+				a.prompts[k] = m
+			}
+			m.sum += float64(s.PromptTokens)
+			m.n++
 		}
-		m.sum += float64(s.PromptTokens)
-		m.n++
 	}
 	sr.prefill += e.Share.Prefill
 	sr.decode += e.Share.Decode

@@ -54,6 +54,8 @@ type Span struct {
 	Outcome        string  `json:"outcome"`
 	SamplingReason string  `json:"sampling_reason"`
 	Stalls         int64   `json:"stalls"`
+	// EngineTimeS is the session's share of its engine's busy time.
+	EngineTimeS float64 `json:"engine_time_s,omitempty"`
 }
 
 // StallAlert is one llm.session.stall record.
@@ -82,7 +84,10 @@ type sink struct {
 	waiting        []Sample
 	spans          []Span
 	alerts         []StallAlert
-	summaries      int
+	// engineTime and engineEnergy are the latest llm.engine.time and
+	// llm.engine.energy by "tenant/state".
+	engineTime, engineEnergy map[string]float64
+	summaries                int
 }
 
 func startSink() (*sink, error) {
@@ -90,6 +95,7 @@ func startSink() (*sink, error) {
 		sessions: map[string]float64{}, outcomes: map[string]string{}, stalls: map[string]float64{},
 		ttft: map[string]exphist.Histogram{}, tpot: map[string]exphist.Histogram{},
 		queue: map[string]exphist.Histogram{}, prefill: map[string]exphist.Histogram{},
+		engineTime: map[string]float64{}, engineEnergy: map[string]float64{},
 	}
 	otlp, err := otlpsink.Start("127.0.0.1:0", otlpsink.Options{HTTP: true, OnMetrics: s.metrics, OnTraces: s.traces, OnLogs: s.logs})
 	if err != nil {
@@ -162,6 +168,17 @@ func (s *sink) metric(m pmetric.Metric) {
 				s.waiting = append(s.waiting, smp)
 			}
 		}
+	case metricEngineTime, metricEngineEnergy:
+		if m.Type() != pmetric.MetricTypeSum {
+			return
+		}
+		dst := s.engineTime
+		if m.Name() == metricEngineEnergy {
+			dst = s.engineEnergy
+		}
+		for _, dp := range m.Sum().DataPoints().All() {
+			dst[attrStr(dp.Attributes(), "llm.tenant")+"/"+attrStr(dp.Attributes(), "state")] = dp.DoubleValue()
+		}
 	case metricPreemptions:
 		if m.Type() != pmetric.MetricTypeSum {
 			return
@@ -189,6 +206,7 @@ func (s *sink) traces(td ptrace.Traces) {
 					Outcome:        attrStr(a, "llm.session.outcome"),
 					SamplingReason: attrStr(a, "llm.session.sampling.reason"),
 					Stalls:         attrInt(a, "llm.session.stalls"),
+					EngineTimeS:    attrFloat(a, "llm.session.engine_time"),
 				})
 			}
 		}
@@ -398,4 +416,12 @@ func (s *sink) figures(start time.Time) CollectorFigures {
 		f.PreemptionCount = f.Preemptions[n-1].V
 	}
 	return f
+}
+
+// engineShares returns copies of the latest llm.engine.time and
+// llm.engine.energy points by "tenant/state".
+func (s *sink) engineShares() (engineTime, engineEnergy map[string]float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.engineTime), maps.Clone(s.engineEnergy)
 }
