@@ -133,9 +133,9 @@ type Engine struct {
 	v, u         float64
 	vd, ud       float64
 	prefillFirst bool
-	w        float64 // sum of the weights in compute
-	decoding int
-	prefillW float64
+	w            float64 // sum of the weights in compute
+	decoding     int
+	prefillW     float64
 	// waiting is the FIFO of sessions not admitted; head is its first
 	// live entry. Entries that left (first token, end) before admission
 	// stay until they reach the head.
