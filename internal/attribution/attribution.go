@@ -31,7 +31,7 @@
 //
 // The collector's approximations: a session is admitted when the model
 // says the budget has room, not when the engine scheduled it (the
-// engine's queue and KV limits are not modelled); a chunked prefill's
+// engine's queue and KV limits are not modeled); a chunked prefill's
 // chunks are taken as equal; pre-emptions are not seen (a pre-empted
 // session keeps its decode weight while it waits, and its recomputation is
 // charged to no one in particular); power is the latest reading, held until the

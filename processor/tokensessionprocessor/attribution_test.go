@@ -147,7 +147,7 @@ func TestAttributionDisabled(t *testing.T) {
 func TestAttributionEngineShareWins(t *testing.T) {
 	p := newPipelines(t, func(c *Config) { c.Sampling.NormalPercent = 100 })
 	e := end("x", base+100*ms)
-	e.HasEngineTime, e.EngineTimePrefillNs, e.EngineTimeDecodeNs = true, int64(7*ms), int64(30*ms)
+	e.HasEngineTime, e.EngineTimePrefillNs, e.EngineTimeDecodeNs = true, 7*ms, 30*ms
 	e.HasEnergy, e.EnergyMilliJ = true, 4200
 	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(
 		tenantStart("x", "acme", base, 100), tok("x", base+50*ms, 1), e)))

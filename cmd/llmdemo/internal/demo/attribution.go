@@ -153,7 +153,7 @@ func pctErr(got, want float64) string {
 func attributionMarkdown(rep *Report) string {
 	var b strings.Builder
 	b.WriteString("## Who used the GPU: collector vs simulator\n\n")
-	b.WriteString("Two tenants: `rag` (the long-context share, 3000-word prompts) and `chat` (the rest), labelled by `llmload` in " +
+	b.WriteString("Two tenants: `rag` (the long-context share, 3000-word prompts) and `chat` (the rest), labeled by `llmload` in " +
 		"`X-Tenant-ID`, which the proxy copies into the sessions' `tenant.id` (`proxy::attributes_from_headers`). Collector: " +
 		"`llm.engine.time` by tenant (prefill + decode) and its idle state, and each kept session's `llm.session.engine_time`; " +
 		"simulator: its exact shares (`vllmsim -attribution-out`: each step's time split among its requests by tokens). " +
