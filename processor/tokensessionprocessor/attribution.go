@@ -46,6 +46,10 @@ type AttributionConfig struct {
 	// pipeline; PodAttribute its attribute naming the engine's pod.
 	PowerMetric  string `mapstructure:"power_metric"`
 	PodAttribute string `mapstructure:"pod_attribute"`
+	// EnergyMetric is the GPU energy counter (mJ): where a pod has it, the
+	// mean power between its last two readings is used instead of the
+	// gauge, which samples one instant.
+	EnergyMetric string `mapstructure:"energy_metric"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -56,6 +60,7 @@ func defaultAttributionConfig() AttributionConfig {
 		Enabled: true, TenantAttribute: "tenant.id", MaxTenants: 100,
 		StepTokens: attribution.DefaultBudget, MaxNumSeqs: 256, DefaultPromptTokens: 512,
 		PowerMetric: "DCGM_FI_DEV_POWER_USAGE", PodAttribute: "pod",
+		EnergyMetric: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
 	}
 }
 
@@ -118,8 +123,10 @@ type attributor struct {
 	shares map[*session.Session]*attribution.Share
 	free   []*attribution.Share
 	// pods holds the latest power reading of each pod, for engines seen
-	// after it.
-	pods map[string]powerReading
+	// after it; energy the latest energy counter reading (mJ) of each pod
+	// that has one.
+	pods   map[string]powerReading
+	energy map[string]powerReading
 
 	series  map[seriesKey]*shareSeries
 	tenants map[string]struct{}
@@ -166,7 +173,7 @@ type shareSeries struct {
 func newAttributor(cfg AttributionConfig, now time.Time) *attributor {
 	return &attributor{
 		cfg: cfg, engines: map[string]*engineAccount{}, shares: map[*session.Session]*attribution.Share{},
-		pods: map[string]powerReading{}, series: map[seriesKey]*shareSeries{}, tenants: map[string]struct{}{},
+		pods: map[string]powerReading{}, energy: map[string]powerReading{}, series: map[seriesKey]*shareSeries{}, tenants: map[string]struct{}{},
 		prompts: map[promptKey]*promptMean{},
 		created: pcommon.NewTimestampFromTime(now),
 	}
@@ -350,17 +357,26 @@ func (a *attributor) seriesOf(s *session.Session) *shareSeries {
 // observePower reads the GPUs' power (power_metric) from a metrics batch
 // and sets it on the engines of their pods: a pod's GPUs add up.
 func (a *attributor) observePower(md pmetric.Metrics, now int64) {
-	if !a.cfg.Enabled || a.cfg.PowerMetric == "" {
+	if !a.cfg.Enabled || (a.cfg.PowerMetric == "" && a.cfg.EnergyMetric == "") {
 		return
 	}
-	var byPod map[string]powerReading
+	var byPod, energyByPod map[string]powerReading
 	for _, rm := range md.ResourceMetrics().All() {
 		for _, sm := range rm.ScopeMetrics().All() {
 			for _, m := range sm.Metrics().All() {
-				if m.Name() != a.cfg.PowerMetric || m.Type() != pmetric.MetricTypeGauge {
+				var dps pmetric.NumberDataPointSlice
+				dst := &byPod
+				switch {
+				case m.Name() == a.cfg.PowerMetric && m.Type() == pmetric.MetricTypeGauge:
+					dps = m.Gauge().DataPoints()
+				case m.Name() == a.cfg.EnergyMetric && m.Type() == pmetric.MetricTypeSum:
+					dps, dst = m.Sum().DataPoints(), &energyByPod
+				case m.Name() == a.cfg.EnergyMetric && m.Type() == pmetric.MetricTypeGauge:
+					dps, dst = m.Gauge().DataPoints(), &energyByPod
+				default:
 					continue
 				}
-				for _, dp := range m.Gauge().DataPoints().All() {
+				for _, dp := range dps.All() {
 					pod, ok := dp.Attributes().Get(a.cfg.PodAttribute)
 					if !ok || pod.Str() == "" {
 						continue
@@ -373,22 +389,35 @@ func (a *attributor) observePower(md pmetric.Metrics, now int64) {
 					if at == 0 {
 						at = now
 					}
-					if byPod == nil {
-						byPod = map[string]powerReading{}
+					if *dst == nil {
+						*dst = map[string]powerReading{}
 					}
-					r := byPod[pod.Str()]
-					r.watts += v
+					r := (*dst)[pod.Str()]
+					r.watts += v // W, or mJ for the energy counter
 					r.at = max(r.at, at)
-					byPod[pod.Str()] = r
+					(*dst)[pod.Str()] = r
 				}
 			}
 		}
 	}
-	if byPod == nil {
+	if byPod == nil && energyByPod == nil {
 		return
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	for pod, r := range energyByPod {
+		prev, ok := a.energy[pod]
+		a.energy[pod] = r
+		if !ok || r.at <= prev.at || r.watts < prev.watts {
+			continue // the first reading, or the counter was reset
+		}
+		if byPod == nil {
+			byPod = map[string]powerReading{}
+		}
+		// The mean power since the last reading: exact over the interval,
+		// where the gauge's is one instant's.
+		byPod[pod] = powerReading{at: r.at, watts: (r.watts - prev.watts) / 1000 / (float64(r.at-prev.at) / 1e9)}
+	}
 	for pod, r := range byPod {
 		a.pods[pod] = r
 		for _, e := range a.engines {

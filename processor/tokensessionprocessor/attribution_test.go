@@ -162,3 +162,36 @@ func TestAttributionEngineShareWins(t *testing.T) {
 	c := engineCounters(t, p, "llm.engine.time")
 	assert.InDelta(t, 0.007, c["acme/prefill"], 1e-12)
 }
+
+// dcgmEnergy is a dcgm-exporter scrape of the energy counter (mJ).
+func dcgmEnergy(pod string, at int64, mj float64) pmetric.Metrics {
+	md := pmetric.NewMetrics()
+	m := md.ResourceMetrics().AppendEmpty().ScopeMetrics().AppendEmpty().Metrics().AppendEmpty()
+	m.SetName("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+	sum := m.SetEmptySum()
+	sum.SetIsMonotonic(true)
+	sum.SetAggregationTemporality(pmetric.AggregationTemporalityCumulative)
+	dp := sum.DataPoints().AppendEmpty()
+	dp.SetTimestamp(pcommon.Timestamp(at))
+	dp.SetDoubleValue(mj)
+	dp.Attributes().PutStr("pod", pod)
+	return md
+}
+
+// With the energy counter, the power is its mean between two readings,
+// not the gauge's instant.
+func TestAttributionEnergyCounter(t *testing.T) {
+	p := newPipelines(t, func(c *Config) { c.Sampling.NormalPercent = 100 })
+	ctx := context.Background()
+	gauge := dcgmPower("vllm-0", base, 700) // an instant of a heavy step
+	require.NoError(t, p.metrics.ConsumeMetrics(ctx, gauge))
+	require.NoError(t, p.metrics.ConsumeMetrics(ctx, dcgmEnergy("vllm-0", base-1000*ms, 1e6)))
+	both := dcgmPower("vllm-0", base, 700)
+	dcgmEnergy("vllm-0", base, 1e6+150_000).ResourceMetrics().MoveAndAppendTo(both.ResourceMetrics()) // 150 W over the second
+	require.NoError(t, p.metrics.ConsumeMetrics(ctx, both))
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(tenantStart("x", "acme", base, 10), tok("x", base+100*ms, 1), end("x", base+100*ms))))
+	p.shutdown(t)
+	summaries := recordsNamed(p.logSink.AllLogs(), eventNameSummary)
+	require.Len(t, summaries, 1)
+	assert.InDelta(t, 150*0.1, summaries[0].Attributes().AsRaw()["llm.session.energy"], 1e-6)
+}
