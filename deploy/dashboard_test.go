@@ -101,7 +101,10 @@ func TestDashboardQueriesReturnData(t *testing.T) {
 	// The engine's name is its instance, as the agent's pod discovery names
 	// it, so that the engine variable selects its vllm: metrics too.
 	testbin.StartProcess(t, sim, "-addr", simAddr, "-model", "llama-3.1-8b", "-kv-blocks", "256",
-		"-hook", "http://"+net.JoinHostPort(ip, "4320")+"/v1/token-events", "-hook-engine", simAddr)
+		"-hook", "http://"+net.JoinHostPort(ip, "4320")+"/v1/token-events", "-hook-engine", simAddr,
+		// Its GPU's power as dcgm-exporter serves it, the pod named as the
+		// engine, for the energy by tenant.
+		"-dcgm", "-gpu-pod", simAddr)
 	env := append(agentEnv(ip, backend, t.TempDir()), "VLLM_METRICS_URL=http://"+simAddr+"/metrics")
 	agentProc := startAgent(t, env, "agent-config.yaml", "agent-config-fixed-target.yaml")
 

@@ -49,6 +49,10 @@ type Config struct {
 	// RequestsITL adds every request's inter-token gaps to its RequestsOut
 	// line, so that when each gap happened can be worked out.
 	RequestsITL bool
+	// TenantHeader, LongTenant and ShortTenant label each request's tenant
+	// in the header TenantHeader: LongTenant for the long-context share,
+	// ShortTenant for the others (a RAG tenant and a chat tenant).
+	TenantHeader, LongTenant, ShortTenant string
 	// Traceparent sends a fresh W3C traceparent (random trace ID, sampled)
 	// with every request, so spans made from it can be matched to requests.
 	Traceparent bool
@@ -168,6 +172,9 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.BoolVar(&c.RequestsITL, "requests-itl", false, "add each request's inter-token gaps (itl_ms, in order) to its -requests-out line")
 	fs.DurationVar(&c.RampUp, "ramp-up", 0, "closed loop: start the -concurrency workers evenly over this long instead of all at once (the requests of the ramp count like any other; see -warmup)")
 	fs.IntVar(&c.RetryStalled, "retry-stalled", 0, "re-send a request whose stream was cut with an engine_stalled error event (the collector proxy's stall breaker) up to N times; each attempt is its own -requests-out line, and the report counts the retries")
+	fs.StringVar(&c.TenantHeader, "tenant-header", "X-Tenant-ID", "request header that carries -long-tenant and -short-tenant")
+	fs.StringVar(&c.LongTenant, "long-tenant", "", "tenant of the long-context requests (-long-share), sent in -tenant-header (empty: none)")
+	fs.StringVar(&c.ShortTenant, "short-tenant", "", "tenant of the other requests, sent in -tenant-header (empty: none)")
 	fs.BoolVar(&c.Traceparent, "traceparent", false, "send a fresh W3C traceparent (random trace ID, sampled flag) with each request; its trace ID goes into -requests-out")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err

@@ -220,6 +220,14 @@ func doRequest(ctx context.Context, client *http.Client, cfg *Config, url string
 	if spec.TraceID != ([16]byte{}) {
 		req.Header.Set("traceparent", traceparent(spec.TraceID, spec.ParentSpanID))
 	}
+	if tenant := cfg.ShortTenant; cfg.TenantHeader != "" {
+		if spec.Long {
+			tenant = cfg.LongTenant
+		}
+		if tenant != "" {
+			req.Header.Set(cfg.TenantHeader, tenant)
+		}
+	}
 
 	res.Start = time.Now()
 	err = stream(client, req, res)

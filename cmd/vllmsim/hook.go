@@ -17,6 +17,9 @@ type hook struct {
 	profile string
 	engine  string
 	logger  *log.Logger
+	// engineShare: the end events carry the request's exact share of the
+	// engine's time and energy (-hook-engine-share).
+	engineShare bool
 }
 
 func newHook(endpoint, engine string, cfg sim.Config, logger *log.Logger) (*hook, error) {
@@ -28,10 +31,13 @@ func newHook(endpoint, engine string, cfg sim.Config, logger *log.Logger) (*hook
 }
 
 func (h *hook) Started(r *sim.Request) {
+	attrs := map[string]string{"quantization": h.profile}
+	if r.Params.Tenant != "" {
+		attrs["tenant.id"] = r.Params.Tenant // as a gateway in front of the engine would label it
+	}
 	h.check(h.c.Start(tokenhook.Start{
 		SessionID: r.ID, Time: r.Arrival, Model: h.model, Operation: r.Params.Operation,
-		PromptTokens: r.Params.PromptTokens, HasPromptTokens: true, Engine: h.engine,
-		Attributes: map[string]string{"quantization": h.profile},
+		PromptTokens: r.Params.PromptTokens, HasPromptTokens: true, Engine: h.engine, Attributes: attrs,
 	}))
 }
 
@@ -42,6 +48,12 @@ func (h *hook) Finished(r *sim.Request, reason string, t time.Time) {
 	// The engine's own timing, as a hook in a real engine would send it.
 	e.QueueTime, e.PrefillTime, e.DecodeTime = r.Timing()
 	e.HasTiming = true
+	if h.engineShare {
+		// The exact share, as an engine that sees its steps computes it.
+		sh := r.Share()
+		e.EnginePrefill, e.EngineDecode, e.HasEngineTime = sh.Prefill, sh.Decode, true
+		e.EnergyJ, e.HasEnergy = sh.EnergyJ, true
+	}
 	h.check(h.c.End(e))
 }
 

@@ -55,6 +55,7 @@ type options struct {
 	defaultMaxTokens int
 	hook             string
 	hookEngine       string
+	hookEngineShare  bool
 	// otlpTraces, traceDelay and perRequestMetrics are vLLM's
 	// --otlp-traces-endpoint (its batch delay) and
 	// --enable-per-request-metrics.
@@ -63,7 +64,16 @@ type options struct {
 	perRequestMetrics bool
 	// timingsOut is where every request's true split is written at exit.
 	timingsOut string
-	cfg        sim.Config
+	// attributionOut is where every request's true share of engine time
+	// and energy is written at exit.
+	attributionOut string
+	// tenantHeader is the request header whose value labels a request's
+	// tenant in the attribution truth.
+	tenantHeader string
+	// dcgm adds the GPU's DCGM-shaped power series to /metrics; gpu names it.
+	dcgm bool
+	gpu  sim.GPU
+	cfg  sim.Config
 }
 
 func parseFlags(args []string, out io.Writer) (options, error) {
@@ -104,9 +114,20 @@ with pf, df = 1 for fp16 and the -fp8-*-factor flags for fp8.
 	fs.Float64Var(&c.Cost.FP8PrefillFactor, "fp8-prefill-factor", c.Cost.FP8PrefillFactor, "factor of the fp8 profile on the arithmetic term")
 	fs.StringVar(&o.hook, "hook", "", "send token events with pkg/tokenhook to this endpoint, e.g. udp://127.0.0.1:4321 (empty: off)")
 	fs.StringVar(&o.hookEngine, "hook-engine", "vllmsim", "the engine name the hook sends (llm.engine of its sessions)")
+	fs.BoolVar(&o.hookEngineShare, "hook-engine-share", true, "the hook's end events carry each request's exact share of engine time and energy (wire fields engine_time_prefill_ns, engine_time_decode_ns, energy_mj); false: the collector computes it")
 	fs.StringVar(&o.otlpTraces, "otlp-traces-endpoint", "", "send vLLM's llm_request span of every request over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces (empty: off)")
 	fs.DurationVar(&o.traceDelay, "otlp-traces-delay", 5*time.Second, "how often spans are sent in a batch (vLLM's BatchSpanProcessor: 5s)")
 	fs.StringVar(&o.timingsOut, "timings-out", "", "write every finished request's true queue, prefill and decode time (NDJSON) to this file when stopping (empty: off)")
+	fs.StringVar(&o.attributionOut, "attribution-out", "", "write every finished request's true share of engine time (prefill, decode) and energy, and the engine's busy, idle and wall time (NDJSON) to this file when stopping (empty: off)")
+	fs.StringVar(&o.tenantHeader, "tenant-header", "X-Tenant-ID", "request header whose value is the request's tenant in -attribution-out")
+	fs.Float64Var(&c.Power.IdleWatts, "power-idle-watts", c.Power.IdleWatts, "power model: the GPU's draw between steps (W)")
+	fs.Float64Var(&c.Power.MaxWatts, "power-max-watts", c.Power.MaxWatts, "power model: the draw of a step of -power-saturation-tokens tokens or more (W)")
+	fs.IntVar(&c.Power.SaturationTokens, "power-saturation-tokens", c.Power.SaturationTokens, "power model: a step's draw rises linearly from idle to max with its tokens up to this many")
+	fs.BoolVar(&o.dcgm, "dcgm", false, "serve the GPU's power as NVIDIA's dcgm-exporter does (DCGM_FI_DEV_POWER_USAGE, DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION) on /metrics")
+	fs.StringVar(&o.gpu.Pod, "gpu-pod", "vllmsim-0", "the pod label of the DCGM series (the engine's pod)")
+	fs.StringVar(&o.gpu.Namespace, "gpu-namespace", "default", "the namespace label of the DCGM series")
+	fs.StringVar(&o.gpu.Container, "gpu-container", "vllm", "the container label of the DCGM series")
+	fs.StringVar(&o.gpu.UUID, "gpu-uuid", "GPU-00000000-0000-0000-0000-000000000000", "the UUID label of the DCGM series")
 	fs.BoolVar(&o.perRequestMetrics, "enable-per-request-metrics", false, "add vLLM's per-request timing object (queue, prefill, decode in ms) to the final usage chunk and to whole responses")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -139,6 +160,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 		if err != nil {
 			return err
 		}
+		h.engineShare = o.hookEngineShare
 		obs = append(obs, h)
 		closers = append(closers, h.close)
 	}
@@ -155,6 +177,11 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 		timings = &timingLog{path: o.timingsOut}
 		obs = append(obs, timings)
 	}
+	var attribution *attributionLog
+	if o.attributionOut != "" {
+		attribution = &attributionLog{path: o.attributionOut, eng: eng}
+		obs = append(obs, attribution)
+	}
 	if len(obs) > 0 {
 		eng.SetObserver(obs)
 	}
@@ -164,6 +191,12 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	}
 	api := newServer(eng, o.defaultMaxTokens)
 	api.perRequestMetrics = o.perRequestMetrics
+	api.tenantHeader = o.tenantHeader
+	if o.dcgm {
+		g := o.gpu
+		g.ModelName, g.Hostname = "vllmsim simulated GPU", "vllmsim"
+		api.gpu = &g
+	}
 	srv := &http.Server{Handler: api.handler(), ReadHeaderTimeout: 10 * time.Second}
 
 	engCtx, stopEngine := context.WithCancel(context.Background())
@@ -198,6 +231,11 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	}
 	if timings != nil {
 		if werr := timings.close(); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	if attribution != nil {
+		if werr := attribution.close(time.Now()); werr != nil && err == nil {
 			err = werr
 		}
 	}

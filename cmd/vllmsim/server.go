@@ -23,6 +23,11 @@ type server struct {
 	// perRequestMetrics adds vLLM's per-request timing object to the final
 	// usage chunk and to whole responses (--enable-per-request-metrics).
 	perRequestMetrics bool
+	// tenantHeader names the request header read into the request's tenant
+	// (the attribution truth's label); gpu, when set, adds the DCGM-shaped
+	// power series to /metrics.
+	tenantHeader string
+	gpu          *sim.GPU
 }
 
 func newServer(eng *sim.Engine, defaultMaxTokens int) *server {
@@ -43,7 +48,9 @@ func (s *server) handler() http.Handler {
 	})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		_ = s.eng.WriteMetrics(w)
+		if s.eng.WriteMetrics(w) == nil && s.gpu != nil {
+			_ = s.eng.WriteDCGM(w, *s.gpu)
+		}
 	})
 	return mux
 }
@@ -159,7 +166,7 @@ func (s *server) completion(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	sreq, err := s.eng.Submit(id, sim.Params{
 		PromptTokens: max(prompt, 1), MaxTokens: maxTokens, IgnoreEOS: req.IgnoreEOS, Operation: op,
-		TraceParent: r.Header.Get("traceparent"),
+		TraceParent: r.Header.Get("traceparent"), Tenant: s.tenant(r),
 	}, arrival)
 	if err != nil {
 		code := http.StatusBadRequest
@@ -478,4 +485,13 @@ func (s *server) degradation(w http.ResponseWriter, _ *http.Request) {
 	d := s.eng.Degradation()
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(degradationJSON{Freeze: d.Freeze.String(), Every: d.Every})
+}
+
+// tenant is the request's tenant header ("" without one or without
+// -tenant-header).
+func (s *server) tenant(r *http.Request) string {
+	if s.tenantHeader == "" {
+		return ""
+	}
+	return r.Header.Get(s.tenantHeader)
 }

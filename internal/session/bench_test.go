@@ -15,6 +15,7 @@ type nopObserver struct{}
 func (nopObserver) Started(*Session) *struct{}                    { return nil }
 func (nopObserver) Restarted(*Session, *struct{}) *struct{}       { return nil }
 func (nopObserver) Gap(*Session, *struct{}, time.Duration, int64) {}
+func (nopObserver) FirstToken(*Session, *struct{})                {}
 
 func sessionIDs(n int) []string {
 	ids := make([]string, n)

@@ -292,7 +292,27 @@ type End struct {
 	ResponseModel    string
 	// Timing is the engine's split when the end event brought it.
 	Timing Timing
+	// Share is the session's share of its engine's time and energy, set by
+	// the Table's user (internal/attribution) when the session ends.
+	Share EngineShare
 }
+
+// EngineShare is a session's share of its engine's busy time (seconds,
+// prefill and decode) and energy (joules, when HasEnergy). Source says
+// who computed it: "engine" (the end event brought the engine's own),
+// "collector" (internal/attribution's model); "" for none.
+type EngineShare struct {
+	Prefill, Decode float64
+	Energy          float64
+	HasEnergy       bool
+	Source          string
+}
+
+// Sources of an EngineShare.
+const (
+	ShareEngine    = "engine"
+	ShareCollector = "collector"
+)
 
 // Timing is the engine's own split of a request's time; a part it did not
 // give is -1. Source is where it came from ("" for none: the zero Timing is

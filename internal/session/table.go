@@ -24,6 +24,9 @@ type Observer[S any] interface {
 	// Gap: n per-token gaps of g each (a chunk of n tokens arriving g·n
 	// after the previous one); state is what Started returned for s.
 	Gap(s *Session, state S, g time.Duration, n int64)
+	// FirstToken: s's first token (s.FirstTokenTime), the end of its
+	// prefill; once per session.
+	FirstToken(s *Session, state S)
 	// Restarted: the start of a session opened by an earlier token event
 	// arrived and filled in its model, engine and attributes; the state
 	// returned replaces state.
@@ -376,6 +379,12 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 				e.Timing = Timing{}
 			}
 		}
+		if ev.HasEngineTime {
+			e.Share = EngineShare{
+				Prefill: float64(ev.EngineTimePrefillNs) / 1e9, Decode: float64(ev.EngineTimeDecodeNs) / 1e9,
+				Energy: float64(ev.EnergyMilliJ) / 1e3, HasEnergy: ev.HasEnergy, Source: ShareEngine,
+			}
+		}
 		if s.PromptTokens < 0 && ev.PromptTokens >= 0 {
 			s.PromptTokens = ev.PromptTokens // known only at the end (the proxy's usage chunk)
 		}
@@ -662,6 +671,7 @@ func (t *Table[S]) token(s *entry[S], at, count, now int64, out *[]Report[S]) {
 		if s.StartTime != 0 && at < s.StartTime {
 			t.Counters.OutOfOrder++
 		}
+		t.obs.FirstToken(&s.Session, s.state)
 		t.checkTTFT(s, out)
 		return
 	}

@@ -48,6 +48,7 @@ type recorder struct {
 	started   []string
 	restarted []string
 	gaps      []string
+	firsts    []string
 	stalls    []Stall
 	early     []string
 	// earlyAt is the At of each early keep reported.
@@ -67,6 +68,10 @@ func (r *recorder) Restarted(s *Session, _ struct{}) struct{} {
 
 func (r *recorder) Gap(s *Session, _ struct{}, g time.Duration, n int64) {
 	r.gaps = append(r.gaps, fmt.Sprintf("%s %v×%d", s.ID, g, n))
+}
+
+func (r *recorder) FirstToken(s *Session, _ struct{}) {
+	r.firsts = append(r.firsts, fmt.Sprintf("%s %d", s.ID, s.FirstTokenTime))
 }
 
 // record copies out what the reports tell, as the processor reads them
@@ -651,4 +656,13 @@ func TestReasonString(t *testing.T) {
 	assert.Equal(t, "ttft,stall", (ReasonTTFT | ReasonStall).String())
 	assert.Empty(t, Reason(0).String())
 	assert.Equal(t, "timeout", OutcomeTimeout.String())
+}
+
+// The Observer hears of a session's first token once, at its time, also
+// when the token overtook the start; a stream's later tokens are gaps.
+func TestFirstTokenObserved(t *testing.T) {
+	tbl, rec := newTable(t, nil)
+	apply(tbl, start("a", t0), tok("a", t0+100*ms, 1), tok("a", t0+120*ms, 1), end("a", t0+130*ms, 2))
+	apply(tbl, tok("b", t0+200*ms, 1), start("b", t0+150*ms), tok("b", t0+210*ms, 1))
+	assert.Equal(t, []string{fmt.Sprintf("a %d", t0+100*ms), fmt.Sprintf("b %d", t0+200*ms)}, rec.firsts)
 }

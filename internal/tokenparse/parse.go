@@ -56,12 +56,16 @@ const (
 	fQueueTime
 	fPrefillTime
 	fDecodeTime
+	fEnginePrefill
+	fEngineDecode
+	fEnergy
 )
 
 var fieldNames = [...]string{
 	"event", "session_id", "time_unix_nano", "trace_id", "span_id", "parent_span_id", "model", "operation",
 	"prompt_tokens", "engine", "attributes", "count", "completion_tokens", "finish_reason", "error",
 	"stream", "tracestate", "seq", "response_model", "queue_time_ns", "prefill_time_ns", "decode_time_ns",
+	"engine_time_prefill_ns", "engine_time_decode_ns", "energy_mj",
 }
 
 const (
@@ -70,7 +74,7 @@ const (
 		fAttributes | fStream | fTraceState
 	allowedT = fCommon | fCount | fSeq
 	allowedE = fCommon | fCompletionTokens | fFinishReason | fError | fResponseModel | fQueueTime | fPrefillTime |
-		fDecodeTime
+		fDecodeTime | fEnginePrefill | fEngineDecode | fEnergy
 )
 
 // maxInterned bounds the parser's table of repeated strings (session IDs,
@@ -586,6 +590,12 @@ func fieldBit(key []byte) (uint32, bool) {
 		return fPrefillTime, true
 	case "decode_time_ns":
 		return fDecodeTime, true
+	case "engine_time_prefill_ns":
+		return fEnginePrefill, true
+	case "engine_time_decode_ns":
+		return fEngineDecode, true
+	case "energy_mj":
+		return fEnergy, true
 	}
 	return 0, false
 }
@@ -686,6 +696,17 @@ func (p *Parser) value(bit uint32, ev *tokenevent.Event) (bool, error) {
 			ev.DecodeTimeNs = int64(v)
 		}
 		ev.TimingSource = tokenevent.TimingHook
+		return true, err
+	case fEnginePrefill, fEngineDecode, fEnergy:
+		v, err := p.uint(name)
+		switch bit {
+		case fEnginePrefill:
+			ev.EngineTimePrefillNs, ev.HasEngineTime = int64(v), true
+		case fEngineDecode:
+			ev.EngineTimeDecodeNs, ev.HasEngineTime = int64(v), true
+		default:
+			ev.EnergyMilliJ, ev.HasEnergy = int64(v), true
+		}
 		return true, err
 	case fResponseModel:
 		return true, p.internedStr(name, &ev.ResponseModel)

@@ -127,6 +127,17 @@ func TestParseTokenAndEnd(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "upstream_500", ev.Error)
 	assert.Equal(t, int64(-1), ev.CompletionTokens, "null is absent")
+
+	ev, err = parse(t, `{"event":"end","session_id":"x","time_unix_nano":5,"engine_time_prefill_ns":2000,"engine_time_decode_ns":3000,"energy_mj":12}`)
+	require.NoError(t, err)
+	assert.True(t, ev.HasEngineTime)
+	assert.True(t, ev.HasEnergy)
+	assert.Equal(t, [3]int64{2000, 3000, 12}, [3]int64{ev.EngineTimePrefillNs, ev.EngineTimeDecodeNs, ev.EnergyMilliJ})
+	ev, err = parse(t, endLine)
+	require.NoError(t, err)
+	assert.False(t, ev.HasEngineTime || ev.HasEnergy, "absent unless given")
+	_, err = parse(t, `{"event":"token","session_id":"x","time_unix_nano":5,"energy_mj":1}`)
+	assert.ErrorContains(t, err, "energy_mj: not allowed on a token event")
 }
 
 func TestParseEscapes(t *testing.T) {
@@ -258,6 +269,7 @@ func TestAppendJSONRoundTrip(t *testing.T) {
 		startLine, tokenLine, endLine,
 		`{"event":"token","session_id":"q\"\\\u0001é","time_unix_nano":7,"count":4}`,
 		`{"event":"end","session_id":"s","time_unix_nano":9,"error":"aborted"}`,
+		`{"event":"end","session_id":"s","time_unix_nano":9,"engine_time_prefill_ns":10,"engine_time_decode_ns":0,"energy_mj":3}`,
 	} {
 		want, err := parse(t, line)
 		require.NoError(t, err)

@@ -59,6 +59,11 @@ const (
 	AttrPrefillTimeNs = "llm.session.prefill_time_ns"
 	AttrDecodeTimeNs  = "llm.session.decode_time_ns"
 	AttrTimingSource  = "llm.session.timing_source"
+	// The engine's own share of its busy time (ns) and energy (mJ), on an
+	// end.
+	AttrEngineTimePrefillNs = "llm.session.engine_time_prefill_ns"
+	AttrEngineTimeDecodeNs  = "llm.session.engine_time_decode_ns"
+	AttrEnergyMilliJ        = "llm.session.energy_mj"
 
 	// AttrTokenCount is the token count of a record holding one token event
 	// (absent means 1).
@@ -304,6 +309,28 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 				}
 			}
 		}
+		for _, t := range shareAttrs(ev) {
+			if *t.has && *t.v >= 0 {
+				attrs.PutInt(t.key, *t.v)
+			}
+		}
+	}
+}
+
+// shareAttrs pairs ev's engine share fields with their attributes.
+func shareAttrs(ev *tokenevent.Event) [3]struct {
+	key string
+	v   *int64
+	has *bool
+} {
+	return [3]struct {
+		key string
+		v   *int64
+		has *bool
+	}{
+		{AttrEngineTimePrefillNs, &ev.EngineTimePrefillNs, &ev.HasEngineTime},
+		{AttrEngineTimeDecodeNs, &ev.EngineTimeDecodeNs, &ev.HasEngineTime},
+		{AttrEnergyMilliJ, &ev.EnergyMilliJ, &ev.HasEnergy},
 	}
 }
 
@@ -752,6 +779,16 @@ func readEnd(attrs pcommon.Map, ev *tokenevent.Event, fn func(*tokenevent.Event)
 		}
 		if *t.ns >= 0 && ev.TimingSource == "" {
 			ev.TimingSource = tokenevent.TimingHook // an SDK's record that did not say
+		}
+	}
+	for _, t := range shareAttrs(ev) {
+		if *t.v, err = intAttr(attrs, t.key, -1); err != nil {
+			return err
+		}
+		if *t.v >= 0 {
+			*t.has = true
+		} else {
+			*t.v = 0
 		}
 	}
 	if v, ok := attrs.Get(AttrFinishReasons); ok {

@@ -73,6 +73,8 @@ func TestRecordsRoundTrip(t *testing.T) {
 		endLine,
 		`{"event":"token","session_id":"s-2","time_unix_nano":1700000000290000000,"seq":1}`,
 		`{"event":"end","session_id":"s-2","time_unix_nano":1700000000300000000,"error":"aborted","response_model":"m-fp8","queue_time_ns":120000000,"decode_time_ns":0}`,
+		`{"event":"end","session_id":"s-3","time_unix_nano":1700000000300000000,"engine_time_prefill_ns":1500,"engine_time_decode_ns":0,"energy_mj":42}`,
+		`{"event":"end","session_id":"s-4","time_unix_nano":1700000000300000000,"engine_time_decode_ns":7}`,
 	}
 	var want []tokenevent.Event
 	p := tokenparse.NewParser(tokenevent.Limits{})
@@ -83,14 +85,14 @@ func TestRecordsRoundTrip(t *testing.T) {
 	}
 	records := writeAll(t, lines...)
 
-	// Two starts, one packed record per session, two ends.
-	require.Equal(t, 6, records.Len())
+	// Two starts, one packed record per session, four ends.
+	require.Equal(t, 8, records.Len())
 	names := make([]string, records.Len())
 	for i := range names {
 		names[i] = records.At(i).EventName()
 		assert.Equal(t, pcommon.Timestamp(42), records.At(i).ObservedTimestamp())
 	}
-	assert.Equal(t, []string{EventNameStart, EventNameStart, EventNameToken, EventNameToken, EventNameEnd, EventNameEnd}, names)
+	assert.Equal(t, []string{EventNameStart, EventNameStart, EventNameToken, EventNameToken, EventNameEnd, EventNameEnd, EventNameEnd, EventNameEnd}, names)
 	assert.Equal(t, pcommon.TraceID(want[0].TraceID), records.At(0).TraceID())
 	assert.Equal(t, pcommon.SpanID(want[0].SpanID), records.At(0).SpanID())
 

@@ -83,6 +83,18 @@ func AppendJSON(dst []byte, ev *Event) []byte {
 				dst = strconv.AppendInt(dst, t.ns, 10)
 			}
 		}
+		for _, t := range [...]struct {
+			key string
+			v   int64
+			has bool
+		}{{"engine_time_prefill_ns", ev.EngineTimePrefillNs, ev.HasEngineTime}, {"engine_time_decode_ns", ev.EngineTimeDecodeNs, ev.HasEngineTime}, {"energy_mj", ev.EnergyMilliJ, ev.HasEnergy}} {
+			if t.has && t.v >= 0 {
+				dst = append(dst, `,"`...)
+				dst = append(dst, t.key...)
+				dst = append(dst, `":`...)
+				dst = strconv.AppendInt(dst, t.v, 10)
+			}
+		}
 	}
 	return append(dst, "}\n"...)
 }

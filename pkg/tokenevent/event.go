@@ -134,6 +134,14 @@ type Event struct {
 	// end event) or TimingResponse (the engine's per-request metrics in
 	// its response, read by the proxy); "" without a split.
 	TimingSource string
+	// The request's share of the engine's busy time, as the engine computed
+	// it from its steps (each step's time split among its requests by the
+	// tokens each computed in it), in ns, prefill and decode: meaningful
+	// when HasEngineTime (a part not given is 0). EnergyMilliJ is its share
+	// of the GPU's energy in mJ, when HasEnergy.
+	EngineTimePrefillNs, EngineTimeDecodeNs int64
+	EnergyMilliJ                            int64
+	HasEngineTime, HasEnergy                bool
 }
 
 // Sources of an end event's engine timing.

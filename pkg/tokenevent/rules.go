@@ -213,6 +213,17 @@ func (ev *Event) Validate(limits Limits) error {
 				}
 			}
 		}
+		for _, t := range [...]struct {
+			field string
+			v     int64
+			has   bool
+		}{{"engine_time_prefill_ns", ev.EngineTimePrefillNs, ev.HasEngineTime}, {"engine_time_decode_ns", ev.EngineTimeDecodeNs, ev.HasEngineTime}, {"energy_mj", ev.EnergyMilliJ, ev.HasEnergy}} {
+			if t.has {
+				if err := CheckTokens(t.field, t.v); err != nil {
+					return err
+				}
+			}
+		}
 	}
 	return nil
 }

@@ -102,6 +102,14 @@ type End struct {
 	// decode (first to last token). A negative part is not sent.
 	QueueTime, PrefillTime, DecodeTime time.Duration
 	HasTiming                          bool
+	// The request's share of the engine's busy time, as the engine
+	// computed it from its steps (each step's time split among its requests
+	// by the tokens each computed in it), sent when HasEngineTime is set;
+	// EnergyJ, its share of the GPU's energy, when HasEnergy is set too.
+	EnginePrefill, EngineDecode time.Duration
+	HasEngineTime               bool
+	EnergyJ                     float64
+	HasEnergy                   bool
 }
 
 // Stats counts what happened to the events a Client took: each counts in
@@ -288,6 +296,13 @@ func (e End) event() (*tokenevent.Event, error) {
 	if e.HasTiming {
 		ev.TimingSource = tokenevent.TimingHook
 		ev.QueueTimeNs, ev.PrefillTimeNs, ev.DecodeTimeNs = nsOrAbsent(e.QueueTime), nsOrAbsent(e.PrefillTime), nsOrAbsent(e.DecodeTime)
+	}
+	if e.HasEngineTime {
+		ev.EngineTimePrefillNs, ev.EngineTimeDecodeNs = max(int64(e.EnginePrefill), 0), max(int64(e.EngineDecode), 0)
+		ev.HasEngineTime = true
+		if e.HasEnergy && e.EnergyJ >= 0 {
+			ev.EnergyMilliJ, ev.HasEnergy = int64(e.EnergyJ*1000+0.5), true
+		}
 	}
 	return ev, setTokens(&ev.CompletionTokens, "completion_tokens", e.CompletionTokens, e.HasCompletionTokens)
 }

@@ -50,6 +50,9 @@ type Config struct {
 	EngineTiming EngineTimingConfig `mapstructure:"engine_timing"`
 	// Live serves the sessions in flight over HTTP (liveconfig.go).
 	Live LiveConfig `mapstructure:"live"`
+	// Attribution divides each engine's time and energy among its sessions
+	// (attribution.go).
+	Attribution AttributionConfig `mapstructure:"attribution"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -106,6 +109,7 @@ func createDefaultConfig() *Config {
 		Limits:          LimitsConfig{MaxSessionIDBytes: tokenevent.DefaultMaxSessionIDBytes, MaxAttributes: tokenevent.DefaultMaxAttributes},
 		EngineTiming:    EngineTimingConfig{Wait: 6 * time.Second, MaxSessions: 20_000},
 		Live:            defaultLiveConfig(),
+		Attribution:     defaultAttributionConfig(),
 	}
 }
 
@@ -152,6 +156,7 @@ func (cfg *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("engine_timing::max_sessions: must not be negative, got %d", cfg.EngineTiming.MaxSessions))
 	}
 	errs = append(errs, under("live", cfg.Live.Validate())...)
+	errs = append(errs, under("attribution", cfg.Attribution.Validate())...)
 	return errors.Join(errs...)
 }
 

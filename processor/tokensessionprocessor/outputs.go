@@ -149,6 +149,7 @@ func (p *sessions) putSessionAttributes(m pcommon.Map, s *session.Session, e *se
 		}
 		m.PutStr(attrTimingSource, t.Source)
 	}
+	putShare(m, &e.Share)
 	m.PutInt(attrSessionStalls, int64(s.StallCount))
 	m.PutInt(attrSessionFreezes, int64(s.Freezes))
 	m.PutInt(attrSessionChunks, s.Chunks)

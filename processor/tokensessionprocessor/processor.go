@@ -269,6 +269,7 @@ func removeEmpty(ld plog.Logs) {
 func (c *core) consumeMetrics(ctx context.Context, md pmetric.Metrics) error {
 	now := time.Now()
 	c.engines.observe(md, now.UnixNano())
+	c.sessions.attr.observePower(md, now.UnixNano())
 	if c.sessions.waiting.Load() > 0 {
 		c.emit(ctx, c.sessions.releaseWaiting(now))
 	}

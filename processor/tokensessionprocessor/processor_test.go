@@ -211,6 +211,10 @@ func TestLogsFoldsTokenEventsAndEmitsSummaries(t *testing.T) {
 		"llm.session.duration":                0.65,
 		"llm.session.freezes":                 int64(0),
 		"llm.session.stalls":                  int64(0),
+		"llm.session.attribution_source":      "collector", // alone on its engine: all its time is its own
+		"llm.session.engine_time":             0.65,
+		"llm.session.engine_time.prefill":     0.6,
+		"llm.session.engine_time.decode":      0.05,
 		"llm.session.chunks":                  int64(3),
 		"llm.session.sampling.reason":         "ttft",
 		"llm.session.attributes":              map[string]any{"quantization": "fp8"},

@@ -34,6 +34,7 @@ type sessions struct {
 	telemetry *processorTelemetry
 	engines   *engineContext
 	spans     *spanGate
+	attr      *attributor
 
 	// waiting is len(heldOutputs), for the metrics path, which takes mu
 	// only when outputs wait (for a scrape this may be).
@@ -94,7 +95,7 @@ func (o *outputs) records(provider string) plog.LogRecordSlice {
 func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineContext, spans *spanGate) (*sessions, error) {
 	s := &sessions{
 		cfg: cfg, telemetry: telemetry, engines: engines, spans: spans, limits: cfg.Limits.eventLimits(),
-		timing: newTimingJoin(), pending: newOutputs(),
+		timing: newTimingJoin(), pending: newOutputs(), attr: newAttributor(cfg.Attribution, time.Now()),
 	}
 	var err error
 	if s.table, err = session.NewTable[*sessionmetrics.Live](cfg.sessionConfig(), s); err != nil {
@@ -248,7 +249,9 @@ func (p *sessions) renderMetrics(now time.Time) pmetric.Metrics {
 	sm := rm.ScopeMetrics().AppendEmpty()
 	sm.Scope().SetName(metadata.ScopeName)
 	p.metrics.AppendTo(sm, now)
+	p.attr.appendTo(sm, now)
 	p.telemetry.reportOverflows(context.Background(), p.metrics.OverflowCount(), p.metrics.ModelOverflowCount())
+	p.telemetry.reportTenantOverflows(context.Background(), p.attr.overflows())
 	return md
 }
 
@@ -256,7 +259,12 @@ func (p *sessions) renderMetrics(now time.Time) pmetric.Metrics {
 // sessions' metric state.
 
 func (p *sessions) Started(s *session.Session) *sessionmetrics.Live {
+	p.attr.started(s, p.nowNanos)
 	return p.metrics.SessionStarted(p.dims(s))
+}
+
+func (p *sessions) FirstToken(s *session.Session, _ *sessionmetrics.Live) {
+	p.attr.firstToken(s, p.nowNanos)
 }
 
 func (p *sessions) Restarted(s *session.Session, live *sessionmetrics.Live) *sessionmetrics.Live {
@@ -334,6 +342,7 @@ func (p *sessions) ended(r *session.Report[*sessionmetrics.Live], folded *plog.L
 			}
 		}
 	}
+	p.attr.ended(s, e, p.nowNanos)
 	aw := p.joinTiming(r)
 	if s.Keep && !p.hold(s, e, aw) {
 		p.appendOutputs(s, e)

@@ -48,6 +48,8 @@ type processorTelemetry struct {
 
 	// The aggregator's overflow counts already reported.
 	metricOverflows, modelOverflows uint64
+	// tenantOverflows is the attributor's count as last reported.
+	tenantOverflows uint64
 }
 
 func newProcessorTelemetry(set processor.Settings) (*processorTelemetry, error) {
@@ -202,6 +204,15 @@ func (t *processorTelemetry) reportOverflows(ctx context.Context, metricOverflow
 		t.builder.ProcessorTokenSessionModelsOverflowed.Add(ctx, int64(d))
 	}
 	t.metricOverflows, t.modelOverflows = metricOverflows, modelOverflows
+}
+
+// reportTenantOverflows reports the sessions whose tenant was counted as
+// _OTHER since the last call; total is the attributor's count.
+func (t *processorTelemetry) reportTenantOverflows(ctx context.Context, total uint64) {
+	if d := total - t.tenantOverflows; d > 0 {
+		t.builder.ProcessorTokenSessionAttributionTenantsOverflowed.Add(ctx, int64(d))
+	}
+	t.tenantOverflows = total
 }
 
 // What became of an engine timing (the result attribute).

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
+	"sort"
 	"strings"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"go.opentelemetry.io/collector/confmap"
 
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxy"
 )
 
 // Config is the configuration of the token_stream receiver.
@@ -118,9 +121,50 @@ type ProxyConfig struct {
 	// Stall is the stall breaker: a stream whose next token is too late is
 	// cut, so that the client can retry on another replica. Off by default.
 	Stall StallConfig `mapstructure:"stall"`
+	// AttributesFromHeaders copies request headers into the session's start
+	// attributes: header name -> attribute key (a tenant header for
+	// token_session's attribution::tenant_attribute). Empty by default:
+	// no header value enters telemetry unless named here.
+	AttributesFromHeaders map[string]string `mapstructure:"attributes_from_headers"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
+}
+
+// credentialHeaders may never be copied into attributes: their values are
+// secrets.
+var credentialHeaders = map[string]bool{
+	"Authorization": true, "Proxy-Authorization": true, "Cookie": true, "Set-Cookie": true,
+	"X-Api-Key": true, "Api-Key": true,
+}
+
+// headerAttributes is attributes_from_headers checked and in a fixed order
+// (by header), with canonical header names.
+func (p *ProxyConfig) headerAttributes(maxAttributes int) ([]proxy.HeaderAttribute, []error) {
+	var out []proxy.HeaderAttribute
+	var errs []error
+	keys := map[string]string{}
+	for h, key := range p.AttributesFromHeaders {
+		name := http.CanonicalHeaderKey(strings.TrimSpace(h))
+		switch {
+		case name == "":
+			errs = append(errs, errors.New("proxy::attributes_from_headers: empty header name"))
+		case credentialHeaders[name]:
+			errs = append(errs, fmt.Errorf("proxy::attributes_from_headers: header %q: a credential header's value never enters telemetry", h))
+		case key == "":
+			errs = append(errs, fmt.Errorf("proxy::attributes_from_headers: header %q: empty attribute key", h))
+		case keys[key] != "":
+			errs = append(errs, fmt.Errorf("proxy::attributes_from_headers: header %q: attribute key %q also from header %q", h, key, keys[key]))
+		default:
+			keys[key] = h
+			out = append(out, proxy.HeaderAttribute{Header: name, Attribute: key})
+		}
+	}
+	if maxAttributes > 0 && len(out) > maxAttributes {
+		errs = append(errs, fmt.Errorf("proxy::attributes_from_headers: %d entries, more than limits::max_attributes (%d)", len(out), maxAttributes))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Header < out[j].Header })
+	return out, errs
 }
 
 // StallConfig is the proxy's stall breaker.
@@ -234,6 +278,8 @@ func (cfg *Config) Validate() error {
 		if p.Upstream.headerTimeout() == 0 {
 			errs = append(errs, errors.New("proxy::upstream::response_header_timeout: must be positive, got 0s"))
 		}
+		_, herrs := p.headerAttributes(cfg.Hooks.Limits.MaxAttributes)
+		errs = append(errs, herrs...)
 	}
 	if h := cfg.Hooks.HTTP.Get(); h != nil {
 		errs = append(errs, checkListenAddr("hooks::http::endpoint", &h.ServerConfig), checkBodyLimit("hooks::http", &h.ServerConfig))

@@ -472,12 +472,13 @@ func (r *tokenStreamReceiver) startProxy(ctx context.Context, cfg *ProxyConfig, 
 	if err != nil {
 		return nil, err
 	}
+	headers, _ := cfg.headerAttributes(0) // checked by Validate
 	return proxy.Start(ctx, &proxy.Config{
 		Server: cfg.ServerConfig, Client: cfg.Upstream.ClientConfig, Upstream: upstream, Engine: engineName(upstream),
 		ResponseHeaderTimeout: cfg.Upstream.headerTimeout(), StreamIdleTimeout: cfg.Upstream.StreamIdleTimeout,
 		ClientBodyTimeout: cfg.ClientBodyTimeout, ClientSendTimeout: cfg.ClientSendTimeout,
 		DrainTimeout: cfg.DrainTimeout, MaxStreams: cfg.MaxStreams, EventQueueSize: cfg.EventQueueSize,
-		StallMaxGap: cfg.Stall.MaxGap, StallMinTokens: int64(cfg.Stall.MinTokens),
+		StallMaxGap: cfg.Stall.MaxGap, StallMinTokens: int64(cfg.Stall.MinTokens), HeaderAttributes: headers,
 	}, sink, host, r.settings.TelemetrySettings)
 }
 

@@ -77,6 +77,17 @@ func TestDemoPipeline(t *testing.T) {
 
 	assert.NotEmpty(t, k.KVUsage, "the simulator's /metrics was scraped")
 	assert.Positive(t, k.MaxKVUsage)
+
+	// Who used the GPU: both tenants, the collector's engine time beside
+	// the simulator's exact shares.
+	a := res.Attribution
+	require.NotNil(t, a)
+	require.Len(t, a.Tenants, 2, "%+v", a.Tenants)
+	for _, tf := range a.Tenants {
+		t.Logf("tenant %s: collector %.3f s, simulator %.3f s; %.0f J vs %.0f J; %d tokens", tf.Tenant, tf.CollectorS, tf.TruthS, tf.CollectorJ, tf.TruthJ, tf.Tokens)
+	}
+	t.Logf("sessions %d: error p50 %.1f%% p90 %.1f%% max %.1f%%; collector busy %.3f + idle %.3f s, simulator busy %.3f + idle %.3f = wall %.3f s",
+		a.Sessions, a.ErrP50, a.ErrP90, a.ErrMax, a.CollectorBusyS, a.CollectorIdleS, a.TruthBusyS, a.TruthIdleS, a.TruthWallS)
 }
 
 // logCollectorProblems logs the collector's warnings and errors: the

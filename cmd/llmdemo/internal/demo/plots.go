@@ -77,6 +77,10 @@ func writePlots(rep *Report, out string) ([]string, error) {
 			return written, err
 		}
 		written = append(written, PlotSplit)
+		if err := plotAttribution(filepath.Join(out, PlotAttribution), rep.Points); err != nil {
+			return written, err
+		}
+		written = append(written, PlotAttribution)
 	}
 	return written, nil
 }

@@ -60,6 +60,18 @@ func (e Engine) args(addr string) []string {
 	return args
 }
 
+// stepTokens is the engine's step token budget as vllmsim sets it: the
+// chunked budget, or without chunked prefill the longest model length.
+func (e Engine) stepTokens() int {
+	switch {
+	case !e.ChunkedPrefill:
+		return 4096 // vllmsim's -max-model-len
+	case e.MaxNumBatchedTokens > 0:
+		return e.MaxNumBatchedTokens
+	}
+	return 2048
+}
+
 // Load is the load of a point (llmload flags).
 type Load struct {
 	Concurrency      int           `json:"concurrency"`
@@ -80,6 +92,7 @@ func (l Load) args(url, dir string) []string {
 		"-long-share", strconv.FormatFloat(l.LongShare, 'g', -1, 64),
 		"-long-prompt-tokens", strconv.Itoa(l.LongPromptTokens),
 		"-seed", strconv.FormatUint(l.Seed, 10),
+		"-long-tenant", tenantRAG, "-short-tenant", tenantChat,
 		"-out", filepath.Join(dir, "llmload.json"),
 		"-requests-out", filepath.Join(dir, "requests.ndjson"),
 	}
@@ -222,16 +235,18 @@ func checkSplit(spans []Span, truth map[string]truthSplit) SplitCheck {
 
 // PointResult is everything measured at one point.
 type PointResult struct {
-	Point      Point              `json:"point"`
-	Client     ClientFigures      `json:"client"`
-	Collector  CollectorFigures   `json:"collector"`
-	Truth      Truth              `json:"simulator"`
-	Slow       SlowCheck          `json:"slow_sessions"`
-	Split      SplitCheck         `json:"split"`
-	CPUSeconds map[string]float64 `json:"cpu_seconds"` // per process, user+system
-	WallS      float64            `json:"wall_s"`      // the load's span, first request to last answer
-	Dir        string             `json:"dir"`
-	requests   []requestRecord
+	Point     Point            `json:"point"`
+	Client    ClientFigures    `json:"client"`
+	Collector CollectorFigures `json:"collector"`
+	Truth     Truth            `json:"simulator"`
+	Slow      SlowCheck        `json:"slow_sessions"`
+	Split     SplitCheck       `json:"split"`
+	// Attribution is who used the GPU, collector vs simulator.
+	Attribution *AttributionFigures `json:"attribution,omitempty"`
+	CPUSeconds  map[string]float64  `json:"cpu_seconds"` // per process, user+system
+	WallS       float64             `json:"wall_s"`      // the load's span, first request to last answer
+	Dir         string              `json:"dir"`
+	requests    []requestRecord
 }
 
 // CPUCores is the mean number of cores the three processes used while the
@@ -292,8 +307,12 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir, live string, pro
 	// its llm_request spans to the collector's otlp receiver (every second,
 	// not vLLM's 5 s, to keep the points short) and per-request metrics on
 	// the final chunk; and it writes the truth for the report.
+	attributionPath := filepath.Join(dir, "attribution.ndjson")
 	simArgs := append(p.Engine.args(simAddr), "-otlp-traces-endpoint", "http://"+otlpAddr+"/v1/traces",
-		"-otlp-traces-delay", "1s", "-enable-per-request-metrics", "-timings-out", timingsPath)
+		"-otlp-traces-delay", "1s", "-enable-per-request-metrics", "-timings-out", timingsPath,
+		// Who used the GPU: the exact shares, and the GPU's power as
+		// dcgm-exporter serves it, its pod named as the proxy names the engine.
+		"-attribution-out", attributionPath, "-dcgm", "-gpu-pod", simAddr)
 	sim, err := startProcess("vllmsim", filepath.Join(dir, "vllmsim.log"), bins.Sim, simArgs, nil)
 	if err != nil {
 		return nil, err
@@ -309,6 +328,8 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir, live string, pro
 	col, err := startProcess("otelcol-llm", filepath.Join(dir, "otelcol.log"), bins.Collector, []string{"--config", cfgPath}, []string{
 		"PROXY_ENDPOINT=" + proxyAddr, "UPSTREAM_URL=http://" + simAddr, "METRICS_URL=http://" + simAddr + "/metrics",
 		"OTLP_ENDPOINT=" + otlpAddr, "HEALTH_ENDPOINT=" + healthAddr, "SINK_URL=" + snk.url(), "LIVE_ENDPOINT=" + live,
+		"STEP_TOKENS=" + strconv.Itoa(p.Engine.stepTokens()), "KV_CACHE_TOKENS=" + strconv.Itoa(16*p.Engine.KVBlocks),
+		"PREFILL_FIRST=" + strconv.FormatBool(p.Engine.PrefillPriority),
 	})
 	if err != nil {
 		return nil, err
@@ -369,6 +390,10 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir, live string, pro
 		return nil, err
 	}
 	res.Split = checkSplit(res.Collector.Spans, res.Truth.byTrace)
+	engineTime, engineEnergy := snk.engineShares()
+	if res.Attribution, err = attributionFigures(attributionPath, res.Collector.Spans, engineTime, engineEnergy); err != nil {
+		return nil, err
+	}
 	return res, nil
 }
 

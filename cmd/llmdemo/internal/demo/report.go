@@ -108,7 +108,9 @@ func markdown(rep *Report, runErr error) string {
 			p.Load.LongShare, p.Load.LongPromptTokens, p.Load.Duration, concurrencies(pts))
 	}
 
-	b.WriteString("\n## Plots\n\n")
+	b.WriteString("\n")
+	b.WriteString(attributionMarkdown(rep))
+	b.WriteString("## Plots\n\n")
 	for _, p := range rep.Plots {
 		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(p, filepath.Ext(p)), p)
 	}

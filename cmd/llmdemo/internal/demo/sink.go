@@ -66,6 +66,8 @@ type Span struct {
 	// Phases are the names of its phase spans (traces::phase_spans).
 	Phases []string `json:"phases,omitempty"`
 	spanID string
+	// EngineTimeS is the session's share of its engine's busy time.
+	EngineTimeS float64 `json:"engine_time_s,omitempty"`
 }
 
 // StallAlert is one llm.session.stall record.
@@ -94,9 +96,12 @@ type sink struct {
 	waiting        []Sample
 	spans          []Span
 	// phases are the phase spans' names by their parent, a session span.
-	phases    map[string][]string
-	alerts    []StallAlert
-	summaries int
+	phases map[string][]string
+	alerts []StallAlert
+	// engineTime and engineEnergy are the latest llm.engine.time and
+	// llm.engine.energy by "tenant/state".
+	engineTime, engineEnergy map[string]float64
+	summaries                int
 }
 
 func startSink() (*sink, error) {
@@ -104,7 +109,8 @@ func startSink() (*sink, error) {
 		sessions: map[string]float64{}, outcomes: map[string]string{}, stalls: map[string]float64{},
 		ttft: map[string]exphist.Histogram{}, tpot: map[string]exphist.Histogram{},
 		queue: map[string]exphist.Histogram{}, prefill: map[string]exphist.Histogram{},
-		phases: map[string][]string{},
+		phases:     map[string][]string{},
+		engineTime: map[string]float64{}, engineEnergy: map[string]float64{},
 	}
 	otlp, err := otlpsink.Start("127.0.0.1:0", otlpsink.Options{HTTP: true, OnMetrics: s.metrics, OnTraces: s.traces, OnLogs: s.logs})
 	if err != nil {
@@ -177,6 +183,17 @@ func (s *sink) metric(m pmetric.Metric) {
 				s.waiting = append(s.waiting, smp)
 			}
 		}
+	case metricEngineTime, metricEngineEnergy:
+		if m.Type() != pmetric.MetricTypeSum {
+			return
+		}
+		dst := s.engineTime
+		if m.Name() == metricEngineEnergy {
+			dst = s.engineEnergy
+		}
+		for _, dp := range m.Sum().DataPoints().All() {
+			dst[attrStr(dp.Attributes(), "llm.tenant")+"/"+attrStr(dp.Attributes(), "state")] = dp.DoubleValue()
+		}
 	case metricPreemptions:
 		if m.Type() != pmetric.MetricTypeSum {
 			return
@@ -212,6 +229,7 @@ func (s *sink) traces(td ptrace.Traces) {
 					QueueMs:        attrFloat(a, "llm.session.queue_time") * 1000,
 					PrefillMs:      attrFloat(a, "llm.session.prefill_time") * 1000,
 					spanID:         sp.SpanID().String(),
+					EngineTimeS:    attrFloat(a, "llm.session.engine_time"),
 				})
 			}
 		}
@@ -433,4 +451,12 @@ func (s *sink) figures(start time.Time) CollectorFigures {
 		f.PreemptionCount = f.Preemptions[n-1].V
 	}
 	return f
+}
+
+// engineShares returns copies of the latest llm.engine.time and
+// llm.engine.energy points by "tenant/state".
+func (s *sink) engineShares() (engineTime, engineEnergy map[string]float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.engineTime), maps.Clone(s.engineEnergy)
 }

@@ -90,6 +90,8 @@ type Config struct {
 	PrefillPriority bool
 	Seed            uint64
 	Cost            Cost
+	// Power is the GPU's power model (attribution.go).
+	Power Power
 }
 
 // DefaultConfig returns the simulator's defaults.
@@ -104,6 +106,7 @@ func DefaultConfig() Config {
 		MaxNumBatchedTokens: 2048,
 		Seed:                1,
 		Cost:                DefaultCost(),
+		Power:               DefaultPower(),
 	}
 }
 
@@ -126,7 +129,7 @@ func (c Config) validate() error {
 	case c.Cost.FP8DecodeFactor <= 0 || c.Cost.FP8PrefillFactor <= 0:
 		return errors.New("fp8 factors must be > 0")
 	}
-	return nil
+	return c.Power.validate()
 }
 
 // StepCost is the duration of a step computing prefillTokens prompt tokens
@@ -157,6 +160,9 @@ type Params struct {
 	// TraceParent is the request's W3C traceparent header, for observers
 	// that emit the engine's span ("" without one).
 	TraceParent string
+	// Tenant is an opaque label for observers (the truth's per-tenant
+	// totals); "" without one.
+	Tenant string
 }
 
 // Event is one output token of a request, delivered as the step that
@@ -198,6 +204,7 @@ type Request struct {
 	scheduled   time.Time // first scheduled
 	firstToken  time.Time
 	lastToken   time.Time
+	share       Share // the true share of engine time and energy
 }
 
 // Events returns the request's event channel.
@@ -238,6 +245,8 @@ type Batch struct {
 	DecodeSeqs    int
 	Duration      time.Duration
 	Preempted     []uint64 // Seq of requests pre-empted while planning
+	// acctStart is when the step began for the attribution ledger.
+	acctStart time.Time
 }
 
 // StepRecord summarizes a step for schedule comparisons.
@@ -283,6 +292,7 @@ type Engine struct {
 	stopped bool
 	wake    chan struct{}
 	m       *Metrics
+	acct    ledger
 	obs     Observer
 	// degrade, when freeze is set, stretches every every-th step with
 	// decodes in it by freeze: a replica whose decode freezes now and then
@@ -336,6 +346,7 @@ func New(cfg Config) (*Engine, error) {
 		free: cfg.KVBlocks,
 		wake: make(chan struct{}, 1),
 		m:    newMetrics(cfg, time.Now()),
+		acct: ledger{power: cfg.Power, watts: cfg.Power.IdleWatts},
 	}, nil
 }
 
@@ -502,6 +513,7 @@ func (e *Engine) Plan(now time.Time) *Batch {
 			b.Duration += e.degrade.Freeze
 		}
 	}
+	e.acct.planned(b, now)
 	e.m.setQueues(len(e.running), len(e.waiting), e.usage())
 	return b
 }
@@ -566,6 +578,9 @@ func (e *Engine) scheduleWaiting(b *Batch, budget *int, now time.Time) {
 func (e *Engine) Commit(b *Batch, end time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	// Charged before any request of the step finishes, so that its
+	// Observer sees its whole share.
+	e.acct.committed(b, end)
 	for _, en := range b.Entries {
 		r := en.Req
 		if r.state != stateRunning {
@@ -676,6 +691,7 @@ func (e *Engine) Stop(now time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.stopped = true
+	e.acct.closeAt(now)
 	for _, r := range append(e.running, e.waiting...) {
 		e.finish(r, FinishAbort, now)
 	}

@@ -25,30 +25,31 @@ func Tracer(settings component.TelemetrySettings) trace.Tracer {
 // TelemetryBuilder provides an interface for components to report telemetry
 // as defined in metadata and user config.
 type TelemetryBuilder struct {
-	meter                                      metric.Meter
-	mu                                         sync.Mutex
-	registrations                              []metric.Registration
-	ProcessorTokenSessionDisorderEvents        metric.Int64Counter
-	ProcessorTokenSessionEngineTimings         metric.Int64Counter
-	ProcessorTokenSessionEventsRejected        metric.Int64Counter
-	ProcessorTokenSessionFreezesReinstated     metric.Int64Counter
-	ProcessorTokenSessionFreezesWithdrawn      metric.Int64Counter
-	ProcessorTokenSessionHeldOutputsOverflowed metric.Int64Counter
-	ProcessorTokenSessionInvalidRecords        metric.Int64Counter
-	ProcessorTokenSessionLiveViewers           metric.Int64UpDownCounter
-	ProcessorTokenSessionLiveViewersDropped    metric.Int64Counter
-	ProcessorTokenSessionMetricOverflows       metric.Int64Counter
-	ProcessorTokenSessionModelsOverflowed      metric.Int64Counter
-	ProcessorTokenSessionOutputFailures        metric.Int64Counter
-	ProcessorTokenSessionSessionsActive        metric.Int64ObservableGauge
-	ProcessorTokenSessionSessionsEnded         metric.Int64Counter
-	ProcessorTokenSessionSpansDelayed          metric.Int64Counter
-	ProcessorTokenSessionSpansDropped          metric.Int64Counter
-	ProcessorTokenSessionSpansExpired          metric.Int64Counter
-	ProcessorTokenSessionSpansHeld             metric.Int64ObservableGauge
-	ProcessorTokenSessionSpansOverflowed       metric.Int64Counter
-	ProcessorTokenSessionSpansReleased         metric.Int64Counter
-	ProcessorTokenSessionVerdictSpansDropped   metric.Int64Counter
+	meter                                             metric.Meter
+	mu                                                sync.Mutex
+	registrations                                     []metric.Registration
+	ProcessorTokenSessionAttributionTenantsOverflowed metric.Int64Counter
+	ProcessorTokenSessionDisorderEvents               metric.Int64Counter
+	ProcessorTokenSessionEngineTimings                metric.Int64Counter
+	ProcessorTokenSessionEventsRejected               metric.Int64Counter
+	ProcessorTokenSessionFreezesReinstated            metric.Int64Counter
+	ProcessorTokenSessionFreezesWithdrawn             metric.Int64Counter
+	ProcessorTokenSessionHeldOutputsOverflowed        metric.Int64Counter
+	ProcessorTokenSessionInvalidRecords               metric.Int64Counter
+	ProcessorTokenSessionLiveViewers                  metric.Int64UpDownCounter
+	ProcessorTokenSessionLiveViewersDropped           metric.Int64Counter
+	ProcessorTokenSessionMetricOverflows              metric.Int64Counter
+	ProcessorTokenSessionModelsOverflowed             metric.Int64Counter
+	ProcessorTokenSessionOutputFailures               metric.Int64Counter
+	ProcessorTokenSessionSessionsActive               metric.Int64ObservableGauge
+	ProcessorTokenSessionSessionsEnded                metric.Int64Counter
+	ProcessorTokenSessionSpansDelayed                 metric.Int64Counter
+	ProcessorTokenSessionSpansDropped                 metric.Int64Counter
+	ProcessorTokenSessionSpansExpired                 metric.Int64Counter
+	ProcessorTokenSessionSpansHeld                    metric.Int64ObservableGauge
+	ProcessorTokenSessionSpansOverflowed              metric.Int64Counter
+	ProcessorTokenSessionSpansReleased                metric.Int64Counter
+	ProcessorTokenSessionVerdictSpansDropped          metric.Int64Counter
 }
 
 // TelemetryBuilderOption applies changes to default builder.
@@ -120,6 +121,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 	}
 	builder.meter = Meter(settings)
 	var err, errs error
+	builder.ProcessorTokenSessionAttributionTenantsOverflowed, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_attribution_tenants_overflowed",
+		metric.WithDescription("Sessions whose tenant was counted as _OTHER on llm.engine.time and llm.engine.energy, attribution::max_tenants tenants having been seen already. [Development]"),
+		metric.WithUnit("{session}"),
+	)
+	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionDisorderEvents, err = builder.meter.Int64Counter(
 		"otelcol_processor_token_session_disorder_events",
 		metric.WithDescription("Token events that did not fit their session as they came, by kind. [Development]"),

@@ -28,6 +28,7 @@ func TestSetupTelemetry(t *testing.T) {
 		observer.Observe(1)
 		return nil
 	}))
+	tb.ProcessorTokenSessionAttributionTenantsOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionDisorderEvents.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionEngineTimings.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionEventsRejected.Add(context.Background(), 1)
@@ -47,6 +48,9 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ProcessorTokenSessionSpansOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionSpansReleased.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionVerdictSpansDropped.Add(context.Background(), 1)
+	AssertEqualProcessorTokenSessionAttributionTenantsOverflowed(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionDisorderEvents(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())

@@ -98,6 +98,15 @@ type Config struct {
 	// stream relays before the breaker watches it.
 	StallMaxGap    time.Duration
 	StallMinTokens int64
+	// HeaderAttributes are the request headers copied into the start's
+	// attributes.
+	HeaderAttributes []HeaderAttribute
+}
+
+// HeaderAttribute copies a request header (canonical name) into the
+// start's attributes under Attribute, when the request has it.
+type HeaderAttribute struct {
+	Header, Attribute string
 }
 
 // Server is a reverse proxy in front of an OpenAI-compatible server that
@@ -108,12 +117,14 @@ type Server struct {
 	log      *zap.Logger
 	// warn logs what a user must see at the default level (the upstream
 	// failing) without flooding the log while it lasts.
-	warn        *zap.Logger
-	upstream    *url.URL
-	engine      string
-	client      *http.Client
-	passthrough *httputil.ReverseProxy
-	batch       *eventBatcher
+	warn     *zap.Logger
+	upstream *url.URL
+	engine   string
+	// headerAttributes are copied from each request into its start.
+	headerAttributes []HeaderAttribute
+	client           *http.Client
+	passthrough      *httputil.ReverseProxy
+	batch            *eventBatcher
 	// bodyTimeout and sendTimeout bound each read of the client's body and
 	// each write to the client (0: unbounded).
 	bodyTimeout, sendTimeout time.Duration
@@ -151,7 +162,7 @@ func Start(ctx context.Context, cfg *Config, sink Sink, host component.Host, set
 	upstream := cfg.Upstream
 	p := &Server{
 		sink: sink, counters: sink.Counters(), log: sink.Logger(), warn: lograte.OncePerMinute(sink.Logger()),
-		upstream: upstream, engine: cfg.Engine, client: client,
+		upstream: upstream, engine: cfg.Engine, client: client, headerAttributes: cfg.HeaderAttributes,
 		bodyTimeout: cfg.ClientBodyTimeout, sendTimeout: cfg.ClientSendTimeout,
 		drainTimeout: cfg.DrainTimeout, maxStreams: int64(cfg.MaxStreams), draining: make(chan struct{}),
 		stallMaxGap: cfg.StallMaxGap, stallMinTokens: cfg.StallMinTokens,
@@ -431,6 +442,11 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 		// the wire would reject is left out rather than losing the start.
 		if tokenevent.CheckTraceState(traceState) == nil {
 			ev.TraceState = traceState
+		}
+		for _, h := range p.headerAttributes {
+			if v := req.Header.Get(h.Header); v != "" {
+				ev.Attributes = append(ev.Attributes, tokenevent.Attribute{Key: h.Attribute, Value: v})
+			}
 		}
 	})
 	if err != nil {

@@ -239,7 +239,7 @@ func sessionEvents(t *testing.T, sink *consumertest.LogsSink, sessions int) []to
 					for _, lr := range sl.LogRecords().All() {
 						require.NoError(t, tokenrecord.ReadRecord(lr, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) {
 							c := *e
-							c.Attributes = nil
+							c.Attributes = append([]tokenevent.Attribute(nil), e.Attributes...) // e's are reused
 							evs = append(evs, c)
 							if e.Kind == tokenevent.KindEnd {
 								ends++

@@ -1,0 +1,197 @@
+package tokensessionprocessor
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/component/componenttest"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+	"go.opentelemetry.io/collector/processor/processortest"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
+)
+
+// dcgmPower is a dcgm-exporter scrape: one GPU of pod drawing watts at at.
+func dcgmPower(pod string, at int64, watts float64) pmetric.Metrics {
+	md := pmetric.NewMetrics()
+	m := md.ResourceMetrics().AppendEmpty().ScopeMetrics().AppendEmpty().Metrics().AppendEmpty()
+	m.SetName("DCGM_FI_DEV_POWER_USAGE")
+	dp := m.SetEmptyGauge().DataPoints().AppendEmpty()
+	dp.SetTimestamp(pcommon.Timestamp(at))
+	dp.SetDoubleValue(watts)
+	dp.Attributes().PutStr("gpu", "0")
+	dp.Attributes().PutStr("pod", pod)
+	return md
+}
+
+func tenantStart(id, tenant string, at, prompt int64) tokenevent.Event {
+	ev := start(id, pcommon.TraceID{0xcc, byte(len(id))}, at)
+	ev.PromptTokens = prompt
+	ev.Attributes = []tokenevent.Attribute{{Key: "tenant.id", Value: tenant}}
+	return ev
+}
+
+// engineCounters returns the llm.engine.time (or energy) points of the last
+// metrics flush by "tenant/state".
+func engineCounters(t *testing.T, p *pipelines, name string) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, md := range p.metSink.AllMetrics() {
+		for _, rm := range md.ResourceMetrics().All() {
+			for _, sm := range rm.ScopeMetrics().All() {
+				for _, m := range sm.Metrics().All() {
+					if m.Name() != name {
+						continue
+					}
+					for _, dp := range m.Sum().DataPoints().All() {
+						tenant, _ := dp.Attributes().Get("llm.tenant")
+						state, _ := dp.Attributes().Get("state")
+						out[tenant.Str()+"/"+state.Str()] = dp.DoubleValue()
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Two tenants on one engine with a power reading: each session's share is
+// on its summary; the counters split the engine's busy time by tenant and
+// phase, and its idle time apart; together they are the wall time.
+func TestAttributionOutputsAndCounters(t *testing.T) {
+	p := newPipelines(t, func(c *Config) { c.Sampling.NormalPercent = 100 })
+	ctx := context.Background()
+	require.NoError(t, p.metrics.ConsumeMetrics(ctx, dcgmPower("vllm-0", base, 200)))
+	// rag: a 3000-token prompt prefilling 0-300 ms alone, decoding to 400.
+	// chat: arrives at 300, 200 tokens, prefills beside rag's decode to
+	// 320, both decode to 400, chat alone to 600; idle 600-1000.
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(
+		tenantStart("rag", "acme", base, 3000), tenantStart("chat", "globex", base+300*ms, 200),
+		tok("rag", base+300*ms, 1), tok("chat", base+320*ms, 1), tok("rag", base+400*ms, 1), end("rag", base+400*ms),
+		tok("chat", base+600*ms, 1), end("chat", base+600*ms),
+		tenantStart("late", "acme", base+1000*ms, 10), tok("late", base+1010*ms, 1), end("late", base+1010*ms),
+	)))
+	p.shutdown(t)
+
+	summaries := recordsNamed(p.logSink.AllLogs(), eventNameSummary)
+	require.Len(t, summaries, 3)
+	byID := map[string]map[string]any{}
+	for _, lr := range summaries {
+		a := lr.Attributes().AsRaw()
+		byID[a["llm.session.id"].(string)] = a
+	}
+	rag, chat := byID["rag"], byID["chat"]
+	assert.Equal(t, "collector", rag["llm.session.attribution_source"])
+	assert.InDelta(t, 0.3, rag["llm.session.engine_time.prefill"], 1e-9, "alone")
+	// 300-320 ms: chat's 200-token prefill beside rag's one decode.
+	assert.InDelta(t, 0.02*200/201, chat["llm.session.engine_time.prefill"], 1e-9)
+	assert.InDelta(t, 0.02/201+0.04, rag["llm.session.engine_time.decode"], 1e-9)
+	assert.InDelta(t, 0.04+0.2, chat["llm.session.engine_time.decode"], 1e-9)
+	assert.InDelta(t, 200*(0.3+0.02/201+0.04), rag["llm.session.energy"], 1e-6, "200 W times its share")
+
+	c := engineCounters(t, p, "llm.engine.time")
+	assert.InDelta(t, 0.3+0.01, c["acme/prefill"], 1e-9, "rag's and late's prefill")
+	assert.InDelta(t, 0.02*200/201, c["globex/prefill"], 1e-9)
+	assert.InDelta(t, 0.4, c["/idle"], 1e-9, "600 ms to 1 s")
+	sum := 0.0
+	for _, v := range c {
+		sum += v
+	}
+	assert.InDelta(t, 1.01, sum, 1e-9, "busy + idle = wall")
+	e := engineCounters(t, p, "llm.engine.energy")
+	assert.InDelta(t, 200*0.4, e["/idle"], 1e-6)
+}
+
+// Beyond attribution::max_tenants a tenant counts as _OTHER, and the
+// sessions so counted are in the self-telemetry.
+func TestAttributionTenantOverflow(t *testing.T) {
+	tel := componenttest.NewTelemetry()
+	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
+	set := processortest.NewNopSettings(metadata.Type)
+	set.TelemetrySettings = tel.NewTelemetrySettings()
+	p := newPipelinesWith(t, set, func(c *Config) { c.Attribution.MaxTenants = 1 })
+	ctx := context.Background()
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(
+		tenantStart("a", "acme", base, 10), tok("a", base+10*ms, 1), end("a", base+20*ms),
+		tenantStart("b", "globex", base+30*ms, 10), tok("b", base+40*ms, 1), end("b", base+50*ms),
+		tenantStart("c", "initech", base+60*ms, 10), tok("c", base+70*ms, 1), end("c", base+80*ms),
+	)))
+	p.shutdown(t)
+	c := engineCounters(t, p, "llm.engine.time")
+	assert.Contains(t, c, "acme/prefill")
+	assert.Contains(t, c, "_OTHER/prefill")
+	assert.NotContains(t, c, "globex/prefill")
+	m, err := tel.GetMetric("otelcol_processor_token_session_attribution_tenants_overflowed")
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), m.Data.(metricdata.Sum[int64]).DataPoints[0].Value)
+}
+
+func TestAttributionDisabled(t *testing.T) {
+	p := newPipelines(t, func(c *Config) { c.Attribution.Enabled = false; c.Sampling.NormalPercent = 100 })
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(fastSession("f")...)))
+	p.shutdown(t)
+	for _, lr := range recordsNamed(p.logSink.AllLogs(), eventNameSummary) {
+		_, ok := lr.Attributes().Get("llm.session.engine_time")
+		assert.False(t, ok)
+	}
+	assert.Empty(t, engineCounters(t, p, "llm.engine.time"))
+}
+
+// An end event that brings the engine's own share wins over the
+// collector's: attribution_source says which, and the counters take it.
+func TestAttributionEngineShareWins(t *testing.T) {
+	p := newPipelines(t, func(c *Config) { c.Sampling.NormalPercent = 100 })
+	e := end("x", base+100*ms)
+	e.HasEngineTime, e.EngineTimePrefillNs, e.EngineTimeDecodeNs = true, 7*ms, 30*ms
+	e.HasEnergy, e.EnergyMilliJ = true, 4200
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(
+		tenantStart("x", "acme", base, 100), tok("x", base+50*ms, 1), e)))
+	p.shutdown(t)
+	summaries := recordsNamed(p.logSink.AllLogs(), eventNameSummary)
+	require.Len(t, summaries, 1)
+	a := summaries[0].Attributes().AsRaw()
+	assert.Equal(t, "engine", a["llm.session.attribution_source"])
+	assert.InDelta(t, 0.007, a["llm.session.engine_time.prefill"], 1e-12)
+	assert.InDelta(t, 0.030, a["llm.session.engine_time.decode"], 1e-12)
+	assert.InDelta(t, 4.2, a["llm.session.energy"], 1e-12)
+	c := engineCounters(t, p, "llm.engine.time")
+	assert.InDelta(t, 0.007, c["acme/prefill"], 1e-12)
+}
+
+// dcgmEnergy is a dcgm-exporter scrape of the energy counter (mJ).
+func dcgmEnergy(pod string, at int64, mj float64) pmetric.Metrics {
+	md := pmetric.NewMetrics()
+	m := md.ResourceMetrics().AppendEmpty().ScopeMetrics().AppendEmpty().Metrics().AppendEmpty()
+	m.SetName("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+	sum := m.SetEmptySum()
+	sum.SetIsMonotonic(true)
+	sum.SetAggregationTemporality(pmetric.AggregationTemporalityCumulative)
+	dp := sum.DataPoints().AppendEmpty()
+	dp.SetTimestamp(pcommon.Timestamp(at))
+	dp.SetDoubleValue(mj)
+	dp.Attributes().PutStr("pod", pod)
+	return md
+}
+
+// With the energy counter, the power is its mean between two readings,
+// not the gauge's instant.
+func TestAttributionEnergyCounter(t *testing.T) {
+	p := newPipelines(t, func(c *Config) { c.Sampling.NormalPercent = 100 })
+	ctx := context.Background()
+	gauge := dcgmPower("vllm-0", base, 700) // an instant of a heavy step
+	require.NoError(t, p.metrics.ConsumeMetrics(ctx, gauge))
+	require.NoError(t, p.metrics.ConsumeMetrics(ctx, dcgmEnergy("vllm-0", base-1000*ms, 1e6)))
+	both := dcgmPower("vllm-0", base, 700)
+	dcgmEnergy("vllm-0", base, 1e6+150_000).ResourceMetrics().MoveAndAppendTo(both.ResourceMetrics()) // 150 W over the second
+	require.NoError(t, p.metrics.ConsumeMetrics(ctx, both))
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(tenantStart("x", "acme", base, 10), tok("x", base+100*ms, 1), end("x", base+100*ms))))
+	p.shutdown(t)
+	summaries := recordsNamed(p.logSink.AllLogs(), eventNameSummary)
+	require.Len(t, summaries, 1)
+	assert.InDelta(t, 150*0.1, summaries[0].Attributes().AsRaw()["llm.session.energy"], 1e-6)
+}
