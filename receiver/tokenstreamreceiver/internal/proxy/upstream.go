@@ -150,6 +150,9 @@ func (d *directUpstream) RoundTrip(req *http.Request) (*http.Response, error) {
 		break
 	}
 	_ = c.SetReadDeadline(time.Time{})
+	// The request (its header, its scanned body) is not needed any more;
+	// a stream would hold it for its whole length.
+	resp.Request = nil
 	b := &directBody{d: d, c: c, stop: stop, ctx: ctx, rc: resp.Body, reusable: werr == nil && !resp.Close && !d.pool.off}
 	resp.Body = b
 	if resp.Header.Get("Content-Encoding") == "gzip" && resp.StatusCode != http.StatusNoContent && req.Method != http.MethodHead {
