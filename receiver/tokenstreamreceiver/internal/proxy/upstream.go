@@ -79,12 +79,18 @@ func newDirectUpstream(cfg *confighttp.ClientConfig, upstream *url.URL, header, 
 		}
 	}
 	// http.Transport's keep-alive settings, as confighttp sets them.
+	maxIdle := cfg.MaxIdleConns
 	d.pool.maxIdle, d.pool.timeout, d.pool.off = cfg.MaxIdleConnsPerHost, cfg.IdleConnTimeout, cfg.DisableKeepAlives
 	if ka := cfg.Keepalive.Get(); ka != nil {
+		maxIdle = ka.MaxIdleConns
 		d.pool.maxIdle, d.pool.timeout, d.pool.off = ka.MaxIdleConnsPerHost, ka.IdleConnTimeout, false
 	}
 	if d.pool.maxIdle <= 0 {
 		d.pool.maxIdle = http.DefaultMaxIdleConnsPerHost
+	}
+	if maxIdle > 0 {
+		// One host: the transport's overall bound applies to it too.
+		d.pool.maxIdle = min(d.pool.maxIdle, maxIdle)
 	}
 	return d
 }
