@@ -99,6 +99,9 @@ func newDirectUpstream(cfg *confighttp.ClientConfig, upstream *url.URL, header, 
 // through (head and body in one system call when the body is small).
 var requestWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
 
+// copyBuffers carry the request bodies into the chunked writer.
+var copyBuffers = sync.Pool{New: func() any { return new([4 << 10]byte) }}
+
 // RoundTrip sends req (its body chunked: the usage member may have been
 // added) and reads the response head. Its errors are the transport's: a
 // timeout is a net.Error whose Timeout is true.
@@ -205,7 +208,12 @@ func (d *directUpstream) writeRequest(c net.Conn, req *http.Request) (err, bodyE
 	_, _ = w.WriteString("Transfer-Encoding: chunked\r\n\r\n")
 	cw := httputil.NewChunkedWriter(w)
 	body := &readErrorReader{r: req.Body}
-	if _, err := io.Copy(cw, body); err != nil {
+	// io.Copy would allocate 32 KiB per request: neither side has a
+	// ReadFrom or WriteTo.
+	cb := copyBuffers.Get().(*[4 << 10]byte)
+	_, err = io.CopyBuffer(cw, body, cb[:])
+	copyBuffers.Put(cb)
+	if err != nil {
 		return err, body.err
 	}
 	_ = cw.Close()
