@@ -123,8 +123,11 @@ type Server struct {
 	// headerAttributes are copied from each request into its start.
 	headerAttributes []HeaderAttribute
 	client           *http.Client
-	passthrough      *httputil.ReverseProxy
-	batch            *eventBatcher
+	// direct is the observed paths' own client when the upstream allows it
+	// (directEligible); nil: they go through client.
+	direct      *directUpstream
+	passthrough *httputil.ReverseProxy
+	batch       *eventBatcher
 	// bodyTimeout and sendTimeout bound each read of the client's body and
 	// each write to the client (0: unbounded).
 	bodyTimeout, sendTimeout time.Duration
@@ -166,6 +169,9 @@ func Start(ctx context.Context, cfg *Config, sink Sink, host component.Host, set
 		bodyTimeout: cfg.ClientBodyTimeout, sendTimeout: cfg.ClientSendTimeout,
 		drainTimeout: cfg.DrainTimeout, maxStreams: int64(cfg.MaxStreams), draining: make(chan struct{}),
 		stallMaxGap: cfg.StallMaxGap, stallMinTokens: cfg.StallMinTokens,
+	}
+	if directEligible(&cfg.Client, upstream) {
+		p.direct = newDirectUpstream(&cfg.Client, upstream, cfg.ResponseHeaderTimeout, cfg.StreamIdleTimeout)
 	}
 	p.cut, p.cutAll = context.WithCancelCause(context.Background())
 	p.passthrough = &httputil.ReverseProxy{
@@ -227,6 +233,9 @@ func (p *Server) Shutdown(ctx context.Context) error {
 	p.handlers.Wait()
 	p.srv.Wait()
 	p.cutAll(nil)
+	if p.direct != nil {
+		p.direct.pool.close()
+	}
 	p.batch.shutdown()
 	return err
 }
@@ -397,7 +406,12 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 	if traceState != "" {
 		out.Header.Set("tracestate", traceState)
 	}
-	resp, err := p.client.Do(out) //nolint:gosec // G704: as above, the configured upstream
+	var resp *http.Response
+	if p.direct != nil {
+		resp, err = p.direct.RoundTrip(out)
+	} else {
+		resp, err = p.client.Do(out) //nolint:gosec // G704: as above, the configured upstream
+	}
 	model, stream, injected := body.Stop()
 	if limited.timedOut.Load() {
 		if err == nil {

@@ -5,11 +5,14 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"go.opentelemetry.io/collector/component/componenttest"
+	"go.opentelemetry.io/collector/config/confighttp"
 	"go.opentelemetry.io/collector/consumer/consumertest"
 )
 
@@ -103,5 +106,52 @@ func BenchmarkStallBreakerRead(b *testing.B) {
 		br.pause()
 		tokens++
 		br.resume(now, tokens, true)
+	}
+}
+
+// BenchmarkUpstreamStream is the upstream side's cost per SSE event of a
+// streamed response over loopback, the upstream's own cost included: the
+// observed paths' own client, and http.Transport as it was before it.
+func BenchmarkUpstreamStream(b *testing.B) {
+	chat, _ := fixtureStreams(&testing.T{})
+	const events = 256
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range events {
+			_, _ = io.WriteString(w, chat[1+i%7])
+			w.(http.Flusher).Flush()
+		}
+	}))
+	defer up.Close()
+	u, err := url.Parse(up.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := confighttp.NewDefaultClientConfig()
+	cfg.ReadBufferSize = 2 << 10
+	direct := newDirectUpstream(&cfg, u, time.Minute, time.Minute)
+	defer direct.pool.close()
+	transport := &http.Transport{ReadBufferSize: 2 << 10, WriteBufferSize: 2 << 10}
+	defer transport.CloseIdleConnections()
+	for name, rt := range map[string]http.RoundTripper{"direct": direct, "transport": transport} {
+		b.Run(name, func(b *testing.B) {
+			buf := make([]byte, sseReadBuffer)
+			b.ReportAllocs()
+			for b.Loop() {
+				req, _ := http.NewRequest(http.MethodPost, up.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+				resp, err := rt.RoundTrip(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for {
+					if _, err := resp.Body.Read(buf); err != nil {
+						break
+					}
+				}
+				resp.Body.Close()
+			}
+			b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(b.N*events), "ns/event")
+		})
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"time"
 
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/config/confighttp"
@@ -88,4 +89,18 @@ func UpstreamClient(ctx context.Context, cfg confighttp.ClientConfig, host compo
 	// Last in the list, so applied first: it gets the *http.Transport.
 	cfg.Middlewares = append(slices.Clone(cfg.Middlewares), configmiddleware.Config{ID: middlewareID})
 	return cfg.ToClient(ctx, exts, set)
+}
+
+// dialer is http.DefaultTransport's: the same connect timeout and TCP
+// keep-alive as the upstream's connections had under confighttp.
+var dialer = &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+
+// Dial connects to addr as the upstream's transport would, and hands out
+// the proxy's connection for it.
+func Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := dialer.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return wrap(c), nil
 }

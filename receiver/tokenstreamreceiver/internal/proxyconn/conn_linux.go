@@ -126,3 +126,33 @@ func (c *rawTCPConn) opError(op string, err error) error {
 	}
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }
+
+// Idle reports whether c, a connection with no request on it, is still
+// open and has nothing to read: what a kept-alive connection must be
+// before it is reused. A peer that closed it (an upstream's keep-alive
+// timeout) shows as end of file; unexpected bytes make it unusable too.
+// It never waits.
+func Idle(c net.Conn) bool {
+	var sc syscall.Conn
+	switch c := c.(type) {
+	case *rawTCPConn:
+		sc = c.TCPConn
+	case *net.TCPConn:
+		sc = c
+	default:
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	idle := false
+	var b [1]byte
+	if err := rc.Control(func(fd uintptr) {
+		_, _, e := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		idle = errors.Is(e, syscall.EAGAIN)
+	}); err != nil {
+		return false
+	}
+	return idle
+}
