@@ -79,8 +79,12 @@ func newDirectUpstream(cfg *confighttp.ClientConfig, upstream *url.URL, header, 
 		}
 	}
 	// http.Transport's keep-alive settings, as confighttp sets them.
-	maxIdle := cfg.MaxIdleConns
-	d.pool.maxIdle, d.pool.timeout, d.pool.off = cfg.MaxIdleConnsPerHost, cfg.IdleConnTimeout, cfg.DisableKeepAlives
+	// confighttp's Unmarshal folds keepalive:: into these deprecated fields,
+	// which stay its source of truth through their deprecation window; a
+	// Keepalive set after it (programmatically) takes precedence, as in
+	// ToClient.
+	maxIdle := cfg.MaxIdleConns                                                                                      //nolint:staticcheck // see above
+	d.pool.maxIdle, d.pool.timeout, d.pool.off = cfg.MaxIdleConnsPerHost, cfg.IdleConnTimeout, cfg.DisableKeepAlives //nolint:staticcheck // see above
 	if ka := cfg.Keepalive.Get(); ka != nil {
 		maxIdle = ka.MaxIdleConns
 		d.pool.maxIdle, d.pool.timeout, d.pool.off = ka.MaxIdleConnsPerHost, ka.IdleConnTimeout, false
@@ -107,14 +111,15 @@ var copyBuffers = sync.Pool{New: func() any { return new([4 << 10]byte) }}
 // timeout is a net.Error whose Timeout is true.
 func (d *directUpstream) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
-	c, err := d.pool.get()
-	if err == nil && c == nil {
+	c := d.pool.get()
+	var err error
+	if c == nil {
 		c, err = proxyconn.Dial(ctx, "tcp", d.addr)
 	}
 	if err != nil {
 		return nil, err
 	}
-	// Cancelling the request closes the connection, which ends any read
+	// Canceling the request closes the connection, which ends any read
 	// or write on it.
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	fail := func(err error) (*http.Response, error) {
@@ -335,19 +340,19 @@ type idleConn struct {
 }
 
 // get is the newest connection still usable, or nil.
-func (p *connPool) get() (net.Conn, error) {
+func (p *connPool) get() net.Conn {
 	for {
 		p.mu.Lock()
 		if len(p.idle) == 0 {
 			p.mu.Unlock()
-			return nil, nil
+			return nil
 		}
 		ic := p.idle[len(p.idle)-1]
 		p.idle[len(p.idle)-1] = idleConn{}
 		p.idle = p.idle[:len(p.idle)-1]
 		p.mu.Unlock()
 		if (p.timeout <= 0 || time.Since(ic.since) < p.timeout) && proxyconn.Idle(ic.c) {
-			return ic.c, nil
+			return ic.c
 		}
 		ic.c.Close()
 	}
