@@ -38,8 +38,11 @@ import (
 // the transport (directEligible).
 type directUpstream struct {
 	addr string // host:port to dial
-	// headers are proxy::upstream::headers, set on every request.
+	// headers are proxy::upstream::headers but Host, set on every request
+	// in place of the request's own; host is a configured Host ("": the
+	// request's).
 	headers http.Header
+	host    string
 	// header bounds the wait for the response head once the request is
 	// written; idle each wait for the body's next bytes (0: unbounded).
 	header, idle time.Duration
@@ -72,11 +75,17 @@ func newDirectUpstream(cfg *confighttp.ClientConfig, upstream *url.URL, header, 
 	if d.readBuffer <= 0 {
 		d.readBuffer = 4 << 10 // http.Transport's
 	}
-	if len(cfg.Headers) > 0 {
-		d.headers = http.Header{}
-		for _, h := range cfg.Headers {
-			d.headers.Set(h.Name, string(h.Value))
+	// As confighttp's header round tripper: a configured Host is the
+	// request's host, every other header replaces the request's own.
+	for _, h := range cfg.Headers {
+		if http.CanonicalHeaderKey(h.Name) == "Host" {
+			d.host = string(h.Value)
+			continue
 		}
+		if d.headers == nil {
+			d.headers = http.Header{}
+		}
+		d.headers.Set(h.Name, string(h.Value))
 	}
 	// http.Transport's keep-alive settings, as confighttp sets them.
 	// confighttp's Unmarshal folds keepalive:: into these deprecated fields,
@@ -190,11 +199,11 @@ func (d *directUpstream) writeRequest(c net.Conn, req *http.Request) (err, bodyE
 		w.Reset(nil)
 		requestWriters.Put(w)
 	}()
-	_, _ = fmt.Fprintf(w, "%s %s HTTP/1.1\r\nHost: %s\r\n", req.Method, req.URL.RequestURI(), req.URL.Host)
-	_ = req.Header.Write(w)
-	if len(d.headers) > 0 {
-		_ = d.headers.Write(w)
+	_, _ = fmt.Fprintf(w, "%s %s HTTP/1.1\r\nHost: %s\r\n", req.Method, req.URL.RequestURI(), cmp.Or(d.host, req.Host, req.URL.Host))
+	for k, v := range d.headers {
+		req.Header[k] = v
 	}
+	_ = req.Header.Write(w)
 	if req.Header.Get("User-Agent") == "" {
 		// http.Transport's default, which the pass-through paths send too
 		// when the client set none.

@@ -162,18 +162,22 @@ func TestDirectEligible(t *testing.T) {
 	}
 }
 
-// proxy::upstream::headers reach the upstream on the observed paths too.
+// proxy::upstream::headers reach the upstream on the observed paths too,
+// as confighttp sets them: in place of the client's own (one value, not
+// two), and a configured Host as the request's host.
 func TestDirectUpstreamConfiguredHeaders(t *testing.T) {
 	chat, _ := fixtureStreams(t)
 	up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
 		replay(u, w, r, chat, func(int) time.Duration { return 0 })
 	})
 	tr := startTestProxy(t, up.URL, new(consumertest.LogsSink), func(c *Config) {
-		c.Client.Headers = configopaque.MapList{{Name: "X-Engine-Key", Value: "k"}}
+		c.Client.Headers = configopaque.MapList{{Name: "X-Engine-Key", Value: "k"}, {Name: "Host", Value: "engine.internal"}}
 	})
-	_, _ = postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
+	require.NotNil(t, tr.p.direct)
+	_, _ = postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, map[string]string{"X-Engine-Key": "from-client"})
 	require.Len(t, up.headers, 1)
-	assert.Equal(t, "k", up.headers[0].Get("X-Engine-Key"))
+	assert.Equal(t, []string{"k"}, up.headers[0].Values("X-Engine-Key"))
+	assert.Equal(t, []string{"engine.internal"}, up.hosts)
 }
 
 // An https upstream goes through confighttp's transport: the observed
