@@ -28,6 +28,10 @@ func BenchmarkTokenPathAttribution(b *testing.B) {
 				cfg.Metrics.FlushInterval = time.Hour
 				cfg.Session.MaxActive = 2 * open
 				cfg.Attribution.Enabled = on
+				// The open sessions stay open and decoding however long
+				// the benchmark runs: no freeze, no timeout.
+				cfg.Stall.Gap = time.Hour
+				cfg.Session.IdleTimeout = 10 * time.Hour
 				set := processortest.NewNopSettings(metadata.Type)
 				lp, err := NewFactory().CreateLogs(context.Background(), set, cfg, consumertest.NewNop())
 				if err != nil {
@@ -57,13 +61,14 @@ func BenchmarkTokenPathAttribution(b *testing.B) {
 					b.StopTimer()
 					ld := plog.NewLogs()
 					w.Reset(ld.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty().LogRecords(), 1)
+					t = benchEventClock(t)
 					for i := range ids {
 						ids[i] = fmt.Sprintf("req-%010d", n)
 						n++
 						w.Append(&tokenevent.Event{Kind: tokenevent.KindStart, SessionID: ids[i], TimeUnixNano: uint64(t), Model: "llama", Operation: "chat", Engine: "vllm-0", PromptTokens: 500, Count: 1, CompletionTokens: -1})
 					}
 					for range tokens {
-						t += int64(20 * time.Millisecond)
+						t += int64(2 * time.Microsecond)
 						for _, id := range ids {
 							w.Append(&tokenevent.Event{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: uint64(t), Count: 1, PromptTokens: -1, CompletionTokens: -1})
 						}
