@@ -83,6 +83,7 @@ func BenchmarkTokenPathAttribution(b *testing.B) {
 					}
 					total += batch * (tokens + 2)
 				}
+				requireNoRejects(b, lp)
 				b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(total), "ns/event")
 			})
 		}

@@ -50,6 +50,23 @@ func benchEventClock(after int64) int64 {
 	return max(time.Now().UnixNano(), after+1)
 }
 
+// requireNoRejects fails a benchmark whose events the session table
+// rejected (stamped too far ahead, or before their start): its figure
+// would be the rejection's cost, not the fold's.
+func requireNoRejects(b *testing.B, lp processor.Logs) {
+	b.Helper()
+	s := lp.(*logsProcessor).Unwrap().sessions
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for reason, byKind := range rejectedCounts(&s.table.Counters) {
+		for kind, n := range byKind {
+			if n > 0 {
+				b.Fatalf("%d %s events rejected (%s): the benchmark's event times are wrong", n, eventKinds[kind], rejectReasons[reason])
+			}
+		}
+	}
+}
+
 // BenchmarkConsumeLogsTokens folds hook batches as the receiver produces
 // them: `sessions` concurrent sessions, 10 token events each per batch
 // (packed into one record per session), through the logs pipeline with the
@@ -96,6 +113,7 @@ func BenchmarkConsumeLogsTokens(b *testing.B) {
 				}
 				events += perSession * sessions
 			}
+			requireNoRejects(b, lp)
 			b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(events), "ns/event")
 			b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")
 		})
