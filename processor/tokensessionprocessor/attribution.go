@@ -120,8 +120,8 @@ type attributor struct {
 	engines map[string]*engineAccount
 	last    *engineAccount
 	// shares are the open sessions' accounts; free the recycled ones.
-	shares map[*session.Session]*attribution.Share
-	free   []*attribution.Share
+	shares map[*session.Session]*shareAccount
+	free   []*shareAccount
 	// pods holds the latest power reading of each pod, for engines seen
 	// after it; energy the latest energy counter reading (mJ) of each pod
 	// that has one.
@@ -132,7 +132,9 @@ type attributor struct {
 	tenants map[string]struct{}
 	// prompts are the mean prompt lengths by engine and tenant, learned at
 	// the sessions' ends: the estimate for a session whose start did not
-	// give its prompt (the proxy learns it from the usage at the end).
+	// give its prompt (the proxy learns it from the usage at the end). Each
+	// series points at its engine and tenant's, so that a session's end
+	// looks up no map for it.
 	prompts map[promptKey]*promptMean
 	// tenantOverflows counts the sessions counted as _OTHER.
 	tenantOverflows uint64
@@ -146,6 +148,17 @@ type engineAccount struct {
 	// the counters advance the engine's integral by the collector time
 	// since, on the engine's own clock (the two may differ).
 	seenAt int64
+	// prompts is the engine's mean prompt over all its tenants: the
+	// estimate for a tenant none of whose sessions ended yet.
+	prompts promptMean
+}
+
+// shareAccount is an open session's account: its share of the engine, and
+// the counters' series it will count in, resolved once at its start (nil
+// for a session opened by a token, which got no start: at its end).
+type shareAccount struct {
+	attribution.Share
+	series *shareSeries
 }
 
 type powerReading struct {
@@ -159,12 +172,24 @@ type promptKey struct{ engine, tenant string }
 
 type promptMean struct{ sum, n float64 }
 
-// anyTenant keys an engine's mean prompt over all tenants (no tenant
-// value can be it: attribute values are strings, this is not UTF-8).
-const anyTenant = "\xff"
+func (m *promptMean) add(tokens int64) {
+	m.sum += float64(tokens)
+	m.n++
+}
+
+// mean is the rounded mean, false before any.
+func (m *promptMean) mean() (int64, bool) {
+	if m.n == 0 {
+		return 0, false
+	}
+	return int64(m.sum/m.n + 0.5), true
+}
 
 type shareSeries struct {
-	key                         seriesKey
+	key seriesKey
+	// prompts is the mean prompt of the series' engine and tenant (shared
+	// by the series of its models).
+	prompts                     *promptMean
 	prefill, decode             float64
 	prefillEnergy, decodeEnergy float64
 	hasEnergy                   bool
@@ -172,7 +197,7 @@ type shareSeries struct {
 
 func newAttributor(cfg AttributionConfig, now time.Time) *attributor {
 	return &attributor{
-		cfg: cfg, engines: map[string]*engineAccount{}, shares: map[*session.Session]*attribution.Share{},
+		cfg: cfg, engines: map[string]*engineAccount{}, shares: map[*session.Session]*shareAccount{},
 		pods: map[string]powerReading{}, energy: map[string]powerReading{}, series: map[seriesKey]*shareSeries{}, tenants: map[string]struct{}{},
 		prompts: map[promptKey]*promptMean{},
 		created: pcommon.NewTimestampFromTime(now),
@@ -213,15 +238,15 @@ func podOf(engine, pod string) bool {
 	return err == nil && host == pod
 }
 
-func (a *attributor) share(s *session.Session) *attribution.Share {
-	var sh *attribution.Share
+func (a *attributor) account(s *session.Session) *shareAccount {
+	var acc *shareAccount
 	if n := len(a.free); n > 0 {
-		sh, a.free = a.free[n-1], a.free[:n-1]
+		acc, a.free = a.free[n-1], a.free[:n-1]
 	} else {
-		sh = &attribution.Share{}
+		acc = &shareAccount{}
 	}
-	a.shares[s] = sh
-	return sh
+	a.shares[s] = acc
+	return acc
 }
 
 // started: the session arrives on its engine (a session opened by a token
@@ -235,20 +260,18 @@ func (a *attributor) started(s *session.Session, now int64) {
 	defer a.mu.Unlock()
 	e := a.engine(s.Engine)
 	e.seenAt = now
+	acc := a.account(s)
+	acc.series = a.seriesOf(s)
 	prompt := s.PromptTokens
 	if prompt < 0 {
-		tenant := a.tenantOf(s)
-		if _, ok := a.tenants[tenant]; !ok && tenant != "" && len(a.tenants) >= a.cfg.MaxTenants {
-			tenant = tenantOverflow
-		}
-		prompt = int64(a.cfg.DefaultPromptTokens)
-		if m, ok := a.prompts[promptKey{s.Engine, tenant}]; ok {
-			prompt = int64(m.sum/m.n + 0.5)
-		} else if m, ok := a.prompts[promptKey{engine: s.Engine, tenant: anyTenant}]; ok {
-			prompt = int64(m.sum/m.n + 0.5)
+		var ok bool
+		if prompt, ok = acc.series.prompts.mean(); !ok {
+			if prompt, ok = e.prompts.mean(); !ok {
+				prompt = int64(a.cfg.DefaultPromptTokens)
+			}
 		}
 	}
-	e.m.Arrive(a.share(s), s.StartTime, prompt)
+	e.m.Arrive(&acc.Share, s.StartTime, prompt)
 }
 
 // tenantOf is the session's tenant attribute ("" without one).
@@ -270,12 +293,12 @@ func (a *attributor) firstToken(s *session.Session, now int64) {
 	defer a.mu.Unlock()
 	e := a.engine(s.Engine)
 	e.seenAt = now
-	sh, ok := a.shares[s]
+	acc, ok := a.shares[s]
 	if !ok {
-		sh = a.share(s)
-		e.m.Arrive(sh, s.FirstTokenTime, -1)
+		acc = a.account(s)
+		e.m.Arrive(&acc.Share, s.FirstTokenTime, -1)
 	}
-	e.m.FirstToken(sh, s.FirstTokenTime)
+	e.m.FirstToken(&acc.Share, s.FirstTokenTime)
 }
 
 // ended closes the session's account, writes its share into the end (the
@@ -286,11 +309,12 @@ func (a *attributor) ended(s *session.Session, e *session.End, now int64) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	sh, ok := a.shares[s]
+	acc, ok := a.shares[s]
 	if !ok {
 		return
 	}
 	delete(a.shares, s)
+	sh := &acc.Share
 	at := e.Time
 	if at == 0 {
 		// No end event (timeout, eviction): the last token is when the
@@ -306,19 +330,15 @@ func (a *attributor) ended(s *session.Session, e *session.End, now int64) {
 			Source: session.ShareCollector,
 		}
 	}
-	sr := a.seriesOf(s)
+	sr := acc.series
+	if sr == nil {
+		sr = a.seriesOf(s)
+	}
 	if s.PromptTokens >= 0 {
-		// Keyed by the counters' tenant, so bounded as they are; and the
+		// The counters' tenant's, so bounded as they are; and the
 		// engine's, for the tenants not seen yet.
-		for _, k := range [...]promptKey{{s.Engine, sr.key.tenant}, {s.Engine, anyTenant}} {
-			m, ok := a.prompts[k]
-			if !ok {
-				m = &promptMean{}
-				a.prompts[k] = m
-			}
-			m.sum += float64(s.PromptTokens)
-			m.n++
-		}
+		sr.prompts.add(s.PromptTokens)
+		eng.prompts.add(s.PromptTokens)
 	}
 	sr.prefill += e.Share.Prefill
 	sr.decode += e.Share.Decode
@@ -327,8 +347,8 @@ func (a *attributor) ended(s *session.Session, e *session.End, now int64) {
 		sr.prefillEnergy += sh.PrefillEnergy
 		sr.decodeEnergy += sh.Energy - sh.PrefillEnergy
 	}
-	*sh = attribution.Share{}
-	a.free = append(a.free, sh)
+	*acc = shareAccount{}
+	a.free = append(a.free, acc)
 }
 
 // seriesOf is the counters' series of the session: its engine, model and
@@ -348,7 +368,13 @@ func (a *attributor) seriesOf(s *session.Session) *shareSeries {
 	k := seriesKey{engine: s.Engine, model: s.Model, tenant: tenant}
 	sr, ok := a.series[k]
 	if !ok {
-		sr = &shareSeries{key: k}
+		pk := promptKey{engine: s.Engine, tenant: tenant}
+		m, ok := a.prompts[pk]
+		if !ok {
+			m = &promptMean{}
+			a.prompts[pk] = m
+		}
+		sr = &shareSeries{key: k, prompts: m}
 		a.series[k] = sr
 	}
 	return sr
