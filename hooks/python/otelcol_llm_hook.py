@@ -432,12 +432,20 @@ class Client:
         self._put((_TOKEN, session_id, time_unix_nano, count, seq))
 
     def end(self, session_id, time_unix_nano=None, *, completion_tokens=None, finish_reason=None, error=None,
-            response_model=None, queue_time_ns=None, prefill_time_ns=None, decode_time_ns=None):
+            response_model=None, queue_time_ns=None, prefill_time_ns=None, decode_time_ns=None,
+            engine_time_prefill_ns=None, engine_time_decode_ns=None, energy_mj=None):
         """Record that a session ended; ``error`` is an error type, e.g. an exception class name.
 
         ``queue_time_ns``, ``prefill_time_ns`` and ``decode_time_ns`` are the
         engine's own split of the request's time (queued to scheduled,
         scheduled to first token, first to last token), when it knows it.
+
+        ``engine_time_prefill_ns`` and ``engine_time_decode_ns`` are the
+        request's share of the engine's busy time, for an engine that sees
+        its steps: each step's time split among its requests by the tokens
+        each computed in it (``token_session`` then reports it as it came,
+        ``llm.session.attribution_source=engine``); ``energy_mj`` its share
+        of the GPU's energy, in millijoules, sent only with the engine time.
         """
         _check_session_id(session_id)
         t = _check_time(time_unix_nano)
@@ -449,6 +457,16 @@ class Client:
         _set(ev, "queue_time_ns", _check_uint("queue_time_ns", queue_time_ns))
         _set(ev, "prefill_time_ns", _check_uint("prefill_time_ns", prefill_time_ns))
         _set(ev, "decode_time_ns", _check_uint("decode_time_ns", decode_time_ns))
+        prefill = _check_uint("engine_time_prefill_ns", engine_time_prefill_ns)
+        decode = _check_uint("engine_time_decode_ns", engine_time_decode_ns)
+        energy = _check_uint("energy_mj", energy_mj)
+        if prefill is not None or decode is not None:
+            # The receiver takes a part not given as 0; the two go together.
+            ev["engine_time_prefill_ns"] = prefill or 0
+            ev["engine_time_decode_ns"] = decode or 0
+            _set(ev, "energy_mj", energy)
+        elif energy is not None:
+            raise ValueError("energy_mj: sent only with engine_time_prefill_ns or engine_time_decode_ns")
         self._put((_END, ev))
 
     def _put(self, item):

@@ -240,6 +240,8 @@ class ValidationTest(unittest.TestCase):
             "seq negative": lambda: c.token("s", seq=-1),
             "queue_time_ns negative": lambda: c.end("s", queue_time_ns=-1),
             "prefill_time_ns float": lambda: c.end("s", prefill_time_ns=0.5),
+            "engine_time_decode_ns negative": lambda: c.end("s", engine_time_decode_ns=-1),
+            "energy_mj without the engine time": lambda: c.end("s", energy_mj=5),
             "stream not bool": lambda: c.start("s", stream="no"),
             "tracestate not ascii": lambda: c.start("s", tracestate="ot=th:\u00e9"),
             "tracestate too long": lambda: c.start("s", tracestate="a" * 513),
@@ -304,7 +306,8 @@ class UDPTest(unittest.TestCase):
             c.token("sess-4", T0 + 1, seq=0)
             c.token("sess-4", T0 + 2, count=2, seq=1)
             c.end("sess-4", T0 + 3, response_model="m-fp8", queue_time_ns=120000000, prefill_time_ns=0)
-        self.assertEqual(self.sink.lines(12), [
+            c.end("sess-5", T0 + 4, engine_time_decode_ns=7000, energy_mj=12)
+        self.assertEqual(self.sink.lines(13), [
             '{"event":"start","session_id":"sess-1","time_unix_nano":1700000000000000000,'
             '"trace_id":"0af7651916cd43dd8448eb211c80319c","span_id":"b7ad6b7169203331",'
             '"parent_span_id":"00f067aa0ba902b7","model":"llama-3-8b","operation":"chat","prompt_tokens":12,'
@@ -323,8 +326,10 @@ class UDPTest(unittest.TestCase):
             '{"event":"token","session_id":"sess-4","time_unix_nano":1700000000000000002,"count":2,"seq":1}',
             '{"event":"end","session_id":"sess-4","time_unix_nano":1700000000000000003,"response_model":"m-fp8",'
             '"queue_time_ns":120000000,"prefill_time_ns":0}',
+            '{"event":"end","session_id":"sess-5","time_unix_nano":1700000000000000004,'
+            '"engine_time_prefill_ns":0,"engine_time_decode_ns":7000,"energy_mj":12}',
         ])
-        self.assertEqual(c.stats(), {"sent": 12, "dropped": 0, "failed": 0, "rejected": 0})
+        self.assertEqual(c.stats(), {"sent": 13, "dropped": 0, "failed": 0, "rejected": 0})
 
     def test_int_ids_and_escaping(self):
         with Client(self.sink.endpoint) as c:
@@ -1051,7 +1056,7 @@ class RealCollectorTest(CollectorTestCase):
         self.assertEqual(int(rec["timeUnixNano"]), end)
         self.assertEqual(attrs, dict(want_end_attrs, **{"llm.session.id": session_id}))
 
-    def run_session(self, endpoint, session_id, finish_reason, error):
+    def run_session(self, endpoint, session_id, finish_reason, error, **end_kwargs):
         base = time.time_ns()
         start = base
         tokens = [(base + 40_000_000, 1), (base + 60_000_000, 3), (base + 80_000_000, 1), (base + 95_000_000, 2)]
@@ -1062,13 +1067,15 @@ class RealCollectorTest(CollectorTestCase):
                     attributes={"quantization": "fp8"})
             for t, n in tokens:
                 c.token(session_id, t, count=n)
-            c.end(session_id, end, completion_tokens=7, finish_reason=finish_reason, error=error)
+            c.end(session_id, end, completion_tokens=7, finish_reason=finish_reason, error=error, **end_kwargs)
             self.assertTrue(c.flush(timeout=10))
             self.assertEqual(c.stats(), {"sent": 6, "dropped": 0, "failed": 0, "rejected": 0})
         recs = self.wait_session(session_id, sum(n for _, n in tokens))
         want_end = {"gen_ai.usage.output_tokens": 7, "gen_ai.response.finish_reasons": [finish_reason]}
         if error:
             want_end["error.type"] = error
+        for k, v in end_kwargs.items():
+            want_end["llm.session." + k] = v
         self.check_session(
             recs, session_id, start, tokens, end,
             {
@@ -1090,6 +1097,12 @@ class RealCollectorTest(CollectorTestCase):
 
     def test_unix_session_reaches_pipeline(self):
         self.run_session("unix://" + self.unix_path, "unix-session-1", "length", None)
+
+    def test_engine_share_reaches_pipeline(self):
+        # An engine that sees its steps sends the request's share of its
+        # time and energy; token_session reports it as it came.
+        self.run_session("unix://" + self.unix_path, "unix-session-share", "stop", None,
+                         engine_time_prefill_ns=3_500_000, engine_time_decode_ns=41_000_000, energy_mj=9_250)
 
     def test_unix_collector_restart(self):
         # The client streams across a collector restart: what the old
