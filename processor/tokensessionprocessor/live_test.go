@@ -352,6 +352,59 @@ func TestLiveEndpoints(t *testing.T) {
 	assert.Equal(t, http.StatusMethodNotAllowed, post.StatusCode)
 }
 
+// GET /sessions answers from a recent snapshot where it has one, and
+// takes at most onDemandRate new ones a second however they are asked for
+// (a filter each, to defeat the sharing): each holds the sessions' lock.
+func TestLiveAskedSnapshotsSharedAndLimited(t *testing.T) {
+	p, url := livePipelines(t, nil, func(l *LiveConfig) { l.Interval = time.Minute })
+	defer p.shutdown(t)
+	ls := p.logs.(*logsProcessor).Unwrap().live
+	clock := time.Now()
+	setClock := func(at time.Time) {
+		// The server reads its clock under these locks (no broadcaster
+		// runs: no viewer).
+		ls.mu.Lock()
+		ls.askMu.Lock()
+		clock = at
+		ls.now = func() time.Time { return clock }
+		ls.askMu.Unlock()
+		ls.mu.Unlock()
+	}
+	setClock(clock)
+
+	first := map[string][]byte{}
+	for i := range onDemandRate {
+		engine := fmt.Sprintf("e%d", i)
+		resp, body := get(t, url+"/sessions?engine="+engine)
+		require.Equal(t, http.StatusOK, resp.StatusCode, engine)
+		first[engine] = body
+	}
+	resp, body := get(t, url+"/sessions?engine=one-too-many")
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	assert.Contains(t, string(body), "at most 10 a second")
+
+	// A session that starts now is not in the snapshot shared for the
+	// interval; the filters asked for are answered, spent rate or not.
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(start("s1", traceSlow, base))))
+	resp, body = get(t, url+"/sessions?engine=e0")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, first["e0"], body)
+
+	// A second later the rate allows ten more; an interval later the
+	// shared snapshot is taken again, and shows the session.
+	setClock(clock.Add(time.Second))
+	resp, _ = get(t, url+"/sessions?engine=one-too-many")
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	setClock(clock.Add(time.Minute))
+	resp, body = get(t, url+"/sessions")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var snap liveSnapshot
+	require.NoError(t, json.Unmarshal(body, &snap))
+	assert.Equal(t, []string{"s1=waiting"}, phasesOf(snap))
+}
+
 // sseClient reads snapshots from GET /sessions/stream.
 type sseClient struct {
 	resp *http.Response

@@ -54,7 +54,31 @@ type liveServer struct {
 	closed   bool
 	closing  chan struct{}
 	done     sync.WaitGroup
+
+	// asked are the snapshots taken for GET /sessions and for a stream's
+	// first, by filter, answered again while younger than an interval;
+	// askTokens and askAt the rate limit on taking them (onDemandRate).
+	// askMu guards them, apart from mu: a snapshot is taken under it.
+	askMu     sync.Mutex
+	asked     map[liveFilter]askedSnapshot
+	askTokens float64
+	askAt     time.Time
 }
+
+// askedSnapshot is a snapshot taken on a request, and when.
+type askedSnapshot struct {
+	at   time.Time
+	body []byte
+}
+
+// onDemandRate bounds the snapshots taken on requests (those no recent one
+// answers): a second's worth, and as many at once. At 100 000 open
+// sessions one holds the sessions' lock about 6 ms, so whoever asks, and
+// however often, the fold waits at most about 6% of its time.
+const onDemandRate = 10
+
+// errSnapshotRate is a request's answer when onDemandRate is spent.
+var errSnapshotRate = fmt.Errorf("too many snapshots asked for: at most %d a second are taken (each holds the sessions' lock); try again in a second, or watch GET /sessions/stream", onDemandRate)
 
 type liveDropCause int
 
@@ -76,6 +100,7 @@ func newLiveServer(cfg *LiveConfig, s *sessions, set component.TelemetrySettings
 	ls := &liveServer{
 		cfg: cfg, sessions: s, set: set, tel: tel, now: time.Now,
 		viewers: make(map[*liveViewer]struct{}), closing: make(chan struct{}),
+		asked: make(map[liveFilter]askedSnapshot), askTokens: onDemandRate,
 	}
 	for i, cause := range []string{"limit", "slow"} {
 		ls.dropSet[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("cause", cause)))
@@ -150,9 +175,44 @@ func (ls *liveServer) snapshot(f liveFilter, heap *worstHeap) []byte {
 	return ls.sessions.liveSnapshot(ls.now(), f, heap)
 }
 
-func (ls *liveServer) serveSnapshot(w http.ResponseWriter, r *http.Request) {
+// askSnapshot is the snapshot for f that a request gets: the
+// broadcaster's or an asked one younger than an interval, else a new one
+// while onDemandRate allows (errSnapshotRate beyond). Requests take their
+// snapshots one at a time, so that many asking at once share one.
+func (ls *liveServer) askSnapshot(f liveFilter) ([]byte, error) {
+	if body := ls.fresh(f); body != nil {
+		return body, nil
+	}
+	ls.askMu.Lock()
+	defer ls.askMu.Unlock()
+	now := ls.now()
+	if a, ok := ls.asked[f]; ok && now.Sub(a.at) < ls.cfg.Interval {
+		return a.body, nil
+	}
+	ls.askTokens = min(onDemandRate, ls.askTokens+now.Sub(ls.askAt).Seconds()*onDemandRate)
+	ls.askAt = now
+	if ls.askTokens < 1 {
+		return nil, errSnapshotRate
+	}
+	ls.askTokens--
+	for k, a := range ls.asked {
+		if now.Sub(a.at) >= ls.cfg.Interval {
+			delete(ls.asked, k) // bounded by the rate: at most a second's worth of filters
+		}
+	}
 	var heap worstHeap
-	body := ls.snapshot(filterOf(r), &heap)
+	body := ls.snapshot(f, &heap)
+	ls.asked[f] = askedSnapshot{at: now, body: body}
+	return body, nil
+}
+
+func (ls *liveServer) serveSnapshot(w http.ResponseWriter, r *http.Request) {
+	body, err := ls.askSnapshot(filterOf(r))
+	if err != nil {
+		w.Header().Set("Retry-After", "1")
+		writeLiveError(w, http.StatusTooManyRequests, err.Error())
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -205,12 +265,8 @@ func (ls *liveServer) serveStream(w http.ResponseWriter, r *http.Request) {
 	if _, err := fmt.Fprintf(w, "retry: %d\n\n", max(ls.cfg.Interval.Milliseconds(), 1000)); err != nil {
 		return
 	}
-	first := ls.fresh(v.filter)
-	if first == nil {
-		var heap worstHeap
-		first = ls.snapshot(v.filter, &heap)
-	}
-	if !write(first) {
+	// Past the rate, the first comes with the broadcaster's next tick.
+	if first, err := ls.askSnapshot(v.filter); err == nil && !write(first) {
 		ls.drop(v)
 		return
 	}
