@@ -148,6 +148,9 @@ func TestUnixOverlongLine(t *testing.T) {
 	require.Len(t, got.Errors, 1)
 	assert.Equal(t, "line is 20033 bytes, limit is 16384", got.Errors[0].Message)
 	assert.Equal(t, []string{tok1, tok2}, events(t, tr.sink))
+	// Under the listener's lock: a connection that ends leaves the map.
+	tr.r.unix.mu.Lock()
+	defer tr.r.unix.mu.Unlock()
 	for conn := range tr.r.unix.conns {
 		assert.Len(t, conn.lines.buf, unixReadBufferBytes, "the buffer never grows")
 	}
