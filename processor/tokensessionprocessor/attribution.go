@@ -119,9 +119,6 @@ type attributor struct {
 	mu      sync.Mutex
 	engines map[string]*engineAccount
 	last    *engineAccount
-	// shares are the open sessions' accounts; free the recycled ones.
-	shares map[*session.Session]*shareAccount
-	free   []*shareAccount
 	// pods holds the latest power reading of each pod, for engines seen
 	// after it; energy the latest energy counter reading (mJ) of each pod
 	// that has one.
@@ -153,12 +150,14 @@ type engineAccount struct {
 	prompts promptMean
 }
 
-// shareAccount is an open session's account: its share of the engine, and
-// the counters' series it will count in, resolved once at its start (nil
-// for a session opened by a token, which got no start: at its end).
+// shareAccount is a session's account, kept beside it (sessionState): its
+// share of the engine while open, and the counters' series it will count
+// in, resolved once at its start (nil for a session opened by a token,
+// which got no start: at its end).
 type shareAccount struct {
 	attribution.Share
 	series *shareSeries
+	open   bool
 }
 
 type powerReading struct {
@@ -197,7 +196,7 @@ type shareSeries struct {
 
 func newAttributor(cfg AttributionConfig, now time.Time) *attributor {
 	return &attributor{
-		cfg: cfg, engines: map[string]*engineAccount{}, shares: map[*session.Session]*shareAccount{},
+		cfg: cfg, engines: map[string]*engineAccount{},
 		pods: map[string]powerReading{}, energy: map[string]powerReading{}, series: map[seriesKey]*shareSeries{}, tenants: map[string]struct{}{},
 		prompts: map[promptKey]*promptMean{},
 		created: pcommon.NewTimestampFromTime(now),
@@ -238,21 +237,10 @@ func podOf(engine, pod string) bool {
 	return err == nil && host == pod
 }
 
-func (a *attributor) account(s *session.Session) *shareAccount {
-	var acc *shareAccount
-	if n := len(a.free); n > 0 {
-		acc, a.free = a.free[n-1], a.free[:n-1]
-	} else {
-		acc = &shareAccount{}
-	}
-	a.shares[s] = acc
-	return acc
-}
-
 // started: the session arrives on its engine (a session opened by a token
 // that overtook its start arrives at its first token).
-// now is the collector's time of the event.
-func (a *attributor) started(s *session.Session, now int64) {
+// acc is the session's account; now is the collector's time of the event.
+func (a *attributor) started(s *session.Session, acc *shareAccount, now int64) {
 	if !a.cfg.Enabled || !s.HasStart {
 		return
 	}
@@ -260,7 +248,7 @@ func (a *attributor) started(s *session.Session, now int64) {
 	defer a.mu.Unlock()
 	e := a.engine(s.Engine)
 	e.seenAt = now
-	acc := a.account(s)
+	acc.open = true
 	acc.series = a.seriesOf(s)
 	prompt := s.PromptTokens
 	if prompt < 0 {
@@ -285,7 +273,7 @@ func (a *attributor) tenantOf(s *session.Session) string {
 }
 
 // firstToken: the session's prefill ended.
-func (a *attributor) firstToken(s *session.Session, now int64) {
+func (a *attributor) firstToken(s *session.Session, acc *shareAccount, now int64) {
 	if !a.cfg.Enabled {
 		return
 	}
@@ -293,9 +281,8 @@ func (a *attributor) firstToken(s *session.Session, now int64) {
 	defer a.mu.Unlock()
 	e := a.engine(s.Engine)
 	e.seenAt = now
-	acc, ok := a.shares[s]
-	if !ok {
-		acc = a.account(s)
+	if !acc.open {
+		acc.open = true
 		e.m.Arrive(&acc.Share, s.FirstTokenTime, -1)
 	}
 	e.m.FirstToken(&acc.Share, s.FirstTokenTime)
@@ -303,17 +290,12 @@ func (a *attributor) firstToken(s *session.Session, now int64) {
 
 // ended closes the session's account, writes its share into the end (the
 // engine's own, if the end event brought one, stays) and counts it.
-func (a *attributor) ended(s *session.Session, e *session.End, now int64) {
-	if !a.cfg.Enabled {
+func (a *attributor) ended(s *session.Session, e *session.End, acc *shareAccount, now int64) {
+	if !a.cfg.Enabled || !acc.open {
 		return
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	acc, ok := a.shares[s]
-	if !ok {
-		return
-	}
-	delete(a.shares, s)
 	sh := &acc.Share
 	at := e.Time
 	if at == 0 {
@@ -348,7 +330,6 @@ func (a *attributor) ended(s *session.Session, e *session.End, now int64) {
 		sr.decodeEnergy += sh.Energy - sh.PrefillEnergy
 	}
 	*acc = shareAccount{}
-	a.free = append(a.free, acc)
 }
 
 // seriesOf is the counters' series of the session: its engine, model and

@@ -10,7 +10,6 @@ import (
 
 	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
 	"github.com/otelcol-llm/otelcol-llm/internal/session"
-	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
 
@@ -286,7 +285,7 @@ func (p *sessions) appendSummary(records plog.LogRecordSlice, s *session.Session
 
 // appendStallAlert writes the alert for the stall episode r reports, with
 // the session's counts when it was detected.
-func (p *sessions) appendStallAlert(records plog.LogRecordSlice, r *session.Report[*sessionmetrics.Live], now pcommon.Timestamp) {
+func (p *sessions) appendStallAlert(records plog.LogRecordSlice, r *session.Report[*sessionState], now pcommon.Timestamp) {
 	s, st := r.Session, &r.Stall
 	lr := records.AppendEmpty()
 	lr.SetEventName(eventNameStall)

@@ -45,7 +45,7 @@ type sessions struct {
 	// signal, and makes outputs for it.
 	toLogs, toMetrics, toTraces bool
 
-	table   *session.Table[*sessionmetrics.Live]
+	table   *session.Table[*sessionState]
 	metrics *sessionmetrics.Aggregator
 	pending outputs
 	// nowTS is the collector time of the operation under way.
@@ -55,7 +55,9 @@ type sessions struct {
 	// applyFn folds an event into the table, collecting its reports in
 	// reports; bound once so that folding a record allocates nothing.
 	applyFn func(*tokenevent.Event)
-	reports []session.Report[*sessionmetrics.Live]
+	reports []session.Report[*sessionState]
+	// freeStates are the states of ended sessions, for new ones.
+	freeStates []*sessionState
 	// With pass_token_events: sampled, the token event records of each
 	// active session.
 	sampledRecords map[string]plog.LogRecordSlice
@@ -98,7 +100,7 @@ func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineCont
 		timing: newTimingJoin(), pending: newOutputs(), attr: newAttributor(cfg.Attribution, time.Now()),
 	}
 	var err error
-	if s.table, err = session.NewTable[*sessionmetrics.Live](cfg.sessionConfig(), s); err != nil {
+	if s.table, err = session.NewTable[*sessionState](cfg.sessionConfig(), s); err != nil {
 		return nil, err
 	}
 	if s.metrics, err = sessionmetrics.New(cfg.Metrics, time.Now()); err != nil {
@@ -255,24 +257,41 @@ func (p *sessions) renderMetrics(now time.Time) pmetric.Metrics {
 	return md
 }
 
+// sessionState is what the processor keeps beside each open session (the
+// table's Observer state): its metric series and its account of the
+// engine's time. One object, recycled, so that neither needs a lookup by
+// session.
+type sessionState struct {
+	live *sessionmetrics.Live
+	acct shareAccount
+}
+
 // The session.Observer side: called by the table under mu, it keeps the
 // sessions' metric state.
 
-func (p *sessions) Started(s *session.Session) *sessionmetrics.Live {
-	p.attr.started(s, p.nowNanos)
-	return p.metrics.SessionStarted(p.dims(s))
+func (p *sessions) Started(s *session.Session) *sessionState {
+	var st *sessionState
+	if n := len(p.freeStates); n > 0 {
+		st, p.freeStates = p.freeStates[n-1], p.freeStates[:n-1]
+	} else {
+		st = &sessionState{}
+	}
+	p.attr.started(s, &st.acct, p.nowNanos)
+	st.live = p.metrics.SessionStarted(p.dims(s))
+	return st
 }
 
-func (p *sessions) FirstToken(s *session.Session, _ *sessionmetrics.Live) {
-	p.attr.firstToken(s, p.nowNanos)
+func (p *sessions) FirstToken(s *session.Session, st *sessionState) {
+	p.attr.firstToken(s, &st.acct, p.nowNanos)
 }
 
-func (p *sessions) Restarted(s *session.Session, live *sessionmetrics.Live) *sessionmetrics.Live {
-	return p.metrics.SessionRestarted(live, p.dims(s))
+func (p *sessions) Restarted(s *session.Session, st *sessionState) *sessionState {
+	st.live = p.metrics.SessionRestarted(st.live, p.dims(s))
+	return st
 }
 
-func (p *sessions) Gap(_ *session.Session, live *sessionmetrics.Live, g time.Duration, n int64) {
-	p.metrics.ObserveGap(live, g, n)
+func (p *sessions) Gap(_ *session.Session, st *sessionState, g time.Duration, n int64) {
+	p.metrics.ObserveGap(st.live, g, n)
 }
 
 // handleReports acts on what the table reported during the call just made,
@@ -300,14 +319,14 @@ func (p *sessions) handleReports(folded *plog.LogRecord) {
 	p.reports = p.table.Release(p.reports)
 }
 
-func (p *sessions) stalled(r *session.Report[*sessionmetrics.Live]) {
-	p.metrics.Stall(r.State)
+func (p *sessions) stalled(r *session.Report[*sessionState]) {
+	p.metrics.Stall(r.State.live)
 	if p.toLogs {
 		p.appendStallAlert(p.pending.records(p.cfg.ProviderName), r, p.nowTS)
 	}
 }
 
-func (p *sessions) ended(r *session.Report[*sessionmetrics.Live], folded *plog.LogRecord) {
+func (p *sessions) ended(r *session.Report[*sessionState], folded *plog.LogRecord) {
 	s, e := r.Session, &r.End
 	ttft, hasTTFT := s.TTFT()
 	tpot, hasTPOT := s.TPOT(e.CompletionTokens)
@@ -323,7 +342,7 @@ func (p *sessions) ended(r *session.Report[*sessionmetrics.Live], folded *plog.L
 	if n := outputTokens(s, e); n >= 0 {
 		res.OutputTokens, res.HasOutputTokens = n, true
 	}
-	p.metrics.SessionEnded(r.State, res)
+	p.metrics.SessionEnded(r.State.live, res)
 	if p.live != nil {
 		p.live.ended(s, e, p.nowNanos)
 	}
@@ -342,7 +361,7 @@ func (p *sessions) ended(r *session.Report[*sessionmetrics.Live], folded *plog.L
 			}
 		}
 	}
-	p.attr.ended(s, e, p.nowNanos)
+	p.attr.ended(s, e, &r.State.acct, p.nowNanos)
 	aw := p.joinTiming(r)
 	if s.Keep && !p.hold(s, e, aw) {
 		p.appendOutputs(s, e)
@@ -351,6 +370,11 @@ func (p *sessions) ended(r *session.Report[*sessionmetrics.Live], folded *plog.L
 		kept, dropped := p.spans.release(s.TraceID, r.Trace.Kept, r.Trace.Threshold, p.pending.traces)
 		p.telemetry.releasedSpans += int64(kept)
 		p.telemetry.droppedSpans += int64(dropped)
+	}
+	// The session's last report: its state goes to the next session.
+	if st := r.State; st != nil {
+		*st = sessionState{}
+		p.freeStates = append(p.freeStates, st)
 	}
 }
 

@@ -171,7 +171,7 @@ func (j *timingJoin) pending() int { return len(j.bySpan) + len(j.earlyByParent)
 // span; the returned awaited is its place, nil when it does not wait. (A
 // deployment without engine spans keeps nothing here, and delays nothing.)
 // Call with mu held.
-func (p *sessions) joinTiming(r *session.Report[*sessionmetrics.Live]) *awaited {
+func (p *sessions) joinTiming(r *session.Report[*sessionState]) *awaited {
 	s, e := r.Session, &r.End
 	j := &p.timing
 	if !e.Timing.Known() {
@@ -187,7 +187,7 @@ func (p *sessions) joinTiming(r *session.Report[*sessionmetrics.Live]) *awaited 
 		}
 	}
 	if e.Timing.Known() {
-		p.metrics.EngineTiming(r.State, errorType(s, e), metricsTiming(e.Timing))
+		p.metrics.EngineTiming(r.State.live, errorType(s, e), metricsTiming(e.Timing))
 		p.telemetry.timing(e.Timing.Source, timingJoined)
 		return nil
 	}
@@ -199,7 +199,7 @@ func (p *sessions) joinTiming(r *session.Report[*sessionmetrics.Live]) *awaited 
 		return nil
 	}
 	a := &awaited{
-		trace: s.TraceID, span: s.SpanID, live: r.State, errorType: errorType(s, e), duration: s.Duration(e),
+		trace: s.TraceID, span: s.SpanID, live: r.State.live, errorType: errorType(s, e), duration: s.Duration(e),
 		until: p.nowNanos + int64(p.cfg.EngineTiming.Wait),
 	}
 	j.bySpan[a.span] = a
