@@ -266,6 +266,9 @@ type sessionState struct {
 	acct shareAccount
 }
 
+// maxFreeStates bounds the ended sessions' states kept for new ones.
+const maxFreeStates = 4096
+
 // The session.Observer side: called by the table under mu, it keeps the
 // sessions' metric state.
 
@@ -371,8 +374,9 @@ func (p *sessions) ended(r *session.Report[*sessionState], folded *plog.LogRecor
 		p.telemetry.releasedSpans += int64(kept)
 		p.telemetry.droppedSpans += int64(dropped)
 	}
-	// The session's last report: its state goes to the next session.
-	if st := r.State; st != nil {
+	// The session's last report: its state goes to a next session (a few
+	// kept for the steady churn; a peak's are left to the collector).
+	if st := r.State; st != nil && len(p.freeStates) < maxFreeStates {
 		*st = sessionState{}
 		p.freeStates = append(p.freeStates, st)
 	}
