@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -402,6 +403,37 @@ func TestLiveAskedSnapshotsSharedAndLimited(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	var snap liveSnapshot
 	require.NoError(t, json.Unmarshal(body, &snap))
+	assert.Equal(t, []string{"s1=waiting"}, phasesOf(snap))
+}
+
+// Requests at once share one snapshot, and each gets it whole.
+func TestLiveAskedSnapshotConcurrent(t *testing.T) {
+	p, url := livePipelines(t, nil, func(l *LiveConfig) { l.Interval = time.Minute })
+	defer p.shutdown(t)
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(start("s1", traceSlow, base))))
+	const n = 3 * onDemandRate
+	bodies := make([][]byte, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Get(url + "/sessions") //nolint:gosec // the test's own server
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer resp.Body.Close()
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			bodies[i], err = io.ReadAll(resp.Body)
+			assert.NoError(t, err)
+		}()
+	}
+	wg.Wait()
+	for _, b := range bodies {
+		assert.Equal(t, bodies[0], b)
+	}
+	var snap liveSnapshot
+	require.NoError(t, json.Unmarshal(bodies[0], &snap))
 	assert.Equal(t, []string{"s1=waiting"}, phasesOf(snap))
 }
 
