@@ -66,10 +66,12 @@ type hooksUnixListener struct {
 	window time.Duration
 	limits LimitsConfig
 
-	mu      sync.Mutex
-	conns   map[*unixConn]struct{}
-	closing bool
-	done    sync.WaitGroup
+	mu    sync.Mutex
+	conns map[*unixConn]struct{}
+	// maxConns is maxUnixConns (a test lowers it).
+	maxConns int
+	closing  bool
+	done     sync.WaitGroup
 }
 
 func startHooksUnix(cfg *UnixConfig, limits LimitsConfig, sink hookSink) (*hooksUnixListener, error) {
@@ -91,7 +93,7 @@ func startHooksUnix(cfg *UnixConfig, limits LimitsConfig, sink hookSink) (*hooks
 	}
 	l := &hooksUnixListener{
 		sink: sink, warn: lograte.OncePerMinute(sink.Logger()), ln: ln, path: cfg.Endpoint,
-		window: cfg.BatchWindow, limits: limits, conns: map[*unixConn]struct{}{},
+		window: cfg.BatchWindow, limits: limits, conns: map[*unixConn]struct{}{}, maxConns: maxUnixConns,
 	}
 	sink.Logger().Info("Token event hook listening", zap.String("transport", "unix"), zap.String("endpoint", cfg.Endpoint))
 	l.done.Add(1)
@@ -140,11 +142,12 @@ func (l *hooksUnixListener) acceptLoop() {
 		}
 		uc := newUnixConn(l, c)
 		l.mu.Lock()
-		if l.closing || len(l.conns) >= maxUnixConns {
-			closing := l.closing
+		if l.closing || len(l.conns) >= l.maxConns {
+			closing, limit := l.closing, l.maxConns
 			l.mu.Unlock()
 			if !closing {
-				l.warn.Warn("Unix hook connection closed at once: too many open (logged at most once a minute)", zap.Int("limit", maxUnixConns))
+				l.sink.countRefusedConnections(1)
+				l.warn.Warn("Unix hook connection closed at once: too many open (logged at most once a minute; counted in otelcol_receiver_token_stream_unix_refused_connections)", zap.Int("limit", limit))
 			}
 			_ = c.Close()
 			continue

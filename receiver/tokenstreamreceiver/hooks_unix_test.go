@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"go.opentelemetry.io/collector/config/configoptional"
 	"go.opentelemetry.io/collector/consumer/consumertest"
 	"go.opentelemetry.io/collector/receiver/receivertest"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 )
@@ -154,6 +156,35 @@ func TestUnixOverlongLine(t *testing.T) {
 	for conn := range tr.r.unix.conns {
 		assert.Len(t, conn.lines.buf, unixReadBufferBytes, "the buffer never grows")
 	}
+}
+
+// A connection over the limit is closed at once and counted; the ones
+// within it go on.
+func TestUnixConnectionsOverLimit(t *testing.T) {
+	tr, path := startUnixReceiver(t, new(consumertest.LogsSink), nil)
+	l := tr.r.unix
+	l.mu.Lock()
+	l.maxConns = 1
+	l.mu.Unlock()
+	first := dialUnix(t, path)
+	first.write(startLine + "\n")
+	first.readAcks(1) // served: it is in the listener's map
+
+	over := dialUnix(t, path)
+	require.NoError(t, over.conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err := over.conn.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF, "closed at once")
+	refused := func() int64 {
+		m, err := tr.tel.GetMetric("otelcol_receiver_token_stream_unix_refused_connections")
+		if err != nil {
+			return 0
+		}
+		return m.Data.(metricdata.Sum[int64]).DataPoints[0].Value
+	}
+	assert.Equal(t, int64(1), refused())
+
+	first.write(tok1 + "\n")
+	assert.Equal(t, unixAck{Accepted: 1, Errors: []lineError{}}, first.readAcks(1))
 }
 
 // Within batch_window the lines of several writes go to the pipeline as

@@ -345,6 +345,7 @@ type hookSink interface {
 	release(d *batchDecoder)
 	consume(ctx context.Context, d *batchDecoder) error
 	countDroppedDatagrams(n int64)
+	countRefusedConnections(n int64)
 	Logger() *zap.Logger
 }
 
@@ -407,6 +408,10 @@ func (s *logsSink) consume(ctx context.Context, d *batchDecoder) error {
 
 func (s *logsSink) countDroppedDatagrams(n int64) {
 	s.r.telemetry.ReceiverTokenStreamUDPDroppedDatagrams.Add(context.Background(), n)
+}
+
+func (s *logsSink) countRefusedConnections(n int64) {
+	s.r.telemetry.ReceiverTokenStreamUnixRefusedConnections.Add(context.Background(), n)
 }
 
 func (s *logsSink) Counters() proxy.Counters {

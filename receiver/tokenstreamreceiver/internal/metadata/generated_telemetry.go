@@ -39,6 +39,7 @@ type TelemetryBuilder struct {
 	ReceiverTokenStreamSkippedFamilies          metric.Int64Counter
 	ReceiverTokenStreamTruncatedBatches         metric.Int64Counter
 	ReceiverTokenStreamUDPDroppedDatagrams      metric.Int64Counter
+	ReceiverTokenStreamUnixRefusedConnections   metric.Int64Counter
 }
 
 // TelemetryBuilderOption applies changes to default builder.
@@ -146,6 +147,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_receiver_token_stream_udp_dropped_datagrams",
 		metric.WithDescription("Datagrams the kernel dropped on the UDP hook socket for want of receive buffer (Linux, SO_RXQ_OVFL: counted when the next datagram is read); raise hooks::udp::socket_buffer_size when it grows. [Development]"),
 		metric.WithUnit("{datagram}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ReceiverTokenStreamUnixRefusedConnections, err = builder.meter.Int64Counter(
+		"otelcol_receiver_token_stream_unix_refused_connections",
+		metric.WithDescription("Connections to hooks::unix closed at once because 1024 were open (an engine needs one: a client that leaks connections); the client counts what it wrote on them as failed. [Development]"),
+		metric.WithUnit("{connection}"),
 	)
 	errs = errors.Join(errs, err)
 	return &builder, errs

@@ -228,3 +228,19 @@ func AssertEqualReceiverTokenStreamUDPDroppedDatagrams(t *testing.T, tt *compone
 	require.NoError(t, err)
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }
+
+func AssertEqualReceiverTokenStreamUnixRefusedConnections(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_receiver_token_stream_unix_refused_connections",
+		Description: "Connections to hooks::unix closed at once because 1024 were open (an engine needs one: a client that leaks connections); the client counts what it wrote on them as failed. [Development]",
+		Unit:        "{connection}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_receiver_token_stream_unix_refused_connections")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}

@@ -32,6 +32,7 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ReceiverTokenStreamSkippedFamilies.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamTruncatedBatches.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamUDPDroppedDatagrams.Add(context.Background(), 1)
+	tb.ReceiverTokenStreamUnixRefusedConnections.Add(context.Background(), 1)
 	AssertEqualReceiverTokenStreamAcceptedEvents(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
@@ -69,6 +70,9 @@ func TestSetupTelemetry(t *testing.T) {
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamUDPDroppedDatagrams(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualReceiverTokenStreamUnixRefusedConnections(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 
