@@ -140,7 +140,6 @@ func (l *hooksUnixListener) acceptLoop() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		uc := newUnixConn(l, c)
 		l.mu.Lock()
 		if l.closing || len(l.conns) >= l.maxConns {
 			closing, limit := l.closing, l.maxConns
@@ -152,6 +151,8 @@ func (l *hooksUnixListener) acceptLoop() {
 			_ = c.Close()
 			continue
 		}
+		// Made only once taken: a connection's read buffer is 64 KiB.
+		uc := newUnixConn(l, c)
 		l.conns[uc] = struct{}{}
 		l.done.Add(1)
 		l.mu.Unlock()
