@@ -24,6 +24,9 @@ type bodyLimitReader struct {
 	timeout  time.Duration
 	exceeded atomic.Int64 // the limit, once it was hit
 	timedOut atomic.Bool
+	// whole: the body was read to its end, so the client's next request
+	// starts right after it on the connection.
+	whole atomic.Bool
 }
 
 func (b *bodyLimitReader) Read(p []byte) (int, error) {
@@ -35,6 +38,9 @@ func (b *bodyLimitReader) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	if err == nil {
 		return n, nil
+	}
+	if errors.Is(err, io.EOF) {
+		b.whole.Store(true)
 	}
 	if b.timeout > 0 && errors.Is(err, io.EOF) {
 		// Whole: the connection's reads are the server's again. (After a
@@ -53,10 +59,16 @@ func (b *bodyLimitReader) Read(p []byte) (int, error) {
 // sendDeadline bounds the writes to the client with a write deadline on
 // its connection, armed before each batch of writes.
 type sendDeadline struct {
-	rc       *http.ResponseController
+	// rc is the response's controller, or the client connection once the
+	// stream is relayed off net/http.
+	rc       writeDeadliner
 	timeout  time.Duration
 	deadline time.Time // the deadline set last
 	off      bool      // the connection does not support deadlines
+}
+
+type writeDeadliner interface {
+	SetWriteDeadline(time.Time) error
 }
 
 // deadlineSlack is how much further than timeout a deadline is set, as a

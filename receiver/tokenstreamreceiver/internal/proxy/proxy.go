@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.opentelemetry.io/collector/component"
@@ -149,6 +150,15 @@ type Server struct {
 	cut       context.Context
 	cutAll    context.CancelCauseFunc
 	srv       httpserve.Server
+	// listener hands the connections of relayed streams back to srv;
+	// hangups tells when their clients leave. With no hangups (not Linux),
+	// every stream stays on net/http's connection (see hijack.go).
+	listener *handbackListener
+	hangups  *proxyconn.HangupWatcher
+	// relays are the client connections of the streams relayed off
+	// net/http, for Shutdown to close when they outlive the drain; kept
+	// those handed back to it that have not started their next request.
+	relays, kept relayConns
 }
 
 // Start starts the proxy on cfg.Server; what it observes goes to sink.
@@ -196,8 +206,31 @@ func Start(ctx context.Context, cfg *Config, sink Sink, host component.Host, set
 		},
 	}
 	p.batch = newEventBatcher(sink, p.counters, cfg.EventQueueSize)
-	if err := p.srv.Serve(ctx, &cfg.Server, p, host, set, proxyconn.Listener); err != nil {
+	if w, err := proxyconn.NewHangupWatcher(); err == nil {
+		p.hangups = w
+	} else {
+		p.log.Debug("proxy: streams stay on net/http's connections", zap.Error(err))
+	}
+	wrap := func(ln net.Listener) net.Listener {
+		// Called by Serve once it made the server and before it serves:
+		// the last moment to watch the connections' states (kept).
+		connState := p.srv.HTTP.ConnState
+		p.srv.HTTP.ConnState = func(c net.Conn, st http.ConnState) {
+			if st != http.StateNew {
+				p.kept.remove(c)
+			}
+			if connState != nil {
+				connState(c, st)
+			}
+		}
+		p.listener = newHandbackListener(proxyconn.Listener(ln))
+		return p.listener
+	}
+	if err := p.srv.Serve(ctx, &cfg.Server, p, host, set, wrap); err != nil {
 		p.batch.shutdown()
+		if p.hangups != nil {
+			p.hangups.Close()
+		}
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	p.log.Info("Token stream proxy listening", zap.String("endpoint", p.srv.Addr.String()), zap.String("upstream", upstream.Redacted()))
@@ -214,8 +247,17 @@ func (p *Server) Addr() net.Addr { return p.srv.Addr }
 // connections for at most that long.
 func (p *Server) Shutdown(ctx context.Context) error {
 	p.drainOnce.Do(func() { close(p.draining) })
+	// The connections handed back idle are closed as http.Server closes
+	// its idle ones (it would wait 5 s for a new one's first request).
+	p.kept.closeAll()
 	drainCtx, cancel := context.WithTimeout(ctx, p.drainTimeout)
 	err := p.srv.HTTP.Shutdown(drainCtx)
+	if err == nil && !waitGroupWithin(drainCtx, &p.handlers, p.drainTimeout) {
+		// The streams relayed off net/http's connections, which its
+		// Shutdown does not see, outlived the drain. (Not drainCtx's
+		// error: the timer may fire before drainCtx is marked done.)
+		err = errDrainOver
+	}
 	cancel()
 	if err != nil {
 		// Streams outlived the drain: end them, give their handlers a
@@ -224,6 +266,7 @@ func (p *Server) Shutdown(ctx context.Context) error {
 		p.cutAll(errProxyShutdown)
 		if !waitGroupWithin(ctx, &p.handlers, shutdownGrace) {
 			_ = p.srv.HTTP.Close()
+			p.relays.closeAll()
 		}
 		err = nil
 		if ctx.Err() != nil {
@@ -232,6 +275,9 @@ func (p *Server) Shutdown(ctx context.Context) error {
 	}
 	p.handlers.Wait()
 	p.srv.Wait()
+	if p.hangups != nil {
+		p.hangups.Close()
+	}
 	p.cutAll(nil)
 	if p.direct != nil {
 		p.direct.pool.close()
@@ -239,6 +285,8 @@ func (p *Server) Shutdown(ctx context.Context) error {
 	p.batch.shutdown()
 	return err
 }
+
+var errDrainOver = errors.New("proxy: drain_timeout over with streams running")
 
 // shutdownGrace is how long cut streams get to end before their
 // connections are closed.
@@ -285,8 +333,14 @@ func (p *Server) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		p.counters.RefusedRequests.Add(req.Context(), 1, refusalMaxStreams)
 		return
 	}
-	defer p.streams.Add(-1)
-	p.observe(w, req, op)
+	relayed := false
+	defer func() {
+		if !relayed {
+			p.streams.Add(-1)
+		}
+	}()
+	// A stream relayed off net/http holds its slot until it ends.
+	relayed = p.observe(w, req, op)
 }
 
 // session is one observed request.
@@ -367,12 +421,15 @@ func (s *session) read(f *openaistream.ChunkFacts, data []byte) {
 	}
 }
 
-func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
+// observe serves an observed request; relayed: its streamed answer is
+// being relayed off net/http by a goroutine of its own (relayOffServer),
+// which ends the stream.
+func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (relayed bool) {
 	breakerWanted, err := stallBreakerWanted(req.Header)
 	if err != nil {
 		writeProxyError(w, http.StatusBadRequest, errBadStallHeader)
 		p.counters.RefusedRequests.Add(req.Context(), 1, refusalInvalidHeader)
-		return
+		return false
 	}
 	s := &session{p: p, id: newSessionID(), started: time.Now(), completionTokens: -1, promptTokens: -1}
 	traceID, parentSpanID, traceState := parseTraceContext(req.Header)
@@ -384,22 +441,29 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 	limited := &bodyLimitReader{r: req.Body, rc: rc, timeout: p.bodyTimeout}
 	if p.sendTimeout > 0 {
 		s.send = &sendDeadline{rc: rc, timeout: p.sendTimeout}
-		defer s.send.clear()
 	}
 	body := openaistream.NewScannedBody(limited)
 	// The upstream exchange ends with the client's request or when the
-	// drain is over.
-	ctx, cancel := context.WithCancelCause(req.Context())
-	defer cancel(nil)
-	defer context.AfterFunc(p.cut, func() { cancel(context.Cause(p.cut)) })()
+	// drain is over. Its context is not the request's, which net/http
+	// cancels when the handler returns: a stream relayed off net/http
+	// outlives the handler, and is cancelled when its client leaves by
+	// the hang-up watcher instead.
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(req.Context()))
+	stopClientWatch := context.AfterFunc(req.Context(), func() { cancel(context.Cause(req.Context())) })
+	x := &exchange{cancel: cancel, stopCut: context.AfterFunc(p.cut, func() { cancel(context.Cause(p.cut)) }), send: s.send}
+	defer func() {
+		if !relayed {
+			stopClientWatch()
+			x.end(s)
+		}
+	}()
 	if breakerWanted {
 		s.breaker = newStallBreaker(p.stallMaxGap, p.stallMinTokens, cancel)
-		defer s.breaker.stop()
 	}
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, p.upstreamURL(req.URL), body) //nolint:gosec // G704: the upstream is the operator's configured engine, only the path comes from the client
 	if err != nil {
 		writeProxyError(w, http.StatusBadRequest, "invalid_request")
-		return
+		return false
 	}
 	out.Header = forwardedRequestHeader(req)
 	out.Header["Traceparent"] = []string{traceparent(traceID, spanID)}
@@ -422,7 +486,7 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 		w.Header().Set("Connection", "close")
 		writeProxyError(w, http.StatusRequestTimeout, errBodyTimeout)
 		p.counters.RefusedRequests.Add(req.Context(), 1, refusalBodyTimeout)
-		return
+		return false
 	}
 	if limit := limited.exceeded.Load(); limit > 0 {
 		// Whatever the upstream made of the cut body, the request was the
@@ -433,7 +497,7 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 		writeProxyError(w, http.StatusRequestEntityTooLarge, errBodyTooLarge)
 		p.counters.RefusedRequests.Add(req.Context(), 1, refusalBodyTooLarge)
 		p.log.Debug("proxy: request body over max_request_body_size", zap.Int64("limit", limit))
-		return
+		return false
 	}
 	// The engine decides what a 200 is: an SSE answer is a stream, any
 	// other one response whose tokens all come at once, whatever the
@@ -467,24 +531,24 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 		if errors.Is(context.Cause(ctx), errProxyShutdown) {
 			writeProxyError(w, http.StatusServiceUnavailable, errShuttingDown)
 			s.end(time.Now(), tokenevent.ErrorShutdown, "")
-			return
+			return false
 		}
 		if req.Context().Err() != nil {
 			s.end(time.Now(), "", finishReasonAbort)
-			return
+			return false
 		}
 		p.warn.Warn("proxy: upstream request failed; the client got an error (logged at most once a minute, the session ends with its error.type)",
 			zap.String("upstream", p.upstream.Redacted()), zap.Error(err))
 		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 			writeProxyError(w, http.StatusGatewayTimeout, errUpstreamTimeout)
 			s.end(time.Now(), errUpstreamTimeout, "")
-			return
+			return false
 		}
 		writeProxyError(w, http.StatusBadGateway, errUpstreamUnreachable)
 		s.end(time.Now(), errUpstreamUnreachable, "")
-		return
+		return false
 	}
-	defer resp.Body.Close()
+	x.body = resp.Body
 
 	h := w.Header()
 	copyResponseHeader(h, resp.Header)
@@ -497,9 +561,121 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 		_, _ = io.Copy(armedWriter{w, s.send}, resp.Body)
 		s.end(time.Now(), strconv.Itoa(resp.StatusCode), "")
 	case streaming:
+		if p.relayOffServer(w, req, limited, s, ctx, x, injected, stopClientWatch) {
+			return true
+		}
 		s.relayStream(ctx, w, resp.Body, injected)
 	default:
 		s.relayResponse(ctx, w, resp.Body)
+	}
+	return false
+}
+
+// exchange is what an observed request holds until its stream ends.
+type exchange struct {
+	cancel  context.CancelCauseFunc
+	stopCut func() bool
+	send    *sendDeadline
+	body    io.ReadCloser // the upstream's response body, once it came
+}
+
+// end releases them: the upstream request is over.
+func (x *exchange) end(s *session) {
+	if x.body != nil {
+		x.body.Close()
+	}
+	s.breaker.stop()
+	x.send.clear()
+	x.stopCut()
+	x.cancel(nil)
+}
+
+// relayOffServer takes the client connection from net/http, the response
+// head written, and relays the stream on a goroutine of its own (see
+// hijack.go); false: the stream stays on net/http (HTTP/2, TLS, no hang-up
+// watcher, or the connection could not be taken).
+func (p *Server) relayOffServer(w http.ResponseWriter, req *http.Request, body *bodyLimitReader, s *session,
+	ctx context.Context, x *exchange, strip bool, stopClientWatch func() bool,
+) bool {
+	if p.hangups == nil || req.ProtoMajor != 1 || req.ProtoMinor < 1 || req.TLS != nil || w.Header().Get("Content-Length") != "" {
+		// HTTP/1.0 has no chunks, a response with a length none either;
+		// TLS hides the socket from the watcher.
+		return false
+	}
+	rc := http.NewResponseController(w)
+	conn, brw, err := rc.Hijack()
+	if err != nil {
+		return false
+	}
+	if _, ok := conn.(syscall.Conn); !ok {
+		// Not a socket the watcher can see (a listener of another kind):
+		// the head is out, the relay goes on, a client that left is
+		// noticed by the next write, and the connection closed after.
+		p.relays.add(conn)
+		p.handlers.Add(1)
+		go p.relayHijacked(s, ctx, x, conn, nil, false, nil, strip)
+		stopClientWatch()
+		return true
+	}
+	// The connection is kept alive after the stream when the client asked
+	// for it and its request was read whole, as net/http would have.
+	keepAlive := !req.Close && body.whole.Load()
+	prefix := unreadBytes(brw.Reader)
+	p.relays.add(conn)
+	stopHangup, watched := p.hangups.Watch(conn, func() { x.cancel(errClientLeft) })
+	if !watched {
+		stopHangup = func() {}
+	}
+	// Until here a client that left cancelled the exchange through the
+	// request's context, which ends when the handler returns.
+	stopClientWatch()
+	if req.Context().Err() != nil {
+		x.cancel(context.Cause(req.Context()))
+	}
+	p.handlers.Add(1)
+	go p.relayHijacked(s, ctx, x, conn, prefix, keepAlive, stopHangup, strip)
+	return true
+}
+
+// errClientLeft is the cause of a relayed stream's end when its client
+// closed or reset the connection.
+var errClientLeft = errors.New("proxy: the client closed the connection")
+
+// relayHijacked relays a stream to its hijacked client connection, then
+// hands the connection back to the server or closes it.
+func (p *Server) relayHijacked(s *session, ctx context.Context, x *exchange, conn net.Conn, prefix []byte,
+	keepAlive bool, stopHangup func(), strip bool,
+) {
+	defer p.handlers.Done()
+	defer p.streams.Add(-1)
+	if s.send != nil {
+		s.send = &sendDeadline{rc: conn, timeout: s.send.timeout}
+		x.send = s.send
+	}
+	cw := newChunkedConnWriter(conn, s.send)
+	s.relayStream(ctx, cw, x.body, strip)
+	whole := cw.finish() == nil
+	if stopHangup != nil {
+		stopHangup()
+	}
+	clientLeft := errors.Is(context.Cause(ctx), errClientLeft)
+	x.end(s)
+	p.relays.remove(conn)
+	select {
+	case <-p.draining:
+		keepAlive = false
+	default:
+	}
+	if !whole || !keepAlive || clientLeft || stopHangup == nil {
+		conn.Close()
+		return
+	}
+	_ = conn.SetWriteDeadline(time.Time{})
+	if len(prefix) > 0 {
+		conn = &prefixedConn{Conn: conn, prefix: prefix}
+	}
+	if p.kept.add(conn) {
+		p.listener.handBack(conn)
 	}
 }
 
@@ -507,7 +683,7 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) {
 // observing each. The events of one read from the upstream go out in one
 // flush: they were all there at once, and a flush is a system call (its
 // cost is most of the proxy's per event).
-func (s *session) relayStream(clientCtx context.Context, w http.ResponseWriter, upstream io.Reader, strip bool) {
+func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream io.Reader, strip bool) {
 	flusher, _ := w.(http.Flusher)
 	parser := sse.NewParser(0)
 	buf := make([]byte, sseReadBuffer)

@@ -1,0 +1,277 @@
+package proxy // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxy"
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// A streamed answer's body is relayed off net/http: once the response head
+// is written (net/http's header policy, limits and error answers all came
+// before), the client connection is hijacked, the handler returns, and one
+// goroutine per stream relays the events with its own chunk framing, one
+// write per read from the upstream. When the stream ends cleanly and the
+// client keeps its connection alive, the connection goes back to the
+// http.Server through the listener (handbackListener), which serves its
+// next request as any other.
+//
+// Why: an open stream held net/http's connection for its length: its
+// 4 KiB reader and 4 KiB writer, the 2 KiB chunk buffer, the request and
+// response, the handler's and the background read's goroutines, and every
+// event went through the otelhttp/httpsnoop wrappers, the chunk writer
+// and two bufio writers before its write. What net/http did for the
+// stream the proxy does itself: the write deadline (client_send_timeout),
+// noticing a client that left (proxyconn.HangupWatcher), the drain at
+// shutdown (Server.relays and handlers).
+
+// relayBuffer is the room for the events of one read from the upstream
+// (sseReadBuffer) and their chunk framing: they leave in one write.
+const relayBuffer = sseReadBuffer + chunkHeaderRoom + len("\r\n") + len(lastChunk)
+
+// chunkHeaderRoom is kept free before a chunk's data for its size line
+// (at most 8 hex digits and CRLF here: a chunk is at most relayBuffer, or
+// one event written on its own).
+const chunkHeaderRoom = 10
+
+const lastChunk = "0\r\n\r\n"
+
+// chunkedConnWriter writes HTTP/1.1 chunks to a hijacked client
+// connection: what Write gets is gathered until Flush, which frames it as
+// one chunk and writes it in one system call. The first failed write
+// fails every later one.
+type chunkedConnWriter struct {
+	c    net.Conn
+	send *sendDeadline
+	// buf holds chunkHeaderRoom bytes for the size line, then the data.
+	buf []byte
+	err error
+}
+
+func newChunkedConnWriter(c net.Conn, send *sendDeadline) *chunkedConnWriter {
+	w := &chunkedConnWriter{c: c, send: send, buf: make([]byte, chunkHeaderRoom, relayBuffer)}
+	return w
+}
+
+func (w *chunkedConnWriter) Write(p []byte) (int, error) {
+	if w.err != nil {
+		return 0, w.err
+	}
+	if len(w.buf)+len(p)+len("\r\n")+len(lastChunk) > cap(w.buf) {
+		w.Flush()
+		if w.err != nil {
+			return 0, w.err
+		}
+		if chunkHeaderRoom+len(p)+len("\r\n")+len(lastChunk) > cap(w.buf) {
+			// Larger than the buffer (an event joined from several reads,
+			// an oversized one's piece): a chunk of its own, unbuffered.
+			return w.writeLarge(p)
+		}
+	}
+	w.buf = append(w.buf, p...)
+	return len(p), nil
+}
+
+func (w *chunkedConnWriter) writeLarge(p []byte) (int, error) {
+	w.send.arm(time.Now())
+	head := strconv.AppendInt(make([]byte, 0, chunkHeaderRoom), int64(len(p)), 16)
+	head = append(head, "\r\n"...)
+	if _, w.err = w.c.Write(head); w.err != nil {
+		return 0, w.err
+	}
+	if _, w.err = w.c.Write(p); w.err != nil {
+		return 0, w.err
+	}
+	_, w.err = w.c.Write([]byte("\r\n"))
+	return len(p), w.err
+}
+
+// Flush writes what was gathered as one chunk.
+func (w *chunkedConnWriter) Flush() {
+	if w.err != nil || len(w.buf) == chunkHeaderRoom {
+		return
+	}
+	w.write(w.frame())
+}
+
+// frame puts the gathered data's size line before it and CRLF after it,
+// and returns the chunk.
+func (w *chunkedConnWriter) frame() []byte {
+	var head [chunkHeaderRoom]byte
+	h := strconv.AppendInt(head[:0], int64(len(w.buf)-chunkHeaderRoom), 16)
+	h = append(h, "\r\n"...)
+	start := chunkHeaderRoom - len(h)
+	copy(w.buf[start:], h)
+	w.buf = append(w.buf, "\r\n"...)
+	return w.buf[start:]
+}
+
+func (w *chunkedConnWriter) write(b []byte) {
+	w.send.arm(time.Now())
+	_, w.err = w.c.Write(b)
+	w.buf = w.buf[:chunkHeaderRoom]
+}
+
+// finish writes what was gathered and the last chunk, in one write: the
+// response is whole.
+func (w *chunkedConnWriter) finish() error {
+	if w.err != nil {
+		return w.err
+	}
+	var b []byte
+	if len(w.buf) == chunkHeaderRoom {
+		b = append(w.buf, lastChunk...)[chunkHeaderRoom:]
+	} else {
+		b = w.frame()
+		b = append(b, lastChunk...)
+	}
+	w.write(b)
+	return w.err
+}
+
+// handbackListener is the proxy's listener: it accepts new connections,
+// and hands the http.Server the client connections of relayed streams
+// that ended with the connection kept alive.
+type handbackListener struct {
+	net.Listener
+	conns  chan net.Conn
+	errs   chan error
+	closed chan struct{}
+	once   sync.Once
+}
+
+func newHandbackListener(ln net.Listener) *handbackListener {
+	l := &handbackListener{Listener: ln, conns: make(chan net.Conn), errs: make(chan error), closed: make(chan struct{})}
+	go l.acceptLoop()
+	return l
+}
+
+// acceptLoop accepts the new connections, until the listener is closed.
+func (l *handbackListener) acceptLoop() {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			select {
+			case l.errs <- err: // http.Server decides: retried or the end
+			case <-l.closed:
+				return
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		select {
+		case l.conns <- c:
+		case <-l.closed:
+			c.Close()
+			return
+		}
+	}
+}
+
+func (l *handbackListener) Accept() (net.Conn, error) {
+	select {
+	case <-l.closed:
+		return nil, net.ErrClosed
+	default:
+	}
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case err := <-l.errs:
+		return nil, err
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+// handBack gives c to the http.Server, as if just accepted; once the
+// listener is closed (shutdown), c is closed instead.
+func (l *handbackListener) handBack(c net.Conn) {
+	select {
+	case l.conns <- c:
+	case <-l.closed:
+		c.Close()
+	}
+}
+
+func (l *handbackListener) Close() error {
+	err := net.ErrClosed
+	l.once.Do(func() {
+		close(l.closed)
+		err = l.Listener.Close()
+	})
+	return err
+}
+
+// prefixedConn is a client connection handed back with bytes net/http had
+// read past the request (the start of a pipelined request): its reads
+// return them first.
+type prefixedConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (c *prefixedConn) Read(p []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(p, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// unreadBytes are the bytes br holds past the request, copied (br is
+// net/http's and goes with its connection).
+func unreadBytes(br *bufio.Reader) []byte {
+	n := br.Buffered()
+	if n == 0 {
+		return nil
+	}
+	b, _ := br.Peek(n)
+	return append([]byte(nil), b...)
+}
+
+// relayConns are the client connections of the streams being relayed off
+// net/http, which http.Server's Close no longer reaches.
+type relayConns struct {
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+// add adds c; once closeAll ran, c is closed instead and add is false.
+func (r *relayConns) add(c net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		c.Close()
+		return false
+	}
+	if r.conns == nil {
+		r.conns = map[net.Conn]struct{}{}
+	}
+	r.conns[c] = struct{}{}
+	return true
+}
+
+func (r *relayConns) remove(c net.Conn) {
+	r.mu.Lock()
+	delete(r.conns, c)
+	r.mu.Unlock()
+}
+
+// closeAll closes them, and those added later: what http.Server's Close
+// does to its own.
+func (r *relayConns) closeAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	for c := range r.conns {
+		c.Close()
+	}
+	clear(r.conns)
+}
