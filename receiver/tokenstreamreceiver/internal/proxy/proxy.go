@@ -607,6 +607,12 @@ func (p *Server) relayOffServer(w http.ResponseWriter, req *http.Request, body *
 	if err != nil {
 		return false
 	}
+	var prefix []byte
+	if pc, ok := conn.(*prefixedConn); ok {
+		// A connection handed back with a pipelined request: what is left
+		// of its bytes comes after those net/http buffered.
+		conn, prefix = pc.Conn, pc.prefix
+	}
 	if _, ok := conn.(syscall.Conn); !ok {
 		// Not a socket the watcher can see (a listener of another kind):
 		// the head is out, the relay goes on, a client that left is
@@ -620,7 +626,7 @@ func (p *Server) relayOffServer(w http.ResponseWriter, req *http.Request, body *
 	// The connection is kept alive after the stream when the client asked
 	// for it and its request was read whole, as net/http would have.
 	keepAlive := !req.Close && body.whole.Load()
-	prefix := unreadBytes(brw.Reader)
+	prefix = append(unreadBytes(brw.Reader), prefix...)
 	p.relays.add(conn)
 	stopHangup, watched := p.hangups.Watch(conn, func() { x.cancel(errClientLeft) })
 	if !watched {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -28,13 +29,21 @@ func (d *discardResponse) Flush()                      {}
 // vLLM chat stream: framing, reading the chunk, writing and flushing it to
 // the client, and queueing its token event. Network I/O is not included.
 func BenchmarkProxyRelayEvent(b *testing.B) {
-	b.Run("breaker=off", func(b *testing.B) { benchmarkRelay(b, 0) })
+	b.Run("breaker=off", func(b *testing.B) { benchmarkRelay(b, 0, false) })
 	// The stall breaker on: its timer paused and re-set per read from the
 	// upstream.
-	b.Run("breaker=on", func(b *testing.B) { benchmarkRelay(b, time.Minute) })
+	b.Run("breaker=on", func(b *testing.B) { benchmarkRelay(b, time.Minute, false) })
+	// Relayed off net/http: the proxy's own chunk framing to the client
+	// connection (here one that drops what it gets).
+	b.Run("hijacked", func(b *testing.B) { benchmarkRelay(b, 0, true) })
 }
 
-func benchmarkRelay(b *testing.B, maxGap time.Duration) {
+// discardConn is a client connection that drops what is written to it.
+type discardConn struct{ net.Conn }
+
+func (discardConn) Write(p []byte) (int, error) { return len(p), nil }
+
+func benchmarkRelay(b *testing.B, maxGap time.Duration, hijacked bool) {
 	chat, _ := fixtureStreams(&testing.T{})
 	var stream bytes.Buffer
 	const repeats = 100
@@ -57,7 +66,13 @@ func benchmarkRelay(b *testing.B, maxGap time.Duration) {
 		s := &session{p: p, id: "bench", completionTokens: -1, promptTokens: -1}
 		ctx, cancel := context.WithCancelCause(context.Background())
 		s.breaker = newStallBreaker(maxGap, 0, cancel)
-		s.relayStream(ctx, w, strings.NewReader(data), false)
+		if hijacked {
+			cw := newChunkedConnWriter(discardConn{}, nil)
+			s.relayStream(ctx, cw, strings.NewReader(data), false)
+			_ = cw.finish()
+		} else {
+			s.relayStream(ctx, w, strings.NewReader(data), false)
+		}
 		s.breaker.stop()
 		cancel(nil)
 	}
