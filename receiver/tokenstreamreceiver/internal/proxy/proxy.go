@@ -561,7 +561,7 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (r
 		_, _ = io.Copy(armedWriter{w, s.send}, resp.Body)
 		s.end(time.Now(), strconv.Itoa(resp.StatusCode), "")
 	case streaming:
-		if p.relayOffServer(w, req, limited, s, ctx, x, injected, stopClientWatch) {
+		if p.relayOffServer(ctx, w, req, limited, s, x, injected, stopClientWatch) {
 			return true
 		}
 		s.relayStream(ctx, w, resp.Body, injected)
@@ -594,8 +594,8 @@ func (x *exchange) end(s *session) {
 // head written, and relays the stream on a goroutine of its own (see
 // hijack.go); false: the stream stays on net/http (HTTP/2, TLS, no hang-up
 // watcher, or the connection could not be taken).
-func (p *Server) relayOffServer(w http.ResponseWriter, req *http.Request, body *bodyLimitReader, s *session,
-	ctx context.Context, x *exchange, strip bool, stopClientWatch func() bool,
+func (p *Server) relayOffServer(ctx context.Context, w http.ResponseWriter, req *http.Request, body *bodyLimitReader, s *session,
+	x *exchange, strip bool, stopClientWatch func() bool,
 ) bool {
 	if p.hangups == nil || req.ProtoMajor != 1 || req.ProtoMinor < 1 || req.TLS != nil || w.Header().Get("Content-Length") != "" {
 		// HTTP/1.0 has no chunks, a response with a length none either;
@@ -619,7 +619,7 @@ func (p *Server) relayOffServer(w http.ResponseWriter, req *http.Request, body *
 		// noticed by the next write, and the connection closed after.
 		p.relays.add(conn)
 		p.handlers.Add(1)
-		go p.relayHijacked(s, ctx, x, conn, nil, false, nil, strip)
+		go p.relayHijacked(ctx, s, x, conn, nil, false, nil, strip)
 		stopClientWatch()
 		return true
 	}
@@ -639,7 +639,7 @@ func (p *Server) relayOffServer(w http.ResponseWriter, req *http.Request, body *
 		x.cancel(context.Cause(req.Context()))
 	}
 	p.handlers.Add(1)
-	go p.relayHijacked(s, ctx, x, conn, prefix, keepAlive, stopHangup, strip)
+	go p.relayHijacked(ctx, s, x, conn, prefix, keepAlive, stopHangup, strip)
 	return true
 }
 
@@ -649,7 +649,7 @@ var errClientLeft = errors.New("proxy: the client closed the connection")
 
 // relayHijacked relays a stream to its hijacked client connection, then
 // hands the connection back to the server or closes it.
-func (p *Server) relayHijacked(s *session, ctx context.Context, x *exchange, conn net.Conn, prefix []byte,
+func (p *Server) relayHijacked(ctx context.Context, s *session, x *exchange, conn net.Conn, prefix []byte,
 	keepAlive bool, stopHangup func(), strip bool,
 ) {
 	defer p.handlers.Done()
