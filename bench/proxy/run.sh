@@ -139,8 +139,10 @@ ctxsw() { # voluntary + involuntary context switches of every thread of the give
   echo $t
 }
 rss_kb() { awk '/^VmRSS:/{print $2}' "/proc/$1/status"; }
-# heap_bytes: the collector's live heap (HeapAlloc right after a forced GC).
-heap_bytes() { curl -sf "http://127.0.0.1:$PPROF_PORT/debug/pprof/heap?gc=1&debug=1" | awk '/^# HeapAlloc = /{print $4; exit}'; }
+# heap_bytes: the collector's live heap (HeapAlloc right after a forced GC);
+# the runtime's whole MemStats (stacks, GC goal, idle spans) go to
+# $WORK/memstats.txt, and with PROFILE=1 beside the profiles.
+heap_bytes() { curl -sf "http://127.0.0.1:$PPROF_PORT/debug/pprof/heap?gc=1&debug=1" | sed -n '/^# runtime.MemStats/,$p' | tee "$WORK/memstats.txt" | awk '/^# HeapAlloc = /{print $4; exit}'; }
 # seconds DURATION: whole seconds of a Go duration such as 10s or 1m (3 if unsure).
 seconds() { case $1 in *ms) echo 1 ;; *m) echo $((${1%m} * 60)) ;; *s) echo "${1%s}" | cut -d. -f1 ;; *) echo 3 ;; esac; }
 nginx_pids() { local m; m=$(cat "$WORK/nginx.pid"); echo "$m" $(ps -o pid= --ppid "$m"); }
@@ -173,7 +175,8 @@ for C in $CONCURRENCY; do
       # The live heap once, halfway through the run, every stream open.
       : >"$WORK/heap.txt"
       ( sleep $(( $(seconds "$DURATION") / 2 + 1 )); heap_bytes >"$WORK/heap.txt"
-        if [[ $PROFILE == 1 ]]; then curl -sf -o "$OUT_DIR/collector-heap-c$C.pprof" "http://127.0.0.1:$PPROF_PORT/debug/pprof/heap"; fi ) & PIDS+=($!)
+        if [[ $PROFILE == 1 ]]; then cp "$WORK/memstats.txt" "$OUT_DIR/collector-memstats-c$C.txt"
+          curl -sf -o "$OUT_DIR/collector-heap-c$C.pprof" "http://127.0.0.1:$PPROF_PORT/debug/pprof/heap"; fi ) & PIDS+=($!)
       if [[ $PROFILE == 1 ]]; then
         ( sleep 3; curl -sf -o "$OUT_DIR/collector-cpu-c$C.pprof" "http://127.0.0.1:$PPROF_PORT/debug/pprof/profile?seconds=5" ) & PIDS+=($!)
       fi
