@@ -12,12 +12,16 @@
 #     CPU profile, the overhead at the demo's load (vllmsim + llmload
 #     -concurrency 200), and the scale-out topology's costs (the agent through
 #     load_balancing vs otlp, a tail_sampling gateway per span);
-#   - proxy (bench/proxy/run.sh): direct vs the collector's proxy vs nginx.
+#   - proxy (bench/proxy/run.sh): direct vs the collector's proxy vs nginx at
+#     100 and 500 streams, 3 runs alternating, and a busy node (800 streams,
+#     40 000 events/s, 60 s) through each proxy.
 # Writes $OUT_DIR/results.md and results.json (default bench/results, which
 # git ignores), with the logs, configs and profile beside them.
 # Env: BENCHTIME (Go benchmarks, default 1s), OUT_DIR, PROXY_DURATION (10s),
 #      E2E_DURATION (20s), TOKENBENCH_FLAGS (extra tokenbench flags),
-#      PROXY_BENCH=0 (skip the proxy benchmark), PROXY_PORT_BASE (28100).
+#      PROXY_BENCH=0 (skip the proxy benchmark), PROXY_PORT_BASE (28100),
+#      PROXY_REPEAT (3), PROXY_BUSY_STREAMS (800; 0 skips the busy node),
+#      PROXY_BUSY_DURATION (60s).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -53,7 +57,8 @@ tokenbench() {
 proxy() {
   # Ports of its own, away from the proxy script's default (18000-18003),
   # which a developer may be running by hand at the same time.
-  OUT_DIR=$OUT DURATION=${PROXY_DURATION:-10s} PORT_BASE=${PROXY_PORT_BASE:-28100} bench/proxy/run.sh
+  OUT_DIR=$OUT DURATION=${PROXY_DURATION:-10s} PORT_BASE=${PROXY_PORT_BASE:-28100} REPEAT=${PROXY_REPEAT:-3} \
+    BUSY_STREAMS=${PROXY_BUSY_STREAMS:-800} BUSY_DURATION=${PROXY_BUSY_DURATION:-60s} bench/proxy/run.sh
 }
 
 [[ -x bin/otelcol-llm ]] || { echo "bin/otelcol-llm missing: make build" >&2; exit 1; }
