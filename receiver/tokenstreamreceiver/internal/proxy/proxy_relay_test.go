@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"strconv"
 	"strings"
 	"testing"
@@ -79,4 +80,58 @@ func TestProxyRelayedStreamKeepsTheConnection(t *testing.T) {
 	up.mu.Lock()
 	assert.Len(t, up.bodies, 4)
 	up.mu.Unlock()
+}
+
+// recordingConn is a client connection that keeps each write apart.
+type recordingConn struct {
+	net.Conn
+	writes [][]byte
+}
+
+func (c *recordingConn) Write(p []byte) (int, error) {
+	c.writes = append(c.writes, append([]byte(nil), p...))
+	return len(p), nil
+}
+
+// The chunk writer frames what one flush gathered as one chunk in one
+// write, an event larger than its buffer as a chunk of its own, and ends
+// with the last chunk; between flushes it holds no buffer.
+func TestChunkedConnWriterFrames(t *testing.T) {
+	conn := &recordingConn{}
+	w := newChunkedConnWriter(conn, nil)
+	w.Flush()
+	assert.Empty(t, conn.writes, "nothing gathered, nothing written")
+
+	_, err := w.Write([]byte("data: a\n\n"))
+	require.NoError(t, err)
+	_, err = w.Write([]byte("data: bb\n\n"))
+	require.NoError(t, err)
+	w.Flush()
+	assert.Nil(t, w.buf, "the buffer goes back to the pool at the flush")
+	require.Len(t, conn.writes, 1, "one write per flush")
+	assert.Equal(t, "13\r\ndata: a\n\ndata: bb\n\n\r\n", string(conn.writes[0]))
+
+	large := "data: " + strings.Repeat("x", relayBuffer) + "\n\n"
+	_, err = w.Write([]byte("data: c\n\n"))
+	require.NoError(t, err)
+	_, err = w.Write([]byte(large))
+	require.NoError(t, err)
+	require.NoError(t, w.finish())
+	assert.Nil(t, w.buf)
+
+	var all strings.Builder
+	for _, b := range conn.writes {
+		all.Write(b)
+	}
+	body, err := io.ReadAll(httputil.NewChunkedReader(strings.NewReader(all.String())))
+	require.NoError(t, err, "a valid chunked body, ended by the last chunk")
+	assert.Equal(t, "data: a\n\ndata: bb\n\ndata: c\n\n"+large, string(body))
+	assert.True(t, strings.HasSuffix(all.String(), "\r\n0\r\n\r\n"))
+
+	// A stream whose last flush left nothing: finish writes the last chunk alone.
+	conn2 := &recordingConn{}
+	w2 := newChunkedConnWriter(conn2, nil)
+	require.NoError(t, w2.finish())
+	require.Len(t, conn2.writes, 1)
+	assert.Equal(t, "0\r\n\r\n", string(conn2.writes[0]))
 }

@@ -128,7 +128,7 @@ type testProxy struct {
 	warnings *observer.ObservedLogs
 }
 
-func startTestProxy(t *testing.T, upstream string, next consumer.Logs, opts ...func(*Config)) *testProxy {
+func startTestProxy(t testing.TB, upstream string, next consumer.Logs, opts ...func(*Config)) *testProxy {
 	t.Helper()
 	cfg := testConfig(t, upstream)
 	for _, o := range opts {
