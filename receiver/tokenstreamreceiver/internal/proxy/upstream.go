@@ -49,7 +49,10 @@ type directUpstream struct {
 	// readBuffer is the size of each exchange's reader: the response head
 	// must fit in it line by line, the body goes through it.
 	readBuffer int
-	pool       connPool
+	// heads are the readers of response heads, given back when the body
+	// is read without them (dechunkedBody).
+	heads sync.Pool
+	pool  connPool
 }
 
 // directEligible reports whether the observed requests to upstream can
@@ -151,7 +154,12 @@ func (d *directUpstream) RoundTrip(req *http.Request) (*http.Response, error) {
 	if d.header > 0 {
 		_ = c.SetReadDeadline(time.Now().Add(d.header))
 	}
-	br := bufio.NewReaderSize(c, d.readBuffer)
+	br, _ := d.heads.Get().(*bufio.Reader)
+	if br == nil {
+		br = bufio.NewReaderSize(c, d.readBuffer)
+	} else {
+		br.Reset(c)
+	}
 	var resp *http.Response
 	for {
 		resp, err = http.ReadResponse(br, req)
@@ -178,7 +186,22 @@ func (d *directUpstream) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp.Request = nil
 	b := &directBody{d: d, c: c, stop: stop, ctx: ctx, rc: resp.Body, reusable: werr == nil && !resp.Close && !d.pool.off}
 	resp.Body = b
-	if resp.Header.Get("Content-Encoding") == "gzip" && resp.StatusCode != http.StatusNoContent && req.Method != http.MethodHead {
+	gzipped := resp.Header.Get("Content-Encoding") == "gzip" && resp.StatusCode != http.StatusNoContent && req.Method != http.MethodHead
+	if resp.StatusCode == http.StatusOK && req.Method != http.MethodHead && !gzipped &&
+		len(resp.TransferEncoding) == 1 && resp.TransferEncoding[0] == "chunked" {
+		// A stream (an SSE answer is chunked): its body read straight into
+		// the relay's buffer, the head's reader given back.
+		var prefix []byte
+		if n := br.Buffered(); n > 0 {
+			buffered, _ := br.Peek(n)
+			prefix = append([]byte(nil), buffered...)
+		}
+		br.Reset(nil)
+		d.heads.Put(br)
+		b.dechunked = newDechunkedBody(c, prefix)
+		b.rc = io.NopCloser(b.dechunked)
+	}
+	if gzipped {
 		// The proxy asked for gzip as http.Transport does (it drops the
 		// client's Accept-Encoding: it reads the stream), so it undoes it.
 		resp.Body = &gzipBody{body: b}
@@ -252,13 +275,16 @@ func (e *readErrorReader) Read(p []byte) (int, error) {
 // directBody is a response body read from the connection; the connection
 // goes back to the pool when the body was read whole and may be reused.
 type directBody struct {
-	d        *directUpstream
-	c        net.Conn
-	stop     func() bool
-	ctx      context.Context
-	rc       io.ReadCloser
-	reusable bool
-	eof      bool
+	d    *directUpstream
+	c    net.Conn
+	stop func() bool
+	ctx  context.Context
+	rc   io.ReadCloser
+	// dechunked is rc's reader when the body is read without net/http's
+	// (a chunked 200 answer); nil otherwise.
+	dechunked *dechunkedBody
+	reusable  bool
+	eof       bool
 	// deadline is the read deadline set last (for idle).
 	deadline time.Time
 }
@@ -294,7 +320,7 @@ func (b *directBody) Close() error {
 	if !b.stop() {
 		return nil // cancelled: the connection is closed
 	}
-	if b.eof && b.reusable {
+	if b.eof && b.reusable && (b.dechunked == nil || b.dechunked.reusable()) {
 		if b.d.idle > 0 {
 			_ = c.SetReadDeadline(time.Time{})
 		}

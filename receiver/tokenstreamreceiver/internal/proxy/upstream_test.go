@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"compress/gzip"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -201,4 +202,44 @@ func TestProxyStreamThroughTransport(t *testing.T) {
 	assert.Equal(t, strings.Join(chat, ""), got)
 	evs := sessionEvents(t, sink, 1)
 	assert.Equal(t, "stop", evs[len(evs)-1].FinishReason)
+}
+
+// An upstream that sends bytes after a stream's last chunk left its
+// connection somewhere other than at a response's end: the client gets the
+// stream, the connection is not reused.
+func TestDirectUpstreamBytesAfterTheBodyCloseTheConnection(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	const ev = "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n"
+	var conns atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\nstray bytes", len(ev), ev)
+				}
+			}()
+		}
+	}()
+	tr := startTestProxy(t, "http://"+ln.Addr().String(), new(consumertest.LogsSink))
+	require.NotNil(t, tr.p.direct)
+	for range 2 {
+		resp, got := postChat(t, tr.proxyURL(), usageBody, nil)
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Equal(t, ev, got)
+	}
+	assert.Equal(t, int64(2), conns.Load(), "a new connection for each request")
 }
