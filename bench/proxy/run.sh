@@ -295,11 +295,13 @@ jq -s --arg n "$N" --arg gap "$GAP" --argjson gap_ms "$GAP_MS" --arg dur "$DURAT
             collector_events_per_s: $r.events_per_s, nginx_events_per_s: $x.events_per_s,
             collector_cpu_us_per_event: $r.proxy_cpu_us_per_event, nginx_cpu_us_per_event: $x.proxy_cpu_us_per_event,
             collector_sys_us_per_event: $r.proxy_sys_us_per_event, nginx_sys_us_per_event: $x.proxy_sys_us_per_event,
+            cpu_ratio: ($r.proxy_cpu_us_per_event / $x.proxy_cpu_us_per_event),
             collector_p99_us: $r.p99_us, nginx_p99_us: $x.p99_us, errors: ($r.errors + $x.errors)} ] as $pairs
        | {streams: $busy_streams, gap: $gap, duration: $busy_dur,
           offered_events_per_s: (if $gap_ms > 0 then $busy_streams * 1000 / $gap_ms else null end), runs: $pairs,
           collector_cores: ($pairs | med(.collector_cores)), nginx_cores: ($pairs | med(.nginx_cores)),
           ratio: ($pairs | med(.ratio)), ratio_runs: ($pairs | runs(.ratio)),
+          cpu_ratio: ($pairs | med(.cpu_ratio)), cpu_ratio_runs: ($pairs | runs(.cpu_ratio)),
           collector_events_per_s: ($pairs | med(.collector_events_per_s)), nginx_events_per_s: ($pairs | med(.nginx_events_per_s)),
           collector_cpu_us_per_event: ($pairs | med(.collector_cpu_us_per_event)), nginx_cpu_us_per_event: ($pairs | med(.nginx_cpu_us_per_event)),
           nginx_sys_us_per_event: ($pairs | med(.nginx_sys_us_per_event)),
@@ -333,7 +335,7 @@ jq -s --arg n "$N" --arg gap "$GAP" --argjson gap_ms "$GAP_MS" --arg dur "$DURAT
   if (( BUSY_STREAMS > 0 )); then
     echo
     jq -r 'def r1: (.*10|round/10|tostring); def r2: (.*100|round/100|tostring); def r3: (.*1000|round/1000|tostring);
-      .busy_node | "Busy node: \(.streams) streams (8 engines × \(.streams/8) sequences) of one event every \(.gap), \(.offered_events_per_s // "?") events/s offered, \(.duration) per run through each proxy, \(.runs|length) runs alternating. Collector \(.collector_cores|r3) cores (\(.collector_events_per_s|round) events/s delivered, \(.collector_cpu_us_per_event|r1) µs/event, p99 \(.collector_p99_us|round) µs), nginx \(.nginx_cores|r3) cores (\(.nginx_events_per_s|round) events/s, \(.nginx_cpu_us_per_event|r1) µs/event of which kernel \(.nginx_sys_us_per_event|r1), p99 \(.nginx_p99_us|round) µs): collector/nginx \(.ratio|r2)× (spread \(.ratio_runs|min|r2)–\(.ratio_runs|max|r2)); errors \(.errors)."' "$OUT_JSON"
+      .busy_node | "Busy node: \(.streams) streams (8 engines × \(.streams/8) sequences) of one event every \(.gap), \(.offered_events_per_s // "?") events/s offered, \(.duration) per run through each proxy, \(.runs|length) runs alternating. Collector \(.collector_cores|r3) cores (\(.collector_events_per_s|round) events/s delivered, \(.collector_cpu_us_per_event|r1) µs/event, p99 \(.collector_p99_us|round) µs), nginx \(.nginx_cores|r3) cores (\(.nginx_events_per_s|round) events/s, \(.nginx_cpu_us_per_event|r1) µs/event of which kernel \(.nginx_sys_us_per_event|r1), p99 \(.nginx_p99_us|round) µs): cores collector/nginx \(.ratio|r2)× (spread \(.ratio_runs|min|r2)–\(.ratio_runs|max|r2)), CPU per event \(.cpu_ratio|r2)× (spread \(.cpu_ratio_runs|min|r2)–\(.cpu_ratio_runs|max|r2)); errors \(.errors).\(if .offered_events_per_s != null and ([.collector_events_per_s, .nginx_events_per_s] | min) < 0.95 * .offered_events_per_s then " The machine saturated (a path delivered less than 95% of the offered events): its cores are what the machine had left, so CPU per event is the comparison." else "" end)"' "$OUT_JSON"
   fi
   echo
   echo "nginx $(jq -r .nginx_version "$OUT_JSON") (worker_processes auto, proxy_buffering off, HTTP/1.1 keepalive upstream); collector $COLLECTOR_NAME (token_stream proxy → token_session → debug basic)."
