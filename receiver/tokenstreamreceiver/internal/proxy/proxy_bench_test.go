@@ -232,6 +232,13 @@ func BenchmarkRelayedStreamHeap(b *testing.B) {
 	b.ReportMetric(perStream/float64(b.N), "heapB/stream")
 }
 
+// requestRead reports whether b holds the whole request: its body ends
+// with its JSON object, or with the last chunk when the proxy streams it.
+func requestRead(b []byte) bool {
+	return bytes.Contains(b, []byte(`"stream":true`)) &&
+		(bytes.HasSuffix(b, []byte("}")) || bytes.HasSuffix(b, []byte("0\r\n\r\n")))
+}
+
 // heldStreamUpstream answers each request on ln with a streamed response
 // head and one content event, then holds the stream open until release.
 func heldStreamUpstream(ln net.Listener, release chan struct{}) {
@@ -245,10 +252,7 @@ func heldStreamUpstream(ln net.Listener, release chan struct{}) {
 			defer c.Close()
 			var b [4096]byte
 			got := 0
-			// The request's body ends with its JSON object, or with the
-			// last chunk when the proxy streams it.
-			for !bytes.Contains(b[:got], []byte(`"stream":true`)) ||
-				!(bytes.HasSuffix(b[:got], []byte("}")) || bytes.HasSuffix(b[:got], []byte("0\r\n\r\n"))) {
+			for !requestRead(b[:got]) {
 				n, err := c.Read(b[got:])
 				if err != nil {
 					return

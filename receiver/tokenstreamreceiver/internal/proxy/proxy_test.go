@@ -128,23 +128,23 @@ type testProxy struct {
 	warnings *observer.ObservedLogs
 }
 
-func startTestProxy(t testing.TB, upstream string, next consumer.Logs, opts ...func(*Config)) *testProxy {
-	t.Helper()
-	cfg := testConfig(t, upstream)
+func startTestProxy(tb testing.TB, upstream string, next consumer.Logs, opts ...func(*Config)) *testProxy {
+	tb.Helper()
+	cfg := testConfig(tb, upstream)
 	for _, o := range opts {
 		o(cfg)
 	}
 	tel := componenttest.NewTelemetry()
-	t.Cleanup(func() { require.NoError(t, tel.Shutdown(context.Background())) })
-	sink := newTestSink(t, tel.NewTelemetrySettings(), next)
+	tb.Cleanup(func() { require.NoError(tb, tel.Shutdown(context.Background())) })
+	sink := newTestSink(tb, tel.NewTelemetrySettings(), next)
 	core, warnings := observer.New(zapcore.WarnLevel)
 	sink.log = zap.New(core)
 	p, err := Start(context.Background(), cfg, sink, componenttest.NewNopHost(), tel.NewTelemetrySettings())
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	tp := &testProxy{p: p, tel: tel, warnings: warnings}
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		if !tp.stopped {
-			require.NoError(t, p.Shutdown(context.Background()))
+			require.NoError(tb, p.Shutdown(context.Background()))
 		}
 	})
 	return tp
