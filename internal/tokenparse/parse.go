@@ -176,12 +176,20 @@ func (p *Parser) parseCompactToken(line []byte, ev *tokenevent.Event) bool {
 	if k != len(line)-1 || line[k] != '}' {
 		return false
 	}
-	*ev = tokenevent.Event{
-		Kind: tokenevent.KindToken, SessionID: p.intern(sid), TimeUnixNano: t, Count: int64(count), Seq: seq, HasSeq: hasSeq,
-		PromptTokens: -1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
-		Attributes: ev.Attributes[:0],
-	}
+	// Copied from a template, then the line's fields set: a composite
+	// literal here was built in a temporary and then copied, the Event
+	// (over 300 bytes) written twice per token line.
+	attrs := ev.Attributes[:0]
+	*ev = compactTokenEvent
+	ev.SessionID, ev.TimeUnixNano, ev.Count, ev.Seq, ev.HasSeq = p.intern(sid), t, int64(count), seq, hasSeq
+	ev.Attributes = attrs
 	return true
+}
+
+// compactTokenEvent is what parseCompactToken writes before a line's own
+// fields: a token event's defaults.
+var compactTokenEvent = tokenevent.Event{
+	Kind: tokenevent.KindToken, PromptTokens: -1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
 }
 
 // compactUint reads 1 to 19 digits without a leading zero from line[i:],
