@@ -100,9 +100,10 @@ const (
 type RecordWriter struct {
 	records  plog.LogRecordSlice
 	observed pcommon.Timestamp
-	// open maps a session ID to its token record in opens, while packing;
-	// in an ordered writer, to its entry in opens from its first event of
-	// the batch on, open token record or not.
+	// open maps a session ID to its token record in opens, while packing
+	// (in an unordered writer, to its latest one, completed or not); in an
+	// ordered writer, to its entry in opens from its first event of the
+	// batch on, open token record or not.
 	open  map[string]int32
 	opens []openTokenRecord
 	// ordered: see SetOrdered. disordered: a session's records came out of
@@ -216,7 +217,10 @@ func (w *RecordWriter) openRecord(id string) *openTokenRecord {
 		return &w.opens[i]
 	}
 	i, ok := w.open[id]
-	if !ok {
+	// In an unordered writer a completed record stays in open (deleting it
+	// was a map operation per session): it is open only while it has
+	// events, as every record there has from its first.
+	if !ok || (w.opens[i].events == 0 && !w.ordered) {
 		return nil
 	}
 	*slot = i + 1
@@ -235,8 +239,7 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 		// record: complete the open one now.
 		w.complete(o)
 		if !w.ordered {
-			delete(w.open, ev.SessionID)
-			o = nil
+			o = nil // a later token opens a new record (see openRecord)
 		}
 	}
 	if w.ordered && ev.Kind != tokenevent.KindToken {
