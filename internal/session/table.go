@@ -1026,38 +1026,3 @@ func (t *Table[S]) traceRemoveRef(id pcommon.TraceID, r traceRef, kept bool, th 
 
 // touch records activity on s.
 func (t *Table[S]) touch(s *entry[S], now int64) { t.clocks[s.slot].lastSeen = now }
-
-// endedSet remembers the latest ended session IDs, oldest forgotten first.
-type endedSet struct {
-	ids  map[string]struct{}
-	ring []string
-	next int
-}
-
-func newEndedSet(n int) endedSet {
-	return endedSet{ids: make(map[string]struct{}, n), ring: make([]string, n)}
-}
-
-func (e *endedSet) has(id string) bool {
-	_, ok := e.ids[id]
-	return ok
-}
-
-func (e *endedSet) add(id string) {
-	// Inserted first, and known already if the set did not grow: one map
-	// operation instead of a lookup and then an insert. The set holds one
-	// entry over its size until the oldest is forgotten below.
-	n := len(e.ids)
-	e.ids[id] = struct{}{}
-	if len(e.ids) == n {
-		return
-	}
-	if old := e.ring[e.next]; old != "" {
-		delete(e.ids, old)
-	}
-	e.ring[e.next] = id
-	e.next++
-	if e.next == len(e.ring) {
-		e.next = 0
-	}
-}
