@@ -125,8 +125,7 @@ func (b *Buffer) hold(traceID pcommon.TraceID, res pcommon.Resource, resSchemaUR
 // Merging compares each released resource with those already in dst, so pass
 // a dst that collects one flush, not an ever-growing one.
 func (b *Buffer) Release(traceID pcommon.TraceID, keep bool, th sampling.Threshold, dst ptrace.Traces) (kept, dropped int) {
-	b.verdicts.put(traceID, keep, th)
-	keep, th, _ = b.verdicts.get(traceID)
+	keep, th = b.verdicts.put(traceID, keep, th)
 	t := b.traces[traceID]
 	if t == nil {
 		return 0, 0

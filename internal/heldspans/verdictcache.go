@@ -50,8 +50,9 @@ func (c *verdictCache) get(id pcommon.TraceID) (keep bool, th sampling.Threshold
 // put records the verdict for id as most recently used, evicting the least
 // recently used entry when the cache is full. A keep is never overwritten by
 // a drop, and a kept trace's threshold only goes down: a trace kept once
-// stays kept when it calls the model again.
-func (c *verdictCache) put(id pcommon.TraceID, keep bool, th sampling.Threshold) {
+// stays kept when it calls the model again. It returns the verdict id has
+// now, what a get would, so that the caller need not look it up again.
+func (c *verdictCache) put(id pcommon.TraceID, keep bool, th sampling.Threshold) (bool, sampling.Threshold) {
 	if !keep {
 		th = sampling.NeverSampleThreshold
 	}
@@ -62,7 +63,7 @@ func (c *verdictCache) put(id pcommon.TraceID, keep bool, th sampling.Threshold)
 		}
 		e.keep = e.keep || keep
 		c.toFront(i)
-		return
+		return e.keep, e.th
 	}
 	var i int32
 	if int(c.used) < len(c.entries) {
@@ -76,6 +77,7 @@ func (c *verdictCache) put(id pcommon.TraceID, keep bool, th sampling.Threshold)
 	c.entries[i] = verdictEntry{id: id, keep: keep, th: th, prev: none, next: none}
 	c.pushFront(i)
 	c.index[id] = i
+	return keep, th
 }
 
 func (c *verdictCache) len() int { return int(c.used) }

@@ -320,7 +320,7 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 		case s == nil && t.ended.has(ev.SessionID):
 			t.Counters.LateEvents++
 		case s == nil:
-			s = t.create(ev.SessionID, now, out)
+			s = t.create(ev.SessionID, pcommon.TraceID(ev.TraceID), pcommon.SpanID(ev.SpanID), now, out)
 			t.fillStart(s, ev)
 			t.started(s)
 		case s.HasStart:
@@ -345,7 +345,7 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 				return
 			}
 			t.Counters.OrphanTokens++
-			s = t.create(ev.SessionID, now, out)
+			s = t.create(ev.SessionID, pcommon.TraceID{}, pcommon.SpanID{}, now, out)
 			t.setSource(s, "")
 			t.started(s)
 		}
@@ -481,7 +481,11 @@ func (t *Table[S]) evict(now int64, out *[]Report[S]) {
 	t.end(s, OutcomeEvicted, &e, out)
 }
 
-func (t *Table[S]) create(id string, now int64, out *[]Report[S]) *entry[S] {
+// create opens the session id on trace and span, each random when empty.
+// A start event's session is created on the start's own IDs: created on
+// random ones, fillStart would move it off a trace it was only just added
+// to (two map operations on traces, and two random IDs, per session).
+func (t *Table[S]) create(id string, trace pcommon.TraceID, span pcommon.SpanID, now int64, out *[]Report[S]) *entry[S] {
 	if len(t.sessions) >= t.cfg.Table.MaxActive {
 		t.evict(now, out)
 	}
@@ -493,8 +497,13 @@ func (t *Table[S]) create(id string, now int64, out *[]Report[S]) *entry[S] {
 	}
 	s.reset()
 	s.ID = id
-	randomID(s.TraceID[:])
-	randomID(s.SpanID[:])
+	s.TraceID, s.SpanID = trace, span
+	if trace.IsEmpty() {
+		randomID(s.TraceID[:])
+	}
+	if span.IsEmpty() {
+		randomID(s.SpanID[:])
+	}
 	t.sessions[id] = s
 	t.traceAdd(s.TraceID)
 	s.slot = int32(len(t.slots))
@@ -870,8 +879,9 @@ func (t *Table[S]) ruleThreshold(s *entry[S]) sampling.Threshold {
 // kept when a rule matches, else when another session of the trace was
 // kept (a keep holds for the whole trace), else by the consistent draw
 // on the session's randomness (OTEP 235), at the lower of NormalPercent
-// and the caller's own head-sampling probability.
-func (t *Table[S]) decide(s *entry[S], e *End) {
+// and the caller's own head-sampling probability. ref is the session's
+// trace's entry in traces.
+func (t *Table[S]) decide(s *entry[S], e *End, ref traceRef) {
 	p := t.cfg.Sampling
 	var r Reason
 	if ttft, ok := s.TTFT(); ok && p.TTFT > 0 && ttft > p.TTFT {
@@ -899,7 +909,7 @@ func (t *Table[S]) decide(s *entry[S], e *End) {
 	if up, ok := s.upstreamThreshold(); ok && sampling.ThresholdGreater(up, normal) {
 		normal = up
 	}
-	traceTh, traceKept := t.traceKept(s.TraceID)
+	traceTh, traceKept := t.traceKept(s.TraceID, ref)
 	switch {
 	case r != 0:
 		s.Keep, s.Threshold, s.Reasons = true, t.ruleThreshold(s), r
@@ -918,10 +928,10 @@ func (t *Table[S]) decide(s *entry[S], e *End) {
 	}
 }
 
-// traceKept reports whether the trace of an active session was kept, by
-// an active session or (TraceMemory) an ended one, and its threshold.
-func (t *Table[S]) traceKept(id pcommon.TraceID) (sampling.Threshold, bool) {
-	ref := t.traces[id]
+// traceKept reports whether the trace id of an active session, ref in
+// traces, was kept, by an active session or (TraceMemory) an ended one, and
+// its threshold.
+func (t *Table[S]) traceKept(id pcommon.TraceID, ref traceRef) (sampling.Threshold, bool) {
 	th, kept := ref.th, ref.kept
 	if t.memory != nil {
 		if mth, mkept := t.memory(id); mkept && (!kept || sampling.ThresholdLessThan(mth, th)) {
@@ -938,8 +948,11 @@ func (t *Table[S]) end(s *entry[S], outcome Outcome, e *End, out *[]Report[S]) {
 	if s.keepHeld {
 		t.Counters.UnreportedKeeps++
 	}
-	t.decide(s, e)
-	trace := t.traceRemove(s.TraceID, s.Keep, s.Threshold)
+	// One lookup of the trace for the verdict and the removal: nothing
+	// between them changes traces.
+	ref := t.traces[s.TraceID]
+	t.decide(s, e, ref)
+	trace := t.traceRemoveRef(s.TraceID, ref, s.Keep, s.Threshold)
 	if s.source != nil {
 		t.releaseSource(s)
 	}
@@ -987,7 +1000,12 @@ func (t *Table[S]) traceAdd(id pcommon.TraceID) {
 // traceRemove takes a session off its trace, counting its keep (with
 // threshold th) into the trace's, and returns the trace's verdict.
 func (t *Table[S]) traceRemove(id pcommon.TraceID, kept bool, th sampling.Threshold) TraceVerdict {
-	r := t.traces[id]
+	return t.traceRemoveRef(id, t.traces[id], kept, th)
+}
+
+// traceRemoveRef is traceRemove with r, the trace's entry in traces,
+// looked up already.
+func (t *Table[S]) traceRemoveRef(id pcommon.TraceID, r traceRef, kept bool, th sampling.Threshold) TraceVerdict {
 	r.active--
 	if kept && (!r.kept || sampling.ThresholdLessThan(th, r.th)) {
 		r.th = th
@@ -1008,31 +1026,3 @@ func (t *Table[S]) traceRemove(id pcommon.TraceID, kept bool, th sampling.Thresh
 
 // touch records activity on s.
 func (t *Table[S]) touch(s *entry[S], now int64) { t.clocks[s.slot].lastSeen = now }
-
-// endedSet remembers the latest ended session IDs, oldest forgotten first.
-type endedSet struct {
-	ids  map[string]struct{}
-	ring []string
-	next int
-}
-
-func newEndedSet(n int) endedSet {
-	return endedSet{ids: make(map[string]struct{}, n), ring: make([]string, n)}
-}
-
-func (e *endedSet) has(id string) bool {
-	_, ok := e.ids[id]
-	return ok
-}
-
-func (e *endedSet) add(id string) {
-	if e.has(id) {
-		return
-	}
-	if old := e.ring[e.next]; old != "" {
-		delete(e.ids, old)
-	}
-	e.ring[e.next] = id
-	e.ids[id] = struct{}{}
-	e.next = (e.next + 1) % len(e.ring)
-}

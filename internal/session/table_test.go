@@ -541,7 +541,7 @@ func TestDisorder(t *testing.T) {
 			id := fmt.Sprint(i)
 			apply(tbl, start(id, t0), end(id, t0+ms, -1))
 		}
-		assert.Len(t, tbl.ended.ids, 2)
+		assert.Equal(t, 2, tbl.ended.len())
 		assert.False(t, tbl.ended.has("0"))
 		assert.True(t, tbl.ended.has("2"))
 	})

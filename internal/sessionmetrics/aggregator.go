@@ -92,6 +92,23 @@ type liveSeries struct {
 	stalls   uint64
 	active   int64
 	overflow bool
+	// ends caches the end-of-session series its sessions without an error
+	// type ended on, so that the next one's end finds them without a map
+	// lookup each (six per session, on keys of tens of bytes).
+	ends endCache
+}
+
+// endCache is the end-of-session series of a live series' sessions
+// without an error type, for the delta interval epoch (a series found in
+// an earlier one has been dropped since); nil until looked up. sessions is
+// llm.sessions' series for outcome and sampled, those of the session that
+// looked it up last.
+type endCache struct {
+	epoch                               uint64
+	ttft, tpot, duration, input, output *endSeries
+	sessions                            *endSeries
+	outcome                             string
+	sampled                             bool
 }
 
 // endAttrs are the attributes of an end-of-session series: the live dims, error.type and the
@@ -139,6 +156,8 @@ type Aggregator struct {
 	queue, prefill endMetric
 
 	overflowed uint64
+	// epoch counts the delta intervals, for endCache.
+	epoch uint64
 
 	models           map[string]struct{} // the models seen, up to MaxModels
 	modelsOverflowed uint64
@@ -259,22 +278,30 @@ func (a *Aggregator) SessionEnded(l *Live, r Result) {
 	key := appendString(append(a.keyBuf[:0], l.key...), r.ErrorType)
 	n := len(key)
 	attrs := endAttrs{dims: l.dims, errorType: r.ErrorType}
+	// The cache is the live series' own, so it serves only sessions whose
+	// handle is the series' (an overflowed session's key is its own), and
+	// only for no error type (the series' keys end with it).
+	var c endCache
+	cached := r.ErrorType == "" && !ls.overflow
+	if cached && ls.ends.epoch == a.epoch {
+		c = ls.ends
+	}
 	if r.HasTTFT {
-		a.endSeriesFor(&a.ttft, key, &attrs).h.record(seconds(r.TTFT), 1)
+		a.cachedEndSeries(&c.ttft, &a.ttft, key, &attrs).h.record(seconds(r.TTFT), 1)
 	}
 	if r.HasTPOT {
-		a.endSeriesFor(&a.tpot, key, &attrs).h.record(seconds(r.TPOT), 1)
+		a.cachedEndSeries(&c.tpot, &a.tpot, key, &attrs).h.record(seconds(r.TPOT), 1)
 	}
-	a.endSeriesFor(&a.duration, key, &attrs).h.record(seconds(r.Duration), 1)
+	a.cachedEndSeries(&c.duration, &a.duration, key, &attrs).h.record(seconds(r.Duration), 1)
 	if r.HasInputTokens {
 		key = append(key[:n], 'i')
 		attrs.tokenType = "input"
-		a.endSeriesFor(&a.tokens, key, &attrs).h.record(float64(max(r.InputTokens, 0)), 1)
+		a.cachedEndSeries(&c.input, &a.tokens, key, &attrs).h.record(float64(max(r.InputTokens, 0)), 1)
 	}
 	if r.HasOutputTokens {
 		key = append(key[:n], 'o')
 		attrs.tokenType = "output"
-		a.endSeriesFor(&a.tokens, key, &attrs).h.record(float64(max(r.OutputTokens, 0)), 1)
+		a.cachedEndSeries(&c.output, &a.tokens, key, &attrs).h.record(float64(max(r.OutputTokens, 0)), 1)
 	}
 	attrs.tokenType = ""
 	key = appendString(key[:n], r.Outcome)
@@ -284,8 +311,30 @@ func (a *Aggregator) SessionEnded(l *Live, r Result) {
 		key = append(key, 0)
 	}
 	attrs.outcome, attrs.sampled = r.Outcome, r.Sampled
-	a.endSeriesFor(&a.sessions, key, &attrs).n++
+	if c.outcome != r.Outcome || c.sampled != r.Sampled {
+		c.sessions, c.outcome, c.sampled = nil, r.Outcome, r.Sampled
+	}
+	a.cachedEndSeries(&c.sessions, &a.sessions, key, &attrs).n++
 	a.keyBuf = key[:0]
+	if cached {
+		c.epoch = a.epoch
+		ls.ends = c
+	}
+}
+
+// cachedEndSeries is endSeriesFor through the cache entry *cached: the
+// series found there, else the one endSeriesFor finds, kept there. The
+// overflow series counts every recording, found in the cache or not.
+func (a *Aggregator) cachedEndSeries(cached **endSeries, m *endMetric, key []byte, attrs *endAttrs) *endSeries {
+	if s := *cached; s != nil {
+		if s.overflow {
+			a.overflowed++
+		}
+		return s
+	}
+	s := a.endSeriesFor(m, key, attrs)
+	*cached = s
+	return s
 }
 
 // Timing is the engine's own split of a session's TTFT, for EngineTiming.

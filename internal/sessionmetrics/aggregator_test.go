@@ -662,3 +662,27 @@ func TestSessionStartedDoesNotAllocateForKnownSeries(t *testing.T) {
 	})
 	assert.Equal(t, 0.0, allocs)
 }
+
+// A live series remembers the end series its sessions ended on; one that
+// overflowed still counts every recording, and a delta flush forgets them.
+func TestEndSeriesRemembered(t *testing.T) {
+	a := newAggregator(t, func(c *Config) { c.CardinalityLimit = 2; c.Temporality = Delta })
+	end := func(outcome string) {
+		a.SessionEnded(a.SessionStarted(chatDims), Result{Outcome: outcome, Duration: time.Second})
+	}
+	end("completed")
+	end("completed")
+	assert.Equal(t, uint64(0), a.OverflowCount())
+	end("aborted") // llm.sessions' second set: over the limit
+	end("aborted")
+	assert.Equal(t, uint64(2), a.OverflowCount())
+	sm := flush(a, t1)
+	assert.Equal(t, uint64(4), histPoint(t, findMetric(t, sm, MetricRequestDuration), 0).Count())
+	assert.Equal(t, map[string]int64{"completed": 2, "": 2}, intValues(t, findMetric(t, sm, MetricSessions), AttrOutcome))
+
+	end("aborted") // a new interval: aborted's series is a regular one now
+	assert.Equal(t, uint64(2), a.OverflowCount())
+	sm = flush(a, t2)
+	assert.Equal(t, uint64(1), histPoint(t, findMetric(t, sm, MetricRequestDuration), 0).Count())
+	assert.Equal(t, map[string]int64{"aborted": 1}, intValues(t, findMetric(t, sm, MetricSessions), AttrOutcome))
+}

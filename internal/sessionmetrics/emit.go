@@ -249,6 +249,7 @@ func (a *Aggregator) appendActive(ms pmetric.MetricSlice, ts pcommon.Timestamp) 
 
 // resetDelta starts a new delta interval.
 func (a *Aggregator) resetDelta() {
+	a.epoch++ // the series the live series' endCaches hold are dropped
 	for _, em := range []*endMetric{&a.ttft, &a.tpot, &a.queue, &a.prefill, &a.duration, &a.tokens, &a.sessions} {
 		clear(em.series)
 		clear(em.order)

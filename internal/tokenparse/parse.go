@@ -176,12 +176,20 @@ func (p *Parser) parseCompactToken(line []byte, ev *tokenevent.Event) bool {
 	if k != len(line)-1 || line[k] != '}' {
 		return false
 	}
-	*ev = tokenevent.Event{
-		Kind: tokenevent.KindToken, SessionID: p.intern(sid), TimeUnixNano: t, Count: int64(count), Seq: seq, HasSeq: hasSeq,
-		PromptTokens: -1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
-		Attributes: ev.Attributes[:0],
-	}
+	// Copied from a template, then the line's fields set: a composite
+	// literal here was built in a temporary and then copied, the Event
+	// (over 300 bytes) written twice per token line.
+	attrs := ev.Attributes[:0]
+	*ev = compactTokenEvent
+	ev.SessionID, ev.TimeUnixNano, ev.Count, ev.Seq, ev.HasSeq = p.intern(sid), t, int64(count), seq, hasSeq
+	ev.Attributes = attrs
 	return true
+}
+
+// compactTokenEvent is what parseCompactToken writes before a line's own
+// fields: a token event's defaults.
+var compactTokenEvent = tokenevent.Event{
+	Kind: tokenevent.KindToken, PromptTokens: -1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
 }
 
 // compactUint reads 1 to 19 digits without a leading zero from line[i:],
@@ -193,10 +201,10 @@ func compactUint(line []byte, i int) (v uint64, next int, ok bool) {
 	// reading it a digit at a time was a tenth of the path's cost.
 	for i+8 <= len(line) && i-start <= 19-8 {
 		x := binary.LittleEndian.Uint64(line[i:])
-		if !eightDigits(x) {
+		if !EightDigits(x) {
 			break
 		}
-		v = v*100_000_000 + eightDigitsValue(x)
+		v = v*100_000_000 + EightDigitsValue(x)
 		i += 8
 	}
 	for i < len(line) && i-start < 19 {
@@ -213,18 +221,19 @@ func compactUint(line []byte, i int) (v uint64, next int, ok bool) {
 	return v, i, true
 }
 
-// eightDigits reports whether the 8 bytes of x (little-endian) are all
+// EightDigits reports whether the 8 bytes of x (little-endian) are all
 // ASCII digits: each byte is 0x3_, and adding 6 to it does not carry out of
 // the low nibble (no byte carries into the next, as all are below 0x40).
-func eightDigits(x uint64) bool {
+// tokenrecord reads the packed token records' offsets with it too.
+func EightDigits(x uint64) bool {
 	const hi = 0xF0F0F0F0F0F0F0F0
 	return x&hi == 0x3030303030303030 && (x+0x0606060606060606)&hi == 0x3030303030303030
 }
 
-// eightDigitsValue is the number eight ASCII digits spell, the first in the
+// EightDigitsValue is the number eight ASCII digits spell, the first in the
 // lowest byte of x: pairs, then quads, then the eight are combined by
 // multiplications within the word (as simdjson parses eight digits).
-func eightDigitsValue(x uint64) uint64 {
+func EightDigitsValue(x uint64) uint64 {
 	x = (x & 0x0F0F0F0F0F0F0F0F) * (1 + 10<<8) >> 8
 	x = (x & 0x00FF00FF00FF00FF) * (1 + 100<<16) >> 16
 	return (x & 0x0000FFFF0000FFFF) * (1 + 10000<<32) >> 32
@@ -802,6 +811,9 @@ func IDSlot[S string | []byte](id S) int {
 	h ^= uint64(n)
 	return int((h * 0x9e3779b97f4a7c15) >> (64 - idSlotBits))
 }
+
+// LoadLE64 is the first 8 bytes of b as a little-endian word (one load).
+func LoadLE64[S string | []byte](b S) uint64 { return le64(b) }
 
 func le64[S string | []byte](b S) uint64 {
 	_ = b[7]

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
@@ -101,9 +100,10 @@ const (
 type RecordWriter struct {
 	records  plog.LogRecordSlice
 	observed pcommon.Timestamp
-	// open maps a session ID to its token record in opens, while packing;
-	// in an ordered writer, to its entry in opens from its first event of
-	// the batch on, open token record or not.
+	// open maps a session ID to its token record in opens, while packing
+	// (in an unordered writer, to its latest one, completed or not); in an
+	// ordered writer, to its entry in opens from its first event of the
+	// batch on, open token record or not.
 	open  map[string]int32
 	opens []openTokenRecord
 	// ordered: see SetOrdered. disordered: a session's records came out of
@@ -217,7 +217,10 @@ func (w *RecordWriter) openRecord(id string) *openTokenRecord {
 		return &w.opens[i]
 	}
 	i, ok := w.open[id]
-	if !ok {
+	// In an unordered writer a completed record stays in open (deleting it
+	// was a map operation per session): it is open only while it has
+	// events, as every record there has from its first.
+	if !ok || (w.opens[i].events == 0 && !w.ordered) {
 		return nil
 	}
 	*slot = i + 1
@@ -236,8 +239,7 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 		// record: complete the open one now.
 		w.complete(o)
 		if !w.ordered {
-			delete(w.open, ev.SessionID)
-			o = nil
+			o = nil // a later token opens a new record (see openRecord)
 		}
 	}
 	if w.ordered && ev.Kind != tokenevent.KindToken {
@@ -488,14 +490,19 @@ func appendPacked(dst []byte, packed []packedEvent, first int32) []byte {
 		if i != first {
 			dst = append(dst, ' ')
 		}
-		dst = strconv.AppendInt(dst, packed[i].time-base, 10)
+		off := packed[i].time - base
+		if off < 0 {
+			dst = append(dst, '-')
+			off = -off
+		}
+		dst = appendDecimal(dst, uint64(off))
 		if c := packed[i].count; c != 1 {
 			dst = append(dst, ':')
-			dst = strconv.AppendInt(dst, c, 10)
+			dst = appendDecimal(dst, uint64(c)) // CheckCount: at least 1
 		}
 		if seq := packed[i].seq; seq >= 0 {
 			dst = append(dst, '#')
-			dst = strconv.AppendInt(dst, seq, 10)
+			dst = appendDecimal(dst, uint64(seq))
 		}
 	}
 	return dst
@@ -743,6 +750,17 @@ func packedInt(s string, i int, signed bool) (v int64, next int, ok bool) {
 	}
 	start := i
 	var u uint64
+	// Eight digits at a time while there are (an offset has about eight:
+	// tens of ms), as tokenparse reads a line's times; digit by digit this
+	// was the reader's largest cost per packed event.
+	for i+8 <= len(s) && i-start <= 19-8 {
+		x := tokenparse.LoadLE64(s[i : i+8])
+		if !tokenparse.EightDigits(x) {
+			break
+		}
+		u = u*100_000_000 + tokenparse.EightDigitsValue(x)
+		i += 8
+	}
 	for i < len(s) && i-start < 19 && s[i]-'0' <= 9 {
 		u = u*10 + uint64(s[i]-'0')
 		i++

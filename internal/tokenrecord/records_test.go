@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -430,4 +432,61 @@ func BenchmarkRecordWriter(b *testing.B) {
 		w.Flush()
 	}
 	b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(b.N*len(evs)), "ns/event")
+}
+
+// appendDecimal writes what strconv does, for every number of digits and
+// the values around each power of ten.
+func TestAppendDecimal(t *testing.T) {
+	check := func(v uint64) {
+		t.Helper()
+		if got, want := string(appendDecimal([]byte("x"), v)), "x"+strconv.FormatUint(v, 10); got != want {
+			t.Fatalf("appendDecimal(%d) = %q, want %q", v, got, want)
+		}
+	}
+	for p := uint64(1); ; p *= 10 {
+		for _, v := range []uint64{p - 1, p, p + 1, 2*p - 1, 9 * p, p + p/2} {
+			check(v)
+		}
+		if p > math.MaxUint64/10 {
+			break
+		}
+	}
+	for _, v := range []uint64{0, math.MaxInt64, math.MaxUint64, 1e8 - 1, 1e16 - 1, 12345678, 10000001, 99990000, 1e15 + 7} {
+		check(v)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 100_000 {
+		check(rng.Uint64() >> rng.UintN(64))
+	}
+	for v := range uint64(200_000) {
+		check(v)
+	}
+}
+
+// packedInt reads what strconv reads, whatever the number's digits.
+func TestPackedIntDigits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 100_000 {
+		v := int64(rng.Uint64()>>1) >> rng.UintN(63)
+		for _, s := range []string{strconv.FormatInt(v, 10), strconv.FormatInt(-v, 10)} {
+			for _, tail := range []string{"", " 1", ":3", "#7"} {
+				got, next, ok := packedInt(s+tail, 0, true)
+				if !ok || got != [2]int64{v, -v}[btoi(s[0] == '-')] || next != len(s) {
+					t.Fatalf("packedInt(%q) = %d, %d, %v", s+tail, got, next, ok)
+				}
+			}
+		}
+	}
+	for _, s := range []string{"", "-", "12345678901234567890", "99999999999999999999", "9223372036854775808", "1234567890123456789012"} {
+		if _, _, ok := packedInt(s, 0, true); ok {
+			t.Fatalf("packedInt(%q) accepted", s)
+		}
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

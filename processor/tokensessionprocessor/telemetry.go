@@ -45,6 +45,10 @@ type processorTelemetry struct {
 	// Accumulated under the sessions' lock, reported by reportCounters.
 	releasedSpans int64
 	droppedSpans  int64
+	// ended counts the sessions ended by outcome and sampled, as
+	// sessionSet: an Add per session allocated (its options' slice) and
+	// cost more than the session's own metrics; one per batch does not.
+	ended [session.OutcomeShutdown + 1][2]int64
 
 	// The aggregator's overflow counts already reported.
 	metricOverflows, modelOverflows uint64
@@ -101,12 +105,15 @@ func newProcessorTelemetry(set processor.Settings) (*processorTelemetry, error) 
 
 func (t *processorTelemetry) shutdown() { t.builder.Shutdown() }
 
+// sessionEnded counts an ended session, reported by the next
+// reportCounters (every call that ends sessions makes one before it
+// returns). Call with the sessions' lock held.
 func (t *processorTelemetry) sessionEnded(o session.Outcome, sampled bool) {
 	i := 0
 	if sampled {
 		i = 1
 	}
-	t.builder.ProcessorTokenSessionSessionsEnded.Add(context.Background(), 1, t.sessionSet[o][i])
+	t.ended[o][i]++
 }
 
 // disorderKinds are the kind attribute's values, in the order of
@@ -135,8 +142,8 @@ func rejectedCounts(c *session.Counters) [len(rejectReasons)][len(eventKinds)]ui
 }
 
 // reportCounters reports what changed since the last call: the table's
-// disorder counters (reported is the state last reported), the gauges and
-// the span verdicts accumulated under the lock. verdictSpans: the
+// disorder counters (reported is the state last reported), the gauges, and
+// the ended sessions and span verdicts accumulated under the lock. verdictSpans: the
 // processor emits verdict spans, so an early keep never reported is one
 // dropped.
 func (t *processorTelemetry) reportCounters(reported, now *session.Counters, active, held int, verdictSpans bool) {
@@ -165,6 +172,14 @@ func (t *processorTelemetry) reportCounters(reported, now *session.Counters, act
 		t.builder.ProcessorTokenSessionVerdictSpansDropped.Add(ctx, int64(d))
 	}
 	*reported = *now
+	for o := range t.ended {
+		for i, n := range t.ended[o] {
+			if n > 0 {
+				t.builder.ProcessorTokenSessionSessionsEnded.Add(ctx, n, t.sessionSet[o][i])
+				t.ended[o][i] = 0
+			}
+		}
+	}
 	t.active.Store(int64(active))
 	t.heldNow.Store(int64(held))
 	if t.releasedSpans > 0 {

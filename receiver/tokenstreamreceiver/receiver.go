@@ -266,6 +266,12 @@ type batchDecoder struct {
 	// truncated counts the bodies cut at maxLines.
 	truncated int
 	errs      []*tokenparse.LineError
+	// records is the batch's record slice; lastRecords how many records
+	// the decoder's previous batch held, the room a batch's slice is made
+	// with: grown from empty, it was reallocated a dozen times per batch
+	// of a thousand records.
+	records     plog.LogRecordSlice
+	lastRecords int
 }
 
 // decode parses body into d.logs, counting accepted and rejected lines and
@@ -286,7 +292,9 @@ func (d *batchDecoder) begin(observed time.Time, ordered bool) {
 	d.accepted, d.rejected, d.truncated, d.errs = 0, 0, 0, d.errs[:0]
 	sl := d.logs.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty()
 	sl.Scope().SetName(metadata.ScopeName)
-	d.writer.Reset(sl.LogRecords(), pcommon.NewTimestampFromTime(observed))
+	d.records = sl.LogRecords()
+	d.records.EnsureCapacity(d.lastRecords)
+	d.writer.Reset(d.records, pcommon.NewTimestampFromTime(observed))
 	d.writer.SetOrdered(ordered)
 }
 
@@ -297,7 +305,10 @@ func (d *batchDecoder) add(body []byte) {
 }
 
 // finish completes the batch's records (the packed ones are written last).
-func (d *batchDecoder) finish() { d.writer.Flush() }
+func (d *batchDecoder) finish() {
+	d.writer.Flush()
+	d.lastRecords = d.records.Len()
+}
 
 // addLines parses lines of a stream into the batch: no line limit (a
 // stream's batch ends at it instead), and line numbers from lineBase on.
@@ -330,7 +341,7 @@ func (d *batchDecoder) reject(e *tokenparse.LineError) {
 
 // release drops the batch's records and returns d to the pool.
 func (r *tokenStreamReceiver) release(d *batchDecoder) {
-	d.logs = plog.Logs{}
+	d.logs, d.records = plog.Logs{}, plog.LogRecordSlice{}
 	d.writer.Reset(plog.LogRecordSlice{}, 0)
 	r.batches.Put(d)
 }
