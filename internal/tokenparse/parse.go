@@ -802,7 +802,7 @@ func IDSlot[S string | []byte](id S) int {
 	n := len(id)
 	var h uint64
 	if n >= 8 {
-		h = le64(id[:8]) ^ bits.RotateLeft64(le64(id[n/2-4:n/2+4]), 21) ^ bits.RotateLeft64(le64(id[n-8:]), 42)
+		h = LoadLE64(id[:8]) ^ bits.RotateLeft64(LoadLE64(id[n/2-4:n/2+4]), 21) ^ bits.RotateLeft64(LoadLE64(id[n-8:]), 42)
 	} else {
 		for i := range n {
 			h = h<<8 | uint64(id[i])
@@ -812,10 +812,9 @@ func IDSlot[S string | []byte](id S) int {
 	return int((h * 0x9e3779b97f4a7c15) >> (64 - idSlotBits))
 }
 
-// LoadLE64 is the first 8 bytes of b as a little-endian word (one load).
-func LoadLE64[S string | []byte](b S) uint64 { return le64(b) }
-
-func le64[S string | []byte](b S) uint64 {
+// LoadLE64 is the first 8 bytes of b as a little-endian word (the
+// compiler makes it one load).
+func LoadLE64[S string | []byte](b S) uint64 {
 	_ = b[7]
 	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
 		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56

@@ -177,11 +177,8 @@ func (d *dechunkedBody) unframe(b []byte) (int, error) {
 			switch c {
 			case '\r':
 				d.state = stateTrailerLF
-			case '\n':
-				if d.lineLen == 0 {
-					d.state = stateDone
-				}
-				d.lineLen = 0
+			case '\n': // a bare LF, as net/http accepts
+				d.trailerLineEnd()
 			default:
 				if d.lineLen++; d.lineLen > maxChunkLine {
 					return out, errMalformedChunk
@@ -191,11 +188,7 @@ func (d *dechunkedBody) unframe(b []byte) (int, error) {
 			if c != '\n' {
 				return out, errMalformedChunk
 			}
-			if d.lineLen == 0 {
-				d.state = stateDone
-			} else {
-				d.lineLen, d.state = 0, stateTrailer
-			}
+			d.trailerLineEnd()
 		}
 	}
 	return out, nil
@@ -210,6 +203,15 @@ func (d *dechunkedBody) sizeLineEnd() {
 		return
 	}
 	d.state = stateData
+}
+
+// trailerLineEnd ends a trailer line; an empty one ends the body.
+func (d *dechunkedBody) trailerLineEnd() {
+	if d.lineLen == 0 {
+		d.state = stateDone
+		return
+	}
+	d.lineLen, d.state = 0, stateTrailer
 }
 
 // reusable reports whether the body ended exactly at the response's end.
