@@ -53,7 +53,7 @@ type engineHealth struct {
 	judge *judge
 	// series are the last points of cumulative series, by metric, engine
 	// and attributes: a delta is the point minus the last one.
-	series map[string]seriesPoint
+	series *seriesTable
 	// ejected is read by the engines_ejected gauge.
 	ejected int
 	// verdicts is the judge's last word, for the endpoints.
@@ -66,14 +66,6 @@ type engineHealth struct {
 	done     sync.WaitGroup
 }
 
-// seriesPoint is a cumulative series' last point.
-type seriesPoint struct {
-	start  pcommon.Timestamp
-	value  float64
-	counts []uint64 // histogram bucket counts
-	seen   time.Time
-}
-
 func newEngineHealth(cfg *Config, set exporter.Settings) (*engineHealth, error) {
 	tel, err := metadata.NewTelemetryBuilder(set.TelemetrySettings)
 	if err != nil {
@@ -81,7 +73,7 @@ func newEngineHealth(cfg *Config, set exporter.Settings) (*engineHealth, error) 
 	}
 	h := &engineHealth{
 		cfg: cfg, set: set, tel: tel, now: time.Now, judge: newJudge(cfg.judgeConfig()),
-		series: make(map[string]seriesPoint), stop: make(chan struct{}),
+		series: newSeriesTable(), stop: make(chan struct{}),
 	}
 	h.verdicts.Store(newVerdicts(nil))
 	err = tel.RegisterExporterEngineHealthEnginesEjectedCallback(func(_ context.Context, o metric.Int64Observer) error {
@@ -147,15 +139,15 @@ func (h *engineHealth) evaluate() {
 	now := h.now()
 	changes := h.judge.evaluate(now)
 	// Series of engines (or models) gone as long as a forgotten engine.
-	for key, p := range h.series {
-		if now.Sub(p.seen) > h.judge.forgetAfter() {
-			delete(h.series, key)
-		}
-	}
+	h.series.forgetIdle(now, h.judge.forgetAfter())
 	h.ejected = h.judge.ejectedCount()
 	h.verdicts.Store(newVerdicts(h.judge.statuses()))
+	engines, series := h.judge.forgotten, h.series.forgotten
+	h.judge.forgotten, h.series.forgotten = forgottenCounts{}, forgottenCounts{}
 	h.mu.Unlock()
 	ctx := context.Background()
+	h.countForgotten(ctx, "engine", engines)
+	h.countForgotten(ctx, "series", series)
 	for _, c := range changes {
 		if c.state == stateEjected {
 			h.tel.ExporterEngineHealthEjections.Add(ctx, 1, metric.WithAttributes(
@@ -164,6 +156,16 @@ func (h *engineHealth) evaluate() {
 		} else {
 			h.tel.ExporterEngineHealthReadmissions.Add(ctx, 1, metric.WithAttributes(attribute.String("engine", c.engine)))
 			h.set.Logger.Info("engine re-admitted", zap.String("engine", c.engine))
+		}
+	}
+}
+
+// countForgotten counts the engines or series forgotten, by why.
+func (h *engineHealth) countForgotten(ctx context.Context, kind string, n forgottenCounts) {
+	for why, c := range map[string]int{"idle": n.idle, "overflow": n.overflow} {
+		if c > 0 {
+			h.tel.ExporterEngineHealthForgotten.Add(ctx, int64(c), metric.WithAttributes(
+				attribute.String("kind", kind), attribute.String("why", why)))
 		}
 	}
 }
@@ -441,53 +443,11 @@ func (r *batchReader) readExponentialTTFT(h pmetric.ExponentialHistogram) {
 }
 
 // delta turns a cumulative point into what it adds since the series' last
-// point. The first point of a series that began before the window only sets
-// the base: what it counts is history (the exporter started after the
-// collector upstream). A point that goes backwards, or a new start time, is a
-// restart upstream: reset reports it, and the new counter's own count is
-// what it adds. counts, when not nil, is a histogram's bucket counts, turned
-// into deltas in place (and value is ignored).
+// point (seriesTable.delta).
 func (h *engineHealth) delta(name string, attrs pcommon.Map, start pcommon.Timestamp, value float64, counts *[]uint64,
 	now time.Time,
 ) (float64, bool) {
-	key := seriesKey(name, attrs)
-	prev, seen := h.series[key]
-	cur := seriesPoint{start: start, value: value, seen: now}
-	if counts != nil {
-		cur.counts = append([]uint64(nil), (*counts)...)
-	}
-	h.series[key] = cur
-	if !seen {
-		if start.AsTime().Before(now.Add(-h.cfg.Window)) {
-			if counts != nil {
-				clear(*counts)
-			}
-			return 0, false
-		}
-		return value, false
-	}
-	backwards := start != prev.start || value < prev.value
-	if counts != nil && !backwards {
-		if len(*counts) != len(prev.counts) {
-			backwards = true // the buckets changed (an exponential histogram rescaled): start over
-		} else {
-			for i, c := range *counts {
-				if c < prev.counts[i] {
-					backwards = true
-					break
-				}
-			}
-		}
-	}
-	if backwards {
-		return value, true
-	}
-	if counts != nil {
-		for i := range *counts {
-			(*counts)[i] -= prev.counts[i]
-		}
-	}
-	return value - prev.value, false
+	return h.series.delta(seriesKey(name, attrs), start, value, counts, now, h.cfg.Window)
 }
 
 // seriesKey names a series: the metric and its attributes, in order.

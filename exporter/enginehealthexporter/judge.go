@@ -2,6 +2,7 @@ package enginehealthexporter // import "github.com/otelcol-llm/otelcol-llm/expor
 
 import (
 	"cmp"
+	"container/list"
 	"math"
 	"slices"
 	"sort"
@@ -76,8 +77,11 @@ type engineState struct {
 	reason    string
 	ejections int
 	until     time.Time
-	// lastSample is when a sample last came.
-	lastSample time.Time
+	// lastEvidence is when a sample last said something new of the engine
+	// (see sample.evidence), or when it became known; lru is its place in
+	// the judge's order of it.
+	lastEvidence time.Time
+	lru          *list.Element
 	// figures as last judged
 	figures windowFigures
 }
@@ -118,7 +122,18 @@ type change struct {
 type judge struct {
 	cfg     judgeConfig
 	engines map[string]*engineState
+	// byEvidence orders the engines by lastEvidence, the oldest first (those
+	// known without evidence before all): the one to forget when a new
+	// engine comes and maxEngines are known.
+	byEvidence list.List
+	// forgotten counts the engines forgotten, by why, until taken.
+	forgotten forgottenCounts
 }
+
+// forgottenCounts are the engines (or series) forgotten because nothing new
+// came of them for forgetAfter (idle), and those forgotten early to make
+// room for a new one (overflow).
+type forgottenCounts struct{ idle, overflow int }
 
 func newJudge(cfg judgeConfig) *judge {
 	return &judge{cfg: cfg, engines: make(map[string]*engineState)}
@@ -128,35 +143,72 @@ func newJudge(cfg judgeConfig) *judge {
 // sessions' llm.engine).
 const maxEngines = 1024
 
-// engine returns the state of name, creating it; nil when maxEngines are
-// known already.
-func (j *judge) engine(name string) *engineState {
-	e := j.engines[name]
-	if e == nil {
-		if len(j.engines) >= maxEngines {
-			return nil
-		}
-		e = &engineState{name: name, state: stateHealthy, figures: windowFigures{TTFTP99: math.NaN()}}
-		j.engines[name] = e
-	}
-	return e
+// evidence reports whether the sample says anything new of its engine: a
+// session that ended, a stall, a session in flight, a TTFT. Under cumulative
+// temporality every series is re-sent at each flush; an unchanged point
+// adds a sample with nothing in it, which must not keep an engine that is
+// gone known for ever.
+func (s *sample) evidence() bool {
+	return s.sessions != 0 || s.errors != 0 || s.saturated != 0 || s.rejected != 0 || s.stalls != 0 ||
+		s.stalled != "" || s.active != 0 || len(s.ttft) != 0
 }
 
 // add records a sample for engine; it reports false when the engine could
-// not be kept.
+// not be kept. An engine is known from the first sample that names it, but
+// only a sample with evidence is kept in its window and keeps it known (see
+// forgetAfter). A new engine with evidence when maxEngines are known takes
+// the place of the engine not ejected that has had none for longest; false
+// when every one is ejected. A new engine without evidence takes no place:
+// it is known only when there is room, and first to go.
 func (j *judge) add(name string, s sample) bool {
-	e := j.engine(name)
-	if e == nil {
+	evidence := s.evidence()
+	e := j.engines[name]
+	switch {
+	case e != nil && !evidence:
+		return true
+	case e != nil:
+		j.byEvidence.MoveToBack(e.lru)
+	case len(j.engines) >= maxEngines && !evidence:
+		return true // nothing to judge, nothing lost
+	case len(j.engines) >= maxEngines && !j.forgetOldest():
 		return false
+	default:
+		e = &engineState{name: name, state: stateHealthy, figures: windowFigures{TTFTP99: math.NaN()}}
+		if evidence {
+			e.lru = j.byEvidence.PushBack(e)
+		} else {
+			e.lru = j.byEvidence.PushFront(e)
+		}
+		j.engines[name] = e
 	}
-	e.samples = append(e.samples, s)
-	e.lastSample = s.at
+	e.lastEvidence = s.at
+	if evidence {
+		e.samples = append(e.samples, s)
+	}
 	return true
 }
 
-// forgetAfter is how long a healthy engine stays known without a sample:
-// engines come and go (pods are replaced), and the judge keeps at most
-// maxEngines. It is at least max_time, so that an engine ejected again
+// forgetOldest forgets the engine not ejected with the oldest evidence;
+// false when every engine is ejected (an ejection is kept to its end).
+func (j *judge) forgetOldest() bool {
+	for el := j.byEvidence.Front(); el != nil; el = el.Next() {
+		if e := el.Value.(*engineState); e.state != stateEjected {
+			j.forget(e)
+			j.forgotten.overflow++
+			return true
+		}
+	}
+	return false
+}
+
+func (j *judge) forget(e *engineState) {
+	j.byEvidence.Remove(e.lru)
+	delete(j.engines, e.name)
+}
+
+// forgetAfter is how long an engine not ejected stays known without
+// evidence: engines come and go (pods are replaced), and the judge keeps at
+// most maxEngines. It is at least max_time, so that an engine ejected again
 // soon after a re-admission still has its ejection count.
 func (j *judge) forgetAfter() time.Duration {
 	return max(10*j.cfg.window, j.cfg.maxTime)
@@ -323,8 +375,9 @@ func (j *judge) evaluate(now time.Time) []change {
 			}
 		}
 		if len(e.samples) == 0 {
-			if now.Sub(e.lastSample) > j.forgetAfter() {
-				delete(j.engines, e.name) // gone: forgotten (deleting while ranging is safe)
+			if now.Sub(e.lastEvidence) > j.forgetAfter() {
+				j.forget(e) // gone: forgotten (deleting while ranging is safe)
+				j.forgotten.idle++
 				continue
 			}
 			e.figures = windowFigures{TTFTP99: math.NaN()}

@@ -31,6 +31,7 @@ type TelemetryBuilder struct {
 	ExporterEngineHealthAgentCutShort  metric.Int64Counter
 	ExporterEngineHealthEjections      metric.Int64Counter
 	ExporterEngineHealthEnginesEjected metric.Int64ObservableGauge
+	ExporterEngineHealthForgotten      metric.Int64Counter
 	ExporterEngineHealthIgnored        metric.Int64Counter
 	ExporterEngineHealthReadmissions   metric.Int64Counter
 	ExporterEngineHealthWindowResets   metric.Int64Counter
@@ -106,6 +107,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_exporter_engine_health_engines_ejected",
 		metric.WithDescription("Engines ejected now. [Development]"),
 		metric.WithUnit("{engine}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ExporterEngineHealthForgotten, err = builder.meter.Int64Counter(
+		"otelcol_exporter_engine_health_forgotten",
+		metric.WithDescription("Engines and cumulative series forgotten, by kind and why: a forgotten engine loses its window and ejection count, a forgotten series starts again from a base if it comes back. [Development]"),
+		metric.WithUnit("{item}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ExporterEngineHealthIgnored, err = builder.meter.Int64Counter(

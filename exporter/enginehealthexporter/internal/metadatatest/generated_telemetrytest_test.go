@@ -26,6 +26,7 @@ func TestSetupTelemetry(t *testing.T) {
 	}))
 	tb.ExporterEngineHealthAgentCutShort.Add(context.Background(), 1)
 	tb.ExporterEngineHealthEjections.Add(context.Background(), 1)
+	tb.ExporterEngineHealthForgotten.Add(context.Background(), 1)
 	tb.ExporterEngineHealthIgnored.Add(context.Background(), 1)
 	tb.ExporterEngineHealthReadmissions.Add(context.Background(), 1)
 	tb.ExporterEngineHealthWindowResets.Add(context.Background(), 1)
@@ -36,6 +37,9 @@ func TestSetupTelemetry(t *testing.T) {
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualExporterEngineHealthEnginesEjected(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualExporterEngineHealthForgotten(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualExporterEngineHealthIgnored(t, testTel,
