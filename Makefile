@@ -172,10 +172,14 @@ SOAK_OUT ?= bench/results/soak
 # demo's 10s per point.
 SOAK_DURATION = $(if $(filter command line environment environment override,$(origin DURATION)),$(DURATION),15m)
 
+# CHURN new engine, model and tenant names a second beside the load (months
+# of pod churn compressed into the run), with engine_health judging; 0: none.
+CHURN ?= 0
+
 # The collector as an agent under steady load for DURATION (bench/soak):
 # the report's last line is "soak: <N> requests, <N> sessions counted, ...".
-soak: $(OTELCOL) ## the collector under steady load for DURATION (default 15m), judged
-	$(GO) run ./bench/soak -collector $(OTELCOL) -duration $(SOAK_DURATION) -out $(SOAK_OUT)
+soak: $(OTELCOL) ## the collector under steady load for DURATION (default 15m), judged; CHURN=1000 adds name churn
+	$(GO) run ./bench/soak -collector $(OTELCOL) -duration $(SOAK_DURATION) -out $(SOAK_OUT) -churn $(CHURN)
 
 # The demo's tools are rebuilt every time (go build caches); llmdemo starts
 # and stops every process it needs, on loopback only.

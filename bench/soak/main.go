@@ -50,6 +50,9 @@ type options struct {
 	concurrency  int
 	outputTokens string
 	promptTokens string
+	// churn is how many new engine, model and tenant names a second the
+	// churner makes (0: none).
+	churn int
 }
 
 func main() {
@@ -61,6 +64,8 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 200, "concurrent streams")
 	flag.StringVar(&o.outputTokens, "output-tokens", "uniform:16-512", "output length distribution (llmload's -output-tokens): a range, so that streams do not end in waves")
 	flag.StringVar(&o.promptTokens, "prompt-tokens", "uniform:32-1024", "prompt length distribution (llmload's -prompt-tokens)")
+	flag.IntVar(&o.churn, "churn", 0, "new engine, model and tenant names a second, each ending a session through the HTTP hook beside the load, "+
+		"with engine_health on the session metrics and the forgetting times compressed; at the end a failing engine must be ejected (0: off)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	failed, err := run(ctx, o)
@@ -94,7 +99,8 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 		}
 	}
 	var a addrs
-	for _, p := range []*string{&a.sim, &a.proxy, &a.otlp, &a.pprof, &a.telemetry} {
+	a.churn = o.churn > 0
+	for _, p := range []*string{&a.sim, &a.proxy, &a.otlp, &a.pprof, &a.telemetry, &a.hooks, &a.health} {
 		if *p, err = process.FreeAddr(); err != nil {
 			return false, err
 		}
@@ -143,10 +149,23 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	churn := &churner{url: "http://" + a.hooks + "/v1/token-events", rate: o.churn}
+	churnCtx, stopChurn := context.WithCancel(ctx)
+	churnDone := make(chan struct{})
+	go func() {
+		if a.churn {
+			churn.run(churnCtx)
+		}
+		close(churnDone)
+	}()
 	select {
 	case <-load.Exited():
 	case <-ctx.Done():
 		_ = load.Stop(10 * time.Second)
+	}
+	stopChurn()
+	<-churnDone
+	if ctx.Err() != nil {
 		return false, ctx.Err()
 	}
 	loadEnd := time.Since(col.Started)
@@ -157,7 +176,17 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 	if err := readJSON(loadOut, &lr); err != nil {
 		return false, fmt.Errorf("llmload's result: %w", err)
 	}
-	requests := lr.Completed + lr.Failed + lr.WarmupRequests
+	var probe *ejectionProbe
+	if a.churn {
+		// Months of names are behind it: the judge must still take a
+		// failing engine out.
+		p := probeEjection(ctx, churn.url, a.health, time.Minute)
+		probe = &p
+	}
+	requests := lr.Completed + lr.Failed + lr.WarmupRequests + churn.posted
+	if probe != nil {
+		requests += probe.Sessions
+	}
 
 	// Sessions end when their end event has passed the proxy's batcher and
 	// token_session: wait until none is active and every request's session is
@@ -197,7 +226,16 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 	if !cleanStop {
 		fails = append(fails, "the collector did not stop within 30 s of SIGTERM")
 	}
-	r := report{Options: o, LoadStart: loadStart, LoadEnd: loadEnd, Outcome: res, Growth: growths, Failures: fails, Samples: samples, Load: lr, Telemetry: pick(tel), CleanStop: cleanStop}
+	if probe != nil && !probe.Ejected {
+		fails = append(fails, fmt.Sprintf("after the churn, a failing engine was not ejected within %.0f s (its state: %s)", probe.AfterS, probe.State))
+	}
+	if churn.failed > 0 {
+		fails = append(fails, fmt.Sprintf("%d of the churner's batches were not taken", churn.failed))
+	}
+	r := report{
+		Options: o, LoadStart: loadStart, LoadEnd: loadEnd, Outcome: res, Growth: growths, Failures: fails, Samples: samples,
+		Load: lr, Telemetry: pick(tel), CleanStop: cleanStop, Churned: churn.posted, Ejection: probe,
+	}
 	if err := r.write(o.out); err != nil {
 		return false, err
 	}
@@ -205,17 +243,32 @@ func run(ctx context.Context, o options) (failed bool, err error) {
 	return len(fails) > 0, nil
 }
 
-// addrs are the loopback addresses of one soak run.
-type addrs struct{ sim, proxy, otlp, pprof, telemetry string }
+// addrs are the loopback addresses of one soak run, and whether it churns
+// names (then the hooks and engine_health listen too).
+type addrs struct {
+	sim, proxy, otlp, pprof, telemetry, hooks, health string
+	churn                                             bool
+}
 
 // collectorConfig is an agent's pipeline: the proxy in front of the engine
 // and its /metrics scraped, memory_limiter, token_session (1 % of normal
 // sessions kept, as in production), batch, and a debug exporter at basic
-// verbosity standing for the backend.
+// verbosity standing for the backend. With churn, the HTTP hook takes the
+// churner's sessions and engine_health judges the engines from the session
+// metrics (flushed every second) and stall alerts, with its window and
+// times compressed: an engine with nothing new for 10 s is forgotten where
+// the defaults take 300 s.
 func collectorConfig(a addrs) string {
 	_, telemetryPort, _ := strings.Cut(a.telemetry, ":")
+	hooks, health, healthExporter, flush := "", "", "", "10s"
+	if a.churn {
+		hooks = fmt.Sprintf("\n    hooks:\n      http: {endpoint: %s}", a.hooks)
+		health = fmt.Sprintf("\n  engine_health:\n    endpoint: %s\n    window: 1s\n    min_sessions: 5\n"+
+			"    eject: {base_time: 2s, max_time: 4s, max_percent: 50}", a.health)
+		healthExporter, flush = ", engine_health", "1s"
+	}
 	return fmt.Sprintf(`receivers:
-  token_stream:
+  token_stream:%[6]s
     proxy:
       endpoint: %[2]s
       upstream:
@@ -230,10 +283,10 @@ processors:
   memory_limiter: {check_interval: 1s, limit_mib: 1024, spike_limit_mib: 256}
   token_session:
     sampling: {normal_percent: 1}
-    metrics: {flush_interval: 10s}
+    metrics: {flush_interval: %[9]s}
   batch:
 exporters:
-  debug: {verbosity: basic}
+  debug: {verbosity: basic}%[7]s
 extensions:
   pprof: {endpoint: %[4]s}
 service:
@@ -248,16 +301,16 @@ service:
     logs:
       receivers: [token_stream]
       processors: [memory_limiter, token_session, batch]
-      exporters: [debug]
+      exporters: [debug%[8]s]
     metrics:
       receivers: [token_stream]
       processors: [memory_limiter, token_session, batch]
-      exporters: [debug]
+      exporters: [debug%[8]s]
     traces:
       receivers: [otlp]
       processors: [memory_limiter, token_session, batch]
       exporters: [debug]
-`, a.sim, a.proxy, a.otlp, a.pprof, telemetryPort)
+`, a.sim, a.proxy, a.otlp, a.pprof, telemetryPort, hooks, health, healthExporter, flush)
 }
 
 const (
@@ -283,9 +336,11 @@ func pick(m map[string]float64) map[string]float64 {
 	for _, prefix := range []string{
 		metricSessionsEnded, "otelcol_receiver_token_stream_", "otelcol_processor_token_session_output_failures",
 		"otelcol_processor_token_session_disorder_events", "otelcol_processor_refused", "otelcol_exporter_send_failed",
+		"otelcol_exporter_engine_health_",
 	} {
 		for name, v := range m {
-			if strings.HasPrefix(name, prefix) {
+			// What was bounded or forgotten, wherever it was kept.
+			if strings.HasPrefix(name, prefix) || strings.Contains(name, "overflow") || strings.Contains(name, "forgotten") {
 				out[name] = v
 			}
 		}
@@ -392,6 +447,10 @@ type report struct {
 	CleanStop bool               `json:"clean_stop"`
 	Load      loadResult         `json:"llmload"`
 	Telemetry map[string]float64 `json:"collector_telemetry"`
+	// Churned are the churner's sessions, each with new names; Ejection
+	// what the probe after them saw (nil without -churn).
+	Churned  int            `json:"churned_sessions"`
+	Ejection *ejectionProbe `json:"ejection_after_churn,omitempty"`
 	Samples   []sample           `json:"samples"`
 }
 
@@ -431,6 +490,12 @@ func (r report) markdown() string {
 	fmt.Fprintf(&b, "| collector stopped cleanly on SIGTERM | %t |\n", r.CleanStop)
 	if len(r.Load.Errors) > 0 {
 		fmt.Fprintf(&b, "| llmload errors | %v |\n", r.Load.Errors)
+	}
+	if o.churn > 0 {
+		fmt.Fprintf(&b, "| churned sessions (a new engine, model and tenant each, %d a second, through the HTTP hook) | %d |\n", o.churn, r.Churned)
+	}
+	if p := r.Ejection; p != nil {
+		fmt.Fprintf(&b, "| after the churn, a failing engine ejected by `engine_health` | %t, after %.1f s (last state %s) |\n", p.Ejected, p.AfterS, p.State)
 	}
 	fmt.Fprintf(&b, "\n## Growth\n\nThe load ran from %.0f s to %.0f s of the collector's life. Its samples after the first %s "+
 		"(warm-up) are cut into thirds, and a series grew without bound when the median of the last third exceeds the middle "+

@@ -11,9 +11,9 @@ import (
 )
 
 // TestEjectionAfterEngineChurn: issue 38's finding, through the binary with
-// the default token_session and engine_health settings. 2 100 engine names
-// (pod churn over a collector's life, or one hook client on purpose) each
-// end a session; then a real engine fails every request beside a healthy
+// the default token_session and engine_health settings. 1 500 engine names
+// (pod churn over a collector's life, or one hook client on purpose: more
+// than the judge's 1024) each end a session; then a real engine fails every request beside a healthy
 // one. The real engine must be judged and ejected: with cumulative session
 // metrics re-sent at every flush, no engine was ever forgotten, the judge
 // stayed full with 1024 of the made-up names, and the real engine was
@@ -40,7 +40,7 @@ func TestEjectionAfterEngineChurn(t *testing.T) {
 		return lines
 	}
 	for batch := range 3 {
-		postLines(t, url, sessions(fmt.Sprint("junk", batch), "", "", 700)...)
+		postLines(t, url, sessions(fmt.Sprint("junk", batch), "", "", 500)...)
 	}
 	state := func(engine string) string {
 		r, err := http.Get("http://" + healthAddr + "/engines/" + engine + "/health")
@@ -59,12 +59,22 @@ func TestEjectionAfterEngineChurn(t *testing.T) {
 		}
 		return st.State
 	}
-	// The made-up names reach the judge (one flush, 15 s at most).
-	require.Eventually(t, func() bool { return state("junk2-699") == "healthy" }, 40*time.Second, 100*time.Millisecond)
+	// The made-up names fill the judge (one flush, 15 s at most).
+	require.Eventually(t, func() bool {
+		r, err := http.Get("http://" + healthAddr + "/engines")
+		if err != nil {
+			return false
+		}
+		defer r.Body.Close()
+		var engines []json.RawMessage
+		return json.NewDecoder(r.Body).Decode(&engines) == nil && len(engines) == 1024
+	}, 40*time.Second, 100*time.Millisecond, "1024 engines known")
 
 	// The real engine fails every request, the other serves them, a batch
-	// a second, until the real one is out (at most two flushes).
-	deadline := time.Now().Add(45 * time.Second)
+	// a second, until the real one is out: at most three flushes, as the
+	// first point of a cumulative series that started before the window
+	// (token_session's, 15 s before the first flush) only sets its base.
+	deadline := time.Now().Add(60 * time.Second)
 	last := ""
 	for i := 0; time.Now().Before(deadline); i++ {
 		lines := sessions(fmt.Sprint("real", i), "real-engine", `,"error":"500"`, 5)
@@ -75,6 +85,6 @@ func TestEjectionAfterEngineChurn(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 	}
-	require.Equal(t, "ejected", last, "a real engine failing every request after 2 100 engine names")
+	require.Equal(t, "ejected", last, "a real engine failing every request after 1 500 engine names")
 	require.Equal(t, "healthy", state("healthy-engine"))
 }
