@@ -1,12 +1,18 @@
 package strictconfig_test
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/confmap"
 
 	"github.com/otelcol-llm/otelcol-llm/exporter/enginehealthexporter"
@@ -66,3 +72,76 @@ func TestCustomUnmarshalersAreKnown(t *testing.T) {
 	slices.Sort(found)
 	assert.Equal(t, known, found)
 }
+
+// Every configuration the project ships or documents still decodes: the
+// READMEs' and docs' YAML examples, the configs at the top of the
+// repository, under deploy/, the end-to-end tests' and the demo's. None of
+// their keys is refused.
+func TestShippedConfigsDecode(t *testing.T) {
+	root := filepath.Join("..", "..")
+	var docs, configs []string
+	for _, pattern := range []string{"*.md", "docs/*.md", "deploy/*.md", "*/*/README.md"} {
+		m, err := filepath.Glob(filepath.Join(root, pattern))
+		require.NoError(t, err)
+		docs = append(docs, m...)
+	}
+	for _, pattern := range []string{"*.yaml", "deploy/*.yaml", "deploy/llm-d/*.yaml", "internal/harness/e2e/testdata/*.yaml", "cmd/llmdemo/internal/demo/*.yaml"} {
+		m, err := filepath.Glob(filepath.Join(root, pattern))
+		require.NoError(t, err)
+		configs = append(configs, m...)
+	}
+	type source struct{ name, yaml string }
+	var sources []source
+	for _, path := range docs {
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		for i, block := range yamlBlock.FindAllSubmatch(b, -1) {
+			sources = append(sources, source{fmt.Sprintf("%s block %d", path, i), string(block[1])})
+		}
+	}
+	for _, path := range configs {
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		sources = append(sources, source{path, string(b)})
+	}
+
+	factories := map[string]func() component.Config{
+		"receivers::token_stream":   tokenstreamreceiver.NewFactory().CreateDefaultConfig,
+		"processors::token_session": tokensessionprocessor.NewFactory().CreateDefaultConfig,
+		"exporters::engine_health":  enginehealthexporter.NewFactory().CreateDefaultConfig,
+	}
+	decoded := map[string]int{}
+	for _, src := range sources {
+		retrieved, err := confmap.NewRetrievedFromYAML([]byte(src.yaml))
+		if err != nil {
+			continue // not YAML: a fragment with placeholders
+		}
+		conf, err := retrieved.AsConf()
+		require.NoError(t, err)
+		for prefix, createDefault := range factories {
+			kind, typ, _ := strings.Cut(prefix, "::")
+			ids, _ := conf.Get(kind).(map[string]any)
+			for id := range ids {
+				if id != typ && !strings.HasPrefix(id, typ+"/") {
+					continue
+				}
+				sub, err := conf.Sub(kind + "::" + id)
+				require.NoError(t, err)
+				cfg := createDefault()
+				// A value read from the environment (${env:BASE_TIME}) is
+				// left as it is written, and fails to decode where it is no
+				// string; its key is still checked.
+				if err := sub.Unmarshal(&cfg); err != nil {
+					assert.NotContains(t, err.Error(), "invalid keys", "%s: %s::%s", src.name, kind, id)
+				}
+				decoded[typ]++
+			}
+		}
+	}
+	t.Log(decoded)
+	for _, typ := range []string{"token_stream", "token_session", "engine_health"} {
+		assert.Positive(t, decoded[typ], typ)
+	}
+}
+
+var yamlBlock = regexp.MustCompile("(?s)```yaml\n(.*?)```")

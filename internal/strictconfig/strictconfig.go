@@ -17,7 +17,6 @@ package strictconfig // import "github.com/otelcol-llm/otelcol-llm/internal/stri
 
 import (
 	"encoding"
-	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -27,35 +26,31 @@ import (
 	"go.opentelemetry.io/collector/confmap"
 )
 
-// Unmarshal decodes conf into cfg as conf.Unmarshal does (cfg keeps its
-// defaults where conf says nothing), and fails with one error per section
-// that holds keys cfg's type has no field for, each naming the section by
-// its path: 'proxy::stall' has invalid keys: max_gpa. A Config's own
-// Unmarshal method calls it; conf is then the one confmap passes that
-// method, which does not call the method again.
+// Unmarshal decodes conf into cfg, a pointer to a struct, as conf.Unmarshal
+// does (cfg keeps its defaults where conf says nothing), unless conf holds
+// keys that cfg's type has no field for: then it fails with all of them,
+// each by its path, in the collector's wording, which the collector's
+// decoder completes with the section it decodes, the component's top level:
+//
+//	'' has invalid keys: hooks::http::bogus_http, proxy::stall::max_gpa
+//
+// A Config's own Unmarshal method calls it; conf is then the one confmap
+// passes that method, which does not call the method again.
 func Unmarshal(conf *confmap.Conf, cfg any) error {
-	unknown := unknownKeys(conf.ToStringMap(), reflect.TypeOf(cfg))
-	return errors.Join(unknown, conf.Unmarshal(cfg))
+	if unknown := unknownKeys(conf.ToStringMap(), reflect.TypeOf(cfg)); len(unknown) > 0 {
+		return fmt.Errorf("has invalid keys: %s", strings.Join(unknown, ", "))
+	}
+	return conf.Unmarshal(cfg)
 }
 
 // unknownKeys walks raw, the configuration as maps and lists, beside t,
-// the type it is decoded into.
-func unknownKeys(raw map[string]any, t reflect.Type) error {
-	invalid := map[string][]string{} // section path -> its unknown keys
-	walk(raw, t, "", invalid)
-	paths := make([]string, 0, len(invalid))
-	for p := range invalid {
-		paths = append(paths, p)
-	}
-	slices.Sort(paths)
-	errs := make([]error, 0, len(paths))
-	for _, p := range paths {
-		keys := invalid[p]
-		slices.Sort(keys)
-		// The collector's own wording, with the path in its :: notation.
-		errs = append(errs, fmt.Errorf("'%s' has invalid keys: %s", p, strings.Join(keys, ", ")))
-	}
-	return errors.Join(errs...)
+// the type it is decoded into, and returns the paths of the keys t has no
+// place for, sorted.
+func unknownKeys(raw map[string]any, t reflect.Type) []string {
+	var unknown []string
+	walk(raw, t, "", &unknown)
+	slices.Sort(unknown)
+	return unknown
 }
 
 var (
@@ -67,7 +62,7 @@ var (
 // it: a map into a struct, an Optional or a map, a list into a slice.
 // Anything else decodes as a scalar, or fails to decode, which the decode
 // reports.
-func walk(raw any, t reflect.Type, path string, invalid map[string][]string) {
+func walk(raw any, t reflect.Type, path string, unknown *[]string) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -77,22 +72,22 @@ func walk(raw any, t reflect.Type, path string, invalid map[string][]string) {
 	m, isMap := raw.(map[string]any)
 	if inner, ok := optionalOf(t); ok {
 		if inner = deref(inner); isMap && inner.Kind() == reflect.Struct && !reflect.PointerTo(inner).Implements(textUnmarshaler) {
-			checkSection(m, inner, path, true, invalid)
+			checkSection(m, inner, path, true, unknown)
 		} else {
-			walk(raw, inner, path, invalid)
+			walk(raw, inner, path, unknown)
 		}
 		return
 	}
 	switch t.Kind() {
 	case reflect.Struct:
 		if isMap {
-			checkSection(m, t, path, false, invalid)
+			checkSection(m, t, path, false, unknown)
 		}
 	case reflect.Map:
 		// The keys are the user's (header names, attributes); the values
 		// are checked by their type.
 		for k, v := range m {
-			walk(v, t.Elem(), join(path, k), invalid)
+			walk(v, t.Elem(), join(path, k), unknown)
 		}
 	case reflect.Slice, reflect.Array:
 		if isMap && reflect.PointerTo(t).Implements(confUnmarshaler) {
@@ -100,7 +95,7 @@ func walk(raw any, t reflect.Type, path string, invalid map[string][]string) {
 		}
 		list, _ := raw.([]any)
 		for i, v := range list {
-			walk(v, t.Elem(), fmt.Sprintf("%s[%d]", path, i), invalid)
+			walk(v, t.Elem(), fmt.Sprintf("%s[%d]", path, i), unknown)
 		}
 	}
 }
@@ -108,16 +103,16 @@ func walk(raw any, t reflect.Type, path string, invalid map[string][]string) {
 // checkSection records the keys of m that struct type t takes no field
 // for, and walks the values of the others. A configoptional.Optional's
 // section also takes enabled.
-func checkSection(m map[string]any, t reflect.Type, path string, optional bool, invalid map[string][]string) {
+func checkSection(m map[string]any, t reflect.Type, path string, optional bool, unknown *[]string) {
 	fields, remain := keysOf(t)
 	for k, v := range m {
 		ft, ok := fields[k]
 		switch {
 		case ok:
-			walk(v, ft, join(path, k), invalid)
+			walk(v, ft, join(path, k), unknown)
 		case remain, optional && k == "enabled":
 		default:
-			invalid[path] = append(invalid[path], k)
+			*unknown = append(*unknown, join(path, k))
 		}
 	}
 }
