@@ -63,25 +63,19 @@ var (
 // Anything else decodes as a scalar, or fails to decode, which the decode
 // reports.
 func walk(raw any, t reflect.Type, path string, unknown *[]string) {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
+	t = deref(t)
+	inner, optional := optionalOf(t)
+	if optional {
+		t = deref(inner)
 	}
 	if reflect.PointerTo(t).Implements(textUnmarshaler) {
 		return // a scalar: component.ID, configcompression.Type
 	}
 	m, isMap := raw.(map[string]any)
-	if inner, ok := optionalOf(t); ok {
-		if inner = deref(inner); isMap && inner.Kind() == reflect.Struct && !reflect.PointerTo(inner).Implements(textUnmarshaler) {
-			checkSection(m, inner, path, true, unknown)
-		} else {
-			walk(raw, inner, path, unknown)
-		}
-		return
-	}
 	switch t.Kind() {
 	case reflect.Struct:
 		if isMap {
-			checkSection(m, t, path, false, unknown)
+			checkSection(m, t, path, optional, unknown)
 		}
 	case reflect.Map:
 		// The keys are the user's (header names, attributes); the values

@@ -290,3 +290,27 @@ func TestDecodesAsTheCollector(t *testing.T) {
 	require.NoError(t, confmap.NewFromStringMap(nil).Unmarshal(&cfg))
 	assert.Equal(t, defaultConfig(), cfg)
 }
+
+// Any configuration is checked without a panic: what is no map or list
+// where a section is expected is left to the decode, which reports it.
+func FuzzUnmarshal(f *testing.F) {
+	for _, seed := range []string{
+		"bogus: 1", "stall: 5", "stall: [1, 2]", "agent: x", "agent: [a]", "rules: {a: 1}", "rules: [1, [2], {x: 1}]",
+		"routes: [a]", "routes: {a: 5}", "response_headers: 7", "middlewares: {id: a}", "hooks: {tls: 3, bogus: 1}",
+		"upstream: {headers: [{name: a}], tls: []}", "client: {keepalive: 1}", "attributes: {a: {b: c}}",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, yaml string) {
+		retrieved, err := confmap.NewRetrievedFromYAML([]byte(yaml))
+		if err != nil {
+			return
+		}
+		conf, err := retrieved.AsConf()
+		if err != nil {
+			return
+		}
+		cfg := defaultConfig()
+		_ = conf.Unmarshal(&cfg)
+	})
+}
