@@ -9,6 +9,8 @@ import (
 	"go.opentelemetry.io/collector/config/confighttp"
 	"go.opentelemetry.io/collector/config/configoptional"
 	"go.opentelemetry.io/collector/confmap"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/strictconfig"
 )
 
 // Config is the configuration of the engine_health exporter.
@@ -93,6 +95,15 @@ func (cfg *Config) judgeConfig() judgeConfig {
 		baseTime: cfg.Eject.BaseTime, maxTime: cfg.Eject.MaxTime, maxPercent: cfg.Eject.MaxPercent,
 		keepLast: cfg.Eject.KeepLast,
 	}
+}
+
+var _ confmap.Unmarshaler = (*Config)(nil)
+
+// Unmarshal decodes the configuration as the collector does and refuses
+// every key no section knows, naming its section (internal/strictconfig:
+// the collector drops them in sections with confighttp's settings).
+func (cfg *Config) Unmarshal(conf *confmap.Conf) error {
+	return strictconfig.Unmarshal(conf, cfg)
 }
 
 var _ confmap.Validator = (*Config)(nil)

@@ -2,6 +2,7 @@ package enginehealthexporter
 
 import (
 	"path/filepath"
+	"regexp"
 	"testing"
 	"time"
 
@@ -78,5 +79,34 @@ func TestConfigInvalidNamesEveryKey(t *testing.T) {
 		"eject::error_ratio:", "eject::saturated_ratio:", "eject::max_time:", "eject::max_percent:", "agent::endpoint:",
 	} {
 		assert.Contains(t, err.Error(), key)
+	}
+}
+
+// A misspelled key fails in every section, named by its path: at the top,
+// beside confighttp's server settings, and in eject below it, the
+// collector dropped it: an operator who mistyped an ejection threshold ran
+// on its default.
+func TestConfigUnknownKeyNamedByPath(t *testing.T) {
+	for _, tc := range []struct{ key, yaml string }{
+		{"windw", "windw: 30s"},
+		{"eject::stall_ratoi", "eject: {stall_ratoi: 0.5}"},
+		{"eject::ttft_p9", "eject: {ttft_p9: 1s}"},
+		{"agent::endpont", "agent: {endpont: 'localhost:1'}"},
+		{"tls::key_fil", "tls: {key_fil: k.pem}"},
+		{"cors::allowed_origin", "cors: {allowed_origin: [x]}"},
+		{"keepalive::idle_timout", "keepalive: {idle_timout: 1s}"},
+		{"eject::stall_ratoi, windw", "windw: 30s\neject: {stall_ratoi: 0.5}"}, // every one at once
+	} {
+		t.Run(tc.key, func(t *testing.T) {
+			retrieved, err := confmap.NewRetrievedFromYAML([]byte(tc.yaml))
+			require.NoError(t, err)
+			conf, err := retrieved.AsConf()
+			require.NoError(t, err)
+			// As the collector decodes it, for validate and at start-up.
+			cfg := NewFactory().CreateDefaultConfig()
+			err = conf.Unmarshal(&cfg)
+			require.Error(t, err, "an unknown key is refused")
+			assert.Regexp(t, `(^|\n)'' has invalid keys: `+regexp.QuoteMeta(tc.key)+`$`, err.Error())
+		})
 	}
 }

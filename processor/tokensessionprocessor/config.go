@@ -10,6 +10,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
 	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
+	"github.com/otelcol-llm/otelcol-llm/internal/strictconfig"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
@@ -117,6 +118,15 @@ func createDefaultConfig() *Config {
 // given.
 func (cfg *Config) sessionConfig() session.Config {
 	return session.Config{Window: cfg.Window, Stall: cfg.Stall, Table: cfg.Session, Sampling: cfg.Sampling}
+}
+
+var _ confmap.Unmarshaler = (*Config)(nil)
+
+// Unmarshal decodes the configuration as the collector does and refuses
+// every key no section knows, naming its section (internal/strictconfig:
+// the collector drops them in sections with confighttp's settings).
+func (cfg *Config) Unmarshal(conf *confmap.Conf) error {
+	return strictconfig.Unmarshal(conf, cfg)
 }
 
 var _ confmap.Validator = (*Config)(nil)

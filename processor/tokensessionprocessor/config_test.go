@@ -3,6 +3,7 @@ package tokensessionprocessor
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -202,4 +203,36 @@ func TestReadmeConfigError(t *testing.T) {
 	cfg.Metrics.Temporality = "weekly"
 	cfg.Traces.MaxHeldSpans = 0
 	assert.Equal(t, strings.TrimPrefix(example, "Error: processors::token_session: "), cfg.Validate().Error()+"\n")
+}
+
+// A misspelled key fails in every section, named by its path: in live,
+// which has confighttp's server settings, the collector dropped it.
+func TestConfigUnknownKeyNamedByPath(t *testing.T) {
+	for _, tc := range []struct{ key, yaml string }{
+		{"pass_token_event", "pass_token_event: all"},
+		{"stall::gpa", "stall: {gpa: 1s}"},
+		{"session::idle_timout", "session: {idle_timout: 1m}"},
+		{"sampling::ttf", "sampling: {ttf: 1s}"},
+		{"metrics::dimension", "metrics: {dimension: [tenant]}"},
+		{"traces::max_held_span", "traces: {max_held_span: 10}"},
+		{"limits::max_attribute", "limits: {max_attribute: 4}"},
+		{"engine_timing::expect_span", "engine_timing: {expect_span: true}"},
+		{"live::bogus", "live: {endpoint: 'localhost:0', bogus: 1}"},
+		{"live::max_viewer", "live: {endpoint: 'localhost:0', max_viewer: 2}"},
+		{"live::tls::cert_fil", "live: {endpoint: 'localhost:0', tls: {cert_fil: c.pem}}"},
+		{"live::auth::authenticatr", "live: {endpoint: 'localhost:0', auth: {authenticatr: basicauth}}"},
+		{"attribution::tenant_attribut", "attribution: {tenant_attribut: tenant.id}"},
+	} {
+		t.Run(tc.key, func(t *testing.T) {
+			retrieved, err := confmap.NewRetrievedFromYAML([]byte(tc.yaml))
+			require.NoError(t, err)
+			conf, err := retrieved.AsConf()
+			require.NoError(t, err)
+			// As the collector decodes it, for validate and at start-up.
+			cfg := NewFactory().CreateDefaultConfig()
+			err = conf.Unmarshal(&cfg)
+			require.Error(t, err, "an unknown key is refused")
+			assert.Regexp(t, `(^|\n)'' has invalid keys: `+regexp.QuoteMeta(tc.key)+`$`, err.Error())
+		})
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/collector/config/configoptional"
 	"go.opentelemetry.io/collector/confmap"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/strictconfig"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxy"
 )
@@ -228,6 +229,15 @@ type LimitsConfig struct {
 
 func (l LimitsConfig) parserLimits() tokenevent.Limits {
 	return tokenevent.Limits{MaxLineBytes: l.MaxLineBytes, MaxSessionIDBytes: l.MaxSessionIDBytes, MaxAttributes: l.MaxAttributes}
+}
+
+var _ confmap.Unmarshaler = (*Config)(nil)
+
+// Unmarshal decodes the configuration as the collector does and refuses
+// every key no section knows, naming its section (internal/strictconfig:
+// the collector drops them in sections with confighttp's settings).
+func (cfg *Config) Unmarshal(conf *confmap.Conf) error {
+	return strictconfig.Unmarshal(conf, cfg)
 }
 
 var _ confmap.Validator = (*Config)(nil)

@@ -308,3 +308,72 @@ func TestConfigVLLMErrorsRedactTargets(t *testing.T) {
 	assert.Contains(t, err.Error(), `vllm::targets[2]: duplicate of vllm::targets[1] ("http://xxxxx@host/metrics?token=xxxxx")`)
 	t.Log(err)
 }
+
+// unmarshalAsCollector decodes yaml, the receiver's section, as the
+// collector does for `validate` and at start-up: into the factory's default
+// config, through the component.Config it is held as.
+func unmarshalAsCollector(t *testing.T, yaml string) (component.Config, error) {
+	t.Helper()
+	retrieved, err := confmap.NewRetrievedFromYAML([]byte(yaml))
+	require.NoError(t, err)
+	conf, err := retrieved.AsConf()
+	require.NoError(t, err)
+	cfg := NewFactory().CreateDefaultConfig()
+	return cfg, conf.Unmarshal(&cfg)
+}
+
+// A misspelled key fails in every section, named by its path: in the
+// sections with confighttp's settings (hooks::http, proxy, proxy::upstream,
+// vllm::client) and below them (proxy::stall) the collector dropped it.
+func TestConfigUnknownKeyNamedByPath(t *testing.T) {
+	for _, tc := range []struct{ key, yaml string }{
+		{"bogus", "hooks: {udp: {}}\nbogus: 1"},
+		{"hooks::bogus", "hooks: {udp: {}, bogus: 1}"},
+		{"hooks::http::bogus_http", "hooks: {http: {bogus_http: 1}}"},
+		{"hooks::http::tls::cert_fil", "hooks: {http: {tls: {cert_fil: cert.pem}}}"},
+		{"hooks::http::cors::allowed_origin", "hooks: {http: {cors: {allowed_origin: [x]}}}"},
+		{"hooks::udp::batch_windw", "hooks: {udp: {batch_windw: 1ms}}"},
+		{"hooks::unix::bogus", "hooks: {unix: {endpoint: /tmp/s, bogus: 1}}"},
+		{"hooks::limits::max_line_byte", "hooks: {udp: {}, limits: {max_line_byte: 1}}"},
+		{"proxy::max_stream", "proxy: {upstream: {endpoint: 'http://e:8000'}, max_stream: 1}"},
+		{"proxy::stall::max_gpa", "proxy: {upstream: {endpoint: 'http://e:8000'}, stall: {max_gpa: 2s}}"},
+		{"proxy::upstream::stream_idle_timout", "proxy: {upstream: {endpoint: 'http://e:8000', stream_idle_timout: 1s}}"},
+		{"proxy::upstream::tls::ca_fil", "proxy: {upstream: {endpoint: 'https://e:8000', tls: {ca_fil: ca.pem}}}"},
+		{"proxy::tls::key_fil", "proxy: {upstream: {endpoint: 'http://e:8000'}, tls: {key_fil: k.pem}}"},
+		{"vllm::intervl", "vllm: {intervl: 1s}"},
+		{"vllm::client::timout", "vllm: {client: {timout: 1s}}"},
+		{"vllm::client::tls::insecure_skip_verfy", "vllm: {client: {tls: {insecure_skip_verfy: true}}}"},
+	} {
+		t.Run(tc.key, func(t *testing.T) {
+			_, err := unmarshalAsCollector(t, tc.yaml)
+			require.Error(t, err, "an unknown key is refused")
+			assert.Regexp(t, `(^|\n)'' has invalid keys: `+regexp.QuoteMeta(tc.key)+`$`, err.Error())
+		})
+	}
+}
+
+// The keys that are the user's to choose are accepted: header names of
+// attributes_from_headers, client headers, response headers; and enabled,
+// which turns an optional section off.
+func TestConfigFreeKeysAccepted(t *testing.T) {
+	cfg, err := unmarshalAsCollector(t, `
+hooks:
+  http:
+    response_headers: {X-Served-By: otelcol}
+  udp:
+    enabled: false
+proxy:
+  upstream:
+    endpoint: http://engine:8000
+    headers: {X-Any-Header: v}
+  attributes_from_headers: {X-Tenant-ID: tenant.id}
+vllm:
+  client:
+    headers: {X-Scrape: v}
+`)
+	require.NoError(t, err)
+	c := cfg.(*Config)
+	assert.False(t, c.Hooks.UDP.HasValue())
+	assert.Equal(t, map[string]string{"X-Tenant-ID": "tenant.id"}, c.Proxy.Get().AttributesFromHeaders)
+	require.NoError(t, c.Validate())
+}
