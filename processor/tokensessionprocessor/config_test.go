@@ -77,6 +77,7 @@ func TestConfigCustom(t *testing.T) {
 	assert.Equal(t, sessionmetrics.Config{
 		FlushInterval: 30 * time.Second, Dimensions: []string{"quantization", "tenant"}, CardinalityLimit: 500,
 		Temporality: sessionmetrics.Delta, Histogram: sessionmetrics.Exponential, ExponentialMaxSize: 80, MaxModels: 20,
+		MaxEngines: 10, ForgetAfter: 30 * time.Minute,
 	}, cfg.Metrics)
 	assert.Equal(t, heldspans.Config{MaxHeldSpans: 1000, MaxHold: time.Minute, VerdictCacheSize: 2000}, cfg.Traces)
 	assert.Equal(t, EngineTimingConfig{Wait: 10 * time.Second, MaxSessions: 500, ExpectSpans: true}, cfg.EngineTiming)
@@ -102,6 +103,8 @@ func TestConfigInvalidReportsEveryProblem(t *testing.T) {
 		"metrics::flush_interval: must be positive, got -1s",
 		"metrics::cardinality_limit: want at least 2 (one regular series plus the overflow series), got 1",
 		"metrics::max_models: must not be negative (0: no bound), got -3",
+		"metrics::max_engines: must not be negative (0: no bound), got -1",
+		"metrics::forget_after: must not be negative (0: never), got -1m0s",
 		`metrics::dimensions::0: "gen_ai.request.model" is set by the aggregator itself`,
 		`metrics::temporality: want cumulative or delta, got "weekly"`,
 		`metrics::histogram: want explicit or exponential, got "linear"`,
