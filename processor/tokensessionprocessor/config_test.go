@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/component/componenttest"
+	"go.opentelemetry.io/collector/config/confighttp"
 	"go.opentelemetry.io/collector/confmap"
 	"go.opentelemetry.io/collector/confmap/confmaptest"
 
@@ -188,6 +189,42 @@ func TestReadmeConfigs(t *testing.T) {
 	}
 	assert.Equal(t, 1, defaults)
 	assert.GreaterOrEqual(t, checked, 4)
+}
+
+// Every key of the configuration is in the README: in the block with every
+// key at its default, and with a row of its own in the table of keys. The
+// live view's HTTP server settings are confighttp's, which the README
+// names as a whole.
+func TestReadmeEveryKey(t *testing.T) {
+	conf := confmap.New()
+	require.NoError(t, conf.Marshal(createDefaultConfig()))
+	server := confmap.New()
+	require.NoError(t, server.Marshal(confighttp.NewDefaultServerConfig()))
+	confighttpKeys := map[string]bool{}
+	for _, k := range server.AllKeys() {
+		confighttpKeys[strings.SplitN(k, "::", 2)[0]] = true
+	}
+	var defaults *confmap.Conf
+	for _, block := range readmeBlocks(t, "yaml") {
+		if strings.Contains(block, "pass_token_events: none") {
+			retrieved, err := confmap.NewRetrievedFromYAML([]byte(block))
+			require.NoError(t, err)
+			all, err := retrieved.AsConf()
+			require.NoError(t, err)
+			defaults, err = all.Sub("processors::token_session")
+			require.NoError(t, err)
+		}
+	}
+	require.NotNil(t, defaults)
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	for _, key := range conf.AllKeys() {
+		if section, field, _ := strings.Cut(key, "::"); section == "live" && confighttpKeys[strings.SplitN(field, "::", 2)[0]] {
+			continue
+		}
+		assert.True(t, defaults.IsSet(key), "%s is in the block of every key at its default", key)
+		assert.Contains(t, string(readme), "| `"+key+"` |", "%s has a row in the table of keys", key)
+	}
 }
 
 // The README's example of a config error is what Validate says (the
