@@ -83,7 +83,7 @@ func (k *Key) Touch() {
 
 // Set is a bounded set of values that forgets idle ones.
 type Set struct {
-	max         int
+	bound       int
 	forgetAfter int64
 	keys        map[string]*Key
 	overflow    Key
@@ -95,7 +95,7 @@ type Set struct {
 // New returns a Set of at most bound values (0: no bound) that forgets a
 // value at the first Sweep forgetAfter (0: never) after its last use.
 func New(bound int, forgetAfter time.Duration) *Set {
-	return &Set{max: bound, forgetAfter: int64(forgetAfter), keys: make(map[string]*Key), overflow: Key{name: Overflow}}
+	return &Set{bound: bound, forgetAfter: int64(forgetAfter), keys: make(map[string]*Key), overflow: Key{name: Overflow}}
 }
 
 // Open admits name for a session and returns its Key, which the session
@@ -107,7 +107,7 @@ func (s *Set) Open(name string) *Key {
 	}
 	k, ok := s.keys[name]
 	if !ok {
-		if s.max > 0 && len(s.keys) >= s.max {
+		if s.bound > 0 && len(s.keys) >= s.bound {
 			s.overflowed++
 			k = &s.overflow
 		} else {

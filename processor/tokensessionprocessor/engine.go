@@ -142,11 +142,12 @@ func (h *engineHistory) at(t int64) (engineSnapshot, bool) {
 }
 
 // engineStates is the engine state of every engine seen in the metrics,
-// up to max instances (metrics::max_engines; 0: no bound).
+// up to maxInstances (metrics::max_engines; 0: no bound).
 type engineStates struct {
-	byInstance map[string]*engineHistory
-	max        int
-	// overflowed counts the snapshots of instances beyond max, not kept.
+	byInstance   map[string]*engineHistory
+	maxInstances int
+	// overflowed counts the snapshots of instances beyond maxInstances,
+	// not kept.
 	overflowed uint64
 }
 
@@ -218,7 +219,7 @@ func (e *engineStates) observe(md pmetric.Metrics, now int64) {
 		}
 		h := e.byInstance[key]
 		if h == nil {
-			if e.max > 0 && len(e.byInstance) >= e.max {
+			if e.maxInstances > 0 && len(e.byInstance) >= e.maxInstances {
 				e.overflowed++
 				continue
 			}

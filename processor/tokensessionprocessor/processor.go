@@ -68,7 +68,7 @@ func newCore(cfg *Config, set processor.Settings) (*core, error) {
 		return nil, err
 	}
 	c := &core{
-		cfg: cfg, set: set, telemetry: telemetry, engines: &engineContext{states: engineStates{max: cfg.Metrics.MaxEngines}},
+		cfg: cfg, set: set, telemetry: telemetry, engines: &engineContext{states: engineStates{maxInstances: cfg.Metrics.MaxEngines}},
 		spans: &spanGate{buf: buf},
 		stop:  make(chan struct{}),
 	}
