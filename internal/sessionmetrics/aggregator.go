@@ -1,6 +1,8 @@
 // Package sessionmetrics aggregates the metrics of the token_session processor over 100% of
 // sessions: GenAI semconv latency histograms, per-token inter-token latency, token usage,
-// sessions by outcome, stalls and active sessions, under a per-metric cardinality limit.
+// sessions by outcome, stalls and active sessions, under a per-metric cardinality limit and
+// bounds on the distinct models and engines, forgetting what has had no data for
+// Config.ForgetAfter.
 //
 // An Aggregator is not safe for concurrent use: the caller (the session state machine and the
 // processor's flush) must serialize every call, including AppendTo.
@@ -13,6 +15,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/keyset"
 )
 
 // Metric names.
@@ -80,7 +84,18 @@ type Live struct {
 	series *liveSeries // where live data goes: the dims' own series or the overflow series
 	key    string      // encoded live dims, the prefix of the end-of-session keys
 	dims   *Dims       // normalized copy, shared read-only with the end-of-session series
+	// model and engine are the dims' places under MaxModels and MaxEngines, held open by the
+	// sessions of the handle (nil for an absent value).
+	model, engine *keyset.Key
 }
+
+// Model is the gen_ai.request.model the handle's sessions are recorded under: theirs, or
+// ModelOverflow beyond MaxModels.
+func (l *Live) Model() string { return l.dims.Model }
+
+// Engine is the llm.engine the handle's sessions are recorded under: theirs, or ModelOverflow
+// beyond MaxEngines.
+func (l *Live) Engine() string { return l.dims.Engine }
 
 // liveSeries holds the three metrics whose attributes are the live dims: inter-token latency,
 // stalls and active sessions. They are created and dropped together, so they share one
@@ -92,6 +107,8 @@ type liveSeries struct {
 	stalls   uint64
 	active   int64
 	overflow bool
+	// activity is its sessions' starts and ends, for ForgetAfter.
+	activity keyset.Activity
 	// ends caches the end-of-session series its sessions without an error
 	// type ended on, so that the next one's end finds them without a map
 	// lookup each (six per session, on keys of tens of bytes).
@@ -123,11 +140,13 @@ type endAttrs struct {
 
 // endSeries is one series of an end-of-session metric: a histogram or, for llm.sessions, a count.
 type endSeries struct {
+	key      string // in its endMetric's series
 	attrs    endAttrs
 	start    pcommon.Timestamp
 	h        histogram
 	n        uint64
 	overflow bool
+	activity keyset.Activity
 }
 
 // endMetric is an end-of-session metric with its series in creation order, so output order is
@@ -159,8 +178,11 @@ type Aggregator struct {
 	// epoch counts the delta intervals, for endCache.
 	epoch uint64
 
-	models           map[string]struct{} // the models seen, up to MaxModels
-	modelsOverflowed uint64
+	// models and engines are the values of gen_ai.request.model and llm.engine held, up to
+	// MaxModels and MaxEngines.
+	models, engines *keyset.Set
+	// forgotten counts the series forgotten after ForgetAfter without data.
+	forgotten uint64
 }
 
 // New returns an Aggregator; start is the start timestamp of the first interval.
@@ -178,7 +200,8 @@ func New(cfg Config, start time.Time) (*Aggregator, error) {
 		lastFlush: pcommon.NewTimestampFromTime(start),
 		keyBuf:    make([]byte, 0, 256),
 		live:      make(map[string]*liveSeries),
-		models:    make(map[string]struct{}),
+		models:    keyset.New(cfg.MaxModels, cfg.ForgetAfter),
+		engines:   keyset.New(cfg.MaxEngines, cfg.ForgetAfter),
 		ttft: newMetric(MetricTimeToFirstToken, "s",
 			"Time from the start of a streamed session to its first token with content.", ttftBounds),
 		tpot: newMetric(MetricTimePerOutputTok, "s",
@@ -200,20 +223,13 @@ func New(cfg Config, start time.Time) (*Aggregator, error) {
 // returns the handle for its later calls. It allocates only when it creates a series or the
 // series is over the cardinality limit.
 func (a *Aggregator) SessionStarted(d Dims) *Live {
-	if a.cfg.MaxModels > 0 && d.Model != "" {
-		if _, known := a.models[d.Model]; !known {
-			if len(a.models) < a.cfg.MaxModels {
-				a.models[strings.Clone(d.Model)] = struct{}{}
-			} else {
-				d.Model = ModelOverflow
-				a.modelsOverflowed++
-			}
-		}
-	}
+	model, engine := a.models.Open(d.Model), a.engines.Open(d.Engine)
+	d.Model, d.Engine = model.Name(), engine.Name()
 	key := a.appendLiveKey(a.keyBuf[:0], &d)
 	a.keyBuf = key[:0]
 	if s, ok := a.live[string(key)]; ok {
 		s.active++
+		s.activity.Touch()
 		return &s.live
 	}
 	dims := a.cloneDims(&d)
@@ -222,11 +238,13 @@ func (a *Aggregator) SessionStarted(d Dims) *Live {
 			a.liveOverflow = &liveSeries{start: a.lastFlush, itl: a.newHistogram(tpotBounds), overflow: true}
 		}
 		a.liveOverflow.active++
+		a.liveOverflow.activity.Touch()
 		a.overflowed++
-		return &Live{series: a.liveOverflow, key: string(key), dims: dims}
+		return &Live{series: a.liveOverflow, key: string(key), dims: dims, model: model, engine: engine}
 	}
 	s := &liveSeries{start: a.lastFlush, itl: a.newHistogram(tpotBounds), active: 1}
-	s.live = Live{series: s, key: string(key), dims: dims}
+	s.activity.Touch()
+	s.live = Live{series: s, key: string(key), dims: dims, model: model, engine: engine}
 	a.live[s.live.key] = s
 	a.liveOrder = append(a.liveOrder, s)
 	return &s.live
@@ -237,8 +255,16 @@ func (a *Aggregator) SessionStarted(d Dims) *Live {
 // new handle: it leaves the active count of l's series and joins d's. What
 // was recorded under l stays there.
 func (a *Aggregator) SessionRestarted(l *Live, d Dims) *Live {
-	l.series.active--
+	a.leave(l)
 	return a.SessionStarted(d)
+}
+
+// leave takes a session off l's live series and lets go of its model and engine.
+func (a *Aggregator) leave(l *Live) {
+	l.series.active--
+	l.series.activity.Touch()
+	l.model.Close()
+	l.engine.Close()
 }
 
 // ObserveGap records one observation of perTokenGap with weight tokens on
@@ -270,7 +296,7 @@ func (a *Aggregator) Stall(l *Live) {
 // Negative durations and token counts are recorded as 0.
 func (a *Aggregator) SessionEnded(l *Live, r Result) {
 	ls := l.series
-	ls.active--
+	a.leave(l)
 	if ls.overflow {
 		a.overflowed++
 	}
@@ -330,6 +356,7 @@ func (a *Aggregator) cachedEndSeries(cached **endSeries, m *endMetric, key []byt
 		if s.overflow {
 			a.overflowed++
 		}
+		s.activity.Touch()
 		return s
 	}
 	s := a.endSeriesFor(m, key, attrs)
@@ -352,6 +379,9 @@ func (a *Aggregator) EngineTiming(l *Live, errorType string, t Timing) {
 	if !t.HasQueue && !t.HasPrefill {
 		return
 	}
+	// The model and engine are used again, after the session's end.
+	l.model.Touch()
+	l.engine.Touch()
 	key := appendString(append(a.keyBuf[:0], l.key...), errorType)
 	attrs := endAttrs{dims: l.dims, errorType: errorType}
 	if t.HasQueue {
@@ -371,7 +401,19 @@ func (a *Aggregator) OverflowCount() uint64 { return a.overflowed }
 
 // ModelOverflowCount returns how many sessions were recorded with the model ModelOverflow since
 // New, their own model being beyond Config.MaxModels.
-func (a *Aggregator) ModelOverflowCount() uint64 { return a.modelsOverflowed }
+func (a *Aggregator) ModelOverflowCount() uint64 { return a.models.Overflowed() }
+
+// EngineOverflowCount returns how many sessions were recorded with the engine ModelOverflow since
+// New, their own engine being beyond Config.MaxEngines.
+func (a *Aggregator) EngineOverflowCount() uint64 { return a.engines.Overflowed() }
+
+// ForgottenCount returns how many series (one attribute set of one metric; a live series is
+// three, as in SeriesCount) were forgotten since New after Config.ForgetAfter without data.
+func (a *Aggregator) ForgottenCount() uint64 { return a.forgotten }
+
+// KeyCounts returns the models and the engines held now (their overflow not counted): at most
+// Config.MaxModels and Config.MaxEngines.
+func (a *Aggregator) KeyCounts() (models, engines int) { return a.models.Len(), a.engines.Len() }
 
 // SeriesCount returns the number of regular (not overflow) series held, summed over metrics, with
 // the live series counted once per live metric (inter-token latency, stalls, active).
@@ -384,6 +426,7 @@ func (a *Aggregator) SeriesCount() int {
 // endSeriesFor returns the series of key in m, creating it or falling back to the overflow series.
 func (a *Aggregator) endSeriesFor(m *endMetric, key []byte, attrs *endAttrs) *endSeries {
 	if s, ok := m.series[string(key)]; ok {
+		s.activity.Touch()
 		return s
 	}
 	if len(m.series) >= a.cfg.CardinalityLimit-1 {
@@ -393,6 +436,7 @@ func (a *Aggregator) endSeriesFor(m *endMetric, key []byte, attrs *endAttrs) *en
 				m.overflow.h = a.newHistogram(m.bounds)
 			}
 		}
+		m.overflow.activity.Touch()
 		a.overflowed++
 		return m.overflow
 	}
@@ -404,12 +448,14 @@ func (a *Aggregator) endSeriesFor(m *endMetric, key []byte, attrs *endAttrs) *en
 			outcome:   strings.Clone(attrs.outcome),
 			sampled:   attrs.sampled,
 		},
+		key:   string(key),
 		start: a.lastFlush,
 	}
+	s.activity.Touch()
 	if m.bounds != nil {
 		s.h = a.newHistogram(m.bounds)
 	}
-	m.series[string(key)] = s
+	m.series[s.key] = s
 	m.order = append(m.order, s)
 	return s
 }
@@ -443,8 +489,8 @@ func (a *Aggregator) cloneDims(d *Dims) *Dims {
 	c := &Dims{
 		Operation: strings.Clone(d.Operation),
 		Provider:  strings.Clone(d.Provider),
-		Model:     strings.Clone(d.Model),
-		Engine:    strings.Clone(d.Engine),
+		Model:     d.Model,  // the key set's copy
+		Engine:    d.Engine, // the key set's copy
 	}
 	if len(a.cfg.Dimensions) > 0 {
 		c.Extra = make([]string, len(a.cfg.Dimensions))

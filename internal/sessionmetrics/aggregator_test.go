@@ -399,6 +399,116 @@ func TestMaxModels(t *testing.T) {
 	assert.EqualError(t, err, "max_models: must not be negative (0: no bound), got -1")
 }
 
+// Engines beyond max_engines share llm.engine=_OTHER, as models do: pods
+// that restart under new addresses, or a hook that names engines by
+// request, do not take the cardinality limit from real series.
+func TestMaxEngines(t *testing.T) {
+	a := newAggregator(t, func(c *Config) { c.MaxEngines = 2 })
+	for _, engine := range []string{"vllm-0", "vllm-1", "", "10.0.0.7:8000", "vllm-0", "10.0.0.8:8000"} {
+		d := chatDims
+		d.Engine = engine
+		l := a.SessionStarted(d)
+		if engine == "10.0.0.7:8000" {
+			assert.Equal(t, ModelOverflow, l.Engine())
+		}
+		a.SessionEnded(l, Result{Outcome: "completed"})
+	}
+	got := intValues(t, findMetric(t, flush(a, t1), MetricSessions), "llm.engine")
+	assert.Equal(t, map[string]int64{"vllm-0": 2, "vllm-1": 1, "": 1, ModelOverflow: 2}, got)
+	assert.Equal(t, uint64(2), a.EngineOverflowCount())
+	_, engines := a.KeyCounts()
+	assert.Equal(t, 2, engines)
+}
+
+// 100 000 distinct models and engines, one session each: the values held
+// stay at max_models and max_engines, the series at the cardinality
+// limit, and every session is counted (under _OTHER, or the overflow
+// series). After forget_after without a session, every one is forgotten:
+// nothing is held and nothing is sent.
+func TestKeysBoundedAndForgotten(t *testing.T) {
+	for _, temporality := range []Temporality{Cumulative, Delta} {
+		t.Run(string(temporality), func(t *testing.T) {
+			a := newAggregator(t, func(c *Config) {
+				c.Temporality = temporality
+				c.ForgetAfter = time.Minute
+			})
+			const n = 100_000
+			for i := range n {
+				d := chatDims
+				d.Model, d.Engine = fmt.Sprint("model-", i), fmt.Sprint("10.0.", i/256, ".", i%256, ":8000")
+				a.SessionEnded(a.SessionStarted(d), Result{Outcome: "completed", Duration: time.Second})
+			}
+			models, engines := a.KeyCounts()
+			assert.Equal(t, DefaultMaxModels, models)
+			assert.Equal(t, DefaultMaxEngines, engines)
+			assert.Equal(t, uint64(n-DefaultMaxModels), a.ModelOverflowCount())
+			assert.Equal(t, uint64(n-DefaultMaxEngines), a.EngineOverflowCount())
+			sm := flush(a, t1)
+			sessions := findMetric(t, sm, MetricSessions).Sum().DataPoints()
+			assert.LessOrEqual(t, sessions.Len(), DefaultCardinalityLimit)
+			total := int64(0)
+			for _, dp := range sessions.All() {
+				total += dp.IntValue()
+			}
+			assert.Equal(t, int64(n), total, "every session counted")
+			// No session since: forgotten at the first flush a minute
+			// after the one that followed the last.
+			flush(a, t1.Add(59*time.Second))
+			models, _ = a.KeyCounts()
+			assert.Equal(t, DefaultMaxModels, models, "59 s: held")
+			sm = flush(a, t1.Add(time.Minute))
+			assert.Zero(t, sm.Metrics().Len(), "nothing is sent")
+			models, engines = a.KeyCounts()
+			assert.Zero(t, models)
+			assert.Zero(t, engines)
+			assert.Zero(t, a.SeriesCount())
+			assert.Empty(t, a.live)
+			assert.Nil(t, a.liveOverflow)
+			// The places are free: a new model has its own series.
+			d := chatDims
+			d.Model = "new-model"
+			assert.Equal(t, "new-model", a.SessionStarted(d).Model())
+		})
+	}
+}
+
+// Under cumulative temporality a series with no session for forget_after
+// is no longer sent; one whose session is still open is, however long it
+// runs; a series made again after it was forgotten starts from zero, at a
+// new start timestamp.
+func TestForgetAfterCumulative(t *testing.T) {
+	a := newAggregator(t, func(c *Config) { c.ForgetAfter = time.Minute })
+	gone, open := chatDims, chatDims
+	gone.Model, open.Model = "gone", "long"
+	a.SessionEnded(a.SessionStarted(gone), Result{Outcome: "completed", Duration: time.Second})
+	long := a.SessionStarted(open)
+	models := func(sm pmetric.ScopeMetrics, name string) map[string]int64 {
+		if !hasMetric(sm, name) {
+			return nil
+		}
+		return intValues(t, findMetric(t, sm, name), "gen_ai.request.model")
+	}
+	assert.Equal(t, map[string]int64{"gone": 1}, models(flush(a, t1), MetricSessions))
+	sm := flush(a, t1.Add(time.Minute))
+	assert.Nil(t, models(sm, MetricSessions), "gone's llm.sessions is forgotten")
+	assert.Equal(t, map[string]int64{"long": 1}, models(sm, MetricActiveSessions), "long's session is open")
+	assert.Equal(t, uint64(3+1+1), a.ForgottenCount(), "gone's live series (3 metrics), its llm.sessions and duration")
+
+	restart := t1.Add(time.Minute)
+	a.SessionEnded(a.SessionStarted(gone), Result{Outcome: "completed", Duration: time.Second})
+	a.SessionEnded(long, Result{Outcome: "completed", Duration: time.Second})
+	sm = flush(a, restart.Add(15*time.Second))
+	assert.Equal(t, map[string]int64{"gone": 1, "long": 1}, models(sm, MetricSessions), "from zero")
+	for _, dp := range findMetric(t, sm, MetricSessions).Sum().DataPoints().All() {
+		if v, _ := dp.Attributes().Get("gen_ai.request.model"); v.Str() == "gone" {
+			assert.Equal(t, pcommon.NewTimestampFromTime(restart), dp.StartTimestamp(), "a new start")
+		}
+	}
+
+	_, err := New(Config{FlushInterval: time.Minute, CardinalityLimit: 10, Temporality: Cumulative, Histogram: Explicit, ForgetAfter: -time.Second}, t0)
+	assert.EqualError(t, err, "forget_after: must not be negative (0: never), got -1s")
+}
+
 func TestActiveGauge(t *testing.T) {
 	for _, tt := range []struct {
 		temporality Temporality

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/keyset"
 )
 
 // Temporality is the aggregation temporality of the sums and histograms,
@@ -35,11 +37,14 @@ const (
 	DefaultCardinalityLimit   = 2000
 	DefaultExponentialMaxSize = 160
 	DefaultMaxModels          = 100
+	DefaultMaxEngines         = 100
+	DefaultForgetAfter        = time.Hour
 )
 
-// ModelOverflow is the gen_ai.request.model value the sessions of models
-// beyond Config.MaxModels are recorded under.
-const ModelOverflow = "_OTHER"
+// ModelOverflow is the gen_ai.request.model (and llm.engine) value the
+// sessions of models beyond Config.MaxModels (engines beyond
+// Config.MaxEngines) are recorded under.
+const ModelOverflow = keyset.Overflow
 
 // Config configures an Aggregator; it is the metrics section of the
 // token_session processor's configuration, with its keys. Start from
@@ -62,18 +67,28 @@ type Config struct {
 	// ExponentialMaxSize is the maximum number of buckets of an exponential histogram; only checked
 	// when Histogram is Exponential.
 	ExponentialMaxSize int `mapstructure:"exponential_max_size"`
-	// MaxModels bounds the distinct gen_ai.request.model values, for the life of the Aggregator:
-	// the model comes from the client's request, and without a bound invented names would take
-	// the whole CardinalityLimit from real series. Sessions of further models are recorded with
-	// the model ModelOverflow. 0 means no bound.
+	// MaxModels bounds the distinct gen_ai.request.model values held at once: the model comes
+	// from the client's request, and without a bound invented names would take the whole
+	// CardinalityLimit from real series. Sessions of further models are recorded with the model
+	// ModelOverflow. 0 means no bound.
 	MaxModels int `mapstructure:"max_models"`
+	// MaxEngines bounds the distinct llm.engine values held at once, as MaxModels the models:
+	// engines come and go with their pods, each restart a new address. 0 means no bound.
+	MaxEngines int `mapstructure:"max_engines"`
+	// ForgetAfter is how long a series, a model or an engine is kept without a recording (and,
+	// for a model or an engine, without an open session): then it is forgotten, its series are
+	// no longer sent (under cumulative temporality they end, as a gone pod's do in Prometheus)
+	// and its place under the bounds is free. It is checked at each AppendTo, from the first
+	// AppendTo after the last recording. 0 means never.
+	ForgetAfter time.Duration `mapstructure:"forget_after"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
 }
 
 // DefaultConfig returns the defaults: flushed every 15 s, no extra dimensions, 2000 series per
-// metric, 100 models, cumulative, explicit histograms, 160 exponential buckets.
+// metric, 100 models, 100 engines, forgotten after an hour, cumulative, explicit histograms, 160
+// exponential buckets.
 func DefaultConfig() Config {
 	return Config{
 		FlushInterval:      15 * time.Second,
@@ -82,6 +97,8 @@ func DefaultConfig() Config {
 		Histogram:          Explicit,
 		ExponentialMaxSize: DefaultExponentialMaxSize,
 		MaxModels:          DefaultMaxModels,
+		MaxEngines:         DefaultMaxEngines,
+		ForgetAfter:        DefaultForgetAfter,
 	}
 }
 
@@ -113,6 +130,12 @@ func (c Config) Validate() []error {
 	}
 	if c.MaxModels < 0 {
 		errs = append(errs, fmt.Errorf("max_models: must not be negative (0: no bound), got %d", c.MaxModels))
+	}
+	if c.MaxEngines < 0 {
+		errs = append(errs, fmt.Errorf("max_engines: must not be negative (0: no bound), got %d", c.MaxEngines))
+	}
+	if c.ForgetAfter < 0 {
+		errs = append(errs, fmt.Errorf("forget_after: must not be negative (0: never), got %s", c.ForgetAfter))
 	}
 	n := c.normalized()
 	switch n.Temporality {

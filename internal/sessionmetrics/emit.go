@@ -21,9 +21,17 @@ import (
 // end-of-session series are dropped and so are live series without an active session, which
 // frees their cardinality for the next interval.
 //
+// Forgetting (Config.ForgetAfter), before the points are written: under either temporality, a
+// model or an engine no open session holds and nothing recorded for ForgetAfter is forgotten and
+// its place under MaxModels or MaxEngines is free; under Cumulative, so is a series with no
+// recording (and, for a live series, no active session) for ForgetAfter: it is no longer
+// emitted, and one made again later starts from zero at a new start timestamp. Delta drops
+// series sooner, above.
+//
 // The active-sessions gauge has no start timestamp.
 func (a *Aggregator) AppendTo(sm pmetric.ScopeMetrics, now time.Time) {
 	ts := pcommon.NewTimestampFromTime(now)
+	a.forget(now.UnixNano())
 	ms := sm.Metrics()
 	ms.EnsureCapacity(ms.Len() + 8)
 	a.appendEnd(ms, &a.ttft, ts)
@@ -247,10 +255,63 @@ func (a *Aggregator) appendActive(ms pmetric.MetricSlice, ts pcommon.Timestamp) 
 		a.putLiveDims)
 }
 
+// forget forgets the series, models and engines idle for ForgetAfter at now (Unix ns): the
+// series first, so that a model or an engine outlives none of its series (each recording on a
+// series uses its model and engine too, and a live series with an active session holds them
+// open).
+func (a *Aggregator) forget(now int64) {
+	after := int64(a.cfg.ForgetAfter)
+	if a.cfg.Temporality == Cumulative {
+		idleLive := func(s *liveSeries) bool { return s.activity.Idle(now, after) && s.active <= 0 }
+		kept := a.liveOrder[:0]
+		for _, s := range a.liveOrder {
+			if idleLive(s) {
+				delete(a.live, s.live.key)
+				a.forgotten += 3
+				continue
+			}
+			kept = append(kept, s)
+		}
+		clear(a.liveOrder[len(kept):])
+		a.liveOrder = kept
+		if o := a.liveOverflow; o != nil && idleLive(o) {
+			a.liveOverflow = nil
+			a.forgotten += 3
+		}
+		ends := a.forgotten
+		for _, em := range a.endMetrics() {
+			kept := em.order[:0]
+			for _, s := range em.order {
+				if s.activity.Idle(now, after) {
+					delete(em.series, s.key)
+					a.forgotten++
+					continue
+				}
+				kept = append(kept, s)
+			}
+			clear(em.order[len(kept):])
+			em.order = kept
+			if o := em.overflow; o != nil && o.activity.Idle(now, after) {
+				em.overflow = nil
+				a.forgotten++
+			}
+		}
+		if a.forgotten != ends {
+			a.epoch++ // the live series' endCaches may hold forgotten series
+		}
+	}
+	a.models.Sweep(now)
+	a.engines.Sweep(now)
+}
+
+func (a *Aggregator) endMetrics() [7]*endMetric {
+	return [...]*endMetric{&a.ttft, &a.tpot, &a.queue, &a.prefill, &a.duration, &a.tokens, &a.sessions}
+}
+
 // resetDelta starts a new delta interval.
 func (a *Aggregator) resetDelta() {
 	a.epoch++ // the series the live series' endCaches hold are dropped
-	for _, em := range []*endMetric{&a.ttft, &a.tpot, &a.queue, &a.prefill, &a.duration, &a.tokens, &a.sessions} {
+	for _, em := range a.endMetrics() {
 		clear(em.series)
 		clear(em.order)
 		em.order = em.order[:0]

@@ -12,7 +12,9 @@ import (
 	"go.opentelemetry.io/collector/pdata/pmetric"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/attribution"
+	"github.com/otelcol-llm/otelcol-llm/internal/keyset"
 	"github.com/otelcol-llm/otelcol-llm/internal/session"
+	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 )
 
 // AttributionConfig configures who used the GPU: each engine's busy time
@@ -26,8 +28,9 @@ type AttributionConfig struct {
 	// TenantAttribute is the start attribute whose value is the session's
 	// tenant on the counters (llm.tenant).
 	TenantAttribute string `mapstructure:"tenant_attribute"`
-	// MaxTenants bounds the distinct tenants on the counters; the sessions
-	// of the others count as _OTHER.
+	// MaxTenants bounds the distinct tenants on the counters held at once
+	// (forgotten after metrics::forget_after without a session); the
+	// sessions of the others count as _OTHER.
 	MaxTenants int `mapstructure:"max_tenants"`
 	// StepTokens, KVCacheTokens and MaxNumSeqs are the engine scheduler's
 	// limits (vLLM's max_num_batched_tokens, its KV cache in tokens,
@@ -102,7 +105,7 @@ const (
 	stateIdle          = "idle"
 	statePrefill       = "prefill"
 	stateDecode        = "decode"
-	tenantOverflow     = "_OTHER"
+	attrMetricOverflow = "otel.metric.overflow"
 )
 
 // attributionLag is how far behind the collector's clock the counters
@@ -110,13 +113,31 @@ const (
 // batching, a UDP queue) and an integral cannot run backwards.
 const attributionLag = int64(time.Second)
 
+// maxPods bounds the pods whose power readings are held for engines not
+// seen yet (a cluster-wide dcgm-exporter reports every GPU pod).
+const maxPods = 4096
+
 // attributor is the part of the core that divides each engine's time and
 // energy among its sessions. mu is a leaf: the sessions part calls it with
 // its own lock held (session events), the metrics path alone (power).
+//
+// Its counters are metrics of the processor's like the session metrics,
+// under the metrics section's bounds: the engine and model of a series are
+// the session's under metrics::max_engines and metrics::max_models, as its
+// session metrics have them (its sessionmetrics.Live), its tenant under
+// attribution::max_tenants; a counter holds at most
+// metrics::cardinality_limit points, the overflow point included; and
+// what has had no session for metrics::forget_after is forgotten.
 type attributor struct {
 	cfg AttributionConfig
+	// limit is metrics::cardinality_limit, forgetAfter metrics::forget_after.
+	limit       int
+	forgetAfter int64
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// engines are the engines' integrals, by the engines' own names: an
+	// engine beyond metrics::max_engines is integrated too (its sessions'
+	// shares are its own), but held only while it has an open session.
 	engines map[string]*engineAccount
 	last    *engineAccount
 	// pods holds the latest power reading of each pod, for engines seen
@@ -125,21 +146,46 @@ type attributor struct {
 	pods   map[string]powerReading
 	energy map[string]powerReading
 
-	series  map[seriesKey]*shareSeries
-	tenants map[string]struct{}
+	series map[seriesKey]*shareSeries
+	// overflow is the series beyond the cardinality limit (nil until
+	// needed): otel.metric.overflow=true, with the shares of its sessions
+	// and the idle time of the engines whose idle point did not fit, so
+	// that the points still add up to every engine's time.
+	overflow *shareSeries
+	// points counts the regular points of llm.engine.time: two a series
+	// (prefill, decode), one an engine's idle; at most limit-1.
+	points  int
+	tenants *keyset.Set
 	// prompts are the mean prompt lengths by engine and tenant, learned at
 	// the sessions' ends: the estimate for a session whose start did not
 	// give its prompt (the proxy learns it from the usage at the end). Each
 	// series points at its engine and tenant's, so that a session's end
 	// looks up no map for it.
 	prompts map[promptKey]*promptMean
-	// tenantOverflows counts the sessions counted as _OTHER.
-	tenantOverflows uint64
-	created         pcommon.Timestamp
+	counts  attributionCounts
+	// lastFlush is the start of the flush interval under way: a series
+	// made in it starts there.
+	lastFlush pcommon.Timestamp
+}
+
+// attributionCounts are the attributor's totals for the self-telemetry.
+type attributionCounts struct {
+	// overflowed counts the sessions counted on the overflow series, and
+	// the engines whose idle time went there.
+	overflowed uint64
+	// forgotten counts the points forgotten (series of llm.engine.time
+	// and llm.engine.energy no longer sent).
+	forgotten uint64
+	// tenants counts the sessions whose tenant counted as _OTHER; pods the
+	// power readings of pods beyond maxPods, not held.
+	tenants, pods uint64
 }
 
 type engineAccount struct {
 	name string
+	// host is the host of name when it is a host:port (the proxy names an
+	// engine by its upstream address): its pod may be named so.
+	host string
 	m    *attribution.Engine
 	// seenAt is the collector's time of the engine's latest session event:
 	// the counters advance the engine's integral by the collector time
@@ -148,37 +194,62 @@ type engineAccount struct {
 	// prompts is the engine's mean prompt over all its tenants: the
 	// estimate for a tenant none of whose sessions ended yet.
 	prompts promptMean
+	// open counts its sessions arrived and not ended, whose shares its
+	// integral holds: it is not forgotten while any is open.
+	open     int
+	activity keyset.Activity
+	// folded: the engine is beyond metrics::max_engines; it has no idle
+	// point and is forgotten with its last session.
+	folded bool
+	// idlePoint: its idle time has a point of its own; otherwise (the
+	// cardinality limit) it goes to the overflow series, which has had
+	// idleFolded and idleEnergyFolded of it so far.
+	idlePoint                    bool
+	idleFolded, idleEnergyFolded float64
+	// energyPoint: its idle energy has been sent.
+	energyPoint bool
+	start       pcommon.Timestamp
 }
 
 // shareAccount is a session's account, kept beside it (sessionState): its
-// share of the engine while open, and the counters' series it will count
-// in, resolved once at its start (nil for a session opened by a token,
-// which got no start: at its end).
+// share of the engine while open, the engine it is open on, and the
+// counters' series it will count in and its tenant's place under
+// max_tenants, resolved once at its start (nil for a session opened by a
+// token, which got no start: at its end).
 type shareAccount struct {
 	attribution.Share
+	engine *engineAccount
 	series *shareSeries
+	tenant *keyset.Key
 	open   bool
 }
 
 type powerReading struct {
 	at    int64
 	watts float64
+	// seen is the collector's time of the reading, for forgetting.
+	seen int64
 }
 
 type seriesKey struct{ engine, model, tenant string }
 
 type promptKey struct{ engine, tenant string }
 
-type promptMean struct{ sum, n float64 }
+// promptMean is a running mean; refs counts the series that point at it.
+type promptMean struct {
+	sum, n float64
+	refs   int
+}
 
 func (m *promptMean) add(tokens int64) {
 	m.sum += float64(tokens)
 	m.n++
 }
 
-// mean is the rounded mean, false before any.
+// mean is the rounded mean, false before any (and for none: the overflow
+// series has no mean of its own).
 func (m *promptMean) mean() (int64, bool) {
-	if m.n == 0 {
+	if m == nil || m.n == 0 {
 		return 0, false
 	}
 	return int64(m.sum/m.n + 0.5), true
@@ -187,25 +258,35 @@ func (m *promptMean) mean() (int64, bool) {
 type shareSeries struct {
 	key seriesKey
 	// prompts is the mean prompt of the series' engine and tenant (shared
-	// by the series of its models).
+	// by the series of its models); nil for the overflow series.
 	prompts                     *promptMean
 	prefill, decode             float64
 	prefillEnergy, decodeEnergy float64
 	hasEnergy                   bool
+	// idle and idleEnergy are the overflow series' only: the engines'
+	// idle time folded into it.
+	idle, idleEnergy float64
+	// open counts the sessions that will count in it: it is not forgotten
+	// while any is open.
+	open     int
+	activity keyset.Activity
+	start    pcommon.Timestamp
 }
 
-func newAttributor(cfg AttributionConfig, now time.Time) *attributor {
+func newAttributor(cfg AttributionConfig, metrics sessionmetrics.Config, now time.Time) *attributor {
 	return &attributor{
-		cfg: cfg, engines: map[string]*engineAccount{},
-		pods: map[string]powerReading{}, energy: map[string]powerReading{}, series: map[seriesKey]*shareSeries{}, tenants: map[string]struct{}{},
-		prompts: map[promptKey]*promptMean{},
-		created: pcommon.NewTimestampFromTime(now),
+		cfg: cfg, limit: metrics.CardinalityLimit, forgetAfter: int64(metrics.ForgetAfter),
+		engines: map[string]*engineAccount{},
+		pods:    map[string]powerReading{}, energy: map[string]powerReading{}, series: map[seriesKey]*shareSeries{},
+		tenants: keyset.New(cfg.MaxTenants, metrics.ForgetAfter),
+		prompts: map[promptKey]*promptMean{}, lastFlush: pcommon.NewTimestampFromTime(now),
 	}
 }
 
 // engine returns the account of the named engine, made on first sight
-// with the power of its pod if one was read.
-func (a *attributor) engine(name string) *engineAccount {
+// with the power of its pod if one was read; folded: the engine is beyond
+// metrics::max_engines.
+func (a *attributor) engine(name string, folded bool) *engineAccount {
 	if e := a.last; e != nil && e.name == name {
 		return e // most events are of the engine of the event before
 	}
@@ -213,43 +294,71 @@ func (a *attributor) engine(name string) *engineAccount {
 		a.last = e
 		return e
 	}
-	e := &engineAccount{name: name, m: attribution.NewEngine(attribution.Limits{
+	e := &engineAccount{name: name, folded: folded, start: a.lastFlush, m: attribution.NewEngine(attribution.Limits{
 		StepTokens: a.cfg.StepTokens, KVTokens: a.cfg.KVCacheTokens, MaxSeqs: a.cfg.MaxNumSeqs,
 		PrefillFirst: a.cfg.PrefillFirst,
 	})}
+	if host, _, err := net.SplitHostPort(name); err == nil {
+		e.host = host
+	}
+	if !folded {
+		if a.points < a.limit-1 {
+			e.idlePoint = true
+			a.points++
+		} else {
+			a.counts.overflowed++
+		}
+	}
 	a.engines[name] = e
 	a.last = e
-	for pod, r := range a.pods {
-		if podOf(name, pod) {
-			e.m.SetPower(r.at, r.watts)
-		}
+	if r, ok := a.pods[e.host]; ok && e.host != "" {
+		e.m.SetPower(r.at, r.watts)
+	}
+	if r, ok := a.pods[name]; ok {
+		e.m.SetPower(r.at, r.watts)
 	}
 	return e
 }
 
-// podOf reports whether pod is the engine's pod: its name, or the host of
-// its host:port (the proxy names an engine by its upstream address).
-func podOf(engine, pod string) bool {
-	if engine == pod {
-		return true
+// open opens a session's account on the named engine.
+func (a *attributor) open(acc *shareAccount, engine string, folded bool) *engineAccount {
+	e := a.engine(engine, folded)
+	e.open++
+	acc.engine, acc.open = e, true
+	return e
+}
+
+// forgetEngine forgets an engine that has no open session.
+func (a *attributor) forgetEngine(e *engineAccount) {
+	delete(a.engines, e.name)
+	if a.last == e {
+		a.last = nil
 	}
-	host, _, err := net.SplitHostPort(engine)
-	return err == nil && host == pod
+	if e.idlePoint {
+		a.points--
+		a.counts.forgotten++
+		if e.energyPoint {
+			a.counts.forgotten++
+		}
+	}
 }
 
 // started: the session arrives on its engine (a session opened by a token
-// that overtook its start arrives at its first token).
-// acc is the session's account; now is the collector's time of the event.
-func (a *attributor) started(s *session.Session, acc *shareAccount, now int64) {
+// that overtook its start arrives at its first token). acc is the
+// session's account, live its session metrics' handle (the engine and
+// model it is recorded under); now is the collector's time of the event.
+func (a *attributor) started(s *session.Session, acc *shareAccount, live *sessionmetrics.Live, now int64) {
 	if !a.cfg.Enabled || !s.HasStart {
 		return
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	e := a.engine(s.Engine)
+	e := a.open(acc, s.Engine, live.Engine() != s.Engine)
 	e.seenAt = now
-	acc.open = true
-	acc.series = a.seriesOf(s)
+	e.activity.Touch()
+	acc.tenant = a.tenants.Open(a.tenantOf(s))
+	acc.series = a.seriesOf(live, acc.tenant)
+	acc.series.open++
 	prompt := s.PromptTokens
 	if prompt < 0 {
 		var ok bool
@@ -272,25 +381,29 @@ func (a *attributor) tenantOf(s *session.Session) string {
 	return ""
 }
 
-// firstToken: the session's prefill ended.
-func (a *attributor) firstToken(s *session.Session, acc *shareAccount, now int64) {
+// firstToken: the session's prefill ended. A session opened by a token
+// arrives now, on the engine it has so far (none: its start, which names
+// it, has not come); it stays on that engine's integral to its end.
+func (a *attributor) firstToken(s *session.Session, acc *shareAccount, live *sessionmetrics.Live, now int64) {
 	if !a.cfg.Enabled {
 		return
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	e := a.engine(s.Engine)
-	e.seenAt = now
+	e := acc.engine
 	if !acc.open {
-		acc.open = true
+		e = a.open(acc, s.Engine, live.Engine() != s.Engine)
 		e.m.Arrive(&acc.Share, s.FirstTokenTime, -1)
 	}
+	e.seenAt = now
+	e.activity.Touch()
 	e.m.FirstToken(&acc.Share, s.FirstTokenTime)
 }
 
 // ended closes the session's account, writes its share into the end (the
-// engine's own, if the end event brought one, stays) and counts it.
-func (a *attributor) ended(s *session.Session, e *session.End, acc *shareAccount, now int64) {
+// engine's own, if the end event brought one, stays) and counts it; live
+// is its session metrics' handle, with its start's dims if it came.
+func (a *attributor) ended(s *session.Session, e *session.End, acc *shareAccount, live *sessionmetrics.Live, now int64) {
 	if !a.cfg.Enabled || !acc.open {
 		return
 	}
@@ -303,8 +416,9 @@ func (a *attributor) ended(s *session.Session, e *session.End, acc *shareAccount
 		// engine last computed for it.
 		at = sessionEnd(s, e)
 	}
-	eng := a.engine(s.Engine)
+	eng := acc.engine
 	eng.seenAt = now
+	eng.activity.Touch()
 	eng.m.End(sh, at, outputTokens(s, e))
 	if e.Share.Source == "" {
 		e.Share = session.EngineShare{
@@ -314,12 +428,16 @@ func (a *attributor) ended(s *session.Session, e *session.End, acc *shareAccount
 	}
 	sr := acc.series
 	if sr == nil {
-		sr = a.seriesOf(s)
+		acc.tenant = a.tenants.Open(a.tenantOf(s))
+		sr = a.seriesOf(live, acc.tenant)
+		sr.open++
 	}
 	if s.PromptTokens >= 0 {
 		// The counters' tenant's, so bounded as they are; and the
 		// engine's, for the tenants not seen yet.
-		sr.prompts.add(s.PromptTokens)
+		if sr.prompts != nil {
+			sr.prompts.add(s.PromptTokens)
+		}
 		eng.prompts.add(s.PromptTokens)
 	}
 	sr.prefill += e.Share.Prefill
@@ -329,36 +447,92 @@ func (a *attributor) ended(s *session.Session, e *session.End, acc *shareAccount
 		sr.prefillEnergy += sh.PrefillEnergy
 		sr.decodeEnergy += sh.Energy - sh.PrefillEnergy
 	}
+	sr.open--
+	sr.activity.Touch()
+	if sr == a.overflow {
+		a.counts.overflowed++
+	}
+	acc.tenant.Close()
+	if eng.open--; eng.open <= 0 && eng.folded {
+		a.forgetEngine(eng)
+	}
 	*acc = shareAccount{}
 }
 
-// seriesOf is the counters' series of the session: its engine, model and
-// tenant, the tenant folded into _OTHER beyond max_tenants.
-func (a *attributor) seriesOf(s *session.Session) *shareSeries {
-	tenant := a.tenantOf(s)
-	if tenant != "" {
-		if _, ok := a.tenants[tenant]; !ok {
-			if len(a.tenants) >= a.cfg.MaxTenants {
-				tenant = tenantOverflow
-				a.tenantOverflows++
-			} else {
-				a.tenants[tenant] = struct{}{}
+// seriesOf is the counters' series of a session recorded under live's
+// engine and model, of tenant: made on first sight while the cardinality
+// limit has room, else the overflow series.
+func (a *attributor) seriesOf(live *sessionmetrics.Live, tenant *keyset.Key) *shareSeries {
+	k := seriesKey{engine: live.Engine(), model: live.Model(), tenant: tenant.Name()}
+	if sr, ok := a.series[k]; ok {
+		return sr
+	}
+	if a.points+2 > a.limit-1 {
+		return a.overflowSeries()
+	}
+	pk := promptKey{engine: k.engine, tenant: k.tenant}
+	m, ok := a.prompts[pk]
+	if !ok {
+		m = &promptMean{}
+		a.prompts[pk] = m
+	}
+	m.refs++
+	sr := &shareSeries{key: k, prompts: m, start: a.lastFlush}
+	a.series[k] = sr
+	a.points += 2
+	return sr
+}
+
+func (a *attributor) overflowSeries() *shareSeries {
+	if a.overflow == nil {
+		a.overflow = &shareSeries{start: a.lastFlush}
+	}
+	return a.overflow
+}
+
+// forget forgets, at collector time now, the series, engines, tenants and
+// pods' readings that have had no session (no reading) for forget_after:
+// their points are no longer sent. A series or an engine with an open
+// session is kept. The series go first: each session's end uses its
+// engine and tenant as well, so neither outlives its series.
+func (a *attributor) forget(now int64) {
+	after := a.forgetAfter
+	for k, sr := range a.series {
+		if !sr.activity.Idle(now, after) || sr.open > 0 {
+			continue
+		}
+		delete(a.series, k)
+		a.points -= 2
+		a.counts.forgotten += 2
+		if sr.hasEnergy {
+			a.counts.forgotten += 2
+		}
+		if sr.prompts.refs--; sr.prompts.refs <= 0 {
+			delete(a.prompts, promptKey{engine: k.engine, tenant: k.tenant})
+		}
+	}
+	if o := a.overflow; o != nil && o.activity.Idle(now, after) && o.open <= 0 {
+		a.overflow = nil
+		a.counts.forgotten++
+		if o.hasEnergy || o.idleEnergy > 0 {
+			a.counts.forgotten++
+		}
+	}
+	for _, e := range a.engines {
+		if e.activity.Idle(now, after) && e.open <= 0 {
+			a.forgetEngine(e)
+		}
+	}
+	a.tenants.Sweep(now)
+	if after > 0 {
+		for _, m := range []map[string]powerReading{a.pods, a.energy} {
+			for pod, r := range m {
+				if now-r.seen >= after {
+					delete(m, pod)
+				}
 			}
 		}
 	}
-	k := seriesKey{engine: s.Engine, model: s.Model, tenant: tenant}
-	sr, ok := a.series[k]
-	if !ok {
-		pk := promptKey{engine: s.Engine, tenant: tenant}
-		m, ok := a.prompts[pk]
-		if !ok {
-			m = &promptMean{}
-			a.prompts[pk] = m
-		}
-		sr = &shareSeries{key: k, prompts: m}
-		a.series[k] = sr
-	}
-	return sr
 }
 
 // observePower reads the GPUs' power (power_metric) from a metrics batch
@@ -413,8 +587,9 @@ func (a *attributor) observePower(md pmetric.Metrics, now int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for pod, r := range energyByPod {
+		r.seen = now
 		prev, ok := a.energy[pod]
-		a.energy[pod] = r
+		a.holdReading(a.energy, pod, r)
 		if !ok || r.at <= prev.at || r.watts < prev.watts {
 			continue // the first reading, or the counter was reset
 		}
@@ -426,28 +601,84 @@ func (a *attributor) observePower(md pmetric.Metrics, now int64) {
 		byPod[pod] = powerReading{at: r.at, watts: (r.watts - prev.watts) / 1000 / (float64(r.at-prev.at) / 1e9)}
 	}
 	for pod, r := range byPod {
-		a.pods[pod] = r
-		for _, e := range a.engines {
-			if podOf(e.name, pod) {
-				e.m.SetPower(r.at, r.watts)
-			}
+		r.seen = now
+		a.holdReading(a.pods, pod, r)
+	}
+	// An engine's pod is its name, or the host of its host:port (the proxy
+	// names an engine by its upstream address).
+	for _, e := range a.engines {
+		if r, ok := byPod[e.host]; ok && e.host != "" {
+			e.m.SetPower(r.at, r.watts)
+		}
+		if r, ok := byPod[e.name]; ok {
+			e.m.SetPower(r.at, r.watts)
 		}
 	}
 }
 
+// holdReading keeps pod's latest reading in m, for engines seen after it:
+// a pod not held yet only while fewer than maxPods are.
+func (a *attributor) holdReading(m map[string]powerReading, pod string, r powerReading) {
+	if _, ok := m[pod]; !ok && len(m) >= maxPods {
+		a.counts.pods++
+		return
+	}
+	m[pod] = r
+}
+
 // appendTo writes the llm.engine.time and llm.engine.energy counters
 // (cumulative): each engine, model and tenant's prefill and decode, and
-// each engine's idle time, up to attributionLag before now.
+// each engine's idle time, up to attributionLag before now; what overflowed
+// the cardinality limit in one point with only otel.metric.overflow=true.
+// What has had no session for forget_after is forgotten first, and no
+// longer sent.
 func (a *attributor) appendTo(sm pmetric.ScopeMetrics, now time.Time) {
 	if !a.cfg.Enabled {
 		return
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.engines) == 0 {
+	ts := pcommon.NewTimestampFromTime(now)
+	defer func() { a.lastFlush = ts }()
+	a.forget(now.UnixNano())
+	if len(a.engines) == 0 && len(a.series) == 0 && a.overflow == nil {
 		return
 	}
-	ts := pcommon.NewTimestampFromTime(now)
+	// The engines' idle time, to now; that of the engines without a point
+	// of their own goes to the overflow series.
+	type idlePoint struct {
+		e         *engineAccount
+		tot       attribution.Totals
+		hasEnergy bool
+	}
+	idle := make([]idlePoint, 0, len(a.engines))
+	for _, e := range a.engines {
+		if e.folded {
+			continue
+		}
+		at := e.m.Latest()
+		if since := now.UnixNano() - e.seenAt - attributionLag; e.seenAt != 0 && since > 0 {
+			// Idle (or busy) since the latest event, on the engine's clock.
+			at += since
+			e.seenAt += since
+		}
+		tot := e.m.Totals(at)
+		if !e.idlePoint {
+			if d := tot.Idle - e.idleFolded; d > 0 {
+				o := a.overflowSeries()
+				o.idle += d
+				o.idleEnergy += tot.IdleEnergy - e.idleEnergyFolded
+				o.activity.Touch()
+				e.idleFolded, e.idleEnergyFolded = tot.Idle, tot.IdleEnergy
+			}
+			continue
+		}
+		hasEnergy := e.m.HasPower() || tot.IdleEnergy > 0
+		e.energyPoint = e.energyPoint || hasEnergy
+		idle = append(idle, idlePoint{e: e, tot: tot, hasEnergy: hasEnergy})
+	}
+	sort.Slice(idle, func(i, j int) bool { return idle[i].e.name < idle[j].e.name })
+
 	timeM := sm.Metrics().AppendEmpty()
 	timeM.SetName(metricEngineTime)
 	timeM.SetUnit("s")
@@ -463,12 +694,15 @@ func (a *attributor) appendTo(sm pmetric.ScopeMetrics, now time.Time) {
 	ed.SetIsMonotonic(true)
 	ed.SetAggregationTemporality(pmetric.AggregationTemporalityCumulative)
 
-	point := func(dps pmetric.NumberDataPointSlice, v float64, k seriesKey, state string) {
+	point := func(dps pmetric.NumberDataPointSlice, v float64, start pcommon.Timestamp) pcommon.Map {
 		dp := dps.AppendEmpty()
-		dp.SetStartTimestamp(a.created)
+		dp.SetStartTimestamp(start)
 		dp.SetTimestamp(ts)
 		dp.SetDoubleValue(v)
-		m := dp.Attributes()
+		return dp.Attributes()
+	}
+	seriesPoint := func(dps pmetric.NumberDataPointSlice, v float64, start pcommon.Timestamp, k seriesKey, state string) {
+		m := point(dps, v, start)
 		m.PutStr(attrMetricEngine, k.engine)
 		putStr(m, attrMetricModel, k.model)
 		putStr(m, attrMetricTenant, k.tenant)
@@ -490,30 +724,23 @@ func (a *attributor) appendTo(sm pmetric.ScopeMetrics, now time.Time) {
 	})
 	for _, k := range keys {
 		sr := a.series[k]
-		point(td.DataPoints(), sr.prefill, k, statePrefill)
-		point(td.DataPoints(), sr.decode, k, stateDecode)
+		seriesPoint(td.DataPoints(), sr.prefill, sr.start, k, statePrefill)
+		seriesPoint(td.DataPoints(), sr.decode, sr.start, k, stateDecode)
 		if sr.hasEnergy {
-			point(ed.DataPoints(), sr.prefillEnergy, k, statePrefill)
-			point(ed.DataPoints(), sr.decodeEnergy, k, stateDecode)
+			seriesPoint(ed.DataPoints(), sr.prefillEnergy, sr.start, k, statePrefill)
+			seriesPoint(ed.DataPoints(), sr.decodeEnergy, sr.start, k, stateDecode)
 		}
 	}
-	names := make([]string, 0, len(a.engines))
-	for n := range a.engines {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		e := a.engines[n]
-		at := e.m.Latest()
-		if since := now.UnixNano() - e.seenAt - attributionLag; e.seenAt != 0 && since > 0 {
-			// Idle (or busy) since the latest event, on the engine's clock.
-			at += since
-			e.seenAt += since
+	for _, p := range idle {
+		seriesPoint(td.DataPoints(), p.tot.Idle, p.e.start, seriesKey{engine: p.e.name}, stateIdle)
+		if p.hasEnergy {
+			seriesPoint(ed.DataPoints(), p.tot.IdleEnergy, p.e.start, seriesKey{engine: p.e.name}, stateIdle)
 		}
-		tot := e.m.Totals(at)
-		point(td.DataPoints(), tot.Idle, seriesKey{engine: n}, stateIdle)
-		if e.m.HasPower() || tot.IdleEnergy > 0 {
-			point(ed.DataPoints(), tot.IdleEnergy, seriesKey{engine: n}, stateIdle)
+	}
+	if o := a.overflow; o != nil {
+		point(td.DataPoints(), o.prefill+o.decode+o.idle, o.start).PutBool(attrMetricOverflow, true)
+		if o.hasEnergy || o.idleEnergy > 0 {
+			point(ed.DataPoints(), o.prefillEnergy+o.decodeEnergy+o.idleEnergy, o.start).PutBool(attrMetricOverflow, true)
 		}
 	}
 	if ed.DataPoints().Len() > 0 {
@@ -521,11 +748,13 @@ func (a *attributor) appendTo(sm pmetric.ScopeMetrics, now time.Time) {
 	}
 }
 
-// overflows returns the sessions counted as _OTHER so far.
-func (a *attributor) overflows() uint64 {
+// takeCounts returns the attributor's totals for the self-telemetry.
+func (a *attributor) takeCounts() attributionCounts {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.tenantOverflows
+	c := a.counts
+	c.tenants = a.tenants.Overflowed()
+	return c
 }
 
 // putShare writes a session's share of its engine on its summary and span.

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/component/componenttest"
+	"go.opentelemetry.io/collector/config/confighttp"
 	"go.opentelemetry.io/collector/confmap"
 	"go.opentelemetry.io/collector/confmap/confmaptest"
 
@@ -78,6 +79,7 @@ func TestConfigCustom(t *testing.T) {
 	assert.Equal(t, sessionmetrics.Config{
 		FlushInterval: 30 * time.Second, Dimensions: []string{"quantization", "tenant"}, CardinalityLimit: 500,
 		Temporality: sessionmetrics.Delta, Histogram: sessionmetrics.Exponential, ExponentialMaxSize: 80, MaxModels: 20,
+		MaxEngines: 10, ForgetAfter: 30 * time.Minute,
 	}, cfg.Metrics)
 	assert.Equal(t, heldspans.Config{MaxHeldSpans: 1000, MaxHold: time.Minute, VerdictCacheSize: 2000}, cfg.Traces)
 	assert.Equal(t, EngineTimingConfig{Wait: 10 * time.Second, MaxSessions: 500, ExpectSpans: true}, cfg.EngineTiming)
@@ -103,6 +105,8 @@ func TestConfigInvalidReportsEveryProblem(t *testing.T) {
 		"metrics::flush_interval: must be positive, got -1s",
 		"metrics::cardinality_limit: want at least 2 (one regular series plus the overflow series), got 1",
 		"metrics::max_models: must not be negative (0: no bound), got -3",
+		"metrics::max_engines: must not be negative (0: no bound), got -1",
+		"metrics::forget_after: must not be negative (0: never), got -1m0s",
 		`metrics::dimensions::0: "gen_ai.request.model" is set by the aggregator itself`,
 		`metrics::temporality: want cumulative or delta, got "weekly"`,
 		`metrics::histogram: want explicit or exponential, got "linear"`,
@@ -186,6 +190,42 @@ func TestReadmeConfigs(t *testing.T) {
 	}
 	assert.Equal(t, 1, defaults)
 	assert.GreaterOrEqual(t, checked, 4)
+}
+
+// Every key of the configuration is in the README: in the block with every
+// key at its default, and with a row of its own in the table of keys. The
+// live view's HTTP server settings are confighttp's, which the README
+// names as a whole.
+func TestReadmeEveryKey(t *testing.T) {
+	conf := confmap.New()
+	require.NoError(t, conf.Marshal(createDefaultConfig()))
+	server := confmap.New()
+	require.NoError(t, server.Marshal(confighttp.NewDefaultServerConfig()))
+	confighttpKeys := map[string]bool{}
+	for _, k := range server.AllKeys() {
+		confighttpKeys[strings.SplitN(k, "::", 2)[0]] = true
+	}
+	var defaults *confmap.Conf
+	for _, block := range readmeBlocks(t, "yaml") {
+		if strings.Contains(block, "pass_token_events: none") {
+			retrieved, err := confmap.NewRetrievedFromYAML([]byte(block))
+			require.NoError(t, err)
+			all, err := retrieved.AsConf()
+			require.NoError(t, err)
+			defaults, err = all.Sub("processors::token_session")
+			require.NoError(t, err)
+		}
+	}
+	require.NotNil(t, defaults)
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	for _, key := range conf.AllKeys() {
+		if section, field, _ := strings.Cut(key, "::"); section == "live" && confighttpKeys[strings.SplitN(field, "::", 2)[0]] {
+			continue
+		}
+		assert.True(t, defaults.IsSet(key), "%s is in the block of every key at its default", key)
+		assert.Contains(t, string(readme), "| `"+key+"` |", "%s has a row in the table of keys", key)
+	}
 }
 
 // The README's example of a config error is what Validate says (the

@@ -141,9 +141,14 @@ func (h *engineHistory) at(t int64) (engineSnapshot, bool) {
 	return best, found
 }
 
-// engineStates is the engine state of every engine seen in the metrics.
+// engineStates is the engine state of every engine seen in the metrics,
+// up to maxInstances (metrics::max_engines; 0: no bound).
 type engineStates struct {
-	byInstance map[string]*engineHistory
+	byInstance   map[string]*engineHistory
+	maxInstances int
+	// overflowed counts the snapshots of instances beyond maxInstances,
+	// not kept.
+	overflowed uint64
 }
 
 // observe reads the engine metrics of md, one snapshot per resource (an
@@ -214,6 +219,10 @@ func (e *engineStates) observe(md pmetric.Metrics, now int64) {
 		}
 		h := e.byInstance[key]
 		if h == nil {
+			if e.maxInstances > 0 && len(e.byInstance) >= e.maxInstances {
+				e.overflowed++
+				continue
+			}
 			h = &engineHistory{prefix: prefix}
 			e.byInstance[key] = h
 		}
@@ -338,6 +347,14 @@ func (e *engineContext) observe(md pmetric.Metrics, now int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.states.observe(md, now)
+}
+
+// overflowed counts the snapshots of engine instances not kept, beyond
+// metrics::max_engines.
+func (e *engineContext) overflowed() uint64 {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.states.overflowed
 }
 
 // putSessionContext writes what the state of the session's engine was

@@ -68,8 +68,9 @@ func newCore(cfg *Config, set processor.Settings) (*core, error) {
 		return nil, err
 	}
 	c := &core{
-		cfg: cfg, set: set, telemetry: telemetry, engines: &engineContext{}, spans: &spanGate{buf: buf},
-		stop: make(chan struct{}),
+		cfg: cfg, set: set, telemetry: telemetry, engines: &engineContext{states: engineStates{maxInstances: cfg.Metrics.MaxEngines}},
+		spans: &spanGate{buf: buf},
+		stop:  make(chan struct{}),
 	}
 	if c.sessions, err = newSessions(cfg, telemetry, c.engines, c.spans); err != nil {
 		telemetry.shutdown()

@@ -614,7 +614,8 @@ func TestRefusalAfterFoldingIsNotReturned(t *testing.T) {
 }
 
 // metrics::max_models: a client inventing model names gets one _OTHER
-// series, and the sessions recorded under it are counted.
+// series, in the session metrics and on llm.engine.time alike, and the
+// sessions recorded under it are counted.
 func TestMaxModelsGuard(t *testing.T) {
 	tel := componenttest.NewTelemetry()
 	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
@@ -643,25 +644,45 @@ func TestMaxModelsGuard(t *testing.T) {
 		require.NoError(t, c.Shutdown(context.Background()))
 	}
 	models := map[string]int64{}
+	engineTimeModels := map[string]bool{}
 	for _, md := range metSink.AllMetrics() {
 		for _, rm := range md.ResourceMetrics().All() {
 			for _, sm := range rm.ScopeMetrics().All() {
 				for _, m := range sm.Metrics().All() {
-					if m.Name() != "llm.sessions" {
-						continue
-					}
-					for _, dp := range m.Sum().DataPoints().All() {
-						v, _ := dp.Attributes().Get("gen_ai.request.model")
-						models[v.AsString()] += dp.IntValue()
+					switch m.Name() {
+					case "llm.sessions":
+						for _, dp := range m.Sum().DataPoints().All() {
+							v, _ := dp.Attributes().Get("gen_ai.request.model")
+							models[v.AsString()] += dp.IntValue()
+						}
+					case "llm.engine.time":
+						for _, dp := range m.Sum().DataPoints().All() {
+							if v, ok := dp.Attributes().Get("gen_ai.request.model"); ok {
+								engineTimeModels[v.AsString()] = true
+							}
+						}
 					}
 				}
 			}
 		}
 	}
 	assert.Equal(t, map[string]int64{"llama": 1, "_OTHER": 2}, models)
-	m, err := tel.GetMetric("otelcol_processor_token_session_models_overflowed")
+	assert.Equal(t, map[string]bool{"llama": true, "_OTHER": true}, engineTimeModels)
+	assert.Equal(t, map[string]int64{"model": 2}, keysOverflowed(t, tel))
+}
+
+// keysOverflowed returns otelcol_processor_token_session_keys_overflowed
+// by key.
+func keysOverflowed(t *testing.T, tel *componenttest.Telemetry) map[string]int64 {
+	t.Helper()
+	m, err := tel.GetMetric("otelcol_processor_token_session_keys_overflowed")
 	require.NoError(t, err)
-	assert.Equal(t, int64(2), m.Data.(metricdata.Sum[int64]).DataPoints[0].Value)
+	out := map[string]int64{}
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		key, _ := dp.Attributes.Value("key")
+		out[key.AsString()] = dp.Value
+	}
+	return out
 }
 
 // The span counters follow the held spans of TestTracesHeldUntilVerdict:

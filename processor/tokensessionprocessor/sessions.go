@@ -97,7 +97,7 @@ func (o *outputs) records(provider string) plog.LogRecordSlice {
 func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineContext, spans *spanGate) (*sessions, error) {
 	s := &sessions{
 		cfg: cfg, telemetry: telemetry, engines: engines, spans: spans, limits: cfg.Limits.eventLimits(),
-		timing: newTimingJoin(), pending: newOutputs(), attr: newAttributor(cfg.Attribution, time.Now()),
+		timing: newTimingJoin(), pending: newOutputs(), attr: newAttributor(cfg.Attribution, cfg.Metrics, time.Now()),
 	}
 	var err error
 	if s.table, err = session.NewTable[*sessionState](cfg.sessionConfig(), s); err != nil {
@@ -241,10 +241,10 @@ func (p *sessions) sessionMetrics(now time.Time) pmetric.Metrics {
 	return p.renderMetrics(now)
 }
 
+// renderMetrics renders the metrics at each flush, whether a metrics
+// pipeline takes them or not: the flush is when what has had no data for
+// metrics::forget_after is forgotten, and the bounds' counts reported.
 func (p *sessions) renderMetrics(now time.Time) pmetric.Metrics {
-	if !p.toMetrics {
-		return pmetric.Metrics{}
-	}
 	md := pmetric.NewMetrics()
 	rm := md.ResourceMetrics().AppendEmpty()
 	rm.Resource().Attributes().PutStr(attrServiceName, p.cfg.ProviderName)
@@ -252,8 +252,18 @@ func (p *sessions) renderMetrics(now time.Time) pmetric.Metrics {
 	sm.Scope().SetName(metadata.ScopeName)
 	p.metrics.AppendTo(sm, now)
 	p.attr.appendTo(sm, now)
-	p.telemetry.reportOverflows(context.Background(), p.metrics.OverflowCount(), p.metrics.ModelOverflowCount())
-	p.telemetry.reportTenantOverflows(context.Background(), p.attr.overflows())
+	ac := p.attr.takeCounts()
+	p.telemetry.reportBounds(context.Background(), boundCounts{
+		metricOverflows: p.metrics.OverflowCount() + ac.overflowed,
+		keys: [len(boundKeys)]uint64{
+			keyModel: p.metrics.ModelOverflowCount(), keyEngine: p.metrics.EngineOverflowCount(),
+			keyTenant: ac.tenants, keyPod: ac.pods, keyEngineInstance: p.engines.overflowed(),
+		},
+		forgotten: p.metrics.ForgottenCount() + ac.forgotten,
+	})
+	if !p.toMetrics {
+		return pmetric.Metrics{}
+	}
 	return md
 }
 
@@ -279,13 +289,13 @@ func (p *sessions) Started(s *session.Session) *sessionState {
 	} else {
 		st = &sessionState{}
 	}
-	p.attr.started(s, &st.acct, p.nowNanos)
 	st.live = p.metrics.SessionStarted(p.dims(s))
+	p.attr.started(s, &st.acct, st.live, p.nowNanos)
 	return st
 }
 
 func (p *sessions) FirstToken(s *session.Session, st *sessionState) {
-	p.attr.firstToken(s, &st.acct, p.nowNanos)
+	p.attr.firstToken(s, &st.acct, st.live, p.nowNanos)
 }
 
 func (p *sessions) Restarted(s *session.Session, st *sessionState) *sessionState {
@@ -364,7 +374,7 @@ func (p *sessions) ended(r *session.Report[*sessionState], folded *plog.LogRecor
 			}
 		}
 	}
-	p.attr.ended(s, e, &r.State.acct, p.nowNanos)
+	p.attr.ended(s, e, &r.State.acct, r.State.live, p.nowNanos)
 	aw := p.joinTiming(r)
 	if s.Keep && !p.hold(s, e, aw) {
 		p.appendOutputs(s, e)

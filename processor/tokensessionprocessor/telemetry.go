@@ -50,10 +50,33 @@ type processorTelemetry struct {
 	// cost more than the session's own metrics; one per batch does not.
 	ended [session.OutcomeShutdown + 1][2]int64
 
-	// The aggregator's overflow counts already reported.
-	metricOverflows, modelOverflows uint64
-	// tenantOverflows is the attributor's count as last reported.
-	tenantOverflows uint64
+	// bounds are the counts of the bounds as last reported; keySet their
+	// key attribute's sets.
+	bounds boundCounts
+	keySet [len(boundKeys)]metric.AddOption
+}
+
+// boundKeys are the key attribute's values of keys_overflowed, in the
+// order of boundCounts.keys.
+var boundKeys = [...]string{"model", "engine", "tenant", "pod", "engine_instance"}
+
+const (
+	keyModel = iota
+	keyEngine
+	keyTenant
+	keyPod
+	keyEngineInstance
+)
+
+// boundCounts are the totals of what the bounds on per-key state folded,
+// turned away or forgot.
+type boundCounts struct {
+	// metricOverflows are the recordings on an otel.metric.overflow series.
+	metricOverflows uint64
+	// keys are the sessions (or readings) beyond each key's bound.
+	keys [len(boundKeys)]uint64
+	// forgotten are the series forgotten after metrics::forget_after.
+	forgotten uint64
 }
 
 func newProcessorTelemetry(set processor.Settings) (*processorTelemetry, error) {
@@ -86,6 +109,9 @@ func newProcessorTelemetry(set processor.Settings) (*processorTelemetry, error) 
 	}
 	for i, name := range signalNames {
 		t.signalSet[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("signal", name)))
+	}
+	for i, key := range boundKeys {
+		t.keySet[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("key", key)))
 	}
 	err = errors.Join(
 		b.RegisterProcessorTokenSessionSessionsActiveCallback(func(_ context.Context, o metric.Int64Observer) error {
@@ -209,25 +235,21 @@ func (t *processorTelemetry) expired(ctx context.Context, n int) {
 	t.builder.ProcessorTokenSessionSpansExpired.Add(ctx, int64(n))
 }
 
-// reportOverflows reports what the metrics aggregator recorded under an
-// overflow since the last call; its counts are totals.
-func (t *processorTelemetry) reportOverflows(ctx context.Context, metricOverflows, modelOverflows uint64) {
-	if d := metricOverflows - t.metricOverflows; d > 0 {
+// reportBounds reports what the bounds on per-key state folded, turned
+// away or forgot since the last call; c holds totals.
+func (t *processorTelemetry) reportBounds(ctx context.Context, c boundCounts) {
+	if d := c.metricOverflows - t.bounds.metricOverflows; d > 0 {
 		t.builder.ProcessorTokenSessionMetricOverflows.Add(ctx, int64(d))
 	}
-	if d := modelOverflows - t.modelOverflows; d > 0 {
-		t.builder.ProcessorTokenSessionModelsOverflowed.Add(ctx, int64(d))
+	for i := range c.keys {
+		if d := c.keys[i] - t.bounds.keys[i]; d > 0 {
+			t.builder.ProcessorTokenSessionKeysOverflowed.Add(ctx, int64(d), t.keySet[i])
+		}
 	}
-	t.metricOverflows, t.modelOverflows = metricOverflows, modelOverflows
-}
-
-// reportTenantOverflows reports the sessions whose tenant was counted as
-// _OTHER since the last call; total is the attributor's count.
-func (t *processorTelemetry) reportTenantOverflows(ctx context.Context, total uint64) {
-	if d := total - t.tenantOverflows; d > 0 {
-		t.builder.ProcessorTokenSessionAttributionTenantsOverflowed.Add(ctx, int64(d))
+	if d := c.forgotten - t.bounds.forgotten; d > 0 {
+		t.builder.ProcessorTokenSessionSeriesForgotten.Add(ctx, int64(d))
 	}
-	t.tenantOverflows = total
+	t.bounds = c
 }
 
 // What became of an engine timing (the result attribute).

@@ -25,31 +25,31 @@ func Tracer(settings component.TelemetrySettings) trace.Tracer {
 // TelemetryBuilder provides an interface for components to report telemetry
 // as defined in metadata and user config.
 type TelemetryBuilder struct {
-	meter                                             metric.Meter
-	mu                                                sync.Mutex
-	registrations                                     []metric.Registration
-	ProcessorTokenSessionAttributionTenantsOverflowed metric.Int64Counter
-	ProcessorTokenSessionDisorderEvents               metric.Int64Counter
-	ProcessorTokenSessionEngineTimings                metric.Int64Counter
-	ProcessorTokenSessionEventsRejected               metric.Int64Counter
-	ProcessorTokenSessionFreezesReinstated            metric.Int64Counter
-	ProcessorTokenSessionFreezesWithdrawn             metric.Int64Counter
-	ProcessorTokenSessionHeldOutputsOverflowed        metric.Int64Counter
-	ProcessorTokenSessionInvalidRecords               metric.Int64Counter
-	ProcessorTokenSessionLiveViewers                  metric.Int64UpDownCounter
-	ProcessorTokenSessionLiveViewersDropped           metric.Int64Counter
-	ProcessorTokenSessionMetricOverflows              metric.Int64Counter
-	ProcessorTokenSessionModelsOverflowed             metric.Int64Counter
-	ProcessorTokenSessionOutputFailures               metric.Int64Counter
-	ProcessorTokenSessionSessionsActive               metric.Int64ObservableGauge
-	ProcessorTokenSessionSessionsEnded                metric.Int64Counter
-	ProcessorTokenSessionSpansDelayed                 metric.Int64Counter
-	ProcessorTokenSessionSpansDropped                 metric.Int64Counter
-	ProcessorTokenSessionSpansExpired                 metric.Int64Counter
-	ProcessorTokenSessionSpansHeld                    metric.Int64ObservableGauge
-	ProcessorTokenSessionSpansOverflowed              metric.Int64Counter
-	ProcessorTokenSessionSpansReleased                metric.Int64Counter
-	ProcessorTokenSessionVerdictSpansDropped          metric.Int64Counter
+	meter                                      metric.Meter
+	mu                                         sync.Mutex
+	registrations                              []metric.Registration
+	ProcessorTokenSessionDisorderEvents        metric.Int64Counter
+	ProcessorTokenSessionEngineTimings         metric.Int64Counter
+	ProcessorTokenSessionEventsRejected        metric.Int64Counter
+	ProcessorTokenSessionFreezesReinstated     metric.Int64Counter
+	ProcessorTokenSessionFreezesWithdrawn      metric.Int64Counter
+	ProcessorTokenSessionHeldOutputsOverflowed metric.Int64Counter
+	ProcessorTokenSessionInvalidRecords        metric.Int64Counter
+	ProcessorTokenSessionKeysOverflowed        metric.Int64Counter
+	ProcessorTokenSessionLiveViewers           metric.Int64UpDownCounter
+	ProcessorTokenSessionLiveViewersDropped    metric.Int64Counter
+	ProcessorTokenSessionMetricOverflows       metric.Int64Counter
+	ProcessorTokenSessionOutputFailures        metric.Int64Counter
+	ProcessorTokenSessionSeriesForgotten       metric.Int64Counter
+	ProcessorTokenSessionSessionsActive        metric.Int64ObservableGauge
+	ProcessorTokenSessionSessionsEnded         metric.Int64Counter
+	ProcessorTokenSessionSpansDelayed          metric.Int64Counter
+	ProcessorTokenSessionSpansDropped          metric.Int64Counter
+	ProcessorTokenSessionSpansExpired          metric.Int64Counter
+	ProcessorTokenSessionSpansHeld             metric.Int64ObservableGauge
+	ProcessorTokenSessionSpansOverflowed       metric.Int64Counter
+	ProcessorTokenSessionSpansReleased         metric.Int64Counter
+	ProcessorTokenSessionVerdictSpansDropped   metric.Int64Counter
 }
 
 // TelemetryBuilderOption applies changes to default builder.
@@ -121,12 +121,6 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 	}
 	builder.meter = Meter(settings)
 	var err, errs error
-	builder.ProcessorTokenSessionAttributionTenantsOverflowed, err = builder.meter.Int64Counter(
-		"otelcol_processor_token_session_attribution_tenants_overflowed",
-		metric.WithDescription("Sessions whose tenant was counted as _OTHER on llm.engine.time and llm.engine.energy, attribution::max_tenants tenants having been seen already. [Development]"),
-		metric.WithUnit("{session}"),
-	)
-	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionDisorderEvents, err = builder.meter.Int64Counter(
 		"otelcol_processor_token_session_disorder_events",
 		metric.WithDescription("Token events that did not fit their session as they came, by kind. [Development]"),
@@ -169,6 +163,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		metric.WithUnit("{record}"),
 	)
 	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionKeysOverflowed, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_keys_overflowed",
+		metric.WithDescription("Sessions, and metric readings, whose key was beyond its bound because that many others were held: recorded under _OTHER (model, engine, tenant) or not kept (pod, engine_instance), by key. [Development]"),
+		metric.WithUnit("{item}"),
+	)
+	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionLiveViewers, err = builder.meter.Int64UpDownCounter(
 		"otelcol_processor_token_session_live_viewers",
 		metric.WithDescription("Viewers connected to the live view's GET /sessions/stream. [Development]"),
@@ -183,20 +183,20 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionMetricOverflows, err = builder.meter.Int64Counter(
 		"otelcol_processor_token_session_metric_overflows",
-		metric.WithDescription("Recordings of the session metrics that went to the overflow series (otel.metric.overflow=true) because a metric had metrics::cardinality_limit attribute sets. [Development]"),
+		metric.WithDescription("Recordings of the session metrics, and sessions and engines' idle time on llm.engine.time, that went to the overflow series (otel.metric.overflow=true) because a metric had metrics::cardinality_limit attribute sets. [Development]"),
 		metric.WithUnit("{recording}"),
-	)
-	errs = errors.Join(errs, err)
-	builder.ProcessorTokenSessionModelsOverflowed, err = builder.meter.Int64Counter(
-		"otelcol_processor_token_session_models_overflowed",
-		metric.WithDescription("Sessions whose model was recorded as _OTHER in the session metrics, metrics::max_models models having been seen already. [Development]"),
-		metric.WithUnit("{session}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionOutputFailures, err = builder.meter.Int64Counter(
 		"otelcol_processor_token_session_output_failures",
 		metric.WithDescription("Session logs, spans and metric points the next consumer refused, and the log records it refused together with token events already folded; lost (a refusal after folding is not returned, so that no sender retries tokens that were counted). [Development]"),
 		metric.WithUnit("{item}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionSeriesForgotten, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_series_forgotten",
+		metric.WithDescription("Series (one attribute set of one metric) of the session metrics and of llm.engine.time and llm.engine.energy no longer sent because they had no data for metrics::forget_after (under cumulative temporality; delta drops them at each flush). [Development]"),
+		metric.WithUnit("{series}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionSessionsActive, err = builder.meter.Int64ObservableGauge(

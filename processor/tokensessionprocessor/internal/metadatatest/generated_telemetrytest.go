@@ -21,22 +21,6 @@ func NewSettings(tt *componenttest.Telemetry) processor.Settings {
 	return set
 }
 
-func AssertEqualProcessorTokenSessionAttributionTenantsOverflowed(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
-	want := metricdata.Metrics{
-		Name:        "otelcol_processor_token_session_attribution_tenants_overflowed",
-		Description: "Sessions whose tenant was counted as _OTHER on llm.engine.time and llm.engine.energy, attribution::max_tenants tenants having been seen already. [Development]",
-		Unit:        "{session}",
-		Data: metricdata.Sum[int64]{
-			Temporality: metricdata.CumulativeTemporality,
-			IsMonotonic: true,
-			DataPoints:  dps,
-		},
-	}
-	got, err := tt.GetMetric("otelcol_processor_token_session_attribution_tenants_overflowed")
-	require.NoError(t, err)
-	metricdatatest.AssertEqual(t, want, got, opts...)
-}
-
 func AssertEqualProcessorTokenSessionDisorderEvents(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_processor_token_session_disorder_events",
@@ -149,6 +133,22 @@ func AssertEqualProcessorTokenSessionInvalidRecords(t *testing.T, tt *componentt
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }
 
+func AssertEqualProcessorTokenSessionKeysOverflowed(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_processor_token_session_keys_overflowed",
+		Description: "Sessions, and metric readings, whose key was beyond its bound because that many others were held: recorded under _OTHER (model, engine, tenant) or not kept (pod, engine_instance), by key. [Development]",
+		Unit:        "{item}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_processor_token_session_keys_overflowed")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
 func AssertEqualProcessorTokenSessionLiveViewers(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_processor_token_session_live_viewers",
@@ -184,7 +184,7 @@ func AssertEqualProcessorTokenSessionLiveViewersDropped(t *testing.T, tt *compon
 func AssertEqualProcessorTokenSessionMetricOverflows(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_processor_token_session_metric_overflows",
-		Description: "Recordings of the session metrics that went to the overflow series (otel.metric.overflow=true) because a metric had metrics::cardinality_limit attribute sets. [Development]",
+		Description: "Recordings of the session metrics, and sessions and engines' idle time on llm.engine.time, that went to the overflow series (otel.metric.overflow=true) because a metric had metrics::cardinality_limit attribute sets. [Development]",
 		Unit:        "{recording}",
 		Data: metricdata.Sum[int64]{
 			Temporality: metricdata.CumulativeTemporality,
@@ -193,22 +193,6 @@ func AssertEqualProcessorTokenSessionMetricOverflows(t *testing.T, tt *component
 		},
 	}
 	got, err := tt.GetMetric("otelcol_processor_token_session_metric_overflows")
-	require.NoError(t, err)
-	metricdatatest.AssertEqual(t, want, got, opts...)
-}
-
-func AssertEqualProcessorTokenSessionModelsOverflowed(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
-	want := metricdata.Metrics{
-		Name:        "otelcol_processor_token_session_models_overflowed",
-		Description: "Sessions whose model was recorded as _OTHER in the session metrics, metrics::max_models models having been seen already. [Development]",
-		Unit:        "{session}",
-		Data: metricdata.Sum[int64]{
-			Temporality: metricdata.CumulativeTemporality,
-			IsMonotonic: true,
-			DataPoints:  dps,
-		},
-	}
-	got, err := tt.GetMetric("otelcol_processor_token_session_models_overflowed")
 	require.NoError(t, err)
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }
@@ -225,6 +209,22 @@ func AssertEqualProcessorTokenSessionOutputFailures(t *testing.T, tt *componentt
 		},
 	}
 	got, err := tt.GetMetric("otelcol_processor_token_session_output_failures")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
+func AssertEqualProcessorTokenSessionSeriesForgotten(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_processor_token_session_series_forgotten",
+		Description: "Series (one attribute set of one metric) of the session metrics and of llm.engine.time and llm.engine.energy no longer sent because they had no data for metrics::forget_after (under cumulative temporality; delta drops them at each flush). [Development]",
+		Unit:        "{series}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_processor_token_session_series_forgotten")
 	require.NoError(t, err)
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }

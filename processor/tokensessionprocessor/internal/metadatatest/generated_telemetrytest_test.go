@@ -28,7 +28,6 @@ func TestSetupTelemetry(t *testing.T) {
 		observer.Observe(1)
 		return nil
 	}))
-	tb.ProcessorTokenSessionAttributionTenantsOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionDisorderEvents.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionEngineTimings.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionEventsRejected.Add(context.Background(), 1)
@@ -36,11 +35,12 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ProcessorTokenSessionFreezesWithdrawn.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionHeldOutputsOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionInvalidRecords.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionKeysOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionLiveViewers.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionLiveViewersDropped.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionMetricOverflows.Add(context.Background(), 1)
-	tb.ProcessorTokenSessionModelsOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionOutputFailures.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionSeriesForgotten.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionSessionsEnded.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionSpansDelayed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionSpansDropped.Add(context.Background(), 1)
@@ -48,9 +48,6 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ProcessorTokenSessionSpansOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionSpansReleased.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionVerdictSpansDropped.Add(context.Background(), 1)
-	AssertEqualProcessorTokenSessionAttributionTenantsOverflowed(t, testTel,
-		[]metricdata.DataPoint[int64]{{Value: 1}},
-		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionDisorderEvents(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
@@ -72,6 +69,9 @@ func TestSetupTelemetry(t *testing.T) {
 	AssertEqualProcessorTokenSessionInvalidRecords(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionKeysOverflowed(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionLiveViewers(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
@@ -81,10 +81,10 @@ func TestSetupTelemetry(t *testing.T) {
 	AssertEqualProcessorTokenSessionMetricOverflows(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
-	AssertEqualProcessorTokenSessionModelsOverflowed(t, testTel,
+	AssertEqualProcessorTokenSessionOutputFailures(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
-	AssertEqualProcessorTokenSessionOutputFailures(t, testTel,
+	AssertEqualProcessorTokenSessionSeriesForgotten(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionSessionsActive(t, testTel,
