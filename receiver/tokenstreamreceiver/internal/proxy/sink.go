@@ -46,4 +46,7 @@ type Counters struct {
 	DroppedEvents metric.Int64Counter
 	// StalledStreams: streams the stall breaker cut.
 	StalledStreams metric.Int64Counter
+	// CutStreams: streams not relayed whole, ended for the client with an
+	// error event, by reason (cut_reason); the breaker's are StalledStreams.
+	CutStreams metric.Int64Counter
 }
