@@ -433,6 +433,7 @@ func (s *logsSink) Counters() proxy.Counters {
 		OversizedEvents:     t.ReceiverTokenStreamProxyOversizedEvents,
 		DroppedEvents:       t.ReceiverTokenStreamProxyDroppedEvents,
 		StalledStreams:      t.ReceiverTokenStreamProxyStalledStreams,
+		CutStreams:          t.ReceiverTokenStreamProxyCutStreams,
 	}
 }
 

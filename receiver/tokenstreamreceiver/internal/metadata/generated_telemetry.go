@@ -29,6 +29,7 @@ type TelemetryBuilder struct {
 	ReceiverTokenStreamAcceptedEvents           metric.Int64Counter
 	ReceiverTokenStreamFailedScrapes            metric.Int64Counter
 	ReceiverTokenStreamInvalidDataPoints        metric.Int64Counter
+	ReceiverTokenStreamProxyCutStreams          metric.Int64Counter
 	ReceiverTokenStreamProxyDroppedEvents       metric.Int64Counter
 	ReceiverTokenStreamProxyOversizedEvents     metric.Int64Counter
 	ReceiverTokenStreamProxyPassthroughFailures metric.Int64Counter
@@ -87,6 +88,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_receiver_token_stream_invalid_data_points",
 		metric.WithDescription("Data points of scraped expositions left out as invalid (histograms with decreasing, repeated or infinite buckets or out-of-range counts). [Development]"),
 		metric.WithUnit("{datapoint}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ReceiverTokenStreamProxyCutStreams, err = builder.meter.Int64Counter(
+		"otelcol_receiver_token_stream_proxy_cut_streams",
+		metric.WithDescription("Streams the proxy could not relay whole and ended, for the client, with an OpenAI-shaped error event and no end of the response (so that the client raises instead of taking the answer for whole), by reason; the stall breaker's cuts are counted in otelcol_receiver_token_stream_proxy_stalled_streams. A client that left gets no event and is not counted. [Development]"),
+		metric.WithUnit("{stream}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ReceiverTokenStreamProxyDroppedEvents, err = builder.meter.Int64Counter(

@@ -22,6 +22,7 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ReceiverTokenStreamAcceptedEvents.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamFailedScrapes.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamInvalidDataPoints.Add(context.Background(), 1)
+	tb.ReceiverTokenStreamProxyCutStreams.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamProxyDroppedEvents.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamProxyOversizedEvents.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamProxyPassthroughFailures.Add(context.Background(), 1)
@@ -40,6 +41,9 @@ func TestSetupTelemetry(t *testing.T) {
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamInvalidDataPoints(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualReceiverTokenStreamProxyCutStreams(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamProxyDroppedEvents(t, testTel,

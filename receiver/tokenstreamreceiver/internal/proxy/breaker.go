@@ -2,7 +2,6 @@ package proxy // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstream
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -103,17 +102,16 @@ func (b *stallBreaker) stop() {
 	}
 }
 
-// stallEvent is what the client gets when the breaker cuts its stream: an
+// cut is the breaker's cut of its stream (see cut.go): the client gets an
 // error event in the shape vLLM ends a generation that failed after its 200
-// with (ErrorResponse, then [DONE]; vllm/entrypoints/openai/chat_completion/
+// with (an ErrorResponse; vllm/entrypoints/openai/chat_completion/
 // serving.py at vLLM 017e9f4448), so that OpenAI's SDKs raise it and
 // clients written for vLLM read it. The code is 504: the proxy, a gateway,
 // gave up waiting for the upstream, which a retrying client treats as
 // retryable.
-func stallEvent(maxGap time.Duration) []byte {
-	var e proxyError
-	e.Error.Type, e.Error.Code = errEngineStalled, http.StatusGatewayTimeout
-	e.Error.Message = fmt.Sprintf("the engine sent no token for %s (proxy::stall::max_gap); the stream was cut so that it can be retried on another replica", maxGap)
-	body, _ := json.Marshal(&e)
-	return append(append(append([]byte("data: "), body...), "\n\n"...), "data: [DONE]\n\n"...)
+func (b *stallBreaker) cut() *streamCut {
+	return &streamCut{
+		errorType: errEngineStalled, eventType: errEngineStalled, code: http.StatusGatewayTimeout,
+		message: fmt.Sprintf("the engine sent no token for %s (proxy::stall::max_gap); the stream was cut so that it can be retried on another replica", b.maxGap),
+	}
 }

@@ -73,24 +73,23 @@ func lastEnd(t *testing.T, evs []tokenevent.Event) tokenevent.Event {
 }
 
 // An upstream that freezes mid-stream: the proxy cancels the upstream
-// request, and the client gets what came before, an engine_stalled error
-// event in vLLM's shape and [DONE]; the session ends error, engine_stalled,
-// and the cut is counted.
+// request, and the client gets what came before and an engine_stalled error
+// event in vLLM's shape, then no [DONE] and no end of the response; the
+// session ends error, engine_stalled, and the cut is counted.
 func TestStallBreakerCutsAFrozenStream(t *testing.T) {
 	chat, _ := fixtureStreams(t)
 	up := freezingUpstream(t, chat[:4], func(int) time.Duration { return time.Millisecond })
 	sink := new(consumertest.LogsSink)
 	tp := startTestProxy(t, up.URL, sink, withStallBreaker(0))
 	t0 := time.Now()
-	resp, got := postChat(t, tp.proxyURL(), streamUsage, nil)
+	got, err := postStream(t, http.DefaultClient, tp.proxyURL())
 	// A sanity bound only (the upstream would hold the stream 10 s).
 	assert.Less(t, time.Since(t0), testMaxGap+2*time.Second)
-	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF, "no end of the response: the stream is not whole")
 	require.True(t, strings.HasPrefix(got, strings.Join(chat[:4], "")), "what came before the freeze, unchanged: %q", got)
 	rest := strings.TrimPrefix(got, strings.Join(chat[:4], ""))
-	errEvent, done, ok := strings.Cut(rest, "\n\n")
-	require.True(t, ok, rest)
-	assert.Equal(t, "data: [DONE]\n\n", done, "the error event, then [DONE], as vLLM ends a failed stream")
+	assert.Regexp(t, cutEvent(errEngineStalled, http.StatusGatewayTimeout), rest, "the error event and nothing after it: no [DONE]")
+	errEvent := strings.TrimSuffix(rest, "\n\n")
 	var body struct {
 		Error struct {
 			Message string `json:"message"`
@@ -154,7 +153,8 @@ func TestStallBreakerMinTokens(t *testing.T) {
 	})
 	sink := new(consumertest.LogsSink)
 	tp := startTestProxy(t, up.URL, sink, withStallBreaker(3))
-	_, got := postChat(t, tp.proxyURL(), streamUsage, nil)
+	got, err := postStream(t, http.DefaultClient, tp.proxyURL())
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF)
 	require.True(t, strings.HasPrefix(got, strings.Join(chat[:5], "")), "the pause before the third token is waited for: %q", got)
 	assert.Contains(t, got, `"type":"engine_stalled"`, "the freeze after it is cut")
 	assert.Equal(t, errEngineStalled, lastEnd(t, sessionEvents(t, sink, 1)).Error)
@@ -192,8 +192,15 @@ func TestStallBreakerHeader(t *testing.T) {
 		up := newScriptedUpstream(t, pausing)
 		sink := new(consumertest.LogsSink)
 		tp := startTestProxy(t, up.URL, sink, withStallBreaker(0))
-		_, got := postChat(t, tp.proxyURL(), streamUsage, map[string]string{"X-Otelcol-LLM-Stall-Breaker": "on"})
-		assert.Contains(t, got, `"type":"engine_stalled"`)
+		req, err := http.NewRequest(http.MethodPost, tp.proxyURL()+"/v1/chat/completions", strings.NewReader(streamUsage))
+		require.NoError(t, err)
+		req.Header.Set(StallBreakerHeader, "on")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		got, err := io.ReadAll(resp.Body)
+		require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+		assert.Contains(t, string(got), `"type":"engine_stalled"`)
 		assert.Equal(t, errEngineStalled, lastEnd(t, sessionEvents(t, sink, 1)).Error)
 	})
 	t.Run("invalid", func(t *testing.T) {

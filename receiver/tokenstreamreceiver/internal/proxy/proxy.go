@@ -50,7 +50,11 @@ const (
 	// rate does not carry them.
 	errBodyTooLarge = "request_too_large"
 	errBodyTimeout  = "request_timeout"
-	errStreamBroken = "upstream_stream_broken"
+	// errStreamBroken: the upstream's stream broke or ended before
+	// [DONE]; errStreamMalformed: a 200 text/event-stream held no
+	// OpenAI chunk (see cut.go).
+	errStreamBroken    = "upstream_stream_broken"
+	errStreamMalformed = "upstream_stream_malformed"
 	// errTooManyStreams and errShuttingDown are the proxy's own 503s: no
 	// session, the engine is not blamed.
 	errTooManyStreams = "too_many_streams"
@@ -552,8 +556,11 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (r
 
 	h := w.Header()
 	copyResponseHeader(h, resp.Header)
-	if streaming && injected {
-		h.Del("Content-Length") // the usage chunk is taken out
+	if streaming {
+		// The usage chunk the proxy asked for is taken out, an unfinished
+		// event left out and an error event added when the stream is cut
+		// (cut.go): the upstream's length is not the client's.
+		h.Del("Content-Length")
 	}
 	w.WriteHeader(resp.StatusCode)
 	switch {
@@ -564,9 +571,13 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (r
 		if p.relayOffServer(ctx, w, req, limited, s, x, injected, stopClientWatch) {
 			return true
 		}
-		s.relayStream(ctx, w, resp.Body, injected)
+		if !s.relayStream(ctx, w, resp.Body, injected) {
+			abortResponse()
+		}
 	default:
-		s.relayResponse(ctx, w, resp.Body)
+		if !s.relayResponse(ctx, w, resp.Body) {
+			abortResponse()
+		}
 	}
 	return false
 }
@@ -597,9 +608,8 @@ func (x *exchange) end(s *session) {
 func (p *Server) relayOffServer(ctx context.Context, w http.ResponseWriter, req *http.Request, body *bodyLimitReader, s *session,
 	x *exchange, strip bool, stopClientWatch func() bool,
 ) bool {
-	if p.hangups == nil || req.ProtoMajor != 1 || req.ProtoMinor < 1 || req.TLS != nil || w.Header().Get("Content-Length") != "" {
-		// HTTP/1.0 has no chunks, a response with a length none either;
-		// TLS hides the socket from the watcher.
+	if p.hangups == nil || req.ProtoMajor != 1 || req.ProtoMinor < 1 || req.TLS != nil {
+		// HTTP/1.0 has no chunks; TLS hides the socket from the watcher.
 		return false
 	}
 	rc := http.NewResponseController(w)
@@ -659,8 +669,12 @@ func (p *Server) relayHijacked(ctx context.Context, s *session, x *exchange, con
 		x.send = s.send
 	}
 	cw := newChunkedConnWriter(conn, s.send)
-	s.relayStream(ctx, cw, x.body, strip)
-	whole := cw.finish() == nil
+	whole := s.relayStream(ctx, cw, x.body, strip)
+	if whole {
+		whole = cw.finish() == nil
+	} else {
+		cw.release() // no last chunk: the connection is closed below
+	}
 	if stopHangup != nil {
 		stopHangup()
 	}
@@ -688,16 +702,18 @@ func (p *Server) relayHijacked(ctx context.Context, s *session, x *exchange, con
 // relayStream forwards the upstream's events to the client as they come,
 // observing each. The events of one read from the upstream go out in one
 // flush: they were all there at once, and a flush is a system call (its
-// cost is most of the proxy's per event).
-func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream io.Reader, strip bool) {
+// cost is most of the proxy's per event). whole: the stream was relayed
+// whole, and its response may end; otherwise it must not (see cut.go).
+func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream io.Reader, strip bool) (whole bool) {
 	flusher, _ := w.(http.Flusher)
 	parser := sse.NewParser(0)
 	buf := make([]byte, sseReadBuffer)
-	clientGone := false
-	// finished: the upstream sent [DONE], so the generation is whole. A
+	// e.done: the upstream sent [DONE], so the generation is whole. A
 	// client that closes the stream after that (many stop reading at
 	// [DONE]) did not abort anything.
-	finished := false
+	var e relayEnd
+	// midEvent: the last bytes relayed are a piece of an oversized event.
+	midEvent := false
 	var now time.Time // when the read holding the event returned
 	unflushed := false
 	oversized := int64(0)
@@ -706,16 +722,19 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 	// still arriving (pending), for a token: the engine is sending.
 	unread := false
 	onEvent := func(ev *sse.Event) error {
+		midEvent = ev.Partial
 		if ev.Oversized {
 			unread = true
 			if !ev.Partial {
 				oversized++
+				e.chunkRead = true
 			}
 		}
 		if ev.HasData && !ev.Oversized {
 			if openaistream.IsDone(ev.Data) {
-				finished = true
+				e.done = true
 			} else if f, ok := openaistream.InspectChunk(ev.Data); ok {
+				e.chunkRead = true
 				s.read(&f, ev.Data)
 				if f.CompletionTokens >= 0 {
 					s.completionTokens = f.CompletionTokens
@@ -738,13 +757,12 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 			}
 		}
 		if _, err := w.Write(ev.Raw); err != nil {
-			clientGone = true
+			e.clientGone = true
 			return err
 		}
 		unflushed = true
 		return nil
 	}
-	var readErr error
 	for {
 		n, err := upstream.Read(buf)
 		if n > 0 {
@@ -769,9 +787,11 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
-				readErr = err
+				e.readErr = err
 			}
-			if rest := parser.Pending(); len(rest) > 0 && !clientGone && !stallCut(clientCtx) {
+			// What follows [DONE] goes as it came; an event left
+			// unfinished by a cut does not (see cut.go).
+			if rest := parser.Pending(); len(rest) > 0 && !e.clientGone && e.done {
 				_, _ = w.Write(rest)
 			}
 			break
@@ -781,41 +801,47 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 	if oversized > 0 {
 		s.p.counters.OversizedEvents.Add(context.Background(), oversized)
 	}
-	switch {
-	case s.engineError != "":
-		// vLLM ends a failed generation with [DONE] all the same.
-		s.end(now, s.engineError, s.finishReason)
-	case finished:
-		s.end(now, "", s.finishReason)
-	case stallCut(clientCtx) && !clientGone:
-		// The upstream request is cancelled; the client learns why, in
-		// the stream, and can retry elsewhere.
-		s.p.counters.StalledStreams.Add(context.Background(), 1)
-		if _, err := w.Write(stallEvent(s.breaker.maxGap)); err == nil && flusher != nil {
+	cut := s.cut(clientCtx, &e)
+	if cut != nil && !e.clientGone {
+		// The upstream request is over or cancelled; the client learns
+		// why, in the stream, and can retry elsewhere.
+		s.p.countCut(cut)
+		if midEvent {
+			_, _ = w.Write(eventEnd)
+		}
+		if _, err := w.Write(cut.event()); err == nil && flusher != nil {
 			flusher.Flush()
 		}
-		s.end(now, errEngineStalled, s.finishReason)
-	case errors.Is(context.Cause(clientCtx), errProxyShutdown):
-		s.end(now, tokenevent.ErrorShutdown, s.finishReason)
-	case clientGone || clientCtx.Err() != nil:
-		s.end(now, "", finishReasonAbort)
-	case errors.Is(readErr, errIdleTimeout):
-		s.end(now, errUpstreamIdleTimeout, s.finishReason)
-	case readErr != nil:
-		s.end(now, errStreamBroken, s.finishReason)
-	default:
-		s.end(now, "", s.finishReason)
 	}
+	errorType, finishReason := "", s.finishReason
+	switch {
+	case s.engineError != "":
+		// The engine's own error says more than a cut; vLLM ends a failed
+		// generation with [DONE] all the same.
+		errorType = s.engineError
+	case cut != nil:
+		errorType = cut.errorType
+	case !e.done:
+		finishReason = finishReasonAbort
+	case !e.chunkRead:
+		// [DONE] came, but nothing that was a chunk: not a completion.
+		errorType = errStreamMalformed
+	}
+	s.end(now, errorType, finishReason)
+	return e.done
 }
 
 // relayResponse forwards a non-streaming response: its first token is the
-// whole response, its tokens come from usage.
-func (s *session) relayResponse(clientCtx context.Context, w http.ResponseWriter, upstream io.Reader) {
+// whole response, its tokens come from usage. whole: the response was
+// relayed whole, and may end.
+func (s *session) relayResponse(clientCtx context.Context, w http.ResponseWriter, upstream io.Reader) (whole bool) {
 	var kept limitedBuffer
 	kept.limit = maxNonStreamingBody
 	_, err := io.Copy(io.MultiWriter(armedWriter{w, s.send}, &kept), upstream)
 	now := time.Now()
 	if err != nil {
+		// What came goes out before the response is cut.
+		_ = http.NewResponseController(w).Flush()
 		switch {
 		case errors.Is(context.Cause(clientCtx), errProxyShutdown):
 			s.end(now, tokenevent.ErrorShutdown, "")
@@ -826,14 +852,14 @@ func (s *session) relayResponse(clientCtx context.Context, w http.ResponseWriter
 		default:
 			s.end(now, errStreamBroken, "")
 		}
-		return
+		return false
 	}
 	if f, ok := openaistream.InspectChunk(kept.b); ok {
 		s.read(&f, kept.b)
 		s.completionTokens, s.promptTokens, s.finishReason = f.CompletionTokens, f.PromptTokens, f.FinishReason
 		if f.ErrorType != "" {
 			s.end(now, f.ErrorType, "")
-			return
+			return true
 		}
 	}
 	// One token event for the whole response; its count is capped as the
@@ -842,6 +868,7 @@ func (s *session) relayResponse(clientCtx context.Context, w http.ResponseWriter
 	s.chunks = count
 	s.emit(tokenevent.KindToken, now, func(ev *tokenevent.Event) { ev.Count = count })
 	s.end(now, "", s.finishReason)
+	return true
 }
 
 func (p *Server) upstreamURL(in *url.URL) string {

@@ -38,8 +38,8 @@ func openStream(t *testing.T, url string) (*http.Response, *bufio.Reader) {
 
 // Shutdown with streams in flight: a stream that ends within drain_timeout
 // completes as usual; one still running when it is over is cut, its client
-// sees a clean end, its session ends as shutdown and its upstream request is
-// cancelled. Shutdown returns bounded by drain_timeout, and goleak (the
+// gets an error event and no end of the response, its session ends as
+// shutdown and its upstream request is cancelled. Shutdown returns bounded by drain_timeout, and goleak (the
 // package's TestMain) checks nothing is left running.
 func TestProxyShutdownDrainsThenCutsStreams(t *testing.T) {
 	chat, _ := fixtureStreams(t)
@@ -87,8 +87,12 @@ func TestProxyShutdownDrainsThenCutsStreams(t *testing.T) {
 	rest, err := io.ReadAll(finishingBody)
 	require.NoError(t, err)
 	assert.True(t, strings.HasSuffix(string(rest), "data: [DONE]\n\n"), "the stream that ends within the drain is whole")
-	_, err = io.ReadAll(hangingBody)
-	require.NoError(t, err, "the cut stream ends cleanly for its client")
+	cut, err := io.ReadAll(hangingBody)
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF, "the cut stream does not end cleanly for its client")
+	relayed := "\n" + chat[1] // the first event's blank line (open read its data line), the second event
+	require.True(t, strings.HasPrefix(string(cut), relayed), "%q", cut)
+	assert.Regexp(t, cutEvent(errShuttingDown, http.StatusServiceUnavailable), strings.TrimPrefix(string(cut), relayed),
+		"the events relayed, then an error event saying to retry")
 
 	select {
 	case err := <-shutdownDone:
@@ -114,6 +118,7 @@ func TestProxyShutdownDrainsThenCutsStreams(t *testing.T) {
 		return up.cancelled == 1
 	}, 10*time.Second, 10*time.Millisecond, "the cut stream's upstream request is cancelled")
 	assert.Zero(t, reasonCounter(t, tr, "otelcol_receiver_token_stream_proxy_dropped_events", "shutdown"))
+	assert.Equal(t, int64(1), reasonCounter(t, tr, "otelcol_receiver_token_stream_proxy_cut_streams", "shutdown"))
 }
 
 // Events that come after the receiver stopped are counted, not lost

@@ -217,6 +217,7 @@ func (s *testSink) Counters() Counters {
 		OversizedEvents:     s.tel.ReceiverTokenStreamProxyOversizedEvents,
 		DroppedEvents:       s.tel.ReceiverTokenStreamProxyDroppedEvents,
 		StalledStreams:      s.tel.ReceiverTokenStreamProxyStalledStreams,
+		CutStreams:          s.tel.ReceiverTokenStreamProxyCutStreams,
 	}
 }
 
@@ -505,11 +506,11 @@ func TestProxyUpstreamFailures(t *testing.T) {
 		})
 		sink := new(consumertest.LogsSink)
 		tr := startTestProxy(t, up.URL, sink)
-		req, _ := http.NewRequest(http.MethodPost, tr.proxyURL()+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		_, _ = io.ReadAll(resp.Body)
-		resp.Body.Close()
+		got, err := postStream(t, http.DefaultClient, tr.proxyURL())
+		require.ErrorIs(t, err, io.ErrUnexpectedEOF, "the client sees the stream broken")
+		require.True(t, strings.HasPrefix(got, chat[0]+chat[1]), "%q", got)
+		assert.Regexp(t, cutEvent(errStreamBroken, http.StatusBadGateway), strings.TrimPrefix(got, chat[0]+chat[1]),
+			"the events before the break, then the error event, without the unfinished event")
 		evs := sessionEvents(t, sink, 1)
 		assert.Equal(t, errStreamBroken, evs[len(evs)-1].Error)
 		assert.Equal(t, tokenevent.KindToken, evs[1].Kind, "the content chunk before the break counted")
@@ -525,6 +526,8 @@ func TestProxyUpstreamFailures(t *testing.T) {
 		assert.Equal(t, "data: {not json\n\nretry: x\n\n: comment\n\ndata: [DONE]\n\n", got, "forwarded as is")
 		evs := sessionEvents(t, sink, 1)
 		assert.Len(t, evs, 2, "a session without tokens")
+		assert.Equal(t, errStreamMalformed, evs[1].Error, "not a completion: no chunk came")
+		assert.Zero(t, reasonCounter(t, tr, "otelcol_receiver_token_stream_proxy_cut_streams", "malformed"), "relayed whole, not cut")
 	})
 }
 
@@ -738,13 +741,16 @@ func TestProxyHangMidStream(t *testing.T) {
 	sink := new(consumertest.LogsSink)
 	tr := startTestProxy(t, up.URL, sink, func(c *Config) { c.StreamIdleTimeout = 150 * time.Millisecond })
 	t0 := time.Now()
-	resp, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil) // fails on an unclean end
+	got, err := postStream(t, http.DefaultClient, tr.proxyURL())
 	assert.Less(t, time.Since(t0), 5*time.Second)
-	assert.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Equal(t, strings.Join(chat[:3], ""), got, "what came before the hang, then a clean end")
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF, "no clean end")
+	require.True(t, strings.HasPrefix(got, strings.Join(chat[:3], "")), "%q", got)
+	assert.Regexp(t, cutEvent(errUpstreamIdleTimeout, http.StatusGatewayTimeout), strings.TrimPrefix(got, strings.Join(chat[:3], "")),
+		"what came before the hang, then the error event")
 	evs := sessionEvents(t, sink, 1)
 	end := evs[len(evs)-1]
 	assert.Equal(t, errUpstreamIdleTimeout, end.Error)
+	assert.Equal(t, int64(1), reasonCounter(t, tr, "otelcol_receiver_token_stream_proxy_cut_streams", "idle_timeout"))
 	assert.Equal(t, tokenevent.KindToken, evs[1].Kind)
 	require.Eventually(t, func() bool {
 		up.mu.Lock()
@@ -1070,7 +1076,9 @@ func (b *bufferResponse) Write(p []byte) (int, error) { return b.Buffer.Write(p)
 
 // FuzzRelayStream: whatever the upstream sends and however its reads are
 // split, the client gets the upstream's bytes (minus the usage chunk the
-// proxy added and strips), and the session the same facts.
+// proxy added and strips; a stream without [DONE] cut, its unfinished
+// event left out, with the error event after), and the session the same
+// facts.
 func FuzzRelayStream(f *testing.F) {
 	chat, completions := fixtureStreams(&testing.T{})
 	f.Add([]byte(strings.Join(chat, "")), []byte{0, 7, 200}, true)
@@ -1079,22 +1087,36 @@ func FuzzRelayStream(f *testing.F) {
 	f.Add([]byte("data: a\ndata: b\r\rid: 1\n\nretry: x"), []byte{}, true)
 	p := relayOnly(newTestSink(f, componenttest.NewNopTelemetrySettings(), consumertest.NewNop()), testConfig(f, "http://localhost:8000").EventQueueSize)
 	f.Cleanup(p.batch.shutdown)
-	relay := func(data, sizes []byte, strip bool) (string, *session) {
+	relay := func(data, sizes []byte, strip bool) (string, *session, bool) {
 		w := &bufferResponse{discardResponse: discardResponse{h: http.Header{}}}
 		s := &session{p: p, id: "fuzz", completionTokens: -1, promptTokens: -1}
-		s.relayStream(context.Background(), w, &splitReader{data: data, sizes: sizes}, strip)
-		return w.String(), s
+		relayedWhole := s.relayStream(context.Background(), w, &splitReader{data: data, sizes: sizes}, strip)
+		return w.String(), s, relayedWhole
 	}
 	f.Fuzz(func(t *testing.T, data, sizes []byte, strip bool) {
-		whole, ws := relay(data, nil, strip)
-		split, ss := relay(data, sizes, strip)
-		if whole != split {
+		whole, ws, wholeOK := relay(data, nil, strip)
+		split, ss, splitOK := relay(data, sizes, strip)
+		if whole != split || wholeOK != splitOK {
 			t.Fatalf("read splits %v change the client's bytes:\nwhole %q\nsplit %q", sizes, whole, split)
 		}
-		if !strip && whole != string(data) {
+		relayed := whole
+		if !wholeOK {
+			// Cut (no [DONE]): what was relayed, an unfinished event left
+			// out, then the error event.
+			var ok bool
+			for _, c := range []*streamCut{&cutBroken, &cutMalformed} {
+				if r, found := strings.CutSuffix(whole, string(c.event())); found {
+					relayed, ok = strings.TrimSuffix(r, string(eventEnd)), true
+				}
+			}
+			if !ok {
+				t.Fatalf("a cut stream does not end with the error event: %q", whole)
+			}
+		}
+		if !strip && (wholeOK && relayed != string(data) || !strings.HasPrefix(string(data), relayed)) {
 			t.Fatalf("not forwarded as is:\nin  %q\nout %q", data, whole)
 		}
-		if strip && len(whole) > len(data) {
+		if strip && len(relayed) > len(data) {
 			t.Fatalf("stripping added bytes: %q -> %q", data, whole)
 		}
 		if ws.chunks != ss.chunks || ws.completionTokens != ss.completionTokens || ws.promptTokens != ss.promptTokens ||

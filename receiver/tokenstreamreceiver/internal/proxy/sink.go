@@ -8,7 +8,8 @@
 // metadata.yaml) and a logger. The header policy, the W3C trace context
 // and the error bodies it answers with are in headers.go; its bounds on
 // the client and the upstream in limits.go; the stall breaker, which cuts a
-// stream whose next token is too late, in breaker.go.
+// stream whose next token is too late, in breaker.go; how a stream not
+// relayed whole ends for its client, in cut.go.
 package proxy // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxy"
 
 import (
@@ -46,4 +47,7 @@ type Counters struct {
 	DroppedEvents metric.Int64Counter
 	// StalledStreams: streams the stall breaker cut.
 	StalledStreams metric.Int64Counter
+	// CutStreams: streams not relayed whole, ended for the client with an
+	// error event, by reason (cut_reason); the breaker's are StalledStreams.
+	CutStreams metric.Int64Counter
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -104,6 +105,10 @@ func TestDirectUpstreamGzip(t *testing.T) {
 	assert.Equal(t, int64(2), evs[len(evs)-1].CompletionTokens)
 }
 
+// interimTestBody is the stream of TestDirectUpstreamSkipsInterimResponses:
+// a chunk, then [DONE].
+const interimTestBody = `data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}` + "\n\ndata: [DONE]\n\n"
+
 // An interim answer (100 Continue) is not the response.
 func TestDirectUpstreamSkipsInterimResponses(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -121,13 +126,14 @@ func TestDirectUpstreamSkipsInterimResponses(t *testing.T) {
 			return
 		}
 		_, _ = io.Copy(io.Discard, req.Body)
-		_, _ = io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 14\r\n\r\ndata: [DONE]\n\n")
+		_, _ = io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: "+
+			strconv.Itoa(len(interimTestBody))+"\r\n\r\n"+interimTestBody)
 	}()
 	sink := new(consumertest.LogsSink)
 	tr := startTestProxy(t, "http://"+ln.Addr().String(), sink)
 	resp, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Equal(t, "data: [DONE]\n\n", got)
+	assert.Equal(t, interimTestBody, got)
 	evs := sessionEvents(t, sink, 1)
 	assert.Empty(t, evs[len(evs)-1].Error)
 }
