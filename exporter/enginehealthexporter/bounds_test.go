@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata/metricdatatest"
 
 	"github.com/otelcol-llm/otelcol-llm/exporter/enginehealthexporter/internal/metadatatest"
+	"github.com/otelcol-llm/otelcol-llm/internal/keyset"
 )
 
 // sessionCounts is llm.sessions as token_session flushes it: one point per
@@ -219,4 +220,17 @@ func mapKeys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// token_session records the sessions of engines beyond metrics::max_engines
+// under llm.engine=_OTHER: no one engine, never judged, counted.
+func TestOverflowEngineIsNotJudged(t *testing.T) {
+	th := startHealth(t, nil)
+	th.clock.Advance(time.Second)
+	th.consumeMetrics(sessionCounts(pmetric.AggregationTemporalityDelta, th.clock.Now().Add(-time.Second),
+		map[string]int{"a": 10, keyset.Overflow: 10}, map[string]int{keyset.Overflow: 10}))
+	assert.Equal(t, 1, len(th.verdicts.Load().list))
+	metadatatest.AssertEqualExporterEngineHealthIgnored(t, th.tel, []metricdata.DataPoint[int64]{
+		{Attributes: attribute.NewSet(attribute.String("why", "engine_overflow")), Value: 2},
+	}, metricdatatest.IgnoreTimestamp())
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/exporter/enginehealthexporter/internal/metadata"
 	"github.com/otelcol-llm/otelcol-llm/internal/exphist"
 	"github.com/otelcol-llm/otelcol-llm/internal/httpserve"
+	"github.com/otelcol-llm/otelcol-llm/internal/keyset"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 )
@@ -243,27 +244,43 @@ func httpStatus(errorType string) (int, bool) {
 
 // batchReader reads one metrics batch into a sample per engine.
 type batchReader struct {
-	h                  *engineHealth
-	now                time.Time
-	samples            map[string]*engineSample
-	noEngine, longName int
+	h       *engineHealth
+	now     time.Time
+	samples map[string]*engineSample
+	skipped skippedCounts
 }
 
-// engineOf is the normalised llm.engine of attrs; false, counted, for none
-// or a name too long.
-func engineOf(attrs pcommon.Map, noEngine, longName *int) (string, bool) {
+// skippedCounts are the points or alerts not judged for their llm.engine:
+// none, a name too long, or token_session's _OTHER (the sessions of engines
+// beyond its metrics::max_engines, which are no one engine).
+type skippedCounts struct{ noEngine, longName, overflow int }
+
+func (c skippedCounts) count(h *engineHealth) {
+	h.ignored("no_engine", c.noEngine)
+	h.ignored("engine_name_too_long", c.longName)
+	h.ignored("engine_overflow", c.overflow)
+}
+
+// engineOf is the normalised llm.engine of attrs; false, counted, for none,
+// a name too long, or the overflow.
+func engineOf(attrs pcommon.Map, skipped *skippedCounts) (string, bool) {
 	v, ok := attrs.Get(attrEngine)
 	if !ok {
-		*noEngine++
+		skipped.noEngine++
 		return "", false
 	}
-	name, tooLong := normalizeEngine(v.AsString())
+	raw := v.AsString()
+	if raw == keyset.Overflow {
+		skipped.overflow++
+		return "", false
+	}
+	name, tooLong := normalizeEngine(raw)
 	switch {
 	case tooLong:
-		*longName++
+		skipped.longName++
 		return "", false
 	case name == "":
-		*noEngine++
+		skipped.noEngine++
 		return "", false
 	}
 	return name, true
@@ -276,7 +293,7 @@ func engineOf(attrs pcommon.Map, noEngine, longName *int) (string, bool) {
 func (r *batchReader) point(name string, attrs pcommon.Map, cumulative bool, start pcommon.Timestamp, value float64,
 	counts *[]uint64,
 ) (*engineSample, float64, bool) {
-	engine, ok := engineOf(attrs, &r.noEngine, &r.longName)
+	engine, ok := engineOf(attrs, &r.skipped)
 	if !ok {
 		return nil, 0, false
 	}
@@ -333,8 +350,7 @@ func (h *engineHealth) consumeMetrics(md pmetric.Metrics) {
 		}
 	}
 	h.mu.Unlock()
-	h.ignored("no_engine", r.noEngine)
-	h.ignored("engine_name_too_long", r.longName)
+	r.skipped.count(h)
 	h.ignored("too_many_engines", tooMany)
 	if resets > 0 {
 		h.tel.ExporterEngineHealthWindowResets.Add(context.Background(), int64(resets))
@@ -473,7 +489,8 @@ func seriesKey(name string, attrs pcommon.Map) string {
 // session that stalled, which the judge counts the moment it comes.
 func (h *engineHealth) consumeLogs(ld plog.Logs) {
 	now := h.now()
-	var noEngine, longName, tooMany, alerts int
+	var skipped skippedCounts
+	var tooMany, alerts int
 	h.mu.Lock()
 	for _, rl := range ld.ResourceLogs().All() {
 		for _, sl := range rl.ScopeLogs().All() {
@@ -481,7 +498,7 @@ func (h *engineHealth) consumeLogs(ld plog.Logs) {
 				if lr.EventName() != eventStall {
 					continue
 				}
-				engine, ok := engineOf(lr.Attributes(), &noEngine, &longName)
+				engine, ok := engineOf(lr.Attributes(), &skipped)
 				if !ok {
 					continue
 				}
@@ -497,8 +514,7 @@ func (h *engineHealth) consumeLogs(ld plog.Logs) {
 		}
 	}
 	h.mu.Unlock()
-	h.ignored("no_engine", noEngine)
-	h.ignored("engine_name_too_long", longName)
+	skipped.count(h)
 	h.ignored("too_many_engines", tooMany)
 	if alerts > 0 {
 		h.evaluate()

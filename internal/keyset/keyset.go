@@ -1,9 +1,13 @@
 // Package keyset bounds and forgets the attribute values that a
 // long-running aggregation keys its state by (models, engines, tenants).
-// A Set admits at most its bound of distinct values and folds the others
-// into Overflow; it forgets a value that no open session holds and that
-// nothing used for its forgetting time, so that a collector running for
-// months holds the values in use, not every value it ever saw.
+// A Set admits at most its bound of distinct values; it forgets a value
+// that no open session holds and that nothing used for its forgetting time,
+// so that a collector running for months holds the values in use, not every
+// value it ever saw. A new value when the bound is reached takes the place
+// of a value idle since the last sweep (what it recorded has been flushed):
+// the one idle longest. Only when none is idle does it go to Overflow, so
+// that names made up by the thousand, or pods replaced for months, cannot
+// keep a new engine's own series out until the forgetting time.
 //
 // Activity is the forgetting rule on its own, for the series built on
 // those values: the same rule, swept at the same times, forgets a value and
@@ -13,6 +17,8 @@
 package keyset // import "github.com/otelcol-llm/otelcol-llm/internal/keyset"
 
 import (
+	"cmp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -33,6 +39,14 @@ type Activity struct {
 
 // Touch marks a use.
 func (a *Activity) Touch() { a.used = true }
+
+// Unused reports whether the state has not been used since the last sweep.
+func (a *Activity) Unused() bool { return !a.used }
+
+// UnusedSince is the first sweep after the state's latest use (Unix ns; 0
+// before any sweep): of two states unused now, the one with the earlier
+// UnusedSince has been idle longer.
+func (a *Activity) UnusedSince() int64 { return a.last }
 
 // Idle is the sweep at now (Unix ns): it reports whether the state went
 // unused for at least after, counted from the first sweep after its latest
@@ -88,8 +102,13 @@ type Set struct {
 	keys        map[string]*Key
 	overflow    Key
 
+	// idle are the values idle at the last sweep, idle longest last: those
+	// a new value may take the place of.
+	idle []*Key
+
 	overflowed uint64
 	forgotten  uint64
+	displaced  uint64
 }
 
 // New returns a Set of at most bound values (0: no bound) that forgets a
@@ -107,7 +126,7 @@ func (s *Set) Open(name string) *Key {
 	}
 	k, ok := s.keys[name]
 	if !ok {
-		if s.bound > 0 && len(s.keys) >= s.bound {
+		if s.bound > 0 && len(s.keys) >= s.bound && !s.displace() {
 			s.overflowed++
 			k = &s.overflow
 		} else {
@@ -120,16 +139,39 @@ func (s *Set) Open(name string) *Key {
 	return k
 }
 
-// Sweep forgets, at now (Unix ns), the values no session holds open that
-// went unused for the forgetting time, and returns how many it forgot.
-func (s *Set) Sweep(now int64) int {
-	n := 0
-	for name, k := range s.keys {
-		if k.Idle(now, s.forgetAfter) && k.open <= 0 {
-			delete(s.keys, name)
-			n++
+// displace forgets the value idle longest that is still idle (no session
+// opened or used it since the last sweep), to make room; false when none is.
+func (s *Set) displace() bool {
+	for len(s.idle) > 0 {
+		k := s.idle[len(s.idle)-1]
+		s.idle = s.idle[:len(s.idle)-1]
+		if k.open <= 0 && !k.used && s.keys[k.name] == k {
+			delete(s.keys, k.name)
+			s.displaced++
+			return true
 		}
 	}
+	return false
+}
+
+// Sweep forgets, at now (Unix ns), the values no session holds open that
+// went unused for the forgetting time, and returns how many it forgot. The
+// values left that no session holds are those a new value may take the
+// place of until the next sweep (a value used since is not).
+func (s *Set) Sweep(now int64) int {
+	n := 0
+	s.idle = s.idle[:0]
+	for name, k := range s.keys {
+		switch {
+		case k.Idle(now, s.forgetAfter) && k.open <= 0:
+			delete(s.keys, name)
+			n++
+		case k.open <= 0 && s.bound > 0:
+			s.idle = append(s.idle, k)
+		}
+	}
+	// Idle longest last: the first sweep after its last use is earliest.
+	slices.SortFunc(s.idle, func(a, b *Key) int { return cmp.Compare(b.UnusedSince(), a.UnusedSince()) })
 	s.forgotten += uint64(n)
 	return n
 }
@@ -142,3 +184,7 @@ func (s *Set) Overflowed() uint64 { return s.overflowed }
 
 // Forgotten counts the values forgotten by Sweep.
 func (s *Set) Forgotten() uint64 { return s.forgotten }
+
+// Displaced counts the values forgotten early, idle, to make room for a
+// new one.
+func (s *Set) Displaced() uint64 { return s.displaced }

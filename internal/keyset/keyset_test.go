@@ -43,7 +43,6 @@ func TestSetForgets(t *testing.T) {
 	s.Sweep(1 * minute) // the first sweep after its last use
 	s.Sweep(10 * minute)
 	assert.Equal(t, 1, s.Len(), "9 minutes idle: held")
-	assert.Equal(t, Overflow, s.Open("b").Name())
 	s.Sweep(11 * minute)
 	assert.Zero(t, s.Len(), "10 minutes idle: forgotten")
 	assert.Equal(t, uint64(1), s.Forgotten())
@@ -73,6 +72,48 @@ func TestSetForgets(t *testing.T) {
 		never.Sweep(at * minute)
 	}
 	assert.Equal(t, 1, never.Len(), "forget_after 0: never forgotten")
+}
+
+// A new value when the bound is reached takes the place of a value idle
+// since the last sweep, the one idle longest first; a value open, or used
+// since the last sweep, keeps its place, and without an idle value the new
+// one goes to Overflow.
+func TestSetDisplacesIdleValues(t *testing.T) {
+	s := New(3, time.Hour)
+	s.Open("old").Close()
+	s.Sweep(1 * minute)
+	s.Open("recent").Close()
+	open := s.Open("open")
+	s.Sweep(2 * minute)
+	assert.Equal(t, "new-1", s.Open("new-1").Name(), "old, idle longest, makes room")
+	assert.Equal(t, "new-2", s.Open("new-2").Name(), "then recent")
+	assert.Equal(t, Overflow, s.Open("new-3").Name(), "open is held, new-1 and new-2 are in use")
+	assert.Same(t, open, s.Open("open"))
+	assert.Equal(t, uint64(2), s.Displaced())
+	assert.Equal(t, uint64(1), s.Overflowed())
+
+	// Used since the sweep: not displaced.
+	s = New(1, time.Hour)
+	k := s.Open("a")
+	k.Close()
+	s.Sweep(1 * minute)
+	k.Touch()
+	assert.Equal(t, Overflow, s.Open("b").Name())
+	s.Sweep(2 * minute)
+	assert.Equal(t, "b", s.Open("b").Name())
+
+	// 100 000 new values, a sweep every 1 000: the set stays at its bound,
+	// each sweep's idle values making room for as many new ones.
+	s = New(100, time.Hour)
+	for i := range 100_000 {
+		if i%1000 == 0 {
+			s.Sweep(int64(i/1000+1) * minute)
+		}
+		s.Open(fmt.Sprint("name-", i)).Close()
+	}
+	assert.Equal(t, 100, s.Len())
+	assert.Equal(t, uint64(100_000-100), s.Displaced()+s.Overflowed())
+	assert.Equal(t, uint64(99*100), s.Displaced(), "100 places freed at each sweep after the first")
 }
 
 func TestActivity(t *testing.T) {

@@ -109,6 +109,9 @@ type liveSeries struct {
 	overflow bool
 	// activity is its sessions' starts and ends, for ForgetAfter.
 	activity keyset.Activity
+	// displaced: forgotten early to make room (see displace), to be taken
+	// out of the order at the next flush.
+	displaced bool
 	// ends caches the end-of-session series its sessions without an error
 	// type ended on, so that the next one's end finds them without a map
 	// lookup each (six per session, on keys of tens of bytes).
@@ -140,13 +143,14 @@ type endAttrs struct {
 
 // endSeries is one series of an end-of-session metric: a histogram or, for llm.sessions, a count.
 type endSeries struct {
-	key      string // in its endMetric's series
-	attrs    endAttrs
-	start    pcommon.Timestamp
-	h        histogram
-	n        uint64
-	overflow bool
-	activity keyset.Activity
+	key       string // in its endMetric's series
+	attrs     endAttrs
+	start     pcommon.Timestamp
+	h         histogram
+	n         uint64
+	overflow  bool
+	activity  keyset.Activity
+	displaced bool
 }
 
 // endMetric is an end-of-session metric with its series in creation order, so output order is
@@ -157,6 +161,9 @@ type endMetric struct {
 	series           map[string]*endSeries
 	order            []*endSeries
 	overflow         *endSeries
+	// idle are the series idle at the last flush (cumulative only), idle
+	// longest last: those a new series may take the place of.
+	idle []*endSeries
 }
 
 // Aggregator accumulates session metrics between flushes. Not safe for concurrent use.
@@ -168,6 +175,7 @@ type Aggregator struct {
 	live         map[string]*liveSeries
 	liveOrder    []*liveSeries
 	liveOverflow *liveSeries
+	liveIdle     []*liveSeries // as endMetric.idle
 
 	ttft, tpot, duration, tokens, sessions endMetric
 	// queue and prefill are the engine's own split of TTFT, recorded when
@@ -181,8 +189,9 @@ type Aggregator struct {
 	// models and engines are the values of gen_ai.request.model and llm.engine held, up to
 	// MaxModels and MaxEngines.
 	models, engines *keyset.Set
-	// forgotten counts the series forgotten after ForgetAfter without data.
-	forgotten uint64
+	// forgotten counts the series forgotten after ForgetAfter without data;
+	// displaced those forgotten early, idle, to make room for a new one.
+	forgotten, displaced uint64
 }
 
 // New returns an Aggregator; start is the start timestamp of the first interval.
@@ -233,7 +242,7 @@ func (a *Aggregator) SessionStarted(d Dims) *Live {
 		return &s.live
 	}
 	dims := a.cloneDims(&d)
-	if len(a.live) >= a.cfg.CardinalityLimit-1 {
+	if len(a.live) >= a.cfg.CardinalityLimit-1 && !a.displaceLive() {
 		if a.liveOverflow == nil {
 			a.liveOverflow = &liveSeries{start: a.lastFlush, itl: a.newHistogram(tpotBounds), overflow: true}
 		}
@@ -407,6 +416,16 @@ func (a *Aggregator) ModelOverflowCount() uint64 { return a.models.Overflowed() 
 // New, their own engine being beyond Config.MaxEngines.
 func (a *Aggregator) EngineOverflowCount() uint64 { return a.engines.Overflowed() }
 
+// DisplacedCount returns how many series were forgotten early, idle, to make room for a new one
+// at the cardinality limit (cumulative only; a live series counts for its three metrics).
+func (a *Aggregator) DisplacedCount() uint64 { return a.displaced }
+
+// KeysDisplaced returns how many models and engines were forgotten early, idle, to make room for
+// a new one at MaxModels or MaxEngines.
+func (a *Aggregator) KeysDisplaced() (models, engines uint64) {
+	return a.models.Displaced(), a.engines.Displaced()
+}
+
 // ForgottenCount returns how many series (one attribute set of one metric; a live series is
 // three, as in SeriesCount) were forgotten since New after Config.ForgetAfter without data.
 func (a *Aggregator) ForgottenCount() uint64 { return a.forgotten }
@@ -423,13 +442,51 @@ func (a *Aggregator) SeriesCount() int {
 		len(a.tokens.series) + len(a.sessions.series)
 }
 
+// Under cumulative temporality a series, once made, is sent at every flush until it has been
+// idle for ForgetAfter. When the cardinality limit is reached, a new series takes the place of
+// one idle since the last flush (what it counted has been sent; it will no longer be, and if it
+// comes back it starts from zero at a new start timestamp), the one idle longest: otherwise the
+// series of engines and models gone for less than ForgetAfter (pods replaced, names made up)
+// would send a new engine's sessions to the overflow series, which has no engine.
+
+// displaceEnd forgets an idle series of m to make room; false when none is idle.
+func (a *Aggregator) displaceEnd(m *endMetric) bool {
+	for len(m.idle) > 0 {
+		s := m.idle[len(m.idle)-1]
+		m.idle = m.idle[:len(m.idle)-1]
+		if s.activity.Unused() && !s.displaced {
+			s.displaced = true
+			delete(m.series, s.key)
+			a.displaced++
+			a.epoch++ // a live series' endCache may hold it
+			return true
+		}
+	}
+	return false
+}
+
+// displaceLive forgets an idle live series (no active session) to make room; false when none is.
+func (a *Aggregator) displaceLive() bool {
+	for len(a.liveIdle) > 0 {
+		s := a.liveIdle[len(a.liveIdle)-1]
+		a.liveIdle = a.liveIdle[:len(a.liveIdle)-1]
+		if s.activity.Unused() && s.active <= 0 && !s.displaced {
+			s.displaced = true
+			delete(a.live, s.live.key)
+			a.displaced += 3
+			return true
+		}
+	}
+	return false
+}
+
 // endSeriesFor returns the series of key in m, creating it or falling back to the overflow series.
 func (a *Aggregator) endSeriesFor(m *endMetric, key []byte, attrs *endAttrs) *endSeries {
 	if s, ok := m.series[string(key)]; ok {
 		s.activity.Touch()
 		return s
 	}
-	if len(m.series) >= a.cfg.CardinalityLimit-1 {
+	if len(m.series) >= a.cfg.CardinalityLimit-1 && !a.displaceEnd(m) {
 		if m.overflow == nil {
 			m.overflow = &endSeries{start: a.lastFlush, overflow: true}
 			if m.bounds != nil {

@@ -796,3 +796,38 @@ func TestEndSeriesRemembered(t *testing.T) {
 	assert.Equal(t, uint64(1), histPoint(t, findMetric(t, sm, MetricRequestDuration), 0).Count())
 	assert.Equal(t, map[string]int64{"aborted": 1}, intValues(t, findMetric(t, sm, MetricSessions), AttrOutcome))
 }
+
+// Under cumulative temporality, at the cardinality limit a new series takes
+// the place of one idle since the last flush, the one idle longest, not the
+// overflow series (which has no engine: engine_health could not judge a new
+// engine until every name before it was forgotten); one used in the last
+// interval keeps its place.
+func TestCardinalityLimitDisplacesIdleSeries(t *testing.T) {
+	a := newAggregator(t, func(c *Config) { c.CardinalityLimit = 3; c.ForgetAfter = time.Hour })
+	end := func(engine string) {
+		a.SessionEnded(a.SessionStarted(Dims{Operation: "chat", Model: "m", Engine: engine}),
+			Result{Outcome: "completed", Duration: time.Second})
+	}
+	engines := func(sm pmetric.ScopeMetrics) map[string]int64 {
+		return intValues(t, findMetric(t, sm, MetricSessions), "llm.engine")
+	}
+	end("old")
+	flush(a, t1)
+	end("busy")
+	sm := flush(a, t1.Add(time.Second))
+	assert.Equal(t, map[string]int64{"old": 1, "busy": 1}, engines(sm))
+
+	end("new")
+	end("busy")
+	sm = flush(a, t1.Add(2*time.Second))
+	assert.Equal(t, map[string]int64{"busy": 2, "new": 1}, engines(sm), "new took old's place")
+	assert.Zero(t, a.OverflowCount())
+	assert.Equal(t, uint64(2+3), a.DisplacedCount(), "old's llm.sessions and duration, and its live series (3 metrics)")
+
+	// Every place taken by a series used in the interval: the overflow.
+	end("busy")
+	end("new")
+	end("third")
+	sm = flush(a, t1.Add(3*time.Second))
+	assert.Equal(t, map[string]int64{"busy": 3, "new": 2, "": 1}, engines(sm), "third on the overflow series")
+}

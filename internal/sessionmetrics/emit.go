@@ -1,6 +1,8 @@
 package sessionmetrics
 
 import (
+	"cmp"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
@@ -264,16 +266,26 @@ func (a *Aggregator) forget(now int64) {
 	if a.cfg.Temporality == Cumulative {
 		idleLive := func(s *liveSeries) bool { return s.activity.Idle(now, after) && s.active <= 0 }
 		kept := a.liveOrder[:0]
+		a.liveIdle = a.liveIdle[:0]
 		for _, s := range a.liveOrder {
-			if idleLive(s) {
+			switch {
+			case s.displaced:
+				continue
+			case idleLive(s):
 				delete(a.live, s.live.key)
 				a.forgotten += 3
 				continue
+			case s.activity.Unused() && s.active <= 0:
+				a.liveIdle = append(a.liveIdle, s)
 			}
 			kept = append(kept, s)
 		}
 		clear(a.liveOrder[len(kept):])
 		a.liveOrder = kept
+		// Idle longest last.
+		slices.SortStableFunc(a.liveIdle, func(x, y *liveSeries) int {
+			return cmp.Compare(y.activity.UnusedSince(), x.activity.UnusedSince())
+		})
 		if o := a.liveOverflow; o != nil && idleLive(o) {
 			a.liveOverflow = nil
 			a.forgotten += 3
@@ -281,16 +293,25 @@ func (a *Aggregator) forget(now int64) {
 		ends := a.forgotten
 		for _, em := range a.endMetrics() {
 			kept := em.order[:0]
+			em.idle = em.idle[:0]
 			for _, s := range em.order {
-				if s.activity.Idle(now, after) {
+				switch {
+				case s.displaced:
+					continue
+				case s.activity.Idle(now, after):
 					delete(em.series, s.key)
 					a.forgotten++
 					continue
+				case s.activity.Unused():
+					em.idle = append(em.idle, s)
 				}
 				kept = append(kept, s)
 			}
 			clear(em.order[len(kept):])
 			em.order = kept
+			slices.SortStableFunc(em.idle, func(x, y *endSeries) int {
+				return cmp.Compare(y.activity.UnusedSince(), x.activity.UnusedSince())
+			})
 			if o := em.overflow; o != nil && o.activity.Idle(now, after) {
 				em.overflow = nil
 				a.forgotten++

@@ -259,7 +259,7 @@ func (p *sessions) renderMetrics(now time.Time) pmetric.Metrics {
 			keyModel: p.metrics.ModelOverflowCount(), keyEngine: p.metrics.EngineOverflowCount(),
 			keyTenant: ac.tenants, keyPod: ac.pods, keyEngineInstance: p.engines.overflowed(),
 		},
-		forgotten: p.metrics.ForgottenCount() + ac.forgotten,
+		forgotten: p.metrics.ForgottenCount() + p.metrics.DisplacedCount() + ac.forgotten,
 	})
 	if !p.toMetrics {
 		return pmetric.Metrics{}

@@ -195,7 +195,7 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionSeriesForgotten, err = builder.meter.Int64Counter(
 		"otelcol_processor_token_session_series_forgotten",
-		metric.WithDescription("Series (one attribute set of one metric) of the session metrics and of llm.engine.time and llm.engine.energy no longer sent because they had no data for metrics::forget_after (under cumulative temporality; delta drops them at each flush). [Development]"),
+		metric.WithDescription("Series (one attribute set of one metric) of the session metrics and of llm.engine.time and llm.engine.energy no longer sent because they had no data for metrics::forget_after, or, idle since the last flush, gave their place to a new series at metrics::cardinality_limit (under cumulative temporality; delta drops them at each flush). [Development]"),
 		metric.WithUnit("{series}"),
 	)
 	errs = errors.Join(errs, err)

@@ -216,7 +216,7 @@ func AssertEqualProcessorTokenSessionOutputFailures(t *testing.T, tt *componentt
 func AssertEqualProcessorTokenSessionSeriesForgotten(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_processor_token_session_series_forgotten",
-		Description: "Series (one attribute set of one metric) of the session metrics and of llm.engine.time and llm.engine.energy no longer sent because they had no data for metrics::forget_after (under cumulative temporality; delta drops them at each flush). [Development]",
+		Description: "Series (one attribute set of one metric) of the session metrics and of llm.engine.time and llm.engine.energy no longer sent because they had no data for metrics::forget_after, or, idle since the last flush, gave their place to a new series at metrics::cardinality_limit (under cumulative temporality; delta drops them at each flush). [Development]",
 		Unit:        "{series}",
 		Data: metricdata.Sum[int64]{
 			Temporality: metricdata.CumulativeTemporality,
