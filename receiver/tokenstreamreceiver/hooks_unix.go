@@ -185,6 +185,10 @@ type unixConn struct {
 	lines   lineStream
 	stopped atomic.Bool
 	ack     []byte
+	// clientGone is set once an acknowledgement could not be written for
+	// the client closed: the lines still queued are read and counted, not
+	// answered.
+	clientGone bool
 }
 
 func newUnixConn(l *hooksUnixListener, c *net.UnixConn) *unixConn {
@@ -209,11 +213,11 @@ func (u *unixConn) serve() {
 	for !u.stopped.Load() {
 		n, err := u.lines.read(u.c)
 		if n == 0 && err != nil {
-			// The connection's end: EOF, its client gone, or stop. At EOF
-			// a last line without its newline is read, as the end of an
-			// HTTP body would be; cut by a stop, it is left
-			// unacknowledged, so its client counts it failed.
-			if errors.Is(err, io.EOF) && u.lines.pending() {
+			// The connection's end: EOF, a reset, or stop. At the
+			// client's end a last line without its newline is read (see
+			// streamEnded); cut by a stop, it is left unacknowledged, so
+			// its client counts it failed.
+			if u.streamEnded(err) && u.lines.pending() {
 				u.handOver(time.Now(), func(d *batchDecoder) { u.lines.flushPartial(d) })
 			}
 			return
@@ -232,7 +236,7 @@ func (u *unixConn) serve() {
 					return n, err
 				}, func() bool { return d.accepted+d.rejected >= u.l.limits.MaxLinesPerBatch })
 			}
-			if errors.Is(end, io.EOF) {
+			if u.streamEnded(end) {
 				u.lines.flushPartial(d)
 			}
 		})
@@ -240,6 +244,16 @@ func (u *unixConn) serve() {
 			return
 		}
 	}
+}
+
+// streamEnded reports whether err, which ended a read, is the end of the
+// client's stream rather than a stop: EOF, or a reset (ECONNRESET: a client
+// that closed, or was killed, with an acknowledgement still unread). The
+// kernel hands over every byte the client wrote before it reports either,
+// so what was read is all there is: its whole lines are taken and a last
+// line without its newline is judged as it is.
+func (u *unixConn) streamEnded(err error) bool {
+	return err != nil && !u.stopped.Load() && !errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 // handOver runs fill on a new batch begun at first, hands the batch to the
@@ -252,14 +266,21 @@ func (u *unixConn) handOver(first time.Time, fill func(d *batchDecoder)) {
 	fill(d)
 	d.finish()
 	ack, ok := deliverStreamBatch(u.l.sink, u.l.warn, d, u.ack[:0])
-	if !ok {
+	if !ok || u.clientGone {
 		return
 	}
 	u.ack = ack
 	if err := u.c.SetWriteDeadline(time.Now().Add(ackWriteTimeout)); err == nil {
-		if _, err := u.c.Write(u.ack); err != nil && !u.stopped.Load() {
+		_, err = u.c.Write(u.ack)
+		switch {
+		case err == nil, u.stopped.Load():
+		case errors.Is(err, os.ErrDeadlineExceeded):
 			u.l.warn.Warn("Unix hook client does not read its acknowledgements: connection closed (logged at most once a minute)", zap.Error(err))
 			u.stop()
+		default:
+			// The client closed (EPIPE, a reset): what it wrote before is
+			// still to read, up to the stream's end, with no answer.
+			u.clientGone = true
 		}
 	}
 }
@@ -384,12 +405,17 @@ func (s *lineStream) take(d *batchDecoder) {
 // error not yet reported).
 func (s *lineStream) pending() bool { return s.overlong != nil || (s.n > 0 && !s.skip) }
 
-// flushPartial adds the partial last line to d, at the stream's end.
+// flushPartial adds the partial last line to d, at the stream's end: a
+// JSON object whole but for its newline is taken, one cut short is
+// rejected, its reason saying that the connection ended mid-line.
 func (s *lineStream) flushPartial(d *batchDecoder) {
 	s.take(d)
 	if s.n > 0 && !s.skip {
 		d.lineBase = s.lineNo
-		d.addLines(s.buf[:s.n])
+		d.parser.ParseBatch(s.buf[:s.n], 0, d.onEvent, func(e *tokenparse.LineError) {
+			e.Reason += " (the connection ended before the line's newline)"
+			d.onError(e)
+		})
 		s.lineNo++
 		s.n = 0
 	}
