@@ -39,11 +39,6 @@ import (
 // failed: so a collector restart loses at most what was in flight, and
 // the client counts it.
 
-// unixSocketMode is the socket file's permission: any local user who can
-// reach the path may connect (connecting needs write permission). Access is
-// the directory's to restrict, as with other node agents' sockets.
-const unixSocketMode fs.FileMode = 0o666
-
 // unixReadBufferBytes is each connection's read buffer: room for several
 // lines per read, and for the longest line allowed (see newUnixReadBuffer).
 const unixReadBufferBytes = 64 << 10
@@ -75,21 +70,21 @@ type hooksUnixListener struct {
 }
 
 func startHooksUnix(cfg *UnixConfig, limits LimitsConfig, sink hookSink) (*hooksUnixListener, error) {
+	perm, errs := cfg.permissions()
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
 	// The socket's directory is made if missing (a hostPath of type
 	// DirectoryOrCreate, a fresh emptyDir): the path names the socket.
-	if err := os.MkdirAll(filepath.Dir(cfg.Endpoint), 0o755); err != nil {
+	if err := makeSocketDir(filepath.Dir(cfg.Endpoint), perm); err != nil {
 		return nil, fmt.Errorf("hooks::unix::endpoint: %w", err)
 	}
 	if err := removeStaleSocket(cfg.Endpoint); err != nil {
 		return nil, fmt.Errorf("hooks::unix::endpoint: %w", err)
 	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Endpoint, Net: "unix"})
+	ln, err := listenUnix(cfg.Endpoint, perm)
 	if err != nil {
 		return nil, fmt.Errorf("hooks::unix: listen on %s: %w", cfg.Endpoint, err)
-	}
-	if err := os.Chmod(cfg.Endpoint, unixSocketMode); err != nil {
-		_ = ln.Close()
-		return nil, fmt.Errorf("hooks::unix: %w", err)
 	}
 	l := &hooksUnixListener{
 		sink: sink, warn: lograte.OncePerMinute(sink.Logger()), ln: ln, path: cfg.Endpoint,
@@ -99,6 +94,78 @@ func startHooksUnix(cfg *UnixConfig, limits LimitsConfig, sink hookSink) (*hooks
 	l.done.Add(1)
 	go l.acceptLoop()
 	return l, nil
+}
+
+// makeSocketDir makes dir and the directories above it that are missing,
+// each with the directory mode and group of perm. A directory that exists
+// is left as it is: its permissions are its owner's (a hostPath, an
+// emptyDir), and the socket's own mode restricts who may connect.
+func makeSocketDir(dir string, perm unixPermissions) error {
+	var missing []string
+	for d := dir; ; d = filepath.Dir(d) {
+		_, err := os.Lstat(d)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		missing = append(missing, d)
+		if d == filepath.Dir(d) {
+			break
+		}
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		d := missing[i]
+		if err := os.Mkdir(d, perm.directoryMode); err != nil {
+			if errors.Is(err, fs.ErrExist) {
+				continue // made by another process meanwhile: not ours
+			}
+			return err
+		}
+		// Exact, whatever the umask.
+		if err := os.Chmod(d, perm.directoryMode); err != nil {
+			return err
+		}
+		if err := chownGroup(d, perm.gid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// listenUnix listens on a socket at path with the mode and group of perm.
+func listenUnix(path string, perm unixPermissions) (*net.UnixListener, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { presetSocketMode(fd, perm.socketMode) })
+	}}
+	l, err := lc.Listen(context.Background(), "unix", path)
+	if err != nil {
+		return nil, err
+	}
+	ln := l.(*net.UnixListener)
+	if err := os.Chmod(path, perm.socketMode); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	if err := chownGroup(path, perm.gid); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// chownGroup gives path to group gid (-1: leaves it). Unless the collector
+// may change any file's owner (root with CAP_CHOWN), it must be a member of
+// the group.
+func chownGroup(path string, gid int) error {
+	if gid < 0 {
+		return nil
+	}
+	if err := os.Lchown(path, -1, gid); err != nil {
+		return fmt.Errorf("setting its group (socket_group) to %d: %w: the collector must be a member of the group, or root", gid, err)
+	}
+	return nil
 }
 
 // removeStaleSocket removes a socket file left by a collector that did not
