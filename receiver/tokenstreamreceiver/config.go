@@ -211,6 +211,8 @@ func (p *ProxyConfig) headerAttributes(maxAttributes int) ([]proxy.HeaderAttribu
 			errs = append(errs, fmt.Errorf("proxy::attributes_from_headers: header %q: a credential header's value never enters telemetry", h))
 		case key == "":
 			errs = append(errs, fmt.Errorf("proxy::attributes_from_headers: header %q: empty attribute key", h))
+		case len(key) > tokenevent.MaxAttributeKeyBytes:
+			errs = append(errs, fmt.Errorf("proxy::attributes_from_headers: header %q: attribute key of %d bytes, at most %d (as a hook's)", h, len(key), tokenevent.MaxAttributeKeyBytes))
 		case keys[key] != "":
 			errs = append(errs, fmt.Errorf("proxy::attributes_from_headers: header %q: attribute key %q also from header %q", h, key, keys[key]))
 		default:

@@ -218,6 +218,7 @@ func TestConfigProxyInvalid(t *testing.T) {
 		`proxy::stall::min_tokens: must not be negative, got -2`,
 		`proxy::attributes_from_headers: header "Authorization": a credential header's value never enters telemetry`,
 		`proxy::attributes_from_headers: header "X-Tenant-ID": empty attribute key`,
+		`proxy::attributes_from_headers: header "X-Team": attribute key of 257 bytes, at most 256 (as a hook's)`,
 		`proxy::upstream::endpoint: want an http(s) URL, got "vllm:8000"`,
 		`proxy::upstream::response_header_timeout: must be positive, got 0s`,
 		`proxy::upstream::stream_idle_timeout: must not be negative, got -1s`,

@@ -217,6 +217,7 @@ func (s *testSink) Counters() Counters {
 		OversizedEvents:     s.tel.ReceiverTokenStreamProxyOversizedEvents,
 		DroppedEvents:       s.tel.ReceiverTokenStreamProxyDroppedEvents,
 		StalledStreams:      s.tel.ReceiverTokenStreamProxyStalledStreams,
+		TruncatedValues:     s.tel.ReceiverTokenStreamTruncatedValues,
 	}
 }
 

@@ -46,4 +46,7 @@ type Counters struct {
 	DroppedEvents metric.Int64Counter
 	// StalledStreams: streams the stall breaker cut.
 	StalledStreams metric.Int64Counter
+	// TruncatedValues: values of the events cut to their bound
+	// (tokenevent.CutValues), counted with transport proxy.
+	TruncatedValues metric.Int64Counter
 }
