@@ -3,6 +3,7 @@
 package tokenstreamreceiver
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -21,8 +22,13 @@ import (
 )
 
 // dialAsEnv names the socket that the test binary, run again by dialAs as
-// another user, connects to (TestUnixDialAsHelper).
-const dialAsEnv = "TOKENSTREAM_TEST_DIAL_AS"
+// another user, connects to (TestUnixDialAsHelper); listenAsEnv the one it
+// listens on, with socket_group listenAsGroup (TestUnixListenAsHelper).
+const (
+	dialAsEnv     = "TOKENSTREAM_TEST_DIAL_AS"
+	listenAsEnv   = "TOKENSTREAM_TEST_LISTEN_AS"
+	listenAsGroup = "4242"
+)
 
 // nobody is the user another local process runs as.
 const nobody = 65534
@@ -46,23 +52,48 @@ func TestUnixDialAsHelper(t *testing.T) {
 	}
 }
 
+// TestUnixListenAsHelper is runAs's listener, not a test of its own: it
+// listens on the socket listenAsEnv names as the Unix hook does, with
+// socket_group listenAsGroup, and prints the error.
+func TestUnixListenAsHelper(t *testing.T) {
+	path := os.Getenv(listenAsEnv)
+	if path == "" {
+		t.Skip("runAs's listener: runs only as runAs runs it")
+	}
+	cfg := &UnixConfig{SocketMode: defaultUnixSocketMode, DirectoryMode: defaultUnixDirectoryMode, SocketGroup: listenAsGroup}
+	perm, errs := cfg.permissions()
+	require.Empty(t, errs)
+	ln, err := listenUnix(path, perm)
+	if err == nil {
+		_ = ln.Close()
+	}
+	fmt.Println("listen:", err)
+}
+
 // dialAs connects to the socket at path from a process of user nobody with
 // the supplementary groups given, and returns "connected", "EACCES" or the
 // error. The process is this test binary run again (/proc/self/exe, which
 // nobody may run though its directory is the go command's own).
 func dialAs(t *testing.T, path string, groups ...uint32) string {
 	t.Helper()
-	cmd := exec.Command("/proc/self/exe", "-test.run=^TestUnixDialAsHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), dialAsEnv+"="+path)
+	return runAs(t, "TestUnixDialAsHelper", dialAsEnv+"="+path, "dial: ", groups...)
+}
+
+// runAs runs the helper test of this binary as user nobody with the
+// supplementary groups given, and returns what it printed after prefix.
+func runAs(t *testing.T, helper, env, prefix string, groups ...uint32) string {
+	t.Helper()
+	cmd := exec.Command("/proc/self/exe", "-test.run=^"+helper+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody, Groups: groups}}
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	for line := range strings.Lines(string(out)) {
-		if s, ok := strings.CutPrefix(line, "dial: "); ok {
+		if s, ok := strings.CutPrefix(line, prefix); ok {
 			return strings.TrimSpace(s)
 		}
 	}
-	t.Fatalf("the client said nothing of its dial:\n%s", out)
+	t.Fatalf("%s said nothing after %q:\n%s", helper, prefix, out)
 	return ""
 }
 
@@ -143,6 +174,21 @@ func TestUnixSocketPermissions(t *testing.T) {
 		assert.Equal(t, "EACCES", dialAs(t, path), "another user")
 	})
 
+	t.Run("a group the collector is not in", func(t *testing.T) {
+		// The collector as another user, not root: it may not give its
+		// socket to a group it is not a member of, and says so.
+		dir := sharedDir(t)
+		require.NoError(t, os.Chown(dir, nobody, nobody))
+		path := filepath.Join(dir, "hooks.sock")
+		got := runAs(t, "TestUnixListenAsHelper", listenAsEnv+"="+path, "listen: ")
+		assert.Equal(t, "setting its group (socket_group) to "+listenAsGroup+": lchown "+path+
+			": operation not permitted: the collector must be a member of the group, or root", got)
+		_, err := os.Stat(path)
+		assert.ErrorIs(t, err, fs.ErrNotExist, "no socket left behind")
+		got = runAs(t, "TestUnixListenAsHelper", listenAsEnv+"="+path, "listen: ", engines)
+		assert.Equal(t, "<nil>", got, "a member of the group may")
+	})
+
 	t.Run("modes", func(t *testing.T) {
 		dir := filepath.Join(sharedDir(t), "hooks")
 		path := filepath.Join(dir, "hooks.sock")
@@ -155,4 +201,21 @@ func TestUnixSocketPermissions(t *testing.T) {
 		assert.Equal(t, fs.FileMode(0o711), dirMode)
 		assert.Equal(t, "EACCES", dialAs(t, path, engines), "socket_mode 0600: the group may not either")
 	})
+}
+
+// Linux gives a socket file the socket's own mode less the umask: set
+// before bind (presetSocketMode), the file is never more open than
+// socket_mode, not even before listenUnix's Chmod, whatever the umask.
+func TestUnixSocketModeBeforeBind(t *testing.T) {
+	path := socketPath(t)
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { presetSocketMode(fd, 0o600) })
+	}}
+	old := syscall.Umask(0)
+	ln, err := lc.Listen(context.Background(), "unix", path)
+	syscall.Umask(old)
+	require.NoError(t, err)
+	defer ln.Close()
+	mode, _ := statOf(t, path)
+	assert.Equal(t, fs.FileMode(0o600), mode)
 }
