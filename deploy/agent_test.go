@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -67,6 +68,9 @@ func withPrivateSocket(t *testing.T, config string) string {
 	dir := t.TempDir()
 	copied := filepath.Join(dir, filepath.Base(config))
 	private := strings.ReplaceAll(string(text), agentSocket, filepath.Join(dir, "hooks.sock"))
+	// The socket's group is the engines' on a node; here the test's own,
+	// which it may give its files to without being root.
+	private = strings.ReplaceAll(private, `socket_group: "10001"`, fmt.Sprintf("socket_group: %q", strconv.Itoa(os.Getegid())))
 	require.NoError(t, os.WriteFile(copied, []byte(private), 0o600)) //nolint:gosec // G703: the test's own temporary directory
 	return copied
 }

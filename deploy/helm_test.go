@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -142,6 +143,11 @@ func TestHelmValues(t *testing.T) {
 	}
 	// The chart probes health_check on 13133.
 	assert.Equal(t, int32(13133), cfg.health)
+	// The agent is a member of the hooks' socket_group, so it may give the
+	// socket to it (checkSocketAccess).
+	gid, err := strconv.ParseFloat(cfg.unixSocketGroup, 64)
+	require.NoError(t, err, "socket_group %q is numeric", cfg.unixSocketGroup)
+	assert.Contains(t, merged["podSecurityContext"].(map[string]any)["supplementalGroups"], gid)
 }
 
 // The gateway tier's values, and the agents' overlay that joins them to it.

@@ -94,8 +94,9 @@ type collectorConfig struct {
 	// udpPorts are its UDP ports.
 	udpPorts map[string]int32
 	health   int32
-	// unixSocket is the hooks' Unix socket, if any.
-	unixSocket string
+	// unixSocket is the hooks' Unix socket, if any; unixSocketMode and
+	// unixSocketGroup its socket_mode and socket_group.
+	unixSocket, unixSocketMode, unixSocketGroup string
 }
 
 func readCollectorConfig(t *testing.T, path string) collectorConfig {
@@ -117,7 +118,11 @@ func readCollectorConfig(t *testing.T, path string) collectorConfig {
 				Hooks struct {
 					HTTP struct{ Endpoint string } `json:"http"`
 					UDP  struct{ Endpoint string } `json:"udp"`
-					Unix struct{ Endpoint string } `json:"unix"`
+					Unix struct {
+						Endpoint    string
+						SocketMode  string `json:"socket_mode"`
+						SocketGroup string `json:"socket_group"`
+					} `json:"unix"`
 				} `json:"hooks"`
 				Proxy struct{ Endpoint string } `json:"proxy"`
 			} `json:"token_stream"`
@@ -164,6 +169,7 @@ func readCollectorConfig(t *testing.T, path string) collectorConfig {
 	add(c.ports, "hooks http", rs.TokenStream.Hooks.HTTP.Endpoint)
 	add(c.udpPorts, "hooks udp", rs.TokenStream.Hooks.UDP.Endpoint)
 	c.unixSocket = rs.TokenStream.Hooks.Unix.Endpoint
+	c.unixSocketMode, c.unixSocketGroup = rs.TokenStream.Hooks.Unix.SocketMode, rs.TokenStream.Hooks.Unix.SocketGroup
 	add(c.ports, "proxy", rs.TokenStream.Proxy.Endpoint)
 	add(c.ports, "otlp grpc", rs.OTLP.Protocols.GRPC.Endpoint)
 	add(c.ports, "otlp http", rs.OTLP.Protocols.HTTP.Endpoint)
@@ -374,6 +380,7 @@ func TestDaemonSetManifests(t *testing.T) {
 	assert.Equal(t, "unix://"+cfg.unixSocket, env["OTELCOL_LLM_HOOK_ENDPOINT"].Value)
 	agentDir := hostPathAt(t, spec, agent, path.Dir(cfg.unixSocket))
 	assert.Equal(t, agentDir, hostPathAt(t, engine.Spec, vllm, path.Dir(cfg.unixSocket)), "the engine mounts the agent's socket directory")
+	checkSocketAccess(t, cfg, spec, agent, engine.Spec, vllm)
 	assert.Contains(t, strings.Join(vllm.Args, " "), "http://$(NODE_IP):"+strconv.Itoa(int(cfg.ports["otlp grpc"])),
 		"engine spans to the agent's OTLP")
 	metricsPort, err := strconv.ParseInt(engine.Annotations["otelcol-llm/metrics-port"], 10, 32)
@@ -410,11 +417,47 @@ func TestSidecarManifests(t *testing.T) {
 	}
 	require.NotEmpty(t, vol(sidecar), "the sidecar mounts %s", dir)
 	assert.Equal(t, vol(sidecar), vol(vllm), "vLLM mounts the sidecar's socket directory")
+	checkSocketAccess(t, cfg, d.Spec.Template.Spec, sidecar, d.Spec.Template.Spec, vllm)
 	for _, v := range d.Spec.Template.Spec.Volumes {
 		if v.Name == vol(sidecar) {
 			assert.NotNil(t, v.EmptyDir, "the socket's directory is the pod's own")
 		}
 	}
+}
+
+// groups are the group IDs a container runs with: its (or its pod's)
+// runAsGroup, the pod's fsGroup and supplementalGroups.
+func groups(spec corev1.PodSpec, c corev1.Container) []int64 {
+	var out []int64
+	if c.SecurityContext != nil && c.SecurityContext.RunAsGroup != nil {
+		out = append(out, *c.SecurityContext.RunAsGroup)
+	}
+	if p := spec.SecurityContext; p != nil {
+		if p.RunAsGroup != nil {
+			out = append(out, *p.RunAsGroup)
+		}
+		if p.FSGroup != nil {
+			out = append(out, *p.FSGroup)
+		}
+		out = append(out, p.SupplementalGroups...)
+	}
+	return out
+}
+
+// checkSocketAccess holds the hooks' Unix socket to who may connect: no
+// other user of the node (socket_mode grants others nothing), the engine
+// (a member of socket_group), and the collector can give the socket that
+// group (a member of it too, as no capability is left it).
+func checkSocketAccess(t *testing.T, cfg collectorConfig, collectorSpec corev1.PodSpec, collector corev1.Container, engineSpec corev1.PodSpec, engine corev1.Container) {
+	t.Helper()
+	mode, err := strconv.ParseUint(cfg.unixSocketMode, 8, 32)
+	require.NoError(t, err, "socket_mode %q is set, in octal", cfg.unixSocketMode)
+	assert.Zero(t, mode&0o007, "socket_mode %q: other users of the node may not connect", cfg.unixSocketMode)
+	assert.NotZero(t, mode&0o020, "socket_mode %q: the group may connect", cfg.unixSocketMode)
+	gid, err := strconv.ParseInt(cfg.unixSocketGroup, 10, 64)
+	require.NoError(t, err, "socket_group %q is a numeric ID, the same on every node", cfg.unixSocketGroup)
+	assert.Contains(t, groups(collectorSpec, collector), gid, "the collector is a member of socket_group, so it may give the socket to it")
+	assert.Contains(t, groups(engineSpec, engine), gid, "the engine is a member of socket_group, so it may connect")
 }
 
 // hostPathAt is the node's directory that container c of spec mounts at

@@ -65,6 +65,9 @@ MAX_UDP_DATAGRAM_BYTES = 65507
 MAX_LINE_BYTES = 16 << 10
 MAX_SESSION_ID_BYTES = 256
 MAX_ATTRIBUTES = 32
+# An attribute key is a name: a longer one is refused, not cut (the values
+# over their bound are cut by the receiver, alike on every path).
+MAX_ATTRIBUTE_KEY_BYTES = 256
 MAX_COUNT = 1 << 16
 MAX_TRACESTATE_BYTES = 512
 _MAX_INT64 = (1 << 63) - 1
@@ -230,6 +233,10 @@ def _check_attributes(attributes):
     for k, v in items:
         if type(k) is not str or not k:
             raise ValueError("attributes: keys must be non-empty str, got %r" % (k,))
+        if len(k) > MAX_ATTRIBUTE_KEY_BYTES // 4:
+            n = len(k.encode("utf-8", "surrogatepass"))
+            if n > MAX_ATTRIBUTE_KEY_BYTES:
+                raise ValueError("attributes: key %r: %d bytes, limit is %d" % (k[:64], n, MAX_ATTRIBUTE_KEY_BYTES))
         if type(v) is not str:
             raise ValueError("attributes.%s: want a str, got %s" % (k, type(v).__name__))
     # A copy, so later changes by the caller do not leak into the queued event.

@@ -227,6 +227,7 @@ class ValidationTest(unittest.TestCase):
             "attributes value": lambda: c.start("s", attributes={"k": 1}),
             "attributes empty key": lambda: c.start("s", attributes={"": "v"}),
             "attributes too many": lambda: c.start("s", attributes={str(i): "v" for i in range(33)}),
+            "attributes key too long": lambda: c.start("s", attributes={"é" * 129: "v"}),
             "session_id empty": lambda: c.token(""),
             "session_id not str": lambda: c.token(7),
             "session_id too long": lambda: c.token("x" * 257),
@@ -280,7 +281,8 @@ class ValidationTest(unittest.TestCase):
         c.token("x" * 256, T0)
         c.end("é" * 128, T0)
         c.start("s", T0, attributes={str(i): "v" for i in range(32)})
-        self.assertEqual(len(self.sink.lines(3)), 3)
+        c.start("s-2", T0, attributes={"é" * 128: "v" * 1000})  # a value over 256 bytes: the receiver cuts it
+        self.assertEqual(len(self.sink.lines(4)), 4)
 
 
 class UDPTest(unittest.TestCase):

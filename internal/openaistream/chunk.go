@@ -13,6 +13,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
+	"unicode/utf8"
+
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 // ChunkFacts is what one chat.completion.chunk or text_completion chunk of
@@ -58,8 +61,9 @@ var noTiming = RequestTiming{QueueMs: -1, PrefillMs: -1, DecodeMs: -1}
 // code.
 const EngineError = "engine_error"
 
-// maxErrorTypeBytes bounds an error type taken from the upstream.
-const maxErrorTypeBytes = 64
+// maxErrorTypeBytes bounds an error type taken from the upstream: a rune
+// over tokenevent.MaxErrorTypeBytes, as maxModelBytes.
+const maxErrorTypeBytes = tokenevent.MaxErrorTypeBytes + utf8.UTFMax
 
 var doneData = []byte("[DONE]")
 
@@ -279,7 +283,8 @@ func (s *jsonWalker) optionalFloat(dst *float64) bool {
 }
 
 // ResponseModel returns the top-level "model" of a chunk or response, the
-// model that answered: decoded, valid UTF-8, at most maxModelBytes; "" when
+// model that answered: decoded, valid UTF-8, at most maxModelBytes (the
+// proxy cuts it to tokenevent.MaxValueBytes); "" when
 // it has none. The proxy asks once per session, of its first chunk.
 func ResponseModel(data []byte) string {
 	s := jsonWalker{b: data}

@@ -102,7 +102,8 @@ func TestInspectChunk(t *testing.T) {
 		},
 		{
 			"error type escaped and long", `{"error":{"type":"\u00e9` + strings.Repeat("é", 40) + `"}}`,
-			ChunkFacts{ErrorType: strings.Repeat("é", 32), CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			// maxErrorTypeBytes (68): the proxy cuts it to 64.
+			ChunkFacts{ErrorType: strings.Repeat("é", 34), CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
 			true,
 		},
 		// vLLM's per-request metrics (--enable-per-request-metrics, v0.25.0)

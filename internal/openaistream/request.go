@@ -5,13 +5,20 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"unicode/utf8"
+
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
-// maxModelBytes bounds the model name the request scanner reports, in
-// bytes of UTF-8 once decoded; maxModelRawBytes bounds what it keeps of the
-// JSON string, enough for maxModelBytes written as \uXXXX escapes.
+// maxModelBytes bounds the model name the request scanner (and
+// ResponseModel) reports, in bytes of UTF-8 once decoded: a rune over
+// tokenevent.MaxValueBytes, so that the proxy, which cuts each event's
+// values to their bound (tokenevent.CutValues), sees that a longer name
+// was longer and counts the cut. maxModelRawBytes bounds what the scanner
+// keeps of the JSON string, enough for maxModelBytes written as \uXXXX
+// escapes.
 const (
-	maxModelBytes    = 256
+	maxModelBytes    = tokenevent.MaxValueBytes + utf8.UTFMax
 	maxModelRawBytes = 6 * maxModelBytes
 )
 

@@ -107,16 +107,17 @@ func TestRequestScanner(t *testing.T) {
 			name: "nested model and stream keys do not count",
 			body: `{"metadata":{"model":"x","stream":true},"model":"real"}`, model: "real",
 		},
-		// Hostile model names: telemetry gets them decoded, valid UTF-8 and
-		// at most 256 bytes, cut on a rune boundary.
+		// Hostile model names: decoded, valid UTF-8 and at most
+		// maxModelBytes (260), cut on a rune boundary; the proxy cuts them
+		// to tokenevent.MaxValueBytes.
 		{
 			name: "escaped model", body: `{"model":"llama\"\u00e9\/\ud83d\ude00\n"}`,
 			model: "llama\"é/\U0001F600\n",
 		},
 		{name: "invalid UTF-8 model", body: "{\"model\":\"a\xff\xfeb\xc3\"}", model: "a\uFFFD\uFFFDb\uFFFD"},
 		{name: "lone surrogate model", body: `{"model":"x\udc00y"}`, model: "x\uFFFDy"},
-		{name: "long multibyte model", body: `{"model":"a` + strings.Repeat("é", 200) + `"}`, model: "a" + strings.Repeat("é", 127)},
-		{name: "long escaped model", body: `{"model":"` + strings.Repeat(`\u00e9`, 200) + `"}`, model: strings.Repeat("é", 128)},
+		{name: "long multibyte model", body: `{"model":"a` + strings.Repeat("é", 200) + `"}`, model: "a" + strings.Repeat("é", 129)},
+		{name: "long escaped model", body: `{"model":"` + strings.Repeat(`\u00e9`, 200) + `"}`, model: strings.Repeat("é", 130)},
 		{name: "not an object", body: `[1,2]`},
 		{name: "garbage", body: `}}}{`},
 	}

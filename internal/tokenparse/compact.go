@@ -158,7 +158,7 @@ func (p *Parser) parseCompactStart(line []byte, ev *tokenevent.Event) bool {
 		c.hex(ev.ParentSpanID[:])
 	}
 	if c.has(keyModel) {
-		ev.Model = p.intern(c.plain())
+		ev.Model = p.internValue(c.plain(), tokenevent.MaxValueBytes)
 	}
 	if c.has(keyOperation) {
 		op, err := tokenevent.CheckOperation(c.plain())
@@ -169,7 +169,7 @@ func (p *Parser) parseCompactStart(line []byte, ev *tokenevent.Event) bool {
 		ev.PromptTokens = int64(c.uint())
 	}
 	if c.has(keyEngine) {
-		ev.Engine = p.intern(c.plain())
+		ev.Engine = p.internValue(c.plain(), tokenevent.MaxValueBytes)
 	}
 	ev.NoStream = c.has(keyNoStream)
 	if c.has(keyTraceState) {
@@ -187,13 +187,13 @@ func (p *Parser) parseCompactEnd(line []byte, ev *tokenevent.Event) bool {
 		ev.CompletionTokens = int64(c.uint())
 	}
 	if c.has(keyFinishReason) {
-		ev.FinishReason = p.intern(c.plain())
+		ev.FinishReason = p.internValue(c.plain(), tokenevent.MaxValueBytes)
 	}
 	if c.has(keyError) {
-		ev.Error = p.intern(c.plain())
+		ev.Error = p.internValue(c.plain(), tokenevent.MaxErrorTypeBytes)
 	}
 	if c.has(keyResponseModel) {
-		ev.ResponseModel = p.intern(c.plain())
+		ev.ResponseModel = p.internValue(c.plain(), tokenevent.MaxValueBytes)
 	}
 	for _, t := range [...]struct {
 		key []byte

@@ -77,9 +77,15 @@ const (
 		fDecodeTime | fEnginePrefill | fEngineDecode | fEnergy
 )
 
-// maxInterned bounds the parser's table of repeated strings (session IDs,
-// models, engines); when it fills up it is cleared and refilled.
-const maxInterned = 8192
+// maxInterned and maxInternedBytes bound the parser's table of repeated
+// strings (session IDs, models, engines) in entries and in bytes; when
+// either is reached it is cleared and refilled. Each string is bounded too
+// (the line's limits, tokenevent's value bounds): the bytes bound holds
+// when max_session_id_bytes is raised far.
+const (
+	maxInterned      = 8192
+	maxInternedBytes = 1 << 20
+)
 
 // Parser parses NDJSON token event lines. It is not safe for concurrent use;
 // keep one per goroutine (or in a sync.Pool).
@@ -90,6 +96,8 @@ type Parser struct {
 	limits   tokenevent.Limits
 	scratch  []byte
 	interned map[string]string
+	// internedBytes is the length of the strings in interned.
+	internedBytes int
 	// recent caches interned strings by IDSlot, in front of interned: a
 	// hit costs a few loads and one comparison instead of the map's hash
 	// and probe, and with a few hundred sessions in flight nearly every
@@ -101,6 +109,11 @@ type Parser struct {
 	i int
 
 	batchEvent tokenevent.Event
+
+	// lineCuts counts the values of the line being parsed cut to their
+	// bound (tokenevent.CutValue); cuts those of the lines ParseBatch
+	// took, until TakeCuts.
+	lineCuts, cuts int
 }
 
 // NewParser returns a Parser enforcing limits.
@@ -111,6 +124,7 @@ func NewParser(limits tokenevent.Limits) *Parser {
 // Parse parses one line (without its newline) into ev, which it resets first.
 // The error, if any, is a *FieldError.
 func (p *Parser) Parse(line []byte, ev *tokenevent.Event) error {
+	p.lineCuts = 0
 	if len(line) > p.limits.MaxLineBytes {
 		ev.Reset()
 		return &tokenevent.FieldError{Reason: fmt.Sprintf("line is %d bytes, limit is %d", len(line), p.limits.MaxLineBytes)}
@@ -118,6 +132,7 @@ func (p *Parser) Parse(line []byte, ev *tokenevent.Event) error {
 	if p.parseCompact(line, ev) {
 		return nil
 	}
+	p.lineCuts = 0 // what the compact path cut before it gave up
 	return p.parseObject(line, ev)
 }
 
@@ -276,8 +291,17 @@ func (p *Parser) ParseBatch(body []byte, maxLines int, onEvent func(*tokenevent.
 			onError(&LineError{Line: lineNo, FieldError: *fe})
 			continue
 		}
+		p.cuts += p.lineCuts
 		onEvent(ev)
 	}
+}
+
+// TakeCuts returns how many values of the lines ParseBatch took were cut to
+// their bound (tokenevent.CutValues' fields) since the last call.
+func (p *Parser) TakeCuts() int {
+	n := p.cuts
+	p.cuts = 0
+	return n
 }
 
 // countLines counts the non-blank lines of body.
@@ -718,7 +742,7 @@ func (p *Parser) value(bit uint32, ev *tokenevent.Event) (bool, error) {
 		}
 		return true, err
 	case fResponseModel:
-		return true, p.internedStr(name, &ev.ResponseModel)
+		return true, p.valueStr(name, &ev.ResponseModel, tokenevent.MaxValueBytes)
 	case fTraceID:
 		return true, p.hex(name, ev.TraceID[:])
 	case fSpanID:
@@ -736,13 +760,13 @@ func (p *Parser) value(bit uint32, ev *tokenevent.Event) (bool, error) {
 		}
 		ev.Operation = op
 	case fModel:
-		return true, p.internedStr(name, &ev.Model)
+		return true, p.valueStr(name, &ev.Model, tokenevent.MaxValueBytes)
 	case fEngine:
-		return true, p.internedStr(name, &ev.Engine)
+		return true, p.valueStr(name, &ev.Engine, tokenevent.MaxValueBytes)
 	case fFinishReason:
-		return true, p.internedStr(name, &ev.FinishReason)
+		return true, p.valueStr(name, &ev.FinishReason, tokenevent.MaxValueBytes)
 	case fError:
-		return true, p.internedStr(name, &ev.Error)
+		return true, p.valueStr(name, &ev.Error, tokenevent.MaxErrorTypeBytes)
 	case fAttributes:
 		return true, p.attributes(ev)
 	}
@@ -760,13 +784,24 @@ func (p *Parser) literal(lit string) bool {
 	return false
 }
 
-func (p *Parser) internedStr(name string, dst *string) error {
+// valueStr parses a string value into dst, cut to limit bytes (see
+// tokenevent.CutValues, which names the fields and their bounds).
+func (p *Parser) valueStr(name string, dst *string, limit int) error {
 	s, err := p.str(name)
 	if err != nil {
 		return err
 	}
-	*dst = p.intern(s)
+	*dst = p.internValue(s, limit)
 	return nil
+}
+
+// internValue interns b cut to limit bytes, counting the cut.
+func (p *Parser) internValue(b []byte, limit int) string {
+	b, cut := tokenevent.CutValue(b, limit)
+	if cut {
+		p.lineCuts++
+	}
+	return p.intern(b)
 }
 
 // intern returns b as a string, reusing the string of an earlier equal value.
@@ -777,11 +812,13 @@ func (p *Parser) intern(b []byte) string {
 	}
 	s, ok := p.interned[string(b)]
 	if !ok {
-		if len(p.interned) >= maxInterned {
+		if len(p.interned) >= maxInterned || p.internedBytes+len(b) > maxInternedBytes {
 			clear(p.interned)
+			p.internedBytes = 0
 		}
 		s = string(b)
 		p.interned[s] = s
+		p.internedBytes += len(s)
 	}
 	*slot = s
 	return s
@@ -831,7 +868,12 @@ func (p *Parser) attributes(ev *tokenevent.Event) error {
 		if err != nil || done {
 			return err
 		}
-		key := p.intern(k)
+		var key string
+		if len(k) > tokenevent.MaxAttributeKeyBytes {
+			key = string(k) // rejected below: not worth a place in the intern table
+		} else {
+			key = p.intern(k)
+		}
 		if err := tokenevent.CheckAttribute(ev.Attributes, key, p.limits.MaxAttributes); err != nil {
 			return err
 		}
@@ -839,7 +881,7 @@ func (p *Parser) attributes(ev *tokenevent.Event) error {
 		if err != nil {
 			return err
 		}
-		ev.Attributes = append(ev.Attributes, tokenevent.Attribute{Key: key, Value: p.intern(v)})
+		ev.Attributes = append(ev.Attributes, tokenevent.Attribute{Key: key, Value: p.internValue(v, tokenevent.MaxValueBytes)})
 	}
 }
 

@@ -242,6 +242,75 @@ func TestParseLimits(t *testing.T) {
 	require.EqualError(t, err, "attributes: more than 1 entries")
 }
 
+// The values that become keys (model, engine, attribute values,
+// response_model, finish_reason, error) are cut to their bounds, in the
+// compact form and any other alike, as tokenevent.CutValues cuts them, and
+// counted; the line is taken. An attribute key over its bound is refused.
+func TestParseCutsLongValues(t *testing.T) {
+	long := strings.Repeat("x", 12000)
+	var start, end tokenevent.Event
+	start.Reset()
+	start.Kind, start.SessionID, start.TimeUnixNano = tokenevent.KindStart, "s-1", 1
+	start.Model, start.Engine = long, "vllm-"+strings.Repeat("é", 200)
+	start.Attributes = []tokenevent.Attribute{{Key: "tenant", Value: long}, {Key: "q", Value: "fp8"}}
+	end.Reset()
+	end.Kind, end.SessionID, end.TimeUnixNano = tokenevent.KindEnd, "s-1", 2
+	end.ResponseModel, end.FinishReason, end.Error = long, long, long
+
+	p := NewParser(tokenevent.Limits{MaxLineBytes: 1 << 20})
+	for _, ev := range []tokenevent.Event{start, end} {
+		compact := tokenevent.AppendJSON(nil, &ev)
+		compact = compact[:len(compact)-1]
+		// The same fields, the session ID last: not the compact form.
+		general := []byte(`{"event":"` + ev.Kind.String() + `","time_unix_nano":1` +
+			string(compact[bytes.Index(compact, []byte(`,"time_unix_nano":`))+len(`,"time_unix_nano":1`):len(compact)-1]) + `,"session_id":"s-1"}`)
+		want := ev
+		want.Attributes = append([]tokenevent.Attribute(nil), ev.Attributes...)
+		want.TimeUnixNano = 1
+		require.Equal(t, 3, want.CutValues())
+		for _, line := range [][]byte{compact, general} {
+			var got tokenevent.Event
+			n := 0
+			p.ParseBatch(line, 0, func(e *tokenevent.Event) { got, n = *e, n+1 }, func(e *LineError) { t.Fatal(e) })
+			require.Equal(t, 1, n, "%s", line)
+			got.TimeUnixNano = 1
+			assert.Equal(t, fmt.Sprint(want), fmt.Sprint(got), "%s", line)
+			assert.Equal(t, 3, p.TakeCuts(), "%s", line)
+		}
+	}
+	assert.Zero(t, p.TakeCuts(), "taken")
+	for s := range p.interned {
+		assert.LessOrEqual(t, len(s), tokenevent.MaxValueBytes, "the intern table holds no value over its bound")
+	}
+
+	// A line rejected for another reason counts no cut.
+	p.ParseBatch([]byte(`{"event":"start","session_id":"s","time_unix_nano":1,"model":"`+long+`","count":1}`), 0,
+		func(*tokenevent.Event) { t.Fatal("taken") }, func(*LineError) {})
+	assert.Zero(t, p.TakeCuts())
+
+	_, err := parse(t, `{"event":"start","session_id":"s","time_unix_nano":1,"attributes":{"`+strings.Repeat("k", 300)+`":"v"}}`)
+	require.EqualError(t, err, `attributes: key "`+strings.Repeat("k", 64)+`…": 300 bytes, limit is 256`)
+}
+
+// The intern table is bounded in bytes as well as in entries: session IDs
+// of a raised max_session_id_bytes do not grow it past maxInternedBytes.
+func TestInternTableBounded(t *testing.T) {
+	p := NewParser(tokenevent.Limits{MaxLineBytes: 1 << 20, MaxSessionIDBytes: 64 << 10})
+	var ev tokenevent.Event
+	id := []byte(strings.Repeat("s", 60<<10))
+	for i := range 100 {
+		copy(id, fmt.Sprintf("%08d", i))
+		line := `{"event":"token","session_id":"` + string(id) + `","time_unix_nano":1}`
+		require.NoError(t, p.Parse([]byte(line), &ev))
+		assert.LessOrEqual(t, p.internedBytes, maxInternedBytes)
+	}
+	n := 0
+	for s := range p.interned {
+		n += len(s)
+	}
+	assert.Equal(t, n, p.internedBytes)
+}
+
 func TestParseBatch(t *testing.T) {
 	body := startLine + "\r\n" + tokenLine + "\n\n" + `{"event":"token","session_id":"s-1","time_unix_nano":1,"trace_id":"0af7651916cd43dd8448eb211c80319"}` +
 		"\n" + `not json` + "\n" + endLine // no trailing newline

@@ -1,5 +1,7 @@
 package tokenevent // import "github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 
+import "unicode/utf8"
+
 // Limits bound what one line may hold. Zero values mean the defaults.
 type Limits struct {
 	// MaxLineBytes is the longest line accepted, newline excluded.
@@ -47,4 +49,64 @@ func (e *FieldError) Error() string {
 		return e.Reason
 	}
 	return e.Field + ": " + e.Reason
+}
+
+// Bounds of the strings an event carries that become attribute values of
+// the session's records, spans and metrics, and so parts of series keys
+// and of the rows of the live view. They are not limits a line is rejected
+// for: a longer value is cut to its bound on a UTF-8 rune boundary, by
+// every source alike (the receiver's hook parser and its proxy, which
+// cannot refuse the request it observes), so that one string makes one key
+// whichever way it came and a session is never lost for a label's tail.
+// Names are not cut: a session_id over its limit, or an attribute key over
+// MaxAttributeKeyBytes, is an error, since two that differ beyond the
+// bound would become one.
+const (
+	// MaxValueBytes bounds model, engine, response_model, finish_reason
+	// and each attribute's value.
+	MaxValueBytes = 256
+	// MaxErrorTypeBytes bounds an end event's error (error.type): a class
+	// of error, not its message.
+	MaxErrorTypeBytes = 64
+	// MaxAttributeKeyBytes bounds an attribute's key.
+	MaxAttributeKeyBytes = 256
+)
+
+// CutValue returns s cut to at most limit bytes on a rune boundary, and
+// whether it was cut.
+func CutValue[S ~string | ~[]byte](s S, limit int) (S, bool) {
+	if len(s) <= limit {
+		return s, false
+	}
+	i := limit
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i], true
+}
+
+// CutValues cuts the values of ev that are over their bound (MaxValueBytes,
+// MaxErrorTypeBytes) and returns how many it cut. Fields the kind does not
+// carry are left alone, as AppendJSON leaves them out.
+func (ev *Event) CutValues() int {
+	n := 0
+	cut := func(s *string, limit int) {
+		var was bool
+		if *s, was = CutValue(*s, limit); was {
+			n++
+		}
+	}
+	switch ev.Kind {
+	case KindStart:
+		cut(&ev.Model, MaxValueBytes)
+		cut(&ev.Engine, MaxValueBytes)
+		for i := range ev.Attributes {
+			cut(&ev.Attributes[i].Value, MaxValueBytes)
+		}
+	case KindEnd:
+		cut(&ev.ResponseModel, MaxValueBytes)
+		cut(&ev.FinishReason, MaxValueBytes)
+		cut(&ev.Error, MaxErrorTypeBytes)
+	}
+	return n
 }

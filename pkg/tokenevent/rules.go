@@ -129,11 +129,18 @@ func CheckOperation[S ~string | ~[]byte](op S) (string, *FieldError) {
 }
 
 // CheckAttribute checks that an attribute with key may join attrs, a start
-// event's attributes so far: the key is not empty and not in attrs, and
-// attrs holds fewer than limit entries (limit <= 0: DefaultMaxAttributes).
+// event's attributes so far: the key is not empty, at most
+// MaxAttributeKeyBytes and not in attrs, and attrs holds fewer than limit
+// entries (limit <= 0: DefaultMaxAttributes).
 func CheckAttribute(attrs []Attribute, key string, limit int) *FieldError {
 	if key == "" {
 		return &FieldError{Field: "attributes", Reason: "empty key"}
+	}
+	// As the receiver decodes it (see CheckSessionID).
+	if n := len(key); n > MaxAttributeKeyBytes/3 {
+		if n = decodedLen(key); n > MaxAttributeKeyBytes {
+			return &FieldError{Field: "attributes", Reason: fmt.Sprintf("key %q: %d bytes, limit is %d", truncate([]byte(key)), n, MaxAttributeKeyBytes)}
+		}
 	}
 	for _, a := range attrs {
 		if a.Key == key {
@@ -151,7 +158,9 @@ func CheckAttribute(attrs []Attribute, key string, limit int) *FieldError {
 
 // Validate checks ev against the rules and limits (zero: the defaults) the
 // Parser applies to the line AppendJSON writes for it, but the line's
-// length: an event Validate accepts encodes to a line the Parser accepts.
+// length: an event Validate accepts encodes to a line the Parser accepts,
+// and reads back with its values cut to their bounds (CutValues), which
+// are no error.
 // Fields the kind does not carry are ignored, as AppendJSON leaves them
 // out; zero IDs and empty strings mean absent, as there. Unlike the wire,
 // which has no way to write them, a token total below -1 (absent) is an

@@ -45,6 +45,15 @@ func TestValidate(t *testing.T) {
 		{"prompt tokens", func(ev *Event) { ev.PromptTokens = -2 }, KindStart, "prompt_tokens: must not be negative, got -2"},
 		{"completion tokens", func(ev *Event) { ev.CompletionTokens = -2 }, KindEnd, "completion_tokens: must not be negative, got -2"},
 		{"empty key", func(ev *Event) { ev.Attributes = []Attribute{{"", "v"}} }, KindStart, "attributes: empty key"},
+		{"long key", func(ev *Event) { ev.Attributes = []Attribute{{strings.Repeat("k", 257), "v"}} }, KindStart,
+			`attributes: key "` + strings.Repeat("k", 64) + `…": 257 bytes, limit is 256`},
+		{"key at the limit", func(ev *Event) { ev.Attributes = []Attribute{{strings.Repeat("é", 128), "v"}} }, KindStart, ""},
+		{"key with invalid UTF-8", func(ev *Event) { ev.Attributes = []Attribute{{strings.Repeat("\xff", 86), "v"}} }, KindStart,
+			fmt.Sprintf("attributes: key %q: 258 bytes, limit is 256", strings.Repeat("\xff", 64)+"…")},
+		{"long values are cut, not refused", func(ev *Event) {
+			ev.Model, ev.Engine = strings.Repeat("m", 12000), strings.Repeat("e", 300)
+			ev.Attributes = []Attribute{{"tenant", strings.Repeat("t", 300)}}
+		}, KindStart, ""},
 		{"duplicate key", func(ev *Event) { ev.Attributes = []Attribute{{"a", "1"}, {"a", "2"}} }, KindStart, "attributes.a: duplicate key"},
 		{"too many", func(ev *Event) {
 			for i := range 33 {
@@ -72,4 +81,27 @@ func TestValidate(t *testing.T) {
 	require.EqualError(t, ev.Validate(Limits{MaxSessionIDBytes: 4}), "session_id: 5 bytes, limit is 4")
 	ev.SessionID = "1"
 	require.EqualError(t, ev.Validate(Limits{MaxAttributes: 1}), "attributes: more than 1 entries")
+}
+
+// Values over their bound are cut on a rune boundary, each counted once;
+// the fields a kind does not carry are left alone.
+func TestCutValues(t *testing.T) {
+	long := strings.Repeat("x", 12000)
+	ev := newEvent(KindStart)
+	ev.Model, ev.Engine, ev.Error = long, "a"+strings.Repeat("é", 200), long
+	ev.Attributes = []Attribute{{"tenant", long}, {"short", "s"}}
+	assert.Equal(t, 3, ev.CutValues())
+	assert.Equal(t, strings.Repeat("x", MaxValueBytes), ev.Model)
+	assert.Equal(t, "a"+strings.Repeat("é", 127), ev.Engine, "cut before the rune the bound falls in")
+	assert.Equal(t, []Attribute{{"tenant", strings.Repeat("x", MaxValueBytes)}, {"short", "s"}}, ev.Attributes)
+	assert.Equal(t, long, ev.Error, "not a start's field")
+	assert.Zero(t, ev.CutValues(), "within the bounds now")
+
+	ev = newEvent(KindEnd)
+	ev.ResponseModel, ev.FinishReason, ev.Error, ev.Model = long, long, long, long
+	assert.Equal(t, 3, ev.CutValues())
+	assert.Len(t, ev.ResponseModel, MaxValueBytes)
+	assert.Len(t, ev.FinishReason, MaxValueBytes)
+	assert.Len(t, ev.Error, MaxErrorTypeBytes)
+	assert.Equal(t, long, ev.Model, "not an end's field")
 }

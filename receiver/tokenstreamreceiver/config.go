@@ -3,10 +3,13 @@ package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiv
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
+	"os/user"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -91,9 +94,64 @@ type UnixConfig struct {
 	// first bytes of a batch before handing the batch to the pipeline, as
 	// hooks::udp::batch_window. 0 hands over what each read took.
 	BatchWindow time.Duration `mapstructure:"batch_window"`
+	// SocketMode is the socket file's permission, in octal ("0660"): on
+	// Linux connecting needs write permission, so it says who may send.
+	SocketMode string `mapstructure:"socket_mode"`
+	// SocketGroup is the group of the socket file, and of the directories
+	// the receiver makes for it: a name or a numeric ID. Empty: the
+	// collector's own group.
+	SocketGroup string `mapstructure:"socket_group"`
+	// DirectoryMode is the permission, in octal, of the socket's directory
+	// when the receiver makes it; one that exists is left as it is.
+	DirectoryMode string `mapstructure:"directory_mode"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
+}
+
+// unixPermissions is what the receiver sets on the socket and on the
+// directories it makes for it; gid is -1 to leave the group as created.
+type unixPermissions struct {
+	socketMode, directoryMode fs.FileMode
+	gid                       int
+}
+
+// permissions reads socket_mode, socket_group and directory_mode, with an
+// error for each that is not valid.
+func (u *UnixConfig) permissions() (unixPermissions, []error) {
+	var errs []error
+	mode := func(key, s string) fs.FileMode {
+		m, err := strconv.ParseUint(s, 8, 32)
+		if err != nil || m > 0o777 {
+			errs = append(errs, fmt.Errorf("hooks::unix::%s: want a permission in octal, at most \"0777\" (quoted, as YAML would read 0660 as a number), got %q", key, s))
+		}
+		return fs.FileMode(m) & fs.ModePerm
+	}
+	p := unixPermissions{socketMode: mode("socket_mode", u.SocketMode), directoryMode: mode("directory_mode", u.DirectoryMode), gid: -1}
+	if u.SocketGroup != "" {
+		gid, err := lookupGroup(u.SocketGroup)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("hooks::unix::socket_group: %w", err))
+		}
+		p.gid = gid
+	}
+	return p, errs
+}
+
+// lookupGroup is the ID of a group given by name or number.
+func lookupGroup(group string) (int, error) {
+	if gid, err := strconv.ParseUint(group, 10, 31); err == nil {
+		return int(gid), nil
+	}
+	g, err := user.LookupGroup(group)
+	if err != nil {
+		return -1, fmt.Errorf("want a group name or numeric ID: %w", err)
+	}
+	gid, err := strconv.Atoi(g.Gid)
+	if err != nil {
+		return -1, fmt.Errorf("group %q has the ID %q, not a number", group, g.Gid)
+	}
+	return gid, nil
 }
 
 // ProxyConfig is the proxy: a confighttp server for the clients and a
@@ -154,6 +212,8 @@ func (p *ProxyConfig) headerAttributes(maxAttributes int) ([]proxy.HeaderAttribu
 			errs = append(errs, fmt.Errorf("proxy::attributes_from_headers: header %q: a credential header's value never enters telemetry", h))
 		case key == "":
 			errs = append(errs, fmt.Errorf("proxy::attributes_from_headers: header %q: empty attribute key", h))
+		case len(key) > tokenevent.MaxAttributeKeyBytes:
+			errs = append(errs, fmt.Errorf("proxy::attributes_from_headers: header %q: attribute key of %d bytes, at most %d (as a hook's)", h, len(key), tokenevent.MaxAttributeKeyBytes))
 		case keys[key] != "":
 			errs = append(errs, fmt.Errorf("proxy::attributes_from_headers: header %q: attribute key %q also from header %q", h, key, keys[key]))
 		default:
@@ -318,6 +378,8 @@ func (cfg *Config) Validate() error {
 		if u.BatchWindow < 0 || u.BatchWindow > maxBatchWindow {
 			errs = append(errs, fmt.Errorf("hooks::unix::batch_window: want 0 to %s, got %s", maxBatchWindow, u.BatchWindow))
 		}
+		_, perrs := u.permissions()
+		errs = append(errs, perrs...)
 	}
 	l := cfg.Hooks.Limits
 	for _, f := range []struct {

@@ -54,6 +54,9 @@ func TestConfigDefaults(t *testing.T) {
 	require.NotNil(t, x)
 	assert.Equal(t, "/run/otelcol-llm/hooks.sock", x.Endpoint)
 	assert.Equal(t, 5*time.Millisecond, x.BatchWindow)
+	perm, errs := x.permissions()
+	assert.Empty(t, errs)
+	assert.Equal(t, unixPermissions{socketMode: 0o660, directoryMode: 0o750, gid: -1}, perm, "the collector's user and group only")
 	assert.Equal(t, LimitsConfig{MaxLineBytes: 16384, MaxLinesPerBatch: 10000, MaxSessionIDBytes: 256, MaxAttributes: 32}, cfg.Hooks.Limits)
 }
 
@@ -71,6 +74,9 @@ func TestConfigCustom(t *testing.T) {
 	x := cfg.Hooks.Unix.Get()
 	assert.Equal(t, "/var/run/llm/hooks.sock", x.Endpoint)
 	assert.Equal(t, 10*time.Millisecond, x.BatchWindow)
+	perm, errs := x.permissions()
+	assert.Empty(t, errs)
+	assert.Equal(t, unixPermissions{socketMode: 0o600, directoryMode: 0o700, gid: 4242}, perm)
 	assert.Equal(t, LimitsConfig{MaxLineBytes: 4096, MaxLinesPerBatch: 500, MaxSessionIDBytes: 64, MaxAttributes: 8}, cfg.Hooks.Limits)
 }
 
@@ -85,6 +91,9 @@ func TestConfigInvalidReportsEveryProblem(t *testing.T) {
 		`hooks::udp::batch_window: want 0 to 100ms, got 1s`,
 		`hooks::unix::endpoint: want the socket's path, got none`,
 		`hooks::unix::batch_window: want 0 to 100ms, got -1ms`,
+		`hooks::unix::socket_mode: want a permission in octal, at most "0777" (quoted, as YAML would read 0660 as a number), got "0666x"`,
+		`hooks::unix::directory_mode: want a permission in octal, at most "0777" (quoted, as YAML would read 0660 as a number), got "1777"`,
+		`hooks::unix::socket_group: want a group name or numeric ID: group: unknown group no-such-group-otelcol-llm`,
 		`hooks::limits::max_lines_per_batch: must be positive, got 0`,
 		`hooks::limits::max_line_bytes: 100000 exceeds the largest UDP datagram (65507)`,
 	} {
@@ -209,6 +218,7 @@ func TestConfigProxyInvalid(t *testing.T) {
 		`proxy::stall::min_tokens: must not be negative, got -2`,
 		`proxy::attributes_from_headers: header "Authorization": a credential header's value never enters telemetry`,
 		`proxy::attributes_from_headers: header "X-Tenant-ID": empty attribute key`,
+		`proxy::attributes_from_headers: header "X-Team": attribute key of 257 bytes, at most 256 (as a hook's)`,
 		`proxy::upstream::endpoint: want an http(s) URL, got "vllm:8000"`,
 		`proxy::upstream::response_header_timeout: must be positive, got 0s`,
 		`proxy::upstream::stream_idle_timeout: must not be negative, got -1s`,

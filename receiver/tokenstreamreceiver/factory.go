@@ -35,6 +35,10 @@ const (
 	// FlushInterval (100 ms), which arrives in one read or a few: the
 	// window gathers them into one batch, as for UDP.
 	defaultUnixBatchWindow = 5 * time.Millisecond
+	// The socket's permissions: its owner (the collector) and its group
+	// (socket_group, the engines') may connect, no one else.
+	defaultUnixSocketMode    = "0660"
+	defaultUnixDirectoryMode = "0750"
 	// A non-streaming completion's headers come when it is whole, and a
 	// loaded engine queues requests: minutes, not seconds.
 	defaultResponseHeaderTimeout = 5 * time.Minute
@@ -92,7 +96,10 @@ func createDefaultConfig() component.Config {
 		Hooks: HooksConfig{
 			HTTP: configoptional.Default(HTTPConfig{ServerConfig: httpServer, Path: defaultHTTPPath}),
 			UDP:  configoptional.Default(UDPConfig{Endpoint: defaultUDPEndpoint, BatchWindow: defaultUDPBatchWindow}),
-			Unix: configoptional.Default(UnixConfig{Endpoint: defaultUnixEndpoint, BatchWindow: defaultUnixBatchWindow}),
+			Unix: configoptional.Default(UnixConfig{
+				Endpoint: defaultUnixEndpoint, BatchWindow: defaultUnixBatchWindow,
+				SocketMode: defaultUnixSocketMode, DirectoryMode: defaultUnixDirectoryMode,
+			}),
 			Limits: LimitsConfig{
 				MaxLineBytes:      tokenevent.DefaultMaxLineBytes,
 				MaxLinesPerBatch:  tokenevent.DefaultMaxLinesPerBatch,

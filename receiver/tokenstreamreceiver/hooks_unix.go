@@ -39,11 +39,6 @@ import (
 // failed: so a collector restart loses at most what was in flight, and
 // the client counts it.
 
-// unixSocketMode is the socket file's permission: any local user who can
-// reach the path may connect (connecting needs write permission). Access is
-// the directory's to restrict, as with other node agents' sockets.
-const unixSocketMode fs.FileMode = 0o666
-
 // unixReadBufferBytes is each connection's read buffer: room for several
 // lines per read, and for the longest line allowed (see newUnixReadBuffer).
 const unixReadBufferBytes = 64 << 10
@@ -75,21 +70,21 @@ type hooksUnixListener struct {
 }
 
 func startHooksUnix(cfg *UnixConfig, limits LimitsConfig, sink hookSink) (*hooksUnixListener, error) {
+	perm, errs := cfg.permissions()
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
 	// The socket's directory is made if missing (a hostPath of type
 	// DirectoryOrCreate, a fresh emptyDir): the path names the socket.
-	if err := os.MkdirAll(filepath.Dir(cfg.Endpoint), 0o755); err != nil {
+	if err := makeSocketDir(filepath.Dir(cfg.Endpoint), perm); err != nil {
 		return nil, fmt.Errorf("hooks::unix::endpoint: %w", err)
 	}
 	if err := removeStaleSocket(cfg.Endpoint); err != nil {
 		return nil, fmt.Errorf("hooks::unix::endpoint: %w", err)
 	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Endpoint, Net: "unix"})
+	ln, err := listenUnix(cfg.Endpoint, perm)
 	if err != nil {
 		return nil, fmt.Errorf("hooks::unix: listen on %s: %w", cfg.Endpoint, err)
-	}
-	if err := os.Chmod(cfg.Endpoint, unixSocketMode); err != nil {
-		_ = ln.Close()
-		return nil, fmt.Errorf("hooks::unix: %w", err)
 	}
 	l := &hooksUnixListener{
 		sink: sink, warn: lograte.OncePerMinute(sink.Logger()), ln: ln, path: cfg.Endpoint,
@@ -99,6 +94,78 @@ func startHooksUnix(cfg *UnixConfig, limits LimitsConfig, sink hookSink) (*hooks
 	l.done.Add(1)
 	go l.acceptLoop()
 	return l, nil
+}
+
+// makeSocketDir makes dir and the directories above it that are missing,
+// each with the directory mode and group of perm. A directory that exists
+// is left as it is: its permissions are its owner's (a hostPath, an
+// emptyDir), and the socket's own mode restricts who may connect.
+func makeSocketDir(dir string, perm unixPermissions) error {
+	var missing []string
+	for d := dir; ; d = filepath.Dir(d) {
+		_, err := os.Lstat(d)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		missing = append(missing, d)
+		if d == filepath.Dir(d) {
+			break
+		}
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		d := missing[i]
+		if err := os.Mkdir(d, perm.directoryMode); err != nil {
+			if errors.Is(err, fs.ErrExist) {
+				continue // made by another process meanwhile: not ours
+			}
+			return err
+		}
+		// Exact, whatever the umask.
+		if err := os.Chmod(d, perm.directoryMode); err != nil {
+			return err
+		}
+		if err := chownGroup(d, perm.gid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// listenUnix listens on a socket at path with the mode and group of perm.
+func listenUnix(path string, perm unixPermissions) (*net.UnixListener, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { presetSocketMode(fd, perm.socketMode) })
+	}}
+	l, err := lc.Listen(context.Background(), "unix", path)
+	if err != nil {
+		return nil, err
+	}
+	ln := l.(*net.UnixListener)
+	if err := os.Chmod(path, perm.socketMode); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	if err := chownGroup(path, perm.gid); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// chownGroup gives path to group gid (-1: leaves it). Unless the collector
+// may change any file's owner (root with CAP_CHOWN), it must be a member of
+// the group.
+func chownGroup(path string, gid int) error {
+	if gid < 0 {
+		return nil
+	}
+	if err := os.Lchown(path, -1, gid); err != nil {
+		return fmt.Errorf("setting its group (socket_group) to %d: %w: the collector must be a member of the group, or root", gid, err)
+	}
+	return nil
 }
 
 // removeStaleSocket removes a socket file left by a collector that did not
@@ -185,6 +252,10 @@ type unixConn struct {
 	lines   lineStream
 	stopped atomic.Bool
 	ack     []byte
+	// clientGone is set once an acknowledgement could not be written for
+	// the client closed: the lines still queued are read and counted, not
+	// answered.
+	clientGone bool
 }
 
 func newUnixConn(l *hooksUnixListener, c *net.UnixConn) *unixConn {
@@ -209,11 +280,11 @@ func (u *unixConn) serve() {
 	for !u.stopped.Load() {
 		n, err := u.lines.read(u.c)
 		if n == 0 && err != nil {
-			// The connection's end: EOF, its client gone, or stop. At EOF
-			// a last line without its newline is read, as the end of an
-			// HTTP body would be; cut by a stop, it is left
-			// unacknowledged, so its client counts it failed.
-			if errors.Is(err, io.EOF) && u.lines.pending() {
+			// The connection's end: EOF, a reset, or stop. At the
+			// client's end a last line without its newline is read (see
+			// streamEnded); cut by a stop, it is left unacknowledged, so
+			// its client counts it failed.
+			if u.streamEnded(err) && u.lines.pending() {
 				u.handOver(time.Now(), func(d *batchDecoder) { u.lines.flushPartial(d) })
 			}
 			return
@@ -232,7 +303,7 @@ func (u *unixConn) serve() {
 					return n, err
 				}, func() bool { return d.accepted+d.rejected >= u.l.limits.MaxLinesPerBatch })
 			}
-			if errors.Is(end, io.EOF) {
+			if u.streamEnded(end) {
 				u.lines.flushPartial(d)
 			}
 		})
@@ -240,6 +311,16 @@ func (u *unixConn) serve() {
 			return
 		}
 	}
+}
+
+// streamEnded reports whether err, which ended a read, is the end of the
+// client's stream rather than a stop: EOF, or a reset (ECONNRESET: a client
+// that closed, or was killed, with an acknowledgement still unread). The
+// kernel hands over every byte the client wrote before it reports either,
+// so what was read is all there is: its whole lines are taken and a last
+// line without its newline is judged as it is.
+func (u *unixConn) streamEnded(err error) bool {
+	return err != nil && !u.stopped.Load() && !errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 // handOver runs fill on a new batch begun at first, hands the batch to the
@@ -252,14 +333,21 @@ func (u *unixConn) handOver(first time.Time, fill func(d *batchDecoder)) {
 	fill(d)
 	d.finish()
 	ack, ok := deliverStreamBatch(u.l.sink, u.l.warn, d, u.ack[:0])
-	if !ok {
+	if !ok || u.clientGone {
 		return
 	}
 	u.ack = ack
 	if err := u.c.SetWriteDeadline(time.Now().Add(ackWriteTimeout)); err == nil {
-		if _, err := u.c.Write(u.ack); err != nil && !u.stopped.Load() {
+		_, err = u.c.Write(u.ack)
+		switch {
+		case err == nil, u.stopped.Load():
+		case errors.Is(err, os.ErrDeadlineExceeded):
 			u.l.warn.Warn("Unix hook client does not read its acknowledgements: connection closed (logged at most once a minute)", zap.Error(err))
 			u.stop()
+		default:
+			// The client closed (EPIPE, a reset): what it wrote before is
+			// still to read, up to the stream's end, with no answer.
+			u.clientGone = true
 		}
 	}
 }
@@ -384,12 +472,17 @@ func (s *lineStream) take(d *batchDecoder) {
 // error not yet reported).
 func (s *lineStream) pending() bool { return s.overlong != nil || (s.n > 0 && !s.skip) }
 
-// flushPartial adds the partial last line to d, at the stream's end.
+// flushPartial adds the partial last line to d, at the stream's end: a
+// JSON object whole but for its newline is taken, one cut short is
+// rejected, its reason saying that the connection ended mid-line.
 func (s *lineStream) flushPartial(d *batchDecoder) {
 	s.take(d)
 	if s.n > 0 && !s.skip {
 		d.lineBase = s.lineNo
-		d.addLines(s.buf[:s.n])
+		d.parser.ParseBatch(s.buf[:s.n], 0, d.onEvent, func(e *tokenparse.LineError) {
+			e.Reason += " (the connection ended before the line's newline)"
+			d.onError(e)
+		})
 		s.lineNo++
 		s.n = 0
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -91,7 +92,7 @@ func TestUnixStream(t *testing.T) {
 	tr, path := startUnixReceiver(t, new(consumertest.LogsSink), nil)
 	fi, err := os.Stat(path)
 	require.NoError(t, err)
-	assert.Equal(t, unixSocketMode, fi.Mode().Perm(), "any local user may connect")
+	assert.Equal(t, fs.FileMode(0o660), fi.Mode().Perm(), "its owner and group may connect, no one else")
 
 	c := dialUnix(t, path)
 	// A line may come in pieces, across writes.

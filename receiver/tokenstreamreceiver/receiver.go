@@ -411,6 +411,9 @@ func (s *logsSink) consume(ctx context.Context, d *batchDecoder) error {
 	if d.truncated > 0 {
 		s.r.telemetry.ReceiverTokenStreamTruncatedBatches.Add(ctx, int64(d.truncated), attrs)
 	}
+	if cut := d.parser.TakeCuts(); cut > 0 {
+		s.r.telemetry.ReceiverTokenStreamTruncatedValues.Add(ctx, int64(cut), attrs)
+	}
 	if d.accepted == 0 {
 		return nil
 	}
@@ -434,6 +437,7 @@ func (s *logsSink) Counters() proxy.Counters {
 		DroppedEvents:       t.ReceiverTokenStreamProxyDroppedEvents,
 		StalledStreams:      t.ReceiverTokenStreamProxyStalledStreams,
 		CutStreams:          t.ReceiverTokenStreamProxyCutStreams,
+		TruncatedValues:     t.ReceiverTokenStreamTruncatedValues,
 	}
 }
 

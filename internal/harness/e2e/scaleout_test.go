@@ -110,7 +110,9 @@ func startScaleOut(t *testing.T, decisionWait time.Duration) *scaleOut {
 	})
 	for _, ip := range so.agents {
 		// The agent's hooks' Unix socket is a path of the node: each agent
-		// here (and each test run at once elsewhere) gets its own. The
+		// here (and each test run at once elsewhere) gets its own, left in
+		// the collector's group (giving it to the engines' socket_group
+		// takes root or membership). The
 		// agent expects its engines' spans (engine_timing::expect_spans),
 		// so a kept session waits up to engine_timing::wait for one; the
 		// sessions here have none, and that wait is scaled down with
@@ -118,7 +120,7 @@ func startScaleOut(t *testing.T, decisionWait time.Duration) *scaleOut {
 		dir := t.TempDir()
 		agentCfg := filepath.Join(dir, "agent.yaml")
 		require.NoError(t, os.WriteFile(agentCfg, []byte( //nolint:gosec // G703: the test's own temporary directory
-			"receivers:\n  token_stream:\n    hooks:\n      unix:\n        endpoint: "+filepath.Join(dir, "hooks.sock")+"\n"+
+			"receivers:\n  token_stream:\n    hooks:\n      unix:\n        endpoint: "+filepath.Join(dir, "hooks.sock")+"\n        socket_group: \"\"\n"+
 				"processors:\n  token_session:\n    engine_timing:\n      wait: 300ms\n"), 0o600))
 		testbin.StartCollector(t, []string{
 			"--config", filepath.Join("..", "..", "..", "deploy", "agent-config.yaml"),

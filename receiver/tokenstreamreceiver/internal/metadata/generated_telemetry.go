@@ -39,6 +39,7 @@ type TelemetryBuilder struct {
 	ReceiverTokenStreamRejectedEvents           metric.Int64Counter
 	ReceiverTokenStreamSkippedFamilies          metric.Int64Counter
 	ReceiverTokenStreamTruncatedBatches         metric.Int64Counter
+	ReceiverTokenStreamTruncatedValues          metric.Int64Counter
 	ReceiverTokenStreamUDPDroppedDatagrams      metric.Int64Counter
 	ReceiverTokenStreamUnixRefusedConnections   metric.Int64Counter
 }
@@ -148,6 +149,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_receiver_token_stream_truncated_batches",
 		metric.WithDescription("Hook batches (a request body or datagram) cut at hooks::limits::max_lines_per_batch; their unread lines are counted as rejected events. [Development]"),
 		metric.WithUnit("{batch}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ReceiverTokenStreamTruncatedValues, err = builder.meter.Int64Counter(
+		"otelcol_receiver_token_stream_truncated_values",
+		metric.WithDescription("String values of token events (model, engine, response_model, finish_reason, error, an attribute's value) cut to their bound (256 bytes, 64 for error), by transport; the events are kept. [Development]"),
+		metric.WithUnit("{value}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ReceiverTokenStreamUDPDroppedDatagrams, err = builder.meter.Int64Counter(

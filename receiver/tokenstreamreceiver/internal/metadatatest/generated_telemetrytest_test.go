@@ -32,6 +32,7 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ReceiverTokenStreamRejectedEvents.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamSkippedFamilies.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamTruncatedBatches.Add(context.Background(), 1)
+	tb.ReceiverTokenStreamTruncatedValues.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamUDPDroppedDatagrams.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamUnixRefusedConnections.Add(context.Background(), 1)
 	AssertEqualReceiverTokenStreamAcceptedEvents(t, testTel,
@@ -71,6 +72,9 @@ func TestSetupTelemetry(t *testing.T) {
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamTruncatedBatches(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualReceiverTokenStreamTruncatedValues(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamUDPDroppedDatagrams(t, testTel,

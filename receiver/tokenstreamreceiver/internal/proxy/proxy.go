@@ -379,9 +379,17 @@ func (s *session) emit(kind tokenevent.Kind, at time.Time, fill func(*tokenevent
 	s.ev.Kind, s.ev.SessionID, s.ev.TimeUnixNano = kind, s.id, uint64(at.UnixNano())
 	if fill != nil {
 		fill(&s.ev)
+		// The values that become keys, bounded as the hooks' parser
+		// bounds them: one string, one key, whichever way it came.
+		if cut := s.ev.CutValues(); cut > 0 {
+			s.p.counters.TruncatedValues.Add(context.Background(), int64(cut), truncatedProxy)
+		}
 	}
 	s.p.batch.add(&s.ev)
 }
+
+// truncatedProxy is the attribute set of the proxy's TruncatedValues.
+var truncatedProxy = metric.WithAttributeSet(attribute.NewSet(attribute.String("transport", "proxy")))
 
 func (s *session) token(at time.Time) {
 	s.chunks++
@@ -527,7 +535,9 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (r
 		}
 		for _, h := range p.headerAttributes {
 			if v := req.Header.Get(h.Header); v != "" {
-				ev.Attributes = append(ev.Attributes, tokenevent.Attribute{Key: h.Attribute, Value: v})
+				// A header may hold any byte (obs-text); telemetry's
+				// strings are UTF-8, as the hooks' are.
+				ev.Attributes = append(ev.Attributes, tokenevent.Attribute{Key: h.Attribute, Value: strings.ToValidUTF8(v, "\uFFFD")})
 			}
 		}
 	})
