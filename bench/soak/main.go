@@ -255,17 +255,18 @@ type addrs struct {
 // sessions kept, as in production), batch, and a debug exporter at basic
 // verbosity standing for the backend. With churn, the HTTP hook takes the
 // churner's sessions and engine_health judges the engines from the session
-// metrics (flushed every second) and stall alerts, with its window and
-// times compressed: an engine with nothing new for 10 s is forgotten where
-// the defaults take 300 s.
+// metrics (flushed every second) and stall alerts, with the times
+// compressed: token_session forgets a model, engine or tenant after 30 s
+// where the default is an hour, engine_health an engine with nothing new
+// after 10 s where the default is 300 s.
 func collectorConfig(a addrs) string {
 	_, telemetryPort, _ := strings.Cut(a.telemetry, ":")
-	hooks, health, healthExporter, flush := "", "", "", "10s"
+	hooks, health, healthExporter, metrics := "", "", "", "{flush_interval: 10s}"
 	if a.churn {
 		hooks = fmt.Sprintf("\n    hooks:\n      http: {endpoint: %s}", a.hooks)
 		health = fmt.Sprintf("\n  engine_health:\n    endpoint: %s\n    window: 1s\n    min_sessions: 5\n"+
 			"    eject: {base_time: 2s, max_time: 4s, max_percent: 50}", a.health)
-		healthExporter, flush = ", engine_health", "1s"
+		healthExporter, metrics = ", engine_health", "{flush_interval: 1s, forget_after: 30s}"
 	}
 	return fmt.Sprintf(`receivers:
   token_stream:%[6]s
@@ -283,7 +284,7 @@ processors:
   memory_limiter: {check_interval: 1s, limit_mib: 1024, spike_limit_mib: 256}
   token_session:
     sampling: {normal_percent: 1}
-    metrics: {flush_interval: %[9]s}
+    metrics: %[9]s
   batch:
 exporters:
   debug: {verbosity: basic}%[7]s
@@ -310,7 +311,7 @@ service:
       receivers: [otlp]
       processors: [memory_limiter, token_session, batch]
       exporters: [debug]
-`, a.sim, a.proxy, a.otlp, a.pprof, telemetryPort, hooks, health, healthExporter, flush)
+`, a.sim, a.proxy, a.otlp, a.pprof, telemetryPort, hooks, health, healthExporter, metrics)
 }
 
 const (

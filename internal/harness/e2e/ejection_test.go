@@ -12,12 +12,14 @@ import (
 
 // TestEjectionAfterEngineChurn: issue 38's finding, through the binary with
 // the default token_session and engine_health settings. 1 500 engine names
-// (pod churn over a collector's life, or one hook client on purpose: more
-// than the judge's 1024) each end a session; then a real engine fails every request beside a healthy
-// one. The real engine must be judged and ejected: with cumulative session
-// metrics re-sent at every flush, no engine was ever forgotten, the judge
-// stayed full with 1024 of the made-up names, and the real engine was
-// answered 404 and never ejected.
+// (pod churn over a collector's life, or one hook client on purpose) each
+// end a session: more than token_session's metrics::max_engines (100) and
+// engine_health's 1024. Then a real engine fails every request beside a
+// healthy one, and must be judged and ejected. Before, with cumulative
+// session metrics re-sent at every flush, no engine was ever forgotten: the
+// judge stayed full of made-up names and answered the real engine 404, and
+// token_session kept the new engine's sessions under _OTHER (or the
+// overflow series) until the names before it were forgotten.
 func TestEjectionAfterEngineChurn(t *testing.T) {
 	healthAddr := freePort(t, "tcp")
 	col := startCollector(t, "ejection.yaml", "", "HEALTH_ENDPOINT="+healthAddr)
@@ -59,7 +61,8 @@ func TestEjectionAfterEngineChurn(t *testing.T) {
 		}
 		return st.State
 	}
-	// The made-up names fill the judge (one flush, 15 s at most).
+	// The made-up names reach the judge (one flush, 15 s at most): the
+	// first 100, the rest under _OTHER.
 	require.Eventually(t, func() bool {
 		r, err := http.Get("http://" + healthAddr + "/engines")
 		if err != nil {
@@ -67,13 +70,14 @@ func TestEjectionAfterEngineChurn(t *testing.T) {
 		}
 		defer r.Body.Close()
 		var engines []json.RawMessage
-		return json.NewDecoder(r.Body).Decode(&engines) == nil && len(engines) == 1024
-	}, 40*time.Second, 100*time.Millisecond, "1024 engines known")
+		return json.NewDecoder(r.Body).Decode(&engines) == nil && len(engines) == 100
+	}, 40*time.Second, 100*time.Millisecond, "100 engines known")
 
 	// The real engine fails every request, the other serves them, a batch
-	// a second, until the real one is out: at most three flushes, as the
+	// a second, until the real one is out: at most three flushes. Each
+	// takes the place of a made-up name idle since the last flush; the
 	// first point of a cumulative series that started before the window
-	// (token_session's, 15 s before the first flush) only sets its base.
+	// (at the flush before, 15 s earlier) only sets its base.
 	deadline := time.Now().Add(60 * time.Second)
 	last := ""
 	for i := 0; time.Now().Before(deadline); i++ {
