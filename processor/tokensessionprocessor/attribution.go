@@ -1,9 +1,11 @@
 package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -152,6 +154,9 @@ type attributor struct {
 	// and the idle time of the engines whose idle point did not fit, so
 	// that the points still add up to every engine's time.
 	overflow *shareSeries
+	// idleSeries are the series idle at the last flush, idle longest
+	// last: those a new series may take the place of (displaceSeries).
+	idleSeries []*shareSeries
 	// points counts the regular points of llm.engine.time: two a series
 	// (prefill, decode), one an engine's idle; at most limit-1.
 	points  int
@@ -467,7 +472,7 @@ func (a *attributor) seriesOf(live *sessionmetrics.Live, tenant *keyset.Key) *sh
 	if sr, ok := a.series[k]; ok {
 		return sr
 	}
-	if a.points+2 > a.limit-1 {
+	if a.points+2 > a.limit-1 && !a.displaceSeries() {
 		return a.overflowSeries()
 	}
 	pk := promptKey{engine: k.engine, tenant: k.tenant}
@@ -481,6 +486,35 @@ func (a *attributor) seriesOf(live *sessionmetrics.Live, tenant *keyset.Key) *sh
 	a.series[k] = sr
 	a.points += 2
 	return sr
+}
+
+// dropSeries forgets a series: its points are no longer sent.
+func (a *attributor) dropSeries(sr *shareSeries) {
+	delete(a.series, sr.key)
+	a.points -= 2
+	a.counts.forgotten += 2
+	if sr.hasEnergy {
+		a.counts.forgotten += 2
+	}
+	if sr.prompts.refs--; sr.prompts.refs <= 0 {
+		delete(a.prompts, promptKey{engine: sr.key.engine, tenant: sr.key.tenant})
+	}
+}
+
+// displaceSeries forgets the series idle longest that is still idle (no
+// session open on it, none ended in it since the last flush, which sent
+// its totals), to make room for a new one at the cardinality limit, as the
+// session metrics do; false when none is.
+func (a *attributor) displaceSeries() bool {
+	for len(a.idleSeries) > 0 {
+		sr := a.idleSeries[len(a.idleSeries)-1]
+		a.idleSeries = a.idleSeries[:len(a.idleSeries)-1]
+		if a.series[sr.key] == sr && sr.open <= 0 && sr.activity.Unused() {
+			a.dropSeries(sr)
+			return true
+		}
+	}
+	return false
 }
 
 func (a *attributor) overflowSeries() *shareSeries {
@@ -497,20 +531,20 @@ func (a *attributor) overflowSeries() *shareSeries {
 // engine and tenant as well, so neither outlives its series.
 func (a *attributor) forget(now int64) {
 	after := a.forgetAfter
-	for k, sr := range a.series {
-		if !sr.activity.Idle(now, after) || sr.open > 0 {
-			continue
-		}
-		delete(a.series, k)
-		a.points -= 2
-		a.counts.forgotten += 2
-		if sr.hasEnergy {
-			a.counts.forgotten += 2
-		}
-		if sr.prompts.refs--; sr.prompts.refs <= 0 {
-			delete(a.prompts, promptKey{engine: k.engine, tenant: k.tenant})
+	a.idleSeries = a.idleSeries[:0]
+	for _, sr := range a.series {
+		switch {
+		case sr.open > 0:
+		case sr.activity.Idle(now, after):
+			a.dropSeries(sr)
+		case sr.activity.Unused():
+			a.idleSeries = append(a.idleSeries, sr)
 		}
 	}
+	// Idle longest last.
+	slices.SortFunc(a.idleSeries, func(x, y *shareSeries) int {
+		return cmp.Compare(y.activity.UnusedSince(), x.activity.UnusedSince())
+	})
 	if o := a.overflow; o != nil && o.activity.Idle(now, after) && o.open <= 0 {
 		a.overflow = nil
 		a.counts.forgotten++

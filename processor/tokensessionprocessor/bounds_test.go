@@ -223,6 +223,20 @@ func TestEngineTimeCardinalityLimit(t *testing.T) {
 	assert.Equal(t, map[string]bool{"llama": true, "qwen": true}, got.values[attrMetricModel])
 	assert.InDelta(t, 2*3e-3, got.busy, 1e-12)
 	assert.InDelta(t, 2*3e-3, got.overflow, 1e-12, "mistral's and gemma's")
+
+	// After that flush, a new model takes the place of a series idle since
+	// (its totals were sent), not the overflow's.
+	at = time.Now().UnixNano() - 100*ms
+	st := tenantStart("s-new", "acme", at, -1)
+	st.Model = "phi"
+	e := end("s-new", at+3*ms)
+	e.HasEngineTime, e.EngineTimePrefillNs, e.EngineTimeDecodeNs = true, boundsPrefill, boundsDecode
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(st, tok("s-new", at+1*ms, 1), e)))
+	got = readEngineTime(coreOf(t).sessions.sessionMetrics(time.Now()))
+	assert.Equal(t, 6, got.points)
+	assert.True(t, got.values[attrMetricModel]["phi"], "phi has a series of its own")
+	assert.Len(t, got.values[attrMetricModel], 2, "in the place of llama or qwen")
+	assert.InDelta(t, 2*3e-3, got.overflow, 1e-12, "the overflow point unchanged")
 }
 
 // The engine readings of the metrics pipeline are bounded too: snapshots of
