@@ -739,6 +739,10 @@ func (p *sessions) takeLive(now time.Time, filters []liveFilter, sc *liveScan) [
 		}
 		snaps[i] = snap
 	}
+	// The cells are the pass's alone: not kept until the next.
+	sc.cells = nil
+	clear(sc.few)
+	sc.few = sc.few[:0]
 	return snaps
 }
 

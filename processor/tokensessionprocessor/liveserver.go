@@ -216,21 +216,21 @@ func (ls *liveServer) askSnapshot(f liveFilter) ([]byte, error) {
 }
 
 // forgetAsked forgets the asked snapshots older than an interval, and the
-// oldest while live::max_filters + 1 are kept, to make room for one more.
-// Call with askMu held.
+// oldest while more than live::max_filters are kept, to make room for one
+// more. Call with askMu held.
 func (ls *liveServer) forgetAsked(now time.Time) {
-	var oldest liveFilter
-	for len(ls.asked) > 0 {
-		at := now
+	for k, a := range ls.asked {
+		if now.Sub(a.at) >= ls.cfg.Interval {
+			delete(ls.asked, k)
+		}
+	}
+	for len(ls.asked) > ls.cfg.MaxFilters {
+		var oldest liveFilter
+		var at time.Time
 		for k, a := range ls.asked {
-			if now.Sub(a.at) >= ls.cfg.Interval {
-				delete(ls.asked, k)
-			} else if !a.at.After(at) {
+			if at.IsZero() || a.at.Before(at) {
 				oldest, at = k, a.at
 			}
-		}
-		if len(ls.asked) <= ls.cfg.MaxFilters {
-			return
 		}
 		delete(ls.asked, oldest)
 	}
