@@ -150,7 +150,7 @@ func TestLivePage(t *testing.T) {
 	// table.
 	longModel := strings.Repeat("m", 250)
 	start := tokenevent.Event{
-		Kind: tokenevent.KindStart, SessionID: "long-name", TimeUnixNano: uint64(time.Now().UnixNano()), //nolint:gosec // a time after 1970
+		Kind: tokenevent.KindStart, SessionID: "long-name", TimeUnixNano: uint64(time.Now().UnixNano()),
 		Model: longModel, Operation: tokenevent.OperationChat, Engine: "vllm-long", PromptTokens: 10, Count: 1, CompletionTokens: -1,
 	}
 	postLines(t, "http://"+col.httpAddr+"/v1/token-events", strings.TrimSpace(string(tokenevent.AppendJSON(nil, &start))))
