@@ -2,23 +2,27 @@ package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/proc
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"math"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/exphist"
 	"github.com/otelcol-llm/otelcol-llm/internal/session"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
 )
 
 // liveState is what the live view keeps between snapshots, under the
-// sessions' lock: the latest ended sessions and each engine's TTFTs of the
-// last minute. It is fed once per ended session (never per token), and
-// only when the view is configured; the sessions in flight are read from
-// the table when a snapshot is taken.
+// sessions' lock: the latest ended sessions and the TTFTs of the last
+// minute by engine and model. It is fed once per ended session (never per
+// token), and only when the view is configured; the sessions in flight are
+// read from the table when a snapshot is taken.
 type liveState struct {
 	cfg   *LiveConfig
 	allow map[string]struct{}
+	tel   *metadata.TelemetryBuilder
 
 	// recent is a ring of the latest ended sessions; next is where the
 	// next goes, n how many it holds.
@@ -26,11 +30,13 @@ type liveState struct {
 	next   int
 	n      int
 
-	// ttft holds each engine's TTFTs of the last minute, by second.
-	ttft map[string]*ttftMinute
+	// ttft holds the TTFTs of the last minute by engine and model, by
+	// second; at most maxLiveTTFTKeys of them.
+	ttft map[liveKey]*ttftMinute
 }
 
-// liveEnded is an ended session as the view lists it.
+// liveEnded is an ended session as the view lists it, its names as shown
+// (liveName).
 type liveEnded struct {
 	id, model, engine, operation, errorType string
 	outcome                                 session.Outcome
@@ -44,8 +50,8 @@ type liveEnded struct {
 	reasons                                 session.Reason
 }
 
-func newLiveState(cfg *LiveConfig) *liveState {
-	l := &liveState{cfg: cfg, recent: make([]liveEnded, cfg.Recent), ttft: make(map[string]*ttftMinute)}
+func newLiveState(cfg *LiveConfig, tel *metadata.TelemetryBuilder) *liveState {
+	l := &liveState{cfg: cfg, tel: tel, recent: make([]liveEnded, cfg.Recent), ttft: make(map[liveKey]*ttftMinute)}
 	if len(cfg.Attributes) > 0 {
 		l.allow = make(map[string]struct{}, len(cfg.Attributes))
 		for _, k := range cfg.Attributes {
@@ -55,19 +61,47 @@ func newLiveState(cfg *LiveConfig) *liveState {
 	return l
 }
 
-// maxLiveEngines bounds the engines whose TTFTs the view keeps: engine
-// names come from the senders, and a minute of TTFTs is 5 KiB per engine.
-const maxLiveEngines = 1024
+// Bounds of the view's own state, whatever names the senders choose.
+const (
+	// maxLiveTTFTKeys bounds the engine-and-model pairs whose TTFTs of the
+	// last minute the view keeps: about 20 KB each.
+	maxLiveTTFTKeys = 1024
+	// maxLiveCells bounds the engine-and-model pairs one pass over the
+	// table tallies (about 500 B each); the sessions of further pairs are
+	// still listed, but left out of the engines' totals.
+	maxLiveCells = 4096
+	// liveMaxName bounds each name the view shows (session ID, model,
+	// engine, operation, error type, attribute value), so that a
+	// snapshot's size does not depend on what the senders send: a longer
+	// one is cut, on a rune boundary, and ends in liveCut. Filters match
+	// the names as shown.
+	liveMaxName = 256
+	liveCut     = "…"
+)
+
+// liveName is name as the view shows it: itself, or cut to liveMaxName
+// bytes. The cut one is a new string, which does not keep the long one.
+func liveName(name string) string {
+	if len(name) <= liveMaxName {
+		return name
+	}
+	i := liveMaxName
+	for i > 0 && !utf8.RuneStart(name[i]) {
+		i--
+	}
+	return name[:i] + liveCut
+}
 
 // ended records an ended session, at collector time now. Call with the
 // sessions' lock held.
 func (l *liveState) ended(s *session.Session, e *session.End, now int64) {
 	ttft, hasTTFT := s.TTFT()
 	tpot, hasTPOT := s.TPOT(e.CompletionTokens)
+	key := liveKey{engine: liveName(s.Engine), model: liveName(s.Model)}
 	if len(l.recent) > 0 {
 		l.recent[l.next] = liveEnded{
-			id: s.ID, model: s.Model, engine: s.Engine, operation: s.Operation, errorType: errorType(s, e),
-			outcome: s.Outcome, traceID: s.TraceID, endedAt: now,
+			id: liveName(s.ID), model: key.model, engine: key.engine, operation: liveName(s.Operation),
+			errorType: liveName(errorType(s, e)), outcome: s.Outcome, traceID: s.TraceID, endedAt: now,
 			ttft: ttft, hasTTFT: hasTTFT, tpot: tpot, hasTPOT: hasTPOT, duration: s.Duration(e), maxGap: s.MaxGap,
 			tokens: max(outputTokens(s, e), 0), stalls: s.StallCount, keep: s.Keep, reasons: s.Reasons,
 		}
@@ -85,13 +119,14 @@ func (l *liveState) ended(s *session.Session, e *session.End, now int64) {
 	if now-firstAt >= int64(time.Minute) {
 		return
 	}
-	m := l.ttft[s.Engine]
+	m := l.ttft[key]
 	if m == nil {
-		if len(l.ttft) >= maxLiveEngines {
+		if len(l.ttft) >= maxLiveTTFTKeys {
+			l.tel.ProcessorTokenSessionLiveTtftsOverflowed.Add(context.Background(), 1)
 			return
 		}
 		m = &ttftMinute{}
-		l.ttft[s.Engine] = m
+		l.ttft[key] = m
 	}
 	m.add(firstAt, ttft)
 }
@@ -180,14 +215,20 @@ func (h *ttftHist) quantiles() (p50, p99 float64, n uint64) {
 	return hist.Quantile(0.5) * 1e3, hist.Quantile(0.99) * 1e3, hist.Count
 }
 
-// liveFilter picks the sessions a snapshot lists (the engine totals count
-// every session): "" matches every engine or model.
+// liveFilter picks the sessions, engines and ended sessions a snapshot
+// lists, by their names as shown: "" matches every engine or model.
 type liveFilter struct {
 	engine, model string
 }
 
-func (f liveFilter) match(engine, model string) bool {
-	return (f.engine == "" || f.engine == engine) && (f.model == "" || f.model == model)
+func (f liveFilter) match(k liveKey) bool {
+	return (f.engine == "" || f.engine == k.engine) && (f.model == "" || f.model == k.model)
+}
+
+// liveKey is an engine and a model, as shown: what a pass over the table
+// tallies, and the TTFT minutes are kept by.
+type liveKey struct {
+	engine, model string
 }
 
 // liveCandidate is a session the scan may list: its badness key and where
@@ -267,7 +308,12 @@ type liveSnapshot struct {
 	Matching   int               `json:"matching"`
 	Sessions   []liveSessionJSON `json:"sessions"`
 	Engines    []liveEngineJSON  `json:"engines"`
-	Recent     []liveEndedJSON   `json:"recent"`
+	// EnginesLeftOut are the engines the filter picks past max_engines;
+	// SessionsUntallied the sessions it picks that no engine's totals
+	// count, past maxLiveCells engine-and-model pairs in flight.
+	EnginesLeftOut    int             `json:"engines_left_out"`
+	SessionsUntallied int             `json:"sessions_untallied"`
+	Recent            []liveEndedJSON `json:"recent"`
 }
 
 type liveFilterJSON struct {
@@ -339,137 +385,365 @@ func msPtr(d time.Duration, ok bool) *float64 {
 	return &v
 }
 
-// engineTally is one engine's totals while the scan runs.
+// liveCell is the sessions in flight of one engine and model as a pass
+// over the table tallies them, and the queries that pick them.
+type liveCell struct {
+	key liveKey
+	// engine and model as the first session met has them: the scan's
+	// cache compares them, not the names as shown.
+	engine, model string
+
+	inFlight, waiting, decoding, stalled, frozen int
+	tokensPerSec                                 float64
+	maxWaiting                                   int64
+	ttft                                         ttftHist
+	hasTTFT                                      bool
+
+	// queries are the indexes in liveScan.queries of the filters that
+	// match the cell: at most four (any, its engine, its model, both).
+	queries [4]int16
+	nq      int
+}
+
+// tally counts s, whose phase is phase, at engine time engineNow.
+func (c *liveCell) tally(s *session.Session, phase session.Phase, engineNow, since int64) {
+	c.inFlight++
+	switch phase {
+	case session.PhaseWaiting:
+		c.waiting++
+		c.maxWaiting = max(c.maxWaiting, since)
+		return
+	case session.PhaseDecoding:
+		c.decoding++
+	case session.PhaseStalled:
+		c.stalled++
+	case session.PhaseFrozen:
+		c.frozen++
+	}
+	if phase != session.PhaseFrozen {
+		if w, ok := s.WindowTPOT(); ok && w > 0 {
+			c.tokensPerSec += float64(time.Second) / float64(w)
+		}
+	}
+	if ttft, ok := s.TTFT(); ok && engineNow-s.FirstTokenTime < int64(time.Minute) {
+		c.ttft.add(ttft)
+		c.hasTTFT = true
+	}
+}
+
+// liveQuery is one filter's part of a pass: the worst sessions it picks,
+// how many it picks, and their rows, copied under the lock.
+type liveQuery struct {
+	filter   liveFilter
+	heap     worstHeap
+	matching int
+	// untallied counts the sessions it picks of the pairs past
+	// maxLiveCells.
+	untallied int
+	rows      []liveRow
+}
+
+// liveRow is a session's row and its badness, sorted after the lock.
+type liveRow struct {
+	key  int64
+	json liveSessionJSON
+}
+
+// liveScan is one pass over the table and the snapshots it makes, one per
+// distinct filter: a session is tallied once, in its engine-and-model
+// cell, and offered to the heaps of the (at most four) filters that match
+// it, so that the pass costs the same whatever the number of filters. Its
+// buffers are kept from one pass to the next.
+type liveScan struct {
+	queries []liveQuery
+	index   map[liveFilter]int
+	cells   map[liveKey]*liveCell
+	// few are the first cells made, checked before the map: there are few
+	// engines and models, and the map would hash every session's names.
+	few []*liveCell
+	// untallied counts the sessions of the pairs past maxLiveCells.
+	untallied int
+	recent    []liveEnded
+}
+
+func (sc *liveScan) reset(filters []liveFilter, maxSessions int) {
+	if sc.index == nil {
+		sc.index = make(map[liveFilter]int, len(filters))
+	}
+	clear(sc.index)
+	sc.queries = slices.Grow(sc.queries[:0], len(filters))[:len(filters)]
+	for i, f := range filters {
+		sc.index[f] = i
+		q := &sc.queries[i]
+		q.filter, q.matching, q.untallied, q.rows = f, 0, 0, nil
+		q.heap.k, q.heap.items = maxSessions, q.heap.items[:0]
+	}
+	sc.cells = make(map[liveKey]*liveCell)
+	clear(sc.few)
+	sc.few = sc.few[:0]
+	sc.untallied = 0
+	clear(sc.recent)
+	sc.recent = sc.recent[:0]
+}
+
+// queriesOf are the queries whose filters match k.
+func (sc *liveScan) queriesOf(k liveKey) (qs [4]int16, n int) {
+	for _, f := range [...]liveFilter{{}, {engine: k.engine}, {model: k.model}, {engine: k.engine, model: k.model}} {
+		if i, ok := sc.index[f]; ok && !slices.Contains(qs[:n], int16(i)) {
+			qs[n] = int16(i)
+			n++
+		}
+	}
+	return qs, n
+}
+
+func (sc *liveScan) newCell(key liveKey, engine, model string) *liveCell {
+	c := &liveCell{key: key, engine: engine, model: model}
+	c.queries, c.nq = sc.queriesOf(key)
+	sc.cells[key] = c
+	if len(sc.few) < 8 {
+		sc.few = append(sc.few, c)
+	}
+	return c
+}
+
+// cellOf is the cell of engine and model, made if need be; nil past
+// maxLiveCells.
+func (sc *liveScan) cellOf(engine, model string) *liveCell {
+	for _, c := range sc.few {
+		if c.engine == engine && c.model == model {
+			return c
+		}
+	}
+	key := liveKey{engine: liveName(engine), model: liveName(model)}
+	if c := sc.cells[key]; c != nil {
+		return c
+	}
+	if len(sc.cells) >= maxLiveCells {
+		return nil
+	}
+	return sc.newCell(key, engine, model)
+}
+
+// engineTally is one engine's totals over the cells a filter picks.
 type engineTally struct {
 	liveEngineJSON
-	ttft    ttftHist
-	hasTTFT bool
+	maxWaiting int64
+	ttft       ttftHist
+	hasTTFT    bool
 }
 
-// liveSnapshot takes the snapshot of the sessions in flight that f picks,
-// at collector time now, and encodes it. The table is read under the lock
-// in one pass (the worst max_sessions kept in a bounded heap, the engine
-// totals summed); the encoding runs after the lock is released.
-func (p *sessions) liveSnapshot(now time.Time, f liveFilter, heap *worstHeap) []byte {
-	snap, err := json.Marshal(p.takeLive(now, f, heap))
-	if err != nil {
-		// Nothing in it can fail to encode (NaN never reaches it).
-		panic(err)
+func (t *engineTally) add(c *liveCell) {
+	t.InFlight += c.inFlight
+	t.Waiting += c.waiting
+	t.Decoding += c.decoding
+	t.Stalled += c.stalled
+	t.Frozen += c.frozen
+	t.TokensPerSec += c.tokensPerSec
+	t.maxWaiting = max(t.maxWaiting, c.maxWaiting)
+	if c.hasTTFT {
+		for i, n := range c.ttft {
+			t.ttft[i] += n
+		}
+		t.hasTTFT = true
 	}
-	return snap
 }
 
-func (p *sessions) takeLive(now time.Time, f liveFilter, heap *worstHeap) *liveSnapshot {
+// worseEngine orders engines worst first: the most frozen sessions, then
+// stalled, then in flight; among equals by name.
+func worseEngine(a, b *engineTally) int {
+	return cmp.Or(cmp.Compare(b.Frozen, a.Frozen), cmp.Compare(b.Stalled, a.Stalled),
+		cmp.Compare(b.InFlight, a.InFlight), cmp.Compare(a.Engine, b.Engine))
+}
+
+// engines are the engines each query's filter picks: the worst maxEngines
+// of them, listed by name, and how many are left out.
+func (sc *liveScan) engines(maxEngines int) (lists [][]liveEngineJSON, leftOut []int) {
+	byName := make([]map[string]*engineTally, len(sc.queries))
+	for i := range byName {
+		byName[i] = make(map[string]*engineTally)
+	}
+	for _, c := range sc.cells {
+		for _, qi := range c.queries[:c.nq] {
+			t := byName[qi][c.key.engine]
+			if t == nil {
+				t = &engineTally{liveEngineJSON: liveEngineJSON{Engine: c.key.engine}}
+				byName[qi][c.key.engine] = t
+			}
+			t.add(c)
+		}
+	}
+	lists, leftOut = make([][]liveEngineJSON, len(sc.queries)), make([]int, len(sc.queries))
+	for qi, m := range byName {
+		tallies := make([]*engineTally, 0, len(m))
+		for _, t := range m {
+			tallies = append(tallies, t)
+		}
+		slices.SortFunc(tallies, worseEngine)
+		leftOut[qi] = max(0, len(tallies)-maxEngines)
+		tallies = tallies[:len(tallies)-leftOut[qi]]
+		list := make([]liveEngineJSON, len(tallies))
+		for i, t := range tallies {
+			if t.hasTTFT {
+				p50, p99, n := t.ttft.quantiles()
+				t.TTFTP50Ms, t.TTFTP99Ms, t.TTFTCount = &p50, &p99, n
+			}
+			t.MaxWaitingMs = millis(time.Duration(t.maxWaiting))
+			t.TokensPerSec = math.Round(t.TokensPerSec*10) / 10
+			list[i] = t.liveEngineJSON
+		}
+		// By name, so that each engine's bar keeps its place.
+		slices.SortFunc(list, func(a, b liveEngineJSON) int { return cmp.Compare(a.Engine, b.Engine) })
+		lists[qi] = list
+	}
+	return lists, leftOut
+}
+
+// liveSnapshot is the snapshot of the sessions in flight that f picks, at
+// collector time now, encoded.
+func (p *sessions) liveSnapshot(now time.Time, f liveFilter, sc *liveScan) []byte {
+	return p.liveSnapshots(now, []liveFilter{f}, sc)[0]
+}
+
+// liveSnapshots are the snapshots for each of filters (distinct), taken in
+// one pass over the table (takeLive) and encoded after the lock is
+// released.
+func (p *sessions) liveSnapshots(now time.Time, filters []liveFilter, sc *liveScan) [][]byte {
+	snaps := p.takeLive(now, filters, sc)
+	bodies := make([][]byte, len(snaps))
+	for i, snap := range snaps {
+		body, err := json.Marshal(snap)
+		if err != nil {
+			// Nothing in it can fail to encode (NaN never reaches it).
+			panic(err)
+		}
+		bodies[i] = body
+	}
+	return bodies
+}
+
+// takeLive takes the snapshot for each of filters at collector time now.
+// The table is read under the lock in one pass, whatever the number of
+// filters: each session is tallied in its engine-and-model cell and
+// offered to the bounded heaps of the filters that match it; the rows of
+// each filter's worst are copied, and the ended sessions' ring. The
+// engines' totals and the filtering of the ended sessions are done after
+// the lock is released.
+func (p *sessions) takeLive(now time.Time, filters []liveFilter, sc *liveScan) []*liveSnapshot {
 	l := p.live
 	nowNs := now.UnixNano()
-	snap := &liveSnapshot{
-		Time: now.UTC(), IntervalMs: millis(l.cfg.Interval), TraceURL: l.cfg.TraceURL,
-		Filter: liveFilterJSON{Engine: f.engine, Model: f.model},
-	}
-	heap.k = l.cfg.MaxSessions
-	heap.items = heap.items[:0]
-	tallies := make(map[string]*engineTally)
-	few := make([]*engineTally, 0, 8)
-	var last *engineTally
+	sc.reset(filters, l.cfg.MaxSessions)
+	var (
+		last  *liveCell
+		spill [4]int16
+	)
 
 	p.mu.Lock()
-	snap.InFlight = p.table.Active()
+	inFlight := p.table.Active()
 	p.table.Scan(nowNs, func(s *session.Session, phase session.Phase, engineNow int64) {
-		// An engine's sessions often come in runs, and there are few
-		// engines: the last one, then a short list, are checked before the
-		// map, which would hash every session's engine name.
-		if last == nil || s.Engine != last.Engine {
-			last = nil
-			for _, t := range few {
-				if t.Engine == s.Engine {
-					last = t
-					break
-				}
-			}
-			if last == nil {
-				last = tallies[s.Engine]
-			}
-			if last == nil {
-				last = &engineTally{liveEngineJSON: liveEngineJSON{Engine: s.Engine}}
-				tallies[s.Engine] = last
-				if len(few) < cap(few) {
-					few = append(few, last)
-				}
-			}
+		// An engine's sessions often come in runs: the last cell first.
+		if last == nil || s.Engine != last.engine || s.Model != last.model {
+			last = sc.cellOf(s.Engine, s.Model)
 		}
-		t := last
-		t.InFlight++
-		var since int64
-		switch phase {
-		case session.PhaseWaiting:
-			t.Waiting++
+		since := engineNow - s.LastTokenTime
+		if phase == session.PhaseWaiting {
 			since = engineNow - startOf(s)
-			t.MaxWaitingMs = max(t.MaxWaitingMs, millis(time.Duration(since)))
-		case session.PhaseDecoding:
-			t.Decoding++
-		case session.PhaseStalled:
-			t.Stalled++
-		case session.PhaseFrozen:
-			t.Frozen++
 		}
-		if phase != session.PhaseWaiting {
-			since = engineNow - s.LastTokenTime
-			if phase != session.PhaseFrozen {
-				if w, ok := s.WindowTPOT(); ok && w > 0 {
-					t.TokensPerSec += float64(time.Second) / float64(w)
-				}
-			}
-			if ttft, ok := s.TTFT(); ok && engineNow-s.FirstTokenTime < int64(time.Minute) {
-				t.ttft.add(ttft)
-				t.hasTTFT = true
-			}
+		var qs []int16
+		untallied := last == nil
+		if !untallied {
+			last.tally(s, phase, engineNow, since)
+			qs = last.queries[:last.nq]
+		} else {
+			sc.untallied++
+			var n int
+			spill, n = sc.queriesOf(liveKey{engine: liveName(s.Engine), model: liveName(s.Model)})
+			qs = spill[:n]
 		}
-		if f.match(s.Engine, s.Model) {
-			snap.Matching++
-			heap.offer(liveCandidate{key: badness(phase, since), s: s, phase: phase, engineNow: engineNow})
+		if len(qs) == 0 {
+			return
+		}
+		c := liveCandidate{key: badness(phase, since), s: s, phase: phase, engineNow: engineNow}
+		for _, qi := range qs {
+			q := &sc.queries[qi]
+			q.matching++
+			if untallied {
+				q.untallied++
+			}
+			q.heap.offer(c)
 		}
 	})
-	// Worst first; among equals by ID, so that rows keep their order
-	// between snapshots.
-	slices.SortFunc(heap.items, func(a, b liveCandidate) int {
-		return cmp.Or(cmp.Compare(b.key, a.key), cmp.Compare(a.s.ID, b.s.ID))
-	})
-	snap.Sessions = make([]liveSessionJSON, len(heap.items))
-	for i, c := range heap.items {
-		snap.Sessions[i] = l.sessionJSON(&c)
-	}
-	for engine, m := range l.ttft {
-		t := tallies[engine]
-		if t == nil {
-			t = &engineTally{liveEngineJSON: liveEngineJSON{Engine: engine}}
+	for i := range sc.queries {
+		q := &sc.queries[i]
+		q.rows = make([]liveRow, len(q.heap.items))
+		for j := range q.heap.items {
+			q.rows[j] = liveRow{key: q.heap.items[j].key, json: l.sessionJSON(&q.heap.items[j])}
 		}
-		if m.sumInto(nowNs, &t.ttft) {
-			t.hasTTFT = true
-			tallies[engine] = t
-		} else if t.InFlight == 0 {
-			delete(l.ttft, engine) // nothing of it in the last minute
-		}
+		clear(q.heap.items) // no session kept past the lock
 	}
-	snap.Recent = make([]liveEndedJSON, 0, l.n)
+	var h ttftHist
+	for key, m := range l.ttft {
+		h = ttftHist{}
+		if !m.sumInto(nowNs, &h) {
+			delete(l.ttft, key) // nothing of it in the last minute
+			continue
+		}
+		// A pair with no session in flight has a cell of its own, past
+		// maxLiveCells too: at most maxLiveTTFTKeys of them.
+		c := sc.cells[key]
+		if c == nil {
+			c = sc.newCell(key, key.engine, key.model)
+		}
+		for i, n := range h {
+			c.ttft[i] += n
+		}
+		c.hasTTFT = true
+	}
 	for i := range l.n {
-		e := &l.recent[(l.next-1-i+2*len(l.recent))%len(l.recent)]
-		if f.match(e.engine, e.model) {
-			snap.Recent = append(snap.Recent, e.json())
-		}
+		sc.recent = append(sc.recent, l.recent[(l.next-1-i+2*len(l.recent))%len(l.recent)])
 	}
 	p.mu.Unlock()
 
-	snap.Engines = make([]liveEngineJSON, 0, len(tallies))
-	for _, t := range tallies {
-		if t.hasTTFT {
-			p50, p99, n := t.ttft.quantiles()
-			t.TTFTP50Ms, t.TTFTP99Ms, t.TTFTCount = &p50, &p99, n
-		}
-		t.TokensPerSec = math.Round(t.TokensPerSec*10) / 10
-		snap.Engines = append(snap.Engines, t.liveEngineJSON)
+	ctx := context.Background()
+	l.tel.ProcessorTokenSessionLiveScans.Add(ctx, 1)
+	if sc.untallied > 0 {
+		l.tel.ProcessorTokenSessionLiveSessionsUntallied.Add(ctx, int64(sc.untallied))
 	}
-	slices.SortFunc(snap.Engines, func(a, b liveEngineJSON) int { return cmp.Compare(a.Engine, b.Engine) })
-	return snap
+	engines, leftOut := sc.engines(l.cfg.MaxEngines)
+	snaps := make([]*liveSnapshot, len(sc.queries))
+	for i := range sc.queries {
+		q := &sc.queries[i]
+		snap := &liveSnapshot{
+			Time: now.UTC(), IntervalMs: millis(l.cfg.Interval), TraceURL: l.cfg.TraceURL,
+			Filter:   liveFilterJSON{Engine: q.filter.engine, Model: q.filter.model},
+			InFlight: inFlight, Matching: q.matching, Sessions: make([]liveSessionJSON, len(q.rows)),
+			Engines: engines[i], EnginesLeftOut: leftOut[i], SessionsUntallied: q.untallied,
+			Recent: make([]liveEndedJSON, 0, len(sc.recent)),
+		}
+		// Worst first; among equals by ID, so that rows keep their order
+		// between snapshots.
+		slices.SortFunc(q.rows, func(a, b liveRow) int {
+			return cmp.Or(cmp.Compare(b.key, a.key), cmp.Compare(a.json.ID, b.json.ID))
+		})
+		for j := range q.rows {
+			snap.Sessions[j] = q.rows[j].json
+		}
+		q.rows = nil
+		for j := range sc.recent {
+			if e := &sc.recent[j]; q.filter.match(liveKey{engine: e.engine, model: e.model}) {
+				snap.Recent = append(snap.Recent, e.json())
+			}
+		}
+		if leftOut[i] > 0 {
+			l.tel.ProcessorTokenSessionLiveEnginesLeftOut.Add(ctx, int64(leftOut[i]))
+		}
+		snaps[i] = snap
+	}
+	// The cells are the pass's alone: not kept until the next.
+	sc.cells = nil
+	clear(sc.few)
+	sc.few = sc.few[:0]
+	return snaps
 }
 
 // startOf is when s started, on the engine's clock: its start event, or
@@ -487,7 +761,8 @@ func (l *liveState) sessionJSON(c *liveCandidate) liveSessionJSON {
 	s := c.s
 	age := time.Duration(max(0, c.engineNow-startOf(s)))
 	out := liveSessionJSON{
-		ID: s.ID, Model: s.Model, Engine: s.Engine, Operation: s.Operation, Phase: c.phase.String(),
+		ID: liveName(s.ID), Model: liveName(s.Model), Engine: liveName(s.Engine), Operation: liveName(s.Operation),
+		Phase: c.phase.String(),
 		AgeMs: millis(age), Tokens: s.Tokens, MaxGapMs: millis(s.MaxGap), Stalls: s.StallCount,
 		TraceID: traceHex(s.TraceID), Sampled: s.Keep,
 	}
@@ -512,7 +787,7 @@ func (l *liveState) sessionJSON(c *liveCandidate) liveSessionJSON {
 				if out.Attributes == nil {
 					out.Attributes = make(map[string]string)
 				}
-				out.Attributes[a.Key] = a.Value
+				out.Attributes[a.Key] = liveName(a.Value)
 			}
 		}
 	}

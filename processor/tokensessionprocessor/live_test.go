@@ -6,15 +6,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -51,6 +54,8 @@ func TestLiveConfig(t *testing.T) {
 	assert.Equal(t, 500, def.MaxSessions)
 	assert.Equal(t, 100, def.Recent)
 	assert.Equal(t, 16, def.MaxViewers)
+	assert.Equal(t, 16, def.MaxFilters)
+	assert.Equal(t, 64, def.MaxEngines)
 
 	cfg, err := loadLiveConfig(t, "live")
 	require.NoError(t, err)
@@ -62,6 +67,8 @@ func TestLiveConfig(t *testing.T) {
 	assert.Equal(t, 50, l.MaxSessions)
 	assert.Equal(t, 20, l.Recent)
 	assert.Equal(t, 4, l.MaxViewers)
+	assert.Equal(t, 3, l.MaxFilters)
+	assert.Equal(t, 8, l.MaxEngines)
 	assert.Equal(t, "https://tempo.example/trace/{trace_id}", l.TraceURL)
 	assert.Equal(t, []string{"tenant"}, l.Attributes)
 
@@ -72,6 +79,8 @@ func TestLiveConfig(t *testing.T) {
 		"live::max_sessions: want 1 to 10000, got 0",
 		"live::recent: want 0 to 10000, got -1",
 		"live::max_viewers: want 1 to 1000, got 0",
+		"live::max_filters: want 1 to 64, got 65",
+		"live::max_engines: want 1 to 1000, got 0",
 		`live::trace_url: want an http or https URL, got "javascript:alert(1)//{trace_id}"`,
 		"live::attributes[0]: must not be empty",
 	} {
@@ -85,13 +94,23 @@ func TestLiveConfig(t *testing.T) {
 // the test drives its clock through fold and tick.
 func liveCore(t *testing.T, mutate func(*LiveConfig)) *core {
 	t.Helper()
+	return liveCoreWith(t, nil, mutate)
+}
+
+// liveCoreWith is liveCore with its self-telemetry recorded in tel.
+func liveCoreWith(t *testing.T, tel *componenttest.Telemetry, mutate func(*LiveConfig)) *core {
+	t.Helper()
 	cfg := createDefaultConfig()
 	cfg.Live.ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
 	if mutate != nil {
 		mutate(&cfg.Live)
 	}
 	require.NoError(t, cfg.Validate())
-	c, err := newCore(cfg, processortest.NewNopSettings(metadata.Type))
+	set := processortest.NewNopSettings(metadata.Type)
+	if tel != nil {
+		set.TelemetrySettings = tel.NewTelemetrySettings()
+	}
+	c, err := newCore(cfg, set)
 	require.NoError(t, err)
 	t.Cleanup(c.telemetry.shutdown)
 	return c
@@ -137,7 +156,7 @@ func liveScenario(t *testing.T, c *core, t0 int64) time.Time {
 func takeLive(t *testing.T, c *core, now time.Time, f liveFilter) liveSnapshot {
 	t.Helper()
 	var snap liveSnapshot
-	require.NoError(t, json.Unmarshal(c.sessions.liveSnapshot(now, f, &worstHeap{}), &snap))
+	require.NoError(t, json.Unmarshal(c.sessions.liveSnapshot(now, f, &liveScan{}), &snap))
 	return snap
 }
 
@@ -231,7 +250,7 @@ func TestLiveSnapshotBoundedAndFiltered(t *testing.T) {
 	assert.Empty(t, snap.Recent)
 	assert.Zero(t, snap.Matching)
 	assert.Equal(t, 4, snap.InFlight)
-	assert.Len(t, snap.Engines, 1, "the engine bars are every engine's")
+	assert.Empty(t, snap.Engines, "the engines are filtered as the sessions are")
 
 	snap = takeLive(t, c, now, liveFilter{engine: "vllm-0", model: "llama"})
 	assert.Len(t, snap.Sessions, 2)
@@ -445,7 +464,13 @@ type sseClient struct {
 
 func openStream(t *testing.T, url string) (*sseClient, *http.Response) {
 	t.Helper()
-	resp, err := http.Get(url + "/sessions/stream") //nolint:gosec // the test's own server
+	return openFilteredStream(t, url, "")
+}
+
+// openFilteredStream is openStream with query (?engine=, ?model=).
+func openFilteredStream(t *testing.T, url, query string) (*sseClient, *http.Response) {
+	t.Helper()
+	resp, err := http.Get(url + "/sessions/stream" + query) //nolint:gosec // the test's own server
 	require.NoError(t, err)
 	if resp.StatusCode != http.StatusOK {
 		return nil, resp
@@ -588,5 +613,372 @@ func TestTTFTBucket(t *testing.T) {
 		i := slices.IndexFunc(h[:], func(c uint32) bool { return c == 1 })
 		lower, upper := exphist.Bounds(ttftScale, int32(i+ttftOffset))
 		assert.True(t, d.Seconds() > lower && d.Seconds() <= upper, "%s in (%g, %g]", d, lower, upper)
+	}
+}
+
+// liveCount is the sum of the counter name's points in tel.
+func liveCount(t *testing.T, tel *componenttest.Telemetry, name string) int64 {
+	t.Helper()
+	m, err := tel.GetMetric(name)
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		n += dp.Value
+	}
+	return n
+}
+
+// applyPastLimits folds evs into c's table, each at its own time, without
+// the limits a token event record is read with: the view must hold
+// whatever the table holds.
+func applyPastLimits(c *core, evs ...tokenevent.Event) {
+	p := c.sessions
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range evs {
+		p.setNow(time.Unix(0, int64(evs[i].TimeUnixNano)))
+		p.reports = p.table.Apply(&evs[i], p.nowNanos, p.reports)
+		p.handleReports(nil)
+	}
+}
+
+// startOn is start on engine with model.
+func startOn(id, engine, model string, at int64) tokenevent.Event {
+	ev := start(id, traceFast, at)
+	ev.Engine, ev.Model = engine, model
+	return ev
+}
+
+func enginesOf(snap liveSnapshot) map[string]liveEngineJSON {
+	out := make(map[string]liveEngineJSON)
+	for _, e := range snap.Engines {
+		out[e.Engine] = e
+	}
+	return out
+}
+
+// The engines are filtered as the sessions are: an engine is listed when
+// the filter picks some of its sessions (in flight, or ended with a TTFT
+// in the last minute), and its figures count only those.
+func TestLiveEnginesFilteredLikeSessions(t *testing.T) {
+	c := liveCore(t, nil)
+	feed(t, c,
+		startOn("a", "vllm-0", "llama", base), tok("a", base+100*ms, 1),
+		startOn("b", "vllm-0", "mistral", base), tok("b", base+200*ms, 1),
+		startOn("c", "vllm-1", "mistral", base),
+		startOn("d", "vllm-1", "mistral", base), tok("d", base+300*ms, 1), end("d", base+400*ms),
+		startOn("e", "vllm-2", "llama", base),
+	)
+	now := time.Unix(0, base+time.Second.Nanoseconds())
+
+	all := enginesOf(takeLive(t, c, now, liveFilter{}))
+	require.Len(t, all, 3)
+	assert.Equal(t, 2, all["vllm-0"].InFlight)
+	assert.Equal(t, uint64(2), all["vllm-0"].TTFTCount)
+	assert.Equal(t, 1, all["vllm-1"].InFlight)
+	assert.Equal(t, uint64(1), all["vllm-1"].TTFTCount, "d's, ended")
+
+	snap := takeLive(t, c, now, liveFilter{model: "mistral"})
+	mistral := enginesOf(snap)
+	require.Len(t, mistral, 2, "vllm-2 has no mistral session")
+	assert.Equal(t, liveEngineJSON{
+		Engine: "vllm-0", InFlight: 1, Decoding: 1, TokensPerSec: 0, TTFTP50Ms: mistral["vllm-0"].TTFTP50Ms,
+		TTFTP99Ms: mistral["vllm-0"].TTFTP99Ms, TTFTCount: 1,
+	}, mistral["vllm-0"], "b only, not llama's a")
+	assert.InDelta(t, 200, *mistral["vllm-0"].TTFTP50Ms, 200*0.19)
+	assert.Equal(t, 1, mistral["vllm-1"].Waiting)
+	assert.Equal(t, uint64(1), mistral["vllm-1"].TTFTCount)
+	assert.Equal(t, []string{"d"}, []string{snap.Recent[0].ID})
+
+	snap = takeLive(t, c, now, liveFilter{model: "llama"})
+	assert.Equal(t, []string{"vllm-0", "vllm-2"}, slices.Sorted(maps.Keys(enginesOf(snap))))
+	assert.Empty(t, snap.Recent)
+	assert.Equal(t, 1, enginesOf(snap)["vllm-0"].InFlight)
+
+	snap = takeLive(t, c, now, liveFilter{engine: "vllm-1"})
+	assert.Equal(t, []string{"vllm-1"}, slices.Sorted(maps.Keys(enginesOf(snap))))
+	snap = takeLive(t, c, now, liveFilter{engine: "vllm-0", model: "llama"})
+	require.Len(t, snap.Engines, 1)
+	assert.Equal(t, 1, snap.Engines[0].InFlight)
+	assert.Zero(t, snap.EnginesLeftOut)
+}
+
+// Past live::max_engines, the worst engines are listed (the most frozen,
+// then stalled, then in flight), by name, and the rest are counted.
+func TestLiveEnginesWorstListed(t *testing.T) {
+	tel := componenttest.NewTelemetry()
+	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
+	c := liveCoreWith(t, tel, func(l *LiveConfig) { l.MaxEngines = 2 })
+	var evs []tokenevent.Event
+	for e := 1; e <= 5; e++ {
+		for i := range e {
+			evs = append(evs, startOn(fmt.Sprintf("e%d-%d", e, i), fmt.Sprintf("e%d", e), "llama", base+100*ms))
+		}
+	}
+	feed(t, c, evs...)
+	now := liveScenario(t, c, base) // vllm-0: four in flight, one frozen
+
+	snap := takeLive(t, c, now, liveFilter{})
+	var names []string
+	for _, e := range snap.Engines {
+		names = append(names, e.Engine)
+	}
+	assert.Equal(t, []string{"e5", "vllm-0"}, names, "vllm-0 for its frozen session, e5 for its five in flight")
+	assert.Equal(t, 4, snap.EnginesLeftOut)
+	assert.Equal(t, int64(4), liveCount(t, tel, "otelcol_processor_token_session_live_engines_left_out"))
+	assert.Equal(t, 4+15, snap.InFlight, "every session counted")
+
+	snap = takeLive(t, c, now, liveFilter{engine: "e1"})
+	assert.Zero(t, snap.EnginesLeftOut)
+	assert.Len(t, snap.Engines, 1)
+}
+
+// At 100 000 sessions in flight, each on an engine of its own with a
+// 100-byte name, a snapshot stays within its bounds: max_engines engines,
+// the rest counted, the JSON and the memory a pass allocates bounded
+// whatever the number of engines. Ended, they leave at most
+// maxLiveTTFTKeys TTFT minutes, the rest counted.
+func TestLiveHundredThousandEngines(t *testing.T) {
+	const n = 100_000
+	tel := componenttest.NewTelemetry()
+	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
+	c := liveCoreWith(t, tel, nil)
+	engine := func(i int) string { return fmt.Sprintf("%0100d", i) }
+	evs := make([]tokenevent.Event, 0, n)
+	for i := range n {
+		evs = append(evs, startOn(fmt.Sprintf("s%06d", i), engine(i), "llama", base))
+	}
+	_, invalid, err := c.sessions.fold(events(evs...), time.Unix(0, base))
+	require.NoError(t, err)
+	require.Zero(t, invalid)
+	now := time.Unix(0, base+time.Second.Nanoseconds())
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	body := c.sessions.liveSnapshot(now, liveFilter{}, &liveScan{})
+	runtime.ReadMemStats(&after)
+	allocated := after.TotalAlloc - before.TotalAlloc
+	t.Logf("one snapshot of %d sessions on as many engines: %d B of JSON, %d B allocated", n, len(body), allocated)
+	var snap liveSnapshot
+	require.NoError(t, json.Unmarshal(body, &snap))
+	assert.Len(t, snap.Sessions, 500)
+	assert.Len(t, snap.Engines, 64)
+	assert.Equal(t, maxLiveCells-64, snap.EnginesLeftOut, "the engines tallied and not listed")
+	assert.Equal(t, n-maxLiveCells, snap.SessionsUntallied, "the sessions of the engines past maxLiveCells")
+	assert.Less(t, len(body), 512<<10, "the snapshot's JSON")
+	assert.Less(t, allocated, uint64(16<<20), "what the pass allocates")
+	assert.Equal(t, int64(n-maxLiveCells), liveCount(t, tel, "otelcol_processor_token_session_live_sessions_untallied"))
+
+	body = c.sessions.liveSnapshot(now, liveFilter{model: "no-such-model"}, &liveScan{})
+	require.NoError(t, json.Unmarshal(body, &snap))
+	assert.Empty(t, snap.Engines)
+	assert.Zero(t, snap.EnginesLeftOut)
+	assert.Less(t, len(body), 1<<10, "a filter that picks nothing: %s", body)
+
+	// Each ends with a TTFT: the engines' minutes keep maxLiveTTFTKeys.
+	evs = evs[:0]
+	for i := range n {
+		id := fmt.Sprintf("s%06d", i)
+		evs = append(evs, tok(id, base+100*ms, 1), end(id, base+200*ms))
+	}
+	_, invalid, err = c.sessions.fold(events(evs...), time.Unix(0, base+200*ms))
+	require.NoError(t, err)
+	require.Zero(t, invalid)
+	require.Zero(t, c.sessions.table.Active())
+	assert.Len(t, c.sessions.live.ttft, maxLiveTTFTKeys)
+	assert.Equal(t, int64(n-maxLiveTTFTKeys), liveCount(t, tel, "otelcol_processor_token_session_live_ttfts_overflowed"))
+	body = c.sessions.liveSnapshot(now, liveFilter{}, &liveScan{})
+	require.NoError(t, json.Unmarshal(body, &snap))
+	assert.Len(t, snap.Engines, 64)
+	assert.Equal(t, maxLiveTTFTKeys-64, snap.EnginesLeftOut)
+	assert.Len(t, snap.Recent, 100)
+	assert.Equal(t, int64(3), liveCount(t, tel, "otelcol_processor_token_session_live_scans"))
+}
+
+// A name of any length is shown cut to liveMaxName bytes, on a rune
+// boundary, and filtered by what is shown; the ring of ended sessions
+// keeps the cut names, not the long ones.
+func TestLiveLongNamesCut(t *testing.T) {
+	c := liveCore(t, func(l *LiveConfig) { l.Attributes = []string{"tenant"} })
+	long := func(prefix string) string { return prefix + strings.Repeat("é", 6000) } // 12 000 bytes and more
+	ev := startOn(long("id-"), long("engine-"), long("model-"), base)
+	ev.Operation = long("op-")
+	ev.Attributes = []tokenevent.Attribute{{Key: "tenant", Value: long("tenant-")}}
+	ended := startOn(long("ended-"), long("engine-"), long("model-"), base)
+	endEv := end(ended.SessionID, base+200*ms)
+	endEv.Error = long("error-")
+	applyPastLimits(c, ev, tok(ev.SessionID, base+100*ms, 1), ended, tok(ended.SessionID, base+100*ms, 1), endEv)
+
+	now := time.Unix(0, base+time.Second.Nanoseconds())
+	body := c.sessions.liveSnapshot(now, liveFilter{}, &liveScan{})
+	assert.Less(t, len(body), 8<<10, "the snapshot of two sessions with 12 000-byte names")
+	var snap liveSnapshot
+	require.NoError(t, json.Unmarshal(body, &snap))
+	require.Len(t, snap.Sessions, 1)
+	require.Len(t, snap.Recent, 1)
+	require.Len(t, snap.Engines, 1)
+	row, gone := snap.Sessions[0], snap.Recent[0]
+	for _, name := range []string{
+		row.ID, row.Engine, row.Model, row.Operation, row.Attributes["tenant"],
+		gone.ID, gone.Engine, gone.Model, gone.ErrorType, snap.Engines[0].Engine,
+	} {
+		assert.LessOrEqual(t, len(name), liveMaxName+len(liveCut))
+		assert.True(t, strings.HasSuffix(name, liveCut), name)
+		assert.True(t, utf8.ValidString(name), "cut on a rune boundary")
+	}
+	assert.Equal(t, liveName(ev.Engine), row.Engine)
+
+	// Filtered by the name shown.
+	snap = takeLive(t, c, now, liveFilter{engine: row.Engine, model: row.Model})
+	assert.Equal(t, 1, snap.Matching)
+	assert.Len(t, snap.Engines, 1)
+	assert.Len(t, snap.Recent, 1)
+
+	// The ring's strings are the cut ones, not the session's.
+	r := c.sessions.live.recent[0]
+	for _, name := range []string{r.id, r.engine, r.model, r.errorType} {
+		assert.LessOrEqual(t, len(name), liveMaxName+len(liveCut))
+	}
+}
+
+// The page cuts a long name in its cell, with an ellipsis, and shows it
+// whole on hover; the table is not stretched.
+func TestLivePageCutsLongNames(t *testing.T) {
+	page := string(livePage)
+	assert.Regexp(t, `\.cut, \.ename \{[^}]*max-width: \d+px;[^}]*overflow: hidden;[^}]*text-overflow: ellipsis;`, page)
+	assert.Contains(t, page, `function cell(cls, text)`, "every name cell made by cell(), which cuts it and sets its title")
+	assert.NotRegexp(t, `el\("td", [^,]*, [se]\.(id|engine|model|operation|attributes|error_type)`, page, "no name cell left uncut")
+}
+
+// One pass over the table per interval serves every viewer, whatever the
+// number of viewers and filters: 1000 viewers each asking for a filter of
+// its own are let in up to live::max_filters, the rest turned away (503),
+// and those let in, and 100 more on those filters and on none, get the
+// snapshot of their filter from one pass.
+func TestLiveOnePassPerInterval(t *testing.T) {
+	tel := componenttest.NewTelemetry()
+	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
+	// An interval of an hour: the test makes the broadcaster's rounds.
+	p, _ := livePipelines(t, tel, func(l *LiveConfig) { l.Interval = time.Hour; l.MaxViewers = 1000 })
+	defer p.shutdown(t)
+	ls := p.logs.(*logsProcessor).Unwrap().live
+	var evs []tokenevent.Event
+	for i := range 40 {
+		evs = append(evs, startOn(fmt.Sprintf("s%d", i), "vllm-0", fmt.Sprintf("m-%d", i%20), base))
+	}
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(evs...)))
+
+	newViewer := func(f liveFilter) *liveViewer {
+		return &liveViewer{filter: f, next: make(chan []byte, 1), gone: make(chan struct{})}
+	}
+	var in []*liveViewer
+	refused := 0
+	for i := range 900 {
+		v := newViewer(liveFilter{model: fmt.Sprintf("m-%d", i)})
+		cause, err := ls.join(v)
+		if err != nil {
+			assert.Equal(t, dropFilters, cause)
+			refused++
+			continue
+		}
+		in = append(in, v)
+	}
+	require.Equal(t, 16, len(in), "live::max_filters") //nolint:testifylint // not the 900 viewers' pointers in the message
+	for i := range 100 {
+		f := liveFilter{}
+		if i%2 == 1 {
+			f = in[i%16].filter
+		}
+		v := newViewer(f)
+		_, err := ls.join(v)
+		require.NoError(t, err, "a filter watched already, or none")
+		in = append(in, v)
+	}
+	assert.Equal(t, 900-16, refused)
+
+	require.True(t, ls.broadcastOnce(&liveBroadcast{}))
+	assert.Equal(t, int64(1), liveCount(t, tel, "otelcol_processor_token_session_live_scans"), "one pass for 116 viewers on 17 filters")
+	for _, v := range in {
+		select {
+		case data := <-v.next:
+			var snap liveSnapshot
+			require.NoError(t, json.Unmarshal(data, &snap))
+			assert.Equal(t, v.filter.model, snap.Filter.Model)
+			want := 40
+			if v.filter.model != "" {
+				want = 2
+			}
+			assert.Equal(t, want, snap.Matching, v.filter.model)
+			assert.Len(t, snap.Sessions, want)
+		default:
+			t.Fatalf("viewer of %+v got no snapshot", v.filter)
+		}
+	}
+}
+
+// live::max_filters bounds the distinct filters watched; a viewer of one
+// more is turned away (503, counted), and one of a filter watched, or of
+// none, is let in.
+func TestLiveMaxFilters(t *testing.T) {
+	tel := componenttest.NewTelemetry()
+	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
+	p, url := livePipelines(t, tel, func(l *LiveConfig) { l.MaxFilters = 1 })
+	defer p.shutdown(t)
+	a, resp := openFilteredStream(t, url, "?model=a")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	a.next(t)
+	for _, q := range []string{"?model=a", ""} {
+		c, resp := openFilteredStream(t, url, q)
+		require.Equal(t, http.StatusOK, resp.StatusCode, q)
+		c.next(t)
+	}
+
+	_, resp = openFilteredStream(t, url, "?model=b")
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.Equal(t, "5", resp.Header.Get("Retry-After"))
+	assert.JSONEq(t, `{"error":"too many filters: live::max_filters (1) distinct filters are being watched; watch one of them, or all sessions (no filter), or try again later"}`, string(body))
+	assert.Equal(t, int64(1), liveDrops(t, tel, "filters"))
+	assert.Zero(t, liveDrops(t, tel, "limit"))
+}
+
+// A filter longer than any name shown is a bad request.
+func TestLiveFilterTooLong(t *testing.T) {
+	p, url := livePipelines(t, nil, nil)
+	defer p.shutdown(t)
+	long := strings.Repeat("x", maxFilterValue+1)
+	for _, path := range []string{"/sessions?engine=" + long, "/sessions/stream?model=" + long} {
+		resp, body := get(t, url+path)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		assert.Contains(t, string(body), "at most 259 bytes (longer names are shown cut to 256, and filtered by what is shown)")
+	}
+	resp, _ := get(t, url+"/sessions?engine="+long[:maxFilterValue])
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// The snapshots kept for GET /sessions are at most live::max_filters + 1,
+// however many filters are asked for over an interval.
+func TestLiveAskedSnapshotsBounded(t *testing.T) {
+	p, url := livePipelines(t, nil, func(l *LiveConfig) { l.Interval = time.Hour; l.MaxFilters = 4 })
+	defer p.shutdown(t)
+	ls := p.logs.(*logsProcessor).Unwrap().live
+	clock := time.Now()
+	for i := range 50 {
+		ls.askMu.Lock()
+		ls.mu.Lock()
+		at := clock.Add(time.Duration(i) * time.Second) // within the rate
+		ls.now = func() time.Time { return at }
+		ls.mu.Unlock()
+		ls.askMu.Unlock()
+		resp, _ := get(t, url+fmt.Sprintf("/sessions?engine=e%d", i))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		ls.askMu.Lock()
+		assert.LessOrEqual(t, len(ls.asked), 5)
+		ls.askMu.Unlock()
 	}
 }

@@ -24,6 +24,12 @@ type LiveConfig struct {
 	Recent int `mapstructure:"recent"`
 	// MaxViewers bounds the GET /sessions/stream viewers connected at once.
 	MaxViewers int `mapstructure:"max_viewers"`
+	// MaxFilters bounds the distinct filters (?engine=, ?model=) the
+	// viewers watch at once, the unfiltered view aside: each adds its rows
+	// to the one pass over the table per interval, and an encoding.
+	MaxFilters int `mapstructure:"max_filters"`
+	// MaxEngines bounds the engines in one snapshot: the worst ones.
+	MaxEngines int `mapstructure:"max_engines"`
 	// TraceURL is a link to the user's tracing UI, with {trace_id} where
 	// the trace ID goes; empty: trace IDs are not links.
 	TraceURL string `mapstructure:"trace_url"`
@@ -40,6 +46,8 @@ const (
 	maxLiveSessions = 10_000
 	maxLiveRecent   = 10_000
 	maxLiveViewers  = 1_000
+	maxLiveFilters  = 64
+	maxLiveEngines  = 1_000
 	minLiveInterval = 50 * time.Millisecond
 	traceIDToken    = "{trace_id}"
 )
@@ -49,6 +57,7 @@ func defaultLiveConfig() LiveConfig {
 	server.NetAddr.Endpoint = "" // off
 	return LiveConfig{
 		ServerConfig: server, Interval: time.Second, MaxSessions: 500, Recent: 100, MaxViewers: 16,
+		MaxFilters: 16, MaxEngines: 64,
 	}
 }
 
@@ -71,6 +80,12 @@ func (l *LiveConfig) Validate() []error {
 	}
 	if l.MaxViewers <= 0 || l.MaxViewers > maxLiveViewers {
 		errs = append(errs, fmt.Errorf("max_viewers: want 1 to %d, got %d", maxLiveViewers, l.MaxViewers))
+	}
+	if l.MaxFilters <= 0 || l.MaxFilters > maxLiveFilters {
+		errs = append(errs, fmt.Errorf("max_filters: want 1 to %d, got %d", maxLiveFilters, l.MaxFilters))
+	}
+	if l.MaxEngines <= 0 || l.MaxEngines > maxLiveEngines {
+		errs = append(errs, fmt.Errorf("max_engines: want 1 to %d, got %d", maxLiveEngines, l.MaxEngines))
 	}
 	if l.TraceURL != "" {
 		if err := validateTraceURL(l.TraceURL); err != nil {

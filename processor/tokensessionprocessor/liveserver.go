@@ -29,22 +29,26 @@ var livePage []byte
 // live::interval as Server-Sent Events).
 //
 // Snapshots for the stream are made by one goroutine, the broadcaster,
-// which runs only while a viewer is connected: one snapshot per distinct
-// filter per interval, encoded once and shared by the viewers that asked
-// for it. Each viewer has room for one snapshot; one that has not taken
-// the last when the next is ready is dropped, so nothing queues for a
-// viewer that does not read.
+// which runs only while a viewer is connected: one pass over the table per
+// interval, which makes the snapshot of every distinct filter watched (at
+// most live::max_filters of them, and the unfiltered one), each encoded
+// once and shared by the viewers that asked for it. Each viewer has room
+// for one snapshot; one that has not taken the last when the next is ready
+// is dropped, so nothing queues for a viewer that does not read.
 type liveServer struct {
 	cfg      *LiveConfig
 	sessions *sessions
 	set      component.TelemetrySettings
 	tel      *metadata.TelemetryBuilder
-	dropSet  [2]metric.AddOption // by liveDropCause
+	dropSet  [3]metric.AddOption // by liveDropCause
 	http     *httpserve.Server
 	now      func() time.Time
 
-	mu          sync.Mutex
-	viewers     map[*liveViewer]struct{}
+	mu      sync.Mutex
+	viewers map[*liveViewer]struct{}
+	// watched counts the viewers of each filter: at most
+	// live::max_filters filters besides the unfiltered one.
+	watched     map[liveFilter]int
 	broadcaster bool // running
 	// latest are the broadcaster's snapshots of its last tick, by filter:
 	// a viewer that joins gets one as its first if it is fresh, rather than
@@ -56,13 +60,16 @@ type liveServer struct {
 	done     sync.WaitGroup
 
 	// asked are the snapshots taken for GET /sessions and for a stream's
-	// first, by filter, answered again while younger than an interval;
-	// askTokens and askAt the rate limit on taking them (onDemandRate).
-	// askMu guards them, apart from mu: a snapshot is taken under it.
+	// first, by filter, answered again while younger than an interval (at
+	// most live::max_filters + 1, the oldest forgotten first); askTokens
+	// and askAt the rate limit on taking them (onDemandRate), askScan the
+	// buffers of the pass. askMu guards them, apart from mu: a snapshot is
+	// taken under it.
 	askMu     sync.Mutex
 	asked     map[liveFilter]askedSnapshot
 	askTokens float64
 	askAt     time.Time
+	askScan   liveScan
 }
 
 // askedSnapshot is a snapshot taken on a request, and when.
@@ -84,6 +91,7 @@ type liveDropCause int
 
 const (
 	dropLimit liveDropCause = iota
+	dropFilters
 	dropSlow
 )
 
@@ -99,10 +107,10 @@ type liveViewer struct {
 func newLiveServer(cfg *LiveConfig, s *sessions, set component.TelemetrySettings, tel *metadata.TelemetryBuilder) *liveServer {
 	ls := &liveServer{
 		cfg: cfg, sessions: s, set: set, tel: tel, now: time.Now,
-		viewers: make(map[*liveViewer]struct{}), closing: make(chan struct{}),
+		viewers: make(map[*liveViewer]struct{}), watched: make(map[liveFilter]int), closing: make(chan struct{}),
 		asked: make(map[liveFilter]askedSnapshot), askTokens: onDemandRate,
 	}
-	for i, cause := range []string{"limit", "slow"} {
+	for i, cause := range []string{"limit", "filters", "slow"} {
 		ls.dropSet[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("cause", cause)))
 	}
 	return ls
@@ -165,14 +173,20 @@ func (ls *liveServer) servePage(w http.ResponseWriter) {
 	_, _ = w.Write(livePage)
 }
 
-// filterOf reads ?engine= and ?model=.
-func filterOf(r *http.Request) liveFilter {
-	q := r.URL.Query()
-	return liveFilter{engine: q.Get("engine"), model: q.Get("model")}
-}
+// maxFilterValue is the longest ?engine= or ?model= that can match: a
+// name as the view shows it (liveName).
+const maxFilterValue = liveMaxName + len(liveCut)
 
-func (ls *liveServer) snapshot(f liveFilter, heap *worstHeap) []byte {
-	return ls.sessions.liveSnapshot(ls.now(), f, heap)
+// filterOf reads ?engine= and ?model=.
+func filterOf(r *http.Request) (liveFilter, error) {
+	q := r.URL.Query()
+	f := liveFilter{engine: q.Get("engine"), model: q.Get("model")}
+	for _, v := range [...]struct{ name, value string }{{"engine", f.engine}, {"model", f.model}} {
+		if len(v.value) > maxFilterValue {
+			return liveFilter{}, fmt.Errorf("%s: at most %d bytes (longer names are shown cut to %d, and filtered by what is shown), got %d", v.name, maxFilterValue, liveMaxName, len(v.value))
+		}
+	}
+	return f, nil
 }
 
 // askSnapshot is the snapshot for f that a request gets: the
@@ -195,19 +209,40 @@ func (ls *liveServer) askSnapshot(f liveFilter) ([]byte, error) {
 		return nil, errSnapshotRate
 	}
 	ls.askTokens--
-	for k, a := range ls.asked {
-		if now.Sub(a.at) >= ls.cfg.Interval {
-			delete(ls.asked, k) // bounded by the rate: at most a second's worth of filters
-		}
-	}
-	var heap worstHeap
-	body := ls.snapshot(f, &heap)
+	ls.forgetAsked(now)
+	body := ls.sessions.liveSnapshot(now, f, &ls.askScan)
 	ls.asked[f] = askedSnapshot{at: now, body: body}
 	return body, nil
 }
 
+// forgetAsked forgets the asked snapshots older than an interval, and the
+// oldest while more than live::max_filters are kept, to make room for one
+// more. Call with askMu held.
+func (ls *liveServer) forgetAsked(now time.Time) {
+	for k, a := range ls.asked {
+		if now.Sub(a.at) >= ls.cfg.Interval {
+			delete(ls.asked, k)
+		}
+	}
+	for len(ls.asked) > ls.cfg.MaxFilters {
+		var oldest liveFilter
+		var at time.Time
+		for k, a := range ls.asked {
+			if at.IsZero() || a.at.Before(at) {
+				oldest, at = k, a.at
+			}
+		}
+		delete(ls.asked, oldest)
+	}
+}
+
 func (ls *liveServer) serveSnapshot(w http.ResponseWriter, r *http.Request) {
-	body, err := ls.askSnapshot(filterOf(r))
+	f, err := filterOf(r)
+	if err != nil {
+		writeLiveError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	body, err := ls.askSnapshot(f)
 	if err != nil {
 		w.Header().Set("Retry-After", "1")
 		writeLiveError(w, http.StatusTooManyRequests, err.Error())
@@ -231,10 +266,15 @@ func (ls *liveServer) writeTimeout() time.Duration {
 }
 
 func (ls *liveServer) serveStream(w http.ResponseWriter, r *http.Request) {
-	v := &liveViewer{filter: filterOf(r), next: make(chan []byte, 1), gone: make(chan struct{})}
+	f, err := filterOf(r)
+	if err != nil {
+		writeLiveError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	v := &liveViewer{filter: f, next: make(chan []byte, 1), gone: make(chan struct{})}
 	ctx := r.Context()
-	if err := ls.join(v); err != nil {
-		ls.tel.ProcessorTokenSessionLiveViewersDropped.Add(ctx, 1, ls.dropSet[dropLimit])
+	if cause, err := ls.join(v); err != nil {
+		ls.tel.ProcessorTokenSessionLiveViewersDropped.Add(ctx, 1, ls.dropSet[cause])
 		w.Header().Set("Retry-After", "5")
 		writeLiveError(w, http.StatusServiceUnavailable, err.Error())
 		return
@@ -302,37 +342,63 @@ func (ls *liveServer) fresh(f liveFilter) []byte {
 	return ls.latest[f]
 }
 
-// join adds v, starting the broadcaster if it is the first viewer.
-func (ls *liveServer) join(v *liveViewer) error {
+// join adds v, starting the broadcaster if it is the first viewer; a
+// viewer refused is refused for the cause it returns.
+func (ls *liveServer) join(v *liveViewer) (liveDropCause, error) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	switch {
 	case ls.closed:
-		return errors.New("the collector is shutting down")
+		return dropLimit, errors.New("the collector is shutting down")
 	case len(ls.viewers) >= ls.cfg.MaxViewers:
-		return fmt.Errorf("too many viewers: live::max_viewers (%d) are connected; try again later", ls.cfg.MaxViewers)
+		return dropLimit, fmt.Errorf("too many viewers: live::max_viewers (%d) are connected; try again later", ls.cfg.MaxViewers)
+	case v.filter != liveFilter{} && ls.watched[v.filter] == 0 && ls.filtersWatched() >= ls.cfg.MaxFilters:
+		return dropFilters, fmt.Errorf("too many filters: live::max_filters (%d) distinct filters are being watched; watch one of them, or all sessions (no filter), or try again later", ls.cfg.MaxFilters)
 	}
 	ls.viewers[v] = struct{}{}
+	ls.watched[v.filter]++
 	if !ls.broadcaster {
 		ls.broadcaster = true
 		ls.done.Add(1)
 		go ls.broadcast()
 	}
-	return nil
+	return 0, nil
+}
+
+// filtersWatched counts the distinct filters watched, the unfiltered view
+// aside. Call with mu held.
+func (ls *liveServer) filtersWatched() int {
+	n := len(ls.watched)
+	if ls.watched[liveFilter{}] > 0 {
+		n--
+	}
+	return n
+}
+
+// remove takes v out, once; it reports whether v was in. Call with mu
+// held.
+func (ls *liveServer) remove(v *liveViewer) bool {
+	if _, ok := ls.viewers[v]; !ok {
+		return false
+	}
+	delete(ls.viewers, v)
+	if ls.watched[v.filter]--; ls.watched[v.filter] == 0 {
+		delete(ls.watched, v.filter)
+	}
+	return true
 }
 
 func (ls *liveServer) leave(v *liveViewer) {
 	ls.mu.Lock()
-	delete(ls.viewers, v)
+	ls.remove(v)
 	ls.mu.Unlock()
 }
 
 // drop disconnects a slow viewer, once.
 func (ls *liveServer) drop(v *liveViewer) {
 	ls.mu.Lock()
-	_, ok := ls.viewers[v]
+	ok := ls.remove(v)
 	if ok {
-		delete(ls.viewers, v)
 		close(v.gone)
 	}
 	ls.mu.Unlock()
@@ -341,54 +407,70 @@ func (ls *liveServer) drop(v *liveViewer) {
 	}
 }
 
-// broadcast makes a snapshot per filter every interval and offers it to
-// the viewers; it ends when the last viewer has gone.
+// broadcast makes the snapshots every interval and offers them to the
+// viewers; it ends when the last viewer has gone.
 func (ls *liveServer) broadcast() {
 	defer ls.done.Done()
 	tick := time.NewTicker(ls.cfg.Interval)
 	defer tick.Stop()
-	var (
-		heap    worstHeap
-		viewers []*liveViewer
-	)
+	var b liveBroadcast
 	for {
 		select {
 		case <-ls.closing:
 			return
 		case <-tick.C:
 		}
-		ls.mu.Lock()
-		if len(ls.viewers) == 0 {
-			ls.broadcaster = false
-			ls.latest = nil
-			ls.mu.Unlock()
+		if !ls.broadcastOnce(&b) {
 			return
 		}
-		viewers = viewers[:0]
-		for v := range ls.viewers {
-			viewers = append(viewers, v)
-		}
-		ls.mu.Unlock()
-		// A new map each tick: the joining viewers read the last one.
-		snaps := make(map[liveFilter][]byte)
-		at := ls.now()
-		for _, v := range viewers {
-			data, ok := snaps[v.filter]
-			if !ok {
-				data = ls.snapshot(v.filter, &heap)
-				snaps[v.filter] = data
-			}
-			select {
-			case v.next <- data:
-			default:
-				ls.drop(v) // the last one is still waiting
-			}
-		}
-		ls.mu.Lock()
-		ls.latest, ls.latestAt = snaps, at
-		ls.mu.Unlock()
-		clear(viewers) // no viewer kept alive until the next tick
 	}
+}
+
+// liveBroadcast is the broadcaster's buffers, kept between intervals.
+type liveBroadcast struct {
+	scan    liveScan
+	viewers []*liveViewer
+	filters []liveFilter
+}
+
+// broadcastOnce makes the snapshot of every filter watched, in one pass
+// over the table, and offers each viewer its filter's; it reports false,
+// the broadcaster stopped, when no viewer is left.
+func (ls *liveServer) broadcastOnce(b *liveBroadcast) bool {
+	ls.mu.Lock()
+	if len(ls.viewers) == 0 {
+		ls.broadcaster = false
+		ls.latest = nil
+		ls.mu.Unlock()
+		return false
+	}
+	b.viewers, b.filters = b.viewers[:0], b.filters[:0]
+	for v := range ls.viewers {
+		b.viewers = append(b.viewers, v)
+	}
+	for f := range ls.watched {
+		b.filters = append(b.filters, f)
+	}
+	ls.mu.Unlock()
+	at := ls.now()
+	bodies := ls.sessions.liveSnapshots(at, b.filters, &b.scan)
+	// A new map each tick: the joining viewers read the last one.
+	snaps := make(map[liveFilter][]byte, len(bodies))
+	for i, f := range b.filters {
+		snaps[f] = bodies[i]
+	}
+	for _, v := range b.viewers {
+		select {
+		case v.next <- snaps[v.filter]: // read with the filters, under one lock
+		default:
+			ls.drop(v) // the last one is still waiting
+		}
+	}
+	ls.mu.Lock()
+	ls.latest, ls.latestAt = snaps, at
+	ls.mu.Unlock()
+	clear(b.viewers) // no viewer kept alive until the next tick
+	return true
 }
 
 func writeLiveError(w http.ResponseWriter, code int, msg string) {

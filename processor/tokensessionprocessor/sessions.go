@@ -109,7 +109,7 @@ func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineCont
 	s.table.SetTraceMemory(spans.keptTrace)
 	s.applyFn = func(ev *tokenevent.Event) { s.reports = s.table.Apply(ev, s.nowNanos, s.reports) }
 	if cfg.Live.enabled() {
-		s.live = newLiveState(&cfg.Live)
+		s.live = newLiveState(&cfg.Live, telemetry.builder)
 	}
 	if cfg.PassTokenEvents == PassSampled {
 		s.sampledRecords = make(map[string]plog.LogRecordSlice)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 // liveRows is what the page shows in its table of sessions in flight, top
@@ -29,7 +30,8 @@ const liveRows = `Array.from(document.querySelectorAll("#sessions tbody tr")).ma
 // frozen or stalled, at the top, within 2 s; after /admin/heal they are
 // decoding again. It reads the DOM the page's script built from the SSE
 // stream, not the JSON. With LIVE_SCREENSHOT set, the page while the engine
-// is frozen is saved there (the README's docs/live.png).
+// is frozen is saved there (the README's docs/live.png). Last, a session
+// with a long model name, sent by a hook, is shown cut.
 func TestLivePage(t *testing.T) {
 	browser := testbin.Tool(t, "chromium", "chromium")
 	_, sinkAddr := startSink(t)
@@ -142,4 +144,25 @@ func TestLivePage(t *testing.T) {
 		phases = rows()
 		return count(phases, "frozen", "stalled") == 0 && count(phases, "decoding") >= concurrency/2
 	}, 30*time.Second, 100*time.Millisecond, "the sessions never went back to decoding: %v", &phases)
+
+	// A name a sender made long (a model of 250 characters, by a hook) is
+	// cut in its cell and shown whole on hover: it does not stretch the
+	// table.
+	longModel := strings.Repeat("m", 250)
+	start := tokenevent.Event{
+		Kind: tokenevent.KindStart, SessionID: "long-name", TimeUnixNano: uint64(time.Now().UnixNano()),
+		Model: longModel, Operation: tokenevent.OperationChat, Engine: "vllm-long", PromptTokens: 10, Count: 1, CompletionTokens: -1,
+	}
+	postLines(t, "http://"+col.httpAddr+"/v1/token-events", strings.TrimSpace(string(tokenevent.AppendJSON(nil, &start))))
+	const modelCell = `document.querySelector('#sessions tr[data-session="long-name"] td:nth-child(4)')`
+	require.Eventually(t, func() bool {
+		shown, err := chromedp.Run(page, chromedp.Evaluate[bool](modelCell+` !== null`))
+		return err == nil && shown
+	}, 10*time.Second, 50*time.Millisecond, "the session with a long model name never showed")
+	width, err := chromedp.Run(page, chromedp.Evaluate[float64](modelCell+`.getBoundingClientRect().width`))
+	require.NoError(t, err)
+	assert.LessOrEqual(t, width, 300.0, "the model's cell is cut, not stretched to 250 characters")
+	title, err := chromedp.Run(page, chromedp.Evaluate[string](modelCell+`.firstChild.title`))
+	require.NoError(t, err)
+	assert.Equal(t, longModel, title, "the name whole on hover")
 }

@@ -36,6 +36,10 @@ type TelemetryBuilder struct {
 	ProcessorTokenSessionHeldOutputsOverflowed metric.Int64Counter
 	ProcessorTokenSessionInvalidRecords        metric.Int64Counter
 	ProcessorTokenSessionKeysOverflowed        metric.Int64Counter
+	ProcessorTokenSessionLiveEnginesLeftOut    metric.Int64Counter
+	ProcessorTokenSessionLiveScans             metric.Int64Counter
+	ProcessorTokenSessionLiveSessionsUntallied metric.Int64Counter
+	ProcessorTokenSessionLiveTtftsOverflowed   metric.Int64Counter
 	ProcessorTokenSessionLiveViewers           metric.Int64UpDownCounter
 	ProcessorTokenSessionLiveViewersDropped    metric.Int64Counter
 	ProcessorTokenSessionMetricOverflows       metric.Int64Counter
@@ -167,6 +171,30 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_processor_token_session_keys_overflowed",
 		metric.WithDescription("Sessions, and metric readings, whose key was beyond its bound because that many others were held: recorded under _OTHER (model, engine, tenant) or not kept (pod, engine_instance), by key. [Development]"),
 		metric.WithUnit("{item}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionLiveEnginesLeftOut, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_live_engines_left_out",
+		metric.WithDescription("Engines left out of the live view's snapshots, live::max_engines (the worst) being listed; counted in each snapshot, once per engine left out (the snapshot's engines_left_out). [Development]"),
+		metric.WithUnit("{engine}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionLiveScans, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_live_scans",
+		metric.WithDescription("Passes of the live view over the session table, each under the sessions' lock: one per live::interval while a viewer is connected, whatever the number of viewers and filters, and one per GET /sessions that no recent snapshot answers. [Development]"),
+		metric.WithUnit("{scan}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionLiveSessionsUntallied, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_live_sessions_untallied",
+		metric.WithDescription("Sessions in flight that a pass of the live view listed but left out of its engines' totals, 4096 engine and model pairs having been tallied already; counted in each pass. [Development]"),
+		metric.WithUnit("{session}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionLiveTtftsOverflowed, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_live_ttfts_overflowed",
+		metric.WithDescription("Ended sessions whose TTFT the live view's engine figures of the last minute leave out, 1024 engine and model pairs having TTFTs in the last minute already. [Development]"),
+		metric.WithUnit("{session}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionLiveViewers, err = builder.meter.Int64UpDownCounter(

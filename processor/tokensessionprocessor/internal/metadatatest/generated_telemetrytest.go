@@ -149,6 +149,70 @@ func AssertEqualProcessorTokenSessionKeysOverflowed(t *testing.T, tt *componentt
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }
 
+func AssertEqualProcessorTokenSessionLiveEnginesLeftOut(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_processor_token_session_live_engines_left_out",
+		Description: "Engines left out of the live view's snapshots, live::max_engines (the worst) being listed; counted in each snapshot, once per engine left out (the snapshot's engines_left_out). [Development]",
+		Unit:        "{engine}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_processor_token_session_live_engines_left_out")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
+func AssertEqualProcessorTokenSessionLiveScans(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_processor_token_session_live_scans",
+		Description: "Passes of the live view over the session table, each under the sessions' lock: one per live::interval while a viewer is connected, whatever the number of viewers and filters, and one per GET /sessions that no recent snapshot answers. [Development]",
+		Unit:        "{scan}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_processor_token_session_live_scans")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
+func AssertEqualProcessorTokenSessionLiveSessionsUntallied(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_processor_token_session_live_sessions_untallied",
+		Description: "Sessions in flight that a pass of the live view listed but left out of its engines' totals, 4096 engine and model pairs having been tallied already; counted in each pass. [Development]",
+		Unit:        "{session}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_processor_token_session_live_sessions_untallied")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
+func AssertEqualProcessorTokenSessionLiveTtftsOverflowed(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_processor_token_session_live_ttfts_overflowed",
+		Description: "Ended sessions whose TTFT the live view's engine figures of the last minute leave out, 1024 engine and model pairs having TTFTs in the last minute already. [Development]",
+		Unit:        "{session}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_processor_token_session_live_ttfts_overflowed")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
 func AssertEqualProcessorTokenSessionLiveViewers(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_processor_token_session_live_viewers",

@@ -36,6 +36,10 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ProcessorTokenSessionHeldOutputsOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionInvalidRecords.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionKeysOverflowed.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionLiveEnginesLeftOut.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionLiveScans.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionLiveSessionsUntallied.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionLiveTtftsOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionLiveViewers.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionLiveViewersDropped.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionMetricOverflows.Add(context.Background(), 1)
@@ -70,6 +74,18 @@ func TestSetupTelemetry(t *testing.T) {
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionKeysOverflowed(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionLiveEnginesLeftOut(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionLiveScans(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionLiveSessionsUntallied(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionLiveTtftsOverflowed(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionLiveViewers(t, testTel,
