@@ -452,7 +452,7 @@ type report struct {
 	// what the probe after them saw (nil without -churn).
 	Churned  int            `json:"churned_sessions"`
 	Ejection *ejectionProbe `json:"ejection_after_churn,omitempty"`
-	Samples   []sample           `json:"samples"`
+	Samples  []sample       `json:"samples"`
 }
 
 func (r report) write(dir string) error {

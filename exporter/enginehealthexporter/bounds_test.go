@@ -66,7 +66,7 @@ func TestEnginesWithoutNewEvidenceAreForgotten(t *testing.T) {
 			}
 			th.clock.Advance(time.Second)
 			th.consumeMetrics(sessionCounts(temporality, start, junk, nil))
-			assert.Equal(t, maxEngines, len(th.verdicts.Load().list), "the judge keeps 1024 engines")
+			assert.Equal(t, maxEngines, count(th.verdicts.Load().list), "the judge keeps 1024 engines")
 
 			// Flushes every 10 s for longer than forgetAfter: cumulative
 			// re-sends the same counts, delta sends nothing.
@@ -77,7 +77,7 @@ func TestEnginesWithoutNewEvidenceAreForgotten(t *testing.T) {
 				}
 				th.evaluate()
 			}
-			assert.Zero(t, len(th.verdicts.Load().list), "nothing new of any engine for %s: all forgotten", forget)
+			assert.Zero(t, count(th.verdicts.Load().list), "nothing new of any engine for %s: all forgotten", forget)
 
 			// A real engine failing every request, then two healthy ones
 			// beside it: it is judged and ejected.
@@ -122,7 +122,7 @@ func TestNewEngineTakesThePlaceOfTheOneSilentLongest(t *testing.T) {
 	}
 	th.clock.Advance(time.Second)
 	th.consumeMetrics(sessionCounts(pmetric.AggregationTemporalityCumulative, start, junk, nil))
-	require.Equal(t, maxEngines, len(th.verdicts.Load().list))
+	require.Equal(t, maxEngines, count(th.verdicts.Load().list))
 
 	failed := map[string]int{}
 	healthy := map[string]int{}
@@ -133,7 +133,7 @@ func TestNewEngineTakesThePlaceOfTheOneSilentLongest(t *testing.T) {
 		th.consumeMetrics(sessionCounts(pmetric.AggregationTemporalityCumulative, start, healthy, failed))
 	}
 	assert.Equal(t, stateEjected, th.status(t, "real").State)
-	assert.Equal(t, maxEngines, len(th.verdicts.Load().list))
+	assert.Equal(t, maxEngines, count(th.verdicts.Load().list))
 	metadatatest.AssertEqualExporterEngineHealthForgotten(t, th.tel, []metricdata.DataPoint[int64]{
 		{Attributes: attribute.NewSet(attribute.String("kind", "engine"), attribute.String("why", "overflow")), Value: 2100 - maxEngines + 2},
 	}, metricdatatest.IgnoreTimestamp())
@@ -153,7 +153,7 @@ func TestHundredThousandEnginesStayBounded(t *testing.T) {
 		th.clock.Advance(time.Second)
 		th.consumeMetrics(sessionCounts(pmetric.AggregationTemporalityCumulative, start, names, nil))
 		th.mu.Lock()
-		assert.Equal(t, maxEngines, len(th.judge.engines))
+		assert.Equal(t, maxEngines, countKeys(th.judge.engines))
 		assert.Equal(t, maxEngines, th.judge.byEvidence.Len())
 		assert.LessOrEqual(t, len(th.series.points), maxSeries)
 		assert.Equal(t, len(th.series.points), th.series.changed.Len()+th.series.unchanged.Len())
@@ -163,8 +163,8 @@ func TestHundredThousandEnginesStayBounded(t *testing.T) {
 	th.evaluate()
 	th.mu.Lock()
 	defer th.mu.Unlock()
-	assert.Zero(t, len(th.judge.engines))
-	assert.Zero(t, len(th.series.points))
+	assert.Zero(t, countKeys(th.judge.engines))
+	assert.Zero(t, countKeys(th.series.points))
 }
 
 // The series table keeps the last point of at most maxSeries series; when
@@ -181,7 +181,7 @@ func TestSeriesTableBoundAndOrder(t *testing.T) {
 	for i := range maxSeries - 1 {
 		st.delta(fmt.Sprint("still-", i), start, 1, nil, now, window)
 	}
-	require.Equal(t, maxSeries, len(st.points))
+	require.Equal(t, maxSeries, countKeys(st.points))
 	now = now.Add(time.Second)
 	v, _ = st.delta("changes", start, 3, nil, now, window)
 	assert.Equal(t, 2.0, v, "what it added since its last point")
@@ -189,7 +189,7 @@ func TestSeriesTableBoundAndOrder(t *testing.T) {
 	assert.Zero(t, v, "unchanged: adds nothing")
 
 	st.delta("new", start, 1, nil, now, window)
-	assert.Equal(t, maxSeries, len(st.points))
+	assert.Equal(t, maxSeries, countKeys(st.points))
 	assert.NotContains(t, st.points, "still-0", "never changed, first seen first: forgotten first")
 	assert.Contains(t, st.points, "changes")
 	assert.Equal(t, 1, st.forgotten.overflow)
@@ -229,8 +229,14 @@ func TestOverflowEngineIsNotJudged(t *testing.T) {
 	th.clock.Advance(time.Second)
 	th.consumeMetrics(sessionCounts(pmetric.AggregationTemporalityDelta, th.clock.Now().Add(-time.Second),
 		map[string]int{"a": 10, keyset.Overflow: 10}, map[string]int{keyset.Overflow: 10}))
-	assert.Equal(t, 1, len(th.verdicts.Load().list))
+	assert.Equal(t, 1, count(th.verdicts.Load().list))
 	metadatatest.AssertEqualExporterEngineHealthIgnored(t, th.tel, []metricdata.DataPoint[int64]{
 		{Attributes: attribute.NewSet(attribute.String("why", "engine_overflow")), Value: 2},
 	}, metricdatatest.IgnoreTimestamp())
 }
+
+// count and countKeys are len, for assertions on large collections:
+// assert.Len and assert.Empty would print every element when they fail.
+func count[E any](s []E) int { return len(s) }
+
+func countKeys[K comparable, V any](m map[K]V) int { return len(m) }

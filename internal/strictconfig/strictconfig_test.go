@@ -188,7 +188,7 @@ middlewares:
 			assert.Len(t, c.Headers, 1)
 			assert.Equal(t, 30*time.Second, c.Timeout)
 			assert.Equal(t, "oauth2client", c.Auth.Get().AuthenticatorID.String())
-			assert.Equal(t, 10, c.MaxIdleConns)
+			assert.Equal(t, 10, c.MaxIdleConns) //nolint:staticcheck // SA1019: the deprecated key must still decode
 			assert.True(t, c.Cookies.HasValue())
 		})
 	}
@@ -260,7 +260,7 @@ routes: {free-name: {endpoint: x}}
 
 // Unmarshal decodes as the collector does: the defaults stay where the
 // configuration says nothing, an absent or null Optional section keeps its
-// flavour, everything else is confmap's decoding unchanged.
+// variant, everything else is confmap's decoding unchanged.
 func TestDecodesAsTheCollector(t *testing.T) {
 	for _, yaml := range []string{
 		"{}",
@@ -301,7 +301,7 @@ func FuzzUnmarshal(f *testing.F) {
 	} {
 		f.Add(seed)
 	}
-	f.Fuzz(func(t *testing.T, yaml string) {
+	f.Fuzz(func(_ *testing.T, yaml string) {
 		retrieved, err := confmap.NewRetrievedFromYAML([]byte(yaml))
 		if err != nil {
 			return

@@ -45,11 +45,15 @@ func TestValidate(t *testing.T) {
 		{"prompt tokens", func(ev *Event) { ev.PromptTokens = -2 }, KindStart, "prompt_tokens: must not be negative, got -2"},
 		{"completion tokens", func(ev *Event) { ev.CompletionTokens = -2 }, KindEnd, "completion_tokens: must not be negative, got -2"},
 		{"empty key", func(ev *Event) { ev.Attributes = []Attribute{{"", "v"}} }, KindStart, "attributes: empty key"},
-		{"long key", func(ev *Event) { ev.Attributes = []Attribute{{strings.Repeat("k", 257), "v"}} }, KindStart,
-			`attributes: key "` + strings.Repeat("k", 64) + `…": 257 bytes, limit is 256`},
+		{
+			"long key", func(ev *Event) { ev.Attributes = []Attribute{{strings.Repeat("k", 257), "v"}} }, KindStart,
+			`attributes: key "` + strings.Repeat("k", 64) + `…": 257 bytes, limit is 256`,
+		},
 		{"key at the limit", func(ev *Event) { ev.Attributes = []Attribute{{strings.Repeat("é", 128), "v"}} }, KindStart, ""},
-		{"key with invalid UTF-8", func(ev *Event) { ev.Attributes = []Attribute{{strings.Repeat("\xff", 86), "v"}} }, KindStart,
-			fmt.Sprintf("attributes: key %q: 258 bytes, limit is 256", strings.Repeat("\xff", 64)+"…")},
+		{
+			"key with invalid UTF-8", func(ev *Event) { ev.Attributes = []Attribute{{strings.Repeat("\xff", 86), "v"}} }, KindStart,
+			fmt.Sprintf("attributes: key %q: 258 bytes, limit is 256", strings.Repeat("\xff", 64)+"…"),
+		},
 		{"long values are cut, not refused", func(ev *Event) {
 			ev.Model, ev.Engine = strings.Repeat("m", 12000), strings.Repeat("e", 300)
 			ev.Attributes = []Attribute{{"tenant", strings.Repeat("t", 300)}}

@@ -42,7 +42,7 @@ func waitQueued(t *testing.T, c *net.UnixConn) {
 
 // A client that closes with an answer still unread resets the connection:
 // the other end reads what the client wrote, then ECONNRESET instead of
-// EOF. This is the kernel's behaviour the next test relies on.
+// EOF. This is what the kernel does, and what the next test relies on.
 func TestUnixCloseWithUnreadDataResets(t *testing.T) {
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socketPath(t), Net: "unix"})
 	require.NoError(t, err)

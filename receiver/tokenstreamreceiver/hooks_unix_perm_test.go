@@ -40,7 +40,7 @@ func TestUnixDialAsHelper(t *testing.T) {
 	if path == "" {
 		t.Skip("dialAs's client: runs only as dialAs runs it")
 	}
-	c, err := net.Dial("unix", path)
+	c, err := net.Dial("unix", path) //nolint:gosec // G704: the socket of the test that runs this helper
 	switch {
 	case err == nil:
 		_ = c.Close()
@@ -83,7 +83,7 @@ func dialAs(t *testing.T, path string, groups ...uint32) string {
 // supplementary groups given, and returns what it printed after prefix.
 func runAs(t *testing.T, helper, env, prefix string, groups ...uint32) string {
 	t.Helper()
-	cmd := exec.Command("/proc/self/exe", "-test.run=^"+helper+"$", "-test.count=1")
+	cmd := exec.Command("/proc/self/exe", "-test.run=^"+helper+"$", "-test.count=1") //nolint:gosec // G204: this test binary, one of its own tests
 	cmd.Env = append(os.Environ(), env)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody, Groups: groups}}
 	out, err := cmd.CombinedOutput()
@@ -102,7 +102,7 @@ func runAs(t *testing.T, helper, env, prefix string, groups ...uint32) string {
 // mode, or the directory the receiver makes.
 func sharedDir(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "tokenstream-unix-")
+	dir, err := os.MkdirTemp("", "tokenstream-unix-") //nolint:usetesting // t.TempDir's parent is 0700: user nobody could not reach the socket
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	require.NoError(t, os.Chmod(dir, 0o755))
