@@ -174,21 +174,21 @@ func TestSeriesTableBoundAndOrder(t *testing.T) {
 	st := newSeriesTable()
 	start := pcommon.NewTimestampFromTime(t0)
 	now := t0.Add(time.Second)
-	window := 10 * time.Second
-	v, reset := st.delta("changes", start, 1, nil, now, window)
+	history := now.Add(-10 * time.Second) // what started before is history
+	v, reset := st.delta("changes", start, 1, nil, now, history)
 	assert.Equal(t, 1.0, v)
 	assert.False(t, reset)
 	for i := range maxSeries - 1 {
-		st.delta(fmt.Sprint("still-", i), start, 1, nil, now, window)
+		st.delta(fmt.Sprint("still-", i), start, 1, nil, now, history)
 	}
 	require.Equal(t, maxSeries, countKeys(st.points))
 	now = now.Add(time.Second)
-	v, _ = st.delta("changes", start, 3, nil, now, window)
+	v, _ = st.delta("changes", start, 3, nil, now, history)
 	assert.Equal(t, 2.0, v, "what it added since its last point")
-	v, _ = st.delta("still-0", start, 1, nil, now, window)
+	v, _ = st.delta("still-0", start, 1, nil, now, history)
 	assert.Zero(t, v, "unchanged: adds nothing")
 
-	st.delta("new", start, 1, nil, now, window)
+	st.delta("new", start, 1, nil, now, history)
 	assert.Equal(t, maxSeries, countKeys(st.points))
 	assert.NotContains(t, st.points, "still-0", "never changed, first seen first: forgotten first")
 	assert.Contains(t, st.points, "changes")
@@ -196,15 +196,15 @@ func TestSeriesTableBoundAndOrder(t *testing.T) {
 
 	// A histogram's counts turn into deltas in place, the raw ones kept.
 	counts := []uint64{1, 2}
-	st.delta("h", start, 0, &counts, now, window)
+	st.delta("h", start, 0, &counts, now, history)
 	counts = []uint64{3, 2}
-	st.delta("h", start, 0, &counts, now, window)
+	st.delta("h", start, 0, &counts, now, history)
 	assert.Equal(t, []uint64{2, 0}, counts)
 	counts = []uint64{4, 5}
-	st.delta("h", start, 0, &counts, now, window)
+	st.delta("h", start, 0, &counts, now, history)
 	assert.Equal(t, []uint64{1, 3}, counts)
 	counts = []uint64{4, 5}
-	st.delta("h", start, 0, &counts, now, window)
+	st.delta("h", start, 0, &counts, now, history)
 	assert.Equal(t, []uint64{0, 0}, counts, "unchanged")
 
 	// Idle: nothing new for a minute. "changes" and "h" changed, and "new"

@@ -21,8 +21,14 @@ type Config struct {
 	// Window is how far back each engine's sessions are judged.
 	Window time.Duration `mapstructure:"window"`
 	// MinSessions is the fewest sessions in the window an engine is judged on.
-	MinSessions int         `mapstructure:"min_sessions"`
-	Eject       EjectConfig `mapstructure:"eject"`
+	MinSessions int `mapstructure:"min_sessions"`
+	// Engines are known from the start, served as healthy with an empty
+	// window until their sessions say otherwise, and never forgotten: a
+	// sidecar names the engine it fronts, so that a router reading its
+	// gauges sees the engine from the first scrape after a restart, and
+	// while it is idle.
+	Engines []string    `mapstructure:"engines"`
+	Eject   EjectConfig `mapstructure:"eject"`
 	// Agent serves HAProxy's agent-check protocol on a TCP endpoint.
 	Agent configoptional.Optional[AgentConfig] `mapstructure:"agent"`
 
@@ -93,7 +99,7 @@ func (cfg *Config) judgeConfig() judgeConfig {
 		window: cfg.Window, minSessions: cfg.MinSessions, stallRatio: cfg.Eject.StallRatio,
 		ttftP99: cfg.Eject.TTFTP99, errorRatio: cfg.Eject.ErrorRatio, saturatedRatio: cfg.Eject.SaturatedRatio,
 		baseTime: cfg.Eject.BaseTime, maxTime: cfg.Eject.MaxTime, maxPercent: cfg.Eject.MaxPercent,
-		keepLast: cfg.Eject.KeepLast,
+		keepLast: cfg.Eject.KeepLast, engines: cfg.Engines,
 	}
 }
 
@@ -116,6 +122,14 @@ func (cfg *Config) Validate() error {
 	}
 	if cfg.Window <= 0 {
 		errs = append(errs, fmt.Errorf("window: must be positive, got %s", cfg.Window))
+	}
+	for i, name := range cfg.Engines {
+		if normalized, tooLong := normalizeEngine(name); tooLong || normalized == "" {
+			errs = append(errs, fmt.Errorf("engines[%d]: an engine name of 1 to %d bytes, got %d", i, maxEngineName, len(name)))
+		}
+	}
+	if len(cfg.Engines) > maxEngines {
+		errs = append(errs, fmt.Errorf("engines: at most %d, got %d", maxEngines, len(cfg.Engines)))
 	}
 	if cfg.MinSessions < 1 {
 		errs = append(errs, fmt.Errorf("min_sessions: must be at least 1, got %d", cfg.MinSessions))

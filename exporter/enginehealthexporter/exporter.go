@@ -49,6 +49,12 @@ type engineHealth struct {
 	set exporter.Settings
 	tel *metadata.TelemetryBuilder
 	now func() time.Time
+	// started is when this exporter was made (see historyBefore).
+	started time.Time
+	// lastSessions is when the last batch with llm.sessions came, and
+	// flushWarned when the warning that they come too seldom was last
+	// logged (see checkFlushInterval).
+	lastSessions, flushWarned time.Time
 
 	mu    sync.Mutex
 	judge *judge
@@ -73,10 +79,10 @@ func newEngineHealth(cfg *Config, set exporter.Settings) (*engineHealth, error) 
 		return nil, err
 	}
 	h := &engineHealth{
-		cfg: cfg, set: set, tel: tel, now: time.Now, judge: newJudge(cfg.judgeConfig()),
+		cfg: cfg, set: set, tel: tel, now: time.Now, started: time.Now(), judge: newJudge(cfg.judgeConfig()),
 		series: newSeriesTable(), stop: make(chan struct{}),
 	}
-	h.verdicts.Store(newVerdicts(nil))
+	h.verdicts.Store(newVerdicts(h.judge.statuses()))
 	err = tel.RegisterExporterEngineHealthEnginesEjectedCallback(func(_ context.Context, o metric.Int64Observer) error {
 		h.mu.Lock()
 		defer h.mu.Unlock()
@@ -248,6 +254,10 @@ type batchReader struct {
 	now     time.Time
 	samples map[string]*engineSample
 	skipped skippedCounts
+	// sessions: the batch has llm.sessions; flushInterval is the longest
+	// interval its points cover.
+	sessions      bool
+	flushInterval time.Duration
 }
 
 // skippedCounts are the points or alerts not judged for their llm.engine:
@@ -331,6 +341,10 @@ func (h *engineHealth) consumeMetrics(md pmetric.Metrics) {
 			}
 		}
 	}
+	if r.sessions {
+		h.lastSessions = r.now
+	}
+	warn := h.checkFlushInterval(r.flushInterval, r.now)
 	names := make([]string, 0, len(r.samples))
 	for name := range r.samples {
 		names = append(names, name)
@@ -352,6 +366,12 @@ func (h *engineHealth) consumeMetrics(md pmetric.Metrics) {
 	h.mu.Unlock()
 	r.skipped.count(h)
 	h.ignored("too_many_engines", tooMany)
+	if warn {
+		h.set.Logger.Warn("session metrics come too seldom for the window: each flush must be well inside it, "+
+			"or the window is empty between flushes and the verdicts and gauges flap; set token_session's "+
+			"metrics::flush_interval to at most half of engine_health's window",
+			zap.Duration("flush_interval_seen", r.flushInterval), zap.Duration("window", h.cfg.Window))
+	}
 	if resets > 0 {
 		h.tel.ExporterEngineHealthWindowResets.Add(context.Background(), int64(resets))
 	}
@@ -361,6 +381,16 @@ func (h *engineHealth) consumeMetrics(md pmetric.Metrics) {
 // readCount reads llm.sessions (by outcome) or llm.session.stalls.
 func (r *batchReader) readCount(m pmetric.Metric) {
 	cumulative := m.Sum().AggregationTemporality() == pmetric.AggregationTemporalityCumulative
+	if m.Name() == metricSessions && m.Sum().DataPoints().Len() > 0 {
+		// The interval the points cover: a delta point's own, the time
+		// since the last batch for cumulative ones (re-sent at each flush).
+		if dp := m.Sum().DataPoints().At(0); !cumulative {
+			r.flushInterval = max(r.flushInterval, dp.Timestamp().AsTime().Sub(dp.StartTimestamp().AsTime()))
+		} else if !r.h.lastSessions.IsZero() {
+			r.flushInterval = max(r.flushInterval, r.now.Sub(r.h.lastSessions))
+		}
+		r.sessions = true
+	}
 	for _, dp := range m.Sum().DataPoints().All() {
 		v := dp.DoubleValue()
 		if dp.ValueType() == pmetric.NumberDataPointValueTypeInt {
@@ -463,7 +493,38 @@ func (r *batchReader) readExponentialTTFT(h pmetric.ExponentialHistogram) {
 func (h *engineHealth) delta(name string, attrs pcommon.Map, start pcommon.Timestamp, value float64, counts *[]uint64,
 	now time.Time,
 ) (float64, bool) {
-	return h.series.delta(seriesKey(name, attrs), start, value, counts, now, h.cfg.Window)
+	return h.series.delta(seriesKey(name, attrs), start, value, counts, now, h.historyBefore(now))
+}
+
+// flushWarnEvery is how often, at most, the flush interval warning is
+// logged.
+const flushWarnEvery = 10 * time.Minute
+
+// checkFlushInterval reports whether to warn that the session metrics
+// cover intervals longer than half the window (a flush every 15 s against
+// a 10 s window left it empty for 5 s of every 15, and the llm-d router's
+// gauges flapping); at most once every flushWarnEvery. Called under h.mu.
+func (h *engineHealth) checkFlushInterval(seen time.Duration, now time.Time) bool {
+	if seen <= h.cfg.Window/2 || (!h.flushWarned.IsZero() && now.Sub(h.flushWarned) < flushWarnEvery) {
+		return false
+	}
+	h.flushWarned = now
+	return true
+}
+
+// historyBefore is the start before which a cumulative series' first point
+// is history, not the window's: a series that started before the window
+// counted sessions this exporter cannot place in it. While this exporter is
+// young (no series can have been forgotten yet), a series that started
+// within a window of this exporter's own start is the collector's beside it
+// starting with it: its first flush counts whole, or a restart would throw
+// the first flush of every engine away.
+func (h *engineHealth) historyBefore(now time.Time) time.Time {
+	from := now.Add(-h.cfg.Window)
+	if young := h.started.Add(-h.cfg.Window); now.Sub(h.started) < h.judge.forgetAfter() && young.Before(from) {
+		return young
+	}
+	return from
 }
 
 // seriesKey names a series: the metric and its attributes, in order.

@@ -63,7 +63,7 @@ func startHealth(t *testing.T, mutate func(*Config)) *testHealth {
 	h, err := newEngineHealth(cfg, metadatatest.NewSettings(tel))
 	require.NoError(t, err)
 	clock := &fakeClock{now: t0}
-	h.now = clock.Now
+	h.now, h.started = clock.Now, clock.Now()
 	require.NoError(t, h.Start(context.Background(), componenttest.NewNopHost()))
 	t.Cleanup(func() { require.NoError(t, h.Shutdown(context.Background())) })
 	return &testHealth{engineHealth: h, tel: tel, clock: clock}

@@ -17,6 +17,8 @@ const (
 	metricStallRatio    = "llm_engine_health_stall_ratio"
 	metricTTFTP99       = "llm_engine_health_ttft_p99_seconds"
 	metricWindowSession = "llm_engine_health_window_sessions"
+	metricErrorRatio    = "llm_engine_health_error_ratio"
+	metricSaturated     = "llm_engine_health_saturated_ratio"
 	labelEngine         = "engine"
 )
 
@@ -32,6 +34,8 @@ func exposition(list []engineStatus) []*dto.MetricFamily {
 	stall := family(metricStallRatio, "The share of the sessions in the engine's window that stalled.")
 	ttft := family(metricTTFTP99, "The p99 of the time to first token in the engine's window, in seconds.")
 	sessions := family(metricWindowSession, "The sessions in the engine's window that it is judged on.")
+	errorRatio := family(metricErrorRatio, "The share of the sessions in the engine's window that ended by a fault of the engine.")
+	saturated := family(metricSaturated, "The share of the requests in the engine's window that it refused for load (429).")
 	for i := range list {
 		st := &list[i]
 		labels := []*dto.LabelPair{{Name: new(labelEngine), Value: new(st.Engine)}}
@@ -48,8 +52,10 @@ func exposition(list []engineStatus) []*dto.MetricFamily {
 			add(ttft, *st.TTFTP99S)
 		}
 		add(sessions, st.Window.Sessions)
+		add(errorRatio, st.Window.ErrorRatio)
+		add(saturated, st.Window.SaturatedRatio)
 	}
-	return []*dto.MetricFamily{ejected, stall, ttft, sessions}
+	return []*dto.MetricFamily{ejected, stall, ttft, sessions, errorRatio, saturated}
 }
 
 // serveMetrics answers the gauges in the Prometheus text format: of every

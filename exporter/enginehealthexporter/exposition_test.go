@@ -69,6 +69,8 @@ func TestMetricsEndpointServesTheWindow(t *testing.T) {
 	assert.Equal(t, map[string]float64{"a": 0, "b": 1, "c": 0}, got[metricEjected])
 	assert.Equal(t, map[string]float64{"a": 0, "b": 1, "c": 0.1}, got[metricStallRatio])
 	assert.Equal(t, map[string]float64{"a": 10, "b": 5, "c": 10}, got[metricWindowSession])
+	assert.Equal(t, map[string]float64{"a": 0, "b": 0, "c": 0}, got[metricErrorRatio])
+	assert.Equal(t, map[string]float64{"a": 0, "b": 0, "c": 0}, got[metricSaturated])
 	// b has no TTFT in its window (stall alerts only): no series, not 0.
 	require.Len(t, got[metricTTFTP99], 2)
 	assert.InDelta(t, 0.1, got[metricTTFTP99]["a"], 0.002, "100 ms TTFTs: p99 within their bucket (0.08, 0.1]")
@@ -81,7 +83,7 @@ func TestMetricsEndpointServesTheWindow(t *testing.T) {
 	// series, an unknown name no error.
 	got = gauges(t, scrape(t, th, "?engine="+url.QueryEscape(" C ")))
 	assert.Equal(t, map[string]float64{"c": 0.1}, got[metricStallRatio])
-	assert.Len(t, got, 4)
+	assert.Len(t, got, 6)
 	assert.Empty(t, scrape(t, th, "?engine=nope"))
 	assert.Empty(t, scrape(t, th, "?engine="+strings.Repeat("c", maxEngineName+1)))
 }
@@ -166,8 +168,10 @@ type eppConfig struct {
 }
 
 // Every metricSpec the shipped EPP config reads matches exactly one series
-// that engine_health serves to a pod's scrape, by name and labels, and the
-// filter and scorer read attributes those specs produce.
+// that engine_health serves to a pod's scrape, by name and labels; the
+// filter and scorer read attributes those specs produce, and every
+// attribute extracted is read (an attribute nothing reads costs a scrape's
+// extraction, and its errors in the EPP's log while the series is absent).
 func TestLLMDConfigSelectsServedSeries(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "llm-d", "epp-config.yaml"))
 	require.NoError(t, err)
@@ -183,7 +187,6 @@ func TestLLMDConfigSelectsServedSeries(t *testing.T) {
 	served := scrape(t, th, "")
 
 	attributes := map[string]bool{}
-	selected := map[string]bool{}
 	for _, p := range cfg.Plugins {
 		for _, ec := range p.Parameters.EngineConfigs {
 			for _, cm := range ec.CustomMetrics {
@@ -211,21 +214,20 @@ func TestLLMDConfigSelectsServedSeries(t *testing.T) {
 				}
 				assert.Equal(t, 1, matches, "%s: the series it selects, labels and all", cm.MetricSpec)
 				attributes[cm.AttributeKey] = true
-				selected[m[1]] = true
 			}
 		}
 	}
-	for name := range served {
-		assert.True(t, selected[name], "%s served but not read by the EPP config", name)
-	}
 	read := 0
+	used := map[string]bool{}
 	for _, p := range cfg.Plugins {
 		switch p.Type {
 		case "endpoint-attribute-filter":
 			assert.True(t, attributes[p.Parameters.Attribute], "%s reads %q", p.Name, p.Parameters.Attribute)
+			used[p.Parameters.Attribute] = true
 			read++
 		case "endpoint-attribute-scorer":
 			assert.True(t, attributes[p.Parameters.AttributeKey], "%s reads %q", p.Name, p.Parameters.AttributeKey)
+			used[p.Parameters.AttributeKey] = true
 			read++
 		case "metrics-data-source":
 			if p.Parameters.Port != 0 {
@@ -234,6 +236,9 @@ func TestLLMDConfigSelectsServedSeries(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 2, read, "a filter and a scorer")
+	for attr := range attributes {
+		assert.True(t, used[attr], "%s extracted but read by no filter or scorer", attr)
+	}
 }
 
 // sidecarPort is the port of engine_health's endpoint in deploy/llm-d's

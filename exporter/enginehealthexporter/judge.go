@@ -44,6 +44,8 @@ type judgeConfig struct {
 	maxPercent     float64
 	// keepLast: never eject the last engine with traffic (eject::keep_last).
 	keepLast bool
+	// engines are known from the start and never forgotten (engines).
+	engines []string
 }
 
 // bucket is one histogram bucket: count values in (lower, upper], in
@@ -77,6 +79,9 @@ type engineState struct {
 	reason    string
 	ejections int
 	until     time.Time
+	// pinned: named in the configuration, known from the start and never
+	// forgotten.
+	pinned bool
 	// lastEvidence is when a sample last said something new of the engine
 	// (see sample.evidence), or when it became known; lru is its place in
 	// the judge's order of it.
@@ -136,7 +141,22 @@ type judge struct {
 type forgottenCounts struct{ idle, overflow int }
 
 func newJudge(cfg judgeConfig) *judge {
-	return &judge{cfg: cfg, engines: make(map[string]*engineState)}
+	j := &judge{cfg: cfg, engines: make(map[string]*engineState)}
+	for _, raw := range cfg.engines {
+		name, _ := normalizeEngine(raw)
+		if j.engines[name] == nil {
+			e := j.newEngine(name)
+			e.pinned = true
+			j.engines[name] = e
+		}
+	}
+	return j
+}
+
+// newEngine is an engine's state before any sample: healthy, its window
+// empty. A pinned engine has no place in byEvidence: it is never forgotten.
+func (j *judge) newEngine(name string) *engineState {
+	return &engineState{name: name, state: stateHealthy, figures: windowFigures{TTFTP99: math.NaN()}}
 }
 
 // maxEngines bounds the engines the judge keeps (the names come from the
@@ -167,13 +187,15 @@ func (j *judge) add(name string, s sample) bool {
 	case e != nil && !evidence:
 		return true
 	case e != nil:
-		j.byEvidence.MoveToBack(e.lru)
+		if e.lru != nil {
+			j.byEvidence.MoveToBack(e.lru)
+		}
 	case len(j.engines) >= maxEngines && !evidence:
 		return true // nothing to judge, nothing lost
 	case len(j.engines) >= maxEngines && !j.forgetOldest():
 		return false
 	default:
-		e = &engineState{name: name, state: stateHealthy, figures: windowFigures{TTFTP99: math.NaN()}}
+		e = j.newEngine(name)
 		if evidence {
 			e.lru = j.byEvidence.PushBack(e)
 		} else {
@@ -375,7 +397,7 @@ func (j *judge) evaluate(now time.Time) []change {
 			}
 		}
 		if len(e.samples) == 0 {
-			if now.Sub(e.lastEvidence) > j.forgetAfter() {
+			if !e.pinned && now.Sub(e.lastEvidence) > j.forgetAfter() {
 				j.forget(e) // gone: forgotten (deleting while ranging is safe)
 				j.forgotten.idle++
 				continue

@@ -50,15 +50,15 @@ func newSeriesTable() *seriesTable {
 }
 
 // delta turns a cumulative point into what it adds since the series' last
-// point. The first point of a series that began before the window only sets
+// point. The first point of a series that began before history only sets
 // the base: what it counts is history (the exporter started after the
 // collector upstream, or forgot the series). A point that goes backwards, or
 // a new start time, is a restart upstream: reset reports it, and the new
 // counter's own count is what it adds. counts, when not nil, is a
 // histogram's bucket counts, turned into deltas in place (and value is
 // ignored).
-func (t *seriesTable) delta(key string, start pcommon.Timestamp, value float64, counts *[]uint64, now time.Time,
-	window time.Duration,
+func (t *seriesTable) delta(key string, start pcommon.Timestamp, value float64, counts *[]uint64, now,
+	history time.Time,
 ) (float64, bool) {
 	cur := seriesPoint{start: start, value: value}
 	e := t.points[key]
@@ -72,7 +72,7 @@ func (t *seriesTable) delta(key string, start pcommon.Timestamp, value float64, 
 		}
 		e.el = t.unchanged.PushBack(e)
 		t.points[key] = e
-		if start.AsTime().Before(now.Add(-window)) {
+		if start.AsTime().Before(history) {
 			if counts != nil {
 				clear(*counts)
 			}
