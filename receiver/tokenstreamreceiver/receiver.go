@@ -437,6 +437,7 @@ func (s *logsSink) Counters() proxy.Counters {
 		DroppedEvents:       t.ReceiverTokenStreamProxyDroppedEvents,
 		StalledStreams:      t.ReceiverTokenStreamProxyStalledStreams,
 		CutStreams:          t.ReceiverTokenStreamProxyCutStreams,
+		UpstreamRetries:     t.ReceiverTokenStreamProxyUpstreamRetries,
 		TruncatedValues:     t.ReceiverTokenStreamTruncatedValues,
 	}
 }

@@ -35,6 +35,7 @@ type TelemetryBuilder struct {
 	ReceiverTokenStreamProxyPassthroughFailures metric.Int64Counter
 	ReceiverTokenStreamProxyRefusedRequests     metric.Int64Counter
 	ReceiverTokenStreamProxyStalledStreams      metric.Int64Counter
+	ReceiverTokenStreamProxyUpstreamRetries     metric.Int64Counter
 	ReceiverTokenStreamRefusedEvents            metric.Int64Counter
 	ReceiverTokenStreamRejectedEvents           metric.Int64Counter
 	ReceiverTokenStreamSkippedFamilies          metric.Int64Counter
@@ -125,6 +126,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_receiver_token_stream_proxy_stalled_streams",
 		metric.WithDescription("Streams the proxy's stall breaker cut (proxy::stall::max_gap without a token): the upstream request was cancelled and the client got an engine_stalled error event; their sessions end error, error.type engine_stalled. [Development]"),
 		metric.WithUnit("{stream}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ReceiverTokenStreamProxyUpstreamRetries, err = builder.meter.Int64Counter(
+		"otelcol_receiver_token_stream_proxy_upstream_retries",
+		metric.WithDescription("Upstream requests, observed or passed through, whose kept-alive connection failed before any byte of the answer (the upstream had closed it), by outcome: each is sent again once, on a new connection, unless its body could not be kept. [Development]"),
+		metric.WithUnit("{request}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ReceiverTokenStreamRefusedEvents, err = builder.meter.Int64Counter(

@@ -165,6 +165,22 @@ func AssertEqualReceiverTokenStreamProxyStalledStreams(t *testing.T, tt *compone
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }
 
+func AssertEqualReceiverTokenStreamProxyUpstreamRetries(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_receiver_token_stream_proxy_upstream_retries",
+		Description: "Upstream requests, observed or passed through, whose kept-alive connection failed before any byte of the answer (the upstream had closed it), by outcome: each is sent again once, on a new connection, unless its body could not be kept. [Development]",
+		Unit:        "{request}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_receiver_token_stream_proxy_upstream_retries")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
 func AssertEqualReceiverTokenStreamRefusedEvents(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_receiver_token_stream_refused_events",

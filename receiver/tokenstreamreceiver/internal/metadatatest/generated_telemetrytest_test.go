@@ -28,6 +28,7 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ReceiverTokenStreamProxyPassthroughFailures.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamProxyRefusedRequests.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamProxyStalledStreams.Add(context.Background(), 1)
+	tb.ReceiverTokenStreamProxyUpstreamRetries.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamRefusedEvents.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamRejectedEvents.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamSkippedFamilies.Add(context.Background(), 1)
@@ -60,6 +61,9 @@ func TestSetupTelemetry(t *testing.T) {
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamProxyStalledStreams(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualReceiverTokenStreamProxyUpstreamRetries(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamRefusedEvents(t, testTel,

@@ -21,6 +21,7 @@ import (
 
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/config/confighttp"
+	"go.opentelemetry.io/collector/config/configoptional"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -175,10 +176,25 @@ func Start(ctx context.Context, cfg *Config, sink Sink, host component.Host, set
 	if err != nil {
 		return nil, fmt.Errorf("proxy::upstream: %w", err)
 	}
-	client.Transport = &boundedTransport{base: client.Transport, header: cfg.ResponseHeaderTimeout, idle: cfg.StreamIdleTimeout}
+	// The retries' client (retry.go): the same, but a new connection for
+	// every request.
+	freshCfg := clientCfg
+	freshCfg.Keepalive = configoptional.None[confighttp.KeepaliveClientConfig]()
+	freshCfg.DisableKeepAlives = true //nolint:staticcheck // what ToClient reads when Keepalive is None
+	fresh, err := proxyconn.UpstreamClient(ctx, freshCfg, host, set)
+	if err != nil {
+		return nil, fmt.Errorf("proxy::upstream: %w", err)
+	}
+	counters := sink.Counters()
+	retries := retryCounter{counters.UpstreamRetries}
+	client.Transport = &retryingTransport{
+		base:    &boundedTransport{base: client.Transport, header: cfg.ResponseHeaderTimeout, idle: cfg.StreamIdleTimeout},
+		fresh:   &boundedTransport{base: fresh.Transport, header: cfg.ResponseHeaderTimeout, idle: cfg.StreamIdleTimeout},
+		retries: retries,
+	}
 	upstream := cfg.Upstream
 	p := &Server{
-		sink: sink, counters: sink.Counters(), log: sink.Logger(), warn: lograte.OncePerMinute(sink.Logger()),
+		sink: sink, counters: counters, log: sink.Logger(), warn: lograte.OncePerMinute(sink.Logger()),
 		upstream: upstream, engine: cfg.Engine, client: client, headerAttributes: cfg.HeaderAttributes,
 		bodyTimeout: cfg.ClientBodyTimeout, sendTimeout: cfg.ClientSendTimeout,
 		drainTimeout: cfg.DrainTimeout, maxStreams: int64(cfg.MaxStreams), draining: make(chan struct{}),
@@ -186,6 +202,7 @@ func Start(ctx context.Context, cfg *Config, sink Sink, host component.Host, set
 	}
 	if directEligible(&cfg.Client, upstream) {
 		p.direct = newDirectUpstream(&cfg.Client, upstream, cfg.ResponseHeaderTimeout, cfg.StreamIdleTimeout)
+		p.direct.retries = retries
 	}
 	p.cut, p.cutAll = context.WithCancelCause(context.Background())
 	p.passthrough = &httputil.ReverseProxy{
@@ -472,7 +489,9 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (r
 	if breakerWanted {
 		s.breaker = newStallBreaker(p.stallMaxGap, p.stallMinTokens, cancel)
 	}
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, p.upstreamURL(req.URL), body) //nolint:gosec // G704: the upstream is the operator's configured engine, only the path comes from the client
+	// A copy of what is sent is kept while the request may be sent again
+	// (retry.go); the client's length tells whether it fits.
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, p.upstreamURL(req.URL), newReplayBody(body, req.ContentLength)) //nolint:gosec // G704: the upstream is the operator's configured engine, only the path comes from the client
 	if err != nil {
 		writeProxyError(w, http.StatusBadRequest, "invalid_request")
 		return false

@@ -218,6 +218,7 @@ func (s *testSink) Counters() Counters {
 		DroppedEvents:       s.tel.ReceiverTokenStreamProxyDroppedEvents,
 		StalledStreams:      s.tel.ReceiverTokenStreamProxyStalledStreams,
 		CutStreams:          s.tel.ReceiverTokenStreamProxyCutStreams,
+		UpstreamRetries:     s.tel.ReceiverTokenStreamProxyUpstreamRetries,
 		TruncatedValues:     s.tel.ReceiverTokenStreamTruncatedValues,
 	}
 }

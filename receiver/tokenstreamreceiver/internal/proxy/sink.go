@@ -50,6 +50,9 @@ type Counters struct {
 	// CutStreams: streams not relayed whole, ended for the client with an
 	// error event, by reason (cut_reason); the breaker's are StalledStreams.
 	CutStreams metric.Int64Counter
+	// UpstreamRetries: upstream requests whose kept-alive connection failed
+	// before any byte of the answer, by outcome (retry_outcome).
+	UpstreamRetries metric.Int64Counter
 	// TruncatedValues: values of the events cut to their bound
 	// (tokenevent.CutValues), counted with transport proxy.
 	TruncatedValues metric.Int64Counter

@@ -51,8 +51,9 @@ type directUpstream struct {
 	readBuffer int
 	// heads are the readers of response heads, given back when the body
 	// is read without them (dechunkedBody).
-	heads sync.Pool
-	pool  connPool
+	heads   sync.Pool
+	pool    connPool
+	retries retryCounter
 }
 
 // directEligible reports whether the observed requests to upstream can
@@ -120,30 +121,66 @@ var copyBuffers = sync.Pool{New: func() any { return new([4 << 10]byte) }}
 
 // RoundTrip sends req (its body chunked: the usage member may have been
 // added) and reads the response head. Its errors are the transport's: a
-// timeout is a net.Error whose Timeout is true.
+// timeout is a net.Error whose Timeout is true. A request whose kept-alive
+// connection failed before any byte of the answer is sent again, once, on
+// a new connection (retry.go).
 func (d *directUpstream) RoundTrip(req *http.Request) (*http.Response, error) {
+	body := replayBodyOf(req)
+	var c net.Conn
+	if body.fits() {
+		// A body that could not be sent again goes on a new connection,
+		// which has no close to race.
+		c = d.pool.get()
+	}
+	var src io.Reader
+	if body != nil {
+		src = body
+	}
+	if c == nil {
+		resp, _, err := d.exchange(req, src, nil)
+		return resp, err
+	}
+	body.keep()
+	resp, early, err := d.exchange(req, src, c)
+	if err == nil || !early || !retryable(req.Context(), err) {
+		body.settle()
+		return resp, err
+	}
+	if !body.rewind() {
+		d.retries.add(retryBodyTooLarge)
+		body.settle()
+		return nil, err
+	}
+	resp, _, err = d.exchange(req, src, nil)
+	body.settle()
+	d.retries.retried(err)
+	return resp, err
+}
+
+// exchange sends req with body on c (nil: a new connection) and reads the
+// response head. early: it failed before any byte of the answer came.
+func (d *directUpstream) exchange(req *http.Request, body io.Reader, c net.Conn) (_ *http.Response, early bool, _ error) {
 	ctx := req.Context()
-	c := d.pool.get()
 	var err error
 	if c == nil {
 		c, err = proxyconn.Dial(ctx, "tcp", d.addr)
 	}
 	if err != nil {
-		return nil, err
+		return nil, true, err
 	}
 	// Canceling the request closes the connection, which ends any read
 	// or write on it.
 	stop := context.AfterFunc(ctx, func() { c.Close() })
-	fail := func(err error) (*http.Response, error) {
+	fail := func(err error) (*http.Response, bool, error) {
 		if stop() {
 			c.Close()
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("proxy: upstream request: %w", context.Cause(ctx))
+			return nil, false, fmt.Errorf("proxy: upstream request: %w", context.Cause(ctx))
 		}
-		return nil, err
+		return nil, early, err
 	}
-	werr, bodyErr := d.writeRequest(c, req)
+	werr, bodyErr := d.writeRequest(c, req, body)
 	if bodyErr != nil || (werr != nil && ctx.Err() != nil) {
 		// The client's body failed (too large, too slow, gone): the
 		// request cannot be finished, the connection cannot be reused.
@@ -159,6 +196,17 @@ func (d *directUpstream) RoundTrip(req *http.Request) (*http.Response, error) {
 		br = bufio.NewReaderSize(c, d.readBuffer)
 	} else {
 		br.Reset(c)
+	}
+	if _, err := br.Peek(1); err != nil {
+		br.Reset(nil)
+		d.heads.Put(br)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return fail(errHeaderTimeout)
+		}
+		// No byte of the answer came: the upstream closed the connection,
+		// or the request's write failed.
+		early = true
+		return fail(cmp.Or(werr, err))
 	}
 	var resp *http.Response
 	for {
@@ -210,12 +258,12 @@ func (d *directUpstream) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp.ContentLength = -1
 		resp.Uncompressed = true
 	}
-	return resp, nil
+	return resp, false, nil
 }
 
-// writeRequest writes req's head and its body, chunked. bodyErr is a
-// failure to read the body, err one to write to c.
-func (d *directUpstream) writeRequest(c net.Conn, req *http.Request) (err, bodyErr error) {
+// writeRequest writes req's head and body, chunked. bodyErr is a failure
+// to read the body, err one to write to c.
+func (d *directUpstream) writeRequest(c net.Conn, req *http.Request, body io.Reader) (err, bodyErr error) {
 	w := requestWriters.Get().(*bufio.Writer)
 	w.Reset(c)
 	defer func() {
@@ -238,20 +286,20 @@ func (d *directUpstream) writeRequest(c net.Conn, req *http.Request) (err, bodyE
 	if d.pool.off {
 		_, _ = w.WriteString("Connection: close\r\n")
 	}
-	if req.Body == nil {
+	if body == nil {
 		_, _ = w.WriteString("\r\n")
 		return w.Flush(), nil
 	}
 	_, _ = w.WriteString("Transfer-Encoding: chunked\r\n\r\n")
 	cw := httputil.NewChunkedWriter(w)
-	body := &readErrorReader{r: req.Body}
+	src := &readErrorReader{r: body}
 	// io.Copy would allocate 32 KiB per request: neither side has a
 	// ReadFrom or WriteTo.
 	cb := copyBuffers.Get().(*[4 << 10]byte)
-	_, err = io.CopyBuffer(cw, body, cb[:])
+	_, err = io.CopyBuffer(cw, src, cb[:])
 	copyBuffers.Put(cb)
 	if err != nil {
-		return err, body.err
+		return err, src.err
 	}
 	_ = cw.Close()
 	_, _ = w.WriteString("\r\n")
