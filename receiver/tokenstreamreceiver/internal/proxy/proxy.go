@@ -603,7 +603,7 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (r
 	h := w.Header()
 	copyResponseHeader(h, resp.Header)
 	if streaming {
-		// The usage chunk the proxy asked for is taken out, an unfinished
+		// The usage the proxy asked for is taken out, an unfinished
 		// event left out and an error event added when the stream is cut
 		// (cut.go): the upstream's length is not the client's.
 		h.Del("Content-Length")
