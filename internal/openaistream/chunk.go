@@ -27,12 +27,6 @@ type ChunkFacts struct {
 	Content bool
 	// UsageOnly: the final usage chunk, with no choices.
 	UsageOnly bool
-	// Extras: the chunk has a top-level member, not null, beyond the ones
-	// every chunk of a stream carries (id, object, created, model,
-	// system_fingerprint, service_tier, obfuscation), choices and usage:
-	// llama.cpp's timings, vLLM's metrics, an error. A usage chunk without
-	// extras holds nothing but the usage.
-	Extras bool
 	// CompletionTokens and PromptTokens from usage, else from llama.cpp's
 	// timings (predicted_n; prompt_n + cache_n), -1 when absent.
 	CompletionTokens, PromptTokens int64
@@ -121,20 +115,10 @@ func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
 				choices++
 				return s.choice(&f)
 			})
-		case "id", "object", "created", "model", "system_fingerprint", "service_tier", "obfuscation":
-			return s.skip()
 		case "error":
-			if s.null() {
-				return true
-			}
-			f.Extras = true
-			return s.errorObject(&f)
+			return s.null() || s.errorObject(&f)
 		case "metrics":
-			if s.null() {
-				return true
-			}
-			f.Extras = true
-			return s.object(func(key []byte) bool {
+			return s.null() || s.object(func(key []byte) bool {
 				switch string(key) {
 				case "queue_time_ms":
 					return s.optionalFloat(&f.Timing.QueueMs)
@@ -146,11 +130,7 @@ func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
 				return s.skip()
 			})
 		case "timings":
-			if s.null() {
-				return true
-			}
-			f.Extras = true
-			return s.object(func(key []byte) bool {
+			return s.null() || s.object(func(key []byte) bool {
 				switch string(key) {
 				case "prompt_ms":
 					return s.optionalFloat(&llama.PrefillMs)
@@ -180,10 +160,6 @@ func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
 				return s.skip()
 			})
 		}
-		if s.null() {
-			return true
-		}
-		f.Extras = true
 		return s.skip()
 	})
 	if !ok || !s.end() {
@@ -205,25 +181,41 @@ func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
 	return f, true
 }
 
-// UsageSpan locates the top-level "usage" member of data, a JSON object,
+// UsageMember locates the top-level "usage" member of data, a JSON object,
 // with the comma that separates it from its neighbour: data[:from] followed
 // by data[to:] is the same object without it, every other byte as it was.
-// ok is false when data is not one object with exactly one "usage" member.
-func UsageSpan(data []byte) (from, to int, ok bool) {
+// extras reports whether data has a top-level member, not null, beyond
+// usage, choices and the ones every chunk of a stream carries (id, object,
+// created, model, system_fingerprint, service_tier, obfuscation): llama.cpp's
+// timings, vLLM's metrics, an error. A usage chunk (no choices) without
+// extras holds nothing but the usage. ok is false when data is not one object with
+// exactly one "usage" member.
+//
+// The proxy asks it of a usage chunk it asked for, once per stream; every
+// other chunk goes through InspectChunk alone.
+func UsageMember(data []byte) (from, to int, extras, ok bool) {
 	s := jsonWalker{b: data}
 	n := 0
 	whole := s.object(func(key []byte) bool {
-		if string(key) != "usage" {
+		switch string(key) {
+		case "usage":
+			n++
+			from = s.offset(key) - 1 // the key's opening quote
+			read := s.skip()
+			to = s.i
+			return read
+		case "id", "object", "created", "model", "system_fingerprint", "service_tier", "obfuscation", "choices":
+			// (choices: a usage chunk has none.)
 			return s.skip()
 		}
-		n++
-		from = s.offset(key) - 1 // the key's opening quote
-		read := s.skip()
-		to = s.i
-		return read
+		if s.null() {
+			return true
+		}
+		extras = true
+		return s.skip()
 	})
 	if !whole || !s.end() || n != 1 {
-		return 0, 0, false
+		return 0, 0, false, false
 	}
 	// The comma before it (and what lies between), else the one after it
 	// (and the blanks up to the next key).
@@ -232,13 +224,13 @@ func UsageSpan(data []byte) (from, to int, ok bool) {
 		before--
 	}
 	if data[before] == ',' {
-		return before, to, true
+		return before, to, extras, true
 	}
 	after := skipJSONSpace(data, to)
 	if data[after] == ',' {
-		return from, skipJSONSpace(data, after+1), true
+		return from, skipJSONSpace(data, after+1), extras, true
 	}
-	return from, to, true
+	return from, to, extras, true
 }
 
 func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

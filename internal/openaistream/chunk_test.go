@@ -79,22 +79,22 @@ func TestInspectChunk(t *testing.T) {
 		},
 		{
 			"vLLM engine error", `{"error": {"object": "error", "message": "CUDA out of memory", "type": "InternalServerError", "param": null, "code": 500}}`,
-			ChunkFacts{ErrorType: "InternalServerError", Extras: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			ChunkFacts{ErrorType: "InternalServerError", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
 			true,
 		},
 		{
 			"error code only", `{"error":{"message":"m","type":null,"code":"context_length_exceeded"}}`,
-			ChunkFacts{ErrorType: "context_length_exceeded", Extras: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			ChunkFacts{ErrorType: "context_length_exceeded", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
 			true,
 		},
 		{
 			"error numeric code", `{"error":{"code":503}}`,
-			ChunkFacts{ErrorType: "503", Extras: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			ChunkFacts{ErrorType: "503", CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
 			true,
 		},
 		{
 			"error string", `{"error":"boom"}`,
-			ChunkFacts{ErrorType: EngineError, Extras: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			ChunkFacts{ErrorType: EngineError, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
 			true,
 		},
 		{
@@ -105,51 +105,41 @@ func TestInspectChunk(t *testing.T) {
 		{
 			"error type escaped and long", `{"error":{"type":"\u00e9` + strings.Repeat("é", 40) + `"}}`,
 			// maxErrorTypeBytes (68): the proxy cuts it to 64.
-			ChunkFacts{ErrorType: strings.Repeat("é", 34), Extras: true, CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
+			ChunkFacts{ErrorType: strings.Repeat("é", 34), CompletionTokens: -1, PromptTokens: -1, Timing: noTiming},
 			true,
 		},
 		// vLLM's per-request metrics (--enable-per-request-metrics, v0.25.0)
 		// on the final usage chunk of a stream: ms, measured in the engine.
 		{
 			"per-request metrics", `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":10,"total_tokens":15,"completion_tokens":5},"metrics":{"time_to_first_token_ms":50.0,"generation_time_ms":200.0,"queue_time_ms":10.5,"mean_itl_ms":50.0,"tokens_per_second":20.0}}`,
-			ChunkFacts{UsageOnly: true, Extras: true, CompletionTokens: 5, PromptTokens: 10, Timing: RequestTiming{QueueMs: 10.5, PrefillMs: 50, DecodeMs: 200, Source: tokenevent.TimingResponse}},
+			ChunkFacts{UsageOnly: true, CompletionTokens: 5, PromptTokens: 10, Timing: RequestTiming{QueueMs: 10.5, PrefillMs: 50, DecodeMs: 200, Source: tokenevent.TimingResponse}},
 			true,
 		},
 		{
 			"per-request metrics, some null", `{"choices":[],"usage":{"completion_tokens":1},"metrics":{"queue_time_ms":null,"time_to_first_token_ms":3,"generation_time_ms":-4}}`,
-			ChunkFacts{UsageOnly: true, Extras: true, CompletionTokens: 1, PromptTokens: -1, Timing: RequestTiming{QueueMs: -1, PrefillMs: 3, DecodeMs: -1, Source: tokenevent.TimingResponse}},
+			ChunkFacts{UsageOnly: true, CompletionTokens: 1, PromptTokens: -1, Timing: RequestTiming{QueueMs: -1, PrefillMs: 3, DecodeMs: -1, Source: tokenevent.TimingResponse}},
 			true,
 		},
 		// llama.cpp's timings (testdata/fixtures/llamacpp): prefill and decode,
 		// no queue; its token counts stand in for usage when there is none.
 		{
 			"llama.cpp finish chunk", `{"choices":[{"finish_reason":"length","index":0,"delta":{}}],"created":1,"id":"chatcmpl-J","model":"m","system_fingerprint":"b1-de3ff81","object":"chat.completion.chunk","timings":{"cache_n":2,"prompt_n":10,"prompt_ms":106.123,"prompt_per_token_ms":10.6,"prompt_per_second":94.2,"predicted_n":4,"predicted_ms":9.6,"predicted_per_token_ms":3.2,"predicted_per_second":312.5}}`,
-			ChunkFacts{FinishReason: "length", Extras: true, CompletionTokens: 4, PromptTokens: 12, Timing: RequestTiming{QueueMs: -1, PrefillMs: 106.123, DecodeMs: 9.6, Source: tokenevent.TimingLlamaCpp}},
+			ChunkFacts{FinishReason: "length", CompletionTokens: 4, PromptTokens: 12, Timing: RequestTiming{QueueMs: -1, PrefillMs: 106.123, DecodeMs: 9.6, Source: tokenevent.TimingLlamaCpp}},
 			true,
 		},
 		{
 			"llama.cpp usage chunk: usage wins", `{"choices":[],"object":"chat.completion.chunk","usage":{"completion_tokens":5,"prompt_tokens":13,"total_tokens":18},"timings":{"cache_n":0,"prompt_n":12,"prompt_ms":1.5,"predicted_n":4,"predicted_ms":2}}`,
-			ChunkFacts{UsageOnly: true, Extras: true, CompletionTokens: 5, PromptTokens: 13, Timing: RequestTiming{QueueMs: -1, PrefillMs: 1.5, DecodeMs: 2, Source: tokenevent.TimingLlamaCpp}},
+			ChunkFacts{UsageOnly: true, CompletionTokens: 5, PromptTokens: 13, Timing: RequestTiming{QueueMs: -1, PrefillMs: 1.5, DecodeMs: 2, Source: tokenevent.TimingLlamaCpp}},
 			true,
 		},
 		{
 			"older llama.cpp timings: no cache_n, no prompt count", `{"choices":[],"timings":{"prompt_n":12,"prompt_ms":98.4,"predicted_n":5,"predicted_ms":30.1}}`,
-			ChunkFacts{Extras: true, CompletionTokens: 5, PromptTokens: -1, Timing: RequestTiming{QueueMs: -1, PrefillMs: 98.4, DecodeMs: 30.1, Source: tokenevent.TimingLlamaCpp}},
+			ChunkFacts{CompletionTokens: 5, PromptTokens: -1, Timing: RequestTiming{QueueMs: -1, PrefillMs: 98.4, DecodeMs: 30.1, Source: tokenevent.TimingLlamaCpp}},
 			true,
 		},
 		{
 			"vLLM's metrics win over timings", `{"choices":[],"timings":{"prompt_ms":1},"metrics":{"queue_time_ms":2}}`,
-			ChunkFacts{Extras: true, CompletionTokens: -1, PromptTokens: -1, Timing: RequestTiming{QueueMs: 2, PrefillMs: -1, DecodeMs: -1, Source: tokenevent.TimingResponse}},
-			true,
-		},
-		{
-			"usage chunk with the envelope only", `{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","system_fingerprint":"fp","service_tier":"default","obfuscation":"aB3","choices":[],"usage":{"completion_tokens":1},"timings":null,"other":null}`,
-			ChunkFacts{UsageOnly: true, CompletionTokens: 1, PromptTokens: -1, Timing: noTiming},
-			true,
-		},
-		{
-			"a member no engine sends is for the client", `{"choices":[],"usage":{"completion_tokens":1},"x_engine":{}}`,
-			ChunkFacts{UsageOnly: true, Extras: true, CompletionTokens: 1, PromptTokens: -1, Timing: noTiming},
+			ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: RequestTiming{QueueMs: 2, PrefillMs: -1, DecodeMs: -1, Source: tokenevent.TimingResponse}},
 			true,
 		},
 		{"done", `[DONE]`, ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, false},
@@ -296,7 +286,6 @@ func referenceInspect(data []byte) (ChunkFacts, bool) {
 		f.UsageOnly = len(c.Choices) == 0
 	}
 	f.ErrorType = referenceErrorType(c.Error)
-	f.Extras = referenceExtras(data)
 	ms := func(v *float64, dst *float64) {
 		if v != nil && *v >= 0 {
 			*dst = *v
@@ -492,65 +481,73 @@ func TestInspectChunkLlamaCpp(t *testing.T) {
 		require.True(t, ok)
 		return f
 	}
-	assert.Equal(t, ChunkFacts{FinishReason: "length", Extras: true, CompletionTokens: 4, PromptTokens: 12, Timing: chatTiming}, last(0),
+	assert.Equal(t, ChunkFacts{FinishReason: "length", CompletionTokens: 4, PromptTokens: 12, Timing: chatTiming}, last(0),
 		"without include_usage: the finish chunk has the timings, and counts from them")
-	assert.Equal(t, ChunkFacts{UsageOnly: true, Extras: true, CompletionTokens: 4, PromptTokens: 12, Timing: chatTiming}, last(1),
+	assert.Equal(t, ChunkFacts{UsageOnly: true, CompletionTokens: 4, PromptTokens: 12, Timing: chatTiming}, last(1),
 		"with include_usage: the usage chunk has them, and more than usage")
-	assert.Equal(t, ChunkFacts{FinishReason: "length", Extras: true, CompletionTokens: 3, PromptTokens: 12,
+	assert.Equal(t, ChunkFacts{FinishReason: "length", CompletionTokens: 3, PromptTokens: 12,
 		Timing: RequestTiming{QueueMs: -1, PrefillMs: 31.874, DecodeMs: 7.05, Source: tokenevent.TimingLlamaCpp}}, last(2),
 		"completions: the final chunk is a choice with usage and timings")
-	assert.Equal(t, ChunkFacts{FinishReason: "length", Extras: true, CompletionTokens: 5, PromptTokens: 12,
+	assert.Equal(t, ChunkFacts{FinishReason: "length", CompletionTokens: 5, PromptTokens: 12,
 		Timing: RequestTiming{QueueMs: -1, PrefillMs: 98.412, DecodeMs: 30.112, Source: tokenevent.TimingLlamaCpp}}, last(3),
 		"b5440: usage and timings on the finish chunk")
 	for i, stream := range streams {
 		for _, c := range stream[:len(stream)-1] {
 			f, ok := InspectChunk(c)
 			require.True(t, ok)
-			assert.False(t, f.Extras || f.Timing.Known() || f.UsageOnly, "stream %d: %s", i, c)
+			assert.False(t, f.Timing.Known() || f.UsageOnly, "stream %d: %s", i, c)
 		}
 	}
 }
 
-func TestUsageSpan(t *testing.T) {
+func TestUsageMember(t *testing.T) {
 	streams := llamaCppStreams(t)
 	llamaUsage := string(streams[1][len(streams[1])-1])
 	vllmUsage := `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[],"usage":{"prompt_tokens":42,"total_tokens":50,"completion_tokens":8}}`
 	tests := []struct {
 		name, data, want string
+		extras           bool
 	}{
-		{"llama.cpp's usage chunk", llamaUsage,
-			strings.Replace(llamaUsage, `,"usage":{"completion_tokens":4,"prompt_tokens":12,"total_tokens":16,"prompt_tokens_details":{"cached_tokens":0}}`, "", 1)},
-		{"vLLM's usage chunk", vllmUsage, `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[]}`},
-		{"first member", `{"usage":{"a":1},"timings":{}}`, `{"timings":{}}`},
-		{"only member", `{"usage":{"a":[1,{"usage":2}]}}`, `{}`},
-		{"blanks, in the middle", `{ "a" : 1 , "usage" : { "b" : [ 1 ] } , "c" : 2 }`, `{ "a" : 1  , "c" : 2 }`},
-		{"blanks, first", "{\n  \"usage\": 1,\n  \"b\": 2\n}\n", "{\n  \"b\": 2\n}\n"},
-		{"blanks, last", "{\n  \"b\": 2,\n  \"usage\": null\n}", "{\n  \"b\": 2\n}"},
+		{"llama.cpp's usage chunk: timings for the client", llamaUsage,
+			strings.Replace(llamaUsage, `,"usage":{"completion_tokens":4,"prompt_tokens":12,"total_tokens":16,"prompt_tokens_details":{"cached_tokens":0}}`, "", 1), true},
+		{"vLLM's usage chunk: nothing else", vllmUsage, `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[]}`, false},
+		{"vLLM's with its metrics", `{"choices":[],"usage":{},"metrics":{"queue_time_ms":1}}`, `{"choices":[],"metrics":{"queue_time_ms":1}}`, true},
+		{"OpenAI's, every envelope member", `{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","service_tier":"default","system_fingerprint":"fp","choices":[],"usage":{},"obfuscation":"aB3","timings":null,"other":null}`,
+			`{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","service_tier":"default","system_fingerprint":"fp","choices":[],"obfuscation":"aB3","timings":null,"other":null}`, false},
+		{"an error is for the client", `{"choices":[],"usage":{},"error":{"type":"x"}}`, `{"choices":[],"error":{"type":"x"}}`, true},
+		{"a member no engine sends is for the client", `{"usage":{},"x_engine":[]}`, `{"x_engine":[]}`, true},
+		{"first member", `{"usage":{"a":1},"timings":{}}`, `{"timings":{}}`, true},
+		{"only member", `{"usage":{"a":[1,{"usage":2}]}}`, `{}`, false},
+		{"blanks, in the middle", `{ "a" : 1 , "usage" : { "b" : [ 1 ] } , "c" : 2 }`, `{ "a" : 1  , "c" : 2 }`, true},
+		{"blanks, first", "{\n  \"usage\": 1,\n  \"b\": 2\n}\n", "{\n  \"b\": 2\n}\n", true},
+		{"blanks, last", "{\n  \"b\": 2,\n  \"usage\": null\n}", "{\n  \"b\": 2\n}", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			from, to, ok := UsageSpan([]byte(tt.data))
+			from, to, extras, ok := UsageMember([]byte(tt.data))
 			require.True(t, ok)
 			assert.Equal(t, tt.want, tt.data[:from]+tt.data[to:])
+			assert.Equal(t, tt.extras, extras)
 		})
 	}
 	for _, data := range []string{
 		`{"choices":[]}`, `{"usage":1,"usage":2}`, `{"x":{"usage":1}}`, `[{"usage":1}]`, `{"usage":1} x`, `{"usage":`, `[DONE]`,
 	} {
-		_, _, ok := UsageSpan([]byte(data))
+		_, _, _, ok := UsageMember([]byte(data))
 		assert.False(t, ok, "%s", data)
 	}
 }
 
-// FuzzUsageSpan holds UsageSpan to encoding/json: what is left of a valid
-// object is a valid object with the same members but usage.
-func FuzzUsageSpan(f *testing.F) {
+// FuzzUsageMember holds UsageMember to encoding/json: what is left of a
+// valid object is a valid object with the same members but usage, and its
+// extras are those encoding/json finds.
+func FuzzUsageMember(f *testing.F) {
 	for _, c := range append(fixtureChunks(f), llamaCppChunks(f)...) {
 		f.Add(c)
 	}
 	f.Add([]byte("{ \"usage\" :{} ,\"a\":[1]}"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		from, to, ok := UsageSpan(data)
+		from, to, extras, ok := UsageMember(data)
 		var before map[string]json.RawMessage
 		if json.Unmarshal(data, &before) != nil || nestingDepth(data) > maxJSONDepth {
 			return
@@ -559,7 +556,10 @@ func FuzzUsageSpan(f *testing.F) {
 			return
 		}
 		if !ok {
-			t.Fatalf("%q: encoding/json finds one usage member, UsageSpan none", data)
+			t.Fatalf("%q: encoding/json finds one usage member, UsageMember none", data)
+		}
+		if want := referenceExtras(data); extras != want {
+			t.Fatalf("%q: extras %v, encoding/json finds %v", data, extras, want)
 		}
 		out := append(append([]byte{}, data[:from]...), data[to:]...)
 		var after map[string]json.RawMessage

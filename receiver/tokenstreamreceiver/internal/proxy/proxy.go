@@ -813,10 +813,11 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 				if strip && f.UsageOnly {
 					// The usage the proxy asked for is the proxy's; what
 					// else the engine put on the chunk is the client's.
-					if !f.Extras {
+					head, tail, keep := withoutUsage(ev)
+					if !keep {
 						return nil
 					}
-					return write(withoutUsage(ev))
+					return write(head, tail)
 				}
 			}
 		}
@@ -892,16 +893,20 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 
 // withoutUsage is the usage chunk ev as the client gets it when the proxy
 // asked for the usage: the engine's bytes without the "usage" member (and
-// its comma), in two pieces. An event whose data is not on one line (no
-// engine sends one) goes as it came, usage and all: nothing of the
-// engine's is lost.
-func withoutUsage(ev *sse.Event) (head, tail []byte) {
-	from, to, ok := openaistream.UsageSpan(ev.Data)
+// its comma), in two pieces; keep is false when nothing else of the
+// engine's is left on it (vLLM's), and the client gets nothing. An event
+// whose data is not on one line (no engine sends one) goes as it came,
+// usage and all: nothing of the engine's is lost.
+func withoutUsage(ev *sse.Event) (head, tail []byte, keep bool) {
+	from, to, extras, ok := openaistream.UsageMember(ev.Data)
+	if ok && !extras {
+		return nil, nil, false
+	}
 	at := bytes.Index(ev.Raw, ev.Data)
 	if !ok || at < 0 {
-		return ev.Raw, nil
+		return ev.Raw, nil, true
 	}
-	return ev.Raw[:at+from], ev.Raw[at+to:]
+	return ev.Raw[:at+from], ev.Raw[at+to:], true
 }
 
 // relayResponse forwards a non-streaming response: its first token is the

@@ -223,9 +223,12 @@ func TestWithoutUsage(t *testing.T) {
 		{"data: {\"choices\":[],\ndata: \"usage\":{},\"timings\":{}}\n\n", "data: {\"choices\":[],\ndata: \"usage\":{},\"timings\":{}}\n\n"},
 		{"data: {\"choices\":[],\"usage\":{},\"usage\":{},\"x\":1}\n\n", "data: {\"choices\":[],\"usage\":{},\"usage\":{},\"x\":1}\n\n"},
 	} {
-		head, tail := withoutUsage(event(tt.raw))
+		head, tail, keep := withoutUsage(event(tt.raw))
+		assert.True(t, keep)
 		assert.Equal(t, tt.want, string(head)+string(tail))
 	}
+	_, _, keep := withoutUsage(event("data: {\"id\":\"x\",\"choices\":[],\"usage\":{\"a\":1}}\n\n"))
+	assert.False(t, keep, "nothing but the usage")
 }
 
 // The derived queue: the proxy's wait less what llama.cpp says it spent.
