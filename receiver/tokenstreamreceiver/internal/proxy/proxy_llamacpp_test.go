@@ -116,6 +116,30 @@ func TestProxyLlamaCppTiming(t *testing.T) {
 	assert.Equal(t, "tiny-random-llama", end.ResponseModel)
 }
 
+// A whole answer (stream off): llama.cpp's timings in it (the shape of
+// to_json_oaicompat_chat, tools/server/server-task.cpp:414-460 at v0.5.0);
+// the queue is the wait for the answer less prefill and decode.
+func TestProxyLlamaCppWholeAnswer(t *testing.T) {
+	const answer = `{"choices":[{"finish_reason":"length","index":0,"message":{"role":"assistant","content":" Hello there, friend"}}],"created":1790000000,"model":"tiny-random-llama","system_fingerprint":"b1-de3ff81","object":"chat.completion","usage":{"completion_tokens":4,"prompt_tokens":12,"total_tokens":16,"prompt_tokens_details":{"cached_tokens":0}},"id":"chatcmpl-Jx8f2LQ0pZk7TnVb3WcR9eYa1uMd6HsG","timings":{"cache_n":0,"prompt_n":12,"prompt_ms":106.123,"prompt_per_token_ms":8.843583333333333,"prompt_per_second":113.0763359497941,"predicted_n":4,"predicted_ms":9.6,"predicted_per_token_ms":3.1999999999999997,"predicted_per_second":312.5}}`
+	up := newScriptedUpstream(t, func(_ *scriptedUpstream, w http.ResponseWriter, _ *http.Request) {
+		time.Sleep(llamaCppFirstToken)
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		_, _ = io.WriteString(w, answer)
+	})
+	sink := new(consumertest.LogsSink)
+	tr := startTestProxy(t, up.URL, sink)
+	_, got := postChat(t, tr.proxyURL(), `{"model":"tiny-random-llama","messages":[{"role":"user","content":"Say hello"}],"max_tokens":4}`, nil)
+	assert.Equal(t, answer, got)
+	evs := sessionEvents(t, sink, 1)
+	require.Len(t, evs, 3, "start, the answer, end")
+	start, whole, end := evs[0], evs[1], evs[2]
+	assert.Equal(t, tokenevent.TimingLlamaCpp, end.TimingSource)
+	assert.Equal(t, int64(106_123_000), end.PrefillTimeNs)
+	assert.Equal(t, int64(9_600_000), end.DecodeTimeNs)
+	wait := int64(whole.TimeUnixNano - start.TimeUnixNano)
+	assert.InDelta(t, max(wait-end.PrefillTimeNs-end.DecodeTimeNs, 0), end.QueueTimeNs, 1000, "the wait for the answer (%d ns) less prefill and decode", wait)
+}
+
 // A completions stream: llama.cpp's last chunk is a choice with usage and
 // timings whatever the request asked, so the client gets it unchanged.
 func TestProxyLlamaCppCompletions(t *testing.T) {
