@@ -27,7 +27,8 @@ type ChunkFacts struct {
 	Content bool
 	// UsageOnly: the final usage chunk, with no choices.
 	UsageOnly bool
-	// CompletionTokens and PromptTokens from usage, -1 when absent.
+	// CompletionTokens and PromptTokens from usage, else from llama.cpp's
+	// timings (predicted_n; prompt_n + cache_n), -1 when absent.
 	CompletionTokens, PromptTokens int64
 	FinishReason                   string
 	// ErrorType is set when the payload is an error object, as vLLM sends
@@ -35,20 +36,34 @@ type ChunkFacts struct {
 	// {"message":…,"type":…,"code":…}}`, then [DONE]): the error's type,
 	// else its code, else EngineError.
 	ErrorType string
-	// Timing is the engine's per-request metrics, when the payload has
-	// them (vLLM's "metrics" object).
+	// Timing is the engine's own timing of the request, when the payload
+	// has it (vLLM's "metrics" object, llama.cpp's "timings").
 	Timing RequestTiming
 }
 
-// RequestTiming is vLLM's per-request timing object (PerRequestTimingMetrics,
-// `--enable-per-request-metrics`, vLLM v0.25.0, PR #46768): a top-level
-// "metrics" member of a whole response, and of the final usage chunk of a
-// stream. Its times are in ms and measured in the engine: queue_time_ms
-// from queued to scheduled, time_to_first_token_ms from scheduled to the
-// first token (so, prefill: not the client's TTFT), generation_time_ms from
-// the first token to the last. A field it did not give is -1.
+// RequestTiming is the engine's own timing of a request, in ms, from one of
+// two objects (a field the engine did not give is -1):
+//
+//   - vLLM's per-request metrics (PerRequestTimingMetrics,
+//     `--enable-per-request-metrics`, vLLM v0.25.0, PR #46768): a top-level
+//     "metrics" member of a whole response, and of the final usage chunk of
+//     a stream. queue_time_ms from queued to scheduled,
+//     time_to_first_token_ms from scheduled to the first token (so, prefill:
+//     not the client's TTFT), generation_time_ms from the first token to the
+//     last. Source tokenevent.TimingResponse.
+//   - llama.cpp's "timings" (server_slot_stats::to_json in tools/server at
+//     v0.5.0, result_timings before): on the last chunk of a stream (and
+//     with timings_per_token on every chunk, so far), and in a whole
+//     response. prompt_ms from the start of the prompt's processing to the
+//     first token, predicted_ms from the first token to the last. It has no
+//     queue time: QueueMs is -1. Source tokenevent.TimingLlamaCpp.
+//
+// vLLM's wins when a payload has both: its queue is the engine's own.
 type RequestTiming struct {
 	QueueMs, PrefillMs, DecodeMs float64
+	// Source is the object it was read from, as the end event names it
+	// (tokenevent.TimingResponse, tokenevent.TimingLlamaCpp); "" for none.
+	Source string
 }
 
 // Known reports whether t holds any of the times.
@@ -90,6 +105,9 @@ func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
 		return f, true
 	}
 	choices, hasUsage := 0, false
+	// llama.cpp's timings, kept apart until vLLM's metrics had their say.
+	llama := noTiming
+	promptN, cacheN, predictedN := int64(-1), int64(-1), int64(-1)
 	ok = s.object(func(key []byte) bool {
 		switch string(key) {
 		case "choices":
@@ -108,6 +126,22 @@ func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
 					return s.optionalFloat(&f.Timing.PrefillMs)
 				case "generation_time_ms":
 					return s.optionalFloat(&f.Timing.DecodeMs)
+				}
+				return s.skip()
+			})
+		case "timings":
+			return s.null() || s.object(func(key []byte) bool {
+				switch string(key) {
+				case "prompt_ms":
+					return s.optionalFloat(&llama.PrefillMs)
+				case "predicted_ms":
+					return s.optionalFloat(&llama.DecodeMs)
+				case "prompt_n":
+					return s.optionalInt(&promptN)
+				case "cache_n":
+					return s.optionalInt(&cacheN)
+				case "predicted_n":
+					return s.optionalInt(&predictedN)
 				}
 				return s.skip()
 			})
@@ -132,7 +166,80 @@ func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
 		return ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, false
 	}
 	f.UsageOnly = hasUsage && choices == 0
+	switch {
+	case f.Timing.Known():
+		f.Timing.Source = tokenevent.TimingResponse
+	case llama.Known():
+		f.Timing, f.Timing.Source = llama, tokenevent.TimingLlamaCpp
+	}
+	if f.CompletionTokens < 0 && predictedN >= 0 {
+		f.CompletionTokens = predictedN
+	}
+	if f.PromptTokens < 0 && promptN >= 0 && cacheN >= 0 {
+		f.PromptTokens = promptN + cacheN
+	}
 	return f, true
+}
+
+// UsageMember locates the top-level "usage" member of data, a JSON object,
+// with the comma that separates it from its neighbour: data[:from] followed
+// by data[to:] is the same object without it, every other byte as it was.
+// extras reports whether data has a top-level member, not null, beyond
+// usage, choices and the ones every chunk of a stream carries (id, object,
+// created, model, system_fingerprint, service_tier, obfuscation): llama.cpp's
+// timings, vLLM's metrics, an error. A usage chunk (no choices) without
+// extras holds nothing but the usage. ok is false when data is not one object with
+// exactly one "usage" member.
+//
+// The proxy asks it of a usage chunk it asked for, once per stream; every
+// other chunk goes through InspectChunk alone.
+func UsageMember(data []byte) (from, to int, extras, ok bool) {
+	s := jsonWalker{b: data}
+	n := 0
+	whole := s.object(func(key []byte) bool {
+		switch string(key) {
+		case "usage":
+			n++
+			from = s.offset(key) - 1 // the key's opening quote
+			read := s.skip()
+			to = s.i
+			return read
+		case "id", "object", "created", "model", "system_fingerprint", "service_tier", "obfuscation", "choices":
+			// (choices: a usage chunk has none.)
+			return s.skip()
+		}
+		if s.null() {
+			return true
+		}
+		extras = true
+		return s.skip()
+	})
+	if !whole || !s.end() || n != 1 {
+		return 0, 0, false, false
+	}
+	// The comma before it (and what lies between), else the one after it
+	// (and the blanks up to the next key).
+	before := from - 1
+	for isJSONSpace(data[before]) {
+		before--
+	}
+	if data[before] == ',' {
+		return before, to, extras, true
+	}
+	after := skipJSONSpace(data, to)
+	if data[after] == ',' {
+		return from, skipJSONSpace(data, after+1), extras, true
+	}
+	return from, to, extras, true
+}
+
+func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func skipJSONSpace(b []byte, i int) int {
+	for i < len(b) && isJSONSpace(b[i]) {
+		i++
+	}
+	return i
 }
 
 // errorObject reads a non-null "error" member: an object with type and

@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
 func TestInspectChunk(t *testing.T) {
@@ -110,12 +112,34 @@ func TestInspectChunk(t *testing.T) {
 		// on the final usage chunk of a stream: ms, measured in the engine.
 		{
 			"per-request metrics", `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":10,"total_tokens":15,"completion_tokens":5},"metrics":{"time_to_first_token_ms":50.0,"generation_time_ms":200.0,"queue_time_ms":10.5,"mean_itl_ms":50.0,"tokens_per_second":20.0}}`,
-			ChunkFacts{UsageOnly: true, CompletionTokens: 5, PromptTokens: 10, Timing: RequestTiming{QueueMs: 10.5, PrefillMs: 50, DecodeMs: 200}},
+			ChunkFacts{UsageOnly: true, CompletionTokens: 5, PromptTokens: 10, Timing: RequestTiming{QueueMs: 10.5, PrefillMs: 50, DecodeMs: 200, Source: tokenevent.TimingResponse}},
 			true,
 		},
 		{
 			"per-request metrics, some null", `{"choices":[],"usage":{"completion_tokens":1},"metrics":{"queue_time_ms":null,"time_to_first_token_ms":3,"generation_time_ms":-4}}`,
-			ChunkFacts{UsageOnly: true, CompletionTokens: 1, PromptTokens: -1, Timing: RequestTiming{QueueMs: -1, PrefillMs: 3, DecodeMs: -1}},
+			ChunkFacts{UsageOnly: true, CompletionTokens: 1, PromptTokens: -1, Timing: RequestTiming{QueueMs: -1, PrefillMs: 3, DecodeMs: -1, Source: tokenevent.TimingResponse}},
+			true,
+		},
+		// llama.cpp's timings (testdata/fixtures/llamacpp): prefill and decode,
+		// no queue; its token counts stand in for usage when there is none.
+		{
+			"llama.cpp finish chunk", `{"choices":[{"finish_reason":"length","index":0,"delta":{}}],"created":1,"id":"chatcmpl-J","model":"m","system_fingerprint":"b1-de3ff81","object":"chat.completion.chunk","timings":{"cache_n":2,"prompt_n":10,"prompt_ms":106.123,"prompt_per_token_ms":10.6,"prompt_per_second":94.2,"predicted_n":4,"predicted_ms":9.6,"predicted_per_token_ms":3.2,"predicted_per_second":312.5}}`,
+			ChunkFacts{FinishReason: "length", CompletionTokens: 4, PromptTokens: 12, Timing: RequestTiming{QueueMs: -1, PrefillMs: 106.123, DecodeMs: 9.6, Source: tokenevent.TimingLlamaCpp}},
+			true,
+		},
+		{
+			"llama.cpp usage chunk: usage wins", `{"choices":[],"object":"chat.completion.chunk","usage":{"completion_tokens":5,"prompt_tokens":13,"total_tokens":18},"timings":{"cache_n":0,"prompt_n":12,"prompt_ms":1.5,"predicted_n":4,"predicted_ms":2}}`,
+			ChunkFacts{UsageOnly: true, CompletionTokens: 5, PromptTokens: 13, Timing: RequestTiming{QueueMs: -1, PrefillMs: 1.5, DecodeMs: 2, Source: tokenevent.TimingLlamaCpp}},
+			true,
+		},
+		{
+			"older llama.cpp timings: no cache_n, no prompt count", `{"choices":[],"timings":{"prompt_n":12,"prompt_ms":98.4,"predicted_n":5,"predicted_ms":30.1}}`,
+			ChunkFacts{CompletionTokens: 5, PromptTokens: -1, Timing: RequestTiming{QueueMs: -1, PrefillMs: 98.4, DecodeMs: 30.1, Source: tokenevent.TimingLlamaCpp}},
+			true,
+		},
+		{
+			"vLLM's metrics win over timings", `{"choices":[],"timings":{"prompt_ms":1},"metrics":{"queue_time_ms":2}}`,
+			ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: RequestTiming{QueueMs: 2, PrefillMs: -1, DecodeMs: -1, Source: tokenevent.TimingResponse}},
 			true,
 		},
 		{"done", `[DONE]`, ChunkFacts{CompletionTokens: -1, PromptTokens: -1, Timing: noTiming}, false},
@@ -154,6 +178,34 @@ type referenceChunk struct {
 		TimeToFirstTokenMs *float64 `json:"time_to_first_token_ms"`
 		GenerationTimeMs   *float64 `json:"generation_time_ms"`
 	} `json:"metrics"`
+	Timings *struct {
+		PromptMs    *float64 `json:"prompt_ms"`
+		PredictedMs *float64 `json:"predicted_ms"`
+		PromptN     *int64   `json:"prompt_n"`
+		CacheN      *int64   `json:"cache_n"`
+		PredictedN  *int64   `json:"predicted_n"`
+	} `json:"timings"`
+}
+
+// envelopeKeys are the members every chunk of a stream carries.
+var envelopeKeys = map[string]bool{
+	"id": true, "object": true, "created": true, "model": true, "system_fingerprint": true,
+	"service_tier": true, "obfuscation": true, "choices": true, "usage": true,
+}
+
+// referenceExtras reports whether the object data has a member, not null,
+// beyond the envelope, choices and usage.
+func referenceExtras(data []byte) bool {
+	var members map[string]json.RawMessage
+	if json.Unmarshal(data, &members) != nil {
+		return false
+	}
+	for k, v := range members {
+		if !envelopeKeys[k] && !bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+			return true
+		}
+	}
+	return false
 }
 
 // referenceErrorType is the ErrorType of an "error" member's raw value.
@@ -234,14 +286,32 @@ func referenceInspect(data []byte) (ChunkFacts, bool) {
 		f.UsageOnly = len(c.Choices) == 0
 	}
 	f.ErrorType = referenceErrorType(c.Error)
+	ms := func(v *float64, dst *float64) {
+		if v != nil && *v >= 0 {
+			*dst = *v
+		}
+	}
 	if m := c.Metrics; m != nil {
-		for _, p := range [...]struct {
-			v   *float64
-			dst *float64
-		}{{m.QueueTimeMs, &f.Timing.QueueMs}, {m.TimeToFirstTokenMs, &f.Timing.PrefillMs}, {m.GenerationTimeMs, &f.Timing.DecodeMs}} {
-			if p.v != nil && *p.v >= 0 {
-				*p.dst = *p.v
+		ms(m.QueueTimeMs, &f.Timing.QueueMs)
+		ms(m.TimeToFirstTokenMs, &f.Timing.PrefillMs)
+		ms(m.GenerationTimeMs, &f.Timing.DecodeMs)
+		if f.Timing.Known() {
+			f.Timing.Source = tokenevent.TimingResponse
+		}
+	}
+	if tm := c.Timings; tm != nil {
+		if !f.Timing.Known() {
+			ms(tm.PromptMs, &f.Timing.PrefillMs)
+			ms(tm.PredictedMs, &f.Timing.DecodeMs)
+			if f.Timing.Known() {
+				f.Timing.Source = tokenevent.TimingLlamaCpp
 			}
+		}
+		if f.CompletionTokens < 0 && tm.PredictedN != nil && *tm.PredictedN >= 0 {
+			f.CompletionTokens = *tm.PredictedN
+		}
+		if f.PromptTokens < 0 && tm.PromptN != nil && tm.CacheN != nil && *tm.PromptN >= 0 && *tm.CacheN >= 0 {
+			f.PromptTokens = *tm.PromptN + *tm.CacheN
 		}
 	}
 	return f, true
@@ -252,6 +322,8 @@ var chunkKeys = []string{
 	"choices", "usage", "completion_tokens", "prompt_tokens", "text", "tool_calls",
 	"finish_reason", "delta", "content", "reasoning", "reasoning_content", "error", "type", "code",
 	"metrics", "queue_time_ms", "time_to_first_token_ms", "generation_time_ms",
+	"timings", "prompt_ms", "predicted_ms", "prompt_n", "cache_n", "predicted_n",
+	"id", "object", "created", "model", "system_fingerprint", "service_tier", "obfuscation",
 }
 
 // readsDifferently reports whether valid JSON is read differently by
@@ -313,8 +385,18 @@ func readsDifferently(data []byte) bool {
 	}
 }
 
+// fixtureChunks are the data of every event of the vLLM fixture's streams.
 func fixtureChunks(tb testing.TB) [][]byte {
-	raw, err := os.ReadFile("../../testdata/fixtures/vllm/sse-streams.txt")
+	return readFixtureChunks(tb, "../../testdata/fixtures/vllm/sse-streams.txt")
+}
+
+// llamaCppChunks are those of the llama.cpp fixture's streams.
+func llamaCppChunks(tb testing.TB) [][]byte {
+	return readFixtureChunks(tb, "../../testdata/fixtures/llamacpp/sse-streams.txt")
+}
+
+func readFixtureChunks(tb testing.TB, path string) [][]byte {
+	raw, err := os.ReadFile(path)
 	require.NoError(tb, err)
 	var out [][]byte
 	for _, line := range strings.Split(string(raw), "\n") {
@@ -326,7 +408,7 @@ func fixtureChunks(tb testing.TB) [][]byte {
 }
 
 func TestInspectChunkMatchesEncodingJSON(t *testing.T) {
-	for _, c := range fixtureChunks(t) {
+	for _, c := range append(fixtureChunks(t), llamaCppChunks(t)...) {
 		want, wantOK := referenceInspect(c)
 		got, ok := InspectChunk(c)
 		assert.Equal(t, wantOK, ok, "%s", c)
@@ -335,7 +417,7 @@ func TestInspectChunkMatchesEncodingJSON(t *testing.T) {
 }
 
 func FuzzInspectChunk(f *testing.F) {
-	for _, c := range fixtureChunks(f) {
+	for _, c := range append(fixtureChunks(f), llamaCppChunks(f)...) {
 		f.Add(c)
 	}
 	f.Add([]byte(`{"choices":[{"delta":{"tool_calls":[{"index":0}]}}],"usage":{"completion_tokens":3}}`))
@@ -368,4 +450,130 @@ func BenchmarkInspectChunk(b *testing.B) {
 			b.Fatal("not a chunk")
 		}
 	}
+}
+
+// llamaCppStreams are the llama.cpp fixture's streams, each its chunks'
+// data up to [DONE]: a chat stream without and with include_usage, a
+// completions stream, and an older server's chat stream.
+func llamaCppStreams(tb testing.TB) [][][]byte {
+	var streams [][][]byte
+	var cur [][]byte
+	for _, c := range llamaCppChunks(tb) {
+		if IsDone(c) {
+			streams = append(streams, cur)
+			cur = nil
+			continue
+		}
+		cur = append(cur, c)
+	}
+	require.Len(tb, streams, 4)
+	return streams
+}
+
+// What llama.cpp's chunks say, as its source writes them (v0.5.0, and
+// b5440 for the older server): the engine's prefill and decode from the
+// last chunk's timings, wherever that chunk is, and the token counts.
+func TestInspectChunkLlamaCpp(t *testing.T) {
+	streams := llamaCppStreams(t)
+	chatTiming := RequestTiming{QueueMs: -1, PrefillMs: 106.123, DecodeMs: 9.6, Source: tokenevent.TimingLlamaCpp}
+	last := func(i int) ChunkFacts {
+		f, ok := InspectChunk(streams[i][len(streams[i])-1])
+		require.True(t, ok)
+		return f
+	}
+	assert.Equal(t, ChunkFacts{FinishReason: "length", CompletionTokens: 4, PromptTokens: 12, Timing: chatTiming}, last(0),
+		"without include_usage: the finish chunk has the timings, and counts from them")
+	assert.Equal(t, ChunkFacts{UsageOnly: true, CompletionTokens: 4, PromptTokens: 12, Timing: chatTiming}, last(1),
+		"with include_usage: the usage chunk has them, and more than usage")
+	assert.Equal(t, ChunkFacts{FinishReason: "length", CompletionTokens: 3, PromptTokens: 12,
+		Timing: RequestTiming{QueueMs: -1, PrefillMs: 31.874, DecodeMs: 7.05, Source: tokenevent.TimingLlamaCpp}}, last(2),
+		"completions: the final chunk is a choice with usage and timings")
+	assert.Equal(t, ChunkFacts{FinishReason: "length", CompletionTokens: 5, PromptTokens: 12,
+		Timing: RequestTiming{QueueMs: -1, PrefillMs: 98.412, DecodeMs: 30.112, Source: tokenevent.TimingLlamaCpp}}, last(3),
+		"b5440: usage and timings on the finish chunk")
+	for i, stream := range streams {
+		for _, c := range stream[:len(stream)-1] {
+			f, ok := InspectChunk(c)
+			require.True(t, ok)
+			assert.False(t, f.Timing.Known() || f.UsageOnly, "stream %d: %s", i, c)
+		}
+	}
+}
+
+func TestUsageMember(t *testing.T) {
+	streams := llamaCppStreams(t)
+	llamaUsage := string(streams[1][len(streams[1])-1])
+	vllmUsage := `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[],"usage":{"prompt_tokens":42,"total_tokens":50,"completion_tokens":8}}`
+	tests := []struct {
+		name, data, want string
+		extras           bool
+	}{
+		{"llama.cpp's usage chunk: timings for the client", llamaUsage,
+			strings.Replace(llamaUsage, `,"usage":{"completion_tokens":4,"prompt_tokens":12,"total_tokens":16,"prompt_tokens_details":{"cached_tokens":0}}`, "", 1), true},
+		{"vLLM's usage chunk: nothing else", vllmUsage, `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[]}`, false},
+		{"vLLM's with its metrics", `{"choices":[],"usage":{},"metrics":{"queue_time_ms":1}}`, `{"choices":[],"metrics":{"queue_time_ms":1}}`, true},
+		{"OpenAI's, every envelope member", `{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","service_tier":"default","system_fingerprint":"fp","choices":[],"usage":{},"obfuscation":"aB3","timings":null,"other":null}`,
+			`{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","service_tier":"default","system_fingerprint":"fp","choices":[],"obfuscation":"aB3","timings":null,"other":null}`, false},
+		{"an error is for the client", `{"choices":[],"usage":{},"error":{"type":"x"}}`, `{"choices":[],"error":{"type":"x"}}`, true},
+		{"a member no engine sends is for the client", `{"usage":{},"x_engine":[]}`, `{"x_engine":[]}`, true},
+		{"first member", `{"usage":{"a":1},"timings":{}}`, `{"timings":{}}`, true},
+		{"only member", `{"usage":{"a":[1,{"usage":2}]}}`, `{}`, false},
+		{"blanks, in the middle", `{ "a" : 1 , "usage" : { "b" : [ 1 ] } , "c" : 2 }`, `{ "a" : 1  , "c" : 2 }`, true},
+		{"blanks, first", "{\n  \"usage\": 1,\n  \"b\": 2\n}\n", "{\n  \"b\": 2\n}\n", true},
+		{"blanks, last", "{\n  \"b\": 2,\n  \"usage\": null\n}", "{\n  \"b\": 2\n}", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			from, to, extras, ok := UsageMember([]byte(tt.data))
+			require.True(t, ok)
+			assert.Equal(t, tt.want, tt.data[:from]+tt.data[to:])
+			assert.Equal(t, tt.extras, extras)
+		})
+	}
+	for _, data := range []string{
+		`{"choices":[]}`, `{"usage":1,"usage":2}`, `{"x":{"usage":1}}`, `[{"usage":1}]`, `{"usage":1} x`, `{"usage":`, `[DONE]`,
+	} {
+		_, _, _, ok := UsageMember([]byte(data))
+		assert.False(t, ok, "%s", data)
+	}
+}
+
+// FuzzUsageMember holds UsageMember to encoding/json: what is left of a
+// valid object is a valid object with the same members but usage, and its
+// extras are those encoding/json finds.
+func FuzzUsageMember(f *testing.F) {
+	for _, c := range append(fixtureChunks(f), llamaCppChunks(f)...) {
+		f.Add(c)
+	}
+	f.Add([]byte("{ \"usage\" :{} ,\"a\":[1]}"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		from, to, extras, ok := UsageMember(data)
+		var before map[string]json.RawMessage
+		if json.Unmarshal(data, &before) != nil || nestingDepth(data) > maxJSONDepth {
+			return
+		}
+		if _, has := before["usage"]; !has || readsDifferently(data) {
+			return
+		}
+		if !ok {
+			t.Fatalf("%q: encoding/json finds one usage member, UsageMember none", data)
+		}
+		if want := referenceExtras(data); extras != want {
+			t.Fatalf("%q: extras %v, encoding/json finds %v", data, extras, want)
+		}
+		out := append(append([]byte{}, data[:from]...), data[to:]...)
+		var after map[string]json.RawMessage
+		if err := json.Unmarshal(out, &after); err != nil {
+			t.Fatalf("%q without usage is %q: %v", data, out, err)
+		}
+		delete(before, "usage")
+		if len(after) != len(before) {
+			t.Fatalf("%q without usage is %q", data, out)
+		}
+		for k, v := range before {
+			if !bytes.Equal(after[k], v) {
+				t.Fatalf("%q without usage is %q: %s changed", data, out, k)
+			}
+		}
+	})
 }

@@ -51,7 +51,12 @@ func (s *jsonWalker) null() bool {
 	return false
 }
 
-// str reads a string and returns its raw contents (escapes not decoded).
+// offset is where sub, a slice of s.b (a string's contents as str returns
+// them), begins in s.b.
+func (s *jsonWalker) offset(sub []byte) int { return cap(s.b) - cap(sub) }
+
+// str reads a string and returns its raw contents (escapes not decoded), a
+// slice of s.b.
 func (s *jsonWalker) str() ([]byte, bool) {
 	if s.peek() != '"' {
 		return nil, false

@@ -316,7 +316,8 @@ const (
 
 // Timing is the engine's own split of a request's time; a part it did not
 // give is -1. Source is where it came from ("" for none: the zero Timing is
-// no timing): the hook's end event, the engine's response (the proxy), or
+// no timing): the hook's end event, the engine's response (the proxy: vLLM's
+// per-request metrics, or llama.cpp's timings with the queue derived), or
 // the engine's span.
 type Timing struct {
 	Queue, Prefill, Decode time.Duration
@@ -327,6 +328,7 @@ type Timing struct {
 const (
 	TimingHook       = tokenevent.TimingHook
 	TimingResponse   = tokenevent.TimingResponse
+	TimingLlamaCpp   = tokenevent.TimingLlamaCpp
 	TimingEngineSpan = "engine_span"
 )
 

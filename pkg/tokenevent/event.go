@@ -131,8 +131,10 @@ type Event struct {
 	// has none); then -1 for a part the engine did not give.
 	QueueTimeNs, PrefillTimeNs, DecodeTimeNs int64
 	// TimingSource says where the split came from: TimingHook (the hook's
-	// end event) or TimingResponse (the engine's per-request metrics in
-	// its response, read by the proxy); "" without a split.
+	// end event), TimingResponse (vLLM's per-request metrics in its
+	// response, read by the proxy) or TimingLlamaCpp (llama.cpp's timings in
+	// its response, read by the proxy, the queue derived); "" without a
+	// split.
 	TimingSource string
 	// The request's share of the engine's busy time, as the engine computed
 	// it from its steps (each step's time split among its requests by the
@@ -148,6 +150,10 @@ type Event struct {
 const (
 	TimingHook     = "hook"
 	TimingResponse = "response"
+	// TimingLlamaCpp: llama.cpp's "timings" give prefill (prompt_ms) and
+	// decode (predicted_ms) but no queue; the proxy derives the queue from
+	// its own wait for the first token, less the prefill.
+	TimingLlamaCpp = "llamacpp_timings"
 )
 
 // HasTiming reports whether the end event carries the engine's timing.

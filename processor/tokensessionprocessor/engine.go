@@ -43,7 +43,12 @@ var engineMetrics = map[string]engineMetric{
 	"sglang:num_queue_reqs":      {"sglang", roleWaiting},
 	// A histogram of retractions per finished request: its sum counts
 	// them all, as vLLM's pre-emption counter does.
-	"sglang:num_retractions":        {"sglang", rolePreemptions},
+	"sglang:num_retractions": {"sglang", rolePreemptions},
+	// llama.cpp (llama-server --metrics): requests_processing (busy slots)
+	// and requests_deferred (requests waiting for a slot) from b2258, its
+	// first /metrics, to v0.5.0; kv_cache_usage_ratio (KV cells used / n_ctx)
+	// from b2258 to b5440 only: b5441 (PR #13660) took it out and nothing has
+	// replaced it, so a current llama.cpp gives no KV figure.
 	"llamacpp:kv_cache_usage_ratio": {"llamacpp", roleKVUsage},
 	"llamacpp:requests_processing":  {"llamacpp", roleRunning},
 	"llamacpp:requests_deferred":    {"llamacpp", roleWaiting},

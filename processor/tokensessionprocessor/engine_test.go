@@ -2,6 +2,9 @@ package tokensessionprocessor
 
 import (
 	"math"
+	"net/url"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -9,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/pmetric"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/promconv"
 )
 
 // Data-parallel ranks of one engine (vLLM's engine label) add up: KV usage
@@ -101,6 +106,45 @@ func TestEngineStatesSGLangRetractions(t *testing.T) {
 	sn, ok := e.byInstance["sglang-0:30000"].at(1000)
 	require.True(t, ok)
 	assert.Equal(t, 7.0, sn.values[rolePreemptions])
+}
+
+// llama.cpp's /metrics as its source writes it (testdata/fixtures/llamacpp),
+// scraped as the vllm source scrapes it: running and waiting from every
+// version, KV usage only from a server that still exposes it (b5440 and
+// before); a current one (v0.5.0) has none, and none is made up.
+func TestEngineStatesLlamaCpp(t *testing.T) {
+	for _, tt := range []struct {
+		fixture string
+		kv      float64
+	}{
+		{"metrics-v0.5.0.prom", math.NaN()},
+		{"metrics-b5440.prom", 0.304688},
+	} {
+		t.Run(tt.fixture, func(t *testing.T) {
+			body, err := os.ReadFile(filepath.Join("..", "..", "testdata", "fixtures", "llamacpp", tt.fixture))
+			require.NoError(t, err)
+			fams, _, err := promconv.ParseExposition(body, "text/plain; version=0.0.4")
+			require.NoError(t, err)
+			u, err := url.Parse("http://llama-0:8080/metrics")
+			require.NoError(t, err)
+			md := promconv.NewConverter("test", promconv.TargetResource(u)).Convert(fams, time.Unix(1790000000, 0))
+			var e engineStates
+			e.observe(md, int64(1790000000*time.Second))
+			h := e.match("llama-0:8080")
+			require.NotNil(t, h)
+			assert.Equal(t, "llamacpp", h.prefix)
+			sn, ok := h.at(math.MaxInt64)
+			require.True(t, ok)
+			assert.Equal(t, 4.0, sn.values[roleRunning], "requests_processing")
+			assert.Equal(t, 3.0, sn.values[roleWaiting], "requests_deferred")
+			if math.IsNaN(tt.kv) {
+				assert.True(t, math.IsNaN(sn.values[roleKVUsage]), "no KV figure")
+			} else {
+				assert.Equal(t, tt.kv, sn.values[roleKVUsage], "kv_cache_usage_ratio")
+			}
+			assert.True(t, math.IsNaN(sn.values[rolePreemptions]))
+		})
+	}
 }
 
 // An engine no longer scraped (its pod went away) is forgotten after ten

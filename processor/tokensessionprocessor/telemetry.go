@@ -262,7 +262,7 @@ const (
 )
 
 var (
-	timingSources = [...]string{session.TimingEngineSpan, session.TimingResponse, session.TimingHook}
+	timingSources = [...]string{session.TimingEngineSpan, session.TimingResponse, session.TimingLlamaCpp, session.TimingHook}
 	timingResults = [...]string{timingJoined, timingInvalid, timingMissing, timingUnmatched, timingOverflow}
 )
 

@@ -8,10 +8,14 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/component/componenttest"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
+	"go.opentelemetry.io/collector/processor/processortest"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
 )
 
 // llmRequestSpan is vLLM's llm_request span for a request of trace whose
@@ -139,6 +143,37 @@ func TestHookTimingAndQueueRule(t *testing.T) {
 	points := metricPoints(t, p)
 	assert.Equal(t, uint64(1), points["llm.session.queue_time"])
 	assert.Equal(t, uint64(1), points["llm.session.prefill_time"])
+}
+
+// llama.cpp's timings, read by the proxy (its queue derived), come with the
+// end as vLLM's per-request metrics do: the session carries them under
+// their own source, and the timing is counted by it.
+func TestLlamaCppTimingJoined(t *testing.T) {
+	tel := componenttest.NewTelemetry()
+	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
+	set := processortest.NewNopSettings(metadata.Type)
+	set.TelemetrySettings = tel.NewTelemetrySettings()
+	p := newPipelinesWith(t, set, func(c *Config) { c.Sampling.QueueTime = 300 * time.Millisecond })
+	warmUp(t, p)
+	e := end("llama", base+760*ms)
+	e.QueueTimeNs, e.PrefillTimeNs, e.DecodeTimeNs, e.TimingSource = int64(643877*time.Microsecond), int64(106123*time.Microsecond), int64(9600*time.Microsecond), tokenevent.TimingLlamaCpp
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(start("llama", traceFast, base), tok("llama", base+750*ms, 1), e)))
+	span, ok := sessionSpanOf(p, "llama")
+	require.True(t, ok, "kept by the queue rule")
+	attrs := span.Attributes().AsRaw()
+	assert.Equal(t, "llamacpp_timings", attrs["llm.session.timing_source"])
+	assert.InDelta(t, 0.643877, attrs["llm.session.queue_time"], 1e-9)
+	assert.InDelta(t, 0.106123, attrs["llm.session.prefill_time"], 1e-9)
+	p.shutdown(t)
+	m, err := tel.GetMetric("otelcol_processor_token_session_engine_timings")
+	require.NoError(t, err)
+	counted := map[string]int64{}
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		source, _ := dp.Attributes.Value("source")
+		result, _ := dp.Attributes.Value("result")
+		counted[source.AsString()+"/"+result.AsString()] += dp.Value
+	}
+	assert.Equal(t, map[string]int64{"llamacpp_timings/joined": 1}, counted)
 }
 
 // Timings that cannot be right are dropped, never attached: a negative or

@@ -1,6 +1,7 @@
 package proxy // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxy"
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -377,10 +378,15 @@ type session struct {
 	finishReason     string
 	// engineError: the upstream reported an error inside its 200 response.
 	engineError string
-	// timing is the engine's per-request metrics, when it sent them
+	// timing is the engine's own timing of the request, when it sent one
 	// (hasTiming).
 	timing    openaistream.RequestTiming
 	hasTiming bool
+	// firstToken is when the first token event came (zero: none); whole is
+	// set when the answer came whole, not streamed: the engine's queue time
+	// is derived from them when it does not give it (llama.cpp).
+	firstToken time.Time
+	whole      bool
 	// responseModel is the model the first chunk named; modelRead is set
 	// once that chunk was read.
 	responseModel string
@@ -409,6 +415,9 @@ func (s *session) emit(kind tokenevent.Kind, at time.Time, fill func(*tokenevent
 var truncatedProxy = metric.WithAttributeSet(attribute.NewSet(attribute.String("transport", "proxy")))
 
 func (s *session) token(at time.Time) {
+	if s.chunks == 0 {
+		s.firstToken = at
+	}
 	s.chunks++
 	s.emit(tokenevent.KindToken, at, nil)
 }
@@ -424,10 +433,37 @@ func (s *session) end(at time.Time, errorType, finishReason string) {
 		ev.PromptTokens = s.promptTokens
 		ev.ResponseModel = s.responseModel
 		if t := s.timing; s.hasTiming {
+			if t.Source == tokenevent.TimingLlamaCpp {
+				t.QueueMs = s.derivedQueueMs(at, t)
+			}
 			ev.QueueTimeNs, ev.PrefillTimeNs, ev.DecodeTimeNs = msToNs(t.QueueMs), msToNs(t.PrefillMs), msToNs(t.DecodeMs)
-			ev.TimingSource = tokenevent.TimingResponse
+			ev.TimingSource = t.Source
 		}
 	})
+}
+
+// derivedQueueMs is the queue time of an engine that gives its prefill and
+// decode but not its queue (llama.cpp): what the proxy waited for the first
+// token, less the prefill; for an answer that came whole (ended at end),
+// what it waited for the answer, less prefill and decode. Whatever else
+// the wait held (the way to the engine and back, the engine's HTTP and
+// tokenization) is counted as queue. Never below 0 (the two clocks round
+// differently); -1 when the wait or a part is not known.
+func (s *session) derivedQueueMs(end time.Time, t openaistream.RequestTiming) float64 {
+	wait, engine := s.firstToken.Sub(s.started), t.PrefillMs
+	switch {
+	case s.whole:
+		wait, engine = end.Sub(s.started), t.PrefillMs+t.DecodeMs
+		if t.DecodeMs < 0 {
+			return -1
+		}
+	case s.firstToken.IsZero():
+		return -1
+	}
+	if t.PrefillMs < 0 {
+		return -1
+	}
+	return max(float64(wait)/float64(time.Millisecond)-engine, 0)
 }
 
 // msToNs converts an engine time in ms to ns, -1 staying -1 (absent); an
@@ -586,7 +622,7 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (r
 	h := w.Header()
 	copyResponseHeader(h, resp.Header)
 	if streaming {
-		// The usage chunk the proxy asked for is taken out, an unfinished
+		// The usage the proxy asked for is taken out, an unfinished
 		// event left out and an error event added when the stream is cut
 		// (cut.go): the upstream's length is not the client's.
 		h.Del("Content-Length")
@@ -750,6 +786,19 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 	// are not read; the stall breaker takes it, and bytes added to an event
 	// still arriving (pending), for a token: the engine is sending.
 	unread := false
+	// write sends an event to the client: raw, then rest.
+	write := func(raw, rest []byte) error {
+		_, err := w.Write(raw)
+		if err == nil && len(rest) > 0 {
+			_, err = w.Write(rest)
+		}
+		if err != nil {
+			e.clientGone = true
+			return err
+		}
+		unflushed = true
+		return nil
+	}
 	onEvent := func(ev *sse.Event) error {
 		midEvent = ev.Partial
 		if ev.Oversized {
@@ -781,16 +830,17 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 					s.token(now)
 				}
 				if strip && f.UsageOnly {
-					return nil
+					// The usage the proxy asked for is the proxy's; what
+					// else the engine put on the chunk is the client's.
+					head, tail, keep := withoutUsage(ev)
+					if !keep {
+						return nil
+					}
+					return write(head, tail)
 				}
 			}
 		}
-		if _, err := w.Write(ev.Raw); err != nil {
-			e.clientGone = true
-			return err
-		}
-		unflushed = true
-		return nil
+		return write(ev.Raw, nil)
 	}
 	for {
 		n, err := upstream.Read(buf)
@@ -860,6 +910,24 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 	return e.done
 }
 
+// withoutUsage is the usage chunk ev as the client gets it when the proxy
+// asked for the usage: the engine's bytes without the "usage" member (and
+// its comma), in two pieces; keep is false when nothing else of the
+// engine's is left on it (vLLM's), and the client gets nothing. An event
+// whose data is not on one line (no engine sends one) goes as it came,
+// usage and all: nothing of the engine's is lost.
+func withoutUsage(ev *sse.Event) (head, tail []byte, keep bool) {
+	from, to, extras, ok := openaistream.UsageMember(ev.Data)
+	if ok && !extras {
+		return nil, nil, false
+	}
+	at := bytes.Index(ev.Raw, ev.Data)
+	if !ok || at < 0 {
+		return ev.Raw, nil, true
+	}
+	return ev.Raw[:at+from], ev.Raw[at+to:], true
+}
+
 // relayResponse forwards a non-streaming response: its first token is the
 // whole response, its tokens come from usage. whole: the response was
 // relayed whole, and may end.
@@ -883,6 +951,7 @@ func (s *session) relayResponse(clientCtx context.Context, w http.ResponseWriter
 		}
 		return false
 	}
+	s.whole = true
 	if f, ok := openaistream.InspectChunk(kept.b); ok {
 		s.read(&f, kept.b)
 		s.completionTokens, s.promptTokens, s.finishReason = f.CompletionTokens, f.PromptTokens, f.FinishReason

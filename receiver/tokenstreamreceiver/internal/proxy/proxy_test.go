@@ -45,7 +45,16 @@ import (
 // completions stream, each as its events ("data: …\n\n").
 func fixtureStreams(t *testing.T) (chat, completions []string) {
 	t.Helper()
-	f, err := os.Open("../../../../testdata/fixtures/vllm/sse-streams.txt")
+	streams := readFixtureStreams(t, "../../../../testdata/fixtures/vllm/sse-streams.txt")
+	require.Len(t, streams, 2)
+	return streams[0], streams[1]
+}
+
+// readFixtureStreams reads an SSE fixture: its streams, each as its events
+// ("data: …\n\n"), a comment line after events ending one.
+func readFixtureStreams(t *testing.T, path string) [][]string {
+	t.Helper()
+	f, err := os.Open(path)
 	require.NoError(t, err)
 	defer f.Close()
 	var streams [][]string
@@ -64,8 +73,7 @@ func fixtureStreams(t *testing.T) (chat, completions []string) {
 	if len(cur) > 0 {
 		streams = append(streams, cur)
 	}
-	require.Len(t, streams, 2)
-	return streams[0], streams[1]
+	return streams
 }
 
 // scriptedUpstream replays events with a delay before each; it records the
