@@ -182,7 +182,7 @@ func InspectChunk(data []byte) (f ChunkFacts, ok bool) {
 }
 
 // UsageMember locates the top-level "usage" member of data, a JSON object,
-// with the comma that separates it from its neighbour: data[:from] followed
+// with the comma that separates it from the member beside it: data[:from] followed
 // by data[to:] is the same object without it, every other byte as it was.
 // extras reports whether data has a top-level member, not null, beyond
 // usage, choices and the ones every chunk of a stream carries (id, object,

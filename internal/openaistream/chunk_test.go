@@ -485,11 +485,15 @@ func TestInspectChunkLlamaCpp(t *testing.T) {
 		"without include_usage: the finish chunk has the timings, and counts from them")
 	assert.Equal(t, ChunkFacts{UsageOnly: true, CompletionTokens: 4, PromptTokens: 12, Timing: chatTiming}, last(1),
 		"with include_usage: the usage chunk has them, and more than usage")
-	assert.Equal(t, ChunkFacts{FinishReason: "length", CompletionTokens: 3, PromptTokens: 12,
-		Timing: RequestTiming{QueueMs: -1, PrefillMs: 31.874, DecodeMs: 7.05, Source: tokenevent.TimingLlamaCpp}}, last(2),
+	assert.Equal(t, ChunkFacts{
+		FinishReason: "length", CompletionTokens: 3, PromptTokens: 12,
+		Timing: RequestTiming{QueueMs: -1, PrefillMs: 31.874, DecodeMs: 7.05, Source: tokenevent.TimingLlamaCpp},
+	}, last(2),
 		"completions: the final chunk is a choice with usage and timings")
-	assert.Equal(t, ChunkFacts{FinishReason: "length", CompletionTokens: 5, PromptTokens: 12,
-		Timing: RequestTiming{QueueMs: -1, PrefillMs: 98.412, DecodeMs: 30.112, Source: tokenevent.TimingLlamaCpp}}, last(3),
+	assert.Equal(t, ChunkFacts{
+		FinishReason: "length", CompletionTokens: 5, PromptTokens: 12,
+		Timing: RequestTiming{QueueMs: -1, PrefillMs: 98.412, DecodeMs: 30.112, Source: tokenevent.TimingLlamaCpp},
+	}, last(3),
 		"b5440: usage and timings on the finish chunk")
 	for i, stream := range streams {
 		for _, c := range stream[:len(stream)-1] {
@@ -508,12 +512,16 @@ func TestUsageMember(t *testing.T) {
 		name, data, want string
 		extras           bool
 	}{
-		{"llama.cpp's usage chunk: timings for the client", llamaUsage,
-			strings.Replace(llamaUsage, `,"usage":{"completion_tokens":4,"prompt_tokens":12,"total_tokens":16,"prompt_tokens_details":{"cached_tokens":0}}`, "", 1), true},
+		{
+			"llama.cpp's usage chunk: timings for the client", llamaUsage,
+			strings.Replace(llamaUsage, `,"usage":{"completion_tokens":4,"prompt_tokens":12,"total_tokens":16,"prompt_tokens_details":{"cached_tokens":0}}`, "", 1), true,
+		},
 		{"vLLM's usage chunk: nothing else", vllmUsage, `{"id":"chatcmpl-3f","object":"chat.completion.chunk","created":1754000123,"model":"m","choices":[]}`, false},
 		{"vLLM's with its metrics", `{"choices":[],"usage":{},"metrics":{"queue_time_ms":1}}`, `{"choices":[],"metrics":{"queue_time_ms":1}}`, true},
-		{"OpenAI's, every envelope member", `{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","service_tier":"default","system_fingerprint":"fp","choices":[],"usage":{},"obfuscation":"aB3","timings":null,"other":null}`,
-			`{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","service_tier":"default","system_fingerprint":"fp","choices":[],"obfuscation":"aB3","timings":null,"other":null}`, false},
+		{
+			"OpenAI's, every envelope member", `{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","service_tier":"default","system_fingerprint":"fp","choices":[],"usage":{},"obfuscation":"aB3","timings":null,"other":null}`,
+			`{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","service_tier":"default","system_fingerprint":"fp","choices":[],"obfuscation":"aB3","timings":null,"other":null}`, false,
+		},
 		{"an error is for the client", `{"choices":[],"usage":{},"error":{"type":"x"}}`, `{"choices":[],"error":{"type":"x"}}`, true},
 		{"a member no engine sends is for the client", `{"usage":{},"x_engine":[]}`, `{"x_engine":[]}`, true},
 		{"first member", `{"usage":{"a":1},"timings":{}}`, `{"timings":{}}`, true},
