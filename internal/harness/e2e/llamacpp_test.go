@@ -534,8 +534,10 @@ func TestLlamaCppLeftAndKilled(t *testing.T) {
 	// Two clients go away after five chunks of long answers, one on each
 	// engine.
 	for i := range 2 {
-		c := llamaCall{kind: "client left", proxy: b.proxies[i], path: "/v1/chat/completions", prompt: prompt, maxTokens: 2000,
-			stream: true, askUsage: true, leaveAfter: 5, traceID: newTraceID(t)}
+		c := llamaCall{
+			kind: "client left", proxy: b.proxies[i], path: "/v1/chat/completions", prompt: prompt, maxTokens: 2000,
+			stream: true, askUsage: true, leaveAfter: 5, traceID: newTraceID(t),
+		}
 		wg.Go(func() { results[i] = b.call(c) })
 	}
 	wg.Wait()
@@ -548,8 +550,10 @@ func TestLlamaCppLeftAndKilled(t *testing.T) {
 		if i == 4 {
 			proxy = b.proxies[0]
 		}
-		c := llamaCall{kind: "engine killed", proxy: proxy, path: "/v1/chat/completions", prompt: prompt, maxTokens: 600,
-			stream: true, askUsage: true, streaming: make(chan struct{}), traceID: newTraceID(t)}
+		c := llamaCall{
+			kind: "engine killed", proxy: proxy, path: "/v1/chat/completions", prompt: prompt, maxTokens: 600,
+			stream: true, askUsage: true, streaming: make(chan struct{}), traceID: newTraceID(t),
+		}
 		if i == 4 {
 			c.kind, c.maxTokens = "other engine", 64
 		}

@@ -116,7 +116,8 @@ func Model(tb testing.TB) string {
 			model.err, model.missing = err, true
 			return
 		}
-		if model.tmp, model.err = os.MkdirTemp("", "otelcol-llm-llamacpp-"); model.err != nil {
+		// Not tb.TempDir: the model outlives the test that makes it.
+		if model.tmp, model.err = os.MkdirTemp("", "otelcol-llm-llamacpp-"); model.err != nil { //nolint:usetesting // removed by Cleanup
 			return
 		}
 		script := filepath.Join(model.tmp, "make_model.py")
