@@ -4,7 +4,10 @@
 #   make run     the collector with otelcol-dev.yaml (every session kept and
 #                printed); CONFIG=otelcol-config.yaml for the production-shaped one
 #   make test    gofmt, go vet, the Python hook tests and go test -race,
-#                end-to-end tests against ./bin/otelcol-llm included
+#                end-to-end tests against ./bin/otelcol-llm and real
+#                llama.cpp servers included
+#   make llama-server  llama.cpp's llama-server for the CPU, built once into
+#                ~/.cache/otelcol-llm (about 8 min on 2 cores), for the tests
 #   make generate          mdatagen (pinned in tools/go.mod) over every
 #                          metadata.yaml: go generate ./...
 #   make check-generate    fails when the generated files are not current
@@ -97,9 +100,23 @@ python-test: $(OTELCOL) ## the Python hook's tests against ./bin/otelcol-llm
 	cd hooks/python && OTELCOL_LLM_BIN=$(OTELCOL) python3 -m unittest -v
 
 # Last, so that its summary closes the output. The deploy kit's tests are
-# make check-deploy's.
+# make check-deploy's. llama-server is built first when it can be (see
+# below); when it cannot, the llama.cpp tests skip (fail under CI), saying so.
 go-test: $(OTELCOL) js-client ## go test -race, end-to-end tests included (deploy/ is check-deploy's)
-	OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/deploy$$')
+	@llama=$$(tools/llama-server.sh) || echo "llama-server could not be built: the llama.cpp tests will skip (fail under CI)"; \
+	echo "LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ..."; \
+	LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/deploy$$')
+
+# llama.cpp's llama-server for the CPU, with the GGUF writer and the
+# vocabularies its tree ships, from the llama.cpp release inside the npm
+# package node-llama-cpp (pinned in tools/llama-server.sh). Built once per
+# version and build options into ~/.cache/otelcol-llm/llama.cpp
+# (LLAMA_CACHE_DIR moves it), about 8 min on 2 cores; found there after.
+# Needs npm, git, cmake and g++. Prints the folder the tests take as
+# LLAMA_CPP_DIR.
+.PHONY: llama-server
+llama-server: ## llama.cpp's llama-server for the CPU, built once into a cache (about 8 min); prints its folder
+	@tools/llama-server.sh
 
 # The official OpenAI JS client that TestStallBreakerEndToEnd streams with,
 # pinned in its package-lock.json. Without npm the test's JS part skips

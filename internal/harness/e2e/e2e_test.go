@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/llamacpp"
 	"github.com/otelcol-llm/otelcol-llm/internal/harness/otlpsink"
 	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
@@ -32,7 +33,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		llamacpp.Cleanup()
+		os.Exit(code)
+	}))
 }
 
 // sink is the OTLP/gRPC backend the collector exports to: it keeps what it
