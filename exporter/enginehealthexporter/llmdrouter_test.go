@@ -265,6 +265,15 @@ func shippedSessionMetrics(t *testing.T) sessionmetrics.Config {
 	return cfg
 }
 
+// shippedTraffic is token_session's aggregator with the shipped sidecar's
+// metrics settings.
+func shippedTraffic(t *testing.T, cfg sessionmetrics.Config, start time.Time) *traffic {
+	t.Helper()
+	agg, err := sessionmetrics.New(cfg, start)
+	require.NoError(t, err)
+	return &traffic{agg: agg}
+}
+
 // podEngine is how every pod's proxy names its engine (its upstream).
 const podEngine = "localhost:8000"
 
@@ -327,26 +336,33 @@ func TestLLMDRouterNewPodScoresAsAHealthyOne(t *testing.T) {
 	assert.Equal(t, router.score(old), router.score(added), "the new pod, before any session")
 }
 
-// A pod idle for longer than engine_health keeps an engine it has no news
-// of still scores neutral in an EPP that starts then (a restart, a second
-// replica): its sidecar still serves the engine's gauges. Before issue 40
-// the series were gone after 5 min idle, and such an EPP scored the pod 0 on
-// stall-ratio, below the busy pods, which then took all the traffic.
+// A pod idle for longer than its sidecar keeps an engine it has no news of
+// still scores neutral in an EPP that starts then (a restart, a second
+// replica): its sidecar still serves the engine's gauges. Before issue 40,
+// once token_session had dropped the idle engine's series (forget_after, 1 h)
+// and engine_health had forgotten it (300 s later), the series were gone, and
+// such an EPP scored the pod 0 on stall-ratio, below the busy pods, which
+// then took all the traffic. (Until then token_session re-sends the
+// cumulative series at each flush, and an engine forgotten is known again at
+// the next one.)
 func TestLLMDRouterIdlePodScoresNeutralInANewRouter(t *testing.T) {
 	router := loadRouterModel(t)
+	metrics := shippedSessionMetrics(t)
 	th := startHealth(t, shippedSidecar(t))
-	tr := newTraffic(t, sessionmetrics.Delta, sessionmetrics.Explicit, t0)
+	tr := shippedTraffic(t, metrics, t0)
 	tr.healthy(podEngine, 10)
-	th.consumeMetrics(tr.flush(th.clock.Now()))
 
 	running := newRouterEndpoint()
-	idle := th.judge.forgetAfter() + time.Minute
-	for elapsed := time.Duration(0); elapsed <= idle; elapsed += 10 * time.Second {
-		router.scrape(running, metricsURL(th), th.clock.Now())
-		require.Equal(t, []bool{true}, router.kept(running))
-		require.Equal(t, 1.0, router.score(running), "the running EPP, %s idle", elapsed)
-		th.clock.Advance(10 * time.Second)
+	idle := metrics.ForgetAfter + th.judge.forgetAfter() + time.Minute
+	for elapsed := time.Duration(0); elapsed <= idle; elapsed += metrics.FlushInterval {
+		th.clock.Advance(metrics.FlushInterval)
+		th.consumeMetrics(tr.flush(th.clock.Now()))
 		th.evaluate()
+		if elapsed%(10*time.Second) == 0 {
+			router.scrape(running, metricsURL(th), th.clock.Now())
+			require.Equal(t, []bool{true}, router.kept(running))
+			require.Equal(t, 1.0, router.score(running), "the running EPP, %s idle", elapsed)
+		}
 	}
 	started := newRouterEndpoint()
 	router.scrape(started, metricsURL(th), th.clock.Now())
@@ -362,7 +378,7 @@ func TestLLMDRouterStallRatioSteadyUnderSteadyTraffic(t *testing.T) {
 	router := loadRouterModel(t)
 	metrics := shippedSessionMetrics(t)
 	th := startHealth(t, shippedSidecar(t))
-	tr := newTraffic(t, metrics.Temporality, metrics.Histogram, t0)
+	tr := shippedTraffic(t, metrics, t0)
 	pod := newRouterEndpoint()
 	lastFlush := th.clock.Now()
 	var scores []float64
