@@ -24,19 +24,15 @@ import (
 )
 
 // The llm-d router's endpoint picker (EPP) as it reads deploy/llm-d's feed,
-// modelled from its source at llm-d/llm-d-router
+// modeled from its source at llm-d/llm-d-router
 // ebab687927f5331c1b39defcb579a07951bce56c (the commit deploy/llm-d cites;
-// deploy/llm-d/eppcheck runs the router itself at that commit). Paths below
-// are under pkg/epp/framework/plugins/ of that tree; each step names the lines
-// it models.
-const (
-	routerHTTPSource = "datalayer/source/http/datasource.go"
-	routerClient     = "datalayer/source/http/client.go"
-	routerExtractor  = "datalayer/extractor/metrics/extractor.go"
-	routerSpec       = "datalayer/extractor/metrics/spec.go"
-	routerFilter     = "scheduling/filter/endpointattribute/filter.go"
-	routerScorer     = "scheduling/scorer/endpointattribute/endpointattribute.go"
-)
+// deploy/llm-d/eppcheck runs the router itself at that commit). Each step
+// names the lines it models, in these files under pkg/epp/framework/plugins/:
+// datalayer/source/http/datasource.go and client.go (the scrape),
+// datalayer/source/metrics/datasource.go (the parser),
+// datalayer/extractor/metrics/extractor.go and spec.go (the extractor),
+// scheduling/filter/endpointattribute/filter.go (drop-ejected) and
+// scheduling/scorer/endpointattribute/endpointattribute.go (stall-ratio).
 
 // routerSpecOf is one customMetrics entry: the attribute and the series it
 // reads.
@@ -410,7 +406,7 @@ func TestLLMDRouterStallRatioSteadyUnderSteadyTraffic(t *testing.T) {
 // When the engine behind the proxy dies, the EPP's vLLM scrape through the
 // proxy fails and its queue and KV figures stop changing, yet each scrape
 // of engine_health's gauges stamps them as updated now (the router's
-// behaviour, issue 40 finding 3; deploy/llm-d/README.md): they never look
+// behavior, issue 40 finding 3; deploy/llm-d/README.md): they never look
 // older than a scrape interval. engine_health takes the pod out instead: the
 // sessions the dead engine fails are engine faults.
 func TestLLMDRouterDeadEngineFilteredThoughItsMetricsLookFresh(t *testing.T) {
@@ -433,8 +429,8 @@ func TestLLMDRouterDeadEngineFilteredThoughItsMetricsLookFresh(t *testing.T) {
 		th.evaluate()
 		router.scrape(pod, metricsURL(th), th.clock.Now())
 		age := th.clock.Now().Sub(pod.updated)
-		assert.Zero(t, age, "%s: the metrics look fresh, %s after the last vLLM scrape",
-			routerExtractor, th.clock.Now().Sub(lastEngineScrape))
+		assert.Zero(t, age, "extractor.go:208-209: the metrics look fresh, %s after the last vLLM scrape",
+			th.clock.Now().Sub(lastEngineScrape))
 		if filteredAfter == 0 && !router.kept(pod, newRouterEndpoint())[0] {
 			filteredAfter = time.Duration(second) * time.Second
 		}

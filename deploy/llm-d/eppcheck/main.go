@@ -34,7 +34,9 @@ func main() {
 		os.Args = append(os.Args[:1:1], os.Args[2:]...)
 		os.Exit(runEPP())
 	}
-	if err := drive(os.Args[1:]); err != nil {
+	if err := drive(os.Args[1:]); errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	} else if err != nil {
 		fmt.Fprintln(os.Stderr, "eppcheck:", err)
 		os.Exit(1)
 	}
@@ -71,7 +73,7 @@ func parseOptions(args []string) (options, error) {
 	fs.StringVar(&o.sidecarConfig, "sidecar-config", "deploy/llm-d/sidecar-config.yaml", "the sidecar's config, run as is")
 	fs.StringVar(&o.eppCfg, "epp-config", "deploy/llm-d/epp-config.yaml", "the EPP's config; file discovery is added to it")
 	fs.StringVar(&o.out, "out", "eppcheck-report", "the folder for the logs, the records and report.md")
-	fs.BoolVar(&o.withoutEngines, "without-engines", false, "remove engine_health's engines: from the sidecar config (the behaviour before issue 40)")
+	fs.BoolVar(&o.withoutEngines, "without-engines", false, "remove engine_health's engines: from the sidecar config (the behavior before issue 40)")
 	fs.Float64Var(&o.rate, "rate", 4, "requests a second through the EPP")
 	fs.IntVar(&o.maxTokens, "max-tokens", 32, "max_tokens of each request")
 	fs.DurationVar(&o.idle, "idle", 320*time.Second, "how long no request is sent in the idle scenario (engine_health forgets an engine after 300 s by default)")

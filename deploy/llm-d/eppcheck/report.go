@@ -164,7 +164,7 @@ func (r *run) report() error {
 	var b strings.Builder
 	mode := "the shipped sidecar config (engine_health names its engine: engines: [localhost:8000])"
 	if r.o.withoutEngines {
-		mode = "the shipped sidecar config without engines: (the behaviour before issue 40)"
+		mode = "the shipped sidecar config without engines: (the behavior before issue 40)"
 	}
 	fmt.Fprintf(&b, "# eppcheck: the llm-d router's EPP on deploy/llm-d\n\n")
 	fmt.Fprintf(&b, "- router: github.com/llm-d/llm-d-router %s, cmd/epp's runner, file discovery\n", routerVersion())
