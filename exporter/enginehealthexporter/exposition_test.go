@@ -148,7 +148,8 @@ var (
 	eppLabelRE = regexp.MustCompile(`^\s*(\S+?)\s*=\s*"?([^",]*)"?\s*$`)
 )
 
-// eppConfig is what deploy/llm-d/epp-config.yaml says of the metrics it reads.
+// eppConfig is what deploy/llm-d/epp-config.yaml says of the metrics it
+// reads, and of the filter and the scorer that read them.
 type eppConfig struct {
 	Plugins []struct {
 		Type       string `json:"type"`
@@ -161,10 +162,31 @@ type eppConfig struct {
 					MetricSpec   string `json:"metricSpec"`
 				} `json:"customMetrics"`
 			} `json:"engineConfigs"`
-			Attribute    string `json:"attribute"`
-			AttributeKey string `json:"attributeKey"`
+			Attribute       string `json:"attribute"`
+			AttributeKey    string `json:"attributeKey"`
+			OnMissing       string `json:"onMissing"`
+			FallbackOnEmpty bool   `json:"fallbackOnEmpty"`
+			Algorithm       struct {
+				Type      string `json:"type"`
+				Threshold struct {
+					Operator string  `json:"operator"`
+					Value    float64 `json:"value"`
+				} `json:"threshold"`
+				Normalization struct {
+					FixedRange *struct {
+						Min float64 `json:"min"`
+						Max float64 `json:"max"`
+					} `json:"fixedRange"`
+				} `json:"normalization"`
+			} `json:"algorithm"`
 		} `json:"parameters"`
 	} `json:"plugins"`
+	SchedulingProfiles []struct {
+		Plugins []struct {
+			PluginRef string  `json:"pluginRef"`
+			Weight    float64 `json:"weight"`
+		} `json:"plugins"`
+	} `json:"schedulingProfiles"`
 }
 
 // Every metricSpec the shipped EPP config reads matches exactly one series
