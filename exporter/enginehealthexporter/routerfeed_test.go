@@ -97,3 +97,12 @@ func TestFlushIntervalOverHalfTheWindowWarns(t *testing.T) {
 		})
 	}
 }
+
+// Shutdown twice after Start, the agent-check endpoint on, as the collector
+// may (the logs and metrics faces share the component): the second finds
+// everything stopped and says nothing is wrong.
+func TestShutdownTwiceWithTheAgent(t *testing.T) {
+	th := startHealth(t, nil) // its cleanup shuts it down a second time
+	require.NotNil(t, th.agent)
+	require.NoError(t, th.Shutdown(context.Background()))
+}

@@ -361,6 +361,9 @@ func (h *engineHealth) agentReply(sent string) string {
 func (a *agentServer) shutdown() error {
 	err := a.ln.Close()
 	a.done.Wait()
+	if errors.Is(err, net.ErrClosed) {
+		return nil // a second Shutdown: closed by the first
+	}
 	return err
 }
 
