@@ -132,9 +132,11 @@ const maxPods = 4096
 // what has had no session for metrics::forget_after is forgotten.
 type attributor struct {
 	cfg AttributionConfig
-	// limit is metrics::cardinality_limit, forgetAfter metrics::forget_after.
+	// limit is metrics::cardinality_limit, forgetAfter metrics::forget_after,
+	// maxEngines metrics::max_engines (0: no bound).
 	limit       int
 	forgetAfter int64
+	maxEngines  int
 
 	mu sync.Mutex
 	// engines are the engines' integrals, by the engines' own names: an
@@ -142,6 +144,13 @@ type attributor struct {
 	// shares are its own), but held only while it has an open session.
 	engines map[string]*engineAccount
 	last    *engineAccount
+	// held counts the engines not folded; idleEngines are those idle at
+	// the last flush, idle longest last: the session metrics let a new
+	// engine take the place of one idle since the last flush, and its
+	// account takes the place of that one's (displaceEngine), so that the
+	// accounts stay within max_engines.
+	held        int
+	idleEngines []*engineAccount
 	// pods holds the latest power reading of each pod, for engines seen
 	// after it; energy the latest energy counter reading (mJ) of each pod
 	// that has one.
@@ -280,7 +289,7 @@ type shareSeries struct {
 
 func newAttributor(cfg AttributionConfig, metrics sessionmetrics.Config, now time.Time) *attributor {
 	return &attributor{
-		cfg: cfg, limit: metrics.CardinalityLimit, forgetAfter: int64(metrics.ForgetAfter),
+		cfg: cfg, limit: metrics.CardinalityLimit, forgetAfter: int64(metrics.ForgetAfter), maxEngines: metrics.MaxEngines,
 		engines: map[string]*engineAccount{},
 		pods:    map[string]powerReading{}, energy: map[string]powerReading{}, series: map[seriesKey]*shareSeries{},
 		tenants: keyset.New(cfg.MaxTenants, metrics.ForgetAfter),
@@ -307,6 +316,10 @@ func (a *attributor) engine(name string, folded bool) *engineAccount {
 		e.host = host
 	}
 	if !folded {
+		if a.maxEngines > 0 && a.held >= a.maxEngines {
+			a.displaceEngine()
+		}
+		a.held++
 		if a.points < a.limit-1 {
 			e.idlePoint = true
 			a.points++
@@ -334,8 +347,24 @@ func (a *attributor) open(acc *shareAccount, engine string, folded bool) *engine
 }
 
 // forgetEngine forgets an engine that has no open session.
+// displaceEngine forgets the engine idle longest that is still idle (no
+// session open on it, none since the last flush, which sent its idle time).
+func (a *attributor) displaceEngine() {
+	for len(a.idleEngines) > 0 {
+		e := a.idleEngines[len(a.idleEngines)-1]
+		a.idleEngines = a.idleEngines[:len(a.idleEngines)-1]
+		if a.engines[e.name] == e && e.open <= 0 && e.activity.Unused() {
+			a.forgetEngine(e)
+			return
+		}
+	}
+}
+
 func (a *attributor) forgetEngine(e *engineAccount) {
 	delete(a.engines, e.name)
+	if !e.folded {
+		a.held--
+	}
 	if a.last == e {
 		a.last = nil
 	}
@@ -552,11 +581,19 @@ func (a *attributor) forget(now int64) {
 			a.counts.forgotten++
 		}
 	}
+	a.idleEngines = a.idleEngines[:0]
 	for _, e := range a.engines {
-		if e.activity.Idle(now, after) && e.open <= 0 {
+		switch {
+		case e.open > 0:
+		case e.activity.Idle(now, after):
 			a.forgetEngine(e)
+		case !e.folded && e.activity.Unused():
+			a.idleEngines = append(a.idleEngines, e)
 		}
 	}
+	slices.SortFunc(a.idleEngines, func(x, y *engineAccount) int {
+		return cmp.Compare(y.activity.UnusedSince(), x.activity.UnusedSince())
+	})
 	a.tenants.Sweep(now)
 	if after > 0 {
 		for _, m := range []map[string]powerReading{a.pods, a.energy} {

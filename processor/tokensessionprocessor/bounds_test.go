@@ -281,3 +281,23 @@ func TestEngineReadingsBounded(t *testing.T) {
 	c.sessions.sessionMetrics(flushed.Add(time.Minute))
 	assert.Empty(t, c.sessions.attr.pods, "no reading for a minute")
 }
+
+// Engines that come one flush after another (pods replaced, names made up)
+// each take the place of one idle since the last flush, in the session
+// metrics and on the GPU time counters alike: the engines' accounts stay
+// within metrics::max_engines, and every session's time is counted, none on
+// the overflow point.
+func TestEngineChurnAcrossFlushesStaysBounded(t *testing.T) {
+	p := newPipelines(t, func(c *Config) { c.Metrics.MaxEngines = 3 })
+	defer p.shutdown(t)
+	c := coreOf(t)
+	for i := range 50 {
+		boundsSessions(t, p, 2*i, 2) // two new engines, models and tenants
+		got := readEngineTime(c.sessions.sessionMetrics(time.Now()))
+		assert.Zero(t, got.overflow, "flush %d: nothing on the overflow point", i)
+		c.sessions.attr.mu.Lock()
+		engines := len(c.sessions.attr.engines)
+		c.sessions.attr.mu.Unlock()
+		assert.LessOrEqual(t, engines, 3, "flush %d: engine accounts", i)
+	}
+}
