@@ -102,9 +102,9 @@ type Set struct {
 	keys        map[string]*Key
 	overflow    Key
 
-	// idle are the values idle at the last sweep, idle longest last: those
-	// a new value may take the place of.
-	idle []*Key
+	// idle are the values idle at the last sweep: those a new value may
+	// take the place of.
+	idle IdleQueue[*Key]
 
 	overflowed uint64
 	forgotten  uint64
@@ -142,16 +142,12 @@ func (s *Set) Open(name string) *Key {
 // displace forgets the value idle longest that is still idle (no session
 // opened or used it since the last sweep), to make room; false when none is.
 func (s *Set) displace() bool {
-	for len(s.idle) > 0 {
-		k := s.idle[len(s.idle)-1]
-		s.idle = s.idle[:len(s.idle)-1]
-		if k.open <= 0 && !k.used && s.keys[k.name] == k {
-			delete(s.keys, k.name)
-			s.displaced++
-			return true
-		}
+	k, ok := s.idle.Take(func(k *Key) bool { return k.open <= 0 && !k.used && s.keys[k.name] == k })
+	if ok {
+		delete(s.keys, k.name)
+		s.displaced++
 	}
-	return false
+	return ok
 }
 
 // Sweep forgets, at now (Unix ns), the values no session holds open that
@@ -160,18 +156,17 @@ func (s *Set) displace() bool {
 // place of until the next sweep (a value used since is not).
 func (s *Set) Sweep(now int64) int {
 	n := 0
-	s.idle = s.idle[:0]
+	s.idle.Reset()
 	for name, k := range s.keys {
 		switch {
 		case k.Idle(now, s.forgetAfter) && k.open <= 0:
 			delete(s.keys, name)
 			n++
 		case k.open <= 0 && s.bound > 0:
-			s.idle = append(s.idle, k)
+			s.idle.Add(k)
 		}
 	}
-	// Idle longest last: the first sweep after its last use is earliest.
-	slices.SortFunc(s.idle, func(a, b *Key) int { return cmp.Compare(b.UnusedSince(), a.UnusedSince()) })
+	s.idle.Sort((*Key).UnusedSince)
 	s.forgotten += uint64(n)
 	return n
 }
@@ -188,3 +183,41 @@ func (s *Set) Forgotten() uint64 { return s.forgotten }
 // Displaced counts the values forgotten early, idle, to make room for a
 // new one.
 func (s *Set) Displaced() uint64 { return s.displaced }
+
+// IdleQueue holds what was idle at the last sweep, for a new value or
+// series to take the place of when its bound is reached: the one idle
+// longest first. Filled at each sweep (Reset, Add, Sort), it is taken from
+// between sweeps (Take), each taken item checked to be idle still, since a
+// use since the sweep makes an item keep its place.
+type IdleQueue[T any] struct{ items []T }
+
+// Reset empties the queue for a sweep.
+func (q *IdleQueue[T]) Reset() {
+	clear(q.items)
+	q.items = q.items[:0]
+}
+
+// Add queues an item idle at this sweep.
+func (q *IdleQueue[T]) Add(x T) { q.items = append(q.items, x) }
+
+// Sort orders the queue by since, the first sweep after each item's last
+// use (Activity.UnusedSince): the item idle longest is taken first.
+func (q *IdleQueue[T]) Sort(since func(T) int64) {
+	slices.SortStableFunc(q.items, func(x, y T) int { return cmp.Compare(since(y), since(x)) })
+}
+
+// Take returns the item idle longest for which idle still holds, dropping
+// those before it that were used since; false when none is left.
+func (q *IdleQueue[T]) Take(idle func(T) bool) (T, bool) {
+	for len(q.items) > 0 {
+		x := q.items[len(q.items)-1]
+		var zero T
+		q.items[len(q.items)-1] = zero
+		q.items = q.items[:len(q.items)-1]
+		if idle(x) {
+			return x, true
+		}
+	}
+	var zero T
+	return zero, false
+}

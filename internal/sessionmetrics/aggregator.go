@@ -161,9 +161,9 @@ type endMetric struct {
 	series           map[string]*endSeries
 	order            []*endSeries
 	overflow         *endSeries
-	// idle are the series idle at the last flush (cumulative only), idle
-	// longest last: those a new series may take the place of.
-	idle []*endSeries
+	// idle are the series idle at the last flush (cumulative only): those a
+	// new series may take the place of.
+	idle keyset.IdleQueue[*endSeries]
 }
 
 // Aggregator accumulates session metrics between flushes. Not safe for concurrent use.
@@ -175,7 +175,7 @@ type Aggregator struct {
 	live         map[string]*liveSeries
 	liveOrder    []*liveSeries
 	liveOverflow *liveSeries
-	liveIdle     []*liveSeries // as endMetric.idle
+	liveIdle     keyset.IdleQueue[*liveSeries] // as endMetric.idle
 
 	ttft, tpot, duration, tokens, sessions endMetric
 	// queue and prefill are the engine's own split of TTFT, recorded when
@@ -451,33 +451,25 @@ func (a *Aggregator) SeriesCount() int {
 
 // displaceEnd forgets an idle series of m to make room; false when none is idle.
 func (a *Aggregator) displaceEnd(m *endMetric) bool {
-	for len(m.idle) > 0 {
-		s := m.idle[len(m.idle)-1]
-		m.idle = m.idle[:len(m.idle)-1]
-		if s.activity.Unused() && !s.displaced {
-			s.displaced = true
-			delete(m.series, s.key)
-			a.displaced++
-			a.epoch++ // a live series' endCache may hold it
-			return true
-		}
+	s, ok := m.idle.Take(func(s *endSeries) bool { return s.activity.Unused() && !s.displaced })
+	if ok {
+		s.displaced = true
+		delete(m.series, s.key)
+		a.displaced++
+		a.epoch++ // a live series' endCache may hold it
 	}
-	return false
+	return ok
 }
 
 // displaceLive forgets an idle live series (no active session) to make room; false when none is.
 func (a *Aggregator) displaceLive() bool {
-	for len(a.liveIdle) > 0 {
-		s := a.liveIdle[len(a.liveIdle)-1]
-		a.liveIdle = a.liveIdle[:len(a.liveIdle)-1]
-		if s.activity.Unused() && s.active <= 0 && !s.displaced {
-			s.displaced = true
-			delete(a.live, s.live.key)
-			a.displaced += 3
-			return true
-		}
+	s, ok := a.liveIdle.Take(func(s *liveSeries) bool { return s.activity.Unused() && s.active <= 0 && !s.displaced })
+	if ok {
+		s.displaced = true
+		delete(a.live, s.live.key)
+		a.displaced += 3
 	}
-	return false
+	return ok
 }
 
 // endSeriesFor returns the series of key in m, creating it or falling back to the overflow series.

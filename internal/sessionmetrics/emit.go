@@ -1,8 +1,6 @@
 package sessionmetrics
 
 import (
-	"cmp"
-	"slices"
 	"time"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
@@ -266,7 +264,7 @@ func (a *Aggregator) forget(now int64) {
 	if a.cfg.Temporality == Cumulative {
 		idleLive := func(s *liveSeries) bool { return s.activity.Idle(now, after) && s.active <= 0 }
 		kept := a.liveOrder[:0]
-		a.liveIdle = a.liveIdle[:0]
+		a.liveIdle.Reset()
 		for _, s := range a.liveOrder {
 			switch {
 			case s.displaced:
@@ -276,16 +274,13 @@ func (a *Aggregator) forget(now int64) {
 				a.forgotten += 3
 				continue
 			case s.activity.Unused() && s.active <= 0:
-				a.liveIdle = append(a.liveIdle, s)
+				a.liveIdle.Add(s)
 			}
 			kept = append(kept, s)
 		}
 		clear(a.liveOrder[len(kept):])
 		a.liveOrder = kept
-		// Idle longest last.
-		slices.SortStableFunc(a.liveIdle, func(x, y *liveSeries) int {
-			return cmp.Compare(y.activity.UnusedSince(), x.activity.UnusedSince())
-		})
+		a.liveIdle.Sort(func(s *liveSeries) int64 { return s.activity.UnusedSince() })
 		if o := a.liveOverflow; o != nil && idleLive(o) {
 			a.liveOverflow = nil
 			a.forgotten += 3
@@ -293,7 +288,7 @@ func (a *Aggregator) forget(now int64) {
 		ends := a.forgotten
 		for _, em := range a.endMetrics() {
 			kept := em.order[:0]
-			em.idle = em.idle[:0]
+			em.idle.Reset()
 			for _, s := range em.order {
 				switch {
 				case s.displaced:
@@ -303,15 +298,13 @@ func (a *Aggregator) forget(now int64) {
 					a.forgotten++
 					continue
 				case s.activity.Unused():
-					em.idle = append(em.idle, s)
+					em.idle.Add(s)
 				}
 				kept = append(kept, s)
 			}
 			clear(em.order[len(kept):])
 			em.order = kept
-			slices.SortStableFunc(em.idle, func(x, y *endSeries) int {
-				return cmp.Compare(y.activity.UnusedSince(), x.activity.UnusedSince())
-			})
+			em.idle.Sort(func(s *endSeries) int64 { return s.activity.UnusedSince() })
 			if o := em.overflow; o != nil && o.activity.Idle(now, after) {
 				em.overflow = nil
 				a.forgotten++

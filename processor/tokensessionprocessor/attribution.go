@@ -1,11 +1,9 @@
 package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 	"net"
-	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -150,7 +148,7 @@ type attributor struct {
 	// account takes the place of that one's (displaceEngine), so that the
 	// accounts stay within max_engines.
 	held        int
-	idleEngines []*engineAccount
+	idleEngines keyset.IdleQueue[*engineAccount]
 	// pods holds the latest power reading of each pod, for engines seen
 	// after it; energy the latest energy counter reading (mJ) of each pod
 	// that has one.
@@ -163,9 +161,9 @@ type attributor struct {
 	// and the idle time of the engines whose idle point did not fit, so
 	// that the points still add up to every engine's time.
 	overflow *shareSeries
-	// idleSeries are the series idle at the last flush, idle longest
-	// last: those a new series may take the place of (displaceSeries).
-	idleSeries []*shareSeries
+	// idleSeries are the series idle at the last flush: those a new series
+	// may take the place of (displaceSeries).
+	idleSeries keyset.IdleQueue[*shareSeries]
 	// points counts the regular points of llm.engine.time: two a series
 	// (prefill, decode), one an engine's idle; at most limit-1.
 	points  int
@@ -350,13 +348,10 @@ func (a *attributor) open(acc *shareAccount, engine string, folded bool) *engine
 // displaceEngine forgets the engine idle longest that is still idle (no
 // session open on it, none since the last flush, which sent its idle time).
 func (a *attributor) displaceEngine() {
-	for len(a.idleEngines) > 0 {
-		e := a.idleEngines[len(a.idleEngines)-1]
-		a.idleEngines = a.idleEngines[:len(a.idleEngines)-1]
-		if a.engines[e.name] == e && e.open <= 0 && e.activity.Unused() {
-			a.forgetEngine(e)
-			return
-		}
+	if e, ok := a.idleEngines.Take(func(e *engineAccount) bool {
+		return a.engines[e.name] == e && e.open <= 0 && e.activity.Unused()
+	}); ok {
+		a.forgetEngine(e)
 	}
 }
 
@@ -535,15 +530,13 @@ func (a *attributor) dropSeries(sr *shareSeries) {
 // its totals), to make room for a new one at the cardinality limit, as the
 // session metrics do; false when none is.
 func (a *attributor) displaceSeries() bool {
-	for len(a.idleSeries) > 0 {
-		sr := a.idleSeries[len(a.idleSeries)-1]
-		a.idleSeries = a.idleSeries[:len(a.idleSeries)-1]
-		if a.series[sr.key] == sr && sr.open <= 0 && sr.activity.Unused() {
-			a.dropSeries(sr)
-			return true
-		}
+	sr, ok := a.idleSeries.Take(func(sr *shareSeries) bool {
+		return a.series[sr.key] == sr && sr.open <= 0 && sr.activity.Unused()
+	})
+	if ok {
+		a.dropSeries(sr)
 	}
-	return false
+	return ok
 }
 
 func (a *attributor) overflowSeries() *shareSeries {
@@ -560,20 +553,17 @@ func (a *attributor) overflowSeries() *shareSeries {
 // engine and tenant as well, so neither outlives its series.
 func (a *attributor) forget(now int64) {
 	after := a.forgetAfter
-	a.idleSeries = a.idleSeries[:0]
+	a.idleSeries.Reset()
 	for _, sr := range a.series {
 		switch {
 		case sr.open > 0:
 		case sr.activity.Idle(now, after):
 			a.dropSeries(sr)
 		case sr.activity.Unused():
-			a.idleSeries = append(a.idleSeries, sr)
+			a.idleSeries.Add(sr)
 		}
 	}
-	// Idle longest last.
-	slices.SortFunc(a.idleSeries, func(x, y *shareSeries) int {
-		return cmp.Compare(y.activity.UnusedSince(), x.activity.UnusedSince())
-	})
+	a.idleSeries.Sort(func(sr *shareSeries) int64 { return sr.activity.UnusedSince() })
 	if o := a.overflow; o != nil && o.activity.Idle(now, after) && o.open <= 0 {
 		a.overflow = nil
 		a.counts.forgotten++
@@ -581,19 +571,17 @@ func (a *attributor) forget(now int64) {
 			a.counts.forgotten++
 		}
 	}
-	a.idleEngines = a.idleEngines[:0]
+	a.idleEngines.Reset()
 	for _, e := range a.engines {
 		switch {
 		case e.open > 0:
 		case e.activity.Idle(now, after):
 			a.forgetEngine(e)
 		case !e.folded && e.activity.Unused():
-			a.idleEngines = append(a.idleEngines, e)
+			a.idleEngines.Add(e)
 		}
 	}
-	slices.SortFunc(a.idleEngines, func(x, y *engineAccount) int {
-		return cmp.Compare(y.activity.UnusedSince(), x.activity.UnusedSince())
-	})
+	a.idleEngines.Sort(func(e *engineAccount) int64 { return e.activity.UnusedSince() })
 	a.tenants.Sweep(now)
 	if after > 0 {
 		for _, m := range []map[string]powerReading{a.pods, a.energy} {
