@@ -448,12 +448,16 @@ func (s *session) end(at time.Time, errorType, finishReason string) {
 // what it waited for the answer, less prefill and decode. Whatever else
 // the wait held (the way to the engine and back, the engine's HTTP and
 // tokenization) is counted as queue. Never below 0 (the two clocks round
-// differently); -1 when the wait or a part is not known.
+// differently); -1 when the wait or a part is not known. The wait is read
+// on the wall clock, as the events' times are (Round(0) drops the
+// monotonic reading): queue and prefill then add up to the session's TTFT
+// even when the wall clock was stepped during the wait.
 func (s *session) derivedQueueMs(end time.Time, t openaistream.RequestTiming) float64 {
-	wait, engine := s.firstToken.Sub(s.started), t.PrefillMs
+	started := s.started.Round(0)
+	wait, engine := s.firstToken.Round(0).Sub(started), t.PrefillMs
 	switch {
 	case s.whole:
-		wait, engine = end.Sub(s.started), t.PrefillMs+t.DecodeMs
+		wait, engine = end.Round(0).Sub(started), t.PrefillMs+t.DecodeMs
 		if t.DecodeMs < 0 {
 			return -1
 		}
