@@ -197,15 +197,14 @@ func UsageMember(data []byte) (from, to int, extras, ok bool) {
 	s := jsonWalker{b: data}
 	n := 0
 	whole := s.object(func(key []byte) bool {
-		switch string(key) {
-		case "usage":
+		if string(key) == "usage" {
 			n++
 			from = s.offset(key) - 1 // the key's opening quote
 			read := s.skip()
 			to = s.i
 			return read
-		case "id", "object", "created", "model", "system_fingerprint", "service_tier", "obfuscation", "choices":
-			// (choices: a usage chunk has none.)
+		}
+		if everyChunkCarries(key) {
 			return s.skip()
 		}
 		if s.null() {
@@ -231,6 +230,75 @@ func UsageMember(data []byte) (from, to int, extras, ok bool) {
 		return from, skipJSONSpace(data, after+1), extras, true
 	}
 	return from, to, extras, true
+}
+
+// everyChunkCarries reports whether key names a member every chunk of a
+// stream carries, or choices (a usage chunk has none): what UsageMember
+// does not count as extras.
+func everyChunkCarries(key []byte) bool {
+	switch string(key) {
+	case "id", "object", "created", "model", "system_fingerprint", "service_tier", "obfuscation", "choices":
+		return true
+	}
+	return false
+}
+
+// FoldExtras appends to dst finish, a chunk's JSON object, with the extras
+// of usage (the usage chunk after it, as UsageMember counts them) added
+// before its closing brace, each member as the engine wrote it and in its
+// order. That is where an engine puts them when it is not asked for usage:
+// llama.cpp puts its timings on the last chunk of a stream, the usage chunk
+// when there is one, else the finish chunk (tools/server/server-task.cpp
+// at v0.5.0, to_json_oaicompat_chat_stream), so the fold gives the bytes
+// the client would have had straight from it. ok is false, and dst is
+// returned as it was, when either is not one JSON object, usage has not
+// exactly one "usage" member or no extras, or finish already has a member
+// of one of their names.
+func FoldExtras(dst, finish, usage []byte) (out []byte, ok bool) {
+	type member struct{ key, text []byte }
+	var extras []member
+	usages := 0
+	u := jsonWalker{b: usage}
+	whole := u.object(func(key []byte) bool {
+		if string(key) == "usage" {
+			usages++
+		}
+		if string(key) == "usage" || everyChunkCarries(key) {
+			return u.skip()
+		}
+		if u.null() {
+			return true
+		}
+		from := u.offset(key) - 1
+		read := u.skip()
+		extras = append(extras, member{key, usage[from:u.i]})
+		return read
+	})
+	if !whole || !u.end() || usages != 1 || len(extras) == 0 {
+		return dst, false
+	}
+	f := jsonWalker{b: finish}
+	members := 0
+	clash := false
+	whole = f.object(func(key []byte) bool {
+		members++
+		for _, m := range extras {
+			clash = clash || bytes.Equal(m.key, key)
+		}
+		return f.skip()
+	})
+	if !whole || !f.end() || clash {
+		return dst, false
+	}
+	closing := bytes.LastIndexByte(finish, '}')
+	out = append(dst, finish[:closing]...)
+	for i, m := range extras {
+		if i > 0 || members > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, m.text...)
+	}
+	return append(out, finish[closing:]...), true
 }
 
 func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

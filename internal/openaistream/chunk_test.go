@@ -585,3 +585,41 @@ func FuzzUsageMember(f *testing.F) {
 		}
 	})
 }
+
+// FoldExtras gives, from llama.cpp's two chunks of a stream asked for
+// usage, the finish chunk of the same stream not asked for it.
+func TestFoldExtras(t *testing.T) {
+	streams := llamaCppStreams(t)
+	plain, withUsage := streams[0], streams[1]
+	finish, usage := withUsage[len(withUsage)-2], withUsage[len(withUsage)-1]
+	got, ok := FoldExtras([]byte("data: "), finish, usage)
+	require.True(t, ok)
+	assert.Equal(t, "data: "+string(plain[len(plain)-1]), string(got))
+
+	for _, tt := range []struct{ name, finish, usage, want string }{
+		{"in order", `{"a":1}`, `{"choices":[],"usage":{},"x":[1],"n":null,"y":{"z":2}}`, `{"a":1,"x":[1],"y":{"z":2}}`},
+		{"blanks kept", "{ \"a\" : 1 }", `{"usage":{}, "x" : 2 }`, "{ \"a\" : 1 ,\"x\" : 2}"},
+		{"an empty finish chunk", `{}`, `{"usage":{},"x":2}`, `{"x":2}`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := FoldExtras(nil, []byte(tt.finish), []byte(tt.usage))
+			require.True(t, ok)
+			assert.Equal(t, tt.want, string(got))
+			assert.True(t, json.Valid(got))
+		})
+	}
+	for _, tt := range []struct{ name, finish, usage string }{
+		{"nothing to fold", `{"a":1}`, `{"choices":[],"usage":{},"id":"x","model":null}`},
+		{"the finish chunk has it already", `{"a":1,"timings":{}}`, `{"usage":{},"timings":{"b":2}}`},
+		{"two usages", `{"a":1}`, `{"usage":{},"usage":{},"x":1}`},
+		{"no usage", `{"a":1}`, `{"x":1}`},
+		{"not an object", `[1]`, `{"usage":{},"x":1}`},
+		{"malformed", `{"a":1}`, `{"usage":{},"x":1`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := FoldExtras([]byte("kept"), []byte(tt.finish), []byte(tt.usage))
+			assert.False(t, ok)
+			assert.Equal(t, "kept", string(got))
+		})
+	}
+}

@@ -803,6 +803,16 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 		unflushed = true
 		return nil
 	}
+	// held: the finish chunk, kept back while the proxy waits for the
+	// usage chunk it asked for (see heldFinish); release sends it.
+	var held heldFinish
+	release := func() error {
+		if !held.ok {
+			return nil
+		}
+		held.ok = false
+		return write(held.raw, nil)
+	}
 	onEvent := func(ev *sse.Event) error {
 		midEvent = ev.Partial
 		if ev.Oversized {
@@ -833,16 +843,33 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 				if f.Content {
 					s.token(now)
 				}
-				if strip && f.UsageOnly {
+				switch {
+				case strip && f.UsageOnly:
 					// The usage the proxy asked for is the proxy's; what
-					// else the engine put on the chunk is the client's.
+					// else the engine put on the chunk is the client's,
+					// on the finish chunk where it can (see heldFinish).
+					if held.fold(ev) {
+						return write(held.folded, nil)
+					}
+					if err := release(); err != nil {
+						return err
+					}
 					head, tail, keep := withoutUsage(ev)
 					if !keep {
 						return nil
 					}
 					return write(head, tail)
+				case strip && f.FinishReason != "":
+					if err := release(); err != nil {
+						return err
+					}
+					held.hold(ev)
+					return nil
 				}
 			}
+		}
+		if err := release(); err != nil {
+			return err
 		}
 		return write(ev.Raw, nil)
 	}
@@ -881,6 +908,11 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 		}
 	}
 	now = time.Now()
+	if !e.clientGone && release() == nil && flusher != nil {
+		// A finish chunk whose usage chunk never came: the stream ended
+		// or was cut right after it.
+		flusher.Flush()
+	}
 	if oversized > 0 {
 		s.p.counters.OversizedEvents.Add(context.Background(), oversized)
 	}
@@ -930,6 +962,44 @@ func withoutUsage(ev *sse.Event) (head, tail []byte, keep bool) {
 		return ev.Raw, nil, true
 	}
 	return ev.Raw[:at+from], ev.Raw[at+to:], true
+}
+
+// heldFinish keeps back a stream's finish chunk (one with a
+// finish_reason) when the proxy asked for the usage, until the next event
+// comes: if that is the usage chunk, what the engine put on it beyond the
+// usage is folded onto the finish chunk, and the client gets the one chunk.
+// That is the stream the client would have had without the proxy's
+// request: llama.cpp (since b6508) moves its timings from the finish chunk
+// to the usage chunk when asked for usage, and a client that did not ask
+// never sees a chunk with "choices":[], on which one that reads choices[0]
+// fails. Anything else next, or the stream's end, sends the finish chunk
+// as it came.
+type heldFinish struct {
+	raw    []byte // the event, a copy
+	at     int    // where its data begins in raw; -1: not on one line
+	size   int    // the data's length
+	ok     bool   // raw holds an event not yet sent
+	folded []byte // the event fold made
+}
+
+func (h *heldFinish) hold(ev *sse.Event) {
+	h.raw = append(h.raw[:0], ev.Raw...)
+	h.at, h.size, h.ok = bytes.Index(ev.Raw, ev.Data), len(ev.Data), true
+}
+
+// fold makes h.folded of the held finish chunk and the usage chunk ev,
+// and reports whether it could (see openaistream.FoldExtras).
+func (h *heldFinish) fold(usage *sse.Event) bool {
+	if !h.ok || h.at < 0 || bytes.Index(usage.Raw, usage.Data) < 0 {
+		return false
+	}
+	end := h.at + h.size
+	out, ok := openaistream.FoldExtras(append(h.folded[:0], h.raw[:h.at]...), h.raw[h.at:end], usage.Data)
+	if !ok {
+		return false
+	}
+	h.folded, h.ok = append(out, h.raw[end:]...), false
+	return true
 }
 
 // relayResponse forwards a non-streaming response: its first token is the

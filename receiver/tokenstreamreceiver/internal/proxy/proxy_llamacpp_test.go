@@ -61,9 +61,10 @@ func newLlamaCppUpstream(t *testing.T) *scriptedUpstream {
 	})
 }
 
-// Transparency: through the proxy, a client gets what llama.cpp sent, but
-// the usage the proxy asked for on the client's behalf. The usage chunk is
-// not dropped, since it also carries llama.cpp's timings.
+// Transparency: through the proxy, a client gets what llama.cpp would have
+// sent it, byte for byte, though the proxy asked for the usage: llama.cpp
+// then moves its timings from the finish chunk to the usage chunk, and the
+// proxy puts them back.
 func TestProxyLlamaCppClientKeepsTimings(t *testing.T) {
 	chat, chatUsage, _, _ := llamaCppStreams(t)
 	up := newLlamaCppUpstream(t)
@@ -73,18 +74,8 @@ func TestProxyLlamaCppClientKeepsTimings(t *testing.T) {
 	const noUsage = `{"model":"tiny-random-llama","messages":[{"role":"user","content":"Say hello"}],"stream":true,"max_tokens":4}`
 	_, got := postChat(t, tr.proxyURL(), noUsage, nil)
 	require.Contains(t, up.bodies[0], `"stream_options":{"include_usage":true}`, "the proxy asked for usage")
-	usageChunk := chatUsage[len(chatUsage)-2]
-	require.Contains(t, usageChunk, llamaCppUsage)
-	want := strings.Join(chatUsage, "")
-	want = strings.Replace(want, usageChunk, strings.Replace(usageChunk, llamaCppUsage, "", 1), 1)
-	assert.Equal(t, want, got, "llama.cpp's bytes, less exactly the usage member the proxy added")
-
-	// What the client gets straight from llama.cpp: the same content chunks
-	// and the same timings, which llama.cpp put on the finish chunk there.
-	finish := chat[len(chat)-2]
-	timings := finish[strings.Index(finish, `"timings":`) : len(finish)-len("}\n\n")]
-	assert.Contains(t, got, timings, "the client gets llama.cpp's timings as they are")
-	assert.True(t, strings.HasPrefix(got, strings.Join(chat[:len(chat)-2], "")), "and its chunks before the finish chunk")
+	require.Contains(t, chatUsage[len(chatUsage)-2], llamaCppUsage, "and llama.cpp answered with a usage chunk")
+	assert.Equal(t, strings.Join(chat, ""), got, "the stream llama.cpp sends a request without include_usage")
 
 	// A client that asked for usage gets llama.cpp's answer unchanged.
 	_, got = postChat(t, tr.proxyURL(), `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, nil)
@@ -198,18 +189,20 @@ func TestProxyLlamaCppCountsFromTimings(t *testing.T) {
 }
 
 // vLLM's per-request metrics ride on its usage chunk: a client that did not
-// ask for usage gets the chunk without it, the metrics kept. The usage
-// chunk that holds nothing else is left out, as before.
+// ask for usage gets them on the finish chunk, and no chunk with
+// "choices":[]. The usage chunk that holds nothing else is left out.
 func TestProxyStripsOnlyUsage(t *testing.T) {
 	chat, _ := fixtureStreams(t)
 	const metrics = `,"metrics":{"time_to_first_token_ms":48.5,"generation_time_ms":180.25,"queue_time_ms":912.0}`
 	var events, want []string
 	for _, ev := range chat {
-		if strings.Contains(ev, `"choices":[],"usage"`) {
+		switch {
+		case strings.Contains(ev, `"choices":[],"usage"`):
 			ev = strings.Replace(ev, "}}\n\n", "}"+metrics+"}\n\n", 1)
 			require.Contains(t, ev, metrics)
-			want = append(want, strings.Replace(ev, `,"usage":{"prompt_tokens":42,"total_tokens":50,"completion_tokens":8}`, "", 1))
-		} else {
+		case strings.Contains(ev, `"finish_reason":"stop"`):
+			want = append(want, strings.Replace(ev, "}\n\n", metrics+"}\n\n", 1))
+		default:
 			want = append(want, ev)
 		}
 		events = append(events, ev)
@@ -221,7 +214,7 @@ func TestProxyStripsOnlyUsage(t *testing.T) {
 	tr := startTestProxy(t, up.URL, sink)
 	_, got := postChat(t, tr.proxyURL(), `{"model":"m","stream":true}`, nil)
 	assert.Equal(t, strings.Join(want, ""), got)
-	assert.Contains(t, got, `"choices":[]`+metrics+"}\n\n")
+	assert.NotContains(t, got, `"choices":[]`)
 	evs := sessionEvents(t, sink, 1)
 	end := evs[len(evs)-1]
 	assert.Equal(t, int64(8), end.CompletionTokens, "usage read from the chunk all the same")
@@ -285,6 +278,44 @@ func TestDerivedQueue(t *testing.T) {
 			}
 			assert.InDelta(t, tt.want, got, 1e-6)
 			assert.False(t, math.IsNaN(got))
+		})
+	}
+}
+
+// The finish chunk held for the usage chunk goes as it came when the fold
+// cannot be made (a member on both), and when no usage chunk follows: the
+// stream cut right after it, the client still gets it before the cut.
+func TestProxyHeldFinishChunk(t *testing.T) {
+	const (
+		first  = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n"
+		finish = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"timings\":{\"a\":1}}\n\n"
+		usage  = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"completion_tokens\":1},\"timings\":{\"a\":2}}\n\n"
+		done   = "data: [DONE]\n\n"
+	)
+	for _, tt := range []struct {
+		name   string
+		events []string
+		want   string
+	}{
+		{"both have timings", []string{first, finish, usage, done}, first + finish + strings.Replace(usage, ",\"usage\":{\"completion_tokens\":1}", "", 1) + done},
+		{"cut after the finish chunk", []string{first, finish}, first + finish},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			up := newScriptedUpstream(t, func(u *scriptedUpstream, w http.ResponseWriter, r *http.Request) {
+				replay(u, w, r, tt.events, func(int) time.Duration { return time.Millisecond })
+			})
+			tr := startTestProxy(t, up.URL, new(consumertest.LogsSink))
+			resp, err := http.Post(tr.proxyURL()+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","stream":true}`))
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body) // a cut stream ends in an error (see cut.go)
+			resp.Body.Close()
+			got := string(body)
+			assert.True(t, strings.HasPrefix(got, tt.want), "got %q", got)
+			if len(tt.events) == 2 {
+				assert.Contains(t, got[len(tt.want):], `"error"`, "then the cut")
+			} else {
+				assert.Equal(t, tt.want, got)
+			}
 		})
 	}
 }
