@@ -22,6 +22,7 @@
 #                report folder (DURATION=10s per point, OUT=demo-report); it
 #                prints the URL of token_session's live view as it starts
 #   make demo-breaker  HAProxy ejecting a stalling replica through engine_health
+#   make demo-real     the collector in front of a real llama.cpp server (REAL_OUT=demo-real)
 #   make check-deploy  the deploy kit's tests (promtool, Prometheus, manifests)
 #   make image   the container image of deploy/Dockerfile (podman or buildah)
 #   make lint    golangci-lint, pinned, with .golangci.yml (contrib's linters)
@@ -203,7 +204,7 @@ soak: $(OTELCOL) ## the collector under steady load for DURATION (default 15m), 
 DURATION ?= 10s
 OUT      ?= demo-report
 
-.PHONY: demo demo-tools demo-breaker
+.PHONY: demo demo-tools demo-breaker demo-real
 demo: $(OTELCOL) demo-tools ## simulator, collector and load, scenario by scenario, into OUT
 	$(BIN_DIR)/llmdemo -bin $(BIN_DIR) -duration $(DURATION) -out $(OUT)
 
@@ -220,6 +221,17 @@ BREAKER_OUT ?= demo-breaker
 BREAKER_STALL_MAX_GAP ?= 500ms
 demo-breaker: $(OTELCOL) demo-tools ## HAProxy ejecting a stalling replica through engine_health, the stall breaker off and on
 	$(BIN_DIR)/llmdemo -breaker -bin $(BIN_DIR) -out $(BREAKER_OUT) -stall-max-gap $(BREAKER_STALL_MAX_GAP)
+
+# The same story on a real engine (about 1 min after the build; see
+# llama-server above): llama.cpp's llama-server and the tiny random-weight
+# model, the collector in front of it, llmload at 1, SLOTS, 2×SLOTS and
+# 4×SLOTS clients for DURATION each; the report sets the collector beside the
+# client and beside llama.cpp's own timings.
+REAL_OUT ?= demo-real
+SLOTS    ?= 2
+demo-real: $(OTELCOL) demo-tools ## the collector in front of a real llama.cpp server, against the client and llama.cpp's timings, into REAL_OUT
+	@llama=$$(tools/llama-server.sh) && \
+	$(BIN_DIR)/llmdemo -real -llama-dir $$llama -bin $(BIN_DIR) -duration $(DURATION) -out $(REAL_OUT) -slots $(SLOTS)
 
 # bin/ goes whole: the binaries, mdatagen, the stock baseline of make bench
 # (bin/otelcol-stock, rebuilt by the next make bench) and ocb, which the

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/otelcol-llm/otelcol-llm/cmd/llmdemo/internal/demo"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/llamacpp"
 	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
 )
 
@@ -41,6 +42,12 @@ func run(args []string) int {
 		"stall breaker at this proxy::stall::max_gap, into OUT/stall-breaker, and compare the runs in OUT/comparison.md (0: one run, breaker off)")
 	live := fs.String("live", "localhost:8002", "where each point's collector serves token_session's live view (its URL is printed; "+
 		"another free port if this one is taken; empty: off)")
+	onLlamaCpp := fs.Bool("real", false, "run the story on a real engine instead (make demo-real): llama.cpp's llama-server built by "+
+		"tools/llama-server.sh, the collector in front of it, llmload at 1, slots, 2×slots and 4×slots clients")
+	llamaDir := fs.String("llama-dir", "", "for -real: the llama-server build (tools/llama-server.sh prints it; "+
+		"default: LLAMA_CPP_DIR, else the script's cache)")
+	slots := fs.Int("slots", 2, "for -real: llama-server's --parallel")
+	threads := fs.Int("threads", 1, "for -real: llama-server's --threads")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -64,6 +71,10 @@ func run(args []string) int {
 		Sim:       filepath.Join(*binDir, "vllmsim"),
 		Load:      filepath.Join(*binDir, "llmload"),
 	}
+	if *slots < 1 || *threads < 1 {
+		fmt.Fprintln(os.Stderr, "llmdemo: -slots and -threads must be at least 1")
+		return 2
+	}
 	for _, b := range []string{bins.Collector, bins.Sim, bins.Load} {
 		if _, err := os.Stat(b); err != nil {
 			fmt.Fprintf(os.Stderr, "llmdemo: %v (make demo builds it)\n", err)
@@ -75,6 +86,24 @@ func run(args []string) int {
 	start := time.Now()
 	logf := func(format string, args ...any) {
 		fmt.Printf("[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+	if *onLlamaCpp {
+		dir := *llamaDir
+		if dir == "" {
+			var err error
+			if dir, err = llamacpp.Find("."); err != nil {
+				fmt.Fprintln(os.Stderr, "llmdemo:", err)
+				return 2
+			}
+		}
+		setup := demo.RealSetup{LlamaDir: dir, Slots: *slots, Threads: *threads, Context: 2048 * *slots}
+		rep, err := demo.RunReal(ctx, bins, setup, demo.DefaultRealPoints(*slots, *duration), *out, logf)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "llmdemo:", err)
+			return 1
+		}
+		logf("report: %s (%d points in %.0f s)", filepath.Join(*out, "report.md"), len(rep.Points), rep.WallS)
+		return 0
 	}
 	if *breaker {
 		bin, err := exec.LookPath(*haproxy)

@@ -291,7 +291,8 @@ func FoldExtras(dst, finish, usage []byte) (out []byte, ok bool) {
 		return dst, false
 	}
 	closing := bytes.LastIndexByte(finish, '}')
-	out = append(dst, finish[:closing]...)
+	out = dst
+	out = append(out, finish[:closing]...)
 	for i, m := range extras {
 		if i > 0 || members > 0 {
 			out = append(out, ',')

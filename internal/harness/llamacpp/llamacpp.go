@@ -7,12 +7,14 @@
 // the script's cache. Without a build, or without a python3 that has numpy
 // and PyYAML, the tests skip saying what is missing, except under CI, where
 // that is a failure: a CI run that skipped them would pass without testing
-// anything.
+// anything. Find, MakeModel and Run are the same without a test, for make
+// demo-real.
 package llamacpp // import "github.com/otelcol-llm/otelcol-llm/internal/harness/llamacpp"
 
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -34,51 +36,72 @@ const Vocab = "ggml-vocab-llama-spm.gguf"
 //go:embed make_model.py
 var makeModelPy []byte
 
-// missing skips the test, or fails it under CI, saying what is missing.
-func missing(tb testing.TB, format string, args ...any) {
+// MissingError says that something the servers need is not installed or
+// built, and how to get it.
+type MissingError struct{ What string }
+
+func (e *MissingError) Error() string { return e.What }
+
+// need skips the test, or fails it under CI, when err says something is
+// missing; it fails the test on any other error.
+func need(tb testing.TB, err error) {
 	tb.Helper()
-	if os.Getenv("CI") != "" {
-		tb.Fatalf(format, args...)
+	var m *MissingError
+	switch {
+	case err == nil:
+	case errors.As(err, &m) && os.Getenv("CI") == "":
+		tb.Skip(m.What)
+	default:
+		tb.Fatal(err)
 	}
-	tb.Skipf(format, args...)
+}
+
+// Find returns the folder of the llama-server build (bin/llama-server,
+// gguf-py/, models/, release): LLAMA_CPP_DIR, else the cached build of
+// tools/llama-server.sh under root, the module's root.
+func Find(root string) (string, error) {
+	dir := os.Getenv("LLAMA_CPP_DIR")
+	if dir == "" {
+		out, err := exec.Command(filepath.Join(root, "tools", "llama-server.sh"), "--cached").Output() //nolint:gosec // the module's own script
+		if err != nil {
+			return "", &MissingError{"llama-server is not built: run `make llama-server` (needs npm, git, cmake and g++), or set LLAMA_CPP_DIR"}
+		}
+		dir = strings.TrimSpace(string(out))
+	}
+	if _, err := os.Stat(filepath.Join(dir, "bin", "llama-server")); err != nil { //nolint:gosec // the user's own build folder
+		return "", fmt.Errorf("LLAMA_CPP_DIR: %w", err)
+	}
+	return dir, nil
 }
 
 var build struct {
 	once sync.Once
 	dir  string
+	err  error
 }
 
-// Dir returns the folder of the llama-server build (bin/llama-server,
-// gguf-py/, models/, release): LLAMA_CPP_DIR, else the cached build of
-// tools/llama-server.sh.
+// Dir is Find for a test, once per test process.
 func Dir(tb testing.TB) string {
 	tb.Helper()
-	build.once.Do(func() {
-		if build.dir = os.Getenv("LLAMA_CPP_DIR"); build.dir != "" {
-			return
-		}
-		script := filepath.Join(testbin.ModuleRoot(tb), "tools", "llama-server.sh")
-		if out, err := exec.Command(script, "--cached").Output(); err == nil {
-			build.dir = strings.TrimSpace(string(out))
-		}
-	})
-	if build.dir == "" {
-		missing(tb, "llama-server is not built: run `make llama-server` (needs npm, git, cmake and g++), or set LLAMA_CPP_DIR")
-	}
-	if _, err := os.Stat(filepath.Join(build.dir, "bin", "llama-server")); err != nil {
-		tb.Fatalf("LLAMA_CPP_DIR: %v", err)
-	}
+	build.once.Do(func() { build.dir, build.err = Find(testbin.ModuleRoot(tb)) })
+	need(tb, build.err)
 	return build.dir
 }
 
-// Release is the llama.cpp tag and commit the build is of.
+// ReleaseOf is the llama.cpp tag and commit the build in dir is of.
+func ReleaseOf(dir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "release"))
+	return strings.TrimSpace(string(b)), err
+}
+
+// Release is ReleaseOf the build a test uses.
 func Release(tb testing.TB) string {
 	tb.Helper()
-	b, err := os.ReadFile(filepath.Join(Dir(tb), "release"))
+	r, err := ReleaseOf(Dir(tb))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return strings.TrimSpace(string(b))
+	return r
 }
 
 // python returns a python3 that imports numpy and yaml: Debian's
@@ -94,51 +117,49 @@ func python() (string, error) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("no python3 with numpy and PyYAML (tried %s): apt-get install python3-numpy python3-yaml", strings.Join(candidates, ", "))
+	return "", &MissingError{fmt.Sprintf("no python3 with numpy and PyYAML (tried %s): apt-get install python3-numpy python3-yaml", strings.Join(candidates, ", "))}
+}
+
+// MakeModel writes the tiny random-weight model into the folder into,
+// with the build in dir (a few seconds), and returns its path.
+func MakeModel(dir, into string) (string, error) {
+	py, err := python()
+	if err != nil {
+		return "", err
+	}
+	script := filepath.Join(into, "make_model.py")
+	if err := os.WriteFile(script, makeModelPy, 0o600); err != nil {
+		return "", err
+	}
+	path := filepath.Join(into, "tiny-random.gguf")
+	cmd := exec.Command(py, script, filepath.Join(dir, "models", Vocab), path)
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(dir, "gguf-py"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("make_model.py: %w\n%s", err, out)
+	}
+	return path, nil
 }
 
 var model struct {
-	once    sync.Once
-	tmp     string
-	path    string
-	err     error
-	missing bool // err says what to install, not what broke
+	once sync.Once
+	tmp  string
+	path string
+	err  error
 }
 
 // Model returns the path of the tiny model, made on the first call of the
-// test process (a few seconds) and removed by Cleanup.
+// test process and removed by Cleanup.
 func Model(tb testing.TB) string {
 	tb.Helper()
 	dir := Dir(tb)
 	model.once.Do(func() {
-		py, err := python()
-		if err != nil {
-			model.err, model.missing = err, true
-			return
-		}
 		// Not tb.TempDir: the model outlives the test that makes it.
 		if model.tmp, model.err = os.MkdirTemp("", "otelcol-llm-llamacpp-"); model.err != nil { //nolint:usetesting // removed by Cleanup
 			return
 		}
-		script := filepath.Join(model.tmp, "make_model.py")
-		if model.err = os.WriteFile(script, makeModelPy, 0o600); model.err != nil {
-			return
-		}
-		path := filepath.Join(model.tmp, "tiny-random.gguf")
-		cmd := exec.Command(py, script, filepath.Join(dir, "models", Vocab), path)
-		cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(dir, "gguf-py"))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			model.err = fmt.Errorf("make_model.py: %w\n%s", err, out)
-			return
-		}
-		model.path = path
+		model.path, model.err = MakeModel(dir, model.tmp)
 	})
-	if model.missing {
-		missing(tb, "%v", model.err)
-	}
-	if model.err != nil {
-		tb.Fatal(model.err)
-	}
+	need(tb, model.err)
 	return model.path
 }
 
@@ -160,6 +181,9 @@ type Options struct {
 	// Threads for generation and batches (0: 1, so that two servers share
 	// two cores without fighting).
 	Threads int
+	// Log, when set, is a file the server's output goes to, else a buffer
+	// (Output).
+	Log string
 }
 
 // Server is a running llama-server.
@@ -171,21 +195,19 @@ type Server struct {
 	proc   *process.Process
 }
 
-// Start runs llama-server with the tiny model on a free loopback port, with
-// continuous batching and /metrics, and returns once /health answers 200.
-// The server is stopped when the test ends, if Kill has not.
-func Start(tb testing.TB, o Options) *Server {
-	tb.Helper()
-	bin := filepath.Join(Dir(tb), "bin", "llama-server")
-	m := Model(tb)
+// Run runs the build in dir's llama-server with model on a free loopback
+// port, with continuous batching and /metrics, and returns once /health
+// answers 200 (within a minute, or ctx's end).
+func Run(ctx context.Context, dir, model string, o Options) (*Server, error) {
+	bin := filepath.Join(dir, "bin", "llama-server")
 	o.Parallel, o.Context, o.Threads = orDefault(o.Parallel, 2), orDefault(o.Context, 4096), orDefault(o.Threads, 1)
 	addr, err := process.FreeAddr()
 	if err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
 	_, port, _ := strings.Cut(addr, ":")
 	args := []string{
-		"--model", m, "--host", "127.0.0.1", "--port", port,
+		"--model", model, "--host", "127.0.0.1", "--port", port,
 		"--parallel", strconv.Itoa(o.Parallel), "--cont-batching", "--metrics",
 		"--ctx-size", strconv.Itoa(o.Context), "--threads", strconv.Itoa(o.Threads),
 		"--threads-batch", strconv.Itoa(o.Threads), "--no-warmup",
@@ -195,20 +217,46 @@ func Start(tb testing.TB, o Options) *Server {
 	// the engine holds would skew the clocks the tests compare. nice
 	// execs the server, so the process is the server's.
 	args = append([]string{"-n", "10", bin}, args...)
-	s := &Server{URL: "http://" + addr, Addr: addr, Output: &testbin.SyncBuffer{}}
-	s.proc, err = process.Start("llama-server", "nice", args, process.Options{Output: s.Output, SIGTERMIsClean: true})
+	s := &Server{URL: "http://" + addr, Addr: addr}
+	opts := process.Options{SIGTERMIsClean: true, Log: o.Log}
+	if o.Log == "" {
+		s.Output = &testbin.SyncBuffer{}
+		opts.Output = s.Output
+	}
+	if s.proc, err = process.Start("llama-server", "nice", args, opts); err != nil {
+		return nil, err
+	}
+	if err := s.proc.WaitHTTP(ctx, s.URL+"/health", time.Minute); err != nil {
+		_ = s.proc.Stop(10 * time.Second)
+		if s.Output != nil {
+			err = fmt.Errorf("%w\n%s", err, s.Output)
+		}
+		return nil, err
+	}
+	return s, nil
+}
+
+// Start is Run for a test: the server is stopped when the test ends, if
+// Kill has not.
+func Start(tb testing.TB, o Options) *Server {
+	tb.Helper()
+	s, err := Run(context.Background(), Dir(tb), Model(tb), o)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { _ = s.proc.Stop(10 * time.Second) })
-	if err := s.proc.WaitHTTP(context.Background(), s.URL+"/health", time.Minute); err != nil {
-		tb.Fatalf("%v\n%s", err, s.Output)
-	}
+	tb.Cleanup(func() { _ = s.Stop() })
 	return s
 }
 
+// Stop stops the server (SIGTERM, SIGKILL after 10 s).
+func (s *Server) Stop() error { return s.proc.Stop(10 * time.Second) }
+
 // Kill kills the server (SIGKILL), as an engine that crashes.
 func (s *Server) Kill() { s.proc.Kill() }
+
+// UsedCPU is the CPU time the server has used (user and system), once it
+// has stopped.
+func (s *Server) UsedCPU() time.Duration { return s.proc.UsedCPU() }
 
 func orDefault(v, def int) int {
 	if v == 0 {

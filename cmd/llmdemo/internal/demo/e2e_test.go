@@ -2,6 +2,8 @@ package demo
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/llamacpp"
 	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 )
 
@@ -103,4 +106,48 @@ func logCollectorProblems(t *testing.T, path string) {
 			t.Logf("collector: %s", strings.TrimSpace(line))
 		}
 	}
+}
+
+// TestDemoReal is `make demo-real` in short form: a real llama-server
+// behind the collector's proxy, llmload through it at 1 and 4 clients on 2
+// slots. No request fails, every completed one has its session with
+// llama.cpp's timings, the collector's TTFT and TPOT are the client's and
+// its TPOT llama.cpp's for most sessions (within 1 ms or 2%: a loaded
+// machine delays a process now and then), and at 4 clients requests wait
+// for a slot: the derived queue grows and llama.cpp's /metrics says so.
+func TestDemoReal(t *testing.T) {
+	dir, err := llamacpp.Find(testbin.ModuleRoot(t))
+	var m *llamacpp.MissingError
+	if errors.As(err, &m) && os.Getenv("CI") == "" {
+		t.Skip(m.What)
+	}
+	require.NoError(t, err)
+	bins := Binaries{Collector: testbin.Collector(t), Load: testbin.Build(t, "./cmd/llmload")}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	setup := RealSetup{LlamaDir: dir, Slots: 2, Threads: 1, Context: 4096}
+	points := []RealPoint{
+		{Concurrency: 1, Duration: 3 * time.Second, PromptWords: "uniform:50-400", OutputTokens: 16},
+		{Concurrency: 4, Duration: 3 * time.Second, PromptWords: "uniform:50-400", OutputTokens: 16},
+	}
+	out := t.TempDir()
+	rep, err := RunReal(ctx, bins, setup, points, out, t.Logf)
+	require.NoError(t, err)
+	require.Len(t, rep.Points, 2)
+	for _, r := range rep.Points {
+		name := fmt.Sprintf("%d clients", r.Point.Concurrency)
+		require.Positive(t, r.Requests, name)
+		assert.Zero(t, r.Failed, name)
+		assert.Equal(t, r.Requests, r.Matched, "%s: a session for every request", name)
+		assert.Equal(t, map[string]int{"llamacpp_timings": r.Matched}, r.BySource, name)
+		assert.GreaterOrEqual(t, r.TTFTWithin, 0.8, "%s: TTFT within 1 ms or 2%% of the client", name)
+		assert.GreaterOrEqual(t, r.TPOTWithin, 0.8, "%s: TPOT within 1 ms or 2%% of the client", name)
+		assert.LessOrEqual(t, r.EngineTPOTDiff.P50, 1.0, "%s: TPOT against llama.cpp's", name)
+	}
+	one, four := rep.Points[0], rep.Points[1]
+	assert.Greater(t, four.Queue.P50, one.Queue.P50, "beyond the slots, requests wait")
+	assert.Positive(t, four.WaitingMax, "llama.cpp's /metrics said requests were waiting")
+	report, err := os.ReadFile(filepath.Join(out, "report.md"))
+	require.NoError(t, err)
+	assert.Contains(t, string(report), "| 4 | llamacpp_timings ")
 }

@@ -79,7 +79,7 @@ func Run(ctx context.Context, bins Binaries, points []Point, out, live string, p
 	return rep, runErr
 }
 
-func writeJSON(rep *Report, path string) error {
+func writeJSON(rep any, path string) error {
 	data, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
 		return err

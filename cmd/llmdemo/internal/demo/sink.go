@@ -68,6 +68,13 @@ type Span struct {
 	spanID string
 	// EngineTimeS is the session's share of its engine's busy time.
 	EngineTimeS float64 `json:"engine_time_s,omitempty"`
+	// DecodeMs is the engine's decode time, OutputTokens the session's
+	// output tokens (make demo-real: llama.cpp's TPOT).
+	DecodeMs     float64 `json:"decode_ms,omitempty"`
+	OutputTokens int64   `json:"output_tokens,omitempty"`
+	// WaitingStart is the requests waiting for the engine when the session
+	// started (<prefix>.num_requests_waiting.start), -1 without it.
+	WaitingStart float64 `json:"waiting_start"`
 }
 
 // StallAlert is one llm.session.stall record.
@@ -230,6 +237,9 @@ func (s *sink) traces(td ptrace.Traces) {
 					PrefillMs:      attrFloat(a, "llm.session.prefill_time") * 1000,
 					spanID:         sp.SpanID().String(),
 					EngineTimeS:    attrFloat(a, "llm.session.engine_time"),
+					DecodeMs:       attrFloat(a, "llm.session.decode_time") * 1000,
+					OutputTokens:   attrInt(a, "gen_ai.usage.output_tokens"),
+					WaitingStart:   waitingStart(a),
 				})
 			}
 		}
@@ -257,6 +267,17 @@ func (s *sink) logs(ld plog.Logs) {
 	}
 }
 
+// waitingStart is the session's <engine>.num_requests_waiting.start
+// (vllm., llamacpp., …), -1 without one.
+func waitingStart(m pcommon.Map) float64 {
+	for k, v := range m.All() {
+		if strings.HasSuffix(k, ".num_requests_waiting.start") {
+			return v.Double()
+		}
+	}
+	return -1
+}
+
 func attrFloat(m pcommon.Map, k string) float64 {
 	if v, ok := m.Get(k); ok {
 		return v.Double()
@@ -279,6 +300,17 @@ func attrStr(m pcommon.Map, k string) string {
 }
 
 // sessionCount is the number of sessions counted so far, all outcomes.
+// spansByTrace returns the session spans so far by trace ID.
+func (s *sink) spansByTrace() map[string]Span {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]Span, len(s.spans))
+	for _, sp := range s.spans {
+		out[sp.TraceID] = sp
+	}
+	return out
+}
+
 func (s *sink) sessionCount() float64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -353,13 +385,7 @@ type Quantiles struct {
 
 // MarshalJSON writes a NaN quantile as null, which JSON has and NaN not.
 func (q Quantiles) MarshalJSON() ([]byte, error) {
-	num := func(v float64) any {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil
-		}
-		return v
-	}
-	return json.Marshal(map[string]any{"p50_ms": num(q.P50), "p99_ms": num(q.P99)})
+	return json.Marshal(map[string]any{"p50_ms": orNull(q.P50), "p99_ms": orNull(q.P99)})
 }
 
 // UnmarshalJSON reads what MarshalJSON wrote, null as NaN.

@@ -990,7 +990,7 @@ func (h *heldFinish) hold(ev *sse.Event) {
 // fold makes h.folded of the held finish chunk and the usage chunk ev,
 // and reports whether it could (see openaistream.FoldExtras).
 func (h *heldFinish) fold(usage *sse.Event) bool {
-	if !h.ok || h.at < 0 || bytes.Index(usage.Raw, usage.Data) < 0 {
+	if !h.ok || h.at < 0 || !bytes.Contains(usage.Raw, usage.Data) {
 		return false
 	}
 	end := h.at + h.size
@@ -998,7 +998,8 @@ func (h *heldFinish) fold(usage *sse.Event) bool {
 	if !ok {
 		return false
 	}
-	h.folded, h.ok = append(out, h.raw[end:]...), false
+	h.folded, h.ok = out, false
+	h.folded = append(h.folded, h.raw[end:]...)
 	return true
 }
 
