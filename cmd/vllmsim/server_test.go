@@ -401,7 +401,19 @@ func TestMetricsMatchFixtureAndTraffic(t *testing.T) {
 		<-done
 	}
 
-	types, s, text := metrics(t, base)
+	// The engine counts a request finished after its last byte left, so a
+	// client can be done before the counters are: read /metrics until the
+	// last request is counted (a busy machine widens that gap).
+	l := `{engine="0",model_name="` + model + `"}`
+	var (
+		types map[string]string
+		s     map[string]float64
+		text  string
+	)
+	require.Eventually(t, func() bool {
+		types, s, text = metrics(t, base)
+		return s["vllm:e2e_request_latency_seconds_count"+l] == float64(len(calls)) && s["vllm:num_requests_running"+l] == 0
+	}, 10*time.Second, 10*time.Millisecond, "every request counted finished")
 	for name, typ := range fxTypes {
 		assert.Equal(t, typ, types[name], "family %s", name)
 	}
@@ -417,7 +429,6 @@ func TestMetricsMatchFixtureAndTraffic(t *testing.T) {
 		assert.Contains(t, text, prefix)
 	}
 
-	l := `{engine="0",model_name="` + model + `"}`
 	r := func(reason string) string {
 		return `{engine="0",finished_reason="` + reason + `",model_name="` + model + `"}`
 	}

@@ -277,7 +277,14 @@ func TestScrapeOneTargetFails(t *testing.T) {
 			bad := tc.bad(t)
 			st := startScraping(t, []string{bad, good}, func(v *VLLMConfig) {
 				v.MaxBodyBytes = maxBody
-				v.Timeout = 40 * time.Millisecond
+				// Short only where the timeout is what fails: a busy machine
+				// can hold any scrape for tens of ms, which would turn a
+				// status or parse failure into a timeout and report the
+				// target twice, under two reasons.
+				v.Interval, v.Timeout = 250*time.Millisecond, 250*time.Millisecond
+				if tc.reason == reasonTimeout {
+					v.Interval, v.Timeout = 50*time.Millisecond, 40*time.Millisecond
+				}
 			})
 			require.Eventually(t, func() bool {
 				return st.scrapesFrom(instance(t, good)) >= 3 && st.scrapeErrors(t, bad, tc.reason) >= 3
