@@ -403,7 +403,7 @@ func benchmarkTokenPathUnix(b *testing.B, w *tokenPathWorkload) {
 					}
 				}
 			case "socket":
-				l, err := startHooksUnix(&UnixConfig{Endpoint: filepath.Join(b.TempDir(), "s.sock"), BatchWindow: 0}, r.cfg.Hooks.Limits, sink)
+				l, err := startHooksUnix(&UnixConfig{Endpoint: filepath.Join(b.TempDir(), "s.sock"), BatchWindow: 0, SocketMode: defaultUnixSocketMode, DirectoryMode: defaultUnixDirectoryMode}, r.cfg.Hooks.Limits, sink)
 				if err != nil {
 					b.Fatal(err)
 				}
