@@ -19,9 +19,9 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/lograte"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenparse"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/lograte"
 )
 
 // The Unix socket hook: an engine keeps one stream connection open and

@@ -29,11 +29,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/httpserve"
-	"github.com/otelcol-llm/otelcol-llm/internal/lograte"
-	"github.com/otelcol-llm/otelcol-llm/internal/openaistream"
-	"github.com/otelcol-llm/otelcol-llm/internal/sse"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/lograte"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/openaistream"
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxyconn"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/sse"
 )
 
 // Paths the proxy observes; everything else is passed through untouched.
