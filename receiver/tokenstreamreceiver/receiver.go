@@ -3,8 +3,6 @@ package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiv
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net/url"
 	"sync"
 
 	"go.opentelemetry.io/collector/component"
@@ -40,7 +38,9 @@ type tokenStreamReceiver struct {
 	next        consumer.Logs     // nil unless the receiver is in a logs pipeline
 	nextMetrics consumer.Metrics  // nil unless the receiver is in a metrics pipeline
 	telemetry   *metadata.TelemetryBuilder
-	batches     sync.Pool // of *batchDecoder
+	// sources is cfg as the proxy and the hooks take it, read once.
+	sources resolvedSources
+	batches sync.Pool // of *batchDecoder
 
 	// The loggers of the sources of each signal, which name it.
 	logsLogger, metricsLogger *zap.Logger
@@ -93,13 +93,17 @@ func loadOrCreateReceiver(cfg *Config, set receiver.Settings) (*tokenStreamRecei
 }
 
 func newTokenStreamReceiver(cfg *Config, set receiver.Settings, next consumer.Logs) (*tokenStreamReceiver, error) {
+	sources, errs := cfg.resolve()
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
 	set.TelemetrySettings = withoutSignal(set.TelemetrySettings)
 	tel, err := metadata.NewTelemetryBuilder(set.TelemetrySettings)
 	if err != nil {
 		return nil, err
 	}
 	r := &tokenStreamReceiver{
-		cfg: cfg, settings: set, next: next, telemetry: tel,
+		cfg: cfg, sources: sources, settings: set, next: next, telemetry: tel,
 		logsLogger:    set.Logger.With(zap.String(signalKey, pipeline.SignalLogs.String())),
 		metricsLogger: set.Logger.With(zap.String(signalKey, pipeline.SignalMetrics.String())),
 	}
@@ -191,7 +195,7 @@ func (r *tokenStreamReceiver) startLogSources(ctx context.Context, host componen
 		if err != nil {
 			return errors.Join(err, r.shutdown(ctx))
 		}
-		l, err := startHooksUnix(u, r.cfg.Hooks.Limits, sink)
+		l, err := startHooksUnix(u, r.sources.unix, r.cfg.Hooks.Limits, sink)
 		if err != nil {
 			return errors.Join(err, r.shutdown(ctx))
 		}
@@ -247,13 +251,9 @@ func (r *tokenStreamReceiver) startVLLMScraper(ctx context.Context, cfg *VLLMCon
 	return startVLLMScraper(ctx, cfg, &metricsSink{r: r, obs: obs}, host, r.settings.TelemetrySettings)
 }
 
-// startProxy starts the proxy as cfg says; it hands what it observes to
-// the logs pipeline.
+// startProxy starts the proxy as cfg says, with what resolve read from it;
+// it hands what it observes to the logs pipeline.
 func (r *tokenStreamReceiver) startProxy(ctx context.Context, cfg *ProxyConfig, host component.Host) (*proxy.Server, error) {
-	upstream, err := url.Parse(cfg.Upstream.ClientConfig.Endpoint)
-	if err != nil {
-		return nil, fmt.Errorf("proxy::upstream::endpoint: %w", err)
-	}
 	if cfg.Upstream.ClientConfig.Timeout > 0 {
 		r.logsLogger.Warn("proxy::upstream::timeout is deprecated and now bounds only the wait for response headers; use proxy::upstream::response_header_timeout")
 	}
@@ -261,14 +261,7 @@ func (r *tokenStreamReceiver) startProxy(ctx context.Context, cfg *ProxyConfig, 
 	if err != nil {
 		return nil, err
 	}
-	headers, _ := cfg.headerAttributes(0) // checked by Validate
-	return proxy.Start(ctx, &proxy.Config{
-		Server: cfg.ServerConfig, Client: cfg.Upstream.ClientConfig, Upstream: upstream, Engine: engineName(upstream),
-		ResponseHeaderTimeout: cfg.Upstream.headerTimeout(), StreamIdleTimeout: cfg.Upstream.StreamIdleTimeout,
-		ClientBodyTimeout: cfg.ClientBodyTimeout, ClientSendTimeout: cfg.ClientSendTimeout,
-		DrainTimeout: cfg.DrainTimeout, MaxStreams: cfg.MaxStreams, EventQueueSize: cfg.EventQueueSize,
-		StallMaxGap: cfg.Stall.MaxGap, StallMinTokens: int64(cfg.Stall.MinTokens), HeaderAttributes: headers,
-	}, sink, host, r.settings.TelemetrySettings)
+	return proxy.Start(ctx, r.sources.proxy, sink, host, r.settings.TelemetrySettings)
 }
 
 // signalKey is the attribute the collector adds to a component's telemetry
