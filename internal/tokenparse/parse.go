@@ -394,7 +394,7 @@ func (p *Parser) object(ev *tokenevent.Event) (uint32, error) {
 		if !ok {
 			// A line that is not JSON at all is reported as such, not as
 			// a schema error about the part read before the syntax broke.
-			unknown := &tokenevent.FieldError{Field: truncate(key), Reason: "unknown field"}
+			unknown := &tokenevent.FieldError{Field: tokenevent.Excerpt(key), Reason: "unknown field"}
 			if err := p.skipRest(); err != nil {
 				return 0, err
 			}
@@ -660,7 +660,7 @@ func (p *Parser) value(bit uint32, ev *tokenevent.Event) (bool, error) {
 		case "end":
 			ev.Kind = tokenevent.KindEnd
 		default:
-			return false, &tokenevent.FieldError{Field: name, Reason: fmt.Sprintf("want start, token or end, got %q", truncate(s))}
+			return false, &tokenevent.FieldError{Field: name, Reason: fmt.Sprintf("want start, token or end, got %q", tokenevent.Excerpt(s))}
 		}
 	case fSessionID:
 		s, err := p.str(name)
@@ -1081,7 +1081,7 @@ func (p *Parser) hex(field string, dst []byte) error {
 	for i := range dst {
 		hi, lo := unhex(s[2*i]), unhex(s[2*i+1])
 		if hi < 0 || lo < 0 {
-			return &tokenevent.FieldError{Field: field, Reason: fmt.Sprintf("want %d hex digits, got %q", want, truncate(s))}
+			return &tokenevent.FieldError{Field: field, Reason: fmt.Sprintf("want %d hex digits, got %q", want, tokenevent.Excerpt(s))}
 		}
 		dst[i] = byte(hi<<4 | lo)
 		nonZero = nonZero || dst[i] != 0
@@ -1090,13 +1090,4 @@ func (p *Parser) hex(field string, dst []byte) error {
 		return &tokenevent.FieldError{Field: field, Reason: "must not be all zeros"}
 	}
 	return nil
-}
-
-// truncate shortens input quoted in an error message.
-func truncate(b []byte) string {
-	const maxQuoted = 64
-	if len(b) > maxQuoted {
-		return string(b[:maxQuoted]) + "…"
-	}
-	return string(b)
 }
