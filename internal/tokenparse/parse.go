@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"unicode/utf8"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/swar"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
@@ -102,7 +103,7 @@ type Parser struct {
 	// hit costs a few loads and one comparison instead of the map's hash
 	// and probe, and with a few hundred sessions in flight nearly every
 	// token line hits.
-	recent [IDSlots]string
+	recent [swar.IDSlots]string
 
 	// cursor over the current line
 	b []byte
@@ -216,10 +217,10 @@ func compactUint(line []byte, i int) (v uint64, next int, ok bool) {
 	// reading it a digit at a time was a tenth of the path's cost.
 	for i+8 <= len(line) && i-start <= 19-8 {
 		x := binary.LittleEndian.Uint64(line[i:])
-		if !EightDigits(x) {
+		if !swar.EightDigits(x) {
 			break
 		}
-		v = v*100_000_000 + EightDigitsValue(x)
+		v = v*100_000_000 + swar.EightDigitsValue(x)
 		i += 8
 	}
 	for i < len(line) && i-start < 19 {
@@ -234,24 +235,6 @@ func compactUint(line []byte, i int) (v uint64, next int, ok bool) {
 		return 0, i, false
 	}
 	return v, i, true
-}
-
-// EightDigits reports whether the 8 bytes of x (little-endian) are all
-// ASCII digits: each byte is 0x3_, and adding 6 to it does not carry out of
-// the low nibble (no byte carries into the next, as all are below 0x40).
-// tokenrecord reads the packed token records' offsets with it too.
-func EightDigits(x uint64) bool {
-	const hi = 0xF0F0F0F0F0F0F0F0
-	return x&hi == 0x3030303030303030 && (x+0x0606060606060606)&hi == 0x3030303030303030
-}
-
-// EightDigitsValue is the number eight ASCII digits spell, the first in the
-// lowest byte of x: pairs, then quads, then the eight are combined by
-// multiplications within the word (as simdjson parses eight digits).
-func EightDigitsValue(x uint64) uint64 {
-	x = (x & 0x0F0F0F0F0F0F0F0F) * (1 + 10<<8) >> 8
-	x = (x & 0x00FF00FF00FF00FF) * (1 + 100<<16) >> 16
-	return (x & 0x0000FFFF0000FFFF) * (1 + 10000<<32) >> 32
 }
 
 // ParseBatch parses an NDJSON body line by line. It calls onEvent for each
@@ -806,7 +789,7 @@ func (p *Parser) internValue(b []byte, limit int) string {
 
 // intern returns b as a string, reusing the string of an earlier equal value.
 func (p *Parser) intern(b []byte) string {
-	slot := &p.recent[IDSlot(b)]
+	slot := &p.recent[swar.IDSlot(b)]
 	if *slot == string(b) {
 		return *slot
 	}
@@ -822,39 +805,6 @@ func (p *Parser) intern(b []byte) string {
 	}
 	*slot = s
 	return s
-}
-
-// IDSlots is the size of the direct-mapped caches of session IDs (the
-// parser's intern cache, tokenrecord.RecordWriter's open records).
-const (
-	idSlotBits = 10
-	IDSlots    = 1 << idSlotBits
-)
-
-// IDSlot is a cheap hash of a session ID for the direct-mapped caches: its
-// first, middle and last 8 bytes (where IDs differ: counters, UUIDs,
-// random suffixes) and its length, mixed by one multiplication. IDs that
-// collide only miss the cache.
-func IDSlot[S string | []byte](id S) int {
-	n := len(id)
-	var h uint64
-	if n >= 8 {
-		h = LoadLE64(id[:8]) ^ bits.RotateLeft64(LoadLE64(id[n/2-4:n/2+4]), 21) ^ bits.RotateLeft64(LoadLE64(id[n-8:]), 42)
-	} else {
-		for i := range n {
-			h = h<<8 | uint64(id[i])
-		}
-	}
-	h ^= uint64(n)
-	return int((h * 0x9e3779b97f4a7c15) >> (64 - idSlotBits))
-}
-
-// LoadLE64 is the first 8 bytes of b as a little-endian word (the
-// compiler makes it one load).
-func LoadLE64[S string | []byte](b S) uint64 {
-	_ = b[7]
-	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
 }
 
 func (p *Parser) attributes(ev *tokenevent.Event) error {

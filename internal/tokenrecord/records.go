@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/plog"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/tokenparse"
+	"github.com/otelcol-llm/otelcol-llm/internal/swar"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
@@ -112,7 +112,7 @@ type RecordWriter struct {
 	// recent caches open by IDSlot: 1 + the index in opens of the record
 	// last looked up there, a hint checked against opens. It spares most
 	// token events the map's hash and probe.
-	recent [tokenparse.IDSlots]int32
+	recent [swar.IDSlots]int32
 	// packed holds the events of all open records, each record's events
 	// chained from first to last through next.
 	packed []packedEvent
@@ -210,7 +210,7 @@ func (w *RecordWriter) clearOpen() {
 
 // openRecord returns the session's open token record, or nil.
 func (w *RecordWriter) openRecord(id string) *openTokenRecord {
-	slot := &w.recent[tokenparse.IDSlot(id)]
+	slot := &w.recent[swar.IDSlot(id)]
 	// Only an open record is cached under its ID, and a session has at most
 	// one open record, so a record found here with that ID is the one.
 	if i := int(*slot) - 1; i >= 0 && i < len(w.opens) && w.opens[i].id == id && (w.opens[i].events > 0 || w.ordered) {
@@ -344,7 +344,7 @@ func (w *RecordWriter) entry(o *openTokenRecord, id string) *openTokenRecord {
 	}
 	i := int32(len(w.opens))
 	w.open[id] = i
-	w.recent[tokenparse.IDSlot(id)] = i + 1
+	w.recent[swar.IDSlot(id)] = i + 1
 	w.opens = append(w.opens, openTokenRecord{id: id, first: -1, last: -1})
 	return &w.opens[i]
 }
@@ -754,11 +754,11 @@ func packedInt(s string, i int, signed bool) (v int64, next int, ok bool) {
 	// tens of ms), as tokenparse reads a line's times; digit by digit this
 	// was the reader's largest cost per packed event.
 	for i+8 <= len(s) && i-start <= 19-8 {
-		x := tokenparse.LoadLE64(s[i : i+8])
-		if !tokenparse.EightDigits(x) {
+		x := swar.LoadLE64(s[i : i+8])
+		if !swar.EightDigits(x) {
 			break
 		}
-		u = u*100_000_000 + tokenparse.EightDigitsValue(x)
+		u = u*100_000_000 + swar.EightDigitsValue(x)
 		i += 8
 	}
 	for i < len(s) && i-start < 19 && s[i]-'0' <= 9 {
