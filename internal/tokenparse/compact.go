@@ -3,7 +3,9 @@ package tokenparse // import "github.com/otelcol-llm/otelcol-llm/internal/tokenp
 import (
 	"bytes"
 	"encoding/binary"
+	"math"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/swar"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
@@ -229,4 +231,92 @@ func plainEnd(b []byte, i int) int {
 		i++
 	}
 	return i
+}
+
+var (
+	compactTokenPrefix = []byte(`{"event":"token","session_id":"`)
+	compactTokenTime   = []byte(`","time_unix_nano":`)
+	compactTokenCount  = []byte(`,"count":`)
+	compactTokenSeq    = []byte(`,"seq":`)
+)
+
+// parseCompactToken is the fast path for the line every hook client sends
+// most: a token event in the field order and compact form of AppendJSON,
+// with a plain-ASCII session ID. It reports false, leaving ev to the
+// general parser, for anything else, including every invalid line; so the
+// two paths cannot disagree on what they both accept (FuzzParse checks it).
+func (p *Parser) parseCompactToken(line []byte, ev *tokenevent.Event) bool {
+	if !bytes.HasPrefix(line, compactTokenPrefix) {
+		return false
+	}
+	i := len(compactTokenPrefix)
+	j := plainEnd(line, i)
+	if j == i || j-i > p.limits.MaxSessionIDBytes || !bytes.HasPrefix(line[j:], compactTokenTime) {
+		return false
+	}
+	sid := line[i:j]
+	k := j + len(compactTokenTime)
+	t, k, ok := compactUint(line, k)
+	if !ok || t == 0 {
+		return false
+	}
+	count := uint64(1)
+	if bytes.HasPrefix(line[k:], compactTokenCount) {
+		if count, k, ok = compactUint(line, k+len(compactTokenCount)); !ok || count == 0 || count > tokenevent.MaxCount {
+			return false
+		}
+	}
+	var seq uint64
+	hasSeq := bytes.HasPrefix(line[k:], compactTokenSeq)
+	if hasSeq {
+		if seq, k, ok = compactUint(line, k+len(compactTokenSeq)); !ok {
+			return false
+		}
+	}
+	if k != len(line)-1 || line[k] != '}' {
+		return false
+	}
+	// Copied from a template, then the line's fields set: a composite
+	// literal here was built in a temporary and then copied, the Event
+	// (over 300 bytes) written twice per token line.
+	attrs := ev.Attributes[:0]
+	*ev = compactTokenEvent
+	ev.SessionID, ev.TimeUnixNano, ev.Count, ev.Seq, ev.HasSeq = p.intern(sid), t, int64(count), seq, hasSeq
+	ev.Attributes = attrs
+	return true
+}
+
+// compactTokenEvent is what parseCompactToken writes before a line's own
+// fields: a token event's defaults.
+var compactTokenEvent = tokenevent.Event{
+	Kind: tokenevent.KindToken, PromptTokens: -1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
+}
+
+// compactUint reads 1 to 19 digits without a leading zero from line[i:],
+// fitting an int64 (19 digits cannot overflow the uint64 it sums in);
+// anything else is left to the general parser.
+func compactUint(line []byte, i int) (v uint64, next int, ok bool) {
+	start := i
+	// Eight digits at a time while there are: a time_unix_nano has 19, and
+	// reading it a digit at a time was a tenth of the path's cost.
+	for i+8 <= len(line) && i-start <= 19-8 {
+		x := binary.LittleEndian.Uint64(line[i:])
+		if !swar.EightDigits(x) {
+			break
+		}
+		v = v*100_000_000 + swar.EightDigitsValue(x)
+		i += 8
+	}
+	for i < len(line) && i-start < 19 {
+		c := line[i] - '0'
+		if c > 9 {
+			break
+		}
+		v = v*10 + uint64(c)
+		i++
+	}
+	if i == start || (line[start] == '0' && i-start > 1) || v > math.MaxInt64 {
+		return 0, i, false
+	}
+	return v, i, true
 }

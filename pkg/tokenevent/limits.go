@@ -51,6 +51,17 @@ func (e *FieldError) Error() string {
 	return e.Field + ": " + e.Reason
 }
 
+// Excerpt is input as a FieldError quotes it: its first 64 bytes and "…"
+// when it is longer, so that a rejected line's error stays short whatever
+// the line held. The rules here and the collector's parser quote alike.
+func Excerpt(b []byte) string {
+	const maxQuoted = 64
+	if len(b) > maxQuoted {
+		return string(b[:maxQuoted]) + "…"
+	}
+	return string(b)
+}
+
 // Bounds of the strings an event carries that become attribute values of
 // the session's records, spans and metrics, and so parts of series keys
 // and of the rows of the live view. They are not limits a line is rejected

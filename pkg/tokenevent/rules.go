@@ -125,7 +125,7 @@ func CheckOperation[S ~string | ~[]byte](op S) (string, *FieldError) {
 	case OperationTextCompletion:
 		return OperationTextCompletion, nil
 	}
-	return "", &FieldError{Field: "operation", Reason: fmt.Sprintf("want chat or text_completion, got %q", truncate([]byte(op)))}
+	return "", &FieldError{Field: "operation", Reason: fmt.Sprintf("want chat or text_completion, got %q", Excerpt([]byte(op)))}
 }
 
 // CheckAttribute checks that an attribute with key may join attrs, a start
@@ -139,7 +139,7 @@ func CheckAttribute(attrs []Attribute, key string, limit int) *FieldError {
 	// As the receiver decodes it (see CheckSessionID).
 	if n := len(key); n > MaxAttributeKeyBytes/3 {
 		if n = decodedLen(key); n > MaxAttributeKeyBytes {
-			return &FieldError{Field: "attributes", Reason: fmt.Sprintf("key %q: %d bytes, limit is %d", truncate([]byte(key)), n, MaxAttributeKeyBytes)}
+			return &FieldError{Field: "attributes", Reason: fmt.Sprintf("key %q: %d bytes, limit is %d", Excerpt([]byte(key)), n, MaxAttributeKeyBytes)}
 		}
 	}
 	for _, a := range attrs {
@@ -235,14 +235,4 @@ func (ev *Event) Validate(limits Limits) error {
 		}
 	}
 	return nil
-}
-
-// truncate bounds a value quoted in an error message (the parser's errors
-// bound theirs alike).
-func truncate(b []byte) string {
-	const maxQuoted = 64
-	if len(b) > maxQuoted {
-		return string(b[:maxQuoted]) + "…"
-	}
-	return string(b)
 }

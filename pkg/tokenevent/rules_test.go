@@ -109,3 +109,12 @@ func TestCutValues(t *testing.T) {
 	assert.Len(t, ev.Error, MaxErrorTypeBytes)
 	assert.Equal(t, long, ev.Model, "not an end's field")
 }
+
+// An error quotes at most 64 bytes of what it names, then "…".
+func TestExcerpt(t *testing.T) {
+	assert.Equal(t, "", Excerpt(nil))
+	assert.Equal(t, strings.Repeat("a", 64), Excerpt([]byte(strings.Repeat("a", 64))))
+	assert.Equal(t, strings.Repeat("a", 64)+"…", Excerpt([]byte(strings.Repeat("a", 65))))
+	_, err := CheckOperation(strings.Repeat("x", 100))
+	assert.EqualError(t, err, fmt.Sprintf("operation: want chat or text_completion, got %q", strings.Repeat("x", 64)+"…"))
+}

@@ -313,13 +313,6 @@ func (cfg *Config) Validate() error {
 	}
 	if p := cfg.Proxy.Get(); p != nil {
 		errs = append(errs, checkListenAddr("proxy::endpoint", &p.ServerConfig), checkBodyLimit("proxy", &p.ServerConfig))
-		u, err := url.Parse(p.Upstream.ClientConfig.Endpoint)
-		switch {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("proxy::upstream::endpoint: %w", err))
-		case u.Scheme != "http" && u.Scheme != "https", u.Host == "":
-			errs = append(errs, fmt.Errorf("proxy::upstream::endpoint: want an http(s) URL, got %q", p.Upstream.ClientConfig.Endpoint))
-		}
 		for _, d := range []struct {
 			key string
 			v   time.Duration
@@ -348,8 +341,6 @@ func (cfg *Config) Validate() error {
 		if p.Upstream.headerTimeout() == 0 {
 			errs = append(errs, errors.New("proxy::upstream::response_header_timeout: must be positive, got 0s"))
 		}
-		_, herrs := p.headerAttributes(cfg.Hooks.Limits.MaxAttributes)
-		errs = append(errs, herrs...)
 	}
 	if h := cfg.Hooks.HTTP.Get(); h != nil {
 		errs = append(errs, checkListenAddr("hooks::http::endpoint", &h.ServerConfig), checkBodyLimit("hooks::http", &h.ServerConfig))
@@ -378,8 +369,6 @@ func (cfg *Config) Validate() error {
 		if u.BatchWindow < 0 || u.BatchWindow > maxBatchWindow {
 			errs = append(errs, fmt.Errorf("hooks::unix::batch_window: want 0 to %s, got %s", maxBatchWindow, u.BatchWindow))
 		}
-		_, perrs := u.permissions()
-		errs = append(errs, perrs...)
 	}
 	l := cfg.Hooks.Limits
 	for _, f := range []struct {
@@ -398,7 +387,61 @@ func (cfg *Config) Validate() error {
 	if l.MaxLineBytes > maxDatagramBytes && cfg.Hooks.UDP.HasValue() {
 		errs = append(errs, fmt.Errorf("hooks::limits::max_line_bytes: %d exceeds the largest UDP datagram (%d)", l.MaxLineBytes, maxDatagramBytes))
 	}
+	_, rerrs := cfg.resolve()
+	errs = append(errs, rerrs...)
 	return errors.Join(errs...)
+}
+
+// resolvedSources is the configuration as the sources take it, read from
+// Config in one place: Validate reports the errors of this reading, and the
+// receiver keeps its result from when it is made.
+type resolvedSources struct {
+	// proxy is what proxy.Start takes; nil without a proxy.
+	proxy *proxy.Config
+	// unix is the Unix hook's permissions, when it is on.
+	unix unixPermissions
+}
+
+// resolve reads the settings the proxy and the hooks take that are derived
+// from more than one key, or looked up: the upstream's URL and engine name,
+// the header attributes, the Unix socket's permissions and group.
+func (cfg *Config) resolve() (resolvedSources, []error) {
+	var s resolvedSources
+	var errs []error
+	if p := cfg.Proxy.Get(); p != nil {
+		pc, perrs := p.proxyConfig(cfg.Hooks.Limits.MaxAttributes)
+		s.proxy, errs = pc, append(errs, perrs...)
+	}
+	if u := cfg.Hooks.Unix.Get(); u != nil {
+		perm, perrs := u.permissions()
+		s.unix, errs = perm, append(errs, perrs...)
+	}
+	return s, errs
+}
+
+// proxyConfig is what proxy.Start takes, with an error for each key that
+// is not valid: the upstream's endpoint and attributes_from_headers.
+func (p *ProxyConfig) proxyConfig(maxAttributes int) (*proxy.Config, []error) {
+	var errs []error
+	upstream, err := url.Parse(p.Upstream.ClientConfig.Endpoint)
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("proxy::upstream::endpoint: %w", err))
+	case upstream.Scheme != "http" && upstream.Scheme != "https", upstream.Host == "":
+		errs = append(errs, fmt.Errorf("proxy::upstream::endpoint: want an http(s) URL, got %q", p.Upstream.ClientConfig.Endpoint))
+	}
+	headers, herrs := p.headerAttributes(maxAttributes)
+	errs = append(errs, herrs...)
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	return &proxy.Config{
+		Server: p.ServerConfig, Client: p.Upstream.ClientConfig, Upstream: upstream, Engine: engineName(upstream),
+		ResponseHeaderTimeout: p.Upstream.headerTimeout(), StreamIdleTimeout: p.Upstream.StreamIdleTimeout,
+		ClientBodyTimeout: p.ClientBodyTimeout, ClientSendTimeout: p.ClientSendTimeout,
+		DrainTimeout: p.DrainTimeout, MaxStreams: p.MaxStreams, EventQueueSize: p.EventQueueSize,
+		StallMaxGap: p.Stall.MaxGap, StallMinTokens: int64(p.Stall.MinTokens), HeaderAttributes: headers,
+	}, nil
 }
 
 // maxUnixPathBytes is the longest socket path: sockaddr_un's sun_path holds

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/collector/confmap/confmaptest"
 
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxy"
 )
 
 func loadConfig(t *testing.T, id component.ID) (*Config, error) {
@@ -199,6 +200,27 @@ func TestConfigProxy(t *testing.T) {
 	require.Len(t, p.Upstream.ClientConfig.Headers, 1)
 	assert.Equal(t, "Authorization", p.Upstream.ClientConfig.Headers[0].Name)
 	assert.Equal(t, "/etc/otelcol/engine-ca.pem", p.Upstream.ClientConfig.TLS.CAFile)
+
+	// What the proxy is started with, read from those keys in one place.
+	sources, errs := cfg.resolve()
+	require.Empty(t, errs)
+	pc := sources.proxy
+	require.NotNil(t, pc)
+	assert.Equal(t, "https://vllm-0.example:8000/engine", pc.Upstream.String())
+	assert.Equal(t, "vllm-0.example:8000", pc.Engine, "named as the scraper names it")
+	assert.Equal(t, p.ServerConfig, pc.Server)
+	assert.Equal(t, p.Upstream.ClientConfig, pc.Client)
+	assert.Equal(t, 2*time.Minute, pc.ResponseHeaderTimeout)
+	assert.Equal(t, 30*time.Second, pc.StreamIdleTimeout)
+	assert.Equal(t, 20*time.Second, pc.ClientBodyTimeout)
+	assert.Equal(t, 2*time.Minute, pc.ClientSendTimeout)
+	assert.Equal(t, 10*time.Second, pc.DrainTimeout)
+	assert.Equal(t, 256, pc.MaxStreams)
+	assert.Equal(t, 10000, pc.EventQueueSize)
+	assert.Equal(t, 2*time.Second, pc.StallMaxGap)
+	assert.Equal(t, int64(16), pc.StallMinTokens)
+	assert.Equal(t, []proxy.HeaderAttribute{{Header: "X-Team", Attribute: "team"}, {Header: "X-Tenant-Id", Attribute: "tenant.id"}}, pc.HeaderAttributes,
+		"canonical header names, in a fixed order")
 }
 
 // Every problem is reported at once, each named by its YAML key path.

@@ -8,10 +8,12 @@
 //
 // This package is the wiring: configuration, factory, lifecycle, the hook
 // endpoints, the scraper and the hand-over to the pipeline. The proxy lives
-// in internal/proxy, given a Sink by the receiver. The codecs live apart:
-// pkg/tokenevent, internal/tokenparse and internal/tokenrecord (the event
-// model, its parser and its records), internal/openaistream (what the proxy reads in OpenAI traffic),
-// internal/sse (SSE framing) and internal/promconv (exposition to pmetric).
+// in internal/proxy, given a Sink by the receiver, with its codecs beside it:
+// internal/sse (SSE framing) and internal/openaistream (what the proxy reads
+// in OpenAI traffic). The codecs other parts use too live at the
+// repository's root: pkg/tokenevent, internal/tokenparse and
+// internal/tokenrecord (the event model, its parser and its records), and
+// internal/promconv (exposition to pmetric).
 //
 //go:generate mdatagen metadata.yaml
 package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"

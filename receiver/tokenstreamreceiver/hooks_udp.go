@@ -14,7 +14,7 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/lograte"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/lograte"
 )
 
 // maxDatagramBytes is the largest UDP payload; a datagram is read whole.

@@ -19,9 +19,9 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/lograte"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenparse"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/lograte"
 )
 
 // The Unix socket hook: an engine keeps one stream connection open and
@@ -69,11 +69,9 @@ type hooksUnixListener struct {
 	done     sync.WaitGroup
 }
 
-func startHooksUnix(cfg *UnixConfig, limits LimitsConfig, sink hookSink) (*hooksUnixListener, error) {
-	perm, errs := cfg.permissions()
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
+// startHooksUnix listens on cfg's socket, with the permissions resolved
+// from cfg (UnixConfig.permissions).
+func startHooksUnix(cfg *UnixConfig, perm unixPermissions, limits LimitsConfig, sink hookSink) (*hooksUnixListener, error) {
 	// The socket's directory is made if missing (a hostPath of type
 	// DirectoryOrCreate, a fresh emptyDir): the path names the socket.
 	if err := makeSocketDir(filepath.Dir(cfg.Endpoint), perm); err != nil {

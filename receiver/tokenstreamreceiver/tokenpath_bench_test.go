@@ -403,7 +403,12 @@ func benchmarkTokenPathUnix(b *testing.B, w *tokenPathWorkload) {
 					}
 				}
 			case "socket":
-				l, err := startHooksUnix(&UnixConfig{Endpoint: filepath.Join(b.TempDir(), "s.sock"), BatchWindow: 0}, r.cfg.Hooks.Limits, sink)
+				u := &UnixConfig{Endpoint: filepath.Join(b.TempDir(), "s.sock"), BatchWindow: 0, SocketMode: defaultUnixSocketMode, DirectoryMode: defaultUnixDirectoryMode}
+				perm, errs := u.permissions()
+				if len(errs) > 0 {
+					b.Fatal(errs)
+				}
+				l, err := startHooksUnix(u, perm, r.cfg.Hooks.Limits, sink)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -2,10 +2,13 @@ package proxy // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstream
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"net"
+	"net/http"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -310,4 +313,102 @@ func (r *relayConns) closeAll() {
 		c.Close()
 	}
 	clear(r.conns)
+}
+
+// relayOffServer takes the client connection from net/http, the response
+// head written, and relays the stream on a goroutine of its own (see
+// the top of this file); false: the stream stays on net/http (HTTP/2, TLS, no hang-up
+// watcher, or the connection could not be taken).
+func (p *Server) relayOffServer(ctx context.Context, w http.ResponseWriter, req *http.Request, body *bodyLimitReader, s *session,
+	x *exchange, strip bool, stopClientWatch func() bool,
+) bool {
+	if p.hangups == nil || req.ProtoMajor != 1 || req.ProtoMinor < 1 || req.TLS != nil {
+		// HTTP/1.0 has no chunks; TLS hides the socket from the watcher.
+		return false
+	}
+	rc := http.NewResponseController(w)
+	conn, brw, err := rc.Hijack()
+	if err != nil {
+		return false
+	}
+	var prefix []byte
+	if pc, ok := conn.(*prefixedConn); ok {
+		// A connection handed back with a pipelined request: what is left
+		// of its bytes comes after those net/http buffered.
+		conn, prefix = pc.Conn, pc.prefix
+	}
+	if _, ok := conn.(syscall.Conn); !ok {
+		// Not a socket the watcher can see (a listener of another kind):
+		// the head is out, the relay goes on, a client that left is
+		// noticed by the next write, and the connection closed after.
+		p.relays.add(conn)
+		p.handlers.Add(1)
+		go p.relayHijacked(ctx, s, x, conn, nil, false, nil, strip)
+		stopClientWatch()
+		return true
+	}
+	// The connection is kept alive after the stream when the client asked
+	// for it and its request was read whole, as net/http would have.
+	keepAlive := !req.Close && body.whole.Load()
+	prefix = append(unreadBytes(brw.Reader), prefix...)
+	p.relays.add(conn)
+	stopHangup, watched := p.hangups.Watch(conn, func() { x.cancel(errClientLeft) })
+	if !watched {
+		stopHangup = func() {}
+	}
+	// Until here a client that left cancelled the exchange through the
+	// request's context, which ends when the handler returns.
+	stopClientWatch()
+	if req.Context().Err() != nil {
+		x.cancel(context.Cause(req.Context()))
+	}
+	p.handlers.Add(1)
+	go p.relayHijacked(ctx, s, x, conn, prefix, keepAlive, stopHangup, strip)
+	return true
+}
+
+// errClientLeft is the cause of a relayed stream's end when its client
+// closed or reset the connection.
+var errClientLeft = errors.New("proxy: the client closed the connection")
+
+// relayHijacked relays a stream to its hijacked client connection, then
+// hands the connection back to the server or closes it.
+func (p *Server) relayHijacked(ctx context.Context, s *session, x *exchange, conn net.Conn, prefix []byte,
+	keepAlive bool, stopHangup func(), strip bool,
+) {
+	defer p.handlers.Done()
+	defer p.streams.Add(-1)
+	if s.send != nil {
+		s.send = &sendDeadline{rc: conn, timeout: s.send.timeout}
+		x.send = s.send
+	}
+	cw := newChunkedConnWriter(conn, s.send)
+	whole := s.relayStream(ctx, cw, x.body, strip)
+	if whole {
+		whole = cw.finish() == nil
+	} else {
+		cw.release() // no last chunk: the connection is closed below
+	}
+	if stopHangup != nil {
+		stopHangup()
+	}
+	clientLeft := errors.Is(context.Cause(ctx), errClientLeft)
+	x.end(s)
+	p.relays.remove(conn)
+	select {
+	case <-p.draining:
+		keepAlive = false
+	default:
+	}
+	if !whole || !keepAlive || clientLeft || stopHangup == nil {
+		conn.Close()
+		return
+	}
+	_ = conn.SetWriteDeadline(time.Time{})
+	if len(prefix) > 0 {
+		conn = &prefixedConn{Conn: conn, prefix: prefix}
+	}
+	if p.kept.add(conn) {
+		p.listener.handBack(conn)
+	}
 }

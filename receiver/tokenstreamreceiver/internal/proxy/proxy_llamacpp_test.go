@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/consumer/consumertest"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/openaistream"
-	"github.com/otelcol-llm/otelcol-llm/internal/sse"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/openaistream"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/sse"
 )
 
 // llamaCppStreams reads the llama.cpp fixture (testdata/fixtures/llamacpp,

@@ -1,4 +1,4 @@
-package openaistream // import "github.com/otelcol-llm/otelcol-llm/internal/openaistream"
+package openaistream // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/openaistream"
 
 import "bytes"
 

@@ -387,12 +387,12 @@ func readsDifferently(data []byte) bool {
 
 // fixtureChunks are the data of every event of the vLLM fixture's streams.
 func fixtureChunks(tb testing.TB) [][]byte {
-	return readFixtureChunks(tb, "../../testdata/fixtures/vllm/sse-streams.txt")
+	return readFixtureChunks(tb, "../../../../testdata/fixtures/vllm/sse-streams.txt")
 }
 
 // llamaCppChunks are those of the llama.cpp fixture's streams.
 func llamaCppChunks(tb testing.TB) [][]byte {
-	return readFixtureChunks(tb, "../../testdata/fixtures/llamacpp/sse-streams.txt")
+	return readFixtureChunks(tb, "../../../../testdata/fixtures/llamacpp/sse-streams.txt")
 }
 
 func readFixtureChunks(tb testing.TB, path string) [][]byte {

@@ -7,7 +7,7 @@
 // Both readers walk the bytes without decoding them into values: they run
 // once per request byte and once per streamed token, and never copy prompt
 // or completion text.
-package openaistream // import "github.com/otelcol-llm/otelcol-llm/internal/openaistream"
+package openaistream // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/openaistream"
 
 import (
 	"bytes"

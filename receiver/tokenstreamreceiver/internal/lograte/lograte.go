@@ -1,7 +1,7 @@
 // Package lograte bounds how often a logger repeats itself: what a user must
 // see at the default level (an upstream failing, a hook's lines refused)
 // without flooding the log while it lasts.
-package lograte // import "github.com/otelcol-llm/otelcol-llm/internal/lograte"
+package lograte // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/lograte"
 
 import (
 	"time"

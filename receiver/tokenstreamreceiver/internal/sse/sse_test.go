@@ -413,7 +413,7 @@ func TestZeroCopyWithinOneRead(t *testing.T) {
 // readFixture reads the project's copy of shared/fixtures/vllm/sse-streams.txt.
 func readFixture(tb testing.TB) []byte {
 	tb.Helper()
-	b, err := os.ReadFile("../../testdata/fixtures/vllm/sse-streams.txt")
+	b, err := os.ReadFile("../../../../testdata/fixtures/vllm/sse-streams.txt")
 	require.NoError(tb, err)
 	return b
 }

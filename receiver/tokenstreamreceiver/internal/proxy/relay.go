@@ -1,0 +1,290 @@
+package proxy // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxy"
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/openaistream"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/sse"
+)
+
+// relayStream forwards the upstream's events to the client as they come,
+// observing each. The events of one read from the upstream go out in one
+// flush: they were all there at once, and a flush is a system call (its
+// cost is most of the proxy's per event). whole: the stream was relayed
+// whole, and its response may end; otherwise it must not (see cut.go).
+func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream io.Reader, strip bool) (whole bool) {
+	flusher, _ := w.(http.Flusher)
+	parser := sse.NewParser(0)
+	buf := make([]byte, sseReadBuffer)
+	// e.done: the upstream sent [DONE], so the generation is whole. A
+	// client that closes the stream after that (many stop reading at
+	// [DONE]) did not abort anything.
+	var e relayEnd
+	// midEvent: the last bytes relayed are a piece of an oversized event.
+	midEvent := false
+	var now time.Time // when the read holding the event returned
+	unflushed := false
+	oversized := int64(0)
+	// unread: the read brought a piece of an oversized event, whose tokens
+	// are not read; the stall breaker takes it, and bytes added to an event
+	// still arriving (pending), for a token: the engine is sending.
+	unread := false
+	// write sends an event to the client: raw, then rest.
+	write := func(raw, rest []byte) error {
+		_, err := w.Write(raw)
+		if err == nil && len(rest) > 0 {
+			_, err = w.Write(rest)
+		}
+		if err != nil {
+			e.clientGone = true
+			return err
+		}
+		unflushed = true
+		return nil
+	}
+	// held: the finish chunk, kept back while the proxy waits for the
+	// usage chunk it asked for (see heldFinish); release sends it.
+	var held heldFinish
+	release := func() error {
+		if !held.ok {
+			return nil
+		}
+		held.ok = false
+		return write(held.raw, nil)
+	}
+	onEvent := func(ev *sse.Event) error {
+		midEvent = ev.Partial
+		if ev.Oversized {
+			unread = true
+			if !ev.Partial {
+				oversized++
+				e.chunkRead = true
+			}
+		}
+		if ev.HasData && !ev.Oversized {
+			if openaistream.IsDone(ev.Data) {
+				e.done = true
+			} else if f, ok := openaistream.InspectChunk(ev.Data); ok {
+				e.chunkRead = true
+				s.read(&f, ev.Data)
+				if f.CompletionTokens >= 0 {
+					s.completionTokens = f.CompletionTokens
+				}
+				if f.PromptTokens >= 0 {
+					s.promptTokens = f.PromptTokens
+				}
+				if f.FinishReason != "" {
+					s.finishReason = f.FinishReason
+				}
+				if f.ErrorType != "" && s.engineError == "" {
+					s.engineError = f.ErrorType
+				}
+				if f.Content {
+					s.token(now)
+				}
+				switch {
+				case strip && f.UsageOnly:
+					// The usage the proxy asked for is the proxy's; what
+					// else the engine put on the chunk is the client's,
+					// on the finish chunk where it can (see heldFinish).
+					if held.fold(ev) {
+						return write(held.folded, nil)
+					}
+					if err := release(); err != nil {
+						return err
+					}
+					head, tail, keep := withoutUsage(ev)
+					if !keep {
+						return nil
+					}
+					return write(head, tail)
+				case strip && f.FinishReason != "":
+					if err := release(); err != nil {
+						return err
+					}
+					held.hold(ev)
+					return nil
+				}
+			}
+		}
+		if err := release(); err != nil {
+			return err
+		}
+		return write(ev.Raw, nil)
+	}
+	for {
+		n, err := upstream.Read(buf)
+		if n > 0 {
+			now = time.Now()
+			s.send.arm(now)
+			var tokens int64
+			var pending int
+			if s.breaker != nil {
+				s.breaker.pause()
+				tokens, pending, unread = s.chunks, len(parser.Pending()), false
+			}
+			if ferr := parser.Feed(buf[:n], onEvent); ferr != nil {
+				break
+			}
+			if unflushed && flusher != nil {
+				flusher.Flush()
+			}
+			unflushed = false
+			if s.breaker != nil {
+				s.breaker.resume(now, s.chunks, s.chunks != tokens || unread || len(parser.Pending()) > pending)
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				e.readErr = err
+			}
+			// What follows [DONE] goes as it came; an event left
+			// unfinished by a cut does not (see cut.go).
+			if rest := parser.Pending(); len(rest) > 0 && !e.clientGone && e.done {
+				_, _ = w.Write(rest)
+			}
+			break
+		}
+	}
+	now = time.Now()
+	if !e.clientGone && release() == nil && flusher != nil {
+		// A finish chunk whose usage chunk never came: the stream ended
+		// or was cut right after it.
+		flusher.Flush()
+	}
+	if oversized > 0 {
+		s.p.counters.OversizedEvents.Add(context.Background(), oversized)
+	}
+	cut := s.cut(clientCtx, &e)
+	if cut != nil && !e.clientGone {
+		// The upstream request is over or cancelled; the client learns
+		// why, in the stream, and can retry elsewhere.
+		s.p.countCut(cut)
+		if midEvent {
+			_, _ = w.Write(eventEnd)
+		}
+		if _, err := w.Write(cut.event()); err == nil && flusher != nil {
+			flusher.Flush()
+		}
+	}
+	errorType, finishReason := "", s.finishReason
+	switch {
+	case s.engineError != "":
+		// The engine's own error says more than a cut; vLLM ends a failed
+		// generation with [DONE] all the same.
+		errorType = s.engineError
+	case cut != nil:
+		errorType = cut.errorType
+	case !e.done:
+		finishReason = finishReasonAbort
+	case !e.chunkRead:
+		// [DONE] came, but nothing that was a chunk: not a completion.
+		errorType = errStreamMalformed
+	}
+	s.end(now, errorType, finishReason)
+	return e.done
+}
+
+// withoutUsage is the usage chunk ev as the client gets it when the proxy
+// asked for the usage: the engine's bytes without the "usage" member (and
+// its comma), in two pieces; keep is false when nothing else of the
+// engine's is left on it (vLLM's), and the client gets nothing. An event
+// whose data is not on one line (no engine sends one) goes as it came,
+// usage and all: nothing of the engine's is lost.
+func withoutUsage(ev *sse.Event) (head, tail []byte, keep bool) {
+	from, to, extras, ok := openaistream.UsageMember(ev.Data)
+	if ok && !extras {
+		return nil, nil, false
+	}
+	at := bytes.Index(ev.Raw, ev.Data)
+	if !ok || at < 0 {
+		return ev.Raw, nil, true
+	}
+	return ev.Raw[:at+from], ev.Raw[at+to:], true
+}
+
+// heldFinish keeps back a stream's finish chunk (one with a
+// finish_reason) when the proxy asked for the usage, until the next event
+// comes: if that is the usage chunk, what the engine put on it beyond the
+// usage is folded onto the finish chunk, and the client gets the one chunk.
+// That is the stream the client would have had without the proxy's
+// request: llama.cpp (since b6508) moves its timings from the finish chunk
+// to the usage chunk when asked for usage, and a client that did not ask
+// never sees a chunk with "choices":[], on which one that reads choices[0]
+// fails. Anything else next, or the stream's end, sends the finish chunk
+// as it came.
+type heldFinish struct {
+	raw    []byte // the event, a copy
+	at     int    // where its data begins in raw; -1: not on one line
+	size   int    // the data's length
+	ok     bool   // raw holds an event not yet sent
+	folded []byte // the event fold made
+}
+
+func (h *heldFinish) hold(ev *sse.Event) {
+	h.raw = append(h.raw[:0], ev.Raw...)
+	h.at, h.size, h.ok = bytes.Index(ev.Raw, ev.Data), len(ev.Data), true
+}
+
+// fold makes h.folded of the held finish chunk and the usage chunk ev,
+// and reports whether it could (see openaistream.FoldExtras).
+func (h *heldFinish) fold(usage *sse.Event) bool {
+	if !h.ok || h.at < 0 || !bytes.Contains(usage.Raw, usage.Data) {
+		return false
+	}
+	end := h.at + h.size
+	out, ok := openaistream.FoldExtras(append(h.folded[:0], h.raw[:h.at]...), h.raw[h.at:end], usage.Data)
+	if !ok {
+		return false
+	}
+	h.folded, h.ok = out, false
+	h.folded = append(h.folded, h.raw[end:]...)
+	return true
+}
+
+// relayResponse forwards a non-streaming response: its first token is the
+// whole response, its tokens come from usage. whole: the response was
+// relayed whole, and may end.
+func (s *session) relayResponse(clientCtx context.Context, w http.ResponseWriter, upstream io.Reader) (whole bool) {
+	var kept limitedBuffer
+	kept.limit = maxNonStreamingBody
+	_, err := io.Copy(io.MultiWriter(armedWriter{w, s.send}, &kept), upstream)
+	now := time.Now()
+	if err != nil {
+		// What came goes out before the response is cut.
+		_ = http.NewResponseController(w).Flush()
+		switch {
+		case errors.Is(context.Cause(clientCtx), errProxyShutdown):
+			s.end(now, tokenevent.ErrorShutdown, "")
+		case clientCtx.Err() != nil:
+			s.end(now, "", finishReasonAbort)
+		case errors.Is(err, errIdleTimeout):
+			s.end(now, errUpstreamIdleTimeout, "")
+		default:
+			s.end(now, errStreamBroken, "")
+		}
+		return false
+	}
+	s.whole = true
+	if f, ok := openaistream.InspectChunk(kept.b); ok {
+		s.read(&f, kept.b)
+		s.completionTokens, s.promptTokens, s.finishReason = f.CompletionTokens, f.PromptTokens, f.FinishReason
+		if f.ErrorType != "" {
+			s.end(now, f.ErrorType, "")
+			return true
+		}
+	}
+	// One token event for the whole response; its count is capped as the
+	// wire's is (the end's completion_tokens carries the true total).
+	count := min(max(s.completionTokens, 1), tokenevent.MaxCount)
+	s.chunks = count
+	s.emit(tokenevent.KindToken, now, func(ev *tokenevent.Event) { ev.Count = count })
+	s.end(now, "", s.finishReason)
+	return true
+}

@@ -1,0 +1,145 @@
+package proxy // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxy"
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/openaistream"
+)
+
+// session is one observed request.
+type session struct {
+	p       *Server
+	ev      tokenevent.Event
+	id      string
+	started time.Time
+	// what the stream said
+	chunks           int64
+	completionTokens int64
+	promptTokens     int64
+	finishReason     string
+	// engineError: the upstream reported an error inside its 200 response.
+	engineError string
+	// timing is the engine's own timing of the request, when it sent one
+	// (hasTiming).
+	timing    openaistream.RequestTiming
+	hasTiming bool
+	// firstToken is when the first token event came (zero: none); whole is
+	// set when the answer came whole, not streamed: the engine's queue time
+	// is derived from them when it does not give it (llama.cpp).
+	firstToken time.Time
+	whole      bool
+	// responseModel is the model the first chunk named; modelRead is set
+	// once that chunk was read.
+	responseModel string
+	modelRead     bool
+	// send bounds the writes to the client; nil: unbounded.
+	send *sendDeadline
+	// breaker cuts the stream when its next token is too late; nil: off.
+	breaker *stallBreaker
+}
+
+func (s *session) emit(kind tokenevent.Kind, at time.Time, fill func(*tokenevent.Event)) {
+	s.ev.Reset()
+	s.ev.Kind, s.ev.SessionID, s.ev.TimeUnixNano = kind, s.id, uint64(at.UnixNano())
+	if fill != nil {
+		fill(&s.ev)
+		// The values that become keys, bounded as the hooks' parser
+		// bounds them: one string, one key, whichever way it came.
+		if cut := s.ev.CutValues(); cut > 0 {
+			s.p.counters.TruncatedValues.Add(context.Background(), int64(cut), truncatedProxy)
+		}
+	}
+	s.p.batch.add(&s.ev)
+}
+
+// truncatedProxy is the attribute set of the proxy's TruncatedValues.
+var truncatedProxy = metric.WithAttributeSet(attribute.NewSet(attribute.String("transport", "proxy")))
+
+func (s *session) token(at time.Time) {
+	if s.chunks == 0 {
+		s.firstToken = at
+	}
+	s.chunks++
+	s.emit(tokenevent.KindToken, at, nil)
+}
+
+func (s *session) end(at time.Time, errorType, finishReason string) {
+	s.emit(tokenevent.KindEnd, at, func(ev *tokenevent.Event) {
+		ev.Error, ev.FinishReason = errorType, finishReason
+		if s.completionTokens >= 0 {
+			ev.CompletionTokens = s.completionTokens
+		} else if s.chunks > 0 {
+			ev.CompletionTokens = s.chunks
+		}
+		ev.PromptTokens = s.promptTokens
+		ev.ResponseModel = s.responseModel
+		if t := s.timing; s.hasTiming {
+			if t.Source == tokenevent.TimingLlamaCpp {
+				t.QueueMs = s.derivedQueueMs(at, t)
+			}
+			ev.QueueTimeNs, ev.PrefillTimeNs, ev.DecodeTimeNs = msToNs(t.QueueMs), msToNs(t.PrefillMs), msToNs(t.DecodeMs)
+			ev.TimingSource = t.Source
+		}
+	})
+}
+
+// derivedQueueMs is the queue time of an engine that gives its prefill and
+// decode but not its queue (llama.cpp): what the proxy waited for the first
+// token, less the prefill; for an answer that came whole (ended at end),
+// what it waited for the answer, less prefill and decode. Whatever else
+// the wait held (the way to the engine and back, the engine's HTTP and
+// tokenization) is counted as queue. Never below 0 (the two clocks round
+// differently); -1 when the wait or a part is not known. The wait is read
+// on the wall clock, as the events' times are (Round(0) drops the
+// monotonic reading): queue and prefill then add up to the session's TTFT
+// even when the wall clock was stepped during the wait.
+func (s *session) derivedQueueMs(end time.Time, t openaistream.RequestTiming) float64 {
+	started := s.started.Round(0)
+	wait, engine := s.firstToken.Round(0).Sub(started), t.PrefillMs
+	switch {
+	case s.whole:
+		wait, engine = end.Round(0).Sub(started), t.PrefillMs+t.DecodeMs
+		if t.DecodeMs < 0 {
+			return -1
+		}
+	case s.firstToken.IsZero():
+		return -1
+	}
+	if t.PrefillMs < 0 {
+		return -1
+	}
+	return max(float64(wait)/float64(time.Millisecond)-engine, 0)
+}
+
+// msToNs converts an engine time in ms to ns, -1 staying -1 (absent); an
+// hour bounds it, far from an overflow, as no request waits that long.
+func msToNs(ms float64) int64 {
+	if ms < 0 {
+		return -1
+	}
+	return int64(min(ms, 3_600_000) * float64(time.Millisecond))
+}
+
+// read takes what a chunk (or a whole response) says about the session.
+func (s *session) read(f *openaistream.ChunkFacts, data []byte) {
+	if !s.modelRead {
+		s.modelRead = true
+		s.responseModel = openaistream.ResponseModel(data)
+	}
+	if f.Timing.Known() {
+		s.timing, s.hasTiming = f.Timing, true
+	}
+}
+
+func newSessionID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "proxy-" + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,159 @@
+package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver"
+
+import (
+	"context"
+
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+	"go.opentelemetry.io/collector/receiver/receiverhelper"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.uber.org/zap"
+
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxy"
+)
+
+// hookSink is what a hook endpoint is given by the receiver: pooled batch
+// decoders, the hand-over of a decoded batch to the pipeline, the one
+// counter of its own (UDP's) and the logs logger.
+type hookSink interface {
+	decoder() *batchDecoder
+	release(d *batchDecoder)
+	consume(ctx context.Context, d *batchDecoder) error
+	countDroppedDatagrams(n int64)
+	countRefusedConnections(n int64)
+	Logger() *zap.Logger
+}
+
+// logsSink is how a log source hands its records to the logs pipeline,
+// with the standard receiver observability and the token event counters
+// around the call. It is what the hooks (hookSink) and the proxy
+// (proxy.Sink) are given.
+type logsSink struct {
+	r         *tokenStreamReceiver
+	obs       *receiverhelper.ObsReport
+	transport transportKind
+	format    string // of the standard receiver metrics: ndjson or sse
+}
+
+func (r *tokenStreamReceiver) newLogsSink(transport transportKind, format string) (*logsSink, error) {
+	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
+		ReceiverID: r.settings.ID, Transport: transport.String(), ReceiverCreateSettings: r.settings,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &logsSink{r: r, obs: obs, transport: transport, format: format}, nil
+}
+
+// ConsumeEvents hands records holding events token events to the pipeline.
+func (s *logsSink) ConsumeEvents(ctx context.Context, logs plog.Logs, events int) error {
+	ctx = s.obs.StartLogsOp(ctx)
+	n := logs.LogRecordCount()
+	err := s.r.next.ConsumeLogs(ctx, logs)
+	s.obs.EndLogsOp(ctx, s.format, n, err)
+	attrs := transportAttrs[s.transport]
+	if err != nil {
+		s.r.telemetry.ReceiverTokenStreamRefusedEvents.Add(ctx, int64(events), attrs)
+		s.r.logsLogger.Debug("pipeline refused token events", zap.Stringer("transport", s.transport), zap.Int("events", events), zap.Error(err))
+		return err
+	}
+	s.r.telemetry.ReceiverTokenStreamAcceptedEvents.Add(ctx, int64(events), attrs)
+	return nil
+}
+
+func (s *logsSink) decoder() *batchDecoder { return s.r.decoder() }
+
+func (s *logsSink) release(d *batchDecoder) { s.r.release(d) }
+
+// consume hands a decoded batch to the pipeline, counting its rejected
+// lines and whether it was cut.
+func (s *logsSink) consume(ctx context.Context, d *batchDecoder) error {
+	attrs := transportAttrs[s.transport]
+	if d.rejected > 0 {
+		s.r.telemetry.ReceiverTokenStreamRejectedEvents.Add(ctx, int64(d.rejected), attrs)
+	}
+	if d.truncated > 0 {
+		s.r.telemetry.ReceiverTokenStreamTruncatedBatches.Add(ctx, int64(d.truncated), attrs)
+	}
+	if cut := d.parser.TakeCuts(); cut > 0 {
+		s.r.telemetry.ReceiverTokenStreamTruncatedValues.Add(ctx, int64(cut), attrs)
+	}
+	if d.accepted == 0 {
+		return nil
+	}
+	return s.ConsumeEvents(ctx, d.logs, d.accepted)
+}
+
+func (s *logsSink) countDroppedDatagrams(n int64) {
+	s.r.telemetry.ReceiverTokenStreamUDPDroppedDatagrams.Add(context.Background(), n)
+}
+
+func (s *logsSink) countRefusedConnections(n int64) {
+	s.r.telemetry.ReceiverTokenStreamUnixRefusedConnections.Add(context.Background(), n)
+}
+
+func (s *logsSink) Counters() proxy.Counters {
+	t := s.r.telemetry
+	return proxy.Counters{
+		RefusedRequests:     t.ReceiverTokenStreamProxyRefusedRequests,
+		PassthroughFailures: t.ReceiverTokenStreamProxyPassthroughFailures,
+		OversizedEvents:     t.ReceiverTokenStreamProxyOversizedEvents,
+		DroppedEvents:       t.ReceiverTokenStreamProxyDroppedEvents,
+		StalledStreams:      t.ReceiverTokenStreamProxyStalledStreams,
+		CutStreams:          t.ReceiverTokenStreamProxyCutStreams,
+		UpstreamRetries:     t.ReceiverTokenStreamProxyUpstreamRetries,
+		TruncatedValues:     t.ReceiverTokenStreamTruncatedValues,
+	}
+}
+
+func (s *logsSink) Logger() *zap.Logger { return s.r.logsLogger }
+
+// metricsSink is how the vllm scraper hands what it reads to the metrics
+// pipeline, with the standard receiver observability around the call.
+type metricsSink struct {
+	r   *tokenStreamReceiver
+	obs *receiverhelper.ObsReport
+}
+
+func (s *metricsSink) ConsumeMetrics(ctx context.Context, md pmetric.Metrics) error {
+	n := md.DataPointCount()
+	ctx = s.obs.StartMetricsOp(ctx)
+	err := s.r.nextMetrics.ConsumeMetrics(ctx, md)
+	s.obs.EndMetricsOp(ctx, "prometheus", n, err)
+	return err
+}
+
+func (s *metricsSink) counters() scrapeCounters {
+	t := s.r.telemetry
+	return scrapeCounters{
+		invalidDataPoints: t.ReceiverTokenStreamInvalidDataPoints,
+		skippedFamilies:   t.ReceiverTokenStreamSkippedFamilies,
+		failedScrapes:     t.ReceiverTokenStreamFailedScrapes,
+	}
+}
+
+func (s *metricsSink) Logger() *zap.Logger { return s.r.metricsLogger }
+
+type transportKind int
+
+const (
+	transportHTTP transportKind = iota
+	transportUDP
+	transportProxy
+	transportUnix
+	transportKinds
+)
+
+func (t transportKind) String() string { return [...]string{"http", "udp", "proxy", "unix"}[t] }
+
+// transportAttrs are the attribute sets of the token event counters, one a
+// transport, built once: they are on every batch's path. The counters count
+// token events, not the log records the standard receiver metrics count
+// (several token events of one session are packed into one record).
+var transportAttrs = func() (attrs [transportKinds]metric.MeasurementOption) {
+	for k := range transportKinds {
+		attrs[k] = metric.WithAttributeSet(attribute.NewSet(attribute.String("transport", k.String())))
+	}
+	return attrs
+}()
