@@ -13,8 +13,8 @@ import (
 
 	"github.com/otelcol-llm/otelcol-llm/internal/attribution"
 	"github.com/otelcol-llm/otelcol-llm/internal/keyset"
-	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
 // AttributionConfig configures who used the GPU: each engine's busy time

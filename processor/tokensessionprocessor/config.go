@@ -7,11 +7,11 @@ import (
 
 	"go.opentelemetry.io/collector/confmap"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
-	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/strictconfig"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
 // PassTokenEvents says which token event records travel on down the logs

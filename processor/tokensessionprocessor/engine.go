@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/pmetric"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/session"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
 // engineRole is what an engine metric says about the engine's state.

@@ -10,8 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/exphist"
-	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
 // liveState is what the live view keeps between snapshots, under the

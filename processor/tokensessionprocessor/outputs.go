@@ -8,9 +8,9 @@ import (
 	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
-	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
 // Event names of the records this processor emits.

@@ -6,8 +6,8 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
-	"github.com/otelcol-llm/otelcol-llm/internal/session"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
 // Phase spans (traces::phase_spans): a kept session's time as child spans of

@@ -16,8 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/earlystop"
-	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
 )
 
 // core is the one token_session behind the logs, metrics and traces

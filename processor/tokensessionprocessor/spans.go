@@ -8,7 +8,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
 )
 
 // spanGate is the part of the core that tail-samples the other spans of a
