@@ -2,7 +2,6 @@ package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/proc
 
 import (
 	"fmt"
-	"math"
 	"net"
 	"sort"
 	"sync"
@@ -443,12 +442,12 @@ func (a *attributor) ended(s *session.Session, e *session.End, acc *shareAccount
 	if at == 0 {
 		// No end event (timeout, eviction): the last token is when the
 		// engine last computed for it.
-		at = sessionEnd(s, e)
+		at = s.EndedAt(e)
 	}
 	eng := acc.engine
 	eng.seenAt = now
 	eng.activity.Touch()
-	eng.m.End(sh, at, outputTokens(s, e))
+	eng.m.End(sh, at, s.OutputTokens(e))
 	if e.Share.Source == "" {
 		e.Share = session.EngineShare{
 			Prefill: sh.Prefill, Decode: sh.Decode, Energy: sh.Energy, HasEnergy: sh.EnergyKnown,
@@ -814,18 +813,4 @@ func (a *attributor) takeCounts() attributionCounts {
 	c := a.counts
 	c.tenants = a.tenants.Overflowed()
 	return c
-}
-
-// putShare writes a session's share of its engine on its summary and span.
-func putShare(m pcommon.Map, sh *session.EngineShare) {
-	if sh.Source == "" {
-		return
-	}
-	m.PutDouble(attrEngineTime, sh.Prefill+sh.Decode)
-	m.PutDouble(attrEngineTimePrefill, sh.Prefill)
-	m.PutDouble(attrEngineTimeDecode, sh.Decode)
-	if sh.HasEnergy && !math.IsNaN(sh.Energy) {
-		m.PutDouble(attrEnergy, sh.Energy)
-	}
-	m.PutStr(attrAttributionSource, sh.Source)
 }

@@ -288,7 +288,7 @@ const (
 // last one at or before its start and the first at or after its end. Without
 // both the count is unknown and left out: a 0 is only ever measured.
 func putSessionContext(m pcommon.Map, h *engineHistory, s *session.Session, end int64) {
-	start := sessionStart(s)
+	start := s.StartedAt()
 	first, ok := h.at(start)
 	if !ok {
 		return

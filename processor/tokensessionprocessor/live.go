@@ -101,9 +101,9 @@ func (l *liveState) ended(s *session.Session, e *session.End, now int64) {
 	if len(l.recent) > 0 {
 		l.recent[l.next] = liveEnded{
 			id: liveName(s.ID), model: key.model, engine: key.engine, operation: liveName(s.Operation),
-			errorType: liveName(errorType(s, e)), outcome: s.Outcome, traceID: s.TraceID, endedAt: now,
+			errorType: liveName(s.ErrorType(e)), outcome: s.Outcome, traceID: s.TraceID, endedAt: now,
 			ttft: ttft, hasTTFT: hasTTFT, tpot: tpot, hasTPOT: hasTPOT, duration: s.Duration(e), maxGap: s.MaxGap,
-			tokens: max(outputTokens(s, e), 0), stalls: s.StallCount, keep: s.Keep, reasons: s.Reasons,
+			tokens: max(s.OutputTokens(e), 0), stalls: s.StallCount, keep: s.Keep, reasons: s.Reasons,
 		}
 		l.next = (l.next + 1) % len(l.recent)
 		l.n = min(l.n+1, len(l.recent))
@@ -647,7 +647,7 @@ func (p *sessions) takeLive(now time.Time, filters []liveFilter, sc *liveScan) [
 		}
 		since := engineNow - s.LastTokenTime
 		if phase == session.PhaseWaiting {
-			since = engineNow - startOf(s)
+			since = engineNow - s.StartedAt()
 		}
 		var qs []int16
 		untallied := last == nil
@@ -746,20 +746,11 @@ func (p *sessions) takeLive(now time.Time, filters []liveFilter, sc *liveScan) [
 	return snaps
 }
 
-// startOf is when s started, on the engine's clock: its start event, or
-// its first token when the start has not come.
-func startOf(s *session.Session) int64 {
-	if s.StartTime != 0 {
-		return s.StartTime
-	}
-	return s.FirstTokenTime
-}
-
 // sessionJSON copies what the view shows of c's session; called under the
 // lock, as the session may be reused after it.
 func (l *liveState) sessionJSON(c *liveCandidate) liveSessionJSON {
 	s := c.s
-	age := time.Duration(max(0, c.engineNow-startOf(s)))
+	age := time.Duration(max(0, c.engineNow-s.StartedAt()))
 	out := liveSessionJSON{
 		ID: liveName(s.ID), Model: liveName(s.Model), Engine: liveName(s.Engine), Operation: liveName(s.Operation),
 		Phase: c.phase.String(),
