@@ -15,14 +15,15 @@ import (
 )
 
 // liveState is what the live view keeps between snapshots, under the
-// sessions' lock: the latest ended sessions and the TTFTs of the last
-// minute by engine and model. It is fed once per ended session (never per
+// fold's lock: the latest ended sessions and the TTFTs of the last minute
+// by engine and model. The fold feeds it once per ended session (never per
 // token), and only when the view is configured; the sessions in flight are
-// read from the table when a snapshot is taken.
+// read from the table when a snapshot is taken, through locked.
 type liveState struct {
-	cfg   *LiveConfig
-	allow map[string]struct{}
-	tel   *metadata.TelemetryBuilder
+	cfg    *LiveConfig
+	allow  map[string]struct{}
+	tel    *metadata.TelemetryBuilder
+	locked lockedTable
 
 	// recent is a ring of the latest ended sessions; next is where the
 	// next goes, n how many it holds.
@@ -50,8 +51,18 @@ type liveEnded struct {
 	reasons                                 session.Reason
 }
 
-func newLiveState(cfg *LiveConfig, tel *metadata.TelemetryBuilder) *liveState {
-	l := &liveState{cfg: cfg, tel: tel, recent: make([]liveEnded, cfg.Recent), ttft: make(map[liveKey]*ttftMinute)}
+// liveTable is what a snapshot reads of the sessions in flight.
+type liveTable interface {
+	Active() int
+	Scan(now int64, fn func(s *session.Session, phase session.Phase, engineNow int64))
+}
+
+// lockedTable runs fn with the fold's lock held, on the session table: the
+// view's own state is guarded by the same lock.
+type lockedTable func(fn func(liveTable))
+
+func newLiveState(cfg *LiveConfig, tel *metadata.TelemetryBuilder, locked lockedTable) *liveState {
+	l := &liveState{cfg: cfg, tel: tel, locked: locked, recent: make([]liveEnded, cfg.Recent), ttft: make(map[liveKey]*ttftMinute)}
 	if len(cfg.Attributes) > 0 {
 		l.allow = make(map[string]struct{}, len(cfg.Attributes))
 		for _, k := range cfg.Attributes {
@@ -93,7 +104,7 @@ func liveName(name string) string {
 }
 
 // ended records an ended session, at collector time now. Call with the
-// sessions' lock held.
+// fold's lock held.
 func (l *liveState) ended(s *session.Session, e *session.End, now int64) {
 	ttft, hasTTFT := s.TTFT()
 	tpot, hasTPOT := s.TPOT(e.CompletionTokens)
@@ -599,17 +610,16 @@ func (sc *liveScan) engines(maxEngines int) (lists [][]liveEngineJSON, leftOut [
 	return lists, leftOut
 }
 
-// liveSnapshot is the snapshot of the sessions in flight that f picks, at
+// snapshot is the snapshot of the sessions in flight that f picks, at
 // collector time now, encoded.
-func (p *sessions) liveSnapshot(now time.Time, f liveFilter, sc *liveScan) []byte {
-	return p.liveSnapshots(now, []liveFilter{f}, sc)[0]
+func (l *liveState) snapshot(now time.Time, f liveFilter, sc *liveScan) []byte {
+	return l.snapshots(now, []liveFilter{f}, sc)[0]
 }
 
-// liveSnapshots are the snapshots for each of filters (distinct), taken in
-// one pass over the table (takeLive) and encoded after the lock is
-// released.
-func (p *sessions) liveSnapshots(now time.Time, filters []liveFilter, sc *liveScan) [][]byte {
-	snaps := p.takeLive(now, filters, sc)
+// snapshots are the snapshots for each of filters (distinct), taken in
+// one pass over the table (take) and encoded after the lock is released.
+func (l *liveState) snapshots(now time.Time, filters []liveFilter, sc *liveScan) [][]byte {
+	snaps := l.take(now, filters, sc)
 	bodies := make([][]byte, len(snaps))
 	for i, snap := range snaps {
 		body, err := json.Marshal(snap)
@@ -622,25 +632,34 @@ func (p *sessions) liveSnapshots(now time.Time, filters []liveFilter, sc *liveSc
 	return bodies
 }
 
-// takeLive takes the snapshot for each of filters at collector time now.
+// take takes the snapshot for each of filters at collector time now.
 // The table is read under the lock in one pass, whatever the number of
 // filters: each session is tallied in its engine-and-model cell and
 // offered to the bounded heaps of the filters that match it; the rows of
 // each filter's worst are copied, and the ended sessions' ring. The
 // engines' totals and the filtering of the ended sessions are done after
 // the lock is released.
-func (p *sessions) takeLive(now time.Time, filters []liveFilter, sc *liveScan) []*liveSnapshot {
-	l := p.live
+func (l *liveState) take(now time.Time, filters []liveFilter, sc *liveScan) []*liveSnapshot {
 	nowNs := now.UnixNano()
 	sc.reset(filters, l.cfg.MaxSessions)
+	var inFlight int
+	l.locked(func(table liveTable) {
+		l.scan(table, nowNs, sc, &inFlight)
+	})
+	l.report(sc)
+	return l.build(now, sc, inFlight)
+}
+
+// scan is take's part under the lock: one pass over table, the worst
+// sessions' rows copied, the TTFT minutes and the ended sessions' ring
+// read.
+func (l *liveState) scan(table liveTable, nowNs int64, sc *liveScan, inFlight *int) {
 	var (
 		last  *liveCell
 		spill [4]int16
 	)
-
-	p.mu.Lock()
-	inFlight := p.table.Active()
-	p.table.Scan(nowNs, func(s *session.Session, phase session.Phase, engineNow int64) {
+	*inFlight = table.Active()
+	table.Scan(nowNs, func(s *session.Session, phase session.Phase, engineNow int64) {
 		// An engine's sessions often come in runs: the last cell first.
 		if last == nil || s.Engine != last.engine || s.Model != last.model {
 			last = sc.cellOf(s.Engine, s.Model)
@@ -702,13 +721,21 @@ func (p *sessions) takeLive(now time.Time, filters []liveFilter, sc *liveScan) [
 	for i := range l.n {
 		sc.recent = append(sc.recent, l.recent[(l.next-1-i+2*len(l.recent))%len(l.recent)])
 	}
-	p.mu.Unlock()
+}
 
+// report counts a pass in the self-telemetry.
+func (l *liveState) report(sc *liveScan) {
 	ctx := context.Background()
 	l.tel.ProcessorTokenSessionLiveScans.Add(ctx, 1)
 	if sc.untallied > 0 {
 		l.tel.ProcessorTokenSessionLiveSessionsUntallied.Add(ctx, int64(sc.untallied))
 	}
+}
+
+// build makes take's snapshots after the lock is released: the engines'
+// totals, each filter's rows in order, its ended sessions.
+func (l *liveState) build(now time.Time, sc *liveScan, inFlight int) []*liveSnapshot {
+	ctx := context.Background()
 	engines, leftOut := sc.engines(l.cfg.MaxEngines)
 	snaps := make([]*liveSnapshot, len(sc.queries))
 	for i := range sc.queries {

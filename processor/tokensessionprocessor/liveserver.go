@@ -35,13 +35,13 @@ var livePage []byte
 // for one snapshot; one that has not taken the last when the next is ready
 // is dropped, so nothing queues for a viewer that does not read.
 type liveServer struct {
-	cfg      *LiveConfig
-	sessions *sessions
-	set      component.TelemetrySettings
-	tel      *metadata.TelemetryBuilder
-	dropSet  [3]metric.AddOption // by liveDropCause
-	http     *httpserve.Server
-	now      func() time.Time
+	cfg     *LiveConfig
+	view    *liveState
+	set     component.TelemetrySettings
+	tel     *metadata.TelemetryBuilder
+	dropSet [3]metric.AddOption // by liveDropCause
+	http    *httpserve.Server
+	now     func() time.Time
 
 	mu      sync.Mutex
 	viewers map[*liveViewer]struct{}
@@ -103,9 +103,9 @@ type liveViewer struct {
 	gone chan struct{}
 }
 
-func newLiveServer(cfg *LiveConfig, s *sessions, set component.TelemetrySettings, tel *metadata.TelemetryBuilder) *liveServer {
+func newLiveServer(cfg *LiveConfig, view *liveState, set component.TelemetrySettings, tel *metadata.TelemetryBuilder) *liveServer {
 	ls := &liveServer{
-		cfg: cfg, sessions: s, set: set, tel: tel, now: time.Now,
+		cfg: cfg, view: view, set: set, tel: tel, now: time.Now,
 		viewers: make(map[*liveViewer]struct{}), watched: make(map[liveFilter]int), closing: make(chan struct{}),
 		asked: make(map[liveFilter]askedSnapshot), askTokens: onDemandRate,
 	}
@@ -200,7 +200,7 @@ func (ls *liveServer) askSnapshot(f liveFilter) ([]byte, error) {
 	}
 	ls.askTokens--
 	ls.forgetAsked(now)
-	body := ls.sessions.liveSnapshot(now, f, &ls.askScan)
+	body := ls.view.snapshot(now, f, &ls.askScan)
 	ls.asked[f] = askedSnapshot{at: now, body: body}
 	return body, nil
 }
@@ -443,7 +443,7 @@ func (ls *liveServer) broadcastOnce(b *liveBroadcast) bool {
 	}
 	ls.mu.Unlock()
 	at := ls.now()
-	bodies := ls.sessions.liveSnapshots(at, b.filters, &b.scan)
+	bodies := ls.view.snapshots(at, b.filters, &b.scan)
 	// A new map each tick: the joining viewers read the last one.
 	snaps := make(map[liveFilter][]byte, len(bodies))
 	for i, f := range b.filters {

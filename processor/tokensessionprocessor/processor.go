@@ -44,8 +44,9 @@ type core struct {
 	sessions *sessions
 	engines  *engineContext
 	spans    *spanGate
-	// live serves the sessions in flight (liveserver.go); nil when
-	// live::endpoint is not set.
+	// view is the live view's state, fed by sessions (live.go), and live
+	// serves it (liveserver.go); nil when live::endpoint is not set.
+	view *liveState
 	live *liveServer
 
 	// The next consumers are set while the pipelines are built, before
@@ -76,6 +77,10 @@ func newCore(cfg *Config, set processor.Settings) (*core, error) {
 		telemetry.shutdown()
 		return nil, err
 	}
+	if cfg.Live.enabled() {
+		c.view = newLiveState(&cfg.Live, telemetry.builder, c.sessions.withTable)
+		c.sessions.live = c.view
+	}
 	return c, nil
 }
 
@@ -104,7 +109,7 @@ func (c *core) setNext(logs consumer.Logs, metrics consumer.Metrics, traces cons
 
 func (c *core) Start(ctx context.Context, host component.Host) error {
 	if c.cfg.Live.enabled() {
-		c.live = newLiveServer(&c.cfg.Live, c.sessions, c.set.TelemetrySettings, c.telemetry.builder)
+		c.live = newLiveServer(&c.cfg.Live, c.view, c.set.TelemetrySettings, c.telemetry.builder)
 		if err := c.live.start(ctx, host); err != nil {
 			return err
 		}

@@ -71,8 +71,15 @@ type sessions struct {
 	timing    timingJoin
 	writeHeld func(*session.Session, *session.End)
 	counters  session.Counters // as last reported to telemetry
-	// live is the live view's state (live.go); nil when it is off.
-	live *liveState
+	// live takes the sessions that end: the live view (live.go); nil when
+	// it is off.
+	live endedSink
+}
+
+// endedSink takes each session that ends, with its end, at collector time
+// now; called with mu held.
+type endedSink interface {
+	ended(s *session.Session, e *session.End, now int64)
 }
 
 // outputs are what a locked operation produced for the pipelines.
@@ -112,9 +119,6 @@ func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineCont
 	s.writeHeld = s.appendOutputs
 	s.table.SetTraceMemory(spans.keptTrace)
 	s.applyFn = func(ev *tokenevent.Event) { s.reports = s.table.Apply(ev, s.nowNanos, s.reports) }
-	if cfg.Live.enabled() {
-		s.live = newLiveState(&cfg.Live, telemetry.builder)
-	}
 	if cfg.PassTokenEvents == PassSampled {
 		s.sampledRecords = make(map[string]plog.LogRecordSlice)
 	}
@@ -219,6 +223,14 @@ func (p *sessions) routeSpans(td ptrace.Traces, now time.Time) (spanCounts, outp
 		p.releaseHeld(false)
 	}
 	return n, p.takePending()
+}
+
+// withTable runs fn with mu held, on the session table: how the live view
+// takes its snapshots.
+func (p *sessions) withTable(fn func(liveTable)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fn(p.table)
 }
 
 // traceActive is for the span gate: the table's view of a trace.
