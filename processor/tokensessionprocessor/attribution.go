@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/pmetric"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/attribution"
 	"github.com/otelcol-llm/otelcol-llm/internal/keyset"
@@ -78,6 +79,19 @@ type attributor struct {
 	// lastFlush is the start of the flush interval under way: a series
 	// made in it starts there.
 	lastFlush pcommon.Timestamp
+}
+
+// attributionCounts are the attributor's totals for the self-telemetry.
+type attributionCounts struct {
+	// overflowed counts the sessions counted on the overflow series, and
+	// the engines whose idle time went there.
+	overflowed uint64
+	// forgotten counts the points forgotten (series of llm.engine.time
+	// and llm.engine.energy no longer sent).
+	forgotten uint64
+	// tenants counts the sessions whose tenant counted as _OTHER; pods the
+	// power readings of pods beyond maxPods, not held.
+	tenants, pods uint64
 }
 
 type engineAccount struct {
@@ -472,4 +486,56 @@ func (a *attributor) forget(now int64) {
 			}
 		}
 	}
+}
+
+// observePower reads the GPUs' power (power_metric) from a metrics batch
+// (attributionpower.go) and sets it on the engines of their pods.
+func (a *attributor) observePower(md pmetric.Metrics, now int64) {
+	if !a.cfg.Enabled || (a.cfg.PowerMetric == "" && a.cfg.EnergyMetric == "") {
+		return
+	}
+	byPod, energyByPod := readPower(md, &a.cfg, now)
+	if byPod == nil && energyByPod == nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for pod, r := range energyByPod {
+		r.seen = now
+		prev, ok := a.energy[pod]
+		a.holdReading(a.energy, pod, r)
+		if !ok || r.at <= prev.at || r.watts < prev.watts {
+			continue // the first reading, or the counter was reset
+		}
+		if byPod == nil {
+			byPod = map[string]powerReading{}
+		}
+		// The mean power since the last reading: exact over the interval,
+		// where the gauge's is one instant's.
+		byPod[pod] = powerReading{at: r.at, watts: (r.watts - prev.watts) / 1000 / (float64(r.at-prev.at) / 1e9)}
+	}
+	for pod, r := range byPod {
+		r.seen = now
+		a.holdReading(a.pods, pod, r)
+	}
+	// An engine's pod is its name, or the host of its host:port (the proxy
+	// names an engine by its upstream address).
+	for _, e := range a.engines {
+		if r, ok := byPod[e.host]; ok && e.host != "" {
+			e.m.SetPower(r.at, r.watts)
+		}
+		if r, ok := byPod[e.name]; ok {
+			e.m.SetPower(r.at, r.watts)
+		}
+	}
+}
+
+// holdReading keeps pod's latest reading in m, for engines seen after it:
+// a pod not held yet only while fewer than maxPods are.
+func (a *attributor) holdReading(m map[string]powerReading, pod string, r powerReading) {
+	if _, ok := m[pod]; !ok && len(m) >= maxPods {
+		a.counts.pods++
+		return
+	}
+	m[pod] = r
 }

@@ -13,14 +13,8 @@ import (
 // The attribution's counters, llm.engine.time and llm.engine.energy, and
 // its totals for the self-telemetry.
 
-// Names of the attribution's outputs.
+// Names of the counters and their attributes.
 const (
-	attrEngineTime        = "llm.session.engine_time"
-	attrEngineTimePrefill = "llm.session.engine_time.prefill"
-	attrEngineTimeDecode  = "llm.session.engine_time.decode"
-	attrEnergy            = "llm.session.energy"
-	attrAttributionSource = "llm.session.attribution_source"
-
 	metricEngineTime   = "llm.engine.time"
 	metricEngineEnergy = "llm.engine.energy"
 	attrMetricEngine   = "llm.engine"
@@ -37,19 +31,6 @@ const (
 // close an engine's integral: events come in up to this late (the hooks'
 // batching, a UDP queue) and an integral cannot run backwards.
 const attributionLag = int64(time.Second)
-
-// attributionCounts are the attributor's totals for the self-telemetry.
-type attributionCounts struct {
-	// overflowed counts the sessions counted on the overflow series, and
-	// the engines whose idle time went there.
-	overflowed uint64
-	// forgotten counts the points forgotten (series of llm.engine.time
-	// and llm.engine.energy no longer sent).
-	forgotten uint64
-	// tenants counts the sessions whose tenant counted as _OTHER; pods the
-	// power readings of pods beyond maxPods, not held.
-	tenants, pods uint64
-}
 
 // appendTo writes the llm.engine.time and llm.engine.energy counters
 // (cumulative): each engine, model and tenant's prefill and decode, and

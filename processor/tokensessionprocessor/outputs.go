@@ -53,6 +53,13 @@ const (
 	attrStallGaps      = "llm.stall.gaps"
 	attrStallSince     = "llm.stall.since_unix_nano"
 	attrServiceName    = "service.name"
+
+	// A session's share of its engine (the attribution's, or the engine's).
+	attrEngineTime        = "llm.session.engine_time"
+	attrEngineTimePrefill = "llm.session.engine_time.prefill"
+	attrEngineTimeDecode  = "llm.session.engine_time.decode"
+	attrEnergy            = "llm.session.energy"
+	attrAttributionSource = "llm.session.attribution_source"
 )
 
 func seconds(d time.Duration) float64 { return d.Seconds() }
