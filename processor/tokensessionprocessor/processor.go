@@ -21,20 +21,26 @@ import (
 )
 
 // core is the one token_session behind the logs, metrics and traces
-// instances that share a component ID. It is three parts, each with its own
+// instances that share a component ID. It is four parts, each with its own
 // lock:
-//   - sessions (sessions.go): the session table, the session metrics, the
-//     kept sessions' outputs and the join of engine timings, under
-//     sessions.mu. Token event records, ticks and span batches take it;
-//     application log batches and metrics batches do not (unless outputs
-//     wait for a scrape).
+//   - sessions (sessions.go), the fold: the session table, the session
+//     metrics, the held outputs (held.go) and the join of engine timings
+//     (timing.go), under sessions.mu; the outputs are functions of a
+//     session (outputs.go, phases.go). Token event records, ticks and span
+//     batches take it; application log batches and metrics batches do not
+//     (unless outputs wait for a scrape).
 //   - engines (engine.go): the engine state read from the metrics, under
 //     engines.mu (a read-write lock).
 //   - spans (spans.go): the held spans and the verdict cache, under
 //     spans.mu.
+//   - the attribution (sessions.attr, attribution.go): the engines' and
+//     sessions' accounts of GPU time and energy, under attr.mu.
 //
-// Lock order: sessions.mu, then either of the others; engines.mu and
-// spans.mu are leaves, never held together or while taking sessions.mu.
+// The live view (view, live.go; live, liveserver.go) is fed the ended
+// sessions by the fold and reads the table under sessions.mu.
+//
+// Lock order: sessions.mu, then any of the others; engines.mu, spans.mu
+// and attr.mu are leaves, never held together or while taking sessions.mu.
 // Outputs are handed to the next consumers with no lock held.
 type core struct {
 	cfg       *Config
