@@ -19,6 +19,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/zap"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/httpserve"
 )
 
 // verdicts is what the judge last said of every engine. The endpoints read
@@ -81,40 +83,30 @@ func normalizeEngine(raw string) (name string, tooLong bool) {
 // http.ServeMux would clean a path whose engine is "." or ".." into another
 // (a 307 to /health), and cannot tell an escaped "/" in a name.
 func (h *engineHealth) handler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var serve func()
+	return httpserve.GetOnly(func(r *http.Request) (http.HandlerFunc, int, string) {
 		path := r.URL.EscapedPath()
 		switch segment, isHealth := engineSegment(path); {
 		case path == "/engines":
-			serve = func() { h.serveList(w) }
+			return func(w http.ResponseWriter, _ *http.Request) { h.serveList(w) }, 0, ""
 		case path == "/metrics":
 			// The verdicts as gauges, for a router that scrapes its
 			// endpoints (the llm-d router's endpoint picker) or Prometheus.
-			serve = func() { h.serveMetrics(w, r) }
+			return h.serveMetrics, 0, ""
 		case path == "/health":
 			// Checkers whose path is one for all the servers they check
 			// (Envoy's health checks: a path per cluster, a Host header per
 			// endpoint) name the engine in the Host header instead.
-			serve = func() { h.serveHealth(w, hostEngine(h.verdicts.Load(), r.Host)) }
+			return func(w http.ResponseWriter, r *http.Request) { h.serveHealth(w, hostEngine(h.verdicts.Load(), r.Host)) }, 0, ""
 		case isHealth:
 			// {engine} is llm.engine URL-escaped: an engine named "ns/pod"
 			// is asked for as /engines/ns%2Fpod/health.
 			engine, err := url.PathUnescape(segment)
 			if err != nil {
-				writeError(w, http.StatusBadRequest, "the engine in the path is not URL-escaped right")
-				return
+				return nil, http.StatusBadRequest, "the engine in the path is not URL-escaped right"
 			}
-			serve = func() { h.serveHealth(w, engine) }
-		default:
-			writeError(w, http.StatusNotFound, "no such endpoint: GET /engines, /engines/{engine}/health, /health or /metrics")
-			return
+			return func(w http.ResponseWriter, _ *http.Request) { h.serveHealth(w, engine) }, 0, ""
 		}
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			w.Header().Set("Allow", "GET, HEAD")
-			writeError(w, http.StatusMethodNotAllowed, "method not allowed: GET only")
-			return
-		}
-		serve()
+		return nil, http.StatusNotFound, "no such endpoint: GET /engines, /engines/{engine}/health, /health or /metrics"
 	})
 }
 
@@ -168,13 +160,13 @@ func (h *engineHealth) serveHealth(w http.ResponseWriter, engine string) {
 	name, tooLong := normalizeEngine(engine)
 	if tooLong {
 		// Not echoed: the name is the client's, of any length.
-		writeError(w, http.StatusNotFound, fmt.Sprintf("unknown engine: a name of %d bytes, over the %d an engine name may have",
+		httpserve.WriteError(w, http.StatusNotFound, fmt.Sprintf("unknown engine: a name of %d bytes, over the %d an engine name may have",
 			len(engine), maxEngineName))
 		return
 	}
 	st, ok := h.verdicts.Load().lookup(name)
 	if !ok {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("unknown engine %q: no session of it has been seen", name))
+		httpserve.WriteError(w, http.StatusNotFound, fmt.Sprintf("unknown engine %q: no session of it has been seen", name))
 		return
 	}
 	code := http.StatusOK
@@ -182,10 +174,6 @@ func (h *engineHealth) serveHealth(w http.ResponseWriter, engine string) {
 		code = http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, st.at(h.now()))
-}
-
-func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, map[string]string{"error": msg})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -1,6 +1,7 @@
-// Package httpserve runs a confighttp server until shutdown: the token_stream
-// receiver's hook endpoint and proxy, and the engine_health exporter's
-// verdicts.
+// Package httpserve runs a confighttp server until shutdown (the
+// token_stream receiver's hook endpoint and proxy, the engine_health
+// exporter's verdicts, the token_session live view), and routes the
+// GET-only endpoints of the last two (GetOnly).
 package httpserve // import "github.com/otelcol-llm/otelcol-llm/internal/httpserve"
 
 import (

@@ -1,10 +1,7 @@
 package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
 
 import (
-	"fmt"
-	"math"
 	"net"
-	"sort"
 	"sync"
 	"time"
 
@@ -13,113 +10,17 @@ import (
 
 	"github.com/otelcol-llm/otelcol-llm/internal/attribution"
 	"github.com/otelcol-llm/otelcol-llm/internal/keyset"
-	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
-
-// AttributionConfig configures who used the GPU: each engine's busy time
-// and energy divided among its sessions (internal/attribution states the
-// model), on the session outputs and as the llm.engine.time and
-// llm.engine.energy counters.
-type AttributionConfig struct {
-	// Enabled: on by default; it costs three O(1) steps per session, none
-	// per token.
-	Enabled bool `mapstructure:"enabled"`
-	// TenantAttribute is the start attribute whose value is the session's
-	// tenant on the counters (llm.tenant).
-	TenantAttribute string `mapstructure:"tenant_attribute"`
-	// MaxTenants bounds the distinct tenants on the counters held at once
-	// (forgotten after metrics::forget_after without a session); the
-	// sessions of the others count as _OTHER.
-	MaxTenants int `mapstructure:"max_tenants"`
-	// StepTokens, KVCacheTokens and MaxNumSeqs are the engine scheduler's
-	// limits (vLLM's max_num_batched_tokens, its KV cache in tokens,
-	// max_num_seqs; 0: unlimited) by which the model admits prompts.
-	StepTokens    int `mapstructure:"step_tokens"`
-	KVCacheTokens int `mapstructure:"kv_cache_tokens"`
-	MaxNumSeqs    int `mapstructure:"max_num_seqs"`
-	// PrefillFirst: the engine runs no decodes in a step that computes
-	// prompts (vLLM V0 without chunked prefill).
-	PrefillFirst bool `mapstructure:"prefill_first"`
-	// DefaultPromptTokens is the prompt length assumed for a session whose
-	// start did not give one (the proxy learns it at the end) before any
-	// session of its tenant, or of its engine, ended with one.
-	DefaultPromptTokens int `mapstructure:"default_prompt_tokens"`
-	// PowerMetric is the GPU power gauge (W) read from the metrics
-	// pipeline; PodAttribute its attribute naming the engine's pod.
-	PowerMetric  string `mapstructure:"power_metric"`
-	PodAttribute string `mapstructure:"pod_attribute"`
-	// EnergyMetric is the GPU energy counter (mJ): where a pod has it, the
-	// mean power between its last two readings is used instead of the
-	// gauge, which samples one instant.
-	EnergyMetric string `mapstructure:"energy_metric"`
-
-	// prevent unkeyed literal initialization
-	_ struct{}
-}
-
-func defaultAttributionConfig() AttributionConfig {
-	return AttributionConfig{
-		Enabled: true, TenantAttribute: "tenant.id", MaxTenants: 100,
-		StepTokens: attribution.DefaultBudget, MaxNumSeqs: 256, DefaultPromptTokens: 512,
-		PowerMetric: "DCGM_FI_DEV_POWER_USAGE", PodAttribute: "pod",
-		EnergyMetric: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-	}
-}
-
-// Validate names each bad setting within the section.
-func (c AttributionConfig) Validate() []error {
-	var errs []error
-	if c.MaxTenants < 1 {
-		errs = append(errs, fmt.Errorf("max_tenants: must be at least 1, got %d", c.MaxTenants))
-	}
-	if c.StepTokens < 1 {
-		errs = append(errs, fmt.Errorf("step_tokens: must be at least 1, got %d", c.StepTokens))
-	}
-	if c.KVCacheTokens < 0 {
-		errs = append(errs, fmt.Errorf("kv_cache_tokens: must not be negative, got %d", c.KVCacheTokens))
-	}
-	if c.DefaultPromptTokens < 1 {
-		errs = append(errs, fmt.Errorf("default_prompt_tokens: must be at least 1, got %d", c.DefaultPromptTokens))
-	}
-	if c.MaxNumSeqs < 0 {
-		errs = append(errs, fmt.Errorf("max_num_seqs: must not be negative, got %d", c.MaxNumSeqs))
-	}
-	return errs
-}
-
-// Names of the attribution's outputs.
-const (
-	attrEngineTime        = "llm.session.engine_time"
-	attrEngineTimePrefill = "llm.session.engine_time.prefill"
-	attrEngineTimeDecode  = "llm.session.engine_time.decode"
-	attrEnergy            = "llm.session.energy"
-	attrAttributionSource = "llm.session.attribution_source"
-
-	metricEngineTime   = "llm.engine.time"
-	metricEngineEnergy = "llm.engine.energy"
-	attrMetricEngine   = "llm.engine"
-	attrMetricModel    = "gen_ai.request.model"
-	attrMetricTenant   = "llm.tenant"
-	attrMetricState    = "state"
-	stateIdle          = "idle"
-	statePrefill       = "prefill"
-	stateDecode        = "decode"
-	attrMetricOverflow = "otel.metric.overflow"
-)
-
-// attributionLag is how far behind the collector's clock the counters
-// close an engine's integral: events come in up to this late (the hooks'
-// batching, a UDP queue) and an integral cannot run backwards.
-const attributionLag = int64(time.Second)
-
-// maxPods bounds the pods whose power readings are held for engines not
-// seen yet (a cluster-wide dcgm-exporter reports every GPU pod).
-const maxPods = 4096
 
 // attributor is the part of the core that divides each engine's time and
-// energy among its sessions. mu is a leaf: the sessions part calls it with
-// its own lock held (session events), the metrics path alone (power).
+// energy among its sessions: this file keeps the engines' and series'
+// accounts as sessions start and end; attributionpower.go reads the GPUs'
+// power from the metrics; attributioncounters.go writes the counters; its
+// configuration is a section of Config (config.go). mu is a leaf: the
+// sessions part calls it with its own lock held (session events), the
+// metrics path alone (power).
 //
 // Its counters are metrics of the processor's like the session metrics,
 // under the metrics section's bounds: the engine and model of a series are
@@ -234,13 +135,6 @@ type shareAccount struct {
 	series *shareSeries
 	tenant *keyset.Key
 	open   bool
-}
-
-type powerReading struct {
-	at    int64
-	watts float64
-	// seen is the collector's time of the reading, for forgetting.
-	seen int64
 }
 
 type seriesKey struct{ engine, model, tenant string }
@@ -443,12 +337,12 @@ func (a *attributor) ended(s *session.Session, e *session.End, acc *shareAccount
 	if at == 0 {
 		// No end event (timeout, eviction): the last token is when the
 		// engine last computed for it.
-		at = sessionEnd(s, e)
+		at = s.EndedAt(e)
 	}
 	eng := acc.engine
 	eng.seenAt = now
 	eng.activity.Touch()
-	eng.m.End(sh, at, outputTokens(s, e))
+	eng.m.End(sh, at, s.OutputTokens(e))
 	if e.Share.Source == "" {
 		e.Share = session.EngineShare{
 			Prefill: sh.Prefill, Decode: sh.Decode, Energy: sh.Energy, HasEnergy: sh.EnergyKnown,
@@ -595,51 +489,12 @@ func (a *attributor) forget(now int64) {
 }
 
 // observePower reads the GPUs' power (power_metric) from a metrics batch
-// and sets it on the engines of their pods: a pod's GPUs add up.
+// (attributionpower.go) and sets it on the engines of their pods.
 func (a *attributor) observePower(md pmetric.Metrics, now int64) {
 	if !a.cfg.Enabled || (a.cfg.PowerMetric == "" && a.cfg.EnergyMetric == "") {
 		return
 	}
-	var byPod, energyByPod map[string]powerReading
-	for _, rm := range md.ResourceMetrics().All() {
-		for _, sm := range rm.ScopeMetrics().All() {
-			for _, m := range sm.Metrics().All() {
-				var dps pmetric.NumberDataPointSlice
-				dst := &byPod
-				switch {
-				case m.Name() == a.cfg.PowerMetric && m.Type() == pmetric.MetricTypeGauge:
-					dps = m.Gauge().DataPoints()
-				case m.Name() == a.cfg.EnergyMetric && m.Type() == pmetric.MetricTypeSum:
-					dps, dst = m.Sum().DataPoints(), &energyByPod
-				case m.Name() == a.cfg.EnergyMetric && m.Type() == pmetric.MetricTypeGauge:
-					dps, dst = m.Gauge().DataPoints(), &energyByPod
-				default:
-					continue
-				}
-				for _, dp := range dps.All() {
-					pod, ok := dp.Attributes().Get(a.cfg.PodAttribute)
-					if !ok || pod.Str() == "" {
-						continue
-					}
-					v := dp.DoubleValue()
-					if dp.ValueType() == pmetric.NumberDataPointValueTypeInt {
-						v = float64(dp.IntValue())
-					}
-					at := int64(dp.Timestamp())
-					if at == 0 {
-						at = now
-					}
-					if *dst == nil {
-						*dst = map[string]powerReading{}
-					}
-					r := (*dst)[pod.Str()]
-					r.watts += v // W, or mJ for the energy counter
-					r.at = max(r.at, at)
-					(*dst)[pod.Str()] = r
-				}
-			}
-		}
-	}
+	byPod, energyByPod := readPower(md, &a.cfg, now)
 	if byPod == nil && energyByPod == nil {
 		return
 	}
@@ -683,149 +538,4 @@ func (a *attributor) holdReading(m map[string]powerReading, pod string, r powerR
 		return
 	}
 	m[pod] = r
-}
-
-// appendTo writes the llm.engine.time and llm.engine.energy counters
-// (cumulative): each engine, model and tenant's prefill and decode, and
-// each engine's idle time, up to attributionLag before now; what overflowed
-// the cardinality limit in one point with only otel.metric.overflow=true.
-// What has had no session for forget_after is forgotten first, and no
-// longer sent.
-func (a *attributor) appendTo(sm pmetric.ScopeMetrics, now time.Time) {
-	if !a.cfg.Enabled {
-		return
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	ts := pcommon.NewTimestampFromTime(now)
-	defer func() { a.lastFlush = ts }()
-	a.forget(now.UnixNano())
-	if len(a.engines) == 0 && len(a.series) == 0 && a.overflow == nil {
-		return
-	}
-	// The engines' idle time, to now; that of the engines without a point
-	// of their own goes to the overflow series.
-	type idlePoint struct {
-		e         *engineAccount
-		tot       attribution.Totals
-		hasEnergy bool
-	}
-	idle := make([]idlePoint, 0, len(a.engines))
-	for _, e := range a.engines {
-		if e.folded {
-			continue
-		}
-		at := e.m.Latest()
-		if since := now.UnixNano() - e.seenAt - attributionLag; e.seenAt != 0 && since > 0 {
-			// Idle (or busy) since the latest event, on the engine's clock.
-			at += since
-			e.seenAt += since
-		}
-		tot := e.m.Totals(at)
-		if !e.idlePoint {
-			if d := tot.Idle - e.idleFolded; d > 0 {
-				o := a.overflowSeries()
-				o.idle += d
-				o.idleEnergy += tot.IdleEnergy - e.idleEnergyFolded
-				o.activity.Touch()
-				e.idleFolded, e.idleEnergyFolded = tot.Idle, tot.IdleEnergy
-			}
-			continue
-		}
-		hasEnergy := e.m.HasPower() || tot.IdleEnergy > 0
-		e.energyPoint = e.energyPoint || hasEnergy
-		idle = append(idle, idlePoint{e: e, tot: tot, hasEnergy: hasEnergy})
-	}
-	sort.Slice(idle, func(i, j int) bool { return idle[i].e.name < idle[j].e.name })
-
-	timeM := sm.Metrics().AppendEmpty()
-	timeM.SetName(metricEngineTime)
-	timeM.SetUnit("s")
-	timeM.SetDescription("Engine time: each session's share of its engine's busy time by model and tenant (state prefill or decode), and the engine's idle time (state idle).")
-	td := timeM.SetEmptySum()
-	td.SetIsMonotonic(true)
-	td.SetAggregationTemporality(pmetric.AggregationTemporalityCumulative)
-	energyM := pmetric.NewMetric()
-	energyM.SetName(metricEngineEnergy)
-	energyM.SetUnit("J")
-	energyM.SetDescription("GPU energy: each session's share of its engine's energy by model and tenant (state prefill or decode), and the engine's idle energy (state idle); engines with a power reading only.")
-	ed := energyM.SetEmptySum()
-	ed.SetIsMonotonic(true)
-	ed.SetAggregationTemporality(pmetric.AggregationTemporalityCumulative)
-
-	point := func(dps pmetric.NumberDataPointSlice, v float64, start pcommon.Timestamp) pcommon.Map {
-		dp := dps.AppendEmpty()
-		dp.SetStartTimestamp(start)
-		dp.SetTimestamp(ts)
-		dp.SetDoubleValue(v)
-		return dp.Attributes()
-	}
-	seriesPoint := func(dps pmetric.NumberDataPointSlice, v float64, start pcommon.Timestamp, k seriesKey, state string) {
-		m := point(dps, v, start)
-		m.PutStr(attrMetricEngine, k.engine)
-		putStr(m, attrMetricModel, k.model)
-		putStr(m, attrMetricTenant, k.tenant)
-		m.PutStr(attrMetricState, state)
-	}
-	keys := make([]seriesKey, 0, len(a.series))
-	for k := range a.series {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		x, y := keys[i], keys[j]
-		if x.engine != y.engine {
-			return x.engine < y.engine
-		}
-		if x.model != y.model {
-			return x.model < y.model
-		}
-		return x.tenant < y.tenant
-	})
-	for _, k := range keys {
-		sr := a.series[k]
-		seriesPoint(td.DataPoints(), sr.prefill, sr.start, k, statePrefill)
-		seriesPoint(td.DataPoints(), sr.decode, sr.start, k, stateDecode)
-		if sr.hasEnergy {
-			seriesPoint(ed.DataPoints(), sr.prefillEnergy, sr.start, k, statePrefill)
-			seriesPoint(ed.DataPoints(), sr.decodeEnergy, sr.start, k, stateDecode)
-		}
-	}
-	for _, p := range idle {
-		seriesPoint(td.DataPoints(), p.tot.Idle, p.e.start, seriesKey{engine: p.e.name}, stateIdle)
-		if p.hasEnergy {
-			seriesPoint(ed.DataPoints(), p.tot.IdleEnergy, p.e.start, seriesKey{engine: p.e.name}, stateIdle)
-		}
-	}
-	if o := a.overflow; o != nil {
-		point(td.DataPoints(), o.prefill+o.decode+o.idle, o.start).PutBool(attrMetricOverflow, true)
-		if o.hasEnergy || o.idleEnergy > 0 {
-			point(ed.DataPoints(), o.prefillEnergy+o.decodeEnergy+o.idleEnergy, o.start).PutBool(attrMetricOverflow, true)
-		}
-	}
-	if ed.DataPoints().Len() > 0 {
-		energyM.MoveTo(sm.Metrics().AppendEmpty())
-	}
-}
-
-// takeCounts returns the attributor's totals for the self-telemetry.
-func (a *attributor) takeCounts() attributionCounts {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	c := a.counts
-	c.tenants = a.tenants.Overflowed()
-	return c
-}
-
-// putShare writes a session's share of its engine on its summary and span.
-func putShare(m pcommon.Map, sh *session.EngineShare) {
-	if sh.Source == "" {
-		return
-	}
-	m.PutDouble(attrEngineTime, sh.Prefill+sh.Decode)
-	m.PutDouble(attrEngineTimePrefill, sh.Prefill)
-	m.PutDouble(attrEngineTimeDecode, sh.Decode)
-	if sh.HasEnergy && !math.IsNaN(sh.Energy) {
-		m.PutDouble(attrEnergy, sh.Energy)
-	}
-	m.PutStr(attrAttributionSource, sh.Source)
 }

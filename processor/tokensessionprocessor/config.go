@@ -7,11 +7,12 @@ import (
 
 	"go.opentelemetry.io/collector/confmap"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
-	"github.com/otelcol-llm/otelcol-llm/internal/session"
+	"github.com/otelcol-llm/otelcol-llm/internal/attribution"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/strictconfig"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
 // PassTokenEvents says which token event records travel on down the logs
@@ -52,7 +53,7 @@ type Config struct {
 	// Live serves the sessions in flight over HTTP (liveconfig.go).
 	Live LiveConfig `mapstructure:"live"`
 	// Attribution divides each engine's time and energy among its sessions
-	// (attribution.go).
+	// (attribution.go, its section below).
 	Attribution AttributionConfig `mapstructure:"attribution"`
 
 	// prevent unkeyed literal initialization
@@ -92,6 +93,77 @@ type EngineTimingConfig struct {
 
 	// prevent unkeyed literal initialization
 	_ struct{}
+}
+
+// AttributionConfig configures who used the GPU: each engine's busy time
+// and energy divided among its sessions (internal/attribution states the
+// model), on the session outputs and as the llm.engine.time and
+// llm.engine.energy counters.
+type AttributionConfig struct {
+	// Enabled: on by default; it costs three O(1) steps per session, none
+	// per token.
+	Enabled bool `mapstructure:"enabled"`
+	// TenantAttribute is the start attribute whose value is the session's
+	// tenant on the counters (llm.tenant).
+	TenantAttribute string `mapstructure:"tenant_attribute"`
+	// MaxTenants bounds the distinct tenants on the counters held at once
+	// (forgotten after metrics::forget_after without a session); the
+	// sessions of the others count as _OTHER.
+	MaxTenants int `mapstructure:"max_tenants"`
+	// StepTokens, KVCacheTokens and MaxNumSeqs are the engine scheduler's
+	// limits (vLLM's max_num_batched_tokens, its KV cache in tokens,
+	// max_num_seqs; 0: unlimited) by which the model admits prompts.
+	StepTokens    int `mapstructure:"step_tokens"`
+	KVCacheTokens int `mapstructure:"kv_cache_tokens"`
+	MaxNumSeqs    int `mapstructure:"max_num_seqs"`
+	// PrefillFirst: the engine runs no decodes in a step that computes
+	// prompts (vLLM V0 without chunked prefill).
+	PrefillFirst bool `mapstructure:"prefill_first"`
+	// DefaultPromptTokens is the prompt length assumed for a session whose
+	// start did not give one (the proxy learns it at the end) before any
+	// session of its tenant, or of its engine, ended with one.
+	DefaultPromptTokens int `mapstructure:"default_prompt_tokens"`
+	// PowerMetric is the GPU power gauge (W) read from the metrics
+	// pipeline; PodAttribute its attribute naming the engine's pod.
+	PowerMetric  string `mapstructure:"power_metric"`
+	PodAttribute string `mapstructure:"pod_attribute"`
+	// EnergyMetric is the GPU energy counter (mJ): where a pod has it, the
+	// mean power between its last two readings is used instead of the
+	// gauge, which samples one instant.
+	EnergyMetric string `mapstructure:"energy_metric"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+func defaultAttributionConfig() AttributionConfig {
+	return AttributionConfig{
+		Enabled: true, TenantAttribute: "tenant.id", MaxTenants: 100,
+		StepTokens: attribution.DefaultBudget, MaxNumSeqs: 256, DefaultPromptTokens: 512,
+		PowerMetric: "DCGM_FI_DEV_POWER_USAGE", PodAttribute: "pod",
+		EnergyMetric: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+	}
+}
+
+// Validate names each bad setting within the section.
+func (c AttributionConfig) Validate() []error {
+	var errs []error
+	if c.MaxTenants < 1 {
+		errs = append(errs, fmt.Errorf("max_tenants: must be at least 1, got %d", c.MaxTenants))
+	}
+	if c.StepTokens < 1 {
+		errs = append(errs, fmt.Errorf("step_tokens: must be at least 1, got %d", c.StepTokens))
+	}
+	if c.KVCacheTokens < 0 {
+		errs = append(errs, fmt.Errorf("kv_cache_tokens: must not be negative, got %d", c.KVCacheTokens))
+	}
+	if c.DefaultPromptTokens < 1 {
+		errs = append(errs, fmt.Errorf("default_prompt_tokens: must be at least 1, got %d", c.DefaultPromptTokens))
+	}
+	if c.MaxNumSeqs < 0 {
+		errs = append(errs, fmt.Errorf("max_num_seqs: must not be negative, got %d", c.MaxNumSeqs))
+	}
+	return errs
 }
 
 // createDefaultConfig takes each part's defaults; only the processor's own

@@ -8,11 +8,12 @@
 // until the session's verdict.
 //
 // One core, with one session table, serves the logs, metrics and traces
-// instances that share a component ID. It is three parts with a lock each
-// (see core): the sessions and their outputs, the engine context, and the
-// held spans with the verdict cache. The state machine lives in
-// internal/session, the metrics in internal/sessionmetrics and the held
-// spans in internal/heldspans; this package wires them to the collector.
+// instances that share a component ID. It is four parts with a lock each
+// (see core): the fold of sessions and their outputs, the engine context,
+// the held spans with the verdict cache, and the attribution of GPU time.
+// The state machine lives in internal/session, the metrics in
+// internal/sessionmetrics and the held spans in internal/heldspans; this
+// package wires them to the collector.
 //
 //go:generate mdatagen metadata.yaml
 package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"

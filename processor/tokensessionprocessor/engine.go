@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/pmetric"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/session"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
 // engineRole is what an engine metric says about the engine's state.
@@ -288,7 +288,7 @@ const (
 // last one at or before its start and the first at or after its end. Without
 // both the count is unknown and left out: a 0 is only ever measured.
 func putSessionContext(m pcommon.Map, h *engineHistory, s *session.Session, end int64) {
-	start := sessionStart(s)
+	start := s.StartedAt()
 	first, ok := h.at(start)
 	if !ok {
 		return

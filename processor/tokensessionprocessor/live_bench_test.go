@@ -332,9 +332,9 @@ func BenchmarkLiveSnapshot(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		t := time.Now()
-		snap := c.sessions.takeLive(t, []liveFilter{{}}, &sc)[0]
+		snap := c.view.take(t, []liveFilter{{}}, &sc)[0]
 		locked += time.Since(t)
-		body := c.sessions.liveSnapshot(t, liveFilter{}, &sc)
+		body := c.view.snapshot(t, liveFilter{}, &sc)
 		size = len(body)
 		if len(snap.Sessions) != 500 {
 			b.Fatalf("%d sessions in the snapshot, want 500", len(snap.Sessions))

@@ -156,7 +156,7 @@ func liveScenario(t *testing.T, c *core, t0 int64) time.Time {
 func takeLive(t *testing.T, c *core, now time.Time, f liveFilter) liveSnapshot {
 	t.Helper()
 	var snap liveSnapshot
-	require.NoError(t, json.Unmarshal(c.sessions.liveSnapshot(now, f, &liveScan{}), &snap))
+	require.NoError(t, json.Unmarshal(c.view.snapshot(now, f, &liveScan{}), &snap))
 	return snap
 }
 
@@ -758,7 +758,7 @@ func TestLiveHundredThousandEngines(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	body := c.sessions.liveSnapshot(now, liveFilter{}, &liveScan{})
+	body := c.view.snapshot(now, liveFilter{}, &liveScan{})
 	runtime.ReadMemStats(&after)
 	allocated := after.TotalAlloc - before.TotalAlloc
 	t.Logf("one snapshot of %d sessions on as many engines: %d B of JSON, %d B allocated", n, len(body), allocated)
@@ -772,7 +772,7 @@ func TestLiveHundredThousandEngines(t *testing.T) {
 	assert.Less(t, allocated, uint64(16<<20), "what the pass allocates")
 	assert.Equal(t, int64(n-maxLiveCells), liveCount(t, tel, "otelcol_processor_token_session_live_sessions_untallied"))
 
-	body = c.sessions.liveSnapshot(now, liveFilter{model: "no-such-model"}, &liveScan{})
+	body = c.view.snapshot(now, liveFilter{model: "no-such-model"}, &liveScan{})
 	require.NoError(t, json.Unmarshal(body, &snap))
 	assert.Empty(t, snap.Engines)
 	assert.Zero(t, snap.EnginesLeftOut)
@@ -788,9 +788,9 @@ func TestLiveHundredThousandEngines(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, invalid)
 	require.Zero(t, c.sessions.table.Active())
-	assert.Len(t, c.sessions.live.ttft, maxLiveTTFTKeys)
+	assert.Len(t, c.view.ttft, maxLiveTTFTKeys)
 	assert.Equal(t, int64(n-maxLiveTTFTKeys), liveCount(t, tel, "otelcol_processor_token_session_live_ttfts_overflowed"))
-	body = c.sessions.liveSnapshot(now, liveFilter{}, &liveScan{})
+	body = c.view.snapshot(now, liveFilter{}, &liveScan{})
 	require.NoError(t, json.Unmarshal(body, &snap))
 	assert.Len(t, snap.Engines, 64)
 	assert.Equal(t, maxLiveTTFTKeys-64, snap.EnginesLeftOut)
@@ -813,7 +813,7 @@ func TestLiveLongNamesCut(t *testing.T) {
 	applyPastLimits(c, ev, tok(ev.SessionID, base+100*ms, 1), ended, tok(ended.SessionID, base+100*ms, 1), endEv)
 
 	now := time.Unix(0, base+time.Second.Nanoseconds())
-	body := c.sessions.liveSnapshot(now, liveFilter{}, &liveScan{})
+	body := c.view.snapshot(now, liveFilter{}, &liveScan{})
 	assert.Less(t, len(body), 8<<10, "the snapshot of two sessions with 12 000-byte names")
 	var snap liveSnapshot
 	require.NoError(t, json.Unmarshal(body, &snap))
@@ -838,7 +838,7 @@ func TestLiveLongNamesCut(t *testing.T) {
 	assert.Len(t, snap.Recent, 1)
 
 	// The ring's strings are the cut ones, not the session's.
-	r := c.sessions.live.recent[0]
+	r := c.view.recent[0]
 	for _, name := range []string{r.id, r.engine, r.model, r.errorType} {
 		assert.LessOrEqual(t, len(name), liveMaxName+len(liveCut))
 	}

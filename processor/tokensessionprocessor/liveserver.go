@@ -3,7 +3,6 @@ package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/proc
 import (
 	"context"
 	_ "embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -36,13 +35,13 @@ var livePage []byte
 // for one snapshot; one that has not taken the last when the next is ready
 // is dropped, so nothing queues for a viewer that does not read.
 type liveServer struct {
-	cfg      *LiveConfig
-	sessions *sessions
-	set      component.TelemetrySettings
-	tel      *metadata.TelemetryBuilder
-	dropSet  [3]metric.AddOption // by liveDropCause
-	http     *httpserve.Server
-	now      func() time.Time
+	cfg     *LiveConfig
+	view    *liveState
+	set     component.TelemetrySettings
+	tel     *metadata.TelemetryBuilder
+	dropSet [3]metric.AddOption // by liveDropCause
+	http    *httpserve.Server
+	now     func() time.Time
 
 	mu      sync.Mutex
 	viewers map[*liveViewer]struct{}
@@ -104,9 +103,9 @@ type liveViewer struct {
 	gone chan struct{}
 }
 
-func newLiveServer(cfg *LiveConfig, s *sessions, set component.TelemetrySettings, tel *metadata.TelemetryBuilder) *liveServer {
+func newLiveServer(cfg *LiveConfig, view *liveState, set component.TelemetrySettings, tel *metadata.TelemetryBuilder) *liveServer {
 	ls := &liveServer{
-		cfg: cfg, sessions: s, set: set, tel: tel, now: time.Now,
+		cfg: cfg, view: view, set: set, tel: tel, now: time.Now,
 		viewers: make(map[*liveViewer]struct{}), watched: make(map[liveFilter]int), closing: make(chan struct{}),
 		asked: make(map[liveFilter]askedSnapshot), askTokens: onDemandRate,
 	}
@@ -141,25 +140,16 @@ func (ls *liveServer) shutdown(ctx context.Context) error {
 }
 
 func (ls *liveServer) handler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var serve func()
+	return httpserve.GetOnly(func(r *http.Request) (http.HandlerFunc, int, string) {
 		switch r.URL.Path {
 		case "/":
-			serve = func() { ls.servePage(w) }
+			return func(w http.ResponseWriter, _ *http.Request) { ls.servePage(w) }, 0, ""
 		case "/sessions":
-			serve = func() { ls.serveSnapshot(w, r) }
+			return ls.serveSnapshot, 0, ""
 		case "/sessions/stream":
-			serve = func() { ls.serveStream(w, r) }
-		default:
-			writeLiveError(w, http.StatusNotFound, "no such endpoint: GET /, /sessions or /sessions/stream")
-			return
+			return ls.serveStream, 0, ""
 		}
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			w.Header().Set("Allow", "GET, HEAD")
-			writeLiveError(w, http.StatusMethodNotAllowed, "method not allowed: GET only")
-			return
-		}
-		serve()
+		return nil, http.StatusNotFound, "no such endpoint: GET /, /sessions or /sessions/stream"
 	})
 }
 
@@ -210,7 +200,7 @@ func (ls *liveServer) askSnapshot(f liveFilter) ([]byte, error) {
 	}
 	ls.askTokens--
 	ls.forgetAsked(now)
-	body := ls.sessions.liveSnapshot(now, f, &ls.askScan)
+	body := ls.view.snapshot(now, f, &ls.askScan)
 	ls.asked[f] = askedSnapshot{at: now, body: body}
 	return body, nil
 }
@@ -239,13 +229,13 @@ func (ls *liveServer) forgetAsked(now time.Time) {
 func (ls *liveServer) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	f, err := filterOf(r)
 	if err != nil {
-		writeLiveError(w, http.StatusBadRequest, err.Error())
+		httpserve.WriteError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	body, err := ls.askSnapshot(f)
 	if err != nil {
 		w.Header().Set("Retry-After", "1")
-		writeLiveError(w, http.StatusTooManyRequests, err.Error())
+		httpserve.WriteError(w, http.StatusTooManyRequests, err.Error())
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -268,7 +258,7 @@ func (ls *liveServer) writeTimeout() time.Duration {
 func (ls *liveServer) serveStream(w http.ResponseWriter, r *http.Request) {
 	f, err := filterOf(r)
 	if err != nil {
-		writeLiveError(w, http.StatusBadRequest, err.Error())
+		httpserve.WriteError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	v := &liveViewer{filter: f, next: make(chan []byte, 1), gone: make(chan struct{})}
@@ -276,7 +266,7 @@ func (ls *liveServer) serveStream(w http.ResponseWriter, r *http.Request) {
 	if cause, err := ls.join(v); err != nil {
 		ls.tel.ProcessorTokenSessionLiveViewersDropped.Add(ctx, 1, ls.dropSet[cause])
 		w.Header().Set("Retry-After", "5")
-		writeLiveError(w, http.StatusServiceUnavailable, err.Error())
+		httpserve.WriteError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
 	ls.tel.ProcessorTokenSessionLiveViewers.Add(ctx, 1)
@@ -453,7 +443,7 @@ func (ls *liveServer) broadcastOnce(b *liveBroadcast) bool {
 	}
 	ls.mu.Unlock()
 	at := ls.now()
-	bodies := ls.sessions.liveSnapshots(at, b.filters, &b.scan)
+	bodies := ls.view.snapshots(at, b.filters, &b.scan)
 	// A new map each tick: the joining viewers read the last one.
 	snaps := make(map[liveFilter][]byte, len(bodies))
 	for i, f := range b.filters {
@@ -471,13 +461,4 @@ func (ls *liveServer) broadcastOnce(b *liveBroadcast) bool {
 	ls.mu.Unlock()
 	clear(b.viewers) // no viewer kept alive until the next tick
 	return true
-}
-
-func writeLiveError(w http.ResponseWriter, code int, msg string) {
-	body, _ := json.Marshal(map[string]string{"error": msg})
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(code)
-	_, _ = w.Write(append(body, '\n'))
 }

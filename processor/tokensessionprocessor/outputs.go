@@ -1,6 +1,7 @@
 package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
 
 import (
+	"math"
 	"time"
 
 	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
@@ -8,9 +9,9 @@ import (
 	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
-	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
 // Event names of the records this processor emits.
@@ -52,74 +53,36 @@ const (
 	attrStallGaps      = "llm.stall.gaps"
 	attrStallSince     = "llm.stall.since_unix_nano"
 	attrServiceName    = "service.name"
-)
 
-// errorType is error.type of a session: the end event's, else the
-// outcome's for a session that did not complete (timeout, aborted,
-// evicted, shutdown); "" for a completed one.
-func errorType(s *session.Session, e *session.End) string {
-	if e.ErrorType != "" {
-		return e.ErrorType
-	}
-	switch s.Outcome {
-	case session.OutcomeTimeout, session.OutcomeAborted, session.OutcomeEvicted, session.OutcomeShutdown:
-		return s.Outcome.String()
-	}
-	return ""
-}
+	// A session's share of its engine (the attribution's, or the engine's).
+	attrEngineTime        = "llm.session.engine_time"
+	attrEngineTimePrefill = "llm.session.engine_time.prefill"
+	attrEngineTimeDecode  = "llm.session.engine_time.decode"
+	attrEnergy            = "llm.session.energy"
+	attrAttributionSource = "llm.session.attribution_source"
+)
 
 func seconds(d time.Duration) float64 { return d.Seconds() }
 
-// outputTokens is completion_tokens when the end event gave it, else the
-// sum of the token events' counts; -1 when neither is known.
-func outputTokens(s *session.Session, e *session.End) int64 {
-	if e.CompletionTokens >= 0 {
-		return e.CompletionTokens
-	}
-	if s.Chunks > 0 {
-		return s.Tokens
-	}
-	return -1
-}
-
-// sessionEnd is when the session span ends: the last token, or the end
-// event for a session without tokens.
-func sessionEnd(s *session.Session, e *session.End) int64 {
-	switch {
-	case s.LastTokenTime != 0:
-		return s.LastTokenTime
-	case e.Time != 0:
-		return e.Time
-	}
-	return sessionStart(s)
-}
-
-func sessionStart(s *session.Session) int64 {
-	if s.StartTime != 0 {
-		return s.StartTime
-	}
-	return s.FirstTokenTime
-}
-
 // putSessionAttributes writes what the session span and the summary record
 // share.
-func (p *sessions) putSessionAttributes(m pcommon.Map, s *session.Session, e *session.End) {
+func putSessionAttributes(m pcommon.Map, s *session.Session, e *session.End, provider string, engines *engineContext) {
 	m.EnsureCapacity(24)
 	putStr(m, tokenrecord.AttrOperation, s.Operation)
-	m.PutStr(attrProviderName, p.cfg.ProviderName)
+	m.PutStr(attrProviderName, provider)
 	putStr(m, tokenrecord.AttrRequestModel, s.Model)
 	m.PutBool(attrRequestStream, !s.NoStream)
 	putStr(m, attrResponseModel, e.ResponseModel)
 	if s.PromptTokens >= 0 {
 		m.PutInt(tokenrecord.AttrInputTokens, s.PromptTokens)
 	}
-	if n := outputTokens(s, e); n >= 0 {
+	if n := s.OutputTokens(e); n >= 0 {
 		m.PutInt(tokenrecord.AttrOutputTokens, n)
 	}
 	if e.FinishReason != "" {
 		m.PutEmptySlice(tokenrecord.AttrFinishReasons).AppendEmpty().SetStr(e.FinishReason)
 	}
-	putStr(m, tokenrecord.AttrErrorType, errorType(s, e))
+	putStr(m, tokenrecord.AttrErrorType, s.ErrorType(e))
 	m.PutStr(tokenrecord.AttrSessionID, s.ID)
 	putStr(m, tokenrecord.AttrEngine, s.Engine)
 	m.PutStr(attrSessionOutcome, s.Outcome.String())
@@ -164,7 +127,7 @@ func (p *sessions) putSessionAttributes(m pcommon.Map, s *session.Session, e *se
 			}
 		}
 	}
-	p.engines.putSessionContext(m, s, sessionEnd(s, e))
+	engines.putSessionContext(m, s, s.EndedAt(e))
 }
 
 func putStr(m pcommon.Map, k, v string) {
@@ -174,7 +137,7 @@ func putStr(m pcommon.Map, k, v string) {
 }
 
 // appendSpan writes the session span into ss.
-func (p *sessions) appendSpan(ss ptrace.ScopeSpans, s *session.Session, e *session.End) {
+func appendSpan(ss ptrace.ScopeSpans, s *session.Session, e *session.End, provider string, engines *engineContext) {
 	span := ss.Spans().AppendEmpty()
 	span.SetTraceID(s.TraceID)
 	span.SetSpanID(s.SpanID)
@@ -184,9 +147,9 @@ func (p *sessions) appendSpan(ss ptrace.ScopeSpans, s *session.Session, e *sessi
 	heldspans.StampThreshold(span.TraceState(), s.Threshold)
 	span.SetName(spanName(s))
 	span.SetKind(ptrace.SpanKindServer)
-	span.SetStartTimestamp(pcommon.Timestamp(sessionStart(s)))
-	span.SetEndTimestamp(pcommon.Timestamp(sessionEnd(s, e)))
-	p.putSessionAttributes(span.Attributes(), s, e)
+	span.SetStartTimestamp(pcommon.Timestamp(s.StartedAt()))
+	span.SetEndTimestamp(pcommon.Timestamp(s.EndedAt(e)))
+	putSessionAttributes(span.Attributes(), s, e, provider, engines)
 	if s.FirstTokenTime != 0 {
 		ev := span.Events().AppendEmpty()
 		ev.SetName(spanEventFirstToken)
@@ -201,9 +164,9 @@ func (p *sessions) appendSpan(ss ptrace.ScopeSpans, s *session.Session, e *sessi
 		ev.SetName(spanEventStall)
 		ev.SetTimestamp(pcommon.Timestamp(stalls[i].DetectedAt))
 		putStall(ev.Attributes(), &stalls[i])
-		p.engines.putStallContext(ev.Attributes(), s.Engine, stalls[i].DetectedAt)
+		engines.putStallContext(ev.Attributes(), s.Engine, stalls[i].DetectedAt)
 	}
-	if et := errorType(s, e); et != "" {
+	if et := s.ErrorType(e); et != "" {
 		span.Status().SetCode(ptrace.StatusCodeError)
 		span.Status().SetMessage(et)
 	}
@@ -228,7 +191,7 @@ func putStall(m pcommon.Map, st *session.Stall) {
 // trace's threshold. A tail sampler that sees the trace's spans in one
 // place (a gateway tier behind the loadbalancing exporter) keeps the trace
 // on it without waiting for the session to end.
-func (p *sessions) appendVerdictSpan(ss ptrace.ScopeSpans, s *session.Session, th sampling.Threshold, at int64) {
+func appendVerdictSpan(ss ptrace.ScopeSpans, s *session.Session, th sampling.Threshold, at int64) {
 	span := ss.Spans().AppendEmpty()
 	span.SetTraceID(s.TraceID)
 	span.SetSpanID(session.NewSpanID())
@@ -262,10 +225,10 @@ func spanName(s *session.Session) string {
 }
 
 // appendSummary writes the summary record of a kept session into records.
-func (p *sessions) appendSummary(records plog.LogRecordSlice, s *session.Session, e *session.End, now pcommon.Timestamp) {
+func appendSummary(records plog.LogRecordSlice, s *session.Session, e *session.End, now pcommon.Timestamp, provider string, engines *engineContext) {
 	lr := records.AppendEmpty()
 	lr.SetEventName(eventNameSummary)
-	lr.SetTimestamp(pcommon.Timestamp(sessionEnd(s, e)))
+	lr.SetTimestamp(pcommon.Timestamp(s.EndedAt(e)))
 	lr.SetObservedTimestamp(now)
 	lr.SetTraceID(s.TraceID)
 	lr.SetSpanID(s.SpanID)
@@ -280,12 +243,12 @@ func (p *sessions) appendSummary(records plog.LogRecordSlice, s *session.Session
 		lr.SetSeverityNumber(plog.SeverityNumberInfo)
 		lr.SetSeverityText("INFO")
 	}
-	p.putSessionAttributes(lr.Attributes(), s, e)
+	putSessionAttributes(lr.Attributes(), s, e, provider, engines)
 }
 
 // appendStallAlert writes the alert for the stall episode r reports, with
 // the session's counts when it was detected.
-func (p *sessions) appendStallAlert(records plog.LogRecordSlice, r *session.Report[*sessionState], now pcommon.Timestamp) {
+func appendStallAlert[S any](records plog.LogRecordSlice, r *session.Report[S], now pcommon.Timestamp, provider string, engines *engineContext) {
 	s, st := r.Session, &r.Stall
 	lr := records.AppendEmpty()
 	lr.SetEventName(eventNameStall)
@@ -298,7 +261,7 @@ func (p *sessions) appendStallAlert(records plog.LogRecordSlice, r *session.Repo
 	m := lr.Attributes()
 	m.PutStr(tokenrecord.AttrSessionID, s.ID)
 	putStr(m, tokenrecord.AttrOperation, s.Operation)
-	m.PutStr(attrProviderName, p.cfg.ProviderName)
+	m.PutStr(attrProviderName, provider)
 	putStr(m, tokenrecord.AttrRequestModel, s.Model)
 	putStr(m, tokenrecord.AttrEngine, s.Engine)
 	m.PutInt(attrSessionStalls, int64(r.StallCount))
@@ -309,5 +272,19 @@ func (p *sessions) appendStallAlert(records plog.LogRecordSlice, r *session.Repo
 		m.PutDouble(attrSessionTTFT, seconds(ttft))
 	}
 	putStall(m, st)
-	p.engines.putStallContext(m, s.Engine, st.DetectedAt)
+	engines.putStallContext(m, s.Engine, st.DetectedAt)
+}
+
+// putShare writes a session's share of its engine on its summary and span.
+func putShare(m pcommon.Map, sh *session.EngineShare) {
+	if sh.Source == "" {
+		return
+	}
+	m.PutDouble(attrEngineTime, sh.Prefill+sh.Decode)
+	m.PutDouble(attrEngineTimePrefill, sh.Prefill)
+	m.PutDouble(attrEngineTimeDecode, sh.Decode)
+	if sh.HasEnergy && !math.IsNaN(sh.Energy) {
+		m.PutDouble(attrEnergy, sh.Energy)
+	}
+	m.PutStr(attrAttributionSource, sh.Source)
 }

@@ -6,8 +6,8 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
-	"github.com/otelcol-llm/otelcol-llm/internal/session"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
 // Phase spans (traces::phase_spans): a kept session's time as child spans of
@@ -48,7 +48,7 @@ type phase struct {
 // collector's own wait for the first token stands for both; without its
 // decode, the first to the last token.
 func sessionPhases(s *session.Session, e *session.End) (out [3]phase, n int) {
-	start, end, first := sessionStart(s), sessionEnd(s, e), s.FirstTokenTime
+	start, end, first := s.StartedAt(), s.EndedAt(e), s.FirstTokenTime
 	clamp := func(t int64) int64 { return min(max(t, start), end) }
 	add := func(name string, from, to int64, source string) {
 		out[n] = phase{name: name, start: clamp(from), end: clamp(to), source: source}
@@ -89,7 +89,7 @@ func sessionPhases(s *session.Session, e *session.End) (out [3]phase, n int) {
 // INTERNAL. They carry llm.session.timing_source and nothing of the engine
 // span's gen_ai.latency.* keys: a token_session further down the line would
 // read a span with those as an engine span.
-func (p *sessions) appendPhaseSpans(ss ptrace.ScopeSpans, s *session.Session, e *session.End) {
+func appendPhaseSpans(ss ptrace.ScopeSpans, s *session.Session, e *session.End) {
 	phases, n := sessionPhases(s, e)
 	for _, ph := range phases[:n] {
 		span := ss.Spans().AppendEmpty()

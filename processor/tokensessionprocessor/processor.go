@@ -16,25 +16,31 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/earlystop"
-	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
 )
 
 // core is the one token_session behind the logs, metrics and traces
-// instances that share a component ID. It is three parts, each with its own
+// instances that share a component ID. It is four parts, each with its own
 // lock:
-//   - sessions (sessions.go): the session table, the session metrics, the
-//     kept sessions' outputs and the join of engine timings, under
-//     sessions.mu. Token event records, ticks and span batches take it;
-//     application log batches and metrics batches do not (unless outputs
-//     wait for a scrape).
+//   - sessions (sessions.go), the fold: the session table, the session
+//     metrics, the held outputs (held.go) and the join of engine timings
+//     (timing.go), under sessions.mu; the outputs are functions of a
+//     session (outputs.go, phases.go). Token event records, ticks and span
+//     batches take it; application log batches and metrics batches do not
+//     (unless outputs wait for a scrape).
 //   - engines (engine.go): the engine state read from the metrics, under
 //     engines.mu (a read-write lock).
 //   - spans (spans.go): the held spans and the verdict cache, under
 //     spans.mu.
+//   - the attribution (sessions.attr, attribution.go): the engines' and
+//     sessions' accounts of GPU time and energy, under attr.mu.
 //
-// Lock order: sessions.mu, then either of the others; engines.mu and
-// spans.mu are leaves, never held together or while taking sessions.mu.
+// The live view (view, live.go; live, liveserver.go) is fed the ended
+// sessions by the fold and reads the table under sessions.mu.
+//
+// Lock order: sessions.mu, then any of the others; engines.mu, spans.mu
+// and attr.mu are leaves, never held together or while taking sessions.mu.
 // Outputs are handed to the next consumers with no lock held.
 type core struct {
 	cfg       *Config
@@ -44,8 +50,9 @@ type core struct {
 	sessions *sessions
 	engines  *engineContext
 	spans    *spanGate
-	// live serves the sessions in flight (liveserver.go); nil when
-	// live::endpoint is not set.
+	// view is the live view's state, fed by sessions (live.go), and live
+	// serves it (liveserver.go); nil when live::endpoint is not set.
+	view *liveState
 	live *liveServer
 
 	// The next consumers are set while the pipelines are built, before
@@ -76,6 +83,10 @@ func newCore(cfg *Config, set processor.Settings) (*core, error) {
 		telemetry.shutdown()
 		return nil, err
 	}
+	if cfg.Live.enabled() {
+		c.view = newLiveState(&cfg.Live, telemetry.builder, c.sessions.withTable)
+		c.sessions.live = c.view
+	}
 	return c, nil
 }
 
@@ -104,7 +115,7 @@ func (c *core) setNext(logs consumer.Logs, metrics consumer.Metrics, traces cons
 
 func (c *core) Start(ctx context.Context, host component.Host) error {
 	if c.cfg.Live.enabled() {
-		c.live = newLiveServer(&c.cfg.Live, c.sessions, c.set.TelemetrySettings, c.telemetry.builder)
+		c.live = newLiveServer(&c.cfg.Live, c.view, c.set.TelemetrySettings, c.telemetry.builder)
 		if err := c.live.start(ctx, host); err != nil {
 			return err
 		}

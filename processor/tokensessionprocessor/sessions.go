@@ -12,11 +12,11 @@ import (
 	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
 // sessions is the part of the core that folds token events into sessions
@@ -36,7 +36,7 @@ type sessions struct {
 	spans     *spanGate
 	attr      *attributor
 
-	// waiting is len(heldOutputs), for the metrics path, which takes mu
+	// waiting is held.len(), for the metrics path, which takes mu
 	// only when outputs wait (for a scrape this may be).
 	waiting atomic.Int32
 
@@ -63,14 +63,23 @@ type sessions struct {
 	sampledRecords map[string]plog.LogRecordSlice
 	// limits are the rules token event records are held to.
 	limits tokenevent.Limits
-	// heldOutputs are kept sessions whose outputs wait (for their engine's
-	// next scrape, or for the engine's timing); timing joins the engine's
-	// own timing to sessions. See timing.go.
-	heldOutputs []*heldOutput
-	timing      timingJoin
-	counters    session.Counters // as last reported to telemetry
-	// live is the live view's state (live.go); nil when it is off.
-	live *liveState
+	// held are kept sessions whose outputs wait (for their engine's next
+	// scrape, or for the engine's timing: held.go); timing joins the
+	// engine's own timing to sessions (timing.go). writeHeld writes a held
+	// session's outputs, bound once.
+	held      heldOutputs
+	timing    timingJoin
+	writeHeld func(*session.Session, *session.End)
+	counters  session.Counters // as last reported to telemetry
+	// live takes the sessions that end: the live view (live.go); nil when
+	// it is off.
+	live endedSink
+}
+
+// endedSink takes each session that ends, with its end, at collector time
+// now; called with mu held.
+type endedSink interface {
+	ended(s *session.Session, e *session.End, now int64)
 }
 
 // outputs are what a locked operation produced for the pipelines.
@@ -97,7 +106,7 @@ func (o *outputs) records(provider string) plog.LogRecordSlice {
 func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineContext, spans *spanGate) (*sessions, error) {
 	s := &sessions{
 		cfg: cfg, telemetry: telemetry, engines: engines, spans: spans, limits: cfg.Limits.eventLimits(),
-		timing: newTimingJoin(), pending: newOutputs(), attr: newAttributor(cfg.Attribution, cfg.Metrics, time.Now()),
+		held: heldOutputs{engines: engines}, pending: newOutputs(), attr: newAttributor(cfg.Attribution, cfg.Metrics, time.Now()),
 	}
 	var err error
 	if s.table, err = session.NewTable[*sessionState](cfg.sessionConfig(), s); err != nil {
@@ -106,11 +115,10 @@ func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineCont
 	if s.metrics, err = sessionmetrics.New(cfg.Metrics, time.Now()); err != nil {
 		return nil, err
 	}
+	s.timing = newTimingJoin(cfg.EngineTiming, s.metrics, telemetry)
+	s.writeHeld = s.appendOutputs
 	s.table.SetTraceMemory(spans.keptTrace)
 	s.applyFn = func(ev *tokenevent.Event) { s.reports = s.table.Apply(ev, s.nowNanos, s.reports) }
-	if cfg.Live.enabled() {
-		s.live = newLiveState(&cfg.Live, telemetry.builder)
-	}
 	if cfg.PassTokenEvents == PassSampled {
 		s.sampledRecords = make(map[string]plog.LogRecordSlice)
 	}
@@ -173,7 +181,7 @@ func (p *sessions) tick(now time.Time) (out outputs, expired int) {
 	p.setNow(now)
 	p.reports = p.table.Tick(p.nowNanos, p.reports)
 	p.handleReports(nil)
-	p.expireTimings()
+	p.timing.expire(p.nowNanos)
 	p.releaseHeld(false)
 	expired = p.spans.expire(now, p.pending.traces)
 	return p.takePending(), expired
@@ -211,10 +219,18 @@ func (p *sessions) routeSpans(td ptrace.Traces, now time.Time) (spanCounts, outp
 	defer p.mu.Unlock()
 	p.setNow(now)
 	n := p.spans.route(td, now, p)
-	if len(p.heldOutputs) > 0 {
+	if p.held.len() > 0 {
 		p.releaseHeld(false)
 	}
 	return n, p.takePending()
+}
+
+// withTable runs fn with mu held, on the session table: how the live view
+// takes its snapshots.
+func (p *sessions) withTable(fn func(liveTable)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fn(p.table)
 }
 
 // traceActive is for the span gate: the table's view of a trace.
@@ -227,7 +243,7 @@ func (p *sessions) traceActive(id pcommon.TraceID) (active, kept bool, th sampli
 func (p *sessions) takePending() outputs {
 	p.telemetry.reportCounters(&p.counters, &p.table.Counters, p.table.Active(), p.spans.heldSpans(),
 		p.cfg.Traces.VerdictSpans && p.toTraces)
-	p.waiting.Store(int32(len(p.heldOutputs)))
+	p.waiting.Store(int32(p.held.len()))
 	out := p.pending
 	p.pending = newOutputs()
 	return out
@@ -323,7 +339,7 @@ func (p *sessions) handleReports(folded *plog.LogRecord) {
 				p.telemetry.releasedSpans += int64(kept)
 			}
 			if p.cfg.Traces.VerdictSpans && p.toTraces {
-				p.appendVerdictSpan(p.pendingScopeSpans(), r.Session, r.Trace.Threshold, r.At)
+				appendVerdictSpan(p.pendingScopeSpans(), r.Session, r.Trace.Threshold, r.At)
 			}
 		case session.ReportEnded:
 			p.ended(r, folded)
@@ -335,7 +351,7 @@ func (p *sessions) handleReports(folded *plog.LogRecord) {
 func (p *sessions) stalled(r *session.Report[*sessionState]) {
 	p.metrics.Stall(r.State.live)
 	if p.toLogs {
-		p.appendStallAlert(p.pending.records(p.cfg.ProviderName), r, p.nowTS)
+		appendStallAlert(p.pending.records(p.cfg.ProviderName), r, p.nowTS, p.cfg.ProviderName, p.engines)
 	}
 }
 
@@ -348,11 +364,11 @@ func (p *sessions) ended(r *session.Report[*sessionState], folded *plog.LogRecor
 	completed := s.Outcome == session.OutcomeCompleted
 	hasTTFT, hasTPOT = hasTTFT && completed, hasTPOT && completed
 	res := sessionmetrics.Result{
-		ErrorType: errorType(s, e), Outcome: s.Outcome.String(), Sampled: s.Keep,
+		ErrorType: s.ErrorType(e), Outcome: s.Outcome.String(), Sampled: s.Keep,
 		TTFT: ttft, HasTTFT: hasTTFT, TPOT: tpot, HasTPOT: hasTPOT, Duration: s.Duration(e),
 		InputTokens: s.PromptTokens, HasInputTokens: s.PromptTokens >= 0,
 	}
-	if n := outputTokens(s, e); n >= 0 {
+	if n := s.OutputTokens(e); n >= 0 {
 		res.OutputTokens, res.HasOutputTokens = n, true
 	}
 	p.metrics.SessionEnded(r.State.live, res)
@@ -375,7 +391,7 @@ func (p *sessions) ended(r *session.Report[*sessionState], folded *plog.LogRecor
 		}
 	}
 	p.attr.ended(s, e, &r.State.acct, r.State.live, p.nowNanos)
-	aw := p.joinTiming(r)
+	aw := p.timing.join(s, e, r.State.live, p.toTraces, p.nowNanos)
 	if s.Keep && !p.hold(s, e, aw) {
 		p.appendOutputs(s, e)
 	}
@@ -392,17 +408,50 @@ func (p *sessions) ended(r *session.Report[*sessionState], folded *plog.LogRecor
 	}
 }
 
+// hold holds back the outputs of the kept session s while they wait
+// (held.go), and reports whether it did: for its engine's next scrape, or
+// for its engine span, aw (the join's place for it, nil when it does not
+// wait for one).
+func (p *sessions) hold(s *session.Session, e *session.End, aw *awaited) bool {
+	if !p.toLogs && !p.toTraces {
+		return false
+	}
+	var timingUntil int64
+	if aw != nil {
+		timingUntil = aw.until
+	}
+	h, full := p.held.hold(s, e, timingUntil, p.nowNanos)
+	if full {
+		p.telemetry.heldOverflow()
+	}
+	if h == nil {
+		return false
+	}
+	if aw != nil {
+		aw.held = h
+	}
+	return true
+}
+
+// releaseHeld writes the outputs of the held sessions that wait no more;
+// all of them with force (shutdown). Call with mu held.
+func (p *sessions) releaseHeld(force bool) { p.held.release(p.nowNanos, force, p.writeHeld) }
+
+// observeEngineSpan is for the span gate: an engine span passing through,
+// whose timing the join takes. Call with mu held.
+func (p *sessions) observeEngineSpan(span ptrace.Span) { p.timing.observe(span, p.nowNanos) }
+
 // appendOutputs writes the summary and the span of a kept session, and its
 // phase spans (traces::phase_spans).
 func (p *sessions) appendOutputs(s *session.Session, e *session.End) {
 	if p.toLogs {
-		p.appendSummary(p.pending.records(p.cfg.ProviderName), s, e, p.nowTS)
+		appendSummary(p.pending.records(p.cfg.ProviderName), s, e, p.nowTS, p.cfg.ProviderName, p.engines)
 	}
 	if p.toTraces {
 		ss := p.pendingScopeSpans()
-		p.appendSpan(ss, s, e)
+		appendSpan(ss, s, e, p.cfg.ProviderName, p.engines)
 		if p.cfg.Traces.PhaseSpans {
-			p.appendPhaseSpans(ss, s, e)
+			appendPhaseSpans(ss, s, e)
 		}
 	}
 }

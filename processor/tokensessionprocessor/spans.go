@@ -8,7 +8,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/heldspans"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
 )
 
 // spanGate is the part of the core that tail-samples the other spans of a
@@ -41,13 +41,13 @@ type traceSessions interface {
 // route holds the spans of traces with an active session until the
 // session's verdict, drops those of traces already dropped, stamps the
 // threshold on those of kept traces, and leaves the others in td.
-func (g *spanGate) route(td ptrace.Traces, now time.Time, sessions traceSessions) (n spanCounts) {
+func (g *spanGate) route(td ptrace.Traces, now time.Time, fold traceSessions) (n spanCounts) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	td.ResourceSpans().RemoveIf(func(rs ptrace.ResourceSpans) bool {
 		rs.ScopeSpans().RemoveIf(func(ss ptrace.ScopeSpans) bool {
 			ss.Spans().RemoveIf(func(span ptrace.Span) bool {
-				sessions.observeEngineSpan(span)
+				fold.observeEngineSpan(span)
 				id := span.TraceID()
 				// A trace kept once stays kept, when it calls the model
 				// again too; every kept span carries its threshold.
@@ -56,7 +56,7 @@ func (g *spanGate) route(td ptrace.Traces, now time.Time, sessions traceSessions
 					heldspans.StampThreshold(span.TraceState(), th)
 					return false
 				}
-				if active, kept, th := sessions.traceActive(id); active {
+				if active, kept, th := fold.traceActive(id); active {
 					if kept {
 						heldspans.StampThreshold(span.TraceState(), th)
 						return false

@@ -7,8 +7,8 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
-	"github.com/otelcol-llm/otelcol-llm/internal/session"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
 // The engine's own timing of a request — how long it waited in the queue,
@@ -101,8 +101,15 @@ type earlySpan struct {
 	done   bool
 }
 
-// timingJoin is the processor's state for joining engine spans to sessions.
+// timingJoin joins engine spans to sessions: the sessions that wait for
+// theirs, and the spans that came before their session ended. The fold
+// calls it under its lock; it records the timing it joins in the session
+// metrics and counts what it joins, gives up on or drops.
 type timingJoin struct {
+	cfg       EngineTimingConfig
+	metrics   *sessionmetrics.Aggregator
+	telemetry *processorTelemetry
+
 	// seen is set once an engine span with timing has passed: only then do
 	// sessions wait for one, unless engine_timing::expect_spans says they
 	// come from the start.
@@ -154,8 +161,9 @@ func (ix traceIndex[T]) remove(trace pcommon.TraceID, v *T) {
 // only returns the trace's item when it has one.
 func (ix traceIndex[T]) only(trace pcommon.TraceID) *T { return ix[trace].one }
 
-func newTimingJoin() timingJoin {
+func newTimingJoin(cfg EngineTimingConfig, metrics *sessionmetrics.Aggregator, telemetry *processorTelemetry) timingJoin {
 	return timingJoin{
+		cfg: cfg, metrics: metrics, telemetry: telemetry,
 		bySpan: make(map[pcommon.SpanID]*awaited), byTrace: make(traceIndex[awaited]),
 		earlyByParent: make(map[pcommon.SpanID]*earlySpan), earlyByTrace: make(traceIndex[earlySpan]),
 	}
@@ -164,16 +172,15 @@ func newTimingJoin() timingJoin {
 // pending counts the sessions and spans waiting in the join.
 func (j *timingJoin) pending() int { return len(j.bySpan) + len(j.earlyByParent) }
 
-// joinTiming gives the session that r ended its engine timing: the one its
+// join gives the session s, ended by e, its engine timing: the one its
 // end brought, or an engine span that came before the end. Without either,
 // once engine spans are seen to flow (or from the start, with
 // engine_timing::expect_spans), the session waits in the join for its
-// span; the returned awaited is its place, nil when it does not wait. (A
-// deployment without engine spans keeps nothing here, and delays nothing.)
-// Call with mu held.
-func (p *sessions) joinTiming(r *session.Report[*sessionState]) *awaited {
-	s, e := r.Session, &r.End
-	j := &p.timing
+// span, when a traces pipeline takes the outputs (toTraces); the returned
+// awaited is its place, nil when it does not wait. (A deployment without
+// engine spans keeps nothing here, and delays nothing.) live is the
+// session's metric series; now the collector's time.
+func (j *timingJoin) join(s *session.Session, e *session.End, live *sessionmetrics.Live, toTraces bool, now int64) *awaited {
 	if !e.Timing.Known() {
 		if sp := j.takeEarly(s.SpanID, s.TraceID); sp != nil {
 			if sp.timing.Plausible(s.Duration(e)) {
@@ -182,25 +189,25 @@ func (p *sessions) joinTiming(r *session.Report[*sessionState]) *awaited {
 					e.ResponseModel = sp.model
 				}
 			} else {
-				p.telemetry.timing(sp.timing.Source, timingInvalid)
+				j.telemetry.timing(sp.timing.Source, timingInvalid)
 			}
 		}
 	}
 	if e.Timing.Known() {
-		p.metrics.EngineTiming(r.State.live, errorType(s, e), metricsTiming(e.Timing))
-		p.telemetry.timing(e.Timing.Source, timingJoined)
+		j.metrics.EngineTiming(live, s.ErrorType(e), metricsTiming(e.Timing))
+		j.telemetry.timing(e.Timing.Source, timingJoined)
 		return nil
 	}
-	if (!j.seen && !p.cfg.EngineTiming.ExpectSpans) || !p.toTraces {
+	if (!j.seen && !j.cfg.ExpectSpans) || !toTraces {
 		return nil
 	}
-	if j.pending() >= p.cfg.EngineTiming.MaxSessions {
-		p.telemetry.timing(session.TimingEngineSpan, timingOverflow)
+	if j.pending() >= j.cfg.MaxSessions {
+		j.telemetry.timing(session.TimingEngineSpan, timingOverflow)
 		return nil
 	}
 	a := &awaited{
-		trace: s.TraceID, span: s.SpanID, live: r.State.live, errorType: errorType(s, e), duration: s.Duration(e),
-		until: p.nowNanos + int64(p.cfg.EngineTiming.Wait),
+		trace: s.TraceID, span: s.SpanID, live: live, errorType: s.ErrorType(e), duration: s.Duration(e),
+		until: now + int64(j.cfg.Wait),
 	}
 	j.bySpan[a.span] = a
 	j.byTrace.add(a.trace, a)
@@ -245,19 +252,18 @@ func (j *timingJoin) forget(a *awaited) {
 	j.byTrace.remove(a.trace, a)
 }
 
-// observeEngineSpan reads the timing of an engine span passing through and
-// joins it to the session it belongs to (its parent, or the only session of
-// its trace that waits); one that comes before its session ended waits for
-// it. Call with mu held.
-func (p *sessions) observeEngineSpan(span ptrace.Span) {
+// observe reads the timing of an engine span passing through, at collector
+// time now, and joins it to the session it belongs to (its parent, or the
+// only session of its trace that waits); one that comes before its session
+// ended waits for it.
+func (j *timingJoin) observe(span ptrace.Span, now int64) {
 	t, model, ok, valid := spanTiming(span)
 	if !ok {
 		return
 	}
-	j := &p.timing
 	j.seen = true
 	if !valid {
-		p.telemetry.timing(session.TimingEngineSpan, timingInvalid)
+		j.telemetry.timing(session.TimingEngineSpan, timingInvalid)
 		return
 	}
 	a := j.bySpan[span.ParentSpanID()]
@@ -265,13 +271,13 @@ func (p *sessions) observeEngineSpan(span ptrace.Span) {
 		a = j.byTrace.only(span.TraceID())
 	}
 	if a == nil || a.done {
-		if j.pending() >= p.cfg.EngineTiming.MaxSessions {
-			p.telemetry.timing(session.TimingEngineSpan, timingOverflow)
+		if j.pending() >= j.cfg.MaxSessions {
+			j.telemetry.timing(session.TimingEngineSpan, timingOverflow)
 			return
 		}
 		sp := &earlySpan{
 			trace: span.TraceID(), parent: span.ParentSpanID(), timing: t, model: model,
-			until: p.nowNanos + int64(p.cfg.EngineTiming.Wait),
+			until: now + int64(j.cfg.Wait),
 		}
 		if old := j.earlyByParent[sp.parent]; old != nil {
 			old.done = true // a second span of one parent: the later wins
@@ -284,11 +290,11 @@ func (p *sessions) observeEngineSpan(span ptrace.Span) {
 	}
 	j.forget(a)
 	if !t.Plausible(a.duration) {
-		p.telemetry.timing(session.TimingEngineSpan, timingInvalid)
+		j.telemetry.timing(session.TimingEngineSpan, timingInvalid)
 		return
 	}
-	p.metrics.EngineTiming(a.live, a.errorType, metricsTiming(t))
-	p.telemetry.timing(session.TimingEngineSpan, timingJoined)
+	j.metrics.EngineTiming(a.live, a.errorType, metricsTiming(t))
+	j.telemetry.timing(session.TimingEngineSpan, timingJoined)
 	if h := a.held; h != nil {
 		h.end.Timing = t
 		if h.end.ResponseModel == "" {
@@ -298,21 +304,20 @@ func (p *sessions) observeEngineSpan(span ptrace.Span) {
 	}
 }
 
-// expireTimings gives up on the sessions whose span did not come within
-// the wait, and on early spans whose session did not end. Call with mu held.
-func (p *sessions) expireTimings() {
-	j := &p.timing
+// expire gives up, at collector time now, on the sessions whose span did
+// not come within the wait, and on early spans whose session did not end.
+func (j *timingJoin) expire(now int64) {
 	n := 0
 	for _, a := range j.queue {
 		if a.done {
 			n++
 			continue
 		}
-		if a.until > p.nowNanos {
+		if a.until > now {
 			break
 		}
 		j.forget(a)
-		p.telemetry.timing(session.TimingEngineSpan, timingMissing)
+		j.telemetry.timing(session.TimingEngineSpan, timingMissing)
 		n++
 	}
 	clear(j.queue[:n])
@@ -323,93 +328,14 @@ func (p *sessions) expireTimings() {
 			n++
 			continue
 		}
-		if sp.until > p.nowNanos {
+		if sp.until > now {
 			break
 		}
 		sp.done = true
 		j.forgetEarly(sp)
-		p.telemetry.timing(session.TimingEngineSpan, timingUnmatched)
+		j.telemetry.timing(session.TimingEngineSpan, timingUnmatched)
 		n++
 	}
 	clear(j.earlyQueue[:n])
 	j.earlyQueue = j.earlyQueue[n:]
-}
-
-// heldOutput is a kept session whose span and summary wait: for its
-// engine's next scrape (the pre-emption count's bracket), for its engine
-// span (the timing), or both.
-type heldOutput struct {
-	s   *session.Session
-	end session.End
-	// scrapeUntil and timingUntil are when (collector time) each wait ends
-	// at the latest; 0 when the session does not wait for it (or no longer).
-	scrapeUntil, timingUntil int64
-}
-
-// maxHeld bounds the kept sessions whose outputs wait; beyond it a session's
-// outputs go at once, without what they would have waited for.
-const maxHeld = 10_000
-
-// maxEngineWait bounds the wait for a scrape after a session's end.
-const maxEngineWait = 30 * time.Second
-
-// hold holds back the outputs of the kept session s, and reports whether it
-// did, when it waits for something:
-//   - its engine is scraped but not yet since s ended: the pre-emptions
-//     during a session are counted between the scrapes that bracket it, and
-//     without the one after, the count would be a guess. Two scrape
-//     intervals at most (maxEngineWait);
-//   - its engine span, for the timing (aw, from joinTiming), up to
-//     engine_timing::wait.
-func (p *sessions) hold(s *session.Session, e *session.End, aw *awaited) bool {
-	if !p.toLogs && !p.toTraces {
-		return false
-	}
-	h := &heldOutput{}
-	if interval, pending := p.engines.scrapePending(s.Engine, sessionEnd(s, e)); pending {
-		h.scrapeUntil = p.nowNanos + min(2*interval, int64(maxEngineWait))
-	}
-	if aw != nil {
-		h.timingUntil = aw.until
-	}
-	if h.scrapeUntil == 0 && h.timingUntil == 0 {
-		return false
-	}
-	if len(p.heldOutputs) >= maxHeld {
-		p.telemetry.heldOverflow()
-		return false
-	}
-	h.s, h.end = s.Clone(), *e
-	if aw != nil {
-		aw.held = h
-	}
-	p.heldOutputs = append(p.heldOutputs, h)
-	return true
-}
-
-// releaseHeld writes the outputs of the held sessions that wait no more:
-// their engine was scraped since they ended (or is forgotten) and their
-// timing came, or the waits are over; all of them with force (shutdown).
-// Call with mu held.
-func (p *sessions) releaseHeld(force bool) {
-	waiting := p.heldOutputs[:0]
-	for _, h := range p.heldOutputs {
-		if h.scrapeUntil != 0 {
-			// Scraped since the session ended, or forgotten.
-			_, pending := p.engines.scrapePending(h.s.Engine, sessionEnd(h.s, &h.end))
-			if !pending || p.nowNanos >= h.scrapeUntil {
-				h.scrapeUntil = 0
-			}
-		}
-		if h.timingUntil != 0 && p.nowNanos >= h.timingUntil {
-			h.timingUntil = 0
-		}
-		if force || (h.scrapeUntil == 0 && h.timingUntil == 0) {
-			p.appendOutputs(h.s, &h.end)
-			continue
-		}
-		waiting = append(waiting, h)
-	}
-	clear(p.heldOutputs[len(waiting):])
-	p.heldOutputs = waiting
 }

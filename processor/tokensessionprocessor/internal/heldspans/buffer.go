@@ -11,7 +11,7 @@
 //
 // A Buffer is not safe for concurrent use: the processor serializes all calls
 // under its own lock.
-package heldspans // import "github.com/otelcol-llm/otelcol-llm/internal/heldspans"
+package heldspans // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
 
 import (
 	"errors"

@@ -402,6 +402,53 @@ func (s *Session) duration(end int64) time.Duration {
 // session ended without one.
 func (s *Session) Duration(e *End) time.Duration { return s.duration(e.Time) }
 
+// ErrorType is error.type of the session: the end event's, else the
+// outcome's for a session that did not complete (timeout, aborted,
+// evicted, shutdown); "" for a completed one.
+func (s *Session) ErrorType(e *End) string {
+	if e.ErrorType != "" {
+		return e.ErrorType
+	}
+	switch s.Outcome {
+	case OutcomeTimeout, OutcomeAborted, OutcomeEvicted, OutcomeShutdown:
+		return s.Outcome.String()
+	}
+	return ""
+}
+
+// OutputTokens is completion_tokens when the end event gave it, else the
+// sum of the token events' counts; -1 when neither is known.
+func (s *Session) OutputTokens(e *End) int64 {
+	if e.CompletionTokens >= 0 {
+		return e.CompletionTokens
+	}
+	if s.Chunks > 0 {
+		return s.Tokens
+	}
+	return -1
+}
+
+// StartedAt is when the session started, on the engine's clock: its start
+// event, or its first token when the start has not come.
+func (s *Session) StartedAt() int64 {
+	if s.StartTime != 0 {
+		return s.StartTime
+	}
+	return s.FirstTokenTime
+}
+
+// EndedAt is when the session's span ends: the last token, or the end
+// event for a session without tokens.
+func (s *Session) EndedAt(e *End) int64 {
+	switch {
+	case s.LastTokenTime != 0:
+		return s.LastTokenTime
+	case e.Time != 0:
+		return e.Time
+	}
+	return s.StartedAt()
+}
+
 // reset clears s for reuse, keeping its extra (emptied when s ended).
 func (s *Session) reset() {
 	*s = Session{extra: s.extra, PromptTokens: -1}

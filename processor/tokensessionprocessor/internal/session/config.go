@@ -5,7 +5,7 @@
 // comes in as arguments (the injectable clock), results go out as Reports
 // appended to the caller's slice and handled after the call (an Observer
 // only keeps the caller's per-session state), and no goroutine runs here.
-package session // import "github.com/otelcol-llm/otelcol-llm/internal/session"
+package session // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 
 import (
 	"errors"

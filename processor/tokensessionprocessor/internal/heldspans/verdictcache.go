@@ -1,4 +1,4 @@
-package heldspans // import "github.com/otelcol-llm/otelcol-llm/internal/heldspans"
+package heldspans // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
 
 import (
 	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
