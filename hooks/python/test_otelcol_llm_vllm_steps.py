@@ -200,6 +200,24 @@ class ShareTest(unittest.TestCase):
         self.assertEqual(ledger.steps_unmatched, 1)
 
 
+class StartNamesTheEngineRequestTest(unittest.TestCase):
+    def test_start_carries_the_internal_id_the_share_carries(self):
+        # The API server's half names vLLM's internal request id on the start: the id the engine core sees (its
+        # Request has no external id), which the collector joins the share by.
+        client = Recorder()
+        self.addCleanup(client.close)
+        observer = plugin.Observer(client, engine="vllm-0", engine_request_ids=True)
+        mod = vllm.output_processor_module()
+        self.assertTrue(plugin.install(mod, observer))
+        proc = mod.OutputProcessor(None, log_stats=False)
+        (rid,) = vllm.add(proc, vllm.request("x", session_id="conv-1"))
+        start = client.events[0]
+        self.assertEqual(start["session_id"], "chatcmpl-x")
+        self.assertNotEqual(rid, "chatcmpl-x")
+        self.assertEqual(start["attributes"], {plugin.ENGINE_REQUEST_ID_ATTRIBUTE: rid,
+                                               plugin.CONVERSATION_ATTRIBUTE: "conv-1"})
+
+
 class EngineCoreTotalityTest(unittest.TestCase):
     """Loaded through vLLM's plugin loader from EngineCore.__init__, the engine core's half never harms vLLM."""
 

@@ -685,6 +685,7 @@ def scheduler_module():
             self.finished_req_ids = set()
             self.reset_preempted_req_ids = set()
             self._kv = {}  # request id -> KV tokens allocated (the KV cache manager's blocks, as tokens)
+            self._kv_used = 0
 
         def add_request(self, request):
             self.waiting.append(request)
@@ -692,10 +693,14 @@ def scheduler_module():
 
         def _allocate(self, request, num_new_tokens):
             need = request.num_computed_tokens + num_new_tokens - self._kv.get(request.request_id, 0)
-            if sum(self._kv.values()) + max(need, 0) > self.num_kv_tokens:
+            if self._kv_used + max(need, 0) > self.num_kv_tokens:
                 return False
             self._kv[request.request_id] = request.num_computed_tokens + num_new_tokens
+            self._kv_used += need
             return True
+
+        def _release(self, request):
+            self._kv_used -= self._kv.pop(request.request_id, 0)
 
         def schedule(self, throttle_prefills=False):
             token_budget = self.max_num_scheduled_tokens
@@ -741,7 +746,7 @@ def scheduler_module():
             return scheduler_output
 
         def _preempt_request(self, request, timestamp=0.0, drop_stale_output=False):
-            self._kv.pop(request.request_id, None)
+            self._release(request)
             request.status = RequestStatus.PREEMPTED
             request.num_computed_tokens = 0
             request.num_preemptions += 1
@@ -806,7 +811,7 @@ def scheduler_module():
         def _free_request(self, request, delay_free_blocks=False):
             assert request.is_finished()
             self.finished_req_ids.add(request.request_id)
-            self._kv.pop(request.request_id, None)
+            self._release(request)
             del self.requests[request.request_id]
             return None, None
 
