@@ -200,6 +200,21 @@ class ShareTest(unittest.TestCase):
         self.assertEqual(ledger.steps_unmatched, 1)
 
 
+class ShareEventTest(unittest.TestCase):
+    def test_share_line(self):
+        client = Recorder()
+        self.addCleanup(client.close)
+        client.share("chatcmpl-x-0badcafe", 5, engine="vllm-0", engine_time_prefill_ns=7, engine_time_decode_ns=9)
+        self.assertEqual(client.events, [{"event": "share", "engine_request_id": "chatcmpl-x-0badcafe",
+                                          "time_unix_nano": 5, "engine": "vllm-0", "engine_time_prefill_ns": 7,
+                                          "engine_time_decode_ns": 9}])
+        for bad in (dict(engine_request_id=""), dict(engine_request_id="x" * 257),
+                    dict(engine_request_id="x", engine_time_decode_ns=-1)):
+            with self.assertRaises(ValueError):
+                client.share(**bad)
+        self.assertEqual(len(client.events), 1, "nothing sent for a bad call")
+
+
 class StartNamesTheEngineRequestTest(unittest.TestCase):
     def test_start_carries_the_internal_id_the_share_carries(self):
         # The API server's half names vLLM's internal request id on the start: the id the engine core sees (its
