@@ -92,7 +92,7 @@ _LOG_EVERY_SECONDS = 60.0
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 # Queue items are tuples; the first element says which event it is.
-_START, _TOKEN, _END = 0, 1, 2
+_START, _TOKEN, _END, _SHARE = 0, 1, 2, 3
 
 
 def _dumps(obj):
@@ -109,14 +109,14 @@ def _encode_line(obj):
         return (json.dumps(obj, separators=(",", ":")) + "\n").encode("ascii")
 
 
-def _check_session_id(session_id):
+def _check_session_id(session_id, name="session_id"):
     if type(session_id) is not str or not session_id:
-        raise ValueError("session_id: want a non-empty str, got %r" % (type(session_id).__name__,))
+        raise ValueError("%s: want a non-empty str, got %r" % (name, type(session_id).__name__))
     # 64 characters are at most 256 bytes of UTF-8; only longer ids need counting.
     if len(session_id) > MAX_SESSION_ID_BYTES // 4:
         n = len(session_id.encode("utf-8", "surrogatepass"))
         if n > MAX_SESSION_ID_BYTES:
-            raise ValueError("session_id: %d bytes, limit is %d" % (n, MAX_SESSION_ID_BYTES))
+            raise ValueError("%s: %d bytes, limit is %d" % (name, n, MAX_SESSION_ID_BYTES))
 
 
 def _check_time(t):
@@ -475,6 +475,23 @@ class Client:
         elif energy is not None:
             raise ValueError("energy_mj: sent only with engine_time_prefill_ns or engine_time_decode_ns")
         self._put((_END, ev))
+
+    def share(self, engine_request_id, time_unix_nano=None, *, engine=None, engine_time_prefill_ns=0,
+              engine_time_decode_ns=0, energy_mj=None):
+        """Record a request's share of the engine's busy time, sent by the engine's scheduler, another process
+        than the one that sends the request's session: ``engine_request_id`` is the engine's own id of the
+        request, which the session's start names in its ``llm.engine.request_id`` attribute, and the collector
+        joins the share to that session. The parts are as on ``end``: each step's time split among its requests by
+        the tokens each computed in it, prefill and decode, in ns; ``energy_mj`` its share of the GPU's energy.
+        """
+        _check_session_id(engine_request_id, "engine_request_id")
+        t = _check_time(time_unix_nano)
+        ev = {"event": "share", "engine_request_id": engine_request_id, "time_unix_nano": t}
+        _set(ev, "engine", _check_str("engine", engine))
+        ev["engine_time_prefill_ns"] = _check_uint("engine_time_prefill_ns", engine_time_prefill_ns) or 0
+        ev["engine_time_decode_ns"] = _check_uint("engine_time_decode_ns", engine_time_decode_ns) or 0
+        _set(ev, "energy_mj", _check_uint("energy_mj", energy_mj))
+        self._put((_SHARE, ev))
 
     def _put(self, item):
         with self._lock:

@@ -63,6 +63,12 @@ ENV_ENDPOINT = "OTELCOL_LLM_HOOK_ENDPOINT"
 # The value of ENV_ENDPOINT that stands for the node's collector, wherever it listens.
 NODE_ENDPOINT = "node"
 ENV_RUST_FRONTEND = "VLLM_USE_RUST_FRONTEND"
+# Whether the engine core sends each request's exact share of the engine's time (otelcol_llm_vllm_steps), and the
+# sessions' starts name vLLM's internal request id for the collector to join it: "1" or "0".
+ENV_ENGINE_SHARE = "OTELCOL_LLM_HOOK_ENGINE_SHARE"
+ENGINE_SHARE_DEFAULT = False
+# The start attribute that names vLLM's internal request id: the id the engine core's share carries.
+ENGINE_REQUEST_ID_ATTRIBUTE = "llm.engine.request_id"
 
 # The attribute that marks a function as one of the plugin's wrappers (install is idempotent).
 _MARK = "_otelcol_llm_wrapped"
@@ -125,7 +131,7 @@ class Observer:
     the wrappers catch that and count it.
     """
 
-    def __init__(self, client, *, model=None, engine=None, operation="chat"):
+    def __init__(self, client, *, model=None, engine=None, operation="chat", engine_request_ids=False):
         # client is a Client, or a function that makes one: then the client (and its sender thread) comes into
         # being with the first request, in the one vLLM process that has requests, not in every process that
         # loads the plugin.
@@ -133,6 +139,8 @@ class Observer:
         self.model = model
         self.engine = engine
         self.operation = operation
+        # Whether a start names vLLM's internal request id (for the engine core's share to join).
+        self.engine_request_ids = engine_request_ids
         self.errors = 0
         self._lock = threading.Lock()
         self._warned = False
@@ -201,9 +209,14 @@ class Observer:
             kwargs["trace_id"], kwargs["parent_span_id"] = traceparent
         if tracestate:
             kwargs["tracestate"] = tracestate
+        attributes = {}
         conversation = getattr(request, "session_id", None)
         if isinstance(conversation, str) and conversation and len(conversation.encode()) <= _MAX_ATTRIBUTE_BYTES:
-            kwargs["attributes"] = {CONVERSATION_ATTRIBUTE: conversation}
+            attributes[CONVERSATION_ATTRIBUTE] = conversation
+        if self.engine_request_ids and isinstance(rid, str) and len(rid.encode()) <= _MAX_ATTRIBUTE_BYTES:
+            attributes[ENGINE_REQUEST_ID_ATTRIBUTE] = rid
+        if attributes:
+            kwargs["attributes"] = attributes
         prompt_len = getattr(state, "prompt_len", None)
         self.client.start(
             sid, t, model=self.model, operation=self.operation,
@@ -372,6 +385,7 @@ class _Counters:
     def __init__(self):
         self.refused = 0
         self.installed = False
+        self.steps_installed = False
         self.rust_frontend = False
         self.register_errors = 0
 
@@ -501,6 +515,13 @@ def _install(module, observer):
     return True
 
 
+def _engine_share():
+    v = os.environ.get(ENV_ENGINE_SHARE)
+    if v is None or v == "":
+        return ENGINE_SHARE_DEFAULT
+    return v.strip() not in ("0", "false", "no", "off")
+
+
 def _rust_frontend():
     # As vLLM's envs.py reads it: bool(int(value)); a value that is not an integer stops vLLM itself.
     try:
@@ -510,6 +531,7 @@ def _rust_frontend():
 
 
 _observer = None
+_ledger = None
 
 
 def register():
@@ -520,6 +542,9 @@ def register():
         endpoint = os.environ.get(ENV_ENDPOINT)
         if not endpoint:
             return
+        share = _engine_share()
+        if share:
+            _register_engine_core(endpoint)
         if _rust_frontend():
             _counters.rust_frontend = True
             _say_once("rust", logging.WARNING,
@@ -538,16 +563,45 @@ def register():
 
             if endpoint == NODE_ENDPOINT:
                 endpoint = node_endpoint()
-            engine = os.environ.get("OTELCOL_LLM_HOOK_ENGINE") or "vllm-" + socket.gethostname()
+            engine = _engine_name()
             _observer = Observer(functools.partial(Client, endpoint),
                                  model=os.environ.get("OTELCOL_LLM_HOOK_MODEL") or None,
-                                 engine=engine, operation=os.environ.get("OTELCOL_LLM_HOOK_OPERATION") or "chat")
+                                 engine=engine, operation=os.environ.get("OTELCOL_LLM_HOOK_OPERATION") or "chat",
+                                 engine_request_ids=share)
         if install(output_processor, _observer):
             _say_once("on", logging.INFO, "otelcol-llm vLLM plugin: sending token events to %s", endpoint)
     except Exception as e:
         _counters.register_errors += 1
         _say_once("register", logging.WARNING,
                   "otelcol-llm vLLM plugin: register failed (%s); vLLM runs unchanged", type(e).__name__)
+
+
+def _engine_name():
+    return os.environ.get("OTELCOL_LLM_HOOK_ENGINE") or "vllm-" + socket.gethostname()
+
+
+def _register_engine_core(endpoint):
+    """In vLLM's engine core (its EngineCore.__init__ is loading the plugins), count each request's share of the
+    engine's steps (otelcol_llm_vllm_steps). Elsewhere, nothing."""
+    global _ledger
+    import otelcol_llm_vllm_steps as steps
+
+    if not steps.in_engine_core():
+        return
+    try:
+        from vllm.v1.core.sched import scheduler
+    except Exception as e:
+        _say_once("import-steps", logging.WARNING,
+                  "otelcol-llm vLLM plugin: vLLM V1's scheduler not found (%s); no engine shares", type(e).__name__)
+        return
+    if _ledger is None:
+        from otelcol_llm_hook import Client, node_endpoint
+
+        if endpoint == NODE_ENDPOINT:
+            endpoint = node_endpoint()
+        _ledger = steps.StepLedger(functools.partial(Client, endpoint), engine=_engine_name())
+    if steps.install(scheduler, _ledger):
+        _say_once("on-steps", logging.INFO, "otelcol-llm vLLM plugin: sending the engine's shares to %s", endpoint)
 
 
 def stats():
@@ -562,6 +616,13 @@ def stats():
     s = {"sent": 0, "dropped": 0, "failed": 0, "rejected": 0}
     if _observer is not None and _observer.has_client():
         s.update(_observer.client.stats())
+    errors = (_observer.errors if _observer is not None else 0) + _counters.register_errors
+    if _ledger is not None:
+        if _ledger.has_client():
+            for k, v in _ledger.client.stats().items():
+                s[k] = s.get(k, 0) + v
+        s["engine_core"] = _ledger.stats()
+        errors += _ledger.errors
     s.update(installed=_counters.installed, refused=_counters.refused, rust_frontend=_counters.rust_frontend,
-             errors=(_observer.errors if _observer is not None else 0) + _counters.register_errors)
+             steps_installed=_counters.steps_installed, errors=errors)
     return s

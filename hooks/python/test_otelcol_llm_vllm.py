@@ -785,7 +785,7 @@ class PluginCollectorTest(test_otelcol_llm_hook.CollectorTestCase):
 class CheckToolTest(unittest.TestCase):
     """check_vllm.py, the maintainer's check of a vLLM source tree, on trees written here."""
 
-    def tree(self, make_request_output_params):
+    def tree(self, make_request_output_params, scheduler_output="scheduler_output"):
         root = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, root)
         os.makedirs(os.path.join(root, "vllm", "v1", "engine"))
@@ -804,6 +804,24 @@ class CheckToolTest(unittest.TestCase):
             f.write("class EngineCoreRequest:\n" + "".join(
                 "    %s: int\n" % n for n in ("request_id", "sampling_params", "arrival_time", "trace_headers",
                                               "resumable")))
+        os.makedirs(os.path.join(root, "vllm", "v1", "core", "sched"))
+        for path, text in ((check_vllm.SCHEDULER,
+                            "class Scheduler:\n"
+                            "    def __init__(self, vllm_config):\n"
+                            "        self.requests = {}\n"
+                            "        self.finished_req_ids = set()\n"
+                            "    def schedule(self, throttle_prefills: bool = False): pass\n"
+                            "    def update_from_output(self, %s, model_runner_output): pass\n" % scheduler_output),
+                           (check_vllm.SCHEDULER_OUTPUT,
+                            "class SchedulerOutput:\n    num_scheduled_tokens: dict\n    finished_req_ids: set\n"),
+                           (check_vllm.REQUEST,
+                            "class Request:\n    def __init__(self, request_id):\n        self.request_id = request_id\n"
+                            "        self.num_prompt_tokens = self.num_computed_tokens = 0\n"),
+                           (check_vllm.ENGINE_CORE,
+                            "class EngineCore:\n    def __init__(self, vllm_config):\n"
+                            "        from vllm.plugins import load_general_plugins\n        load_general_plugins()\n")):
+            with open(os.path.join(root, path), "w") as f:
+                f.write(text)
         return root
 
     def run_tool(self, root):
@@ -820,6 +838,14 @@ class CheckToolTest(unittest.TestCase):
         res = self.run_tool(self.tree("new_token_ids, pooling_output, reason, stop_reason"))
         self.assertEqual(res.returncode, 1, res.stdout + res.stderr)
         self.assertIn("RequestState.make_request_output: REFUSED (it has no parameter 'finish_reason'", res.stdout)
+
+    def test_engine_core_half(self):
+        res = self.run_tool(self.tree("new_token_ids, pooling_output, finish_reason, stop_reason"))
+        self.assertIn("Scheduler.update_from_output: patched", res.stdout)
+        self.assertIn("EngineCore.__init__ loads the general plugins: yes", res.stdout)
+        res = self.run_tool(self.tree("new_token_ids, pooling_output, finish_reason, stop_reason", "output"))
+        self.assertEqual(res.returncode, 1, res.stdout + res.stderr)
+        self.assertIn("Scheduler.update_from_output: REFUSED (it has no parameter 'scheduler_output'", res.stdout)
 
 
 class InstallTest(unittest.TestCase):

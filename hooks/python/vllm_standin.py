@@ -520,12 +520,21 @@ def output_processor_module():
     return mod
 
 
-def vllm_modules(output_processor=None):
+def vllm_modules(output_processor=None, scheduler=None, engine_core=None):
     """The stand-in package tree under the names the plugin imports (for ``sys.modules``)."""
     op = output_processor or output_processor_module()
-    mods = {n: types.ModuleType(n) for n in ("vllm", "vllm.v1", "vllm.v1.engine", "vllm.plugins")}
+    sched = scheduler or scheduler_module()
+    core = engine_core or engine_core_module()
+    mods = {n: types.ModuleType(n) for n in ("vllm", "vllm.v1", "vllm.v1.engine", "vllm.plugins", "vllm.v1.core",
+                                             "vllm.v1.core.sched")}
     mods["vllm"].v1 = mods["vllm.v1"]
     mods["vllm.v1"].engine = mods["vllm.v1.engine"]
+    mods["vllm.v1"].core = mods["vllm.v1.core"]
+    mods["vllm.v1.core"].sched = mods["vllm.v1.core.sched"]
+    mods["vllm.v1.core.sched"].scheduler = sched
+    mods["vllm.v1.core.sched.scheduler"] = sched
+    mods["vllm.v1.engine"].core = core
+    mods["vllm.v1.engine.core"] = core
     mods["vllm.v1.engine"].output_processor = op
     mods["vllm.v1.engine.output_processor"] = op
     mods["vllm.plugins"].load_general_plugins = load_general_plugins
@@ -556,6 +565,326 @@ def load_general_plugins():
     # As vLLM's: the functions are called without a try, so a plugin that raises stops vLLM's start.
     for func in load_plugins_by_group(group=DEFAULT_PLUGINS_GROUP).values():
         func()
+
+
+# ---- vllm/v1/request.py, vllm/v1/core/sched/output.py, vllm/v1/core/sched/scheduler.py ----
+#
+# Compared with vLLM main at SCHEDULER_COMMIT: what the engine-core part of the plugin reads and the control flow
+# that decides it, with the KV cache reduced to a token budget, and encoders, spec decode, structured output,
+# connectors, LoRA and stats left out. schedule() serves the running requests first (chunked prefill under the
+# step's token budget), pre-empts the last running request when the KV cache cannot hold a running one's new
+# tokens (_preempt_request: back to the front of the waiting queue with num_computed_tokens reset to 0, so its
+# prompt and the tokens it generated are computed again), and admits waiting requests only in a step without a
+# pre-emption; _update_after_schedule advances num_computed_tokens by the tokens scheduled; update_from_output
+# takes a sampled token for each request whose computed tokens reached its tokens (a partial prefill samples
+# none), stops it at max_tokens and frees it (_free_request adds its id to finished_req_ids, which the next
+# SchedulerOutput carries); finish_requests aborts.
+
+SCHEDULER_COMMIT = VLLM_COMMIT
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = enum.auto()
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
+    WAITING_FOR_REMOTE_KVS = enum.auto()
+    WAITING_FOR_STREAMING_REQ = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_IGNORED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+    FINISHED_REPETITION = enum.auto()
+
+    def __str__(self):
+        return self.name
+
+    @staticmethod
+    def is_finished(status):
+        return status > RequestStatus.PREEMPTED
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list
+    scheduled_cached_reqs: object
+    num_scheduled_tokens: dict
+    total_num_scheduled_tokens: int
+    scheduled_spec_decode_tokens: dict
+    scheduled_encoder_inputs: dict
+    num_common_prefix_blocks: list
+    finished_req_ids: set
+    free_encoder_mm_hashes: list
+    scheduled_encoder_input_stats: object = None
+    preempted_req_ids: set = None
+    has_structured_output_requests: bool = False
+    pending_structured_output_tokens: bool = False
+    num_invalid_spec_tokens: dict = None
+    kv_connector_metadata: object = None
+    ec_connector_metadata: object = None
+    ec_manager_metadata: object = None
+    new_block_ids_to_zero: list = None
+    kv_cache_block_copies: list = None
+    partial_tail_offloads: dict = None
+    num_spec_tokens_to_schedule: int = 0
+
+
+@dataclass
+class ModelRunnerOutput:
+    """vllm/v1/outputs.py: the fields update_from_output reads here."""
+    req_ids: list
+    req_id_to_index: dict
+    sampled_token_ids: list
+
+
+def scheduler_module():
+    """A fresh module of the scheduler's classes (the plugin patches the classes it is given)."""
+
+    class Request:
+        def __init__(self, request_id, prompt_token_ids, max_tokens, arrival_time=0.0, client_index=0):
+            self.request_id = request_id
+            self.client_index = client_index
+            self.arrival_time = arrival_time
+            self.status = RequestStatus.WAITING
+            self.max_tokens = max_tokens
+            self.prompt_token_ids = prompt_token_ids
+            self.num_prompt_tokens = len(prompt_token_ids)
+            self._output_token_ids = []
+            self._all_token_ids = list(prompt_token_ids)
+            self.num_output_placeholders = 0
+            self.num_computed_tokens = 0
+            self.num_in_flight_tokens = 0
+            self.is_prefill_chunk = False
+            self.num_preemptions = 0
+
+        @property
+        def num_tokens(self):
+            return len(self._all_token_ids)
+
+        @property
+        def num_output_tokens(self):
+            return len(self._output_token_ids)
+
+        def append_output_token_ids(self, token_ids):
+            self._output_token_ids.extend(token_ids)
+            self._all_token_ids.extend(token_ids)
+
+        def is_finished(self):
+            return RequestStatus.is_finished(self.status)
+
+    class Scheduler:
+        def __init__(self, *, max_num_seqs=256, max_num_batched_tokens=2048, num_kv_tokens=1 << 30,
+                     include_finished_set=False, log_stats=False):
+            self.max_num_running_reqs = max_num_seqs
+            self.max_num_scheduled_tokens = max_num_batched_tokens
+            self.num_kv_tokens = num_kv_tokens
+            self.requests = {}
+            self.waiting = deque()
+            self.running = []
+            self.finished_req_ids = set()
+            self.reset_preempted_req_ids = set()
+            self._kv = {}  # request id -> KV tokens allocated (the KV cache manager's blocks, as tokens)
+            self._kv_used = 0
+
+        def add_request(self, request):
+            self.waiting.append(request)
+            self.requests[request.request_id] = request
+
+        def _allocate(self, request, num_new_tokens):
+            need = request.num_computed_tokens + num_new_tokens - self._kv.get(request.request_id, 0)
+            if self._kv_used + max(need, 0) > self.num_kv_tokens:
+                return False
+            self._kv[request.request_id] = request.num_computed_tokens + num_new_tokens
+            self._kv_used += need
+            return True
+
+        def _release(self, request):
+            self._kv_used -= self._kv.pop(request.request_id, 0)
+
+        def schedule(self, throttle_prefills=False):
+            token_budget = self.max_num_scheduled_tokens
+            num_scheduled_tokens = {}
+            preempted_reqs = []
+            req_index = 0
+            while req_index < len(self.running) and token_budget > 0:
+                request = self.running[req_index]
+                num_new_tokens = min(request.num_tokens + request.num_output_placeholders
+                                     - request.num_computed_tokens, token_budget)
+                if num_new_tokens <= 0:
+                    req_index += 1
+                    continue
+                while not self._allocate(request, num_new_tokens):
+                    preempted_req = self.running.pop()  # the lowest priority: the last in (FCFS)
+                    self._preempt_request(preempted_req)
+                    preempted_reqs.append(preempted_req)
+                    if preempted_req is request:
+                        break
+                else:
+                    num_scheduled_tokens[request.request_id] = num_new_tokens
+                    token_budget -= num_new_tokens
+                    req_index += 1
+                    continue
+                break
+            if not preempted_reqs:
+                while self.waiting and token_budget > 0 and len(self.running) < self.max_num_running_reqs:
+                    request = self.waiting[0]
+                    num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
+                    if not self._allocate(request, num_new_tokens):
+                        break
+                    self.waiting.popleft()
+                    self.running.append(request)
+                    request.status = RequestStatus.RUNNING
+                    num_scheduled_tokens[request.request_id] = num_new_tokens
+                    token_budget -= num_new_tokens
+            scheduler_output = SchedulerOutput(
+                scheduled_new_reqs=[], scheduled_cached_reqs=None, num_scheduled_tokens=num_scheduled_tokens,
+                total_num_scheduled_tokens=sum(num_scheduled_tokens.values()), scheduled_spec_decode_tokens={},
+                scheduled_encoder_inputs={}, num_common_prefix_blocks=[], finished_req_ids=self.finished_req_ids,
+                free_encoder_mm_hashes=[], preempted_req_ids={r.request_id for r in preempted_reqs})
+            self._update_after_schedule(scheduler_output)
+            return scheduler_output
+
+        def _preempt_request(self, request, timestamp=0.0, drop_stale_output=False):
+            self._release(request)
+            request.status = RequestStatus.PREEMPTED
+            request.num_computed_tokens = 0
+            request.num_preemptions += 1
+            self.waiting.appendleft(request)
+            self.reset_preempted_req_ids.add(request.request_id)
+
+        def _update_after_schedule(self, scheduler_output):
+            for req_id, num_scheduled_token in scheduler_output.num_scheduled_tokens.items():
+                request = self.requests[req_id]
+                request.num_computed_tokens += num_scheduled_token
+                request.is_prefill_chunk = request.num_computed_tokens < (
+                    request.num_tokens + request.num_output_placeholders)
+            self.finished_req_ids = set()
+            self.reset_preempted_req_ids = set()
+
+        def update_from_output(self, scheduler_output, model_runner_output):
+            outputs = defaultdict(list)
+            stopped = set()
+            for req_id, num_tokens_scheduled in scheduler_output.num_scheduled_tokens.items():
+                request = self.requests.get(req_id)
+                if request is None or request.is_finished():
+                    continue
+                generated = model_runner_output.sampled_token_ids[model_runner_output.req_id_to_index[req_id]]
+                if not generated:
+                    continue  # a partial prefill
+                request.append_output_token_ids(generated)
+                finish_reason = None
+                if request.num_output_tokens >= request.max_tokens:
+                    request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                    finish_reason = FinishReason.LENGTH
+                    self._free_request(request)
+                    stopped.add(request)
+                outputs[request.client_index].append(
+                    EngineCoreOutput(request_id=req_id, new_token_ids=list(generated), finish_reason=finish_reason))
+            if stopped:
+                self.running = [r for r in self.running if r not in stopped]
+            return dict(outputs)
+
+        def finish_requests(self, request_ids, finished_status):
+            assert RequestStatus.is_finished(finished_status)
+            if isinstance(request_ids, str):
+                request_ids = (request_ids,)
+            elif request_ids is not None:
+                request_ids = set(request_ids)
+            else:
+                request_ids = list(self.requests.keys())
+            valid_requests = []
+            for req_id in request_ids:
+                request = self.requests.get(req_id)
+                if request is None or request.is_finished():
+                    continue
+                valid_requests.append(request)
+                if request.status == RequestStatus.RUNNING:
+                    self.running.remove(request)
+                else:
+                    self.waiting.remove(request)
+            for request in valid_requests:
+                request.status = finished_status
+                self._free_request(request)
+            return valid_requests
+
+        def _free_request(self, request, delay_free_blocks=False):
+            assert request.is_finished()
+            self.finished_req_ids.add(request.request_id)
+            self._release(request)
+            del self.requests[request.request_id]
+            return None, None
+
+        def has_requests(self):
+            return bool(self.waiting or self.running or self.finished_req_ids)
+
+    mod = types.ModuleType("vllm.v1.core.sched.scheduler")
+    for name, obj in (("Scheduler", Scheduler), ("Request", Request), ("RequestStatus", RequestStatus),
+                      ("SchedulerOutput", SchedulerOutput)):
+        setattr(mod, name, obj)
+    return mod
+
+
+# vllm/v1/engine/core.py: EngineCore.__init__ loads the general plugins ("plugins need to be loaded at the
+# engine/scheduler level too"), then step() schedules, executes and closes each step with update_from_output.
+# Its source is compiled in a module of vLLM's name, as the plugin tells the engine core's process by it.
+_ENGINE_CORE_SOURCE = '''
+class EngineCore:
+    def __init__(self, scheduler, execute_model):
+        from vllm.plugins import load_general_plugins
+
+        load_general_plugins()
+        self.scheduler = scheduler
+        self.execute_model = execute_model
+
+    def step(self):
+        if not self.scheduler.has_requests():
+            return {}, False
+        scheduler_output = self.scheduler.schedule(False)
+        model_output = self.execute_model(scheduler_output)
+        engine_core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        return engine_core_outputs, scheduler_output.total_num_scheduled_tokens > 0
+
+    def abort_requests(self, request_ids):
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+'''
+
+
+def engine_core_module():
+    mod = types.ModuleType("vllm.v1.engine.core")
+    mod.RequestStatus = RequestStatus
+    exec(compile(_ENGINE_CORE_SOURCE, "vllm/v1/engine/core.py", "exec"), mod.__dict__)
+    return mod
+
+
+class ModelRunner:
+    """Executes a step on a simulated clock: it advances ``clock.now`` by ``cost(tokens)`` ns and records the step
+    (its time and each request's tokens), the truth the plugin's shares are held to."""
+
+    def __init__(self, clock, cost):
+        self.clock, self.cost, self.steps = clock, cost, []
+
+    def __call__(self, scheduler_output, scheduler=None):
+        tokens = dict(scheduler_output.num_scheduled_tokens)
+        dt = self.cost(sum(tokens.values()))
+        self.clock.now += dt
+        self.steps.append((dt, tokens))
+        ids = list(tokens)
+        sampled = []
+        for rid in ids:
+            req = scheduler.requests.get(rid) if scheduler is not None else None
+            done = req is None or req.num_computed_tokens >= req.num_tokens
+            sampled.append([7] if done else [])
+        return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                 sampled_token_ids=sampled)
+
+
+class SimClock:
+    def __init__(self, now=1_000_000):
+        self.now = now
+
+    def __call__(self):
+        return self.now
 
 
 # ---- drivers: what AsyncLLM and LLMEngine do around the output processor ----
