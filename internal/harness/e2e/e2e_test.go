@@ -26,6 +26,7 @@ import (
 
 	"github.com/otelcol-llm/otelcol-llm/internal/harness/llamacpp"
 	"github.com/otelcol-llm/otelcol-llm/internal/harness/otlpsink"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
 	"github.com/otelcol-llm/otelcol-llm/internal/harness/testbin"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
@@ -69,19 +70,17 @@ func startSink(t *testing.T) (*sink, string) {
 	return &sink{s}, s.Addr()
 }
 
-// freePort returns a loopback address free at the time of the call.
+// freePort returns a loopback address free at the time of the call (see
+// process.FreeAddr: drawn below the kernel's ephemeral ports, so that no
+// other process's connection takes it before the collector listens).
 func freePort(t *testing.T, network string) string {
 	t.Helper()
+	addr, err := process.FreeAddr()
 	if network == "udp" {
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
-		require.NoError(t, err)
-		defer c.Close()
-		return c.LocalAddr().String()
+		addr, err = process.FreeUDPAddr()
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // collector is the distribution on free loopback ports.

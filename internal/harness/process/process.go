@@ -11,10 +11,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mathrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -223,14 +226,80 @@ func (p *Process) WaitHTTP(ctx context.Context, url string, timeout time.Duratio
 	}
 }
 
-// FreeAddr returns a loopback address nothing listens on now.
-func FreeAddr() (string, error) {
+// FreeAddr returns a loopback TCP address free at the time of the call,
+// for a process the harness is about to start. The port is drawn below the
+// kernel's ephemeral range: a port the kernel hands out itself (a listener
+// on :0, the local end of any outgoing connection) can be taken by another
+// process between this call and the listener's start, and on a busy
+// machine running tests in parallel it was (a collector failing with
+// "address already in use"); one drawn at random below that range can only
+// be taken by another draw of the same port.
+func FreeAddr() (string, error) { return freeAddr("tcp") }
+
+// FreeUDPAddr is FreeAddr for a UDP listener.
+func FreeUDPAddr() (string, error) { return freeAddr("udp") }
+
+func freeAddr(network string) (string, error) {
+	low := ephemeralLow()
+	for range 100 {
+		if low <= minDrawnPort+1 {
+			break
+		}
+		port := minDrawnPort + mathrand.IntN(low-minDrawnPort)
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		if tryListen(network, addr) {
+			return addr, nil
+		}
+	}
+	// No free port below the range: one of the kernel's.
+	if network == "udp" {
+		c, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		return c.LocalAddr().String(), nil
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err
 	}
 	defer ln.Close()
 	return ln.Addr().String(), nil
+}
+
+// minDrawnPort is the lowest port FreeAddr draws: above the well-known and
+// most registered services' ports.
+const minDrawnPort = 20000
+
+// tryListen reports whether addr could be listened on, and closes what it
+// opened.
+func tryListen(network, addr string) bool {
+	var c io.Closer
+	var err error
+	if network == "udp" {
+		c, err = net.ListenPacket("udp", addr)
+	} else {
+		c, err = net.Listen("tcp", addr)
+	}
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
+// default where it cannot be read).
+func ephemeralLow() int {
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				return v
+			}
+		}
+	}
+	return 32768
 }
 
 // MustFreeAddr is FreeAddr for a harness that cannot go on without one: it
