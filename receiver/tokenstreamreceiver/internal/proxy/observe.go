@@ -204,9 +204,9 @@ type exchange struct {
 	// cancel ends the exchange; upCancel, with proxy::migrate, the first
 	// upstream request alone (nil: cancel does).
 	cancel, upCancel context.CancelCauseFunc
-	stopCut func() bool
-	send    *sendDeadline
-	body    io.ReadCloser // the upstream's response body, once it came
+	stopCut          func() bool
+	send             *sendDeadline
+	body             io.ReadCloser // the upstream's response body, once it came
 }
 
 // end releases them: the upstream request is over.
