@@ -284,7 +284,7 @@ func TestREADMEExamples(t *testing.T) {
 	raw, err := os.ReadFile("README.md")
 	require.NoError(t, err)
 	blocks := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllSubmatch(raw, -1)
-	require.Len(t, blocks, 5)
+	require.Len(t, blocks, 6)
 	for i, b := range blocks {
 		path := filepath.Join(t.TempDir(), "config.yaml")
 		require.NoError(t, os.WriteFile(path, b[1], 0o600)) //nolint:gosec // G703: a path under t.TempDir()
