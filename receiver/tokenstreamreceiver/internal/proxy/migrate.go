@@ -97,28 +97,28 @@ func (m *migrator) url(in *url.URL) string {
 // migrations counter's reason). The request's own are found once, when its
 // stream starts (requestRefusal); the others when the trigger comes.
 const (
-	refuseBodyTooLarge  = "body_too_large"
-	refuseBodyIncomplet = "body_incomplete"
-	refuseNotJSON       = "not_json"
-	refuseN             = "n"
-	refuseBestOf        = "best_of"
-	refuseEcho          = "echo"
-	refuseTools         = "tools"
-	refuseFormat        = "response_format"
-	refuseGuided        = "guided_decoding"
-	refuseLogprobs      = "logprobs"
-	refuseTokenIDs      = "token_ids"
-	refuseContinuation  = "continuation"
-	refuseStreamOptions = "stream_options"
-	refusePrompt        = "prompt"
-	refuseMessages      = "messages"
-	refuseReasoning     = "reasoning"
-	refuseToolCall      = "tool_call"
-	refuseFinished      = "finished"
-	refuseUnreadable    = "unreadable_chunk"
-	refuseBudget        = "budget_spent"
-	refuseMaxMoves      = "max_moves"
-	refuseShutdown      = "shutdown"
+	refuseBodyTooLarge   = "body_too_large"
+	refuseBodyIncomplete = "body_incomplete"
+	refuseNotJSON        = "not_json"
+	refuseN              = "n"
+	refuseBestOf         = "best_of"
+	refuseEcho           = "echo"
+	refuseTools          = "tools"
+	refuseFormat         = "response_format"
+	refuseGuided         = "guided_decoding"
+	refuseLogprobs       = "logprobs"
+	refuseTokenIDs       = "token_ids"
+	refuseContinuation   = "continuation"
+	refuseStreamOptions  = "stream_options"
+	refusePrompt         = "prompt"
+	refuseMessages       = "messages"
+	refuseReasoning      = "reasoning"
+	refuseToolCall       = "tool_call"
+	refuseFinished       = "finished"
+	refuseUnreadable     = "unreadable_chunk"
+	refuseBudget         = "budget_spent"
+	refuseMaxMoves       = "max_moves"
+	refuseShutdown       = "shutdown"
 )
 
 // refusedFields are the request members that make a stream's state
@@ -252,7 +252,7 @@ func (c *requestCopy) body() ([]byte, string) {
 	case c.over:
 		return nil, refuseBodyTooLarge
 	case !c.eof:
-		return nil, refuseBodyIncomplet
+		return nil, refuseBodyIncomplete
 	}
 	return c.b, ""
 }
