@@ -180,6 +180,10 @@ type ProxyConfig struct {
 	// Stall is the stall breaker: a stream whose next token is too late is
 	// cut, so that the client can retry on another replica. Off by default.
 	Stall StallConfig `mapstructure:"stall"`
+	// Migrate continues a stream that fails mid-answer (a stall, a broken
+	// stream, the engine's error event) on a healthy replica, so that the
+	// client gets one whole answer. Off unless its endpoint is set.
+	Migrate MigrateConfig `mapstructure:"migrate"`
 	// AttributesFromHeaders copies request headers into the session's start
 	// attributes: header name -> attribute key (a tenant header for
 	// token_session's attribution::tenant_attribute). Empty by default:
@@ -243,6 +247,73 @@ type StallConfig struct {
 
 	// prevent unkeyed literal initialization
 	_ struct{}
+}
+
+// MigrateConfig is the proxy's migration of failing streams: a confighttp
+// client for the endpoint that reaches the healthy replicas (the cluster's
+// Service or router), and when and how often to move a stream.
+type MigrateConfig struct {
+	ClientConfig confighttp.ClientConfig `mapstructure:",squash"`
+	// MaxMoves bounds the moves of one request.
+	MaxMoves int `mapstructure:"max_moves"`
+	// Triggers are the failures a stream moves on: stall, idle_timeout,
+	// broken, engine_error.
+	Triggers []string `mapstructure:"triggers"`
+	// MaxRequestBytes bounds the copy of each request kept to send it
+	// again; a larger request is not moved.
+	MaxRequestBytes int `mapstructure:"max_request_bytes"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// maxMoves bounds max_moves: a request that fails on that many replicas
+// is not the replicas' problem.
+const maxMoves = 8
+
+// resolve is what the proxy takes, nil when off, with an error for each
+// key that is not valid.
+func (m *MigrateConfig) resolve(upstream string) (*proxy.MigrateConfig, []error) {
+	if m.ClientConfig.Endpoint == "" {
+		return nil, nil
+	}
+	var errs []error
+	u, err := url.Parse(m.ClientConfig.Endpoint)
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("proxy::migrate::endpoint: %w", err))
+	case u.Scheme != "http" && u.Scheme != "https", u.Host == "":
+		errs = append(errs, fmt.Errorf("proxy::migrate::endpoint: want an http(s) URL, got %q", m.ClientConfig.Endpoint))
+	case strings.TrimSuffix(m.ClientConfig.Endpoint, "/") == strings.TrimSuffix(upstream, "/"):
+		errs = append(errs, errors.New("proxy::migrate::endpoint: the upstream itself; want the endpoint of the other replicas (the Service or router in front of them)"))
+	}
+	if m.MaxMoves < 1 || m.MaxMoves > maxMoves {
+		errs = append(errs, fmt.Errorf("proxy::migrate::max_moves: want 1 to %d, got %d", maxMoves, m.MaxMoves))
+	}
+	if m.MaxRequestBytes <= 0 {
+		errs = append(errs, fmt.Errorf("proxy::migrate::max_request_bytes: must be positive, got %d", m.MaxRequestBytes))
+	}
+	var on proxy.Triggers
+	if len(m.Triggers) == 0 {
+		errs = append(errs, errors.New("proxy::migrate::triggers: want at least one of stall, idle_timeout, broken, engine_error"))
+	}
+	for i, name := range m.Triggers {
+		t, ok := proxy.TriggerNames[name]
+		switch {
+		case !ok:
+			errs = append(errs, fmt.Errorf("proxy::migrate::triggers[%d]: want stall, idle_timeout, broken or engine_error, got %q", i, name))
+		case on&t != 0:
+			errs = append(errs, fmt.Errorf("proxy::migrate::triggers[%d]: %q given twice", i, name))
+		}
+		on |= t
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	return &proxy.MigrateConfig{
+		Client: m.ClientConfig, Endpoint: u, Engine: engineName(u),
+		MaxMoves: m.MaxMoves, On: on, MaxRequestBytes: m.MaxRequestBytes,
+	}, nil
 }
 
 // UpstreamConfig is the proxy's client of the engine: confighttp's settings
@@ -432,6 +503,8 @@ func (p *ProxyConfig) proxyConfig(maxAttributes int) (*proxy.Config, []error) {
 	}
 	headers, herrs := p.headerAttributes(maxAttributes)
 	errs = append(errs, herrs...)
+	migrate, merrs := p.Migrate.resolve(p.Upstream.ClientConfig.Endpoint)
+	errs = append(errs, merrs...)
 	if len(errs) > 0 {
 		return nil, errs
 	}
@@ -441,6 +514,7 @@ func (p *ProxyConfig) proxyConfig(maxAttributes int) (*proxy.Config, []error) {
 		ClientBodyTimeout: p.ClientBodyTimeout, ClientSendTimeout: p.ClientSendTimeout,
 		DrainTimeout: p.DrainTimeout, MaxStreams: p.MaxStreams, EventQueueSize: p.EventQueueSize,
 		StallMaxGap: p.Stall.MaxGap, StallMinTokens: int64(p.Stall.MinTokens), HeaderAttributes: headers,
+		Migrate: migrate,
 	}, nil
 }
 

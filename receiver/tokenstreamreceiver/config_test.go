@@ -177,6 +177,10 @@ func TestConfigProxyDefaults(t *testing.T) {
 	assert.Equal(t, 65536, p.EventQueueSize)
 	assert.Equal(t, time.Duration(0), p.Upstream.ClientConfig.Timeout, "no bound on a stream's length")
 	assert.Equal(t, StallConfig{}, p.Stall, "the stall breaker is off by default")
+	assert.Empty(t, p.Migrate.ClientConfig.Endpoint, "migration is off by default")
+	sources, errs := cfg.resolve()
+	require.Empty(t, errs)
+	assert.Nil(t, sources.proxy.Migrate)
 }
 
 func TestConfigProxy(t *testing.T) {
@@ -221,6 +225,13 @@ func TestConfigProxy(t *testing.T) {
 	assert.Equal(t, int64(16), pc.StallMinTokens)
 	assert.Equal(t, []proxy.HeaderAttribute{{Header: "X-Team", Attribute: "team"}, {Header: "X-Tenant-Id", Attribute: "tenant.id"}}, pc.HeaderAttributes,
 		"canonical header names, in a fixed order")
+	// Two lines turn migration on, with its defaults.
+	require.NotNil(t, pc.Migrate)
+	assert.Equal(t, "http://vllm.serving.svc:8000", pc.Migrate.Endpoint.String())
+	assert.Equal(t, "vllm.serving.svc:8000", pc.Migrate.Engine)
+	assert.Equal(t, 1, pc.Migrate.MaxMoves)
+	assert.Equal(t, proxy.TriggerStall|proxy.TriggerIdleTimeout|proxy.TriggerBroken|proxy.TriggerEngineError, pc.Migrate.On)
+	assert.Equal(t, 1<<20, pc.Migrate.MaxRequestBytes)
 }
 
 // Every problem is reported at once, each named by its YAML key path.
@@ -238,6 +249,11 @@ func TestConfigProxyInvalid(t *testing.T) {
 		`proxy::event_queue_size: must be positive, got 0`,
 		`proxy::stall::max_gap: must not be negative, got -1s`,
 		`proxy::stall::min_tokens: must not be negative, got -2`,
+		`proxy::migrate::endpoint: want an http(s) URL, got "vllm-service"`,
+		`proxy::migrate::max_moves: want 1 to 8, got 0`,
+		`proxy::migrate::max_request_bytes: must be positive, got 0`,
+		`proxy::migrate::triggers[1]: "stall" given twice`,
+		`proxy::migrate::triggers[2]: want stall, idle_timeout, broken or engine_error, got "freeze"`,
 		`proxy::attributes_from_headers: header "Authorization": a credential header's value never enters telemetry`,
 		`proxy::attributes_from_headers: header "X-Tenant-ID": empty attribute key`,
 		`proxy::attributes_from_headers: header "X-Team": attribute key of 257 bytes, at most 256 (as a hook's)`,
@@ -268,7 +284,7 @@ func TestREADMEExamples(t *testing.T) {
 	raw, err := os.ReadFile("README.md")
 	require.NoError(t, err)
 	blocks := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllSubmatch(raw, -1)
-	require.Len(t, blocks, 5)
+	require.Len(t, blocks, 6)
 	for i, b := range blocks {
 		path := filepath.Join(t.TempDir(), "config.yaml")
 		require.NoError(t, os.WriteFile(path, b[1], 0o600)) //nolint:gosec // G703: a path under t.TempDir()
@@ -369,6 +385,7 @@ func TestConfigUnknownKeyNamedByPath(t *testing.T) {
 		{"hooks::limits::max_line_byte", "hooks: {udp: {}, limits: {max_line_byte: 1}}"},
 		{"proxy::max_stream", "proxy: {upstream: {endpoint: 'http://e:8000'}, max_stream: 1}"},
 		{"proxy::stall::max_gpa", "proxy: {upstream: {endpoint: 'http://e:8000'}, stall: {max_gpa: 2s}}"},
+		{"proxy::migrate::max_move", "proxy: {upstream: {endpoint: 'http://e:8000'}, migrate: {endpoint: 'http://s:8000', max_move: 2}}"},
 		{"proxy::upstream::stream_idle_timout", "proxy: {upstream: {endpoint: 'http://e:8000', stream_idle_timout: 1s}}"},
 		{"proxy::upstream::tls::ca_fil", "proxy: {upstream: {endpoint: 'https://e:8000', tls: {ca_fil: ca.pem}}}"},
 		{"proxy::tls::key_fil", "proxy: {upstream: {endpoint: 'http://e:8000'}, tls: {key_fil: k.pem}}"},

@@ -23,6 +23,12 @@ const (
 	// defaultUpstreamBufferBytes is the upstream connections' read and
 	// write buffer (Go's default is 4 KiB each).
 	defaultUpstreamBufferBytes = 2 << 10
+	// defaultMaxMoves: one move per request; a stream that fails on the
+	// healthy replica too is cut.
+	defaultMaxMoves = 1
+	// defaultMigrateRequestBytes bounds the copy of a request kept to be
+	// sent again, as the retries' copy (retry.go).
+	defaultMigrateRequestBytes = 1 << 20
 	// defaultUDPBatchWindow: a hook client fills a datagram (8 KiB) in a few
 	// ms at high rates, so a batch then spans several; the delay is far
 	// below a token gap, let alone a stall.
@@ -86,9 +92,15 @@ func createDefaultConfig() component.Config {
 	// for its whole length, and an event is a few hundred bytes.
 	upstream.ClientConfig.ReadBufferSize = defaultUpstreamBufferBytes
 	upstream.ClientConfig.WriteBufferSize = defaultUpstreamBufferBytes
+	migrate := MigrateConfig{
+		ClientConfig: confighttp.NewDefaultClientConfig(), MaxMoves: defaultMaxMoves,
+		Triggers: []string{"stall", "idle_timeout", "broken", "engine_error"}, MaxRequestBytes: defaultMigrateRequestBytes,
+	}
+	migrate.ClientConfig.ReadBufferSize = defaultUpstreamBufferBytes
+	migrate.ClientConfig.WriteBufferSize = defaultUpstreamBufferBytes
 	return &Config{
 		Proxy: configoptional.Default(ProxyConfig{
-			ServerConfig: proxyServer, Upstream: upstream,
+			ServerConfig: proxyServer, Upstream: upstream, Migrate: migrate,
 			ClientBodyTimeout: defaultClientBodyTimeout, ClientSendTimeout: defaultClientSendTimeout,
 			DrainTimeout: defaultDrainTimeout, MaxStreams: defaultMaxStreams, EventQueueSize: defaultEventQueueSize,
 		}),

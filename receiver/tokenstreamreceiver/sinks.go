@@ -103,6 +103,7 @@ func (s *logsSink) Counters() proxy.Counters {
 		StalledStreams:      t.ReceiverTokenStreamProxyStalledStreams,
 		CutStreams:          t.ReceiverTokenStreamProxyCutStreams,
 		UpstreamRetries:     t.ReceiverTokenStreamProxyUpstreamRetries,
+		Migrations:          t.ReceiverTokenStreamProxyMigrations,
 		TruncatedValues:     t.ReceiverTokenStreamTruncatedValues,
 	}
 }

@@ -31,6 +31,7 @@ type TelemetryBuilder struct {
 	ReceiverTokenStreamInvalidDataPoints        metric.Int64Counter
 	ReceiverTokenStreamProxyCutStreams          metric.Int64Counter
 	ReceiverTokenStreamProxyDroppedEvents       metric.Int64Counter
+	ReceiverTokenStreamProxyMigrations          metric.Int64Counter
 	ReceiverTokenStreamProxyOversizedEvents     metric.Int64Counter
 	ReceiverTokenStreamProxyPassthroughFailures metric.Int64Counter
 	ReceiverTokenStreamProxyRefusedRequests     metric.Int64Counter
@@ -102,6 +103,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_receiver_token_stream_proxy_dropped_events",
 		metric.WithDescription("Token events the proxy observed and dropped before the pipeline, by reason; the client's stream is never held back for them. [Development]"),
 		metric.WithUnit("{event}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ReceiverTokenStreamProxyMigrations, err = builder.meter.Int64Counter(
+		"otelcol_receiver_token_stream_proxy_migrations",
+		metric.WithDescription("Streams that met a proxy::migrate trigger (a stall, a broken stream, the engine's error event), by outcome, trigger and, when refused, reason. A moved stream is not counted in cut_streams or stalled_streams: its client got no cut. [Development]"),
+		metric.WithUnit("{stream}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ReceiverTokenStreamProxyOversizedEvents, err = builder.meter.Int64Counter(

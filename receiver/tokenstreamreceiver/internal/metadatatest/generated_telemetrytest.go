@@ -101,6 +101,22 @@ func AssertEqualReceiverTokenStreamProxyDroppedEvents(t *testing.T, tt *componen
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }
 
+func AssertEqualReceiverTokenStreamProxyMigrations(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_receiver_token_stream_proxy_migrations",
+		Description: "Streams that met a proxy::migrate trigger (a stall, a broken stream, the engine's error event), by outcome, trigger and, when refused, reason. A moved stream is not counted in cut_streams or stalled_streams: its client got no cut. [Development]",
+		Unit:        "{stream}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_receiver_token_stream_proxy_migrations")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
 func AssertEqualReceiverTokenStreamProxyOversizedEvents(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_receiver_token_stream_proxy_oversized_events",

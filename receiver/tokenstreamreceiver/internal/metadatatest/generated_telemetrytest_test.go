@@ -24,6 +24,7 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ReceiverTokenStreamInvalidDataPoints.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamProxyCutStreams.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamProxyDroppedEvents.Add(context.Background(), 1)
+	tb.ReceiverTokenStreamProxyMigrations.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamProxyOversizedEvents.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamProxyPassthroughFailures.Add(context.Background(), 1)
 	tb.ReceiverTokenStreamProxyRefusedRequests.Add(context.Background(), 1)
@@ -49,6 +50,9 @@ func TestSetupTelemetry(t *testing.T) {
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamProxyDroppedEvents(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualReceiverTokenStreamProxyMigrations(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualReceiverTokenStreamProxyOversizedEvents(t, testTel,

@@ -495,3 +495,22 @@ func (s *jsonWalker) optionalInt(dst *int64) bool {
 	}
 	return true
 }
+
+// TopLevelMembers calls visit for each top-level member of the JSON object
+// data, with its key as written (without its quotes) and where its value
+// lies: data[from:to]. ok is false when data is not one JSON object. The
+// proxy asks it only of the chunks of a migrated stream (to give them the
+// first stream's id) and of their first stream's first chunk.
+func TopLevelMembers(data []byte, visit func(key []byte, from, to int)) bool {
+	s := jsonWalker{b: data}
+	whole := s.object(func(key []byte) bool {
+		s.ws()
+		from := s.i
+		if !s.skip() {
+			return false
+		}
+		visit(key, from, s.i)
+		return true
+	})
+	return whole && s.end()
+}

@@ -623,3 +623,15 @@ func TestFoldExtras(t *testing.T) {
 		})
 	}
 }
+
+// TopLevelMembers gives each top-level member's value span, nested ones
+// and whitespace left alone, and refuses what is not one object.
+func TestTopLevelMembers(t *testing.T) {
+	data := []byte(` { "id" : "chatcmpl-1", "choices":[{"id":"inner"}], "created":17 ,"usage":null } `)
+	got := map[string]string{}
+	require.True(t, TopLevelMembers(data, func(key []byte, from, to int) { got[string(key)] = string(data[from:to]) }))
+	assert.Equal(t, map[string]string{"id": `"chatcmpl-1"`, "choices": `[{"id":"inner"}]`, "created": "17", "usage": "null"}, got)
+	for _, bad := range []string{``, `[]`, `{"a":1} {}`, `{"a":}`, `"x"`} {
+		assert.False(t, TopLevelMembers([]byte(bad), func([]byte, int, int) {}), bad)
+	}
+}

@@ -95,8 +95,8 @@ type relayEnd struct {
 	done bool
 	// chunkRead: an event was an OpenAI chunk (or too large to be read).
 	chunkRead bool
-	// clientGone: a write to the client failed.
-	clientGone bool
+	// clientGone: a write to the client failed; wrote: a write was made.
+	clientGone, wrote bool
 	// readErr is the read's error, io.EOF left out.
 	readErr error
 }

@@ -40,7 +40,14 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (r
 	if p.sendTimeout > 0 {
 		s.send = &sendDeadline{rc: rc, timeout: p.sendTimeout}
 	}
-	body := openaistream.NewScannedBody(limited)
+	var src io.Reader = limited
+	var reqCopy *requestCopy
+	if p.migrate != nil {
+		// The request is kept to be sent again, should its stream move.
+		reqCopy = &requestCopy{r: limited, limit: p.migrate.cfg.MaxRequestBytes}
+		src = reqCopy
+	}
+	body := openaistream.NewScannedBody(src)
 	// The upstream exchange ends with the client's request or when the
 	// drain is over. Its context is not the request's, which net/http
 	// cancels when the handler returns: a stream relayed off net/http
@@ -49,6 +56,15 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (r
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(req.Context()))
 	stopClientWatch := context.AfterFunc(req.Context(), func() { cancel(context.Cause(req.Context())) })
 	x := &exchange{cancel: cancel, stopCut: context.AfterFunc(p.cut, func() { cancel(context.Cause(p.cut)) }), send: s.send}
+	// upCtx is the upstream request's: the breaker cancels it. With
+	// proxy::migrate it is apart from ctx, which the continuations of a
+	// moved stream take (migrate.go).
+	upCtx, upCancel := ctx, cancel
+	if p.migrate != nil {
+		upCtx, upCancel = context.WithCancelCause(ctx)
+		x.upCancel = upCancel
+		s.moves = &moves{m: p.migrate, scope: ctx, copy: reqCopy, path: req.URL, chat: op == tokenevent.OperationChat}
+	}
 	defer func() {
 		if !relayed {
 			stopClientWatch()
@@ -56,11 +72,11 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (r
 		}
 	}()
 	if breakerWanted {
-		s.breaker = newStallBreaker(p.stallMaxGap, p.stallMinTokens, cancel)
+		s.breaker = newStallBreaker(p.stallMaxGap, p.stallMinTokens, upCancel)
 	}
 	// A copy of what is sent is kept while the request may be sent again
 	// (retry.go); the client's length tells whether it fits.
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, p.upstreamURL(req.URL), newReplayBody(body, req.ContentLength)) //nolint:gosec // G704: the upstream is the operator's configured engine, only the path comes from the client
+	out, err := http.NewRequestWithContext(upCtx, http.MethodPost, p.upstreamURL(req.URL), newReplayBody(body, req.ContentLength)) //nolint:gosec // G704: the upstream is the operator's configured engine, only the path comes from the client
 	if err != nil {
 		writeProxyError(w, http.StatusBadRequest, "invalid_request")
 		return false
@@ -69,6 +85,9 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (r
 	out.Header["Traceparent"] = []string{traceparent(traceID, spanID)}
 	if traceState != "" {
 		out.Header.Set("tracestate", traceState)
+	}
+	if s.moves != nil {
+		s.moves.header = out.Header.Clone()
 	}
 	var resp *http.Response
 	if p.direct != nil {
@@ -166,14 +185,14 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (r
 		_, _ = io.Copy(armedWriter{w, s.send}, resp.Body)
 		s.end(time.Now(), strconv.Itoa(resp.StatusCode), "")
 	case streaming:
-		if p.relayOffServer(ctx, w, req, limited, s, x, injected, stopClientWatch) {
+		if p.relayOffServer(upCtx, w, req, limited, s, x, injected, stopClientWatch) {
 			return true
 		}
-		if !s.relayStream(ctx, w, resp.Body, injected) {
+		if !s.relayStream(upCtx, w, resp.Body, injected) {
 			abortResponse()
 		}
 	default:
-		if !s.relayResponse(ctx, w, resp.Body) {
+		if !s.relayResponse(upCtx, w, resp.Body) {
 			abortResponse()
 		}
 	}
@@ -182,10 +201,12 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (r
 
 // exchange is what an observed request holds until its stream ends.
 type exchange struct {
-	cancel  context.CancelCauseFunc
-	stopCut func() bool
-	send    *sendDeadline
-	body    io.ReadCloser // the upstream's response body, once it came
+	// cancel ends the exchange; upCancel, with proxy::migrate, the first
+	// upstream request alone (nil: cancel does).
+	cancel, upCancel context.CancelCauseFunc
+	stopCut          func() bool
+	send             *sendDeadline
+	body             io.ReadCloser // the upstream's response body, once it came
 }
 
 // end releases them: the upstream request is over.
@@ -196,5 +217,8 @@ func (x *exchange) end(s *session) {
 	s.breaker.stop()
 	x.send.clear()
 	x.stopCut()
+	if x.upCancel != nil {
+		x.upCancel(nil)
+	}
 	x.cancel(nil)
 }

@@ -98,6 +98,8 @@ type Config struct {
 	// HeaderAttributes are the request headers copied into the start's
 	// attributes.
 	HeaderAttributes []HeaderAttribute
+	// Migrate moves a failing stream to another replica; nil: off.
+	Migrate *MigrateConfig
 }
 
 // HeaderAttribute copies a request header (canonical name) into the
@@ -134,7 +136,9 @@ type Server struct {
 	// a zero stallMaxGap turns it off.
 	stallMaxGap    time.Duration
 	stallMinTokens int64
-	streams        atomic.Int64 // observed requests open
+	// migrate continues failing streams elsewhere; nil: off.
+	migrate *migrator
+	streams atomic.Int64 // observed requests open
 	// handlers counts the requests being served, pass-through ones too:
 	// Shutdown waits for them after it cut the streams.
 	handlers sync.WaitGroup
@@ -190,6 +194,16 @@ func Start(ctx context.Context, cfg *Config, sink Sink, host component.Host, set
 		bodyTimeout: cfg.ClientBodyTimeout, sendTimeout: cfg.ClientSendTimeout,
 		drainTimeout: cfg.DrainTimeout, maxStreams: int64(cfg.MaxStreams), draining: make(chan struct{}),
 		stallMaxGap: cfg.StallMaxGap, stallMinTokens: cfg.StallMinTokens,
+	}
+	if m := cfg.Migrate; m != nil {
+		mcfg := m.Client
+		mcfg.Timeout = 0
+		mc, err := proxyconn.UpstreamClient(ctx, mcfg, host, set)
+		if err != nil {
+			return nil, fmt.Errorf("proxy::migrate: %w", err)
+		}
+		mc.Transport = &boundedTransport{base: mc.Transport, header: cfg.ResponseHeaderTimeout, idle: cfg.StreamIdleTimeout}
+		p.migrate = &migrator{cfg: *m, client: mc}
 	}
 	if directEligible(&cfg.Client, upstream) {
 		p.direct = newDirectUpstream(&cfg.Client, upstream, cfg.ResponseHeaderTimeout, cfg.StreamIdleTimeout)

@@ -227,6 +227,7 @@ func (s *testSink) Counters() Counters {
 		StalledStreams:      s.tel.ReceiverTokenStreamProxyStalledStreams,
 		CutStreams:          s.tel.ReceiverTokenStreamProxyCutStreams,
 		UpstreamRetries:     s.tel.ReceiverTokenStreamProxyUpstreamRetries,
+		Migrations:          s.tel.ReceiverTokenStreamProxyMigrations,
 		TruncatedValues:     s.tel.ReceiverTokenStreamTruncatedValues,
 	}
 }

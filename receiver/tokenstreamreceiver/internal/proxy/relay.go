@@ -20,14 +20,71 @@ import (
 // whole, and its response may end; otherwise it must not (see cut.go).
 func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream io.Reader, strip bool) (whole bool) {
 	flusher, _ := w.(http.Flusher)
+	mv := s.moves
+	if mv != nil {
+		mv.start()
+	}
+	e, midEvent := s.relayEvents(w, flusher, upstream, strip)
+	now := time.Now()
+	cut := s.cut(clientCtx, &e)
+	if mv != nil {
+		e, cut, midEvent = s.heal(w, flusher, strip, e, cut, midEvent)
+		now = time.Now()
+		if len(mv.held) > 0 && !e.clientGone {
+			// The engine's error event, held while the stream could move,
+			// goes as it came, with what followed it.
+			if _, err := w.Write(mv.held); err == nil && flusher != nil {
+				flusher.Flush()
+			}
+		}
+	}
+	if cut != nil && !e.clientGone {
+		// The upstream request is over or cancelled; the client learns
+		// why, in the stream, and can retry elsewhere.
+		s.p.countCut(cut)
+		if midEvent {
+			_, _ = w.Write(eventEnd)
+		}
+		if _, err := w.Write(cut.event()); err == nil && flusher != nil {
+			flusher.Flush()
+		}
+	}
+	errorType, finishReason := "", s.finishReason
+	switch {
+	case mv != nil && mv.done > 0:
+		// Moved: the session is charged to the engine that failed first,
+		// as the cut would have been, however the answer ended.
+		errorType = mv.failed
+		if !e.done && cut == nil {
+			finishReason = finishReasonAbort
+		}
+	case s.engineError != "":
+		// The engine's own error says more than a cut; vLLM ends a failed
+		// generation with [DONE] all the same.
+		errorType = s.engineError
+	case cut != nil:
+		errorType = cut.errorType
+	case !e.done:
+		finishReason = finishReasonAbort
+	case !e.chunkRead:
+		// [DONE] came, but nothing that was a chunk: not a completion.
+		errorType = errStreamMalformed
+	}
+	s.end(now, errorType, finishReason)
+	return e.done
+}
+
+// relayEvents relays the events of one upstream stream to the client, as
+// they come, and says how the stream ended; midEvent: the last bytes
+// relayed are a piece of an oversized event.
+func (s *session) relayEvents(w io.Writer, flusher http.Flusher, upstream io.Reader, strip bool) (_ relayEnd, midEvent bool) {
+	mv := s.moves
 	parser := sse.NewParser(0)
 	buf := make([]byte, sseReadBuffer)
 	// e.done: the upstream sent [DONE], so the generation is whole. A
 	// client that closes the stream after that (many stop reading at
 	// [DONE]) did not abort anything.
 	var e relayEnd
-	// midEvent: the last bytes relayed are a piece of an oversized event.
-	midEvent := false
 	var now time.Time // when the read holding the event returned
 	unflushed := false
 	oversized := int64(0)
@@ -45,7 +102,7 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 			e.clientGone = true
 			return err
 		}
-		unflushed = true
+		unflushed, e.wrote = true, true
 		return nil
 	}
 	// held: the finish chunk, kept back while the proxy waits for the
@@ -59,6 +116,11 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 		return write(held.raw, nil)
 	}
 	onEvent := func(ev *sse.Event) error {
+		if mv != nil && mv.holding {
+			// After the engine's error event: held with it (heal).
+			e.done = e.done || (ev.HasData && openaistream.IsDone(ev.Data))
+			return mv.hold(ev.Raw, write)
+		}
 		midEvent = ev.Partial
 		if ev.Oversized {
 			unread = true
@@ -66,12 +128,21 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 				oversized++
 				e.chunkRead = true
 			}
+			if mv != nil {
+				mv.unmovable = refuseUnreadable
+			}
 		}
 		if ev.HasData && !ev.Oversized {
 			if openaistream.IsDone(ev.Data) {
 				e.done = true
 			} else if f, ok := openaistream.InspectChunk(ev.Data); ok {
 				e.chunkRead = true
+				if mv != nil && mv.continuing {
+					var keep bool
+					if ev, f, keep = mv.rewrite(ev, f); !keep {
+						return nil
+					}
+				}
 				s.read(&f, ev.Data)
 				if f.CompletionTokens >= 0 {
 					s.completionTokens = f.CompletionTokens
@@ -87,6 +158,16 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 				}
 				if f.Content {
 					s.token(now)
+				}
+				if mv != nil {
+					if f.ErrorType != "" && mv.holdsErrors() {
+						if err := release(); err != nil {
+							return err
+						}
+						mv.holding = true
+						return mv.hold(ev.Raw, write)
+					}
+					mv.delivered(&f, ev.Data)
 				}
 				switch {
 				case strip && f.UsageOnly:
@@ -147,12 +228,15 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 			// What follows [DONE] goes as it came; an event left
 			// unfinished by a cut does not (see cut.go).
 			if rest := parser.Pending(); len(rest) > 0 && !e.clientGone && e.done {
-				_, _ = w.Write(rest)
+				if mv != nil && mv.holding {
+					_ = mv.hold(rest, write)
+				} else {
+					_, _ = w.Write(rest)
+				}
 			}
 			break
 		}
 	}
-	now = time.Now()
 	if !e.clientGone && release() == nil && flusher != nil {
 		// A finish chunk whose usage chunk never came: the stream ended
 		// or was cut right after it.
@@ -161,34 +245,7 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 	if oversized > 0 {
 		s.p.counters.OversizedEvents.Add(context.Background(), oversized)
 	}
-	cut := s.cut(clientCtx, &e)
-	if cut != nil && !e.clientGone {
-		// The upstream request is over or cancelled; the client learns
-		// why, in the stream, and can retry elsewhere.
-		s.p.countCut(cut)
-		if midEvent {
-			_, _ = w.Write(eventEnd)
-		}
-		if _, err := w.Write(cut.event()); err == nil && flusher != nil {
-			flusher.Flush()
-		}
-	}
-	errorType, finishReason := "", s.finishReason
-	switch {
-	case s.engineError != "":
-		// The engine's own error says more than a cut; vLLM ends a failed
-		// generation with [DONE] all the same.
-		errorType = s.engineError
-	case cut != nil:
-		errorType = cut.errorType
-	case !e.done:
-		finishReason = finishReasonAbort
-	case !e.chunkRead:
-		// [DONE] came, but nothing that was a chunk: not a completion.
-		errorType = errStreamMalformed
-	}
-	s.end(now, errorType, finishReason)
-	return e.done
+	return e, midEvent
 }
 
 // withoutUsage is the usage chunk ev as the client gets it when the proxy

@@ -43,6 +43,9 @@ type session struct {
 	send *sendDeadline
 	// breaker cuts the stream when its next token is too late; nil: off.
 	breaker *stallBreaker
+	// moves continues the stream on another replica when it fails; nil:
+	// proxy::migrate is off.
+	moves *moves
 }
 
 func (s *session) emit(kind tokenevent.Kind, at time.Time, fill func(*tokenevent.Event)) {
@@ -133,7 +136,8 @@ func (s *session) read(f *openaistream.ChunkFacts, data []byte) {
 		s.modelRead = true
 		s.responseModel = openaistream.ResponseModel(data)
 	}
-	if f.Timing.Known() {
+	if f.Timing.Known() && (s.moves == nil || !s.moves.continuing) {
+		// A continuation's timing is another engine's, of another request.
 		s.timing, s.hasTiming = f.Timing, true
 	}
 }

@@ -53,6 +53,9 @@ type Counters struct {
 	// UpstreamRetries: upstream requests whose kept-alive connection failed
 	// before any byte of the answer, by outcome (retry_outcome).
 	UpstreamRetries metric.Int64Counter
+	// Migrations: streams that met a proxy::migrate trigger, by outcome,
+	// trigger and (refused) reason.
+	Migrations metric.Int64Counter
 	// TruncatedValues: values of the events cut to their bound
 	// (tokenevent.CutValues), counted with transport proxy.
 	TruncatedValues metric.Int64Counter
