@@ -37,8 +37,8 @@ import (
 //   - the attribution (sessions.attr, attribution.go): the engines' and
 //     sessions' accounts of GPU time and energy, under attr.mu.
 //
-// The live view (view, live.go; live, liveserver.go) is fed the ended
-// sessions by the fold and reads the table under sessions.mu.
+// The live view (internal/live: view its state, live its server) is fed
+// the ended sessions by the fold and reads the table under sessions.mu.
 //
 // Lock order: sessions.mu, then any of the others; engines.mu, spans.mu
 // and attr.mu are leaves, never held together or while taking sessions.mu.
