@@ -12,6 +12,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/strictconfig"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/live"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
@@ -50,8 +51,8 @@ type Config struct {
 	Limits   LimitsConfig           `mapstructure:"limits"`
 	// EngineTiming joins the engine's own timing (its span) to sessions.
 	EngineTiming EngineTimingConfig `mapstructure:"engine_timing"`
-	// Live serves the sessions in flight over HTTP (liveconfig.go).
-	Live LiveConfig `mapstructure:"live"`
+	// Live serves the sessions in flight over HTTP (internal/live).
+	Live live.Config `mapstructure:"live"`
 	// Attribution divides each engine's time and energy among its sessions
 	// (attribution.go, its section below).
 	Attribution AttributionConfig `mapstructure:"attribution"`
@@ -181,7 +182,7 @@ func createDefaultConfig() *Config {
 		Traces:          heldspans.DefaultConfig(),
 		Limits:          LimitsConfig{MaxSessionIDBytes: tokenevent.DefaultMaxSessionIDBytes, MaxAttributes: tokenevent.DefaultMaxAttributes},
 		EngineTiming:    EngineTimingConfig{Wait: 6 * time.Second, MaxSessions: 20_000},
-		Live:            defaultLiveConfig(),
+		Live:            live.DefaultConfig(),
 		Attribution:     defaultAttributionConfig(),
 	}
 }

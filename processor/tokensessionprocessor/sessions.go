@@ -15,6 +15,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/live"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
@@ -71,15 +72,15 @@ type sessions struct {
 	timing    timingJoin
 	writeHeld func(*session.Session, *session.End)
 	counters  session.Counters // as last reported to telemetry
-	// live takes the sessions that end: the live view (live.go); nil when
-	// it is off.
+	// live takes the sessions that end: the live view (internal/live);
+	// nil when it is off.
 	live endedSink
 }
 
 // endedSink takes each session that ends, with its end, at collector time
 // now; called with mu held.
 type endedSink interface {
-	ended(s *session.Session, e *session.End, now int64)
+	Ended(s *session.Session, e *session.End, now int64)
 }
 
 // outputs are what a locked operation produced for the pipelines.
@@ -227,7 +228,7 @@ func (p *sessions) routeSpans(td ptrace.Traces, now time.Time) (spanCounts, outp
 
 // withTable runs fn with mu held, on the session table: how the live view
 // takes its snapshots.
-func (p *sessions) withTable(fn func(liveTable)) {
+func (p *sessions) withTable(fn func(live.Table)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	fn(p.table)
@@ -373,7 +374,7 @@ func (p *sessions) ended(r *session.Report[*sessionState], folded *plog.LogRecor
 	}
 	p.metrics.SessionEnded(r.State.live, res)
 	if p.live != nil {
-		p.live.ended(s, e, p.nowNanos)
+		p.live.Ended(s, e, p.nowNanos)
 	}
 	p.telemetry.sessionEnded(s.Outcome, s.Keep)
 	if p.sampledRecords != nil {

@@ -7,6 +7,7 @@ import (
 
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/consumer"
+	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/pipeline"
 	"go.opentelemetry.io/collector/receiver"
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
@@ -293,3 +294,12 @@ func withoutSignal(ts component.TelemetrySettings) component.TelemetrySettings {
 type attributeDropper[T any] interface {
 	DropInjectedAttributes(attrs ...string) T
 }
+
+// release drops the batch's records and returns d to the pool.
+func (r *tokenStreamReceiver) release(d *batchDecoder) {
+	d.logs, d.records = plog.Logs{}, plog.LogRecordSlice{}
+	d.writer.Reset(plog.LogRecordSlice{}, 0)
+	r.batches.Put(d)
+}
+
+func (r *tokenStreamReceiver) decoder() *batchDecoder { return r.batches.Get().(*batchDecoder) }
