@@ -687,7 +687,7 @@ func TestInvalidEventsRefused(t *testing.T) {
 			{func() error { return c.End(End{SessionID: "s-1", CompletionTokens: -2, HasCompletionTokens: true}) }, "completion_tokens: must not be negative, got -2"},
 			{func() error { return c.Send(&Event{Kind: KindToken, SessionID: "s-1", TimeUnixNano: 1}) }, "count: must be at least 1"},
 			{func() error { return c.Send(&Event{Kind: KindEnd, SessionID: "s-1"}) }, "time_unix_nano: must be greater than 0"},
-			{func() error { return c.Send(&Event{SessionID: "s-1", TimeUnixNano: 1}) }, "event: want start, token or end, got kind 0"},
+			{func() error { return c.Send(&Event{SessionID: "s-1", TimeUnixNano: 1}) }, "event: want start, token, end or share, got kind 0"},
 		} {
 			err := tc.call()
 			require.EqualError(t, err, tc.want)
