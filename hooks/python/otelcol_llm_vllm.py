@@ -66,7 +66,7 @@ ENV_RUST_FRONTEND = "VLLM_USE_RUST_FRONTEND"
 # Whether the engine core sends each request's exact share of the engine's time (otelcol_llm_vllm_steps), and the
 # sessions' starts name vLLM's internal request id for the collector to join it: "1" or "0".
 ENV_ENGINE_SHARE = "OTELCOL_LLM_HOOK_ENGINE_SHARE"
-ENGINE_SHARE_DEFAULT = False
+ENGINE_SHARE_DEFAULT = True
 # The start attribute that names vLLM's internal request id: the id the engine core's share carries.
 ENGINE_REQUEST_ID_ATTRIBUTE = "llm.engine.request_id"
 

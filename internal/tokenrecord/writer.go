@@ -166,6 +166,10 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 			o = nil // a later token opens a new record (see openRecord)
 		}
 	}
+	if ev.Kind == tokenevent.KindShare {
+		w.appendShare(ev)
+		return
+	}
 	if w.ordered && ev.Kind != tokenevent.KindToken {
 		k := recordKey{int64(ev.TimeUnixNano), kindRank(ev.Kind)}
 		w.follows(w.entry(o, ev.SessionID), k, k)
@@ -239,6 +243,24 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 			if *t.has && *t.v >= 0 {
 				attrs.PutInt(t.key, *t.v)
 			}
+		}
+	}
+}
+
+// appendShare writes a share: a record of its own, of no session, so in no
+// session's order.
+func (w *RecordWriter) appendShare(ev *tokenevent.Event) {
+	lr := w.records.AppendEmpty()
+	lr.SetEventName(EventNameShare)
+	lr.SetTimestamp(pcommon.Timestamp(ev.TimeUnixNano))
+	lr.SetObservedTimestamp(w.observed)
+	attrs := lr.Attributes()
+	attrs.EnsureCapacity(5)
+	attrs.PutStr(AttrEngineRequestID, ev.EngineRequestID)
+	putNonEmpty(attrs, AttrEngine, ev.Engine)
+	for _, t := range shareAttrs(ev) {
+		if *t.has && *t.v >= 0 {
+			attrs.PutInt(t.key, *t.v)
 		}
 	}
 }

@@ -132,6 +132,13 @@ type AttributionConfig struct {
 	// mean power between its last two readings is used instead of the
 	// gauge, which samples one instant.
 	EnergyMetric string `mapstructure:"energy_metric"`
+	// ShareWait is how long a session whose start names its engine request
+	// id (llm.engine.request_id) waits, after its end, for the engine's
+	// share event, and a share for its session's end (shares.go); the
+	// session's counting, and a kept one's span and summary, wait with it.
+	ShareWait time.Duration `mapstructure:"share_wait"`
+	// MaxPendingShares bounds the sessions and shares waiting so.
+	MaxPendingShares int `mapstructure:"max_pending_shares"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -143,6 +150,7 @@ func defaultAttributionConfig() AttributionConfig {
 		StepTokens: attribution.DefaultBudget, MaxNumSeqs: 256, DefaultPromptTokens: 512,
 		PowerMetric: "DCGM_FI_DEV_POWER_USAGE", PodAttribute: "pod",
 		EnergyMetric: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+		ShareWait:    5 * time.Second, MaxPendingShares: 20_000,
 	}
 }
 
@@ -163,6 +171,12 @@ func (c AttributionConfig) Validate() []error {
 	}
 	if c.MaxNumSeqs < 0 {
 		errs = append(errs, fmt.Errorf("max_num_seqs: must not be negative, got %d", c.MaxNumSeqs))
+	}
+	if c.ShareWait < 0 {
+		errs = append(errs, fmt.Errorf("share_wait: must not be negative, got %s", c.ShareWait))
+	}
+	if c.MaxPendingShares < 0 {
+		errs = append(errs, fmt.Errorf("max_pending_shares: must not be negative, got %d", c.MaxPendingShares))
 	}
 	return errs
 }
