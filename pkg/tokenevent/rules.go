@@ -3,6 +3,7 @@ package tokenevent
 import (
 	"fmt"
 	"math"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -66,6 +67,26 @@ func decodedLen[S ~string | ~[]byte](s S) int {
 		i += size
 	}
 	return n
+}
+
+// asDecoded is s as the receiver decodes it once AppendJSON has written it:
+// each invalid UTF-8 byte replaced by U+FFFD. Valid s (every key the
+// parser hands over, nearly every one a client sends) is returned as it is.
+func asDecoded(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b.WriteRune(utf8.RuneError)
+		} else {
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
 }
 
 // CheckTime checks a time_unix_nano: after the epoch and within an int64.
@@ -159,9 +180,13 @@ func CheckAttribute(attrs []Attribute, key string, limit int) *FieldError {
 			return &FieldError{Field: "attributes", Reason: fmt.Sprintf("key %q: %d bytes, limit is %d", Excerpt([]byte(key)), n, MaxAttributeKeyBytes)}
 		}
 	}
+	// Keys compare as the receiver decodes them: two keys that differ only
+	// in invalid UTF-8 bytes arrive as the same key (each such byte becomes
+	// U+FFFD), which the parser refuses as a duplicate.
+	decoded := asDecoded(key)
 	for _, a := range attrs {
-		if a.Key == key {
-			return &FieldError{Field: "attributes." + key, Reason: "duplicate key"}
+		if a.Key == key || asDecoded(a.Key) == decoded {
+			return &FieldError{Field: "attributes." + decoded, Reason: "duplicate key"}
 		}
 	}
 	if limit <= 0 {

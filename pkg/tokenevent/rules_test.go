@@ -59,6 +59,8 @@ func TestValidate(t *testing.T) {
 			ev.Attributes = []Attribute{{"tenant", strings.Repeat("t", 300)}}
 		}, KindStart, ""},
 		{"duplicate key", func(ev *Event) { ev.Attributes = []Attribute{{"a", "1"}, {"a", "2"}} }, KindStart, "attributes.a: duplicate key"},
+		// Both arrive as "a\uFFFD", which the parser refuses as a duplicate.
+		{"keys equal once decoded", func(ev *Event) { ev.Attributes = []Attribute{{"a\xff", "1"}, {"a\xfe", "2"}} }, KindStart, "attributes.a\uFFFD: duplicate key"},
 		{"share", func(ev *Event) {
 			ev.SessionID, ev.EngineRequestID, ev.Engine = "", "cmpl-1-0a1b2c3d", "e"
 			ev.EngineTimePrefillNs, ev.EngineTimeDecodeNs, ev.HasEngineTime = 1, 0, true
