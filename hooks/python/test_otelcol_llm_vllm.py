@@ -27,6 +27,7 @@ from unittest import mock
 
 import check_vllm
 import otelcol_llm_vllm as plugin
+import otelcol_llm_vllm_patching as patching
 import test_otelcol_llm_hook
 import vllm_standin as vllm
 from otelcol_llm_hook import _END, _START, _TOKEN, Client
@@ -64,8 +65,8 @@ def tokens_of(evs):
 
 def reset_plugin():
     plugin._observer = None
-    plugin._counters = plugin._Counters()
-    plugin._said.clear()
+    patching.counters = patching.Counters()
+    patching.said.clear()
 
 
 class PluginTest(unittest.TestCase):
