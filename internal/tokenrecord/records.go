@@ -77,3 +77,31 @@ const (
 	// in an allocation of its own.
 	AttrTokenEvents = "llm.token.events"
 )
+
+// timingAttrs pairs ev's timing fields with their attributes.
+func timingAttrs(ev *tokenevent.Event) [3]struct {
+	key string
+	ns  *int64
+} {
+	return [3]struct {
+		key string
+		ns  *int64
+	}{{AttrQueueTimeNs, &ev.QueueTimeNs}, {AttrPrefillTimeNs, &ev.PrefillTimeNs}, {AttrDecodeTimeNs, &ev.DecodeTimeNs}}
+}
+
+// shareAttrs pairs ev's engine share fields with their attributes.
+func shareAttrs(ev *tokenevent.Event) [3]struct {
+	key string
+	v   *int64
+	has *bool
+} {
+	return [3]struct {
+		key string
+		v   *int64
+		has *bool
+	}{
+		{AttrEngineTimePrefillNs, &ev.EngineTimePrefillNs, &ev.HasEngineTime},
+		{AttrEngineTimeDecodeNs, &ev.EngineTimeDecodeNs, &ev.HasEngineTime},
+		{AttrEnergyMilliJ, &ev.EnergyMilliJ, &ev.HasEnergy},
+	}
+}

@@ -265,23 +265,6 @@ func (w *RecordWriter) appendShare(ev *tokenevent.Event) {
 	}
 }
 
-// shareAttrs pairs ev's engine share fields with their attributes.
-func shareAttrs(ev *tokenevent.Event) [3]struct {
-	key string
-	v   *int64
-	has *bool
-} {
-	return [3]struct {
-		key string
-		v   *int64
-		has *bool
-	}{
-		{AttrEngineTimePrefillNs, &ev.EngineTimePrefillNs, &ev.HasEngineTime},
-		{AttrEngineTimeDecodeNs, &ev.EngineTimeDecodeNs, &ev.HasEngineTime},
-		{AttrEnergyMilliJ, &ev.EnergyMilliJ, &ev.HasEnergy},
-	}
-}
-
 // entry returns o, or, when it is nil, a new entry in opens for the
 // session id.
 func (w *RecordWriter) entry(o *openTokenRecord, id string) *openTokenRecord {
@@ -303,17 +286,6 @@ func (w *RecordWriter) follows(o *openTokenRecord, first, last recordKey) {
 		o.disordered, w.disordered = true, true
 	}
 	o.prevTime, o.prevRank = last.time, last.kind
-}
-
-// timingAttrs pairs ev's timing fields with their attributes.
-func timingAttrs(ev *tokenevent.Event) [3]struct {
-	key string
-	ns  *int64
-} {
-	return [3]struct {
-		key string
-		ns  *int64
-	}{{AttrQueueTimeNs, &ev.QueueTimeNs}, {AttrPrefillTimeNs, &ev.PrefillTimeNs}, {AttrDecodeTimeNs, &ev.DecodeTimeNs}}
 }
 
 // pack adds a token event to an open token record.

@@ -172,10 +172,8 @@ type Client struct {
 	dropped atomic.Uint64
 	// The other counters are written by the background goroutine; keep
 	// them off the line callers write.
-	_        [64]byte
-	sent     atomic.Uint64
-	failed   atomic.Uint64
-	rejected atomic.Uint64
+	_ [64]byte
+	settled
 
 	stopOnce sync.Once
 	stop     chan struct{} // closed by Close: drain, flush, exit
@@ -212,7 +210,7 @@ func New(cfg Config) (*Client, error) {
 	var snd sender
 	switch {
 	case s.unix != "":
-		snd = newStreamSender(s.unix, s.timeout, c)
+		snd = newStreamSender(s.unix, s.timeout, &c.settled)
 	case s.udp:
 		conn, err := net.Dial("udp", s.addr)
 		if err != nil {
