@@ -209,30 +209,6 @@ func (p *Parser) parseCompactEnd(line []byte, ev *tokenevent.Event) bool {
 	return c.end()
 }
 
-// plainEnd is the index of the first byte of b from i on that plainByte
-// does not mark (len(b) if none): eight bytes at a time while they are all
-// plain, then byte by byte. A session ID or a model name is tens of bytes,
-// and the byte-at-a-time scan was most of a token line's compact parse.
-func plainEnd(b []byte, i int) int {
-	const (
-		ones  = 0x0101010101010101
-		highs = 0x8080808080808080
-	)
-	for ; i+8 <= len(b); i += 8 {
-		x := binary.LittleEndian.Uint64(b[i:])
-		quote, backslash := x^('"'*ones), x^('\\'*ones)
-		// A byte of 0x80 or more, below 0x20, or a zero byte of quote or
-		// backslash (the exact tests for "some byte is": no false alarm).
-		if (x|((x-0x20*ones)&^x)|((quote-ones)&^quote)|((backslash-ones)&^backslash))&highs != 0 {
-			break
-		}
-	}
-	for i < len(b) && plainByte[b[i]] {
-		i++
-	}
-	return i
-}
-
 var (
 	compactTokenPrefix = []byte(`{"event":"token","session_id":"`)
 	compactTokenTime   = []byte(`","time_unix_nano":`)

@@ -343,3 +343,43 @@ func (p *Parser) attributes(ev *tokenevent.Event) error {
 		ev.Attributes = append(ev.Attributes, tokenevent.Attribute{Key: key, Value: p.internValue(v, tokenevent.MaxValueBytes)})
 	}
 }
+
+// object parses the top-level object into ev and returns the fields seen.
+func (p *Parser) object(ev *tokenevent.Event) (uint32, error) {
+	p.skipSpace()
+	if p.i >= len(p.b) || p.b[p.i] != '{' {
+		return 0, p.syntax("'{'")
+	}
+	p.i++
+	var seen uint32
+	for first := true; ; first = false {
+		key, done, err := p.member(first, "")
+		if err != nil {
+			return 0, err
+		}
+		if done {
+			break
+		}
+		bit, ok := fieldBit(key)
+		if !ok {
+			// A line that is not JSON at all is reported as such, not as
+			// a schema error about the part read before the syntax broke.
+			unknown := &tokenevent.FieldError{Field: tokenevent.Excerpt(key), Reason: "unknown field"}
+			if err := p.skipRest(); err != nil {
+				return 0, err
+			}
+			return 0, unknown
+		}
+		if seen&bit != 0 {
+			return 0, &tokenevent.FieldError{Field: fieldName(bit), Reason: "duplicate field"}
+		}
+		present, err := p.value(bit, ev)
+		if err != nil {
+			return 0, err
+		}
+		if present {
+			seen |= bit
+		}
+	}
+	return seen, p.end()
+}

@@ -1,6 +1,7 @@
 package tokenparse // import "github.com/otelcol-llm/otelcol-llm/internal/tokenparse"
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"unicode/utf8"
@@ -23,46 +24,6 @@ func (p *Parser) skipSpace() {
 	for p.i < len(p.b) && p.b[p.i] <= ' ' && isSpace(p.b[p.i]) {
 		p.i++
 	}
-}
-
-// object parses the top-level object into ev and returns the fields seen.
-func (p *Parser) object(ev *tokenevent.Event) (uint32, error) {
-	p.skipSpace()
-	if p.i >= len(p.b) || p.b[p.i] != '{' {
-		return 0, p.syntax("'{'")
-	}
-	p.i++
-	var seen uint32
-	for first := true; ; first = false {
-		key, done, err := p.member(first, "")
-		if err != nil {
-			return 0, err
-		}
-		if done {
-			break
-		}
-		bit, ok := fieldBit(key)
-		if !ok {
-			// A line that is not JSON at all is reported as such, not as
-			// a schema error about the part read before the syntax broke.
-			unknown := &tokenevent.FieldError{Field: tokenevent.Excerpt(key), Reason: "unknown field"}
-			if err := p.skipRest(); err != nil {
-				return 0, err
-			}
-			return 0, unknown
-		}
-		if seen&bit != 0 {
-			return 0, &tokenevent.FieldError{Field: fieldName(bit), Reason: "duplicate field"}
-		}
-		present, err := p.value(bit, ev)
-		if err != nil {
-			return 0, err
-		}
-		if present {
-			seen |= bit
-		}
-	}
-	return seen, p.end()
 }
 
 // end checks that nothing but spaces follows the object.
@@ -441,4 +402,28 @@ func (p *Parser) hex(field string, dst []byte) error {
 		return &tokenevent.FieldError{Field: field, Reason: "must not be all zeros"}
 	}
 	return nil
+}
+
+// plainEnd is the index of the first byte of b from i on that plainByte
+// does not mark (len(b) if none): eight bytes at a time while they are all
+// plain, then byte by byte. A session ID or a model name is tens of bytes,
+// and the byte-at-a-time scan was most of a token line's compact parse.
+func plainEnd(b []byte, i int) int {
+	const (
+		ones  = 0x0101010101010101
+		highs = 0x8080808080808080
+	)
+	for ; i+8 <= len(b); i += 8 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		quote, backslash := x^('"'*ones), x^('\\'*ones)
+		// A byte of 0x80 or more, below 0x20, or a zero byte of quote or
+		// backslash (the exact tests for "some byte is": no false alarm).
+		if (x|((x-0x20*ones)&^x)|((quote-ones)&^quote)|((backslash-ones)&^backslash))&highs != 0 {
+			break
+		}
+	}
+	for i < len(b) && plainByte[b[i]] {
+		i++
+	}
+	return i
 }
