@@ -98,11 +98,11 @@ func newEngineHealth(cfg *Config, set exporter.Settings) (*engineHealth, error) 
 
 func (h *engineHealth) Start(ctx context.Context, host component.Host) error {
 	h.http = &httpserve.Server{}
-	if err := h.http.Serve(ctx, &h.cfg.ServerConfig, h.handler(), host, h.set.TelemetrySettings, nil); err != nil {
+	if err := h.http.Serve(ctx, &h.cfg.ServerConfig, h.endpoints().handler(), host, h.set.TelemetrySettings, nil); err != nil {
 		return err
 	}
 	if a := h.cfg.Agent.Get(); h.cfg.Agent.HasValue() && a != nil {
-		h.agent = &agentServer{health: h}
+		h.agent = &agentServer{verdicts: h.verdicts.Load, logger: h.set.Logger, tel: h.tel}
 		if err := h.agent.serve(a.Endpoint); err != nil {
 			return errors.Join(err, h.http.Shutdown(ctx))
 		}
@@ -124,6 +124,12 @@ func (h *engineHealth) Start(ctx context.Context, host component.Host) error {
 		}
 	}()
 	return nil
+}
+
+// endpoints serve the verdicts h stores, by h's clock (read at each
+// request: tests set it).
+func (h *engineHealth) endpoints() endpoints {
+	return endpoints{verdicts: h.verdicts.Load, now: func() time.Time { return h.now() }}
 }
 
 func (h *engineHealth) Shutdown(ctx context.Context) error {

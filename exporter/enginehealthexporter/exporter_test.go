@@ -279,12 +279,12 @@ func TestStallAlertsEjectAtOnceThenReadmit(t *testing.T) {
 	assert.Equal(t, reasonStallRatio, st.Reason)
 	assert.Equal(t, 5.0, st.Window.Sessions, "a session alerted twice counts once")
 	assert.Equal(t, 30.0, st.TimeLeftS)
-	assert.Equal(t, "down #ejected: stall_ratio\n", th.agentReply("b"))
+	assert.Equal(t, "down #ejected: stall_ratio\n", agentReply(th.verdicts.Load(), "b"))
 
 	th.clock.Advance(30 * time.Second)
 	th.evaluate()
 	assert.Equal(t, stateHealthy, th.status(t, "b").State, "re-admitted after base_time")
-	assert.Equal(t, "up\n", th.agentReply("b"))
+	assert.Equal(t, "up\n", agentReply(th.verdicts.Load(), "b"))
 	metadatatest.AssertEqualExporterEngineHealthReadmissions(t, th.tel, []metricdata.DataPoint[int64]{
 		{Attributes: attribute.NewSet(attribute.String("engine", "b")), Value: 1},
 	}, metricdatatest.IgnoreTimestamp())

@@ -58,11 +58,10 @@ func exposition(list []engineStatus) []*dto.MetricFamily {
 	return []*dto.MetricFamily{ejected, stall, ttft, sessions, errorRatio, saturated}
 }
 
-// serveMetrics answers the gauges in the Prometheus text format: of every
-// engine, or of the one ?engine= names (none for an engine never seen, as a
-// scrape of a pod whose engine has had no session yet).
-func (h *engineHealth) serveMetrics(w http.ResponseWriter, r *http.Request) {
-	v := h.verdicts.Load()
+// serveMetrics answers the gauges of v in the Prometheus text format: of
+// every engine, or of the one ?engine= names (none for an engine never
+// seen, as a scrape of a pod whose engine has had no session yet).
+func serveMetrics(w http.ResponseWriter, r *http.Request, v *verdicts) {
 	list := v.list
 	if raw, ok := r.URL.Query()["engine"]; ok {
 		list = nil

@@ -300,7 +300,7 @@ func BenchmarkServeMetrics(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				w := httptest.NewRecorder()
-				h.serveMetrics(w, req)
+				serveMetrics(w, req, h.verdicts.Load())
 			}
 		})
 	}

@@ -13,9 +13,9 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/sharedcomponent"
 )
 
-// health holds one judge per component ID, shared by its metrics and logs
+// judges holds one judge per component ID, shared by its metrics and logs
 // pipelines.
-var health = sharedcomponent.NewMap[component.ID, *engineHealth]()
+var judges = sharedcomponent.NewMap[component.ID, *engineHealth]()
 
 // NewFactory returns the factory of the engine_health exporter.
 func NewFactory() exporter.Factory {
@@ -25,7 +25,7 @@ func NewFactory() exporter.Factory {
 }
 
 func shared(set exporter.Settings, cfg component.Config) (*sharedcomponent.Component[*engineHealth], error) {
-	return health.LoadOrStore(set.ID, func() (*engineHealth, error) { return newEngineHealth(cfg.(*Config), set) })
+	return judges.LoadOrStore(set.ID, func() (*engineHealth, error) { return newEngineHealth(cfg.(*Config), set) })
 }
 
 func createMetrics(_ context.Context, set exporter.Settings, cfg component.Config) (exporter.Metrics, error) {

@@ -20,69 +20,22 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/zap"
 
+	"github.com/otelcol-llm/otelcol-llm/exporter/enginehealthexporter/internal/metadata"
 	"github.com/otelcol-llm/otelcol-llm/internal/httpserve"
 )
 
-// verdicts is what the judge last said of every engine. The endpoints read
-// it without a lock: a health check never waits for a batch being folded.
-type verdicts struct {
-	list   []engineStatus // by engine name
-	byName map[string]int // index into list
-}
-
-func newVerdicts(list []engineStatus) *verdicts {
-	v := &verdicts{list: list, byName: make(map[string]int, len(list))}
-	for i := range list {
-		v.byName[list[i].Engine] = i
-	}
-	return v
-}
-
-// lookup returns an engine's status; false for an engine never seen.
-func (v *verdicts) lookup(engine string) (engineStatus, bool) {
-	i, ok := v.byName[engine]
-	if !ok {
-		return engineStatus{}, false
-	}
-	return v.list[i], true
-}
-
-// maxEngineName is the longest engine name, in bytes: a longer llm.engine is
-// not judged, and a longer name asked for is no engine's.
-const maxEngineName = 256
-
-// normalizeEngine is the one normalisation of an engine name, wherever the
-// name comes from (llm.engine, the path of /engines/{engine}/health, the Host
-// header of /health, an agent-send line): white space around it dropped and
-// ASCII letters lower-cased, as host names compare (llm.engine is mostly a
-// host, or the proxy's upstream host:port). tooLong reports a name over
-// maxEngineName bytes, which is then "".
-func normalizeEngine(raw string) (name string, tooLong bool) {
-	name = strings.TrimSpace(raw)
-	if len(name) > maxEngineName {
-		return "", true
-	}
-	for i := 0; i < len(name); i++ {
-		if c := name[i]; 'A' <= c && c <= 'Z' {
-			// Byte by byte: strings.ToLower would also rewrite what is not
-			// UTF-8, and change the name's length.
-			b := []byte(name)
-			for j := i; j < len(b); j++ {
-				if 'A' <= b[j] && b[j] <= 'Z' {
-					b[j] += 'a' - 'A'
-				}
-			}
-			return string(b), false
-		}
-	}
-	return name, false
+// endpoints serve the judge's verdicts over HTTP; they read the exporter
+// through the verdicts it last stored and its clock.
+type endpoints struct {
+	verdicts func() *verdicts
+	now      func() time.Time
 }
 
 // handler serves GET /engines, GET /engines/{engine}/health, GET /health
 // (the engine in the Host header) and GET /metrics. It routes on the escaped path itself:
 // http.ServeMux would clean a path whose engine is "." or ".." into another
 // (a 307 to /health), and cannot tell an escaped "/" in a name.
-func (h *engineHealth) handler() http.Handler {
+func (h endpoints) handler() http.Handler {
 	return httpserve.GetOnly(func(r *http.Request) (http.HandlerFunc, int, string) {
 		path := r.URL.EscapedPath()
 		switch segment, isHealth := engineSegment(path); {
@@ -91,12 +44,12 @@ func (h *engineHealth) handler() http.Handler {
 		case path == "/metrics":
 			// The verdicts as gauges, for a router that scrapes its
 			// endpoints (the llm-d router's endpoint picker) or Prometheus.
-			return h.serveMetrics, 0, ""
+			return func(w http.ResponseWriter, r *http.Request) { serveMetrics(w, r, h.verdicts()) }, 0, ""
 		case path == "/health":
 			// Checkers whose path is one for all the servers they check
 			// (Envoy's health checks: a path per cluster, a Host header per
 			// endpoint) name the engine in the Host header instead.
-			return func(w http.ResponseWriter, r *http.Request) { h.serveHealth(w, hostEngine(h.verdicts.Load(), r.Host)) }, 0, ""
+			return func(w http.ResponseWriter, r *http.Request) { h.serveHealth(w, hostEngine(h.verdicts(), r.Host)) }, 0, ""
 		case isHealth:
 			// {engine} is llm.engine URL-escaped: an engine named "ns/pod"
 			// is asked for as /engines/ns%2Fpod/health.
@@ -125,9 +78,9 @@ func engineSegment(path string) (string, bool) {
 }
 
 // serveList answers every engine's status, by name.
-func (h *engineHealth) serveList(w http.ResponseWriter) {
+func (h endpoints) serveList(w http.ResponseWriter) {
 	now := h.now()
-	v := h.verdicts.Load()
+	v := h.verdicts()
 	out := make([]engineStatus, len(v.list))
 	for i, st := range v.list {
 		out[i] = st.at(now)
@@ -156,7 +109,7 @@ func hostEngine(v *verdicts, host string) string {
 // serveHealth answers 200 for a healthy engine, 503 for an ejected one and
 // 404 for one never seen (or a name no engine can have), each with a JSON
 // body.
-func (h *engineHealth) serveHealth(w http.ResponseWriter, engine string) {
+func (h endpoints) serveHealth(w http.ResponseWriter, engine string) {
 	name, tooLong := normalizeEngine(engine)
 	if tooLong {
 		// Not echoed: the name is the client's, of any length.
@@ -164,7 +117,7 @@ func (h *engineHealth) serveHealth(w http.ResponseWriter, engine string) {
 			len(engine), maxEngineName))
 		return
 	}
-	st, ok := h.verdicts.Load().lookup(name)
+	st, ok := h.verdicts().lookup(name)
 	if !ok {
 		httpserve.WriteError(w, http.StatusNotFound, fmt.Sprintf("unknown engine %q: no session of it has been seen", name))
 		return
@@ -224,12 +177,15 @@ const (
 	agentMaxConns = 4 * agentMaxWaiting
 )
 
+// agentServer answers agent checks from the verdicts it is given.
 type agentServer struct {
-	health *engineHealth
-	ln     net.Listener
-	slots  chan struct{}
-	done   sync.WaitGroup
-	queue  agentQueue
+	verdicts func() *verdicts
+	logger   *zap.Logger
+	tel      *metadata.TelemetryBuilder
+	ln       net.Listener
+	slots    chan struct{}
+	done     sync.WaitGroup
+	queue    agentQueue
 }
 
 func (a *agentServer) serve(endpoint string) error {
@@ -247,7 +203,7 @@ func (a *agentServer) serve(endpoint string) error {
 			conn, err := ln.Accept()
 			if err != nil {
 				if !errors.Is(err, net.ErrClosed) {
-					a.health.set.Logger.Warn("agent-check endpoint stopped accepting", zap.Error(err))
+					a.logger.Warn("agent-check endpoint stopped accepting", zap.Error(err))
 				}
 				return
 			}
@@ -286,7 +242,7 @@ const (
 // none).
 func (a *agentServer) cutShort(limit string) {
 	if limit != "" {
-		a.health.tel.ExporterEngineHealthAgentCutShort.Add(context.Background(), 1,
+		a.tel.ExporterEngineHealthAgentCutShort.Add(context.Background(), 1,
 			metric.WithAttributes(attribute.String("limit", limit)))
 	}
 }
@@ -301,7 +257,7 @@ func (a *agentServer) answer(w *agentWaiter) {
 		name = line // else longer than any engine name
 	}
 	_ = w.conn.SetWriteDeadline(time.Now().Add(time.Second))
-	_, _ = io.WriteString(w.conn, a.health.agentReply(name))
+	_, _ = io.WriteString(w.conn, agentReply(a.verdicts(), name))
 }
 
 // readAgentLine reads up to a newline, the end of the connection or
@@ -335,11 +291,11 @@ func readAgentLine(conn net.Conn, leave func()) (line string, complete bool) {
 }
 
 // agentReply is the agent-check answer for what a check sent: the state of
-// the engine it names; "up" when it names none (or a name no engine can
-// have).
-func (h *engineHealth) agentReply(sent string) string {
+// the engine it names in v; "up" when it names none (or a name no engine
+// can have).
+func agentReply(v *verdicts, sent string) string {
 	name, _ := normalizeEngine(sent)
-	st, ok := h.verdicts.Load().lookup(name)
+	st, ok := v.lookup(name)
 	if ok && name != "" && st.State == stateEjected {
 		return "down #ejected: " + st.Reason + "\n"
 	}

@@ -448,13 +448,13 @@ func FuzzEngineName(f *testing.F) {
 		}
 		h.verdicts.Store(newVerdicts(list))
 		rec := httptest.NewRecorder()
-		h.serveHealth(rec, raw)
+		h.endpoints().serveHealth(rec, raw)
 		if name != "" && !strings.Contains(raw, "\n") {
 			require.Equal(t, http.StatusServiceUnavailable, rec.Code)
-			require.Equal(t, "down #ejected: stall_ratio\n", h.agentReply(raw))
+			require.Equal(t, "down #ejected: stall_ratio\n", agentReply(h.verdicts.Load(), raw))
 		} else if name == "" {
 			require.Equal(t, http.StatusNotFound, rec.Code)
-			require.Equal(t, "up\n", h.agentReply(raw))
+			require.Equal(t, "up\n", agentReply(h.verdicts.Load(), raw))
 		}
 		// JSON escapes a byte in at most 6 (\u0026), after %q's 4 (\x88).
 		require.LessOrEqual(t, rec.Body.Len(), 8*maxEngineName+300, "a name is not echoed past its bound")

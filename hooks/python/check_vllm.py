@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import otelcol_llm_vllm as plugin
+import otelcol_llm_vllm_patching as patching
 import otelcol_llm_vllm_steps as steps
 
 OUTPUT_PROCESSOR = "vllm/v1/engine/output_processor.py"
@@ -81,7 +82,7 @@ def check_targets(found, targets):
                   else fn}
             why = None
         if why is None:
-            res, why = plugin._check(type(t.cls, (), ns), t)
+            res, why = patching.check(type(t.cls, (), ns), t)
         rows.append("%s: %s" % (t.name, "patched" if why is None else "REFUSED (%s)" % why))
         ok = ok and (why is None or not t.essential)
     return rows, ok

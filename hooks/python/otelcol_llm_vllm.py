@@ -46,13 +46,14 @@ Settings (environment):
 import enum
 import functools
 import hashlib
-import inspect
 import logging
 import os
 import socket
 import threading
 import time
 import weakref
+
+import otelcol_llm_vllm_patching as patching
 
 __all__ = ["register", "install", "stats", "Observer", "TARGETS"]
 
@@ -66,12 +67,9 @@ ENV_RUST_FRONTEND = "VLLM_USE_RUST_FRONTEND"
 # Whether the engine core sends each request's exact share of the engine's time (otelcol_llm_vllm_steps), and the
 # sessions' starts name vLLM's internal request id for the collector to join it: "1" or "0".
 ENV_ENGINE_SHARE = "OTELCOL_LLM_HOOK_ENGINE_SHARE"
-ENGINE_SHARE_DEFAULT = False
+ENGINE_SHARE_DEFAULT = True
 # The start attribute that names vLLM's internal request id: the id the engine core's share carries.
 ENGINE_REQUEST_ID_ATTRIBUTE = "llm.engine.request_id"
-
-# The attribute that marks a function as one of the plugin's wrappers (install is idempotent).
-_MARK = "_otelcol_llm_wrapped"
 
 # The collector's limit on a session id (bytes of UTF-8).
 _MAX_SESSION_ID_BYTES = 256
@@ -86,24 +84,12 @@ ENGINE_ERROR_TYPE = "InternalServerError"
 _CHUNK_FINISHES = ("stop", "length", "repetition")
 
 
-class Target:
-    """One method the plugin wraps: where it is, the parameters the plugin reads, and whether the plugin can work
-    without it."""
-
-    def __init__(self, cls, method, params, essential):
-        self.cls, self.method, self.params, self.essential = cls, method, tuple(params), essential
-
-    @property
-    def name(self):
-        return "%s.%s" % (self.cls, self.method)
-
-
 # What the plugin patches in vllm.v1.engine.output_processor. The parameters named here are the ones the plugin
 # reads (by name, wherever vLLM passes them); any others may come and go.
 TARGETS = (
-    Target("OutputProcessor", "add_request", ["request"], essential=True),
-    Target("RequestState", "make_request_output", ["finish_reason"], essential=True),
-    Target("OutputProcessor", "abort_requests", [], essential=False),
+    patching.Target("OutputProcessor", "add_request", ["request"], essential=True),
+    patching.Target("RequestState", "make_request_output", ["finish_reason"], essential=True),
+    patching.Target("OutputProcessor", "abort_requests", [], essential=False),
 )
 
 
@@ -379,69 +365,6 @@ def _timing(stats):
 # -- patching ---------------------------------------------------------------
 
 
-class _Counters:
-    """What the plugin itself counts, whether or not its client exists yet."""
-
-    def __init__(self):
-        self.refused = 0
-        self.installed = False
-        self.steps_installed = False
-        self.rust_frontend = False
-        self.register_errors = 0
-
-
-_counters = _Counters()
-_said = set()
-
-
-def _say_once(key, level, msg, *args):
-    if key in _said:
-        return
-    _said.add(key)
-    _log.log(level, msg, *args)
-
-
-def _refuse(target, why):
-    _counters.refused += 1
-    _say_once(("refused", target.name), logging.WARNING,
-              "otelcol-llm vLLM plugin: not patching %s: %s; vLLM runs unchanged there", target.name, why)
-
-
-def _check(cls, target):
-    """The function to wrap, and how to find each parameter the plugin reads in a call (position counted with
-    self, and name); or None and why not."""
-    if cls is None:
-        return None, "class %s not found" % target.cls
-    try:
-        func = inspect.getattr_static(cls, target.method)
-    except AttributeError:
-        return None, "no such method"
-    if not inspect.isfunction(func):
-        return None, "not a plain function (%s)" % type(func).__name__
-    try:
-        params = list(inspect.signature(func).parameters.values())
-    except (TypeError, ValueError) as e:
-        return None, "signature unreadable (%s)" % type(e).__name__
-    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
-        return None, "no self parameter"
-    where = {}
-    for name in target.params:
-        for i, p in enumerate(params):
-            if p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.POSITIONAL_ONLY):
-                where[name] = (i if p.kind != p.KEYWORD_ONLY else None, name if p.kind != p.POSITIONAL_ONLY else None)
-                break
-        else:
-            return None, "it has no parameter %r (its signature: %s)" % (name, inspect.signature(func))
-    return (func, where), None
-
-
-def _arg(where, args, kwargs, name):
-    pos, key = where[name]
-    if pos is not None and len(args) > pos:
-        return args[pos]
-    return kwargs.get(key) if key is not None else None
-
-
 def _wrap(func, observer, after):
     """A wrapper that calls ``func`` once with exactly what it was given and returns its result; ``after(args,
     kwargs, result)`` runs then, and nothing it does escapes."""
@@ -458,7 +381,7 @@ def _wrap(func, observer, after):
                 pass
         return result
 
-    setattr(wrapper, _MARK, True)
+    setattr(wrapper, patching.MARK, True)
     return wrapper
 
 
@@ -469,9 +392,9 @@ def install(output_processor_module, observer):
     try:
         return _install(output_processor_module, observer)
     except Exception as e:
-        _counters.register_errors += 1
-        _say_once("install", logging.WARNING,
-                  "otelcol-llm vLLM plugin: install failed (%s); vLLM runs unchanged", type(e).__name__)
+        patching.counters.register_errors += 1
+        patching.say_once("install", logging.WARNING,
+                          "otelcol-llm vLLM plugin: install failed (%s); vLLM runs unchanged", type(e).__name__)
         return False
 
 
@@ -479,28 +402,28 @@ def _install(module, observer):
     checked = []
     for t in TARGETS:
         cls = getattr(module, t.cls, None)
-        ok, why = _check(cls, t)
+        ok, why = patching.check(cls, t)
         if ok is None:
-            _refuse(t, why)
+            patching.refuse(t, why)
             if t.essential:
-                _say_once("off", logging.WARNING,
-                          "otelcol-llm vLLM plugin: off: this vLLM's output processor is not shaped as the plugin "
-                          "knows it; see hooks/python/README.md for the versions checked")
+                patching.say_once("off", logging.WARNING,
+                                  "otelcol-llm vLLM plugin: off: this vLLM's output processor is not shaped as "
+                                  "the plugin knows it; see hooks/python/README.md for the versions checked")
                 return False
             continue
         func, where = ok
-        if getattr(func, _MARK, False):
+        if getattr(func, patching.MARK, False):
             return False  # already installed
         checked.append((cls, t, func, where))
 
     def after_add(where):
         def after(args, kwargs, result):
-            observer.request_added(args[0], _arg(where, args, kwargs, "request"))
+            observer.request_added(args[0], patching.arg(where, args, kwargs, "request"))
         return after
 
     def after_output(where):
         def after(args, kwargs, result):
-            observer.output_made(args[0], result, _arg(where, args, kwargs, "finish_reason"))
+            observer.output_made(args[0], result, patching.arg(where, args, kwargs, "finish_reason"))
         return after
 
     def after_abort(where):
@@ -511,7 +434,7 @@ def _install(module, observer):
     makers = {"add_request": after_add, "make_request_output": after_output, "abort_requests": after_abort}
     for cls, t, func, where in checked:
         setattr(cls, t.method, _wrap(func, observer, makers[t.method](where)))
-    _counters.installed = True
+    patching.counters.installed = True
     return True
 
 
@@ -546,17 +469,17 @@ def register():
         if share:
             _register_engine_core(endpoint)
         if _rust_frontend():
-            _counters.rust_frontend = True
-            _say_once("rust", logging.WARNING,
-                      "otelcol-llm vLLM plugin: %s=1: vLLM's Rust frontend serves requests and its Python output "
-                      "processor is not in the serving path, so the plugin sees no request; put the "
-                      "token_stream proxy in front of vLLM instead", ENV_RUST_FRONTEND)
+            patching.counters.rust_frontend = True
+            patching.say_once("rust", logging.WARNING,
+                              "otelcol-llm vLLM plugin: %s=1: vLLM's Rust frontend serves requests and its Python "
+                              "output processor is not in the serving path, so the plugin sees no request; put the "
+                              "token_stream proxy in front of vLLM instead", ENV_RUST_FRONTEND)
         try:
             from vllm.v1.engine import output_processor
         except Exception as e:  # not vLLM V1: nothing to attach to
-            _say_once("import", logging.WARNING,
-                      "otelcol-llm vLLM plugin: vLLM V1's output processor not found (%s); plugin off",
-                      type(e).__name__)
+            patching.say_once("import", logging.WARNING,
+                              "otelcol-llm vLLM plugin: vLLM V1's output processor not found (%s); plugin off",
+                              type(e).__name__)
             return
         if _observer is None:
             from otelcol_llm_hook import Client, node_endpoint
@@ -569,11 +492,11 @@ def register():
                                  engine=engine, operation=os.environ.get("OTELCOL_LLM_HOOK_OPERATION") or "chat",
                                  engine_request_ids=share)
         if install(output_processor, _observer):
-            _say_once("on", logging.INFO, "otelcol-llm vLLM plugin: sending token events to %s", endpoint)
+            patching.say_once("on", logging.INFO, "otelcol-llm vLLM plugin: sending token events to %s", endpoint)
     except Exception as e:
-        _counters.register_errors += 1
-        _say_once("register", logging.WARNING,
-                  "otelcol-llm vLLM plugin: register failed (%s); vLLM runs unchanged", type(e).__name__)
+        patching.counters.register_errors += 1
+        patching.say_once("register", logging.WARNING,
+                          "otelcol-llm vLLM plugin: register failed (%s); vLLM runs unchanged", type(e).__name__)
 
 
 def _engine_name():
@@ -591,8 +514,9 @@ def _register_engine_core(endpoint):
     try:
         from vllm.v1.core.sched import scheduler
     except Exception as e:
-        _say_once("import-steps", logging.WARNING,
-                  "otelcol-llm vLLM plugin: vLLM V1's scheduler not found (%s); no engine shares", type(e).__name__)
+        patching.say_once("import-steps", logging.WARNING,
+                          "otelcol-llm vLLM plugin: vLLM V1's scheduler not found (%s); no engine shares",
+                          type(e).__name__)
         return
     if _ledger is None:
         from otelcol_llm_hook import Client, node_endpoint
@@ -601,7 +525,8 @@ def _register_engine_core(endpoint):
             endpoint = node_endpoint()
         _ledger = steps.StepLedger(functools.partial(Client, endpoint), engine=_engine_name())
     if steps.install(scheduler, _ledger):
-        _say_once("on-steps", logging.INFO, "otelcol-llm vLLM plugin: sending the engine's shares to %s", endpoint)
+        patching.say_once("on-steps", logging.INFO, "otelcol-llm vLLM plugin: sending the engine's shares to %s",
+                          endpoint)
 
 
 def stats():
@@ -616,13 +541,14 @@ def stats():
     s = {"sent": 0, "dropped": 0, "failed": 0, "rejected": 0}
     if _observer is not None and _observer.has_client():
         s.update(_observer.client.stats())
-    errors = (_observer.errors if _observer is not None else 0) + _counters.register_errors
+    errors = (_observer.errors if _observer is not None else 0) + patching.counters.register_errors
     if _ledger is not None:
         if _ledger.has_client():
             for k, v in _ledger.client.stats().items():
                 s[k] = s.get(k, 0) + v
         s["engine_core"] = _ledger.stats()
         errors += _ledger.errors
-    s.update(installed=_counters.installed, refused=_counters.refused, rust_frontend=_counters.rust_frontend,
-             steps_installed=_counters.steps_installed, errors=errors)
+    c = patching.counters
+    s.update(installed=c.installed, refused=c.refused, rust_frontend=c.rust_frontend,
+             steps_installed=c.steps_installed, errors=errors)
     return s

@@ -31,7 +31,7 @@ import logging
 import sys
 import time
 
-import otelcol_llm_vllm as plugin
+import otelcol_llm_vllm_patching as patching
 
 __all__ = ["StepLedger", "install", "in_engine_core", "TARGETS", "ENGINE_CORE_MODULE"]
 
@@ -44,8 +44,8 @@ SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 # What the plugin patches in vllm.v1.core.sched.scheduler; both or neither (a step opened and never closed, or
 # closed and never opened, would be no share at all).
 TARGETS = (
-    plugin.Target("Scheduler", "schedule", [], essential=True),
-    plugin.Target("Scheduler", "update_from_output", ["scheduler_output"], essential=True),
+    patching.Target("Scheduler", "schedule", [], essential=True),
+    patching.Target("Scheduler", "update_from_output", ["scheduler_output"], essential=True),
 )
 
 # Requests whose share is being counted, at most (vLLM's max_num_seqs is 256 by default, 1024 at most in
@@ -239,9 +239,9 @@ def install(scheduler_module, ledger):
     try:
         return _install(scheduler_module, ledger)
     except Exception as e:
-        plugin._counters.register_errors += 1
-        plugin._say_once("install-steps", logging.WARNING, "otelcol-llm vLLM plugin: install in the engine core "
-                         "failed (%s); vLLM runs unchanged", type(e).__name__)
+        patching.counters.register_errors += 1
+        patching.say_once("install-steps", logging.WARNING, "otelcol-llm vLLM plugin: install in the engine core "
+                          "failed (%s); vLLM runs unchanged", type(e).__name__)
         return False
 
 
@@ -249,15 +249,15 @@ def _install(module, ledger):
     checked = []
     for t in TARGETS:
         cls = getattr(module, t.cls, None)
-        ok, why = plugin._check(cls, t)
+        ok, why = patching.check(cls, t)
         if ok is None:
-            plugin._refuse(t, why)
-            plugin._say_once("off-steps", logging.WARNING,
-                             "otelcol-llm vLLM plugin: no engine shares: this vLLM's scheduler is not shaped as the "
-                             "plugin knows it; see hooks/python/README.md for the versions checked")
+            patching.refuse(t, why)
+            patching.say_once("off-steps", logging.WARNING,
+                              "otelcol-llm vLLM plugin: no engine shares: this vLLM's scheduler is not shaped as the "
+                              "plugin knows it; see hooks/python/README.md for the versions checked")
             return False
         func, where = ok
-        if getattr(func, plugin._MARK, False):
+        if getattr(func, patching.MARK, False):
             return False
         checked.append((cls, t, func, where))
     (cls, _, schedule, _), (_, _, update, where) = checked
@@ -282,16 +282,16 @@ def _install(module, ledger):
     def wrapped_update(*args, **kwargs):
         result = update(*args, **kwargs)
         try:
-            ledger.closed(plugin._arg(where, args, kwargs, "scheduler_output"), clock())
+            ledger.closed(patching.arg(where, args, kwargs, "scheduler_output"), clock())
         except Exception as e:
             _failed(ledger, "update_from_output", e)
         return result
 
     for w in (wrapped_schedule, wrapped_update):
-        setattr(w, plugin._MARK, True)
+        setattr(w, patching.MARK, True)
     cls.schedule = wrapped_schedule
     cls.update_from_output = wrapped_update
-    plugin._counters.steps_installed = True
+    patching.counters.steps_installed = True
     return True
 
 

@@ -27,6 +27,7 @@ from unittest import mock
 
 import check_vllm
 import otelcol_llm_vllm as plugin
+import otelcol_llm_vllm_patching as patching
 import test_otelcol_llm_hook
 import vllm_standin as vllm
 from otelcol_llm_hook import _END, _START, _TOKEN, Client
@@ -64,8 +65,8 @@ def tokens_of(evs):
 
 def reset_plugin():
     plugin._observer = None
-    plugin._counters = plugin._Counters()
-    plugin._said.clear()
+    patching.counters = patching.Counters()
+    patching.said.clear()
 
 
 class PluginTest(unittest.TestCase):
@@ -780,6 +781,66 @@ class PluginCollectorTest(test_otelcol_llm_hook.CollectorTestCase):
         self.assertEqual(got["chatcmpl-gw-1"]["llm.session.attributes"], {"gen_ai.conversation.id": "conv-9"})
         self.assertNotIn("gen_ai.request.stream", {k for k, v in got["chatcmpl-gw-1"].items() if v is False})
         self.assertEqual(got["chatcmpl-n#0"].get("gen_ai.request.stream"), False)
+
+
+class PluginShareCollectorTest(test_otelcol_llm_hook.CollectorTestCase):
+    """Both halves of the plugin, each with its own client as in vLLM's two processes: the API server's output
+    processor (the stand-in) sends the sessions, their starts naming vLLM's internal request ids; the engine core's
+    scheduler (the stand-in, on a simulated clock) sends each request's share by that id. The built collector joins
+    them: each session's summary carries the engine's share to the nanosecond (attribution_source engine)."""
+
+    processors = {"token_session": {"sampling": {"normal_percent": 100}}}
+
+    def test_sessions_carry_the_engine_cores_share(self):
+        import otelcol_llm_vllm_steps as steps
+
+        api = Client("unix://" + self.unix_path, flush_interval=0.01)
+        self.addCleanup(api.close)
+        core = Client("unix://" + self.unix_path, flush_interval=0.01)
+        self.addCleanup(core.close)
+        observer = plugin.Observer(api, model="llama", engine="vllm-0", engine_request_ids=True)
+        mod = vllm.output_processor_module()
+        self.assertTrue(plugin.install(mod, observer))
+        proc = mod.OutputProcessor(None, log_stats=True)
+        (a,) = add(proc, request("a", DELTA, prompt=10))
+        (b,) = add(proc, request("b", DELTA, prompt=4))
+
+        # The engine core: 8 tokens a step, 100 ns a token. Step 1: a's first 8 prompt tokens (800 ns). Step 2: a's
+        # last 2 and b's 4 (600 ns: 200 to a, 400 to b); b is done. Step 3: a decodes 1 (100 ns) and is done.
+        clock = vllm.SimClock()
+        sched_mod = vllm.scheduler_module()
+        ledger = steps.StepLedger(core, engine="vllm-0", clock=clock)
+        self.assertTrue(steps.install(sched_mod, ledger))
+        sched = sched_mod.Scheduler(max_num_batched_tokens=8)
+        runner = vllm.ModelRunner(clock, lambda n: 100 * n)
+        sched.add_request(sched_mod.Request(a, list(range(10)), 2))
+        sched.add_request(sched_mod.Request(b, list(range(4)), 1))
+        while sched.has_requests():
+            so = sched.schedule(False)
+            sched.update_from_output(so, runner(so, sched))
+        self.assertEqual(ledger.sent, 2)
+
+        step(proc, [(a, [1], None), (b, [1], FinishReason.LENGTH)])
+        step(proc, [(a, [2], FinishReason.LENGTH)])
+        self.assertTrue(core.flush(timeout=10))
+        self.assertTrue(api.flush(timeout=10))
+        self.assertEqual(api.stats()["rejected"] + core.stats()["rejected"], 0)
+
+        want = {"chatcmpl-a": (1000e-9, 100e-9), "chatcmpl-b": (400e-9, 0.0)}
+
+        def summaries():
+            got = {at.get("llm.session.id"): at for r, at in self.sink.records()
+                   if r.get("eventName") == "llm.session.summary"}
+            return got if set(want) <= set(got) else None
+
+        got = test_otelcol_llm_hook.wait_for(summaries, timeout=15, interval=0.1)
+        self.assertTrue(got, "summaries at the sink: %r\ncollector log:\n%s"
+                        % (sorted(at.get("llm.session.id") for _, at in self.sink.records()), self.collector_log()))
+        for sid, (prefill, decode) in want.items():
+            attrs = got[sid]
+            self.assertEqual(attrs["llm.session.attribution_source"], "engine", sid)
+            self.assertEqual(attrs["llm.session.engine_time.prefill"], prefill, sid)
+            self.assertEqual(attrs["llm.session.engine_time.decode"], decode, sid)
 
 
 class CheckToolTest(unittest.TestCase):

@@ -33,22 +33,6 @@ const (
 	MetricPrefillTime       = "llm.session.prefill_time"
 )
 
-// AttrOutcome is the outcome of a session on llm.sessions: completed,
-// error, aborted, timeout, evicted, shutdown (session.Outcome).
-const AttrOutcome = "llm.session.outcome"
-
-// Attribute keys set by the aggregator.
-const (
-	attrOperation = "gen_ai.operation.name"
-	attrProvider  = "gen_ai.provider.name"
-	attrModel     = "gen_ai.request.model"
-	attrErrorType = "error.type"
-	attrEngine    = "llm.engine"
-	attrTokenType = "gen_ai.token.type"
-	attrSampled   = "llm.session.sampled"
-	attrOverflow  = "otel.metric.overflow"
-)
-
 // Dims is the identity of a series. An empty string means the attribute is absent.
 type Dims struct {
 	Operation string // gen_ai.operation.name

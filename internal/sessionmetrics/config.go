@@ -102,6 +102,22 @@ func DefaultConfig() Config {
 	}
 }
 
+// AttrOutcome is the outcome of a session on llm.sessions: completed,
+// error, aborted, timeout, evicted, shutdown (session.Outcome).
+const AttrOutcome = "llm.session.outcome"
+
+// Attribute keys set by the aggregator.
+const (
+	attrOperation = "gen_ai.operation.name"
+	attrProvider  = "gen_ai.provider.name"
+	attrModel     = "gen_ai.request.model"
+	attrErrorType = "error.type"
+	attrEngine    = "llm.engine"
+	attrTokenType = "gen_ai.token.type"
+	attrSampled   = "llm.session.sampled"
+	attrOverflow  = "otel.metric.overflow"
+)
+
 // builtinKeys are attribute keys the aggregator sets itself; a configured dimension must not reuse one.
 var builtinKeys = []string{
 	attrOperation, attrProvider, attrModel, attrErrorType, attrEngine,

@@ -37,13 +37,14 @@ const (
 	fEnginePrefill
 	fEngineDecode
 	fEnergy
+	fEngineRequestID
 )
 
 var fieldNames = [...]string{
 	"event", "session_id", "time_unix_nano", "trace_id", "span_id", "parent_span_id", "model", "operation",
 	"prompt_tokens", "engine", "attributes", "count", "completion_tokens", "finish_reason", "error",
 	"stream", "tracestate", "seq", "response_model", "queue_time_ns", "prefill_time_ns", "decode_time_ns",
-	"engine_time_prefill_ns", "engine_time_decode_ns", "energy_mj",
+	"engine_time_prefill_ns", "engine_time_decode_ns", "energy_mj", "engine_request_id",
 }
 
 const (
@@ -53,14 +54,20 @@ const (
 	allowedT = fCommon | fCount | fSeq
 	allowedE = fCommon | fCompletionTokens | fFinishReason | fError | fResponseModel | fQueueTime | fPrefillTime |
 		fDecodeTime | fEnginePrefill | fEngineDecode | fEnergy
+	// A share names the engine's request, not a session.
+	allowedShare = fEvent | fEngineRequestID | fTime | fEngine | fEnginePrefill | fEngineDecode | fEnergy
 )
 
 func validate(seen uint32, ev *tokenevent.Event) error {
 	if seen&fEvent == 0 {
 		return &tokenevent.FieldError{Field: "event", Reason: "missing"}
 	}
-	if seen&fSessionID == 0 {
-		return &tokenevent.FieldError{Field: "session_id", Reason: "missing"}
+	id := fSessionID
+	if ev.Kind == tokenevent.KindShare {
+		id = fEngineRequestID
+	}
+	if seen&id == 0 {
+		return &tokenevent.FieldError{Field: fieldName(id), Reason: "missing"}
 	}
 	if seen&fTime == 0 {
 		return &tokenevent.FieldError{Field: "time_unix_nano", Reason: "missing"}
@@ -71,6 +78,8 @@ func validate(seen uint32, ev *tokenevent.Event) error {
 		allowed = allowedT
 	case tokenevent.KindEnd:
 		allowed = allowedE
+	case tokenevent.KindShare:
+		allowed = allowedShare
 	}
 	if extra := seen &^ allowed; extra != 0 {
 		for i, name := range fieldNames {
@@ -137,6 +146,8 @@ func fieldBit(key []byte) (uint32, bool) {
 		return fEngineDecode, true
 	case "energy_mj":
 		return fEnergy, true
+	case "engine_request_id":
+		return fEngineRequestID, true
 	}
 	return 0, false
 }
@@ -149,7 +160,7 @@ func (p *Parser) value(bit uint32, ev *tokenevent.Event) (bool, error) {
 	name := fieldName(bit)
 	if p.null() {
 		switch bit {
-		case fEvent, fSessionID, fTime:
+		case fEvent, fSessionID, fTime, fEngineRequestID:
 			return false, &tokenevent.FieldError{Field: name, Reason: "must not be null"}
 		}
 		return false, nil
@@ -167,8 +178,10 @@ func (p *Parser) value(bit uint32, ev *tokenevent.Event) (bool, error) {
 			ev.Kind = tokenevent.KindToken
 		case "end":
 			ev.Kind = tokenevent.KindEnd
+		case "share":
+			ev.Kind = tokenevent.KindShare
 		default:
-			return false, &tokenevent.FieldError{Field: name, Reason: fmt.Sprintf("want start, token or end, got %q", tokenevent.Excerpt(s))}
+			return false, &tokenevent.FieldError{Field: name, Reason: fmt.Sprintf("want start, token, end or share, got %q", tokenevent.Excerpt(s))}
 		}
 	case fSessionID:
 		s, err := p.str(name)
@@ -179,6 +192,17 @@ func (p *Parser) value(bit uint32, ev *tokenevent.Event) (bool, error) {
 			return false, err
 		}
 		ev.SessionID = p.intern(s)
+	case fEngineRequestID:
+		s, err := p.str(name)
+		if err != nil {
+			return false, err
+		}
+		if err := tokenevent.CheckEngineRequestID(s); err != nil {
+			return false, err
+		}
+		// Each request's share comes once: not worth a place in the
+		// intern table.
+		ev.EngineRequestID = string(s)
 	case fTime:
 		v, err := p.uint(name)
 		if err != nil {

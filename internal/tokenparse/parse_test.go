@@ -140,6 +140,24 @@ func TestParseTokenAndEnd(t *testing.T) {
 	assert.ErrorContains(t, err, "energy_mj: not allowed on a token event")
 }
 
+// A share names the engine's request instead of a session: its fields are
+// read as given, and a share without either part is a share of 0.
+func TestParseShare(t *testing.T) {
+	ev, err := parse(t, `{"event":"share","engine_request_id":"cmpl-7-0a1b2c3d","time_unix_nano":5,"engine":"vllm-0","engine_time_prefill_ns":1200,"engine_time_decode_ns":3400,"energy_mj":56}`)
+	require.NoError(t, err)
+	assert.Equal(t, tokenevent.KindShare, ev.Kind)
+	assert.Equal(t, "cmpl-7-0a1b2c3d", ev.EngineRequestID)
+	assert.Empty(t, ev.SessionID)
+	assert.Equal(t, "vllm-0", ev.Engine)
+	assert.True(t, ev.HasEngineTime && ev.HasEnergy)
+	assert.Equal(t, [3]int64{1200, 3400, 56}, [3]int64{ev.EngineTimePrefillNs, ev.EngineTimeDecodeNs, ev.EnergyMilliJ})
+
+	ev, err = parse(t, `{"time_unix_nano":5,"engine_request_id":"r","event":"share"}`)
+	require.NoError(t, err, "field order is free, every part optional")
+	assert.Equal(t, [2]int64{0, 0}, [2]int64{ev.EngineTimePrefillNs, ev.EngineTimeDecodeNs})
+	assert.False(t, ev.HasEngineTime || ev.HasEnergy)
+}
+
 func TestParseEscapes(t *testing.T) {
 	ev, err := parse(t, `{"event":"start","session_id":"a\"b\\c\u00e9\ud83d\ude00","time_unix_nano":1,"attributes":{"k\n":"v\t"}}`)
 	require.NoError(t, err)
@@ -157,7 +175,7 @@ func TestParseErrors(t *testing.T) {
 		{`[1]`, `invalid JSON at byte 1: want '{', got '['`},
 		{`{"event":"token","session_id":"s","time_unix_nano":1`, `invalid JSON: want ',' or '}', got end of line`},
 		{`{"event":"token","session_id":"s","time_unix_nano":1} x`, `invalid JSON at byte 55: data after the object`},
-		{`{"event":"tok","session_id":"s","time_unix_nano":1}`, `event: want start, token or end, got "tok"`},
+		{`{"event":"tok","session_id":"s","time_unix_nano":1}`, `event: want start, token, end or share, got "tok"`},
 		{`{"session_id":"s","time_unix_nano":1}`, `event: missing`},
 		{`{"event":"token","time_unix_nano":1}`, `session_id: missing`},
 		{`{"event":"token","session_id":"s"}`, `time_unix_nano: missing`},
@@ -221,6 +239,17 @@ func TestParseErrors(t *testing.T) {
 		{`{"bad":{"a":[true,false,null,-1.5e-3,"\u00e9",{}],"b":[]},"c":0}`, `bad: unknown field`},
 		{`{"event":"start","session_id":"s","time_unix_nano":1,"attributes":{"a"}}`, `invalid JSON at byte 71: want ':', got '}'`},
 		{`{"event":"start","session_id":"s","time_unix_nano":1,"attributes":{"":"v"}}`, `attributes: empty key`},
+		{`{"event":"share","time_unix_nano":1}`, `engine_request_id: missing`},
+		{`{"event":"share","engine_request_id":"r"}`, `time_unix_nano: missing`},
+		{`{"event":"share","engine_request_id":"","time_unix_nano":1}`, `engine_request_id: must not be empty`},
+		{`{"event":"share","engine_request_id":null,"time_unix_nano":1}`, `engine_request_id: must not be null`},
+		{`{"event":"share","engine_request_id":7,"time_unix_nano":1}`, `engine_request_id: want a string`},
+		{`{"event":"share","engine_request_id":"` + long + `","time_unix_nano":1}`, `engine_request_id: 300 bytes, limit is 256`},
+		{`{"event":"share","engine_request_id":"r","session_id":"s","time_unix_nano":1}`, `session_id: not allowed on a share event`},
+		{`{"event":"share","engine_request_id":"r","time_unix_nano":1,"model":"m"}`, `model: not allowed on a share event`},
+		{`{"event":"share","engine_request_id":"r","time_unix_nano":1,"engine_time_decode_ns":-1}`, `engine_time_decode_ns: want a non-negative integer`},
+		{`{"event":"share","engine_request_id":"r","time_unix_nano":1,"energy_mj":1.5}`, `energy_mj: want a non-negative integer`},
+		{`{"event":"end","session_id":"s","engine_request_id":"r","time_unix_nano":1}`, `engine_request_id: not allowed on a end event`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -339,6 +368,8 @@ func TestAppendJSONRoundTrip(t *testing.T) {
 		`{"event":"token","session_id":"q\"\\\u0001é","time_unix_nano":7,"count":4}`,
 		`{"event":"end","session_id":"s","time_unix_nano":9,"error":"aborted"}`,
 		`{"event":"end","session_id":"s","time_unix_nano":9,"engine_time_prefill_ns":10,"engine_time_decode_ns":0,"energy_mj":3}`,
+		`{"event":"share","engine_request_id":"r-\u00e9","time_unix_nano":9,"engine":"e","engine_time_prefill_ns":10,"engine_time_decode_ns":20,"energy_mj":3}`,
+		`{"event":"share","engine_request_id":"r","time_unix_nano":9}`,
 	} {
 		want, err := parse(t, line)
 		require.NoError(t, err)
@@ -366,6 +397,8 @@ func FuzzParse(f *testing.F) {
 		`{"event":"start","session_id":"a","time_unix_nano":5,"operation":"chatx"}`, `{"event":"start","session_id":"a","time_unix_nano":5,"trace_id":"00000000000000000000000000000000"}`,
 		`{"event":"end","session_id":"a","time_unix_nano":5,"completion_tokens":7,"finish_reason":"stop","error":"E","response_model":"r","queue_time_ns":1,"prefill_time_ns":2,"decode_time_ns":3}`,
 		`{"event":"end","session_id":"a","time_unix_nano":5,"decode_time_ns":3}`, `{"event":"end","session_id":"a","time_unix_nano":5,"completion_tokens":07}`,
+		`{"event":"share","engine_request_id":"r","time_unix_nano":5,"engine":"e","engine_time_prefill_ns":1,"engine_time_decode_ns":2,"energy_mj":3}`,
+		`{"event":"share","session_id":"a","time_unix_nano":5}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -21,11 +21,13 @@ func FuzzValidate(f *testing.F) {
 	f.Add(uint8(3), "\xff\xfe", uint64(1<<63), "x", int64(-2), int64(-1), "a", "a")
 	f.Add(uint8(0), strings.Repeat("é", 130), uint64(9), "text_completion", int64(7), int64(3), "k", "")
 	f.Add(uint8(1), "s", uint64(1), strings.Repeat("é", 200), int64(-1), int64(1), strings.Repeat("k", 257), strings.Repeat("v", 300))
+	f.Add(uint8(4), "cmpl-1-0a1b2c3d", uint64(1), "", int64(0), int64(1), "", strings.Repeat("e", 300))
 	p := NewParser(tokenevent.Limits{MaxLineBytes: 1 << 20})
 	f.Fuzz(func(t *testing.T, kind uint8, sid string, tm uint64, op string, tokens, count int64, key1, key2 string) {
 		var ev tokenevent.Event
 		ev.Reset()
-		ev.Kind, ev.SessionID, ev.TimeUnixNano = tokenevent.Kind(kind%4), sid, tm
+		ev.Kind, ev.SessionID, ev.TimeUnixNano = tokenevent.Kind(kind%5), sid, tm
+		ev.EngineRequestID, ev.Engine = sid, key2 // a share's
 		ev.Operation, ev.PromptTokens, ev.CompletionTokens, ev.Count = op, tokens, tokens, count
 		ev.Model = op
 		binary.LittleEndian.PutUint64(ev.TraceID[:], tm)

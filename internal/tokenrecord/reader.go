@@ -13,7 +13,7 @@ import (
 // IsTokenEvent reports whether lr is one of the token event records.
 func IsTokenEvent(lr plog.LogRecord) bool {
 	switch lr.EventName() {
-	case EventNameStart, EventNameToken, EventNameEnd:
+	case EventNameStart, EventNameToken, EventNameEnd, EventNameShare:
 		return true
 	}
 	return false
@@ -35,6 +35,8 @@ func ReadRecord(lr plog.LogRecord, limits tokenevent.Limits, ev *tokenevent.Even
 		ev.Kind = tokenevent.KindToken
 	case EventNameEnd:
 		ev.Kind = tokenevent.KindEnd
+	case EventNameShare:
+		return readShare(lr, ev, fn)
 	default:
 		return &tokenevent.FieldError{Field: "event_name", Reason: fmt.Sprintf("want a token event, got %q", lr.EventName())}
 	}
@@ -194,6 +196,45 @@ func readEnd(attrs pcommon.Map, ev *tokenevent.Event, fn func(*tokenevent.Event)
 	}
 	// The limits are those of the other kinds (session ID, time): checked
 	// above, before the kind's own attributes.
+	fn(ev)
+	return nil
+}
+
+// readShare decodes a share record: named by the engine's request id, not
+// by a session.
+func readShare(lr plog.LogRecord, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
+	ev.Kind = tokenevent.KindShare
+	attrs := lr.Attributes()
+	var err error
+	if ev.EngineRequestID, err = strAttr(attrs, AttrEngineRequestID); err != nil {
+		return err
+	}
+	if ev.EngineRequestID == "" {
+		return &tokenevent.FieldError{Field: AttrEngineRequestID, Reason: "missing"}
+	}
+	ev.TimeUnixNano = uint64(lr.Timestamp())
+	if ev.TimeUnixNano == 0 {
+		return &tokenevent.FieldError{Field: "time_unix_nano", Reason: "missing"}
+	}
+	if ev.Engine, err = strAttr(attrs, AttrEngine); err != nil {
+		return err
+	}
+	for _, t := range shareAttrs(ev) {
+		if *t.v, err = intAttr(attrs, t.key, -1); err != nil {
+			return err
+		}
+		if *t.v >= 0 {
+			*t.has = true
+		} else {
+			*t.v = 0
+		}
+	}
+	if err := ev.Validate(tokenevent.Limits{}); err != nil {
+		if fe, ok := err.(*tokenevent.FieldError); ok && fe.Field == "engine_request_id" {
+			fe.Field = AttrEngineRequestID
+		}
+		return err
+	}
 	fn(ev)
 	return nil
 }

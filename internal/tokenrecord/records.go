@@ -3,11 +3,17 @@
 // (ReadRecord), so both sides share one definition of the attributes.
 package tokenrecord // import "github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 
+import "github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+
 // Event names of the log records that carry token events in the collector.
 const (
 	EventNameStart = "llm.session.start"
 	EventNameToken = "llm.token"
 	EventNameEnd   = "llm.session.end"
+	// EventNameShare is a request's share of the engine's busy time, sent
+	// by the engine's scheduler: keyed by AttrEngineRequestID, it has no
+	// llm.session.id.
+	EventNameShare = "llm.session.share"
 )
 
 // Event names of the log records token_session emits: a session's summary
@@ -50,6 +56,9 @@ const (
 	AttrEngineTimePrefillNs = "llm.session.engine_time_prefill_ns"
 	AttrEngineTimeDecodeNs  = "llm.session.engine_time_decode_ns"
 	AttrEnergyMilliJ        = "llm.session.energy_mj"
+	// AttrEngineRequestID is the engine's own id of the request, on a
+	// share (the start names it among its attributes, under the same key).
+	AttrEngineRequestID = tokenevent.AttrEngineRequestID
 
 	// AttrTokenCount is the token count of a record holding one token event
 	// (absent means 1).
@@ -68,3 +77,31 @@ const (
 	// in an allocation of its own.
 	AttrTokenEvents = "llm.token.events"
 )
+
+// timingAttrs pairs ev's timing fields with their attributes.
+func timingAttrs(ev *tokenevent.Event) [3]struct {
+	key string
+	ns  *int64
+} {
+	return [3]struct {
+		key string
+		ns  *int64
+	}{{AttrQueueTimeNs, &ev.QueueTimeNs}, {AttrPrefillTimeNs, &ev.PrefillTimeNs}, {AttrDecodeTimeNs, &ev.DecodeTimeNs}}
+}
+
+// shareAttrs pairs ev's engine share fields with their attributes.
+func shareAttrs(ev *tokenevent.Event) [3]struct {
+	key string
+	v   *int64
+	has *bool
+} {
+	return [3]struct {
+		key string
+		v   *int64
+		has *bool
+	}{
+		{AttrEngineTimePrefillNs, &ev.EngineTimePrefillNs, &ev.HasEngineTime},
+		{AttrEngineTimeDecodeNs, &ev.EngineTimeDecodeNs, &ev.HasEngineTime},
+		{AttrEnergyMilliJ, &ev.EnergyMilliJ, &ev.HasEnergy},
+	}
+}

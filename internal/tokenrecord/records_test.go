@@ -110,6 +110,51 @@ func TestRecordsRoundTrip(t *testing.T) {
 	assert.Equal(t, bySession(want), bySession(got))
 }
 
+// A share is a record of its own, keyed by the engine's request id, with no
+// llm.session.id, in an ordered writer as in a plain one; it reads back as
+// it was parsed.
+func TestRecordsShare(t *testing.T) {
+	shares := []string{
+		`{"event":"share","engine_request_id":"cmpl-7-0a1b2c3d","time_unix_nano":1700000000300000000,"engine":"vllm-0","engine_time_prefill_ns":1200,"engine_time_decode_ns":3400,"energy_mj":56}`,
+		`{"event":"share","engine_request_id":"cmpl-8-0a1b2c3d","time_unix_nano":1700000000300000001}`,
+	}
+	p := tokenparse.NewParser(tokenevent.Limits{})
+	var want []tokenevent.Event
+	for _, l := range shares {
+		var ev tokenevent.Event
+		require.NoError(t, p.Parse([]byte(l), &ev))
+		want = append(want, clone(&ev))
+	}
+	for _, ordered := range []bool{false, true} {
+		records := plog.NewLogRecordSlice()
+		w := NewRecordWriter()
+		w.Reset(records, 42)
+		w.SetOrdered(ordered)
+		for _, l := range []string{startLine, shares[0], tokenLine, endLine, shares[1]} {
+			var ev tokenevent.Event
+			require.NoError(t, p.Parse([]byte(l), &ev))
+			w.Append(&ev)
+		}
+		w.Flush()
+		var got []tokenevent.Event
+		for i := range records.Len() {
+			lr := records.At(i)
+			if lr.EventName() != EventNameShare {
+				continue
+			}
+			assert.True(t, IsTokenEvent(lr))
+			_, hasSession := lr.Attributes().Get(AttrSessionID)
+			assert.False(t, hasSession)
+			v, _ := lr.Attributes().Get(AttrEngineRequestID)
+			assert.Equal(t, want[len(got)].EngineRequestID, v.Str())
+			var ev tokenevent.Event
+			require.NoError(t, ReadRecord(lr, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) { got = append(got, clone(e)) }))
+		}
+		assert.Equal(t, want, got, "ordered %v", ordered)
+		assert.Equal(t, 5, records.Len(), "start, share, token, end, share")
+	}
+}
+
 // An end carries the input tokens when they are known only then (the
 // proxy reads them from the usage chunk); the NDJSON end has no field for
 // them, so the event is built here.
@@ -376,6 +421,26 @@ func TestReadRecordErrors(t *testing.T) {
 			lr.Attributes().PutStr(AttrSessionID, "s")
 			lr.Attributes().PutStr(AttrParentSpanID, "xyz")
 		}, AttrParentSpanID + ": want 16 hex digits, got 3"},
+		{"share without its id", func(lr plog.LogRecord) {
+			lr.SetEventName(EventNameShare)
+			lr.SetTimestamp(1)
+			lr.Attributes().PutStr(AttrSessionID, "s")
+		}, AttrEngineRequestID + ": missing"},
+		{"share's id too long", func(lr plog.LogRecord) {
+			lr.SetEventName(EventNameShare)
+			lr.SetTimestamp(1)
+			lr.Attributes().PutStr(AttrEngineRequestID, strings.Repeat("r", 257))
+		}, AttrEngineRequestID + ": 257 bytes, limit is 256"},
+		{"share without time", func(lr plog.LogRecord) {
+			lr.SetEventName(EventNameShare)
+			lr.Attributes().PutStr(AttrEngineRequestID, "r")
+		}, "time_unix_nano: missing"},
+		{"share's negative part", func(lr plog.LogRecord) {
+			lr.SetEventName(EventNameShare)
+			lr.SetTimestamp(1)
+			lr.Attributes().PutStr(AttrEngineRequestID, "r")
+			lr.Attributes().PutInt(AttrEngineTimeDecodeNs, -3)
+		}, AttrEngineTimeDecodeNs + ": want a non-negative int, got -3"},
 		{"negative output", func(lr plog.LogRecord) {
 			lr.SetEventName(EventNameEnd)
 			lr.SetTimestamp(1)

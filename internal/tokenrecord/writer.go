@@ -166,6 +166,10 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 			o = nil // a later token opens a new record (see openRecord)
 		}
 	}
+	if ev.Kind == tokenevent.KindShare {
+		w.appendShare(ev)
+		return
+	}
 	if w.ordered && ev.Kind != tokenevent.KindToken {
 		k := recordKey{int64(ev.TimeUnixNano), kindRank(ev.Kind)}
 		w.follows(w.entry(o, ev.SessionID), k, k)
@@ -243,20 +247,21 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 	}
 }
 
-// shareAttrs pairs ev's engine share fields with their attributes.
-func shareAttrs(ev *tokenevent.Event) [3]struct {
-	key string
-	v   *int64
-	has *bool
-} {
-	return [3]struct {
-		key string
-		v   *int64
-		has *bool
-	}{
-		{AttrEngineTimePrefillNs, &ev.EngineTimePrefillNs, &ev.HasEngineTime},
-		{AttrEngineTimeDecodeNs, &ev.EngineTimeDecodeNs, &ev.HasEngineTime},
-		{AttrEnergyMilliJ, &ev.EnergyMilliJ, &ev.HasEnergy},
+// appendShare writes a share: a record of its own, of no session, so in no
+// session's order.
+func (w *RecordWriter) appendShare(ev *tokenevent.Event) {
+	lr := w.records.AppendEmpty()
+	lr.SetEventName(EventNameShare)
+	lr.SetTimestamp(pcommon.Timestamp(ev.TimeUnixNano))
+	lr.SetObservedTimestamp(w.observed)
+	attrs := lr.Attributes()
+	attrs.EnsureCapacity(5)
+	attrs.PutStr(AttrEngineRequestID, ev.EngineRequestID)
+	putNonEmpty(attrs, AttrEngine, ev.Engine)
+	for _, t := range shareAttrs(ev) {
+		if *t.has && *t.v >= 0 {
+			attrs.PutInt(t.key, *t.v)
+		}
 	}
 }
 
@@ -281,17 +286,6 @@ func (w *RecordWriter) follows(o *openTokenRecord, first, last recordKey) {
 		o.disordered, w.disordered = true, true
 	}
 	o.prevTime, o.prevRank = last.time, last.kind
-}
-
-// timingAttrs pairs ev's timing fields with their attributes.
-func timingAttrs(ev *tokenevent.Event) [3]struct {
-	key string
-	ns  *int64
-} {
-	return [3]struct {
-		key string
-		ns  *int64
-	}{{AttrQueueTimeNs, &ev.QueueTimeNs}, {AttrPrefillTimeNs, &ev.PrefillTimeNs}, {AttrDecodeTimeNs, &ev.DecodeTimeNs}}
 }
 
 // pack adds a token event to an open token record.

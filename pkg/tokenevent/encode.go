@@ -11,8 +11,13 @@ import (
 func AppendJSON(dst []byte, ev *Event) []byte {
 	dst = append(dst, `{"event":"`...)
 	dst = append(dst, ev.Kind.String()...)
-	dst = append(dst, `","session_id":`...)
-	dst = appendString(dst, ev.SessionID)
+	if ev.Kind == KindShare {
+		dst = append(dst, `","engine_request_id":`...)
+		dst = appendString(dst, ev.EngineRequestID)
+	} else {
+		dst = append(dst, `","session_id":`...)
+		dst = appendString(dst, ev.SessionID)
+	}
 	dst = append(dst, `,"time_unix_nano":`...)
 	dst = strconv.AppendUint(dst, ev.TimeUnixNano, 10)
 	switch ev.Kind {
@@ -83,20 +88,29 @@ func AppendJSON(dst []byte, ev *Event) []byte {
 				dst = strconv.AppendInt(dst, t.ns, 10)
 			}
 		}
-		for _, t := range [...]struct {
-			key string
-			v   int64
-			has bool
-		}{{"engine_time_prefill_ns", ev.EngineTimePrefillNs, ev.HasEngineTime}, {"engine_time_decode_ns", ev.EngineTimeDecodeNs, ev.HasEngineTime}, {"energy_mj", ev.EnergyMilliJ, ev.HasEnergy}} {
-			if t.has && t.v >= 0 {
-				dst = append(dst, `,"`...)
-				dst = append(dst, t.key...)
-				dst = append(dst, `":`...)
-				dst = strconv.AppendInt(dst, t.v, 10)
-			}
-		}
+		dst = appendEngineShare(dst, ev)
+	case KindShare:
+		dst = appendField(dst, "engine", ev.Engine)
+		dst = appendEngineShare(dst, ev)
 	}
 	return append(dst, "}\n"...)
+}
+
+// appendEngineShare appends the engine's share fields of an end or share.
+func appendEngineShare(dst []byte, ev *Event) []byte {
+	for _, t := range [...]struct {
+		key string
+		v   int64
+		has bool
+	}{{"engine_time_prefill_ns", ev.EngineTimePrefillNs, ev.HasEngineTime}, {"engine_time_decode_ns", ev.EngineTimeDecodeNs, ev.HasEngineTime}, {"energy_mj", ev.EnergyMilliJ, ev.HasEnergy}} {
+		if t.has && t.v >= 0 {
+			dst = append(dst, `,"`...)
+			dst = append(dst, t.key...)
+			dst = append(dst, `":`...)
+			dst = strconv.AppendInt(dst, t.v, 10)
+		}
+	}
+	return dst
 }
 
 func appendField(dst []byte, key, value string) []byte {

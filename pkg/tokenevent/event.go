@@ -10,7 +10,7 @@ package tokenevent // import "github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 
 import "encoding/hex"
 
-// Kind says which of the three wire events an Event is.
+// Kind says which of the four wire events an Event is.
 type Kind uint8
 
 const (
@@ -20,9 +20,16 @@ const (
 	KindToken
 	// KindEnd closes a session.
 	KindEnd
+	// KindShare is a request's share of the engine's busy time, sent by
+	// the engine's scheduler, another process than the one that sends the
+	// request's session: it names the request by the engine's own id
+	// (EngineRequestID), which the session's start names in its
+	// AttrEngineRequestID attribute, and has no session ID.
+	KindShare
 )
 
-// String returns the wire name of the kind ("start", "token", "end").
+// String returns the wire name of the kind ("start", "token", "end",
+// "share").
 func (k Kind) String() string {
 	switch k {
 	case KindStart:
@@ -31,9 +38,16 @@ func (k Kind) String() string {
 		return "token"
 	case KindEnd:
 		return "end"
+	case KindShare:
+		return "share"
 	}
 	return "unknown"
 }
+
+// AttrEngineRequestID is the start attribute that names the engine's own
+// id of the request (vLLM's internal request id), the id its share event
+// carries: token_session joins the two by it.
+const AttrEngineRequestID = "llm.engine.request_id"
 
 // Operation values a start event may carry (GenAI semconv gen_ai.operation.name).
 const (
@@ -86,7 +100,8 @@ type Attribute struct {
 // Event is one token event. Which fields are meaningful depends on Kind;
 // integer fields that are optional hold -1 when absent.
 type Event struct {
-	Kind         Kind
+	Kind Kind
+	// SessionID names the session; a share has none (EngineRequestID).
 	SessionID    string
 	TimeUnixNano uint64
 
@@ -97,7 +112,8 @@ type Event struct {
 	Model        string
 	Operation    string
 	PromptTokens int64
-	Engine       string
+	// Engine names the engine instance, on a start or a share.
+	Engine string
 	// Attributes is owned by whoever filled the Event (a Parser reuses it
 	// between calls); copy it to keep it.
 	Attributes []Attribute
@@ -136,14 +152,18 @@ type Event struct {
 	// its response, read by the proxy, the queue derived); "" without a
 	// split.
 	TimingSource string
-	// The request's share of the engine's busy time, as the engine computed
-	// it from its steps (each step's time split among its requests by the
-	// tokens each computed in it), in ns, prefill and decode: meaningful
-	// when HasEngineTime (a part not given is 0). EnergyMilliJ is its share
-	// of the GPU's energy in mJ, when HasEnergy.
+	// End and share: the request's share of the engine's busy time, as
+	// the engine computed it from its steps (each step's time split among
+	// its requests by the tokens each computed in it), in ns, prefill and
+	// decode: meaningful when HasEngineTime (a part not given is 0; a
+	// share without either part is a share of 0). EnergyMilliJ is its
+	// share of the GPU's energy in mJ, when HasEnergy.
 	EngineTimePrefillNs, EngineTimeDecodeNs int64
 	EnergyMilliJ                            int64
 	HasEngineTime, HasEnergy                bool
+
+	// Share only: the engine's own id of the request (see KindShare).
+	EngineRequestID string
 }
 
 // Sources of an end event's engine timing.

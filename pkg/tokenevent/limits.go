@@ -114,6 +114,8 @@ func (ev *Event) CutValues() int {
 		for i := range ev.Attributes {
 			cut(&ev.Attributes[i].Value, MaxValueBytes)
 		}
+	case KindShare:
+		cut(&ev.Engine, MaxValueBytes)
 	case KindEnd:
 		cut(&ev.ResponseModel, MaxValueBytes)
 		cut(&ev.FinishReason, MaxValueBytes)

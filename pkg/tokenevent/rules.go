@@ -3,6 +3,7 @@ package tokenevent
 import (
 	"fmt"
 	"math"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -16,11 +17,28 @@ import (
 // invalid UTF-8 byte counts as the three bytes of the U+FFFD that
 // AppendJSON writes for it.
 func CheckSessionID[S ~string | ~[]byte](id S, limit int) *FieldError {
-	if len(id) == 0 {
-		return &FieldError{Field: "session_id", Reason: "must not be empty"}
-	}
 	if limit <= 0 {
 		limit = DefaultMaxSessionIDBytes
+	}
+	return checkID("session_id", id, limit)
+}
+
+// MaxEngineRequestIDBytes bounds a share's engine_request_id: the value of
+// the start attribute it is joined by, which is cut to MaxValueBytes, so a
+// longer one could never be joined.
+const MaxEngineRequestIDBytes = MaxValueBytes
+
+// CheckEngineRequestID checks a share's engine_request_id: not empty, and
+// at most MaxEngineRequestIDBytes as the receiver decodes it (see
+// CheckSessionID).
+func CheckEngineRequestID[S ~string | ~[]byte](id S) *FieldError {
+	return checkID("engine_request_id", id, MaxEngineRequestIDBytes)
+}
+
+// checkID checks the id of field: not empty, at most limit bytes decoded.
+func checkID[S ~string | ~[]byte](field string, id S, limit int) *FieldError {
+	if len(id) == 0 {
+		return &FieldError{Field: field, Reason: "must not be empty"}
 	}
 	n := len(id)
 	// Decoding at most triples a length, so short IDs need no closer look.
@@ -28,7 +46,7 @@ func CheckSessionID[S ~string | ~[]byte](id S, limit int) *FieldError {
 		n = decodedLen(id)
 	}
 	if n > limit {
-		return &FieldError{Field: "session_id", Reason: fmt.Sprintf("%d bytes, limit is %d", n, limit)}
+		return &FieldError{Field: field, Reason: fmt.Sprintf("%d bytes, limit is %d", n, limit)}
 	}
 	return nil
 }
@@ -49,6 +67,26 @@ func decodedLen[S ~string | ~[]byte](s S) int {
 		i += size
 	}
 	return n
+}
+
+// asDecoded is s as the receiver decodes it once AppendJSON has written it:
+// each invalid UTF-8 byte replaced by U+FFFD. Valid s (every key the
+// parser hands over, nearly every one a client sends) is returned as it is.
+func asDecoded(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b.WriteRune(utf8.RuneError)
+		} else {
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
 }
 
 // CheckTime checks a time_unix_nano: after the epoch and within an int64.
@@ -142,9 +180,13 @@ func CheckAttribute(attrs []Attribute, key string, limit int) *FieldError {
 			return &FieldError{Field: "attributes", Reason: fmt.Sprintf("key %q: %d bytes, limit is %d", Excerpt([]byte(key)), n, MaxAttributeKeyBytes)}
 		}
 	}
+	// Keys compare as the receiver decodes them: two keys that differ only
+	// in invalid UTF-8 bytes arrive as the same key (each such byte becomes
+	// U+FFFD), which the parser refuses as a duplicate.
+	decoded := asDecoded(key)
 	for _, a := range attrs {
-		if a.Key == key {
-			return &FieldError{Field: "attributes." + key, Reason: "duplicate key"}
+		if a.Key == key || asDecoded(a.Key) == decoded {
+			return &FieldError{Field: "attributes." + decoded, Reason: "duplicate key"}
 		}
 	}
 	if limit <= 0 {
@@ -168,11 +210,15 @@ func CheckAttribute(attrs []Attribute, key string, limit int) *FieldError {
 func (ev *Event) Validate(limits Limits) error {
 	switch ev.Kind {
 	case KindStart, KindToken, KindEnd:
+		if err := CheckSessionID(ev.SessionID, limits.MaxSessionIDBytes); err != nil {
+			return err
+		}
+	case KindShare:
+		if err := CheckEngineRequestID(ev.EngineRequestID); err != nil {
+			return err
+		}
 	default:
-		return &FieldError{Field: "event", Reason: fmt.Sprintf("want start, token or end, got kind %d", ev.Kind)}
-	}
-	if err := CheckSessionID(ev.SessionID, limits.MaxSessionIDBytes); err != nil {
-		return err
+		return &FieldError{Field: "event", Reason: fmt.Sprintf("want start, token, end or share, got kind %d", ev.Kind)}
 	}
 	if err := CheckTime(ev.TimeUnixNano); err != nil {
 		return err
@@ -222,15 +268,23 @@ func (ev *Event) Validate(limits Limits) error {
 				}
 			}
 		}
-		for _, t := range [...]struct {
-			field string
-			v     int64
-			has   bool
-		}{{"engine_time_prefill_ns", ev.EngineTimePrefillNs, ev.HasEngineTime}, {"engine_time_decode_ns", ev.EngineTimeDecodeNs, ev.HasEngineTime}, {"energy_mj", ev.EnergyMilliJ, ev.HasEnergy}} {
-			if t.has {
-				if err := CheckTokens(t.field, t.v); err != nil {
-					return err
-				}
+		return checkEngineShare(ev)
+	case KindShare:
+		return checkEngineShare(ev)
+	}
+	return nil
+}
+
+// checkEngineShare checks the engine's share fields of an end or share.
+func checkEngineShare(ev *Event) error {
+	for _, t := range [...]struct {
+		field string
+		v     int64
+		has   bool
+	}{{"engine_time_prefill_ns", ev.EngineTimePrefillNs, ev.HasEngineTime}, {"engine_time_decode_ns", ev.EngineTimeDecodeNs, ev.HasEngineTime}, {"energy_mj", ev.EnergyMilliJ, ev.HasEnergy}} {
+		if t.has {
+			if err := CheckTokens(t.field, t.v); err != nil {
+				return err
 			}
 		}
 	}

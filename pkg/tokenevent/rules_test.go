@@ -30,7 +30,7 @@ func TestValidate(t *testing.T) {
 			ev.Attributes = []Attribute{{"a", ""}, {"b", "2"}}
 		}, KindStart, ""},
 		{"fields of other kinds are ignored", func(ev *Event) { ev.Count, ev.CompletionTokens, ev.Error = 0, -7, "x" }, KindStart, ""},
-		{"no kind", func(ev *Event) { ev.Kind = 0 }, KindStart, "event: want start, token or end, got kind 0"},
+		{"no kind", func(ev *Event) { ev.Kind = 0 }, KindStart, "event: want start, token, end or share, got kind 0"},
 		{"no session", func(ev *Event) { ev.SessionID = "" }, KindToken, "session_id: must not be empty"},
 		{"long session", func(ev *Event) { ev.SessionID = strings.Repeat("x", 257) }, KindEnd, "session_id: 257 bytes, limit is 256"},
 		{"session at the limit", func(ev *Event) { ev.SessionID = strings.Repeat("é", 128) }, KindEnd, ""},
@@ -59,6 +59,23 @@ func TestValidate(t *testing.T) {
 			ev.Attributes = []Attribute{{"tenant", strings.Repeat("t", 300)}}
 		}, KindStart, ""},
 		{"duplicate key", func(ev *Event) { ev.Attributes = []Attribute{{"a", "1"}, {"a", "2"}} }, KindStart, "attributes.a: duplicate key"},
+		// Both arrive as "a\uFFFD", which the parser refuses as a duplicate.
+		{"keys equal once decoded", func(ev *Event) { ev.Attributes = []Attribute{{"a\xff", "1"}, {"a\xfe", "2"}} }, KindStart, "attributes.a\uFFFD: duplicate key"},
+		{"share", func(ev *Event) {
+			ev.SessionID, ev.EngineRequestID, ev.Engine = "", "cmpl-1-0a1b2c3d", "e"
+			ev.EngineTimePrefillNs, ev.EngineTimeDecodeNs, ev.HasEngineTime = 1, 0, true
+			ev.EnergyMilliJ, ev.HasEnergy = 0, true
+		}, KindShare, ""},
+		{"share without a part: a share of 0", func(ev *Event) { ev.EngineRequestID = "r" }, KindShare, ""},
+		{"share without its id", func(ev *Event) {}, KindShare, "engine_request_id: must not be empty"},
+		{"share's id over the value bound", func(ev *Event) { ev.EngineRequestID = strings.Repeat("r", 257) }, KindShare, "engine_request_id: 257 bytes, limit is 256"},
+		{"share's id at the bound", func(ev *Event) { ev.EngineRequestID = strings.Repeat("é", 128) }, KindShare, ""},
+		{"share's negative part", func(ev *Event) {
+			ev.EngineRequestID, ev.EngineTimeDecodeNs, ev.HasEngineTime = "r", -1, true
+		}, KindShare, "engine_time_decode_ns: must not be negative, got -1"},
+		{"share's negative energy", func(ev *Event) {
+			ev.EngineRequestID, ev.EnergyMilliJ, ev.HasEnergy = "r", -1, true
+		}, KindShare, "energy_mj: must not be negative, got -1"},
 		{"too many", func(ev *Event) {
 			for i := range 33 {
 				ev.Attributes = append(ev.Attributes, Attribute{Key: fmt.Sprint(i)})
@@ -108,6 +125,24 @@ func TestCutValues(t *testing.T) {
 	assert.Len(t, ev.FinishReason, MaxValueBytes)
 	assert.Len(t, ev.Error, MaxErrorTypeBytes)
 	assert.Equal(t, long, ev.Model, "not an end's field")
+
+	ev = newEvent(KindShare)
+	ev.Engine, ev.Model = long, long
+	assert.Equal(t, 1, ev.CutValues())
+	assert.Len(t, ev.Engine, MaxValueBytes)
+	assert.Equal(t, long, ev.Model, "not a share's field")
+}
+
+// A share's line names the request by engine_request_id, not session_id,
+// and carries the engine and its parts as given.
+func TestAppendJSONShare(t *testing.T) {
+	ev := newEvent(KindShare)
+	ev.SessionID, ev.EngineRequestID, ev.TimeUnixNano, ev.Engine = "ignored", "cmpl-7-0a1b2c3d", 1700000000000000000, "vllm-0"
+	ev.EngineTimePrefillNs, ev.EngineTimeDecodeNs, ev.HasEngineTime = 1200, 3400, true
+	assert.Equal(t, `{"event":"share","engine_request_id":"cmpl-7-0a1b2c3d","time_unix_nano":1700000000000000000,"engine":"vllm-0","engine_time_prefill_ns":1200,"engine_time_decode_ns":3400}`+"\n",
+		string(AppendJSON(nil, &ev)))
+	ev.EnergyMilliJ, ev.HasEnergy = 56, true
+	assert.Contains(t, string(AppendJSON(nil, &ev)), `,"energy_mj":56}`)
 }
 
 // An error quotes at most 64 bytes of what it names, then "…".

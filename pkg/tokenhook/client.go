@@ -23,7 +23,7 @@ type (
 	// PromptTokens and CompletionTokens hold -1 when absent, zero IDs and
 	// empty strings are absent, and a token event's Count is at least 1.
 	Event = tokenevent.Event
-	// Kind says which of the three events an Event is.
+	// Kind says which of the four events an Event is.
 	Kind = tokenevent.Kind
 	// TraceID and SpanID are W3C trace context IDs.
 	TraceID = tokenevent.TraceID
@@ -40,7 +40,13 @@ const (
 	KindStart = tokenevent.KindStart
 	KindToken = tokenevent.KindToken
 	KindEnd   = tokenevent.KindEnd
+	KindShare = tokenevent.KindShare
 )
+
+// AttrEngineRequestID is the start attribute that names the engine's own id
+// of the request, the id a Share carries: set it in Start.Attributes when
+// another process sends the request's share.
+const AttrEngineRequestID = tokenevent.AttrEngineRequestID
 
 // Operation values for Event.Operation and Start.Operation (GenAI semconv
 // gen_ai.operation.name).
@@ -112,9 +118,30 @@ type End struct {
 	HasEnergy                   bool
 }
 
+// Share holds the fields of a share Event in Go terms, for Client.Share:
+// a request's share of the engine's busy time, sent by the process that
+// sees the engine's steps when it is not the one that sends the request's
+// session (vLLM's engine core, beside its API server).
+type Share struct {
+	// EngineRequestID is the engine's own id of the request, which the
+	// session's Start names in its Attributes under AttrEngineRequestID;
+	// the collector joins the two by it. Required.
+	EngineRequestID string
+	// Time is when the share was complete; zero means now.
+	Time time.Time
+	// Engine names the engine instance.
+	Engine string
+	// The request's share of the engine's busy time, prefill and decode, as
+	// on End (a negative part is sent as 0); EnergyJ its share of the GPU's
+	// energy, sent when HasEnergy is set.
+	EnginePrefill, EngineDecode time.Duration
+	EnergyJ                     float64
+	HasEnergy                   bool
+}
+
 // Stats counts what happened to the events a Client took: each counts in
 // exactly one field, so once Close has returned, the sum is the number of
-// Start, Token, End and Send calls that returned nil (invalid events are
+// Start, Token, End, Share and Send calls that returned nil (invalid events are
 // refused at the call and counted nowhere).
 type Stats struct {
 	// Sent counts events handed over: accepted by the receiver (HTTP) or
@@ -145,10 +172,8 @@ type Client struct {
 	dropped atomic.Uint64
 	// The other counters are written by the background goroutine; keep
 	// them off the line callers write.
-	_        [64]byte
-	sent     atomic.Uint64
-	failed   atomic.Uint64
-	rejected atomic.Uint64
+	_ [64]byte
+	settled
 
 	stopOnce sync.Once
 	stop     chan struct{} // closed by Close: drain, flush, exit
@@ -185,7 +210,7 @@ func New(cfg Config) (*Client, error) {
 	var snd sender
 	switch {
 	case s.unix != "":
-		snd = newStreamSender(s.unix, s.timeout, c)
+		snd = newStreamSender(s.unix, s.timeout, &c.settled)
 	case s.udp:
 		conn, err := net.Dial("udp", s.addr)
 		if err != nil {
@@ -272,6 +297,34 @@ func (c *Client) End(e End) error {
 	return c.send(e.event())
 }
 
+// Share records a request's share of the engine's busy time. It never
+// blocks. It returns a *FieldError, and sends nothing, when the event is
+// invalid.
+func (c *Client) Share(s Share) error {
+	if c == nil {
+		return nil
+	}
+	return c.send(s.event(), nil)
+}
+
+// event returns the share Event s describes: its parts always sent, as a
+// share is one.
+func (s Share) event() *tokenevent.Event {
+	ev := newEvent(tokenevent.KindShare, "", s.Time)
+	ev.EngineRequestID, ev.Engine = s.EngineRequestID, s.Engine
+	setEngineShare(ev, s.EnginePrefill, s.EngineDecode, s.EnergyJ, s.HasEnergy)
+	return ev
+}
+
+// setEngineShare sets the engine's share fields of an end or share.
+func setEngineShare(ev *tokenevent.Event, prefill, decode time.Duration, energyJ float64, hasEnergy bool) {
+	ev.EngineTimePrefillNs, ev.EngineTimeDecodeNs = max(int64(prefill), 0), max(int64(decode), 0)
+	ev.HasEngineTime = true
+	if hasEnergy && energyJ >= 0 {
+		ev.EnergyMilliJ, ev.HasEnergy = int64(energyJ*1000+0.5), true
+	}
+}
+
 // event returns the start Event s describes.
 func (s Start) event() (*tokenevent.Event, error) {
 	ev := newEvent(tokenevent.KindStart, s.SessionID, s.Time)
@@ -298,11 +351,7 @@ func (e End) event() (*tokenevent.Event, error) {
 		ev.QueueTimeNs, ev.PrefillTimeNs, ev.DecodeTimeNs = nsOrAbsent(e.QueueTime), nsOrAbsent(e.PrefillTime), nsOrAbsent(e.DecodeTime)
 	}
 	if e.HasEngineTime {
-		ev.EngineTimePrefillNs, ev.EngineTimeDecodeNs = max(int64(e.EnginePrefill), 0), max(int64(e.EngineDecode), 0)
-		ev.HasEngineTime = true
-		if e.HasEnergy && e.EnergyJ >= 0 {
-			ev.EnergyMilliJ, ev.HasEnergy = int64(e.EnergyJ*1000+0.5), true
-		}
+		setEngineShare(ev, e.EnginePrefill, e.EngineDecode, e.EnergyJ, e.HasEnergy)
 	}
 	return ev, setTokens(&ev.CompletionTokens, "completion_tokens", e.CompletionTokens, e.HasCompletionTokens)
 }
@@ -356,7 +405,7 @@ func newEvent(kind tokenevent.Kind, sessionID string, t time.Time) *tokenevent.E
 	return ev
 }
 
-// send validates a start or end event that is the client's own and queues
+// send validates a start, end or share event that is the client's own and queues
 // it, unless building it failed with err.
 func (c *Client) send(ev *tokenevent.Event, err error) error {
 	if err != nil {

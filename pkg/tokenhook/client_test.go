@@ -687,7 +687,10 @@ func TestInvalidEventsRefused(t *testing.T) {
 			{func() error { return c.End(End{SessionID: "s-1", CompletionTokens: -2, HasCompletionTokens: true}) }, "completion_tokens: must not be negative, got -2"},
 			{func() error { return c.Send(&Event{Kind: KindToken, SessionID: "s-1", TimeUnixNano: 1}) }, "count: must be at least 1"},
 			{func() error { return c.Send(&Event{Kind: KindEnd, SessionID: "s-1"}) }, "time_unix_nano: must be greater than 0"},
-			{func() error { return c.Send(&Event{SessionID: "s-1", TimeUnixNano: 1}) }, "event: want start, token or end, got kind 0"},
+			{func() error { return c.Send(&Event{SessionID: "s-1", TimeUnixNano: 1}) }, "event: want start, token, end or share, got kind 0"},
+			{func() error { return c.Share(Share{Engine: "e"}) }, "engine_request_id: must not be empty"},
+			{func() error { return c.Share(Share{EngineRequestID: strings.Repeat("r", 257)}) }, "engine_request_id: 257 bytes, limit is 256"},
+			{func() error { return c.Share(Share{EngineRequestID: "r", Time: time.Unix(-1, 0)}) }, "time_unix_nano: must be greater than 0"},
 		} {
 			err := tc.call()
 			require.EqualError(t, err, tc.want)
@@ -721,6 +724,31 @@ func TestLineOverReceiverLimitRejected(t *testing.T) {
 	closeClient(t, c)
 	assert.Equal(t, Stats{Sent: 1, Rejected: 1}, c.Stats())
 	assert.Len(t, received(t, col), 1)
+}
+
+// Share sends the engine's share of a request by its engine request id,
+// with no session ID, its parts always (a share of 0 is a share), and reads
+// back as the receiver parses it.
+func TestShareEvents(t *testing.T) {
+	transports(t, func(t *testing.T, col collector) {
+		c := newClient(t, Config{Endpoint: col.endpoint()})
+		ns := uint64(t0.UnixNano())
+		require.NoError(t, c.Share(Share{
+			EngineRequestID: "cmpl-1-0a1b2c3d", Time: t0, Engine: "vllm-0",
+			EnginePrefill: 41 * time.Millisecond, EngineDecode: 96500 * time.Microsecond, EnergyJ: 1.25, HasEnergy: true,
+		}))
+		require.NoError(t, c.Share(Share{EngineRequestID: "cmpl-2-0a1b2c3d", Time: t0.Add(1), EngineDecode: -5}))
+		closeClient(t, c)
+		require.Eventually(t, func() bool { return countReceived(col) == 2 }, waitFor, tick)
+		assert.Equal(t, []Event{
+			{
+				Kind: KindShare, EngineRequestID: "cmpl-1-0a1b2c3d", TimeUnixNano: ns, Engine: "vllm-0", PromptTokens: -1, Count: 1, CompletionTokens: -1,
+				EngineTimePrefillNs: 41_000_000, EngineTimeDecodeNs: 96_500_000, HasEngineTime: true, EnergyMilliJ: 1250, HasEnergy: true,
+			},
+			{Kind: KindShare, EngineRequestID: "cmpl-2-0a1b2c3d", TimeUnixNano: ns + 1, PromptTokens: -1, Count: 1, CompletionTokens: -1, HasEngineTime: true},
+		}, received(t, col))
+		assert.Equal(t, Stats{Sent: 2}, c.Stats())
+	})
 }
 
 // Send takes the collector's Event and sends what the receiver parses back.
@@ -771,6 +799,7 @@ func TestNilClientIgnoresCalls(t *testing.T) {
 	require.NoError(t, c.Start(Start{SessionID: "s-1"}))
 	require.NoError(t, c.Token("s-1", t0, 1))
 	require.NoError(t, c.End(End{SessionID: "s-1"}))
+	require.NoError(t, c.Share(Share{EngineRequestID: "r"}))
 	assert.Equal(t, Stats{}, c.Stats())
 	assert.NoError(t, c.Close(context.Background()))
 }

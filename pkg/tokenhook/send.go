@@ -15,6 +15,16 @@ import (
 )
 
 // sender delivers batches for the background goroutine.
+// settled counts the events whose batches were answered: sent (taken),
+// failed (lost on the way or refused whole) and rejected (lines the
+// receiver refused). The Client holds them; a sender that learns the
+// answers later (the Unix stream's acknowledgements) settles them itself.
+type settled struct {
+	sent     atomic.Uint64
+	failed   atomic.Uint64
+	rejected atomic.Uint64
+}
+
 type sender interface {
 	// send delivers batch, which holds events whole lines, and returns how
 	// many of them were delivered, how many the receiver rejected and how

@@ -29,7 +29,7 @@ const (
 type streamSender struct {
 	path    string
 	timeout time.Duration // connecting, each write, Close's wait for acknowledgements
-	c       *Client       // whose counters the acknowledgements settle
+	c       *settled      // the Client's counters, which the acknowledgements settle
 
 	// conn, backoff and nextDial are the sending goroutine's; mu guards
 	// conn against abort, called from another.
@@ -40,7 +40,7 @@ type streamSender struct {
 	nextDial time.Time
 }
 
-func newStreamSender(path string, timeout time.Duration, c *Client) *streamSender {
+func newStreamSender(path string, timeout time.Duration, c *settled) *streamSender {
 	return &streamSender{path: path, timeout: timeout, c: c}
 }
 
@@ -138,7 +138,7 @@ const maxAckBytes = 64 << 10
 
 // readAcks settles the lines in flight as the acknowledgements come, and
 // the rest as failed when the connection ends.
-func (sc *streamConn) readAcks(c *Client) {
+func (sc *streamConn) readAcks(c *settled) {
 	defer close(sc.done)
 	r := bufio.NewReaderSize(sc.conn, maxAckBytes)
 	for {

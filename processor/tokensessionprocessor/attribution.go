@@ -323,12 +323,25 @@ func (a *attributor) firstToken(s *session.Session, acc *shareAccount, live *ses
 	e.m.FirstToken(&acc.Share, s.FirstTokenTime)
 }
 
-// ended closes the session's account, writes its share into the end (the
-// engine's own, if the end event brought one, stays) and counts it; live
-// is its session metrics' handle, with its start's dims if it came.
+// ended closes the session's account and counts its share at once: see
+// close and count.
 func (a *attributor) ended(s *session.Session, e *session.End, acc *shareAccount, live *sessionmetrics.Live, now int64) {
+	if a.close(s, e, acc, live, now) {
+		a.count(acc, s.PromptTokens, &e.Share)
+	}
+}
+
+// close closes the session's account on its engine's integral at its end,
+// and writes its share into the end (the engine's own, if the end event
+// brought one, stays); live is its session metrics' handle, with its
+// start's dims if it came. The account then holds the collector's share and
+// the series it counts in, for count: the engine's own share may come
+// later (shares.go), and a counter cannot be corrected once flushed. It
+// reports whether there is anything to count (false: attribution is off,
+// or the session never arrived on an engine).
+func (a *attributor) close(s *session.Session, e *session.End, acc *shareAccount, live *sessionmetrics.Live, now int64) bool {
 	if !a.cfg.Enabled || !acc.open {
-		return
+		return false
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -349,22 +362,33 @@ func (a *attributor) ended(s *session.Session, e *session.End, acc *shareAccount
 			Source: session.ShareCollector,
 		}
 	}
-	sr := acc.series
-	if sr == nil {
+	if acc.series == nil {
 		acc.tenant = a.tenants.Open(a.tenantOf(s))
-		sr = a.seriesOf(live, acc.tenant)
-		sr.open++
+		acc.series = a.seriesOf(live, acc.tenant)
+		acc.series.open++
 	}
-	if s.PromptTokens >= 0 {
+	acc.open = false
+	return true
+}
+
+// count counts a closed account (close) with share, the session's final
+// one, in its series; promptTokens is the session's prompt (-1: unknown).
+// Until then its series, tenant and engine stay held, as for an open
+// session. It empties the account.
+func (a *attributor) count(acc *shareAccount, promptTokens int64, share *session.EngineShare) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	sh, sr, eng := &acc.Share, acc.series, acc.engine
+	if promptTokens >= 0 {
 		// The counters' tenant's, so bounded as they are; and the
 		// engine's, for the tenants not seen yet.
 		if sr.prompts != nil {
-			sr.prompts.add(s.PromptTokens)
+			sr.prompts.add(promptTokens)
 		}
-		eng.prompts.add(s.PromptTokens)
+		eng.prompts.add(promptTokens)
 	}
-	sr.prefill += e.Share.Prefill
-	sr.decode += e.Share.Decode
+	sr.prefill += share.Prefill
+	sr.decode += share.Decode
 	if sh.EnergyKnown {
 		sr.hasEnergy = true
 		sr.prefillEnergy += sh.PrefillEnergy

@@ -12,6 +12,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/strictconfig"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/live"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
@@ -50,8 +51,8 @@ type Config struct {
 	Limits   LimitsConfig           `mapstructure:"limits"`
 	// EngineTiming joins the engine's own timing (its span) to sessions.
 	EngineTiming EngineTimingConfig `mapstructure:"engine_timing"`
-	// Live serves the sessions in flight over HTTP (liveconfig.go).
-	Live LiveConfig `mapstructure:"live"`
+	// Live serves the sessions in flight over HTTP (internal/live).
+	Live live.Config `mapstructure:"live"`
 	// Attribution divides each engine's time and energy among its sessions
 	// (attribution.go, its section below).
 	Attribution AttributionConfig `mapstructure:"attribution"`
@@ -131,6 +132,13 @@ type AttributionConfig struct {
 	// mean power between its last two readings is used instead of the
 	// gauge, which samples one instant.
 	EnergyMetric string `mapstructure:"energy_metric"`
+	// ShareWait is how long a session whose start names its engine request
+	// id (llm.engine.request_id) waits, after its end, for the engine's
+	// share event, and a share for its session's end (shares.go); the
+	// session's counting, and a kept one's span and summary, wait with it.
+	ShareWait time.Duration `mapstructure:"share_wait"`
+	// MaxPendingShares bounds the sessions and shares waiting so.
+	MaxPendingShares int `mapstructure:"max_pending_shares"`
 
 	// prevent unkeyed literal initialization
 	_ struct{}
@@ -142,6 +150,7 @@ func defaultAttributionConfig() AttributionConfig {
 		StepTokens: attribution.DefaultBudget, MaxNumSeqs: 256, DefaultPromptTokens: 512,
 		PowerMetric: "DCGM_FI_DEV_POWER_USAGE", PodAttribute: "pod",
 		EnergyMetric: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+		ShareWait:    5 * time.Second, MaxPendingShares: 20_000,
 	}
 }
 
@@ -163,6 +172,12 @@ func (c AttributionConfig) Validate() []error {
 	if c.MaxNumSeqs < 0 {
 		errs = append(errs, fmt.Errorf("max_num_seqs: must not be negative, got %d", c.MaxNumSeqs))
 	}
+	if c.ShareWait < 0 {
+		errs = append(errs, fmt.Errorf("share_wait: must not be negative, got %s", c.ShareWait))
+	}
+	if c.MaxPendingShares < 0 {
+		errs = append(errs, fmt.Errorf("max_pending_shares: must not be negative, got %d", c.MaxPendingShares))
+	}
 	return errs
 }
 
@@ -181,7 +196,7 @@ func createDefaultConfig() *Config {
 		Traces:          heldspans.DefaultConfig(),
 		Limits:          LimitsConfig{MaxSessionIDBytes: tokenevent.DefaultMaxSessionIDBytes, MaxAttributes: tokenevent.DefaultMaxAttributes},
 		EngineTiming:    EngineTimingConfig{Wait: 6 * time.Second, MaxSessions: 20_000},
-		Live:            defaultLiveConfig(),
+		Live:            live.DefaultConfig(),
 		Attribution:     defaultAttributionConfig(),
 	}
 }

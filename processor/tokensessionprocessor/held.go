@@ -8,13 +8,17 @@ import (
 
 // heldOutput is a kept session whose span and summary wait: for its
 // engine's next scrape (the pre-emption count's bracket), for its engine
-// span (the timing), or both.
+// span (the timing), for the engine's share (shares.go), or for several.
 type heldOutput struct {
 	s   *session.Session
 	end session.End
 	// scrapeUntil and timingUntil are when (collector time) each wait ends
 	// at the latest; 0 when the session does not wait for it (or no longer).
 	scrapeUntil, timingUntil int64
+	// share: it waits for the engine's share; the share join ends the wait
+	// (the share came, or its wait is over), so that the outputs and the
+	// counters take the same share.
+	share bool
 }
 
 // maxHeld bounds the kept sessions whose outputs wait; beyond it a session's
@@ -38,16 +42,17 @@ type heldOutputs struct {
 //     without the one after, the count would be a guess. Two scrape
 //     intervals at most (maxEngineWait);
 //   - its engine span, for the timing, until timingUntil (0: it does not
-//     wait for one).
+//     wait for one);
+//   - the engine's share, when share is set.
 //
 // It returns the held output, nil when s does not wait; full when s would
 // have waited but maxHeld outputs already do.
-func (hs *heldOutputs) hold(s *session.Session, e *session.End, timingUntil, now int64) (h *heldOutput, full bool) {
-	h = &heldOutput{timingUntil: timingUntil}
+func (hs *heldOutputs) hold(s *session.Session, e *session.End, timingUntil int64, share bool, now int64) (h *heldOutput, full bool) {
+	h = &heldOutput{timingUntil: timingUntil, share: share}
 	if interval, pending := hs.engines.scrapePending(s.Engine, s.EndedAt(e)); pending {
 		h.scrapeUntil = now + min(2*interval, int64(maxEngineWait))
 	}
-	if h.scrapeUntil == 0 && h.timingUntil == 0 {
+	if h.scrapeUntil == 0 && h.timingUntil == 0 && !h.share {
 		return nil, false
 	}
 	if len(hs.list) >= maxHeld {
@@ -59,9 +64,9 @@ func (hs *heldOutputs) hold(s *session.Session, e *session.End, timingUntil, now
 }
 
 // release hands write the held sessions that wait no more, at collector
-// time now: their engine was scraped since they ended (or is forgotten) and
-// their timing came, or the waits are over; all of them with force
-// (shutdown).
+// time now: their engine was scraped since they ended (or is forgotten),
+// their timing came and their share's wait ended, or the waits are over;
+// all of them with force (shutdown).
 func (hs *heldOutputs) release(now int64, force bool, write func(*session.Session, *session.End)) {
 	waiting := hs.list[:0]
 	for _, h := range hs.list {
@@ -75,7 +80,7 @@ func (hs *heldOutputs) release(now int64, force bool, write func(*session.Sessio
 		if h.timingUntil != 0 && now >= h.timingUntil {
 			h.timingUntil = 0
 		}
-		if force || (h.scrapeUntil == 0 && h.timingUntil == 0) {
+		if force || (h.scrapeUntil == 0 && h.timingUntil == 0 && !h.share) {
 			write(h.s, &h.end)
 			continue
 		}

@@ -18,12 +18,12 @@ func TestHeldOutputs(t *testing.T) {
 	var written []string
 	write := func(s *session.Session, _ *session.End) { written = append(written, s.ID) }
 
-	h, full := hs.hold(&session.Session{ID: "none"}, &session.End{}, 0, 100)
+	h, full := hs.hold(&session.Session{ID: "none"}, &session.End{}, 0, false, 100)
 	assert.Nil(t, h, "nothing to wait for")
 	assert.False(t, full)
 
 	for i, id := range []string{"a", "b"} {
-		h, full = hs.hold(&session.Session{ID: id}, &session.End{}, int64(200+100*i), 100)
+		h, full = hs.hold(&session.Session{ID: id}, &session.End{}, int64(200+100*i), false, 100)
 		require.NotNil(t, h, id)
 		assert.False(t, full)
 	}
@@ -37,10 +37,10 @@ func TestHeldOutputs(t *testing.T) {
 	assert.Zero(t, hs.len())
 
 	for range maxHeld {
-		_, full = hs.hold(&session.Session{}, &session.End{}, 1000, 100)
+		_, full = hs.hold(&session.Session{}, &session.End{}, 1000, false, 100)
 		require.False(t, full)
 	}
-	h, full = hs.hold(&session.Session{ID: "over"}, &session.End{}, 1000, 100)
+	h, full = hs.hold(&session.Session{ID: "over"}, &session.End{}, 1000, false, 100)
 	assert.Nil(t, h)
 	assert.True(t, full, "maxHeld outputs wait already")
 }

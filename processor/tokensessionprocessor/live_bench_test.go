@@ -8,9 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
-	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -82,7 +79,7 @@ func liveBenchCore(b *testing.B, n, maxViewers int) (*core, int64) {
 // read.
 func startLiveViewers(b *testing.B, c *core, n int, snapshots *atomic.Int64) {
 	b.Helper()
-	url := "http://" + c.live.http.Addr.String() + "/sessions/stream"
+	url := "http://" + c.live.Addr().String() + "/sessions/stream"
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	b.Cleanup(func() { cancel(); wg.Wait() })
@@ -215,7 +212,7 @@ func BenchmarkLiveTokenPath(b *testing.B) {
 // benchmark ends. It returns how many were let in; the others were refused.
 func startFilteredViewers(b *testing.B, c *core, n, filters int) int {
 	b.Helper()
-	base := "http://" + c.live.http.Addr.String() + "/sessions/stream?model=m-"
+	base := "http://" + c.live.Addr().String() + "/sessions/stream?model=m-"
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	b.Cleanup(func() { cancel(); wg.Wait() })
@@ -319,97 +316,4 @@ func BenchmarkLiveTokenPathViewers(b *testing.B) {
 			}
 		})
 	}
-}
-
-// BenchmarkLiveSnapshot takes the snapshot of 100 000 open sessions (the
-// worst 500, four engines' totals), encoded: lock-ns is the part that
-// holds the sessions' lock, B/snapshot the JSON a viewer is sent.
-func BenchmarkLiveSnapshot(b *testing.B) {
-	c, _ := liveBenchCore(b, liveBenchSessions, 16)
-	var sc liveScan
-	var size int
-	var locked time.Duration
-	b.ReportAllocs()
-	for b.Loop() {
-		t := time.Now()
-		snap := c.view.take(t, []liveFilter{{}}, &sc)[0]
-		locked += time.Since(t)
-		body := c.view.snapshot(t, liveFilter{}, &sc)
-		size = len(body)
-		if len(snap.Sessions) != 500 {
-			b.Fatalf("%d sessions in the snapshot, want 500", len(snap.Sessions))
-		}
-	}
-	// Each iteration took the snapshot twice: once alone, for the lock's
-	// share, once encoded.
-	b.ReportMetric(float64(b.Elapsed()-locked)/float64(b.N), "encoded-ns/snapshot")
-	b.ReportMetric(float64(locked)/float64(b.N), "lock-ns/snapshot")
-	b.ReportMetric(float64(size), "B/snapshot")
-}
-
-// BenchmarkLiveViewerMemory measures the server's memory (heap and
-// goroutine stacks) per GET /sessions/stream viewer: 100 viewers, reading
-// every snapshot, of a collector with 1000 open sessions, after three
-// snapshots. The viewers run in a process of their own (this test binary
-// again, TestLiveViewerClients), so that only the server's side is
-// counted; the snapshot they share counts once, not per viewer.
-func BenchmarkLiveViewerMemory(b *testing.B) {
-	const viewers = 100
-	c, _ := liveBenchCore(b, 1000, viewers)
-	connected := func() int {
-		c.live.mu.Lock()
-		defer c.live.mu.Unlock()
-		return len(c.live.viewers)
-	}
-	var perViewer float64
-	for b.Loop() {
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		ctx, cancel := context.WithCancel(context.Background())
-		//nolint:gosec // this test binary, run again as the viewers' process
-		clients := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestLiveViewerClients$")
-		clients.Env = append(os.Environ(), fmt.Sprintf("LIVE_VIEWER_CLIENTS=%d", viewers),
-			"LIVE_VIEWER_URL=http://"+c.live.http.Addr.String()+"/sessions/stream")
-		if err := clients.Start(); err != nil {
-			b.Fatal(err)
-		}
-		for connected() < viewers {
-			time.Sleep(5 * time.Millisecond)
-		}
-		time.Sleep(3 * c.cfg.Live.Interval)
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		used := func(m *runtime.MemStats) float64 { return float64(m.HeapAlloc + m.StackInuse) }
-		perViewer = (used(&after) - used(&before)) / viewers
-		cancel()
-		_ = clients.Wait()
-		for connected() > 0 {
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	b.ReportMetric(perViewer, "B/viewer")
-}
-
-// TestLiveViewerClients is BenchmarkLiveViewerMemory's viewers, in a
-// process of their own; it does nothing in a test run.
-func TestLiveViewerClients(t *testing.T) {
-	n, _ := strconv.Atoi(os.Getenv("LIVE_VIEWER_CLIENTS"))
-	if n == 0 {
-		t.Skip("the viewers of BenchmarkLiveViewerMemory, run by it")
-	}
-	var wg sync.WaitGroup
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := http.Get(os.Getenv("LIVE_VIEWER_URL")) //nolint:gosec // the benchmark's own server
-			if err != nil {
-				return
-			}
-			defer resp.Body.Close()
-			_, _ = io.Copy(io.Discard, resp.Body)
-		}()
-	}
-	wg.Wait()
 }

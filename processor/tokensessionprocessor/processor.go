@@ -18,6 +18,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/earlystop"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/heldspans"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/live"
 )
 
 // core is the one token_session behind the logs, metrics and traces
@@ -36,8 +37,8 @@ import (
 //   - the attribution (sessions.attr, attribution.go): the engines' and
 //     sessions' accounts of GPU time and energy, under attr.mu.
 //
-// The live view (view, live.go; live, liveserver.go) is fed the ended
-// sessions by the fold and reads the table under sessions.mu.
+// The live view (internal/live: view its state, live its server) is fed
+// the ended sessions by the fold and reads the table under sessions.mu.
 //
 // Lock order: sessions.mu, then any of the others; engines.mu, spans.mu
 // and attr.mu are leaves, never held together or while taking sessions.mu.
@@ -50,10 +51,10 @@ type core struct {
 	sessions *sessions
 	engines  *engineContext
 	spans    *spanGate
-	// view is the live view's state, fed by sessions (live.go), and live
-	// serves it (liveserver.go); nil when live::endpoint is not set.
-	view *liveState
-	live *liveServer
+	// view is the live view's state, fed by sessions, and live serves it
+	// (internal/live); nil when live::endpoint is not set.
+	view *live.State
+	live *live.Server
 
 	// The next consumers are set while the pipelines are built, before
 	// Start, and only read afterwards.
@@ -83,8 +84,8 @@ func newCore(cfg *Config, set processor.Settings) (*core, error) {
 		telemetry.shutdown()
 		return nil, err
 	}
-	if cfg.Live.enabled() {
-		c.view = newLiveState(&cfg.Live, telemetry.builder, c.sessions.withTable)
+	if cfg.Live.Enabled() {
+		c.view = live.NewState(&cfg.Live, telemetry.builder, c.sessions.withTable)
 		c.sessions.live = c.view
 	}
 	return c, nil
@@ -114,9 +115,9 @@ func (c *core) setNext(logs consumer.Logs, metrics consumer.Metrics, traces cons
 }
 
 func (c *core) Start(ctx context.Context, host component.Host) error {
-	if c.cfg.Live.enabled() {
-		c.live = newLiveServer(&c.cfg.Live, c.view, c.set.TelemetrySettings, c.telemetry.builder)
-		if err := c.live.start(ctx, host); err != nil {
+	if c.cfg.Live.Enabled() {
+		c.live = live.NewServer(&c.cfg.Live, c.view, c.set.TelemetrySettings, c.telemetry.builder)
+		if err := c.live.Start(ctx, host); err != nil {
 			return err
 		}
 	}
@@ -142,7 +143,7 @@ func (c *core) Shutdown(ctx context.Context) error {
 	close(c.stop)
 	c.done.Wait()
 	if c.live != nil {
-		if err := c.live.shutdown(ctx); err != nil {
+		if err := c.live.Shutdown(ctx); err != nil {
 			stopErr = errors.Join(stopErr, fmt.Errorf("stopping the live view: %w", err))
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/live"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
@@ -56,6 +57,9 @@ type sessions struct {
 	// reports; bound once so that folding a record allocates nothing.
 	applyFn func(*tokenevent.Event)
 	reports []session.Report[*sessionState]
+	// shareReleased: a share event ended the wait of a held output in the
+	// batch being folded (shares.go).
+	shareReleased bool
 	// freeStates are the states of ended sessions, for new ones.
 	freeStates []*sessionState
 	// With pass_token_events: sampled, the token event records of each
@@ -64,22 +68,24 @@ type sessions struct {
 	// limits are the rules token event records are held to.
 	limits tokenevent.Limits
 	// held are kept sessions whose outputs wait (for their engine's next
-	// scrape, or for the engine's timing: held.go); timing joins the
-	// engine's own timing to sessions (timing.go). writeHeld writes a held
-	// session's outputs, bound once.
+	// scrape, the engine's timing or its share: held.go); timing joins the
+	// engine's own timing to sessions (timing.go), shares the engine's
+	// share events (shares.go). writeHeld writes a held session's outputs,
+	// bound once.
 	held      heldOutputs
 	timing    timingJoin
+	shares    shareJoin
 	writeHeld func(*session.Session, *session.End)
 	counters  session.Counters // as last reported to telemetry
-	// live takes the sessions that end: the live view (live.go); nil when
-	// it is off.
+	// live takes the sessions that end: the live view (internal/live);
+	// nil when it is off.
 	live endedSink
 }
 
 // endedSink takes each session that ends, with its end, at collector time
 // now; called with mu held.
 type endedSink interface {
-	ended(s *session.Session, e *session.End, now int64)
+	Ended(s *session.Session, e *session.End, now int64)
 }
 
 // outputs are what a locked operation produced for the pipelines.
@@ -116,9 +122,17 @@ func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineCont
 		return nil, err
 	}
 	s.timing = newTimingJoin(cfg.EngineTiming, s.metrics, telemetry)
+	s.shares = newShareJoin(cfg.Attribution, s.attr, telemetry)
 	s.writeHeld = s.appendOutputs
 	s.table.SetTraceMemory(spans.keptTrace)
-	s.applyFn = func(ev *tokenevent.Event) { s.reports = s.table.Apply(ev, s.nowNanos, s.reports) }
+	s.applyFn = func(ev *tokenevent.Event) {
+		if ev.Kind == tokenevent.KindShare {
+			// Of no session: the table never sees it.
+			s.shareReleased = s.shares.arrived(ev, s.nowNanos) || s.shareReleased
+			return
+		}
+		s.reports = s.table.Apply(ev, s.nowNanos, s.reports)
+	}
 	if cfg.PassTokenEvents == PassSampled {
 		s.sampledRecords = make(map[string]plog.LogRecordSlice)
 	}
@@ -169,6 +183,10 @@ func (p *sessions) fold(ld plog.Logs, now time.Time) (out outputs, invalid int, 
 	// in p.event until the next batch.
 	p.event.Reset()
 	clear(p.event.Attributes[:cap(p.event.Attributes)])
+	if p.shareReleased {
+		p.shareReleased = false
+		p.releaseHeld(false)
+	}
 	return p.takePending(), invalid, firstErr
 }
 
@@ -182,6 +200,7 @@ func (p *sessions) tick(now time.Time) (out outputs, expired int) {
 	p.reports = p.table.Tick(p.nowNanos, p.reports)
 	p.handleReports(nil)
 	p.timing.expire(p.nowNanos)
+	p.shares.expire(p.nowNanos)
 	p.releaseHeld(false)
 	expired = p.spans.expire(now, p.pending.traces)
 	return p.takePending(), expired
@@ -195,6 +214,7 @@ func (p *sessions) shutdown(now time.Time) (outputs, pmetric.Metrics) {
 	p.setNow(now)
 	p.reports = p.table.Shutdown(p.nowNanos, p.reports)
 	p.handleReports(nil)
+	p.shares.shutdown()
 	p.releaseHeld(true)
 	p.spans.flush(p.pending.traces)
 	return p.takePending(), p.renderMetrics(now)
@@ -227,7 +247,7 @@ func (p *sessions) routeSpans(td ptrace.Traces, now time.Time) (spanCounts, outp
 
 // withTable runs fn with mu held, on the session table: how the live view
 // takes its snapshots.
-func (p *sessions) withTable(fn func(liveTable)) {
+func (p *sessions) withTable(fn func(live.Table)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	fn(p.table)
@@ -373,7 +393,7 @@ func (p *sessions) ended(r *session.Report[*sessionState], folded *plog.LogRecor
 	}
 	p.metrics.SessionEnded(r.State.live, res)
 	if p.live != nil {
-		p.live.ended(s, e, p.nowNanos)
+		p.live.Ended(s, e, p.nowNanos)
 	}
 	p.telemetry.sessionEnded(s.Outcome, s.Keep)
 	if p.sampledRecords != nil {
@@ -390,9 +410,9 @@ func (p *sessions) ended(r *session.Report[*sessionState], folded *plog.LogRecor
 			}
 		}
 	}
-	p.attr.ended(s, e, &r.State.acct, r.State.live, p.nowNanos)
+	sw := p.shares.ended(s, e, &r.State.acct, r.State.live, p.nowNanos)
 	aw := p.timing.join(s, e, r.State.live, p.toTraces, p.nowNanos)
-	if s.Keep && !p.hold(s, e, aw) {
+	if s.Keep && !p.hold(s, e, aw, sw) {
 		p.appendOutputs(s, e)
 	}
 	if r.Trace.Done {
@@ -409,10 +429,11 @@ func (p *sessions) ended(r *session.Report[*sessionState], folded *plog.LogRecor
 }
 
 // hold holds back the outputs of the kept session s while they wait
-// (held.go), and reports whether it did: for its engine's next scrape, or
-// for its engine span, aw (the join's place for it, nil when it does not
-// wait for one).
-func (p *sessions) hold(s *session.Session, e *session.End, aw *awaited) bool {
+// (held.go), and reports whether it did: for its engine's next scrape, for
+// its engine span, aw (the timing join's place for it, nil when it does
+// not wait for one), or for its engine's share, sw (likewise). A session
+// whose outputs cannot be held waits for its share no more.
+func (p *sessions) hold(s *session.Session, e *session.End, aw *awaited, sw *awaitedShare) bool {
 	if !p.toLogs && !p.toTraces {
 		return false
 	}
@@ -420,15 +441,21 @@ func (p *sessions) hold(s *session.Session, e *session.End, aw *awaited) bool {
 	if aw != nil {
 		timingUntil = aw.until
 	}
-	h, full := p.held.hold(s, e, timingUntil, p.nowNanos)
+	h, full := p.held.hold(s, e, timingUntil, sw != nil, p.nowNanos)
 	if full {
 		p.telemetry.heldOverflow()
+		if sw != nil {
+			p.shares.giveUp(sw) // e holds its estimate, counted so
+		}
 	}
 	if h == nil {
 		return false
 	}
 	if aw != nil {
 		aw.held = h
+	}
+	if sw != nil {
+		sw.held = h
 	}
 	return true
 }

@@ -40,6 +40,7 @@ type processorTelemetry struct {
 	disorderSet [len(disorderKinds)]metric.AddOption
 	rejectedSet [len(rejectReasons)][len(eventKinds)]metric.AddOption
 	timingSet   map[[2]string]metric.AddOption
+	shareSet    [len(shareResults)]metric.AddOption
 	signalSet   [len(signalNames)]metric.AddOption
 
 	// Accumulated under the sessions' lock, reported by reportCounters.
@@ -106,6 +107,9 @@ func newProcessorTelemetry(set processor.Settings) (*processorTelemetry, error) 
 			t.timingSet[[2]string{source, result}] = metric.WithAttributeSet(attribute.NewSet(
 				attribute.String("source", source), attribute.String("result", result)))
 		}
+	}
+	for i, result := range shareResults {
+		t.shareSet[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("result", result)))
 	}
 	for i, name := range signalNames {
 		t.signalSet[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("signal", name)))
@@ -271,6 +275,24 @@ func (t *processorTelemetry) timing(source, result string) {
 	if opt, ok := t.timingSet[[2]string{source, result}]; ok {
 		t.builder.ProcessorTokenSessionEngineTimings.Add(context.Background(), 1, opt)
 	}
+}
+
+// What became of an engine's share event (shares.go), as the result
+// attribute of engine_shares spells it.
+type shareResult int
+
+const (
+	shareJoined shareResult = iota
+	shareExpired
+	shareOrphaned
+	shareOverflow
+)
+
+var shareResults = [...]string{"joined", "expired", "orphaned", "overflow"}
+
+// share counts one share, or one session's wait for it, with result r.
+func (t *processorTelemetry) share(r shareResult) {
+	t.builder.ProcessorTokenSessionEngineShares.Add(context.Background(), 1, t.shareSet[r])
 }
 
 func (t *processorTelemetry) heldOverflow() {

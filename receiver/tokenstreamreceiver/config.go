@@ -64,6 +64,9 @@ type HTTPConfig struct {
 	_ struct{}
 }
 
+// maxDatagramBytes is the largest UDP payload; a datagram is read whole.
+const maxDatagramBytes = 65507
+
 // UDPConfig is the UDP hook endpoint.
 type UDPConfig struct {
 	// Endpoint is the host:port to listen on.

@@ -107,12 +107,3 @@ func (d *batchDecoder) reject(e *tokenparse.LineError) {
 		d.errs = append(d.errs, e)
 	}
 }
-
-// release drops the batch's records and returns d to the pool.
-func (r *tokenStreamReceiver) release(d *batchDecoder) {
-	d.logs, d.records = plog.Logs{}, plog.LogRecordSlice{}
-	d.writer.Reset(plog.LogRecordSlice{}, 0)
-	r.batches.Put(d)
-}
-
-func (r *tokenStreamReceiver) decoder() *batchDecoder { return r.batches.Get().(*batchDecoder) }

@@ -17,9 +17,6 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/lograte"
 )
 
-// maxDatagramBytes is the largest UDP payload; a datagram is read whole.
-const maxDatagramBytes = 65507
-
 // hooksUDPListener reads datagrams of NDJSON lines. It is fire-and-forget on
 // the sender's side, so nothing here may stop it: bad datagrams and refused
 // batches are counted and the loop goes on.

@@ -3,13 +3,11 @@ package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiv
 import (
 	"context"
 	"errors"
-	"sync"
 
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/consumer"
 	"go.opentelemetry.io/collector/pipeline"
 	"go.opentelemetry.io/collector/receiver"
-	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
@@ -33,17 +31,12 @@ import (
 // for both signals, each registering its consumer, and Start and Shutdown run
 // once through the shared component.
 type tokenStreamReceiver struct {
-	cfg         *Config
-	settings    receiver.Settings // without the collector's otelcol.signal
-	next        consumer.Logs     // nil unless the receiver is in a logs pipeline
-	nextMetrics consumer.Metrics  // nil unless the receiver is in a metrics pipeline
-	telemetry   *metadata.TelemetryBuilder
+	// outlets are the consumers, telemetry and loggers its sources' sinks
+	// hand their output to.
+	outlets
+	cfg *Config
 	// sources is cfg as the proxy and the hooks take it, read once.
 	sources resolvedSources
-	batches sync.Pool // of *batchDecoder
-
-	// The loggers of the sources of each signal, which name it.
-	logsLogger, metricsLogger *zap.Logger
 
 	// shared runs Start and Shutdown once for all signals; nil when the
 	// receiver was built directly (tests).
@@ -103,9 +96,12 @@ func newTokenStreamReceiver(cfg *Config, set receiver.Settings, next consumer.Lo
 		return nil, err
 	}
 	r := &tokenStreamReceiver{
-		cfg: cfg, sources: sources, settings: set, next: next, telemetry: tel,
-		logsLogger:    set.Logger.With(zap.String(signalKey, pipeline.SignalLogs.String())),
-		metricsLogger: set.Logger.With(zap.String(signalKey, pipeline.SignalMetrics.String())),
+		outlets: outlets{
+			settings: set, next: next, telemetry: tel,
+			logsLogger:    set.Logger.With(zap.String(signalKey, pipeline.SignalLogs.String())),
+			metricsLogger: set.Logger.With(zap.String(signalKey, pipeline.SignalMetrics.String())),
+		},
+		cfg: cfg, sources: sources,
 	}
 	limits := cfg.Hooks.Limits
 	r.batches.New = func() any {
@@ -242,13 +238,11 @@ func (r *tokenStreamReceiver) shutdown(ctx context.Context) error {
 }
 
 func (r *tokenStreamReceiver) startVLLMScraper(ctx context.Context, cfg *VLLMConfig, host component.Host) (*vllmScraper, error) {
-	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
-		ReceiverID: r.settings.ID, Transport: "http", ReceiverCreateSettings: r.settings,
-	})
+	sink, err := r.newMetricsSink()
 	if err != nil {
 		return nil, err
 	}
-	return startVLLMScraper(ctx, cfg, &metricsSink{r: r, obs: obs}, host, r.settings.TelemetrySettings)
+	return startVLLMScraper(ctx, cfg, sink, host, r.settings.TelemetrySettings)
 }
 
 // startProxy starts the proxy as cfg says, with what resolve read from it;

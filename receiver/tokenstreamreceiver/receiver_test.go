@@ -196,6 +196,19 @@ func TestHTTPBatch(t *testing.T) {
 	assert.Equal(t, int64(4), counter(t, tr.tel, "otelcol_receiver_token_stream_accepted_events", "http"))
 }
 
+// A share line (the vLLM plugin's engine core) is taken beside the session's
+// events and travels as a record of its own, read back as it came; one
+// naming a session instead of the engine's request is refused.
+func TestHTTPShareLines(t *testing.T) {
+	tr := startReceiver(t, new(consumertest.LogsSink), nil)
+	share := `{"event":"share","engine_request_id":"chatcmpl-s-1-0a1b2c3d","time_unix_nano":1700000001000000001,"engine":"vllm-0","engine_time_prefill_ns":41000123,"engine_time_decode_ns":96500456}`
+	body := strings.Join([]string{startLine, tok1, endLine, share, `{"event":"share","session_id":"s-1","time_unix_nano":1}`}, "\n")
+	status, _, resp := post(t, tr.url, "application/x-ndjson", body)
+	assert.Equal(t, http.StatusOK, status)
+	assert.Equal(t, batchResponse{Accepted: 4, Rejected: 1, Errors: []lineError{{5, "engine_request_id: missing"}}}, resp)
+	assert.Equal(t, []string{startLine, tok1, endLine, share}, events(t, tr.sink))
+}
+
 func TestHTTPPartialBatch(t *testing.T) {
 	tr := startReceiver(t, new(consumertest.LogsSink), nil)
 	body := strings.Join([]string{
@@ -210,7 +223,7 @@ func TestHTTPPartialBatch(t *testing.T) {
 	assert.Equal(t, http.StatusOK, status)
 	assert.Equal(t, batchResponse{Accepted: 2, Rejected: 4, Errors: []lineError{
 		{2, "trace_id: want 32 hex digits, got 31"},
-		{3, `event: want start, token or end, got "tick"`},
+		{3, `event: want start, token, end or share, got "tick"`},
 		{4, "session_id: missing"},
 		{5, "invalid JSON: want a string key, got end of line"},
 	}}, resp)

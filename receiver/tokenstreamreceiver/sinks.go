@@ -2,14 +2,18 @@ package tokenstreamreceiver // import "github.com/otelcol-llm/otelcol-llm/receiv
 
 import (
 	"context"
+	"sync"
 
+	"go.opentelemetry.io/collector/consumer"
 	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/pdata/pmetric"
+	"go.opentelemetry.io/collector/receiver"
 	"go.opentelemetry.io/collector/receiver/receiverhelper"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/zap"
 
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/metadata"
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxy"
 )
 
@@ -25,18 +29,41 @@ type hookSink interface {
 	Logger() *zap.Logger
 }
 
+// outlets are what a receiver's sinks share of it: the consumers of each
+// signal, its telemetry and the loggers of each signal's sources, and the
+// hooks' pooled batch decoders.
+type outlets struct {
+	settings    receiver.Settings // without the collector's otelcol.signal
+	next        consumer.Logs     // nil unless the receiver is in a logs pipeline
+	nextMetrics consumer.Metrics  // nil unless the receiver is in a metrics pipeline
+	telemetry   *metadata.TelemetryBuilder
+	batches     sync.Pool // of *batchDecoder
+
+	// The loggers of the sources of each signal, which name it.
+	logsLogger, metricsLogger *zap.Logger
+}
+
+// release drops the batch's records and returns d to the pool.
+func (o *outlets) release(d *batchDecoder) {
+	d.logs, d.records = plog.Logs{}, plog.LogRecordSlice{}
+	d.writer.Reset(plog.LogRecordSlice{}, 0)
+	o.batches.Put(d)
+}
+
+func (o *outlets) decoder() *batchDecoder { return o.batches.Get().(*batchDecoder) }
+
 // logsSink is how a log source hands its records to the logs pipeline,
 // with the standard receiver observability and the token event counters
 // around the call. It is what the hooks (hookSink) and the proxy
 // (proxy.Sink) are given.
 type logsSink struct {
-	r         *tokenStreamReceiver
+	r         *outlets
 	obs       *receiverhelper.ObsReport
 	transport transportKind
 	format    string // of the standard receiver metrics: ndjson or sse
 }
 
-func (r *tokenStreamReceiver) newLogsSink(transport transportKind, format string) (*logsSink, error) {
+func (r *outlets) newLogsSink(transport transportKind, format string) (*logsSink, error) {
 	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
 		ReceiverID: r.settings.ID, Transport: transport.String(), ReceiverCreateSettings: r.settings,
 	})
@@ -113,8 +140,18 @@ func (s *logsSink) Logger() *zap.Logger { return s.r.logsLogger }
 // metricsSink is how the vllm scraper hands what it reads to the metrics
 // pipeline, with the standard receiver observability around the call.
 type metricsSink struct {
-	r   *tokenStreamReceiver
+	r   *outlets
 	obs *receiverhelper.ObsReport
+}
+
+func (r *outlets) newMetricsSink() (*metricsSink, error) {
+	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
+		ReceiverID: r.settings.ID, Transport: "http", ReceiverCreateSettings: r.settings,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &metricsSink{r: r, obs: obs}, nil
 }
 
 func (s *metricsSink) ConsumeMetrics(ctx context.Context, md pmetric.Metrics) error {

@@ -20,7 +20,7 @@ SUMMARY = ("Token events from an LLM engine to otelcol-llm's token_stream receiv
            "sends them")
 REQUIRES_PYTHON = ">=3.9"
 LICENSE = "Apache-2.0"
-MODULES = ("otelcol_llm_hook.py", "otelcol_llm_vllm.py", "otelcol_llm_vllm_steps.py")
+MODULES = ("otelcol_llm_hook.py", "otelcol_llm_vllm.py", "otelcol_llm_vllm_patching.py", "otelcol_llm_vllm_steps.py")
 # vLLM loads the functions of this group in each of its processes (vllm/plugins/__init__.py).
 ENTRY_POINTS = "[vllm.general_plugins]\notelcol_llm = otelcol_llm_vllm:register\n"
 

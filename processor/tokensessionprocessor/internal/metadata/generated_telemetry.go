@@ -29,6 +29,7 @@ type TelemetryBuilder struct {
 	mu                                         sync.Mutex
 	registrations                              []metric.Registration
 	ProcessorTokenSessionDisorderEvents        metric.Int64Counter
+	ProcessorTokenSessionEngineShares          metric.Int64Counter
 	ProcessorTokenSessionEngineTimings         metric.Int64Counter
 	ProcessorTokenSessionEventsRejected        metric.Int64Counter
 	ProcessorTokenSessionFreezesReinstated     metric.Int64Counter
@@ -129,6 +130,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_processor_token_session_disorder_events",
 		metric.WithDescription("Token events that did not fit their session as they came, by kind. [Development]"),
 		metric.WithUnit("{event}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionEngineShares, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_engine_shares",
+		metric.WithDescription("Engine shares from share events (the engine's own share of a request's busy time, sent by another process than its session's), by what became of them: for a session that waited for one, and for each share. [Development]"),
+		metric.WithUnit("{share}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionEngineTimings, err = builder.meter.Int64Counter(

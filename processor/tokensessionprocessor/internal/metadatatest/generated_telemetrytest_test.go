@@ -29,6 +29,7 @@ func TestSetupTelemetry(t *testing.T) {
 		return nil
 	}))
 	tb.ProcessorTokenSessionDisorderEvents.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionEngineShares.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionEngineTimings.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionEventsRejected.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionFreezesReinstated.Add(context.Background(), 1)
@@ -53,6 +54,9 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ProcessorTokenSessionSpansReleased.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionVerdictSpansDropped.Add(context.Background(), 1)
 	AssertEqualProcessorTokenSessionDisorderEvents(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionEngineShares(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionEngineTimings(t, testTel,

@@ -314,6 +314,15 @@ const (
 	ShareCollector = "collector"
 )
 
+// EngineShareOf is the engine's own share an end or share event brought
+// (its ns and mJ in seconds and joules).
+func EngineShareOf(ev *tokenevent.Event) EngineShare {
+	return EngineShare{
+		Prefill: float64(ev.EngineTimePrefillNs) / 1e9, Decode: float64(ev.EngineTimeDecodeNs) / 1e9,
+		Energy: float64(ev.EnergyMilliJ) / 1e3, HasEnergy: ev.HasEnergy, Source: ShareEngine,
+	}
+}
+
 // Timing is the engine's own split of a request's time; a part it did not
 // give is -1. Source is where it came from ("" for none: the zero Timing is
 // no timing): the hook's end event, the engine's response (the proxy: vLLM's

@@ -379,10 +379,7 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 			}
 		}
 		if ev.HasEngineTime {
-			e.Share = EngineShare{
-				Prefill: float64(ev.EngineTimePrefillNs) / 1e9, Decode: float64(ev.EngineTimeDecodeNs) / 1e9,
-				Energy: float64(ev.EnergyMilliJ) / 1e3, HasEnergy: ev.HasEnergy, Source: ShareEngine,
-			}
+			e.Share = EngineShareOf(ev)
 		}
 		if s.PromptTokens < 0 && ev.PromptTokens >= 0 {
 			s.PromptTokens = ev.PromptTokens // known only at the end (the proxy's usage chunk)

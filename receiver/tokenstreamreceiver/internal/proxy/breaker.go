@@ -19,11 +19,6 @@ import (
 // type of the error event the client gets.
 const errEngineStalled = "engine_stalled"
 
-// StallBreakerHeader is the request field that turns the breaker off for
-// one request ("off") or leaves it as configured ("on"). It is addressed to
-// the proxy and not forwarded upstream.
-const StallBreakerHeader = "X-Otelcol-Llm-Stall-Breaker"
-
 // errStallCut is the cause the breaker cancels the upstream request with.
 var errStallCut = errors.New("proxy: no token within proxy::stall::max_gap, stream cut by the stall breaker")
 
@@ -115,3 +110,6 @@ func (b *stallBreaker) cut() *streamCut {
 		message: fmt.Sprintf("the engine sent no token for %s (proxy::stall::max_gap); the stream was cut so that it can be retried on another replica", b.maxGap),
 	}
 }
+
+// stallCut reports whether the stall breaker cancelled the exchange of ctx.
+func stallCut(ctx context.Context) bool { return errors.Is(context.Cause(ctx), errStallCut) }

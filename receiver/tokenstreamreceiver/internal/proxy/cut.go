@@ -53,6 +53,20 @@ type streamCut struct {
 	reason metric.MeasurementOption
 }
 
+// Error types of the sessions whose stream was cut: errStreamBroken, the
+// upstream's stream broke or ended before [DONE]; errStreamMalformed, a 200
+// text/event-stream held no OpenAI chunk; errUpstreamIdleTimeout, the
+// upstream sent nothing for stream_idle_timeout.
+const (
+	errStreamBroken        = "upstream_stream_broken"
+	errStreamMalformed     = "upstream_stream_malformed"
+	errUpstreamIdleTimeout = "upstream_idle_timeout"
+)
+
+// errProxyShutdown is the cause the drain cancels the streams still running
+// with when drain_timeout is over (cutShutdown).
+var errProxyShutdown = errors.New("proxy: drain_timeout over, stream cut at shutdown")
+
 var (
 	cutBroken = streamCut{
 		errorType: errStreamBroken, eventType: errStreamBroken, code: http.StatusBadGateway,
@@ -101,40 +115,13 @@ type relayEnd struct {
 	readErr error
 }
 
-// cut says why a stream that ended as e says was not relayed whole; nil
-// when it was, or when its client left (there is no one to tell).
-// exchange is the context of its upstream exchange, whose cause says who
-// ended it.
-func (s *session) cut(exchange context.Context, e *relayEnd) *streamCut {
-	switch {
-	case e.done:
-		return nil
-	case stallCut(exchange) && !e.clientGone:
-		return s.breaker.cut()
-	case errors.Is(context.Cause(exchange), errProxyShutdown):
-		return &cutShutdown
-	case e.clientGone || exchange.Err() != nil:
-		return nil
-	case errors.Is(e.readErr, errIdleTimeout):
-		return &cutIdleTimeout
-	case e.readErr != nil:
-		return &cutBroken
-	case !e.chunkRead:
-		return &cutMalformed
-	default:
-		// The upstream ended its answer before [DONE]: the OpenAI API,
-		// vLLM, SGLang and llama.cpp end every whole stream with it.
-		return &cutBroken
-	}
-}
-
-// countCut counts a cut whose error event went to the client.
-func (p *Server) countCut(c *streamCut) {
+// count counts the cut, its error event gone to the client.
+func (c *streamCut) count(counters *Counters) {
 	if c.reason == nil {
-		p.counters.StalledStreams.Add(context.Background(), 1)
+		counters.StalledStreams.Add(context.Background(), 1)
 		return
 	}
-	p.counters.CutStreams.Add(context.Background(), 1, c.reason)
+	counters.CutStreams.Add(context.Background(), 1, c.reason)
 }
 
 // eventEnd ends an event whose pieces were relayed, when a cut comes

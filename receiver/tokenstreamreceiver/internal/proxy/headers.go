@@ -37,6 +37,11 @@ var notForwarded = map[string]bool{
 	"Forwarded": true, "X-Forwarded-For": true, "X-Forwarded-Host": true, "X-Forwarded-Proto": true,
 }
 
+// StallBreakerHeader is the request field that turns the breaker off for
+// one request ("off") or leaves it as configured ("on"). It is addressed to
+// the proxy and not forwarded upstream.
+const StallBreakerHeader = "X-Otelcol-Llm-Stall-Breaker"
+
 var observedOnly = map[string]bool{
 	"Content-Length": true, "Accept-Encoding": true, "Traceparent": true, "Tracestate": true,
 	// Addressed to the proxy (its stall breaker), not to the engine.
@@ -143,6 +148,25 @@ type proxyError struct {
 		Code    int    `json:"code"`
 	} `json:"error"`
 }
+
+// Error types of the answers the proxy gives itself (and of the sessions it
+// ends so, when it opened one).
+const (
+	errUpstreamUnreachable = "upstream_unreachable"
+	errUpstreamTimeout     = "upstream_timeout"
+	// errBodyTooLarge and errBodyTimeout are the client's fault: the proxy
+	// answers 413 or 408 and opens no session, so that the engine's error
+	// rate does not carry them.
+	errBodyTooLarge = "request_too_large"
+	errBodyTimeout  = "request_timeout"
+	// errTooManyStreams and errShuttingDown are the proxy's own 503s: no
+	// session, the engine is not blamed.
+	errTooManyStreams = "too_many_streams"
+	errShuttingDown   = "shutting_down"
+	// errBadStallHeader: the request's StallBreakerHeader is neither on nor
+	// off; answered 400 before anything reaches the upstream, no session.
+	errBadStallHeader = "invalid_request_error"
+)
 
 var proxyErrorMessages = map[string]string{
 	errBodyTooLarge:        "the request body is larger than the proxy's max_request_body_size",

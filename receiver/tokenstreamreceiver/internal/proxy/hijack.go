@@ -8,8 +8,11 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxyconn"
 )
 
 // A streamed answer's body is relayed off net/http: once the response head
@@ -28,7 +31,7 @@ import (
 // and two bufio writers before its write. What net/http did for the
 // stream the proxy does itself: the write deadline (client_send_timeout),
 // noticing a client that left (proxyconn.HangupWatcher), the drain at
-// shutdown (Server.relays and handlers).
+// shutdown (offServer.relays and handlers).
 
 // relayBuffer is the room for the events of one read from the upstream
 // (sseReadBuffer) and their chunk framing: they leave in one write.
@@ -315,11 +318,30 @@ func (r *relayConns) closeAll() {
 	clear(r.conns)
 }
 
+// offServer relays streams off net/http: what a stream relayed on a
+// goroutine of its own needs of its Server.
+type offServer struct {
+	shared
+	streams atomic.Int64 // observed requests open
+	// handlers counts the requests being served, pass-through ones too:
+	// Shutdown waits for them after it cut the streams.
+	handlers sync.WaitGroup
+	// listener hands the connections of relayed streams back to the
+	// http.Server; hangups tells when their clients leave. With no hangups
+	// (not Linux), every stream stays on net/http's connection.
+	listener *handbackListener
+	hangups  *proxyconn.HangupWatcher
+	// relays are the client connections of the streams relayed off
+	// net/http, for Shutdown to close when they outlive the drain; kept
+	// those handed back to it that have not started their next request.
+	relays, kept relayConns
+}
+
 // relayOffServer takes the client connection from net/http, the response
 // head written, and relays the stream on a goroutine of its own (see
 // the top of this file); false: the stream stays on net/http (HTTP/2, TLS, no hang-up
 // watcher, or the connection could not be taken).
-func (p *Server) relayOffServer(ctx context.Context, w http.ResponseWriter, req *http.Request, body *bodyLimitReader, s *session,
+func (p *offServer) relayOffServer(ctx context.Context, w http.ResponseWriter, req *http.Request, body *bodyLimitReader, s *session,
 	x *exchange, strip bool, stopClientWatch func() bool,
 ) bool {
 	if p.hangups == nil || req.ProtoMajor != 1 || req.ProtoMinor < 1 || req.TLS != nil {
@@ -373,7 +395,7 @@ var errClientLeft = errors.New("proxy: the client closed the connection")
 
 // relayHijacked relays a stream to its hijacked client connection, then
 // hands the connection back to the server or closes it.
-func (p *Server) relayHijacked(ctx context.Context, s *session, x *exchange, conn net.Conn, prefix []byte,
+func (p *offServer) relayHijacked(ctx context.Context, s *session, x *exchange, conn net.Conn, prefix []byte,
 	keepAlive bool, stopHangup func(), strip bool,
 ) {
 	defer p.handlers.Done()

@@ -8,28 +8,64 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/openaistream"
 )
 
+// HeaderAttribute copies a request header (canonical name) into the
+// start's attributes under Attribute, when the request has it.
+type HeaderAttribute struct {
+	Header, Attribute string
+}
+
+// observedServer serves the observed paths: what an observed request needs of
+// its Server.
+type observedServer struct {
+	offServer
+	log      *zap.Logger
+	upstream *url.URL
+	engine   string
+	// headerAttributes are copied from each request into its start.
+	headerAttributes []HeaderAttribute
+	client           *http.Client
+	// direct is the observed paths' own client when the upstream allows it
+	// (directEligible); nil: they go through client.
+	direct *directUpstream
+	// bodyTimeout and sendTimeout bound each read of the client's body and
+	// each write to the client (0: unbounded).
+	bodyTimeout, sendTimeout time.Duration
+	// stallMaxGap and stallMinTokens are the stall breaker's (stallBreaker);
+	// a zero stallMaxGap turns it off.
+	stallMaxGap    time.Duration
+	stallMinTokens int64
+	// migrate continues failing streams elsewhere; nil: off.
+	migrate *migrator
+	// cut is cancelled when drain_timeout is over, ending the streams still
+	// running as shutdown sessions.
+	cut context.Context
+}
+
 // observe serves an observed request; relayed: its streamed answer is
 // being relayed off net/http by a goroutine of its own (relayOffServer),
 // which ends the stream.
-func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (relayed bool) {
+func (p *observedServer) observe(w http.ResponseWriter, req *http.Request, op string) (relayed bool) {
 	breakerWanted, err := stallBreakerWanted(req.Header)
 	if err != nil {
 		writeProxyError(w, http.StatusBadRequest, errBadStallHeader)
 		p.counters.RefusedRequests.Add(req.Context(), 1, refusalInvalidHeader)
 		return false
 	}
-	s := &session{p: p, id: newSessionID(), started: time.Now(), completionTokens: -1, promptTokens: -1}
+	s := &session{p: &p.shared, id: newSessionID(), started: time.Now(), completionTokens: -1, promptTokens: -1}
 	traceID, parentSpanID, traceState := parseTraceContext(req.Header)
 	var spanID pcommon.SpanID
 	_, _ = rand.Read(spanID[:])
@@ -199,26 +235,15 @@ func (p *Server) observe(w http.ResponseWriter, req *http.Request, op string) (r
 	return false
 }
 
-// exchange is what an observed request holds until its stream ends.
-type exchange struct {
-	// cancel ends the exchange; upCancel, with proxy::migrate, the first
-	// upstream request alone (nil: cancel does).
-	cancel, upCancel context.CancelCauseFunc
-	stopCut          func() bool
-	send             *sendDeadline
-	body             io.ReadCloser // the upstream's response body, once it came
+func (p *observedServer) upstreamURL(in *url.URL) string {
+	u := *p.upstream
+	u.Path = strings.TrimSuffix(p.upstream.Path, "/") + in.Path
+	u.RawQuery = in.RawQuery
+	return u.String()
 }
 
-// end releases them: the upstream request is over.
-func (x *exchange) end(s *session) {
-	if x.body != nil {
-		x.body.Close()
-	}
-	s.breaker.stop()
-	x.send.clear()
-	x.stopCut()
-	if x.upCancel != nil {
-		x.upCancel(nil)
-	}
-	x.cancel(nil)
-}
+var (
+	refusalBodyTimeout   = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "body_timeout")))
+	refusalBodyTooLarge  = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "body_too_large")))
+	refusalInvalidHeader = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "invalid_header")))
+)

@@ -8,9 +8,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/collector/component"
@@ -31,39 +29,6 @@ var observedPaths = map[string]string{
 	"/v1/chat/completions": tokenevent.OperationChat,
 	"/v1/completions":      tokenevent.OperationTextCompletion,
 }
-
-// Error types of sessions the proxy ends in error.
-const (
-	errUpstreamUnreachable = "upstream_unreachable"
-	errUpstreamTimeout     = "upstream_timeout"
-	errUpstreamIdleTimeout = "upstream_idle_timeout"
-	// errBodyTooLarge and errBodyTimeout are the client's fault: the proxy
-	// answers 413 or 408 and opens no session, so that the engine's error
-	// rate does not carry them.
-	errBodyTooLarge = "request_too_large"
-	errBodyTimeout  = "request_timeout"
-	// errStreamBroken: the upstream's stream broke or ended before
-	// [DONE]; errStreamMalformed: a 200 text/event-stream held no
-	// OpenAI chunk (see cut.go).
-	errStreamBroken    = "upstream_stream_broken"
-	errStreamMalformed = "upstream_stream_malformed"
-	// errTooManyStreams and errShuttingDown are the proxy's own 503s: no
-	// session, the engine is not blamed.
-	errTooManyStreams = "too_many_streams"
-	errShuttingDown   = "shutting_down"
-	// errBadStallHeader: the request's StallBreakerHeader is neither on nor
-	// off; answered 400 before anything reaches the upstream, no session.
-	errBadStallHeader = "invalid_request_error"
-	finishReasonAbort = "abort"
-	// maxNonStreamingBody bounds the copy of a non-streaming response kept
-	// to read its usage; the response itself always reaches the client.
-	maxNonStreamingBody = 1 << 20
-	// sseReadBuffer is the read size from the upstream stream: a few events
-	// (a vLLM chunk is ~250 bytes) per read, and little memory per open
-	// stream (it is held for the stream's length). An event larger than
-	// one read is joined by the SSE parser.
-	sseReadBuffer = 2 << 10
-)
 
 // Config is what the proxy is started with: the receiver's proxy settings,
 // resolved (the upstream parsed, the deprecated timeout read as the header
@@ -102,63 +67,20 @@ type Config struct {
 	Migrate *MigrateConfig
 }
 
-// HeaderAttribute copies a request header (canonical name) into the
-// start's attributes under Attribute, when the request has it.
-type HeaderAttribute struct {
-	Header, Attribute string
-}
-
 // Server is a reverse proxy in front of an OpenAI-compatible server that
 // turns every completions request into a session.
 type Server struct {
-	sink     Sink
-	counters Counters
-	log      *zap.Logger
-	// warn logs what a user must see at the default level (the upstream
-	// failing) without flooding the log while it lasts.
-	warn     *zap.Logger
-	upstream *url.URL
-	engine   string
-	// headerAttributes are copied from each request into its start.
-	headerAttributes []HeaderAttribute
-	client           *http.Client
-	// direct is the observed paths' own client when the upstream allows it
-	// (directEligible); nil: they go through client.
-	direct      *directUpstream
-	passthrough *httputil.ReverseProxy
-	batch       *eventBatcher
-	// bodyTimeout and sendTimeout bound each read of the client's body and
-	// each write to the client (0: unbounded).
-	bodyTimeout, sendTimeout time.Duration
-	drainTimeout             time.Duration
-	maxStreams               int64
-	// stallMaxGap and stallMinTokens are the stall breaker's (stallBreaker);
-	// a zero stallMaxGap turns it off.
-	stallMaxGap    time.Duration
-	stallMinTokens int64
-	// migrate continues failing streams elsewhere; nil: off.
-	migrate *migrator
-	streams atomic.Int64 // observed requests open
-	// handlers counts the requests being served, pass-through ones too:
-	// Shutdown waits for them after it cut the streams.
-	handlers sync.WaitGroup
-	// draining is closed when Shutdown begins: new observed requests get
-	// 503. cut is cancelled when drain_timeout is over, ending the streams
+	// observedServer serves the observed paths; the rest is the server's own.
+	observedServer
+	sink         Sink
+	passthrough  *httputil.ReverseProxy
+	drainTimeout time.Duration
+	maxStreams   int64
+	drainOnce    sync.Once
+	// cutAll cancels cut when drain_timeout is over, ending the streams
 	// still running as shutdown sessions.
-	draining  chan struct{}
-	drainOnce sync.Once
-	cut       context.Context
-	cutAll    context.CancelCauseFunc
-	srv       httpserve.Server
-	// listener hands the connections of relayed streams back to srv;
-	// hangups tells when their clients leave. With no hangups (not Linux),
-	// every stream stays on net/http's connection (see hijack.go).
-	listener *handbackListener
-	hangups  *proxyconn.HangupWatcher
-	// relays are the client connections of the streams relayed off
-	// net/http, for Shutdown to close when they outlive the drain; kept
-	// those handed back to it that have not started their next request.
-	relays, kept relayConns
+	cutAll context.CancelCauseFunc
+	srv    httpserve.Server
 }
 
 // Start starts the proxy on cfg.Server; what it observes goes to sink.
@@ -189,11 +111,15 @@ func Start(ctx context.Context, cfg *Config, sink Sink, host component.Host, set
 	}
 	upstream := cfg.Upstream
 	p := &Server{
-		sink: sink, counters: counters, log: sink.Logger(), warn: lograte.OncePerMinute(sink.Logger()),
-		upstream: upstream, engine: cfg.Engine, client: client, headerAttributes: cfg.HeaderAttributes,
-		bodyTimeout: cfg.ClientBodyTimeout, sendTimeout: cfg.ClientSendTimeout,
-		drainTimeout: cfg.DrainTimeout, maxStreams: int64(cfg.MaxStreams), draining: make(chan struct{}),
-		stallMaxGap: cfg.StallMaxGap, stallMinTokens: cfg.StallMinTokens,
+		observedServer: observedServer{
+			offServer: offServer{shared: shared{
+				counters: counters, warn: lograte.OncePerMinute(sink.Logger()), draining: make(chan struct{}),
+			}},
+			log: sink.Logger(), upstream: upstream, engine: cfg.Engine, client: client, headerAttributes: cfg.HeaderAttributes,
+			bodyTimeout: cfg.ClientBodyTimeout, sendTimeout: cfg.ClientSendTimeout,
+			stallMaxGap: cfg.StallMaxGap, stallMinTokens: cfg.StallMinTokens,
+		},
+		sink: sink, drainTimeout: cfg.DrainTimeout, maxStreams: int64(cfg.MaxStreams),
 	}
 	if m := cfg.Migrate; m != nil {
 		mcfg := m.Client
@@ -334,8 +260,6 @@ func waitGroupWithin(ctx context.Context, wg *sync.WaitGroup, d time.Duration) b
 	return false
 }
 
-var errProxyShutdown = errors.New("proxy: drain_timeout over, stream cut at shutdown")
-
 func (p *Server) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	p.handlers.Add(1)
 	defer p.handlers.Done()
@@ -369,27 +293,12 @@ func (p *Server) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	relayed = p.observe(w, req, op)
 }
 
-func (p *Server) upstreamURL(in *url.URL) string {
-	u := *p.upstream
-	u.Path = strings.TrimSuffix(p.upstream.Path, "/") + in.Path
-	u.RawQuery = in.RawQuery
-	return u.String()
-}
-
 var (
 	passthroughUnreachable = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "unreachable")))
 	passthroughTimeout     = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "timeout")))
 )
 
-var refusalBodyTimeout = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "body_timeout")))
-
-var refusalBodyTooLarge = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "body_too_large")))
-
 var (
-	refusalMaxStreams    = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "max_streams")))
-	refusalShutdown      = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "shutdown")))
-	refusalInvalidHeader = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "invalid_header")))
+	refusalMaxStreams = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "max_streams")))
+	refusalShutdown   = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", "shutdown")))
 )
-
-// stallCut reports whether the stall breaker cancelled the exchange of ctx.
-func stallCut(ctx context.Context) bool { return errors.Is(context.Cause(ctx), errStallCut) }

@@ -81,10 +81,10 @@ func benchmarkRelay(b *testing.B, maxGap time.Duration, hijacked bool) {
 	b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(b.N*events), "ns/event")
 }
 
-// relayOnly is a Server with only its batcher, handing to sink: enough for
-// sessions relaying a stream.
-func relayOnly(sink Sink, queueSize int) *Server {
-	p := &Server{sink: sink, counters: sink.Counters(), log: sink.Logger()}
+// relayOnly is what sessions relaying a stream need of a Server: its
+// batcher, handing to sink, and its counters.
+func relayOnly(sink Sink, queueSize int) *shared {
+	p := &shared{counters: sink.Counters()}
 	p.batch = newEventBatcher(sink, p.counters, queueSize)
 	return p
 }

@@ -4,13 +4,27 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/openaistream"
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/sse"
+)
+
+const (
+	// sseReadBuffer is the read size from the upstream stream: a few events
+	// (a vLLM chunk is ~250 bytes) per read, and little memory per open
+	// stream (it is held for the stream's length). An event larger than
+	// one read is joined by the SSE parser.
+	sseReadBuffer = 2 << 10
+	// maxNonStreamingBody bounds the copy of a non-streaming response kept
+	// to read its usage; the response itself always reaches the client.
+	maxNonStreamingBody = 1 << 20
 )
 
 // relayStream forwards the upstream's events to the client as they come,
@@ -41,7 +55,7 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 	if cut != nil && !e.clientGone {
 		// The upstream request is over or cancelled; the client learns
 		// why, in the stream, and can retry elsewhere.
-		s.p.countCut(cut)
+		cut.count(&s.p.counters)
 		if midEvent {
 			_, _ = w.Write(eventEnd)
 		}
@@ -72,6 +86,79 @@ func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream i
 	}
 	s.end(now, errorType, finishReason)
 	return e.done
+}
+
+// heal moves the stream that ended as e and cut say, as often as its
+// triggers and max_moves allow; it returns how the last stream relayed
+// ended.
+func (s *session) heal(w io.Writer, flusher http.Flusher, strip bool, e relayEnd, cut *streamCut, midEvent bool) (relayEnd, *streamCut, bool) {
+	mv := s.moves
+	ctx := context.Background()
+	for !e.clientGone {
+		t := mv.trigger(cut, s.engineError)
+		if t == 0 {
+			break
+		}
+		failure := s.engineError
+		if failure == "" {
+			failure = cut.errorType
+		}
+		if why := mv.refusalNow(s.p.draining, s.chunks); why != "" {
+			s.p.counters.Migrations.Add(ctx, 1, moveOutcome(outcomeRefused, t, why))
+			break
+		}
+		e2, cut2, mid2, err := s.move(w, flusher, strip)
+		if err != nil {
+			s.p.counters.Migrations.Add(ctx, 1, moveOutcome(outcomeFailed, t, ""))
+			s.p.warn.Warn("proxy: a stream could not be moved to proxy::migrate::endpoint and was ended as before (logged at most once a minute, counted in otelcol_receiver_token_stream_proxy_migrations)",
+				zap.String("endpoint", mv.m.cfg.Endpoint.Redacted()), zap.String("trigger", t.name()), zap.Error(err))
+			break
+		}
+		if mv.failed == "" {
+			mv.failed = failure
+		}
+		s.p.counters.Migrations.Add(ctx, 1, moveOutcome(outcomeMoved, t, ""))
+		e, cut, midEvent = e2, cut2, mid2
+	}
+	return e, cut, midEvent
+}
+
+// move sends the continuation and relays its stream. An error: it failed
+// before anything of it reached the client, and the stream is as the
+// failed one left it.
+func (s *session) move(w io.Writer, flusher http.Flusher, strip bool) (relayEnd, *streamCut, bool, error) {
+	mv := s.moves
+	tokens := s.chunks
+	body, err := mv.continuation(tokens)
+	if err != nil {
+		return relayEnd{}, nil, false, err
+	}
+	ctx, cancel := context.WithCancelCause(mv.scope)
+	defer cancel(nil)
+	resp, err := mv.send(ctx, body)
+	if err != nil {
+		return relayEnd{}, nil, false, err
+	}
+	defer resp.Body.Close()
+	if b := s.breaker; b != nil {
+		// The new stream's wait for its first token is a prefill of the
+		// whole context: watched from its first token on, as any stream.
+		b.stop()
+		s.breaker = newStallBreaker(b.maxGap, tokens+1, cancel)
+	}
+	held, engineError, carried, continuing := mv.held, s.engineError, mv.carried, mv.continuing
+	mv.held, mv.holding, s.engineError, mv.carried, mv.continuing = nil, false, "", tokens, true
+	mv.done++
+	e, mid := s.relayEvents(w, flusher, resp.Body, strip)
+	if !e.wrote && !e.clientGone {
+		mv.held, s.engineError, mv.carried, mv.continuing = held, engineError, carried, continuing
+		mv.done--
+		if c := s.cut(ctx, &e); c != nil {
+			return relayEnd{}, nil, false, fmt.Errorf("the continuation ended before its first token: %s", c.errorType)
+		}
+		return relayEnd{}, nil, false, errors.New("the continuation ended before its first token")
+	}
+	return e, s.cut(ctx, &e), mid, nil
 }
 
 // relayEvents relays the events of one upstream stream to the client, as

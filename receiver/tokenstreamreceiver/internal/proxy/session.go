@@ -4,18 +4,38 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"io"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.uber.org/zap"
 
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/openaistream"
 )
 
+// shared is what the sessions of one proxy share of it: where their
+// events go, its counters, its log and its drain.
+type shared struct {
+	counters Counters
+	// warn logs what a user must see at the default level (the upstream
+	// failing) without flooding the log while it lasts.
+	warn  *zap.Logger
+	batch *eventBatcher
+	// draining is closed when Shutdown begins: new observed requests get
+	// 503, no stream moves, no connection is kept alive.
+	draining chan struct{}
+}
+
+// finishReasonAbort is the finish reason of a session whose client left
+// before its answer was whole.
+const finishReasonAbort = "abort"
+
 // session is one observed request.
 type session struct {
-	p       *Server
+	p       *shared
 	ev      tokenevent.Event
 	id      string
 	started time.Time
@@ -146,4 +166,55 @@ func newSessionID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return "proxy-" + hex.EncodeToString(b[:])
+}
+
+// cut says why a stream that ended as e says was not relayed whole; nil
+// when it was, or when its client left (there is no one to tell).
+// exchange is the context of its upstream exchange, whose cause says who
+// ended it.
+func (s *session) cut(exchange context.Context, e *relayEnd) *streamCut {
+	switch {
+	case e.done:
+		return nil
+	case stallCut(exchange) && !e.clientGone:
+		return s.breaker.cut()
+	case errors.Is(context.Cause(exchange), errProxyShutdown):
+		return &cutShutdown
+	case e.clientGone || exchange.Err() != nil:
+		return nil
+	case errors.Is(e.readErr, errIdleTimeout):
+		return &cutIdleTimeout
+	case e.readErr != nil:
+		return &cutBroken
+	case !e.chunkRead:
+		return &cutMalformed
+	default:
+		// The upstream ended its answer before [DONE]: the OpenAI API,
+		// vLLM, SGLang and llama.cpp end every whole stream with it.
+		return &cutBroken
+	}
+}
+
+// exchange is what an observed request holds until its stream ends.
+type exchange struct {
+	// cancel ends the exchange; upCancel, with proxy::migrate, the first
+	// upstream request alone (nil: cancel does).
+	cancel, upCancel context.CancelCauseFunc
+	stopCut          func() bool
+	send             *sendDeadline
+	body             io.ReadCloser // the upstream's response body, once it came
+}
+
+// end releases them: the upstream request is over.
+func (x *exchange) end(s *session) {
+	if x.body != nil {
+		x.body.Close()
+	}
+	s.breaker.stop()
+	x.send.clear()
+	x.stopCut()
+	if x.upCancel != nil {
+		x.upCancel(nil)
+	}
+	x.cancel(nil)
 }

@@ -1,4 +1,4 @@
-package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+package live // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/live"
 
 import (
 	"errors"
@@ -10,9 +10,9 @@ import (
 	"go.opentelemetry.io/collector/config/confighttp"
 )
 
-// LiveConfig is the live view (live.go, liveserver.go): an HTTP endpoint
-// that shows the sessions in flight. Off while Endpoint is empty.
-type LiveConfig struct {
+// Config is the live view (live.go, server.go): an HTTP endpoint that
+// shows the sessions in flight. Off while Endpoint is empty.
+type Config struct {
 	// ServerConfig is where the view is served (endpoint, tls, auth, ...),
 	// as every confighttp server is configured.
 	ServerConfig confighttp.ServerConfig `mapstructure:",squash"`
@@ -52,22 +52,23 @@ const (
 	traceIDToken    = "{trace_id}"
 )
 
-func defaultLiveConfig() LiveConfig {
+// DefaultConfig is the view off, and its bounds when it is on.
+func DefaultConfig() Config {
 	server := confighttp.NewDefaultServerConfig()
 	server.NetAddr.Endpoint = "" // off
-	return LiveConfig{
+	return Config{
 		ServerConfig: server, Interval: time.Second, MaxSessions: 500, Recent: 100, MaxViewers: 16,
 		MaxFilters: 16, MaxEngines: 64,
 	}
 }
 
-// enabled reports whether the live view is served.
-func (l *LiveConfig) enabled() bool { return l.ServerConfig.NetAddr.Endpoint != "" }
+// Enabled reports whether the live view is served.
+func (l *Config) Enabled() bool { return l.ServerConfig.NetAddr.Endpoint != "" }
 
 // Validate names each invalid setting within the section; the processor's
 // Validate puts live:: before it. The server settings are confighttp's to
 // check.
-func (l *LiveConfig) Validate() []error {
+func (l *Config) Validate() []error {
 	var errs []error
 	if l.Interval < minLiveInterval {
 		errs = append(errs, fmt.Errorf("interval: must be at least %s, got %s", minLiveInterval, l.Interval))

@@ -1,4 +1,4 @@
-package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+package live // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/live"
 
 import (
 	"cmp"
@@ -17,22 +17,6 @@ import (
 // sessions of further pairs are still listed, but left out of the engines'
 // totals.
 const maxLiveCells = 4096
-
-// liveFilter picks the sessions, engines and ended sessions a snapshot
-// lists, by their names as shown: "" matches every engine or model.
-type liveFilter struct {
-	engine, model string
-}
-
-func (f liveFilter) match(k liveKey) bool {
-	return (f.engine == "" || f.engine == k.engine) && (f.model == "" || f.model == k.model)
-}
-
-// liveKey is an engine and a model, as shown: what a pass over the table
-// tallies, and the TTFT minutes are kept by.
-type liveKey struct {
-	engine, model string
-}
 
 // liveCandidate is a session the scan may list: its badness key and where
 // to read the rest, while the lock is held.
@@ -148,7 +132,7 @@ func (c *liveCell) tally(s *session.Session, phase session.Phase, engineNow, sin
 // liveQuery is one filter's part of a pass: the worst sessions it picks,
 // how many it picks, and their rows, copied under the lock.
 type liveQuery struct {
-	filter   liveFilter
+	filter   Filter
 	heap     worstHeap
 	matching int
 	// untallied counts the sessions it picks of the pairs past
@@ -160,7 +144,7 @@ type liveQuery struct {
 // liveRow is a session's row and its badness, sorted after the lock.
 type liveRow struct {
 	key  int64
-	json liveSessionJSON
+	json SessionJSON
 }
 
 // liveScan is one pass over the table and the snapshots it makes, one per
@@ -170,7 +154,7 @@ type liveRow struct {
 // buffers are kept from one pass to the next.
 type liveScan struct {
 	queries []liveQuery
-	index   map[liveFilter]int
+	index   map[Filter]int
 	cells   map[liveKey]*liveCell
 	// few are the first cells made, checked before the map: there are few
 	// engines and models, and the map would hash every session's names.
@@ -180,9 +164,9 @@ type liveScan struct {
 	recent    []liveEnded
 }
 
-func (sc *liveScan) reset(filters []liveFilter, maxSessions int) {
+func (sc *liveScan) reset(filters []Filter, maxSessions int) {
 	if sc.index == nil {
-		sc.index = make(map[liveFilter]int, len(filters))
+		sc.index = make(map[Filter]int, len(filters))
 	}
 	clear(sc.index)
 	sc.queries = slices.Grow(sc.queries[:0], len(filters))[:len(filters)]
@@ -202,7 +186,7 @@ func (sc *liveScan) reset(filters []liveFilter, maxSessions int) {
 
 // queriesOf are the queries whose filters match k.
 func (sc *liveScan) queriesOf(k liveKey) (qs [4]int16, n int) {
-	for _, f := range [...]liveFilter{{}, {engine: k.engine}, {model: k.model}, {engine: k.engine, model: k.model}} {
+	for _, f := range [...]Filter{{}, {Engine: k.engine}, {Model: k.model}, {Engine: k.engine, Model: k.model}} {
 		if i, ok := sc.index[f]; ok && !slices.Contains(qs[:n], int16(i)) {
 			qs[n] = int16(i)
 			n++
@@ -241,7 +225,7 @@ func (sc *liveScan) cellOf(engine, model string) *liveCell {
 
 // engineTally is one engine's totals over the cells a filter picks.
 type engineTally struct {
-	liveEngineJSON
+	EngineJSON
 	maxWaiting int64
 	ttft       ttftHist
 	hasTTFT    bool
@@ -272,7 +256,7 @@ func worseEngine(a, b *engineTally) int {
 
 // engines are the engines each query's filter picks: the worst maxEngines
 // of them, listed by name, and how many are left out.
-func (sc *liveScan) engines(maxEngines int) (lists [][]liveEngineJSON, leftOut []int) {
+func (sc *liveScan) engines(maxEngines int) (lists [][]EngineJSON, leftOut []int) {
 	byName := make([]map[string]*engineTally, len(sc.queries))
 	for i := range byName {
 		byName[i] = make(map[string]*engineTally)
@@ -281,13 +265,13 @@ func (sc *liveScan) engines(maxEngines int) (lists [][]liveEngineJSON, leftOut [
 		for _, qi := range c.queries[:c.nq] {
 			t := byName[qi][c.key.engine]
 			if t == nil {
-				t = &engineTally{liveEngineJSON: liveEngineJSON{Engine: c.key.engine}}
+				t = &engineTally{EngineJSON: EngineJSON{Engine: c.key.engine}}
 				byName[qi][c.key.engine] = t
 			}
 			t.add(c)
 		}
 	}
-	lists, leftOut = make([][]liveEngineJSON, len(sc.queries)), make([]int, len(sc.queries))
+	lists, leftOut = make([][]EngineJSON, len(sc.queries)), make([]int, len(sc.queries))
 	for qi, m := range byName {
 		tallies := make([]*engineTally, 0, len(m))
 		for _, t := range m {
@@ -296,7 +280,7 @@ func (sc *liveScan) engines(maxEngines int) (lists [][]liveEngineJSON, leftOut [
 		slices.SortFunc(tallies, worseEngine)
 		leftOut[qi] = max(0, len(tallies)-maxEngines)
 		tallies = tallies[:len(tallies)-leftOut[qi]]
-		list := make([]liveEngineJSON, len(tallies))
+		list := make([]EngineJSON, len(tallies))
 		for i, t := range tallies {
 			if t.hasTTFT {
 				p50, p99, n := t.ttft.quantiles()
@@ -304,10 +288,10 @@ func (sc *liveScan) engines(maxEngines int) (lists [][]liveEngineJSON, leftOut [
 			}
 			t.MaxWaitingMs = millis(time.Duration(t.maxWaiting))
 			t.TokensPerSec = math.Round(t.TokensPerSec*10) / 10
-			list[i] = t.liveEngineJSON
+			list[i] = t.EngineJSON
 		}
 		// By name, so that each engine's bar keeps its place.
-		slices.SortFunc(list, func(a, b liveEngineJSON) int { return cmp.Compare(a.Engine, b.Engine) })
+		slices.SortFunc(list, func(a, b EngineJSON) int { return cmp.Compare(a.Engine, b.Engine) })
 		lists[qi] = list
 	}
 	return lists, leftOut

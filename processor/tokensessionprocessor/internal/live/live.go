@@ -1,4 +1,4 @@
-package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+package live // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/live"
 
 import (
 	"cmp"
@@ -11,16 +11,16 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
-// liveState is what the live view keeps between snapshots, under the
+// State is what the live view keeps between snapshots, under the
 // fold's lock: the latest ended sessions and the TTFTs of the last minute
 // by engine and model. The fold feeds it once per ended session (never per
 // token), and only when the view is configured; the sessions in flight are
 // read from the table when a snapshot is taken, through locked.
-type liveState struct {
-	cfg    *LiveConfig
+type State struct {
+	cfg    *Config
 	allow  map[string]struct{}
 	tel    *metadata.TelemetryBuilder
-	locked lockedTable
+	locked LockedTable
 
 	// recent is a ring of the latest ended sessions; next is where the
 	// next goes, n how many it holds.
@@ -33,18 +33,19 @@ type liveState struct {
 	ttft map[liveKey]*ttftMinute
 }
 
-// liveTable is what a snapshot reads of the sessions in flight.
-type liveTable interface {
+// Table is what a snapshot reads of the sessions in flight.
+type Table interface {
 	Active() int
 	Scan(now int64, fn func(s *session.Session, phase session.Phase, engineNow int64))
 }
 
-// lockedTable runs fn with the fold's lock held, on the session table: the
+// LockedTable runs fn with the fold's lock held, on the session table: the
 // view's own state is guarded by the same lock.
-type lockedTable func(fn func(liveTable))
+type LockedTable func(fn func(Table))
 
-func newLiveState(cfg *LiveConfig, tel *metadata.TelemetryBuilder, locked lockedTable) *liveState {
-	l := &liveState{cfg: cfg, tel: tel, locked: locked, recent: make([]liveEnded, cfg.Recent), ttft: make(map[liveKey]*ttftMinute)}
+// NewState is the view of cfg, which reads the table through locked.
+func NewState(cfg *Config, tel *metadata.TelemetryBuilder, locked LockedTable) *State {
+	l := &State{cfg: cfg, tel: tel, locked: locked, recent: make([]liveEnded, cfg.Recent), ttft: make(map[liveKey]*ttftMinute)}
 	if len(cfg.Attributes) > 0 {
 		l.allow = make(map[string]struct{}, len(cfg.Attributes))
 		for _, k := range cfg.Attributes {
@@ -59,9 +60,9 @@ func newLiveState(cfg *LiveConfig, tel *metadata.TelemetryBuilder, locked locked
 // KB each.
 const maxLiveTTFTKeys = 1024
 
-// ended records an ended session, at collector time now. Call with the
+// Ended records an ended session, at collector time now. Call with the
 // fold's lock held.
-func (l *liveState) ended(s *session.Session, e *session.End, now int64) {
+func (l *State) Ended(s *session.Session, e *session.End, now int64) {
 	ttft, hasTTFT := s.TTFT()
 	tpot, hasTPOT := s.TPOT(e.CompletionTokens)
 	key := liveKey{engine: liveName(s.Engine), model: liveName(s.Model)}
@@ -98,15 +99,20 @@ func (l *liveState) ended(s *session.Session, e *session.End, now int64) {
 	m.add(firstAt, ttft)
 }
 
-// snapshot is the snapshot of the sessions in flight that f picks, at
-// collector time now, encoded.
-func (l *liveState) snapshot(now time.Time, f liveFilter, sc *liveScan) []byte {
-	return l.snapshots(now, []liveFilter{f}, sc)[0]
+// Snapshot is the snapshot of the sessions in flight that f picks, at
+// collector time now, encoded as GET /sessions answers it.
+func (l *State) Snapshot(now time.Time, f Filter) []byte {
+	return l.snapshot(now, f, &liveScan{})
+}
+
+// snapshot is Snapshot with the buffers of sc.
+func (l *State) snapshot(now time.Time, f Filter, sc *liveScan) []byte {
+	return l.snapshots(now, []Filter{f}, sc)[0]
 }
 
 // snapshots are the snapshots for each of filters (distinct), taken in
 // one pass over the table (take) and encoded after the lock is released.
-func (l *liveState) snapshots(now time.Time, filters []liveFilter, sc *liveScan) [][]byte {
+func (l *State) snapshots(now time.Time, filters []Filter, sc *liveScan) [][]byte {
 	snaps := l.take(now, filters, sc)
 	bodies := make([][]byte, len(snaps))
 	for i, snap := range snaps {
@@ -127,11 +133,11 @@ func (l *liveState) snapshots(now time.Time, filters []liveFilter, sc *liveScan)
 // each filter's worst are copied, and the ended sessions' ring. The
 // engines' totals and the filtering of the ended sessions are done after
 // the lock is released.
-func (l *liveState) take(now time.Time, filters []liveFilter, sc *liveScan) []*liveSnapshot {
+func (l *State) take(now time.Time, filters []Filter, sc *liveScan) []*Snapshot {
 	nowNs := now.UnixNano()
 	sc.reset(filters, l.cfg.MaxSessions)
 	var inFlight int
-	l.locked(func(table liveTable) {
+	l.locked(func(table Table) {
 		l.scan(table, nowNs, sc, &inFlight)
 	})
 	l.report(sc)
@@ -141,7 +147,7 @@ func (l *liveState) take(now time.Time, filters []liveFilter, sc *liveScan) []*l
 // scan is take's part under the lock: one pass over table, the worst
 // sessions' rows copied, the TTFT minutes and the ended sessions' ring
 // read.
-func (l *liveState) scan(table liveTable, nowNs int64, sc *liveScan, inFlight *int) {
+func (l *State) scan(table Table, nowNs int64, sc *liveScan, inFlight *int) {
 	var (
 		last  *liveCell
 		spill [4]int16
@@ -213,7 +219,7 @@ func (l *liveState) scan(table liveTable, nowNs int64, sc *liveScan, inFlight *i
 }
 
 // report counts a pass in the self-telemetry.
-func (l *liveState) report(sc *liveScan) {
+func (l *State) report(sc *liveScan) {
 	ctx := context.Background()
 	l.tel.ProcessorTokenSessionLiveScans.Add(ctx, 1)
 	if sc.untallied > 0 {
@@ -223,18 +229,18 @@ func (l *liveState) report(sc *liveScan) {
 
 // build makes take's snapshots after the lock is released: the engines'
 // totals, each filter's rows in order, its ended sessions.
-func (l *liveState) build(now time.Time, sc *liveScan, inFlight int) []*liveSnapshot {
+func (l *State) build(now time.Time, sc *liveScan, inFlight int) []*Snapshot {
 	ctx := context.Background()
 	engines, leftOut := sc.engines(l.cfg.MaxEngines)
-	snaps := make([]*liveSnapshot, len(sc.queries))
+	snaps := make([]*Snapshot, len(sc.queries))
 	for i := range sc.queries {
 		q := &sc.queries[i]
-		snap := &liveSnapshot{
+		snap := &Snapshot{
 			Time: now.UTC(), IntervalMs: millis(l.cfg.Interval), TraceURL: l.cfg.TraceURL,
-			Filter:   liveFilterJSON{Engine: q.filter.engine, Model: q.filter.model},
-			InFlight: inFlight, Matching: q.matching, Sessions: make([]liveSessionJSON, len(q.rows)),
+			Filter:   FilterJSON{Engine: q.filter.Engine, Model: q.filter.Model},
+			InFlight: inFlight, Matching: q.matching, Sessions: make([]SessionJSON, len(q.rows)),
 			Engines: engines[i], EnginesLeftOut: leftOut[i], SessionsUntallied: q.untallied,
-			Recent: make([]liveEndedJSON, 0, len(sc.recent)),
+			Recent: make([]EndedJSON, 0, len(sc.recent)),
 		}
 		// Worst first; among equals by ID, so that rows keep their order
 		// between snapshots.

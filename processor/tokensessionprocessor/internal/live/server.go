@@ -1,10 +1,11 @@
-package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+package live // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/live"
 
 import (
 	"context"
 	_ "embed"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -23,7 +24,7 @@ import (
 //go:embed live.html
 var livePage []byte
 
-// liveServer serves the live view: GET / (the page), GET /sessions (a
+// Server serves the live view: GET / (the page), GET /sessions (a
 // snapshot as JSON) and GET /sessions/stream (a snapshot every
 // live::interval as Server-Sent Events).
 //
@@ -34,9 +35,9 @@ var livePage []byte
 // once and shared by the viewers that asked for it. Each viewer has room
 // for one snapshot; one that has not taken the last when the next is ready
 // is dropped, so nothing queues for a viewer that does not read.
-type liveServer struct {
-	cfg     *LiveConfig
-	view    *liveState
+type Server struct {
+	cfg     *Config
+	view    *State
 	set     component.TelemetrySettings
 	tel     *metadata.TelemetryBuilder
 	dropSet [3]metric.AddOption // by liveDropCause
@@ -47,12 +48,12 @@ type liveServer struct {
 	viewers map[*liveViewer]struct{}
 	// watched counts the viewers of each filter: at most
 	// live::max_filters filters besides the unfiltered one.
-	watched     map[liveFilter]int
+	watched     map[Filter]int
 	broadcaster bool // running
 	// latest are the broadcaster's snapshots of its last tick, by filter:
 	// a viewer that joins gets one as its first if it is fresh, rather than
 	// a snapshot of its own.
-	latest   map[liveFilter][]byte
+	latest   map[Filter][]byte
 	latestAt time.Time
 	closed   bool
 	closing  chan struct{}
@@ -65,7 +66,7 @@ type liveServer struct {
 	// buffers of the pass. askMu guards them, apart from mu: a snapshot is
 	// taken under it.
 	askMu     sync.Mutex
-	asked     map[liveFilter]askedSnapshot
+	asked     map[Filter]askedSnapshot
 	askTokens float64
 	askAt     time.Time
 	askScan   liveScan
@@ -96,18 +97,19 @@ const (
 
 // liveViewer is one GET /sessions/stream.
 type liveViewer struct {
-	filter liveFilter
+	filter Filter
 	// next holds the snapshot to write; room for one.
 	next chan []byte
 	// gone is closed when the viewer is dropped.
 	gone chan struct{}
 }
 
-func newLiveServer(cfg *LiveConfig, view *liveState, set component.TelemetrySettings, tel *metadata.TelemetryBuilder) *liveServer {
-	ls := &liveServer{
+// NewServer serves view as cfg says, once started.
+func NewServer(cfg *Config, view *State, set component.TelemetrySettings, tel *metadata.TelemetryBuilder) *Server {
+	ls := &Server{
 		cfg: cfg, view: view, set: set, tel: tel, now: time.Now,
-		viewers: make(map[*liveViewer]struct{}), watched: make(map[liveFilter]int), closing: make(chan struct{}),
-		asked: make(map[liveFilter]askedSnapshot), askTokens: onDemandRate,
+		viewers: make(map[*liveViewer]struct{}), watched: make(map[Filter]int), closing: make(chan struct{}),
+		asked: make(map[Filter]askedSnapshot), askTokens: onDemandRate,
 	}
 	for i, cause := range []string{"limit", "filters", "slow"} {
 		ls.dropSet[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("cause", cause)))
@@ -115,7 +117,8 @@ func newLiveServer(cfg *LiveConfig, view *liveState, set component.TelemetrySett
 	return ls
 }
 
-func (ls *liveServer) start(ctx context.Context, host component.Host) error {
+// Start serves the view on live::endpoint.
+func (ls *Server) Start(ctx context.Context, host component.Host) error {
 	ls.http = &httpserve.Server{}
 	if err := ls.http.Serve(ctx, &ls.cfg.ServerConfig, ls.handler(), host, ls.set, nil); err != nil {
 		return fmt.Errorf("live::endpoint: %w", err)
@@ -123,9 +126,9 @@ func (ls *liveServer) start(ctx context.Context, host component.Host) error {
 	return nil
 }
 
-// shutdown ends the streams (a stream never goes idle, and the server's
+// Shutdown ends the streams (a stream never goes idle, and the server's
 // Shutdown waits for idle connections), then the server.
-func (ls *liveServer) shutdown(ctx context.Context) error {
+func (ls *Server) Shutdown(ctx context.Context) error {
 	ls.mu.Lock()
 	if !ls.closed {
 		ls.closed = true
@@ -139,7 +142,10 @@ func (ls *liveServer) shutdown(ctx context.Context) error {
 	return ls.http.Shutdown(ctx)
 }
 
-func (ls *liveServer) handler() http.Handler {
+// Addr is where the view is served, once started.
+func (ls *Server) Addr() net.Addr { return ls.http.Addr }
+
+func (ls *Server) handler() http.Handler {
 	return httpserve.GetOnly(func(r *http.Request) (http.HandlerFunc, int, string) {
 		switch r.URL.Path {
 		case "/":
@@ -153,7 +159,7 @@ func (ls *liveServer) handler() http.Handler {
 	})
 }
 
-func (ls *liveServer) servePage(w http.ResponseWriter) {
+func (ls *Server) servePage(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("Cache-Control", "no-store")
@@ -168,12 +174,12 @@ func (ls *liveServer) servePage(w http.ResponseWriter) {
 const maxFilterValue = liveMaxName + len(liveCut)
 
 // filterOf reads ?engine= and ?model=.
-func filterOf(r *http.Request) (liveFilter, error) {
+func filterOf(r *http.Request) (Filter, error) {
 	q := r.URL.Query()
-	f := liveFilter{engine: q.Get("engine"), model: q.Get("model")}
-	for _, v := range [...]struct{ name, value string }{{"engine", f.engine}, {"model", f.model}} {
+	f := Filter{Engine: q.Get("engine"), Model: q.Get("model")}
+	for _, v := range [...]struct{ name, value string }{{"engine", f.Engine}, {"model", f.Model}} {
 		if len(v.value) > maxFilterValue {
-			return liveFilter{}, fmt.Errorf("%s: at most %d bytes (longer names are shown cut to %d, and filtered by what is shown), got %d", v.name, maxFilterValue, liveMaxName, len(v.value))
+			return Filter{}, fmt.Errorf("%s: at most %d bytes (longer names are shown cut to %d, and filtered by what is shown), got %d", v.name, maxFilterValue, liveMaxName, len(v.value))
 		}
 	}
 	return f, nil
@@ -183,7 +189,7 @@ func filterOf(r *http.Request) (liveFilter, error) {
 // broadcaster's or an asked one younger than an interval, else a new one
 // while onDemandRate allows (errSnapshotRate beyond). Requests take their
 // snapshots one at a time, so that many asking at once share one.
-func (ls *liveServer) askSnapshot(f liveFilter) ([]byte, error) {
+func (ls *Server) askSnapshot(f Filter) ([]byte, error) {
 	if body := ls.fresh(f); body != nil {
 		return body, nil
 	}
@@ -208,14 +214,14 @@ func (ls *liveServer) askSnapshot(f liveFilter) ([]byte, error) {
 // forgetAsked forgets the asked snapshots older than an interval, and the
 // oldest while more than live::max_filters are kept, to make room for one
 // more. Call with askMu held.
-func (ls *liveServer) forgetAsked(now time.Time) {
+func (ls *Server) forgetAsked(now time.Time) {
 	for k, a := range ls.asked {
 		if now.Sub(a.at) >= ls.cfg.Interval {
 			delete(ls.asked, k)
 		}
 	}
 	for len(ls.asked) > ls.cfg.MaxFilters {
-		var oldest liveFilter
+		var oldest Filter
 		var at time.Time
 		for k, a := range ls.asked {
 			if at.IsZero() || a.at.Before(at) {
@@ -226,7 +232,7 @@ func (ls *liveServer) forgetAsked(now time.Time) {
 	}
 }
 
-func (ls *liveServer) serveSnapshot(w http.ResponseWriter, r *http.Request) {
+func (ls *Server) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	f, err := filterOf(r)
 	if err != nil {
 		httpserve.WriteError(w, http.StatusBadRequest, err.Error())
@@ -251,11 +257,11 @@ func (ls *liveServer) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 
 // writeTimeout is how long one snapshot may take to reach a viewer; a
 // viewer that takes longer is dropped.
-func (ls *liveServer) writeTimeout() time.Duration {
+func (ls *Server) writeTimeout() time.Duration {
 	return max(2*ls.cfg.Interval, 2*time.Second)
 }
 
-func (ls *liveServer) serveStream(w http.ResponseWriter, r *http.Request) {
+func (ls *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 	f, err := filterOf(r)
 	if err != nil {
 		httpserve.WriteError(w, http.StatusBadRequest, err.Error())
@@ -323,7 +329,7 @@ func (ls *liveServer) serveStream(w http.ResponseWriter, r *http.Request) {
 
 // fresh is the broadcaster's latest snapshot for f, if it is younger than
 // an interval; nil otherwise.
-func (ls *liveServer) fresh(f liveFilter) []byte {
+func (ls *Server) fresh(f Filter) []byte {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.now().Sub(ls.latestAt) >= ls.cfg.Interval {
@@ -334,7 +340,7 @@ func (ls *liveServer) fresh(f liveFilter) []byte {
 
 // join adds v, starting the broadcaster if it is the first viewer; a
 // viewer refused is refused for the cause it returns.
-func (ls *liveServer) join(v *liveViewer) (liveDropCause, error) {
+func (ls *Server) join(v *liveViewer) (liveDropCause, error) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	switch {
@@ -342,7 +348,7 @@ func (ls *liveServer) join(v *liveViewer) (liveDropCause, error) {
 		return dropLimit, errors.New("the collector is shutting down")
 	case len(ls.viewers) >= ls.cfg.MaxViewers:
 		return dropLimit, fmt.Errorf("too many viewers: live::max_viewers (%d) are connected; try again later", ls.cfg.MaxViewers)
-	case v.filter != liveFilter{} && ls.watched[v.filter] == 0 && ls.filtersWatched() >= ls.cfg.MaxFilters:
+	case v.filter != Filter{} && ls.watched[v.filter] == 0 && ls.filtersWatched() >= ls.cfg.MaxFilters:
 		return dropFilters, fmt.Errorf("too many filters: live::max_filters (%d) distinct filters are being watched; watch one of them, or all sessions (no filter), or try again later", ls.cfg.MaxFilters)
 	}
 	ls.viewers[v] = struct{}{}
@@ -357,9 +363,9 @@ func (ls *liveServer) join(v *liveViewer) (liveDropCause, error) {
 
 // filtersWatched counts the distinct filters watched, the unfiltered view
 // aside. Call with mu held.
-func (ls *liveServer) filtersWatched() int {
+func (ls *Server) filtersWatched() int {
 	n := len(ls.watched)
-	if ls.watched[liveFilter{}] > 0 {
+	if ls.watched[Filter{}] > 0 {
 		n--
 	}
 	return n
@@ -367,7 +373,7 @@ func (ls *liveServer) filtersWatched() int {
 
 // remove takes v out, once; it reports whether v was in. Call with mu
 // held.
-func (ls *liveServer) remove(v *liveViewer) bool {
+func (ls *Server) remove(v *liveViewer) bool {
 	if _, ok := ls.viewers[v]; !ok {
 		return false
 	}
@@ -378,14 +384,14 @@ func (ls *liveServer) remove(v *liveViewer) bool {
 	return true
 }
 
-func (ls *liveServer) leave(v *liveViewer) {
+func (ls *Server) leave(v *liveViewer) {
 	ls.mu.Lock()
 	ls.remove(v)
 	ls.mu.Unlock()
 }
 
 // drop disconnects a slow viewer, once.
-func (ls *liveServer) drop(v *liveViewer) {
+func (ls *Server) drop(v *liveViewer) {
 	ls.mu.Lock()
 	ok := ls.remove(v)
 	if ok {
@@ -399,7 +405,7 @@ func (ls *liveServer) drop(v *liveViewer) {
 
 // broadcast makes the snapshots every interval and offers them to the
 // viewers; it ends when the last viewer has gone.
-func (ls *liveServer) broadcast() {
+func (ls *Server) broadcast() {
 	defer ls.done.Done()
 	tick := time.NewTicker(ls.cfg.Interval)
 	defer tick.Stop()
@@ -420,13 +426,13 @@ func (ls *liveServer) broadcast() {
 type liveBroadcast struct {
 	scan    liveScan
 	viewers []*liveViewer
-	filters []liveFilter
+	filters []Filter
 }
 
 // broadcastOnce makes the snapshot of every filter watched, in one pass
 // over the table, and offers each viewer its filter's; it reports false,
 // the broadcaster stopped, when no viewer is left.
-func (ls *liveServer) broadcastOnce(b *liveBroadcast) bool {
+func (ls *Server) broadcastOnce(b *liveBroadcast) bool {
 	ls.mu.Lock()
 	if len(ls.viewers) == 0 {
 		ls.broadcaster = false
@@ -445,7 +451,7 @@ func (ls *liveServer) broadcastOnce(b *liveBroadcast) bool {
 	at := ls.now()
 	bodies := ls.view.snapshots(at, b.filters, &b.scan)
 	// A new map each tick: the joining viewers read the last one.
-	snaps := make(map[liveFilter][]byte, len(bodies))
+	snaps := make(map[Filter][]byte, len(bodies))
 	for i, f := range b.filters {
 		snaps[f] = bodies[i]
 	}

@@ -1,4 +1,4 @@
-package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+package live // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/live"
 
 import (
 	"math"
@@ -8,7 +8,8 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
 )
 
-// The live view's snapshot as JSON, and the names as it shows them.
+// The live view's snapshot as JSON, the names as it shows them and the
+// filter that picks by them.
 
 // liveMaxName bounds each name the view shows (session ID, model, engine,
 // operation, error type, attribute value), so that a snapshot's size does
@@ -32,6 +33,22 @@ func liveName(name string) string {
 	return name[:i] + liveCut
 }
 
+// Filter picks the sessions, engines and ended sessions a snapshot
+// lists, by their names as shown: "" matches every engine or model.
+type Filter struct {
+	Engine, Model string
+}
+
+func (f Filter) match(k liveKey) bool {
+	return (f.Engine == "" || f.Engine == k.engine) && (f.Model == "" || f.Model == k.model)
+}
+
+// liveKey is an engine and a model, as shown: what a pass over the table
+// tallies, and the TTFT minutes are kept by.
+type liveKey struct {
+	engine, model string
+}
+
 // liveEnded is an ended session as the view lists it, its names as shown
 // (liveName).
 type liveEnded struct {
@@ -50,29 +67,29 @@ type liveEnded struct {
 // The snapshot as JSON. Durations are in milliseconds; a figure not known
 // (a TTFT before the first token) is null.
 
-type liveSnapshot struct {
-	Time       time.Time         `json:"time"`
-	IntervalMs float64           `json:"interval_ms"`
-	TraceURL   string            `json:"trace_url,omitempty"`
-	Filter     liveFilterJSON    `json:"filter"`
-	InFlight   int               `json:"in_flight"`
-	Matching   int               `json:"matching"`
-	Sessions   []liveSessionJSON `json:"sessions"`
-	Engines    []liveEngineJSON  `json:"engines"`
+type Snapshot struct {
+	Time       time.Time     `json:"time"`
+	IntervalMs float64       `json:"interval_ms"`
+	TraceURL   string        `json:"trace_url,omitempty"`
+	Filter     FilterJSON    `json:"filter"`
+	InFlight   int           `json:"in_flight"`
+	Matching   int           `json:"matching"`
+	Sessions   []SessionJSON `json:"sessions"`
+	Engines    []EngineJSON  `json:"engines"`
 	// EnginesLeftOut are the engines the filter picks past max_engines;
 	// SessionsUntallied the sessions it picks that no engine's totals
 	// count, past maxLiveCells engine-and-model pairs in flight.
-	EnginesLeftOut    int             `json:"engines_left_out"`
-	SessionsUntallied int             `json:"sessions_untallied"`
-	Recent            []liveEndedJSON `json:"recent"`
+	EnginesLeftOut    int         `json:"engines_left_out"`
+	SessionsUntallied int         `json:"sessions_untallied"`
+	Recent            []EndedJSON `json:"recent"`
 }
 
-type liveFilterJSON struct {
+type FilterJSON struct {
 	Engine string `json:"engine,omitempty"`
 	Model  string `json:"model,omitempty"`
 }
 
-type liveSessionJSON struct {
+type SessionJSON struct {
 	ID           string            `json:"id"`
 	Model        string            `json:"model"`
 	Engine       string            `json:"engine"`
@@ -92,7 +109,7 @@ type liveSessionJSON struct {
 	Attributes   map[string]string `json:"attributes,omitempty"`
 }
 
-type liveEngineJSON struct {
+type EngineJSON struct {
 	Engine       string   `json:"engine"`
 	InFlight     int      `json:"in_flight"`
 	Waiting      int      `json:"waiting"`
@@ -106,7 +123,7 @@ type liveEngineJSON struct {
 	TTFTCount    uint64   `json:"ttft_count"`
 }
 
-type liveEndedJSON struct {
+type EndedJSON struct {
 	ID         string    `json:"id"`
 	Model      string    `json:"model"`
 	Engine     string    `json:"engine"`
@@ -139,9 +156,9 @@ func msPtr(d time.Duration, ok bool) *float64 {
 // sessionJSON copies what the view shows of s, in phase at engine time
 // engineNow, with the start attributes allow names; called under the lock,
 // as the session may be reused after it.
-func sessionJSON(s *session.Session, phase session.Phase, engineNow int64, allow map[string]struct{}) liveSessionJSON {
+func sessionJSON(s *session.Session, phase session.Phase, engineNow int64, allow map[string]struct{}) SessionJSON {
 	age := time.Duration(max(0, engineNow-s.StartedAt()))
-	out := liveSessionJSON{
+	out := SessionJSON{
 		ID: liveName(s.ID), Model: liveName(s.Model), Engine: liveName(s.Engine), Operation: liveName(s.Operation),
 		Phase: phase.String(),
 		AgeMs: millis(age), Tokens: s.Tokens, MaxGapMs: millis(s.MaxGap), Stalls: s.StallCount,
@@ -175,8 +192,8 @@ func sessionJSON(s *session.Session, phase session.Phase, engineNow int64, allow
 	return out
 }
 
-func (e *liveEnded) json() liveEndedJSON {
-	out := liveEndedJSON{
+func (e *liveEnded) json() EndedJSON {
+	out := EndedJSON{
 		ID: e.id, Model: e.model, Engine: e.engine, Operation: e.operation, Outcome: e.outcome.String(),
 		ErrorType: e.errorType, Ended: time.Unix(0, e.endedAt).UTC(),
 		TTFTMs: msPtr(e.ttft, e.hasTTFT), TPOTMs: msPtr(e.tpot, e.hasTPOT), DurationMs: millis(e.duration),

@@ -1,4 +1,4 @@
-package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+package live // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/live"
 
 import (
 	"math"

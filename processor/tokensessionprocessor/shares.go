@@ -1,0 +1,240 @@
+package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
+
+import (
+	"math"
+
+	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
+)
+
+// The engine's own share of a request's busy time comes on the session's
+// end (an engine whose hook sees its steps), or, where another process sees
+// the steps, as a share event: vLLM's engine core schedules them, its API
+// server sends the session. The engine core knows the request by vLLM's
+// internal id only, so the share is named by it, and the session's start
+// names the same id in its llm.engine.request_id attribute. The two come
+// over different connections, the share before or after the end; they are
+// joined here.
+//
+// A session whose start names an id and whose end brought no share waits
+// for it (attribution::share_wait at most): its counting in llm.engine.time
+// (the account closed on its engine's integral at its end, counted later),
+// and a kept one's span and summary (heldOutput), wait with it, since
+// neither can be corrected once sent. A share that comes before its session
+// ended waits as long for it, as an early engine span does. Without the
+// share the session keeps the collector's estimate.
+
+// awaitedShare is an ended session waiting for its engine's share.
+type awaitedShare struct {
+	id string
+	// acct is the session's account, closed (attributor.close) and not yet
+	// counted; counted says whether there is one to count.
+	acct    shareAccount
+	counted bool
+	prompt  int64
+	// estimate is the collector's share, counted if the engine's does not
+	// come.
+	estimate session.EngineShare
+	held     *heldOutput // its outputs, when kept and held
+	until    int64       // collector time
+	done     bool        // settled
+}
+
+// earlyShare is an engine's share that came before its session ended.
+type earlyShare struct {
+	id    string
+	share session.EngineShare
+	until int64
+	done  bool
+}
+
+// shareJoin joins share events to sessions by their engine request id. The
+// fold calls it under its lock; it counts what it joins, gives up on or
+// drops, and has the attributor count each session once, with its final
+// share.
+type shareJoin struct {
+	wait, max int64
+	attr      *attributor
+	telemetry *processorTelemetry
+
+	awaited map[string]*awaitedShare
+	// queue is every awaited session in order of until (the wait is the
+	// same for all), for expiry; earlyQueue likewise.
+	queue      []*awaitedShare
+	early      map[string]*earlyShare
+	earlyQueue []*earlyShare
+}
+
+func newShareJoin(cfg AttributionConfig, attr *attributor, telemetry *processorTelemetry) shareJoin {
+	return shareJoin{
+		wait: int64(cfg.ShareWait), max: int64(cfg.MaxPendingShares), attr: attr, telemetry: telemetry,
+		awaited: make(map[string]*awaitedShare), early: make(map[string]*earlyShare),
+	}
+}
+
+// engineRequestID is the engine's id of s's request, named by its start;
+// "" when none was.
+func engineRequestID(s *session.Session) string {
+	for _, a := range s.Attributes() {
+		if a.Key == tokenevent.AttrEngineRequestID {
+			return a.Value
+		}
+	}
+	return ""
+}
+
+// pending counts the sessions and shares waiting.
+func (j *shareJoin) pending() int64 { return int64(len(j.awaited) + len(j.early)) }
+
+// ended closes the account acc of the session s, ended by e, at collector
+// time now, with the engine's share if it came already. A session whose
+// start named its engine request id and that has no engine share yet
+// waits for it: the returned awaitedShare is its place, and its account is
+// counted when the share comes or the wait ends; nil when it does not
+// wait, its account counted now. live is the session's metric series.
+func (j *shareJoin) ended(s *session.Session, e *session.End, acc *shareAccount, live *sessionmetrics.Live, now int64) *awaitedShare {
+	id := ""
+	if e.Share.Source != session.ShareEngine {
+		id = engineRequestID(s)
+	}
+	if id != "" {
+		if sh := j.takeEarly(id); sh != nil {
+			e.Share = sh.share
+			j.telemetry.share(shareJoined)
+			id = ""
+		}
+	}
+	counted := j.attr.close(s, e, acc, live, now)
+	if id != "" && j.pending() >= j.max {
+		j.telemetry.share(shareOverflow)
+		id = ""
+	}
+	if id == "" {
+		if counted {
+			j.attr.count(acc, s.PromptTokens, &e.Share)
+		}
+		return nil
+	}
+	a := &awaitedShare{id: id, counted: counted, prompt: s.PromptTokens, estimate: e.Share, until: now + j.wait}
+	if counted {
+		a.acct = *acc // the session's state goes to a next session
+		*acc = shareAccount{}
+	}
+	if old := j.awaited[id]; old != nil {
+		// Two sessions named one id: the later takes the share, the
+		// earlier keeps its place in the queue until its wait ends.
+		delete(j.awaited, id)
+		old.id = ""
+	}
+	j.awaited[id] = a
+	j.queue = append(j.queue, a)
+	return a
+}
+
+// giveUp settles a, whose outputs could not be held, with the collector's
+// estimate at once: the outputs and the counters take the same share.
+func (j *shareJoin) giveUp(a *awaitedShare) {
+	j.forget(a)
+	j.settle(a, &a.estimate)
+	j.telemetry.share(shareOverflow)
+}
+
+// arrived takes a share event at collector time now: the awaited session
+// of its id takes it; otherwise it waits for its session to end. It
+// reports whether a held output no longer waits for it.
+func (j *shareJoin) arrived(ev *tokenevent.Event, now int64) (released bool) {
+	sh := session.EngineShareOf(ev)
+	if a := j.awaited[ev.EngineRequestID]; a != nil {
+		j.forget(a)
+		j.settle(a, &sh)
+		j.telemetry.share(shareJoined)
+		return a.held != nil
+	}
+	if j.pending() >= j.max {
+		j.telemetry.share(shareOverflow)
+		return false
+	}
+	if old := j.early[ev.EngineRequestID]; old != nil {
+		// A second share of one id: the later wins.
+		old.done = true
+		j.telemetry.share(shareOrphaned)
+	}
+	es := &earlyShare{id: ev.EngineRequestID, share: sh, until: now + j.wait}
+	j.early[es.id] = es
+	j.earlyQueue = append(j.earlyQueue, es)
+	return false
+}
+
+// settle ends a's wait with share, the session's final one: its account is
+// counted with it, and its held outputs carry it.
+func (j *shareJoin) settle(a *awaitedShare, share *session.EngineShare) {
+	if a.counted {
+		j.attr.count(&a.acct, a.prompt, share)
+	}
+	if h := a.held; h != nil {
+		h.end.Share = *share
+		h.share = false
+	}
+}
+
+func (j *shareJoin) forget(a *awaitedShare) {
+	a.done = true
+	if a.id != "" && j.awaited[a.id] == a {
+		delete(j.awaited, a.id)
+	}
+}
+
+// takeEarly returns the share of id that came before its session ended,
+// and forgets it; nil when none did.
+func (j *shareJoin) takeEarly(id string) *earlyShare {
+	sh := j.early[id]
+	if sh == nil {
+		return nil
+	}
+	delete(j.early, id)
+	sh.done = true
+	return sh
+}
+
+// expire settles, at collector time now, the sessions whose share did not
+// come within the wait with the collector's estimate, and drops the shares
+// whose session did not end within it. Each held output whose wait it ends
+// is released by the caller's next release.
+func (j *shareJoin) expire(now int64) {
+	n := 0
+	for _, a := range j.queue {
+		if a.done {
+			n++
+			continue
+		}
+		if a.until > now {
+			break
+		}
+		j.forget(a)
+		j.settle(a, &a.estimate)
+		j.telemetry.share(shareExpired)
+		n++
+	}
+	clear(j.queue[:n])
+	j.queue = j.queue[n:]
+	n = 0
+	for _, sh := range j.earlyQueue {
+		if sh.done {
+			n++
+			continue
+		}
+		if sh.until > now {
+			break
+		}
+		sh.done = true
+		delete(j.early, sh.id)
+		j.telemetry.share(shareOrphaned)
+		n++
+	}
+	clear(j.earlyQueue[:n])
+	j.earlyQueue = j.earlyQueue[n:]
+}
+
+// shutdown settles every wait, as at its end.
+func (j *shareJoin) shutdown() { j.expire(math.MaxInt64) }
