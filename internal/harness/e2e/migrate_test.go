@@ -425,13 +425,13 @@ func (b *healBed) assertHealed(t *testing.T, c healCall, a healedAnswer, m *reco
 // proxy sent and got). (a) The first server frozen (SIGSTOP) mid-answer,
 // chat and completions: the stall breaker cuts it, the client gets one
 // whole answer (see assertHealed), its session ends error engine_stalled
-// (the failed engine's fault) with the whole answer's tokens. (b) The
-// second server killed mid-answer: the same, error.type
-// upstream_stream_broken. (c) A request the proxy must not move
-// (logprobs): the cut as without migration, nothing sent to the
-// continuation's engine. (d) The official OpenAI JS client, the first
-// server frozen mid-answer: it reads one uninterrupted answer, the text
-// delivered then the continuation's.
+// (the failed engine's fault) with the whole answer's tokens and
+// llm.session.migrations 1. (b) The second server killed mid-answer: the
+// same, error.type upstream_stream_broken. (c) A request the proxy must
+// not move (logprobs): the cut as without migration, nothing sent to the
+// continuation's engine, no llm.session.migrations. (d) The official
+// OpenAI JS client, the first server frozen mid-answer: it reads one
+// uninterrupted answer, the text delivered then the continuation's.
 func TestMigrateLlamaCpp(t *testing.T) {
 	b := startHealBed(t)
 	proxyA, proxyB := "http://"+b.proxyA, "http://"+b.proxyB
@@ -448,6 +448,7 @@ func TestMigrateLlamaCpp(t *testing.T) {
 		assert.Equal(t, "error", s["llm.session.outcome"], "the session is the failed engine's")
 		assert.Equal(t, errorType, s["error.type"])
 		assert.Equal(t, int64(healMaxTokens), s["gen_ai.usage.output_tokens"], "the whole answer's tokens")
+		assert.Equal(t, int64(1), s["llm.session.migrations"], "moved once")
 	}
 
 	t.Run("frozen chat", func(t *testing.T) {
@@ -470,6 +471,7 @@ func TestMigrateLlamaCpp(t *testing.T) {
 		assert.ErrorIs(t, a.readErr, io.ErrUnexpectedEOF, "the response does not end: the stream is not whole")
 		s := b.session(t, traceID)
 		assert.Equal(t, "engine_stalled", s["error.type"])
+		assert.NotContains(t, s, "llm.session.migrations", "not moved")
 		assert.Equal(t, moves, b.recorder.count(), "nothing sent to the migrate endpoint")
 	})
 
