@@ -227,11 +227,12 @@ demo-tools: ## bin/vllmsim, bin/llmload and bin/llmdemo
 
 # The load-balancer story (about 2.5 min; needs Debian's haproxy): HAProxy,
 # two vllmsim replicas, one of which freezes, engine_health ejecting it.
-# Run twice: the proxies' stall breaker off, then on at BREAKER_STALL_MAX_GAP
-# (0 skips the second run), about 75 s each.
+# Run three times: the proxies' stall breaker off, then on at
+# BREAKER_STALL_MAX_GAP, then with proxy::migrate on as well ("heal"; 0 skips
+# the second and third runs), about 75 s each.
 BREAKER_OUT ?= demo-breaker
 BREAKER_STALL_MAX_GAP ?= 500ms
-demo-breaker: $(OTELCOL) demo-tools ## HAProxy ejecting a stalling replica through engine_health, the stall breaker off and on
+demo-breaker: $(OTELCOL) demo-tools ## HAProxy ejecting a stalling replica through engine_health, the stall breaker off, on, and healing
 	$(BIN_DIR)/llmdemo -breaker -bin $(BIN_DIR) -out $(BREAKER_OUT) -stall-max-gap $(BREAKER_STALL_MAX_GAP)
 
 # The same story on a real engine (about 1 min after the build; see

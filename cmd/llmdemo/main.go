@@ -40,6 +40,8 @@ func run(args []string) int {
 	haproxy := fs.String("haproxy", "haproxy", "the haproxy binary, for -breaker")
 	stallMaxGap := fs.Duration("stall-max-gap", 500*time.Millisecond, "for -breaker: run the story a second time with the proxies' "+
 		"stall breaker at this proxy::stall::max_gap, into OUT/stall-breaker, and compare the runs in OUT/comparison.md (0: one run, breaker off)")
+	heal := fs.Bool("heal", true, "for -breaker with -stall-max-gap: run the story a third time with the proxies' proxy::migrate on as well, "+
+		"into OUT/heal, and add it to OUT/comparison.md")
 	live := fs.String("live", "localhost:8002", "where each point's collector serves token_session's live view (its URL is printed; "+
 		"another free port if this one is taken; empty: off)")
 	onLlamaCpp := fs.Bool("real", false, "run the story on a real engine instead (make demo-real): llama.cpp's llama-server built by "+
@@ -129,8 +131,20 @@ func run(args []string) int {
 			return 1
 		}
 		logf("report with the stall breaker on: %s (time to eject %.2f s)", filepath.Join(onOut, "report.md"), on.EjectedS-on.DegradedS)
+		runs := []demo.BreakerRun{{Name: "off", Report: rep, Path: "report.md"}, {Name: "breaker", Report: on, Path: "stall-breaker/report.md"}}
+		if *heal {
+			story.Migrate = true
+			healOut := filepath.Join(*out, "heal")
+			healed, err := demo.RunBreaker(ctx, bins, bin, story, healOut, logf)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "llmdemo:", err)
+				return 1
+			}
+			logf("report with proxy::migrate on: %s (%d requests failed)", filepath.Join(healOut, "report.md"), healed.Failed)
+			runs = append(runs, demo.BreakerRun{Name: "heal", Report: healed, Path: "heal/report.md"})
+		}
 		cmp := filepath.Join(*out, "comparison.md")
-		if err := os.WriteFile(cmp, []byte(demo.BreakerComparison(rep, on, "stall-breaker/report.md")), 0o644); err != nil {
+		if err := os.WriteFile(cmp, []byte(demo.BreakerComparison(runs...)), 0o644); err != nil {
 			fmt.Fprintln(os.Stderr, "llmdemo:", err)
 			return 1
 		}

@@ -38,13 +38,14 @@ const (
 	fEngineDecode
 	fEnergy
 	fEngineRequestID
+	fMigrations
 )
 
 var fieldNames = [...]string{
 	"event", "session_id", "time_unix_nano", "trace_id", "span_id", "parent_span_id", "model", "operation",
 	"prompt_tokens", "engine", "attributes", "count", "completion_tokens", "finish_reason", "error",
 	"stream", "tracestate", "seq", "response_model", "queue_time_ns", "prefill_time_ns", "decode_time_ns",
-	"engine_time_prefill_ns", "engine_time_decode_ns", "energy_mj", "engine_request_id",
+	"engine_time_prefill_ns", "engine_time_decode_ns", "energy_mj", "engine_request_id", "migrations",
 }
 
 const (
@@ -53,7 +54,7 @@ const (
 		fAttributes | fStream | fTraceState
 	allowedT = fCommon | fCount | fSeq
 	allowedE = fCommon | fCompletionTokens | fFinishReason | fError | fResponseModel | fQueueTime | fPrefillTime |
-		fDecodeTime | fEnginePrefill | fEngineDecode | fEnergy
+		fDecodeTime | fEnginePrefill | fEngineDecode | fEnergy | fMigrations
 	// A share names the engine's request, not a session.
 	allowedShare = fEvent | fEngineRequestID | fTime | fEngine | fEnginePrefill | fEngineDecode | fEnergy
 )
@@ -148,6 +149,8 @@ func fieldBit(key []byte) (uint32, bool) {
 		return fEnergy, true
 	case "engine_request_id":
 		return fEngineRequestID, true
+	case "migrations":
+		return fMigrations, true
 	}
 	return 0, false
 }
@@ -273,6 +276,15 @@ func (p *Parser) value(bit uint32, ev *tokenevent.Event) (bool, error) {
 			ev.EnergyMilliJ, ev.HasEnergy = int64(v), true
 		}
 		return true, err
+	case fMigrations:
+		v, err := p.uint(name)
+		if err != nil {
+			return false, err
+		}
+		if err := tokenevent.CheckMigrations(int64(v)); err != nil {
+			return false, err
+		}
+		ev.Migrations = int64(v)
 	case fResponseModel:
 		return true, p.valueStr(name, &ev.ResponseModel, tokenevent.MaxValueBytes)
 	case fTraceID:

@@ -96,6 +96,10 @@ func TestParseOptionalFields(t *testing.T) {
 			Kind: tokenevent.KindEnd, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: 3, Count: 1, ResponseModel: "m-fp8",
 			QueueTimeNs: 120_000_000, PrefillTimeNs: -1, DecodeTimeNs: 0, TimingSource: tokenevent.TimingHook,
 		},
+		{
+			Kind: tokenevent.KindEnd, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: 3, Count: 1,
+			QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1, Migrations: 2,
+		},
 	} {
 		line := tokenevent.AppendJSON(nil, &ev)
 		var got tokenevent.Event
@@ -138,6 +142,19 @@ func TestParseTokenAndEnd(t *testing.T) {
 	assert.False(t, ev.HasEngineTime || ev.HasEnergy, "absent unless given")
 	_, err = parse(t, `{"event":"token","session_id":"x","time_unix_nano":5,"energy_mj":1}`)
 	assert.ErrorContains(t, err, "energy_mj: not allowed on a token event")
+
+	ev, err = parse(t, `{"event":"end","session_id":"x","time_unix_nano":5,"migrations":2}`)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), ev.Migrations)
+	ev, err = parse(t, `{"event":"end","session_id":"x","time_unix_nano":5,"migrations":null}`)
+	require.NoError(t, err)
+	assert.Zero(t, ev.Migrations, "null is absent: never moved")
+	_, err = parse(t, `{"event":"end","session_id":"x","time_unix_nano":5,"migrations":65}`)
+	assert.ErrorContains(t, err, "migrations: at most 64, got 65")
+	_, err = parse(t, `{"event":"end","session_id":"x","time_unix_nano":5,"migrations":-1}`)
+	assert.ErrorContains(t, err, "migrations: want a non-negative integer")
+	_, err = parse(t, `{"event":"start","session_id":"x","time_unix_nano":5,"migrations":1}`)
+	assert.ErrorContains(t, err, "migrations: not allowed on a start event")
 }
 
 // A share names the engine's request instead of a session: its fields are

@@ -182,6 +182,13 @@ func readEnd(attrs pcommon.Map, ev *tokenevent.Event, fn func(*tokenevent.Event)
 			*t.v = 0
 		}
 	}
+	if ev.Migrations, err = intAttr(attrs, AttrMigrations, 0); err != nil {
+		return err
+	}
+	if err := tokenevent.CheckMigrations(ev.Migrations); err != nil {
+		err.Field = AttrMigrations
+		return err
+	}
 	if v, ok := attrs.Get(AttrFinishReasons); ok {
 		switch v.Type() {
 		case pcommon.ValueTypeSlice:

@@ -56,6 +56,9 @@ const (
 	AttrEngineTimePrefillNs = "llm.session.engine_time_prefill_ns"
 	AttrEngineTimeDecodeNs  = "llm.session.engine_time_decode_ns"
 	AttrEnergyMilliJ        = "llm.session.energy_mj"
+	// AttrMigrations is how often the answer's stream was moved to another
+	// replica, on an end (absent: never).
+	AttrMigrations = "llm.session.migrations"
 	// AttrEngineRequestID is the engine's own id of the request, on a
 	// share (the start names it among its attributes, under the same key).
 	AttrEngineRequestID = tokenevent.AttrEngineRequestID

@@ -76,7 +76,7 @@ func TestRecordsRoundTrip(t *testing.T) {
 		`{"event":"token","session_id":"s-2","time_unix_nano":1700000000290000000,"seq":1}`,
 		`{"event":"end","session_id":"s-2","time_unix_nano":1700000000300000000,"error":"aborted","response_model":"m-fp8","queue_time_ns":120000000,"decode_time_ns":0}`,
 		`{"event":"end","session_id":"s-3","time_unix_nano":1700000000300000000,"engine_time_prefill_ns":1500,"engine_time_decode_ns":0,"energy_mj":42}`,
-		`{"event":"end","session_id":"s-4","time_unix_nano":1700000000300000000,"engine_time_decode_ns":7}`,
+		`{"event":"end","session_id":"s-4","time_unix_nano":1700000000300000000,"engine_time_decode_ns":7,"migrations":2}`,
 	}
 	var want []tokenevent.Event
 	p := tokenparse.NewParser(tokenevent.Limits{})
@@ -441,6 +441,12 @@ func TestReadRecordErrors(t *testing.T) {
 			lr.Attributes().PutStr(AttrEngineRequestID, "r")
 			lr.Attributes().PutInt(AttrEngineTimeDecodeNs, -3)
 		}, AttrEngineTimeDecodeNs + ": want a non-negative int, got -3"},
+		{"migrations over the cap", func(lr plog.LogRecord) {
+			lr.SetEventName(EventNameEnd)
+			lr.SetTimestamp(1)
+			lr.Attributes().PutStr(AttrSessionID, "s")
+			lr.Attributes().PutInt(AttrMigrations, 65)
+		}, AttrMigrations + ": at most 64, got 65"},
 		{"negative output", func(lr plog.LogRecord) {
 			lr.SetEventName(EventNameEnd)
 			lr.SetTimestamp(1)

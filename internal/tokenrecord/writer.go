@@ -244,6 +244,9 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 				attrs.PutInt(t.key, *t.v)
 			}
 		}
+		if ev.Migrations > 0 {
+			attrs.PutInt(AttrMigrations, ev.Migrations)
+		}
 	}
 }
 

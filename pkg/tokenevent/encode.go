@@ -89,6 +89,10 @@ func AppendJSON(dst []byte, ev *Event) []byte {
 			}
 		}
 		dst = appendEngineShare(dst, ev)
+		if ev.Migrations > 0 {
+			dst = append(dst, `,"migrations":`...)
+			dst = strconv.AppendInt(dst, ev.Migrations, 10)
+		}
 	case KindShare:
 		dst = appendField(dst, "engine", ev.Engine)
 		dst = appendEngineShare(dst, ev)

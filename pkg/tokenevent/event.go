@@ -161,6 +161,10 @@ type Event struct {
 	EngineTimePrefillNs, EngineTimeDecodeNs int64
 	EnergyMilliJ                            int64
 	HasEngineTime, HasEnergy                bool
+	// Migrations is how often the answer's stream was moved to another
+	// replica mid-answer (the proxy's proxy::migrate), 0 to
+	// MaxMigrations; 0 (absent on the wire) when it never was.
+	Migrations int64
 
 	// Share only: the engine's own id of the request (see KindShare).
 	EngineRequestID string

@@ -121,6 +121,23 @@ func CheckCount(n int64) *FieldError {
 	return nil
 }
 
+// MaxMigrations is the most moves an end event may report: a request
+// moved more often is not being healed (the proxy moves one at most 8
+// times).
+const MaxMigrations = 64
+
+// CheckMigrations checks the migrations of an end event: 0 to
+// MaxMigrations.
+func CheckMigrations(n int64) *FieldError {
+	if n < 0 {
+		return &FieldError{Field: "migrations", Reason: "must not be negative"}
+	}
+	if n > MaxMigrations {
+		return &FieldError{Field: "migrations", Reason: fmt.Sprintf("at most %d, got %d", MaxMigrations, n)}
+	}
+	return nil
+}
+
 // CheckSeq checks the seq of a token event that has one: within an int64,
 // as the wire's integers are.
 func CheckSeq(n uint64) *FieldError {
@@ -267,6 +284,9 @@ func (ev *Event) Validate(limits Limits) error {
 					return err
 				}
 			}
+		}
+		if err := CheckMigrations(ev.Migrations); err != nil {
+			return err
 		}
 		return checkEngineShare(ev)
 	case KindShare:

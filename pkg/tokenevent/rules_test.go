@@ -44,6 +44,10 @@ func TestValidate(t *testing.T) {
 		{"operation", func(ev *Event) { ev.Operation = "embeddings" }, KindStart, `operation: want chat or text_completion, got "embeddings"`},
 		{"prompt tokens", func(ev *Event) { ev.PromptTokens = -2 }, KindStart, "prompt_tokens: must not be negative, got -2"},
 		{"completion tokens", func(ev *Event) { ev.CompletionTokens = -2 }, KindEnd, "completion_tokens: must not be negative, got -2"},
+		{"migrations at the cap", func(ev *Event) { ev.Migrations = MaxMigrations }, KindEnd, ""},
+		{"migrations over the cap", func(ev *Event) { ev.Migrations = MaxMigrations + 1 }, KindEnd, "migrations: at most 64, got 65"},
+		{"negative migrations", func(ev *Event) { ev.Migrations = -1 }, KindEnd, "migrations: must not be negative"},
+		{"migrations of another kind are ignored", func(ev *Event) { ev.Migrations = -1 }, KindToken, ""},
 		{"empty key", func(ev *Event) { ev.Attributes = []Attribute{{"", "v"}} }, KindStart, "attributes: empty key"},
 		{
 			"long key", func(ev *Event) { ev.Attributes = []Attribute{{strings.Repeat("k", 257), "v"}} }, KindStart,

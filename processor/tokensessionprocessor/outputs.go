@@ -112,6 +112,9 @@ func putSessionAttributes(m pcommon.Map, s *session.Session, e *session.End, pro
 		m.PutStr(attrTimingSource, t.Source)
 	}
 	putShare(m, &e.Share)
+	if e.Migrations > 0 {
+		m.PutInt(tokenrecord.AttrMigrations, e.Migrations)
+	}
 	m.PutInt(attrSessionStalls, int64(s.StallCount))
 	m.PutInt(attrSessionFreezes, int64(s.Freezes))
 	m.PutInt(attrSessionChunks, s.Chunks)

@@ -261,6 +261,24 @@ func TestInputTokensFromTheEnd(t *testing.T) {
 	assert.Equal(t, int64(42), v.Int())
 }
 
+// The proxy's end event says how often it moved the answer to another
+// replica (proxy::migrate): the summary and the session span carry it; a
+// session never moved has no such attribute (see
+// TestLogsFoldsTokenEventsAndEmitsSummaries).
+func TestMigrationsOnSummaryAndSpan(t *testing.T) {
+	p := newPipelines(t, nil)
+	defer p.shutdown(t)
+	evs := slowSession("moved")
+	evs[len(evs)-1].Migrations = 2
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(evs...)))
+	sums := recordsNamed(p.logSink.AllLogs(), eventNameSummary)
+	require.Len(t, sums, 1)
+	assert.Equal(t, int64(2), sums[0].Attributes().AsRaw()["llm.session.migrations"])
+	spans := allSpans(p.trcSink.AllTraces())
+	require.Len(t, spans, 1)
+	assert.Equal(t, int64(2), spans[0].Attributes().AsRaw()["llm.session.migrations"], "on the session span")
+}
+
 func TestLogsPassAll(t *testing.T) {
 	p := newPipelines(t, func(c *Config) { c.PassTokenEvents = PassAll })
 	defer p.shutdown(t)

@@ -68,12 +68,12 @@ func (e *freezingEngine) cancelCount() int {
 	return e.cancelled
 }
 
-// openAIJS returns the command that streams one chat completion with the
-// official OpenAI JS client (testdata/openai-js/stream.mjs). make go-test
-// installs the client (make js-client: npm ci); without it the test skips,
-// or fails under CI.
-func openAIJS(t *testing.T) func(baseURL string, freeze bool) jsOutcome {
-	node := testbin.Tool(t, "node", "nodejs")
+// openAIJSClient returns node and the folder of the official OpenAI JS
+// client's script (testdata/openai-js/stream.mjs). make go-test installs
+// the client (make js-client: npm ci); without it the test skips, or fails
+// under CI.
+func openAIJSClient(t *testing.T) (node, dir string) {
+	node = testbin.Tool(t, "node", "nodejs")
 	dir, err := filepath.Abs(filepath.Join("testdata", "openai-js"))
 	require.NoError(t, err)
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
@@ -82,6 +82,13 @@ func openAIJS(t *testing.T) func(baseURL string, freeze bool) jsOutcome {
 		}
 		t.Skip("the OpenAI JS client is not installed: make js-client (npm ci in testdata/openai-js)")
 	}
+	return node, dir
+}
+
+// openAIJS returns the command that streams one chat completion with the
+// official OpenAI JS client (see openAIJSClient).
+func openAIJS(t *testing.T) func(baseURL string, freeze bool) jsOutcome {
+	node, dir := openAIJSClient(t)
 	return func(baseURL string, freeze bool) jsOutcome {
 		t.Helper()
 		cmd := exec.Command(node, "stream.mjs")
@@ -104,6 +111,7 @@ type jsOutcome struct {
 	Error   string `json:"error"`
 	Type    string `json:"type"`
 	Text    string `json:"text"`
+	IDs     int    `json:"ids"`
 }
 
 // TestStallBreakerEndToEnd: the collector's proxy, its stall breaker on,
@@ -148,10 +156,10 @@ func TestStallBreakerEndToEnd(t *testing.T) {
 		run := openAIJS(t)
 		o := run(proxyURL+"/v1", true)
 		stalled++
-		assert.Equal(t, jsOutcome{Outcome: "threw", Error: "APIError", Type: "engine_stalled", Text: "The capital of"}, o)
+		assert.Equal(t, jsOutcome{Outcome: "threw", Error: "APIError", Type: "engine_stalled", Text: "The capital of", IDs: 1}, o)
 		o = run(proxyURL+"/v1", false)
 		completed++
-		assert.Equal(t, jsOutcome{Outcome: "completed", Text: "The capital of France is Paris."}, o)
+		assert.Equal(t, jsOutcome{Outcome: "completed", Text: "The capital of France is Paris.", IDs: 1}, o)
 		require.Eventually(t, func() bool { return engine.cancelCount() == 2 }, 10*time.Second, 10*time.Millisecond)
 	})
 

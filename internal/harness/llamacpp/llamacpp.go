@@ -244,7 +244,11 @@ func Start(tb testing.TB, o Options) *Server {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { _ = s.Stop() })
+	tb.Cleanup(func() {
+		// A frozen server ignores SIGTERM until it runs again.
+		_ = s.Thaw()
+		_ = s.Stop()
+	})
 	return s
 }
 
@@ -253,6 +257,14 @@ func (s *Server) Stop() error { return s.proc.Stop(10 * time.Second) }
 
 // Kill kills the server (SIGKILL), as an engine that crashes.
 func (s *Server) Kill() { s.proc.Kill() }
+
+// Freeze stops the server (SIGSTOP) mid-answer, as an engine that hangs:
+// its connections stay open and nothing more comes; Thaw resumes it. Start
+// thaws it when the test ends.
+func (s *Server) Freeze() error { return s.proc.Freeze() }
+
+// Thaw resumes a server Freeze stopped.
+func (s *Server) Thaw() error { return s.proc.Thaw() }
 
 // UsedCPU is the CPU time the server has used (user and system), once it
 // has stopped.

@@ -126,6 +126,13 @@ func (p *Process) Kill() {
 	<-p.exited
 }
 
+// Freeze stops the process (SIGSTOP), as a process that hangs: its
+// sockets stay open and nothing comes from them until Thaw.
+func (p *Process) Freeze() error { return p.Cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Thaw resumes a process Freeze stopped (SIGCONT).
+func (p *Process) Thaw() error { return p.Cmd.Process.Signal(syscall.SIGCONT) }
+
 // Err is how the process ended, once it has: nil for a clean exit (see
 // Options.SIGTERMIsClean), else Wait's error with the log's path.
 func (p *Process) Err() error {

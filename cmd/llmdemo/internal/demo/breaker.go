@@ -22,6 +22,7 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
+	"github.com/otelcol-llm/otelcol-llm/internal/harness/selfmetrics"
 )
 
 // make demo-breaker: the load-balancer story. HAProxy balances two vllmsim
@@ -33,6 +34,9 @@ import (
 // time is over. Every 250 ms the demo reads HAProxy's statistics and
 // engine_health's verdict on B; the report puts, per second, the requests
 // each replica got, the stalls the client saw and B's state side by side.
+// The story runs three times: as it is, with the proxies' stall breaker on,
+// and with proxy::migrate on too ("heal"), where a stream the breaker cuts
+// is continued through HAProxy instead of ending in an error.
 
 //go:embed breaker.yaml
 var breakerCollectorConfig []byte
@@ -67,7 +71,21 @@ type BreakerStory struct {
 	// off); llmload re-sends a request the breaker cut up to
 	// stallRetries times, through HAProxy.
 	StallMaxGap time.Duration `json:"stall_max_gap_ns"`
+	// Migrate turns the proxies' proxy::migrate on: a stream the breaker
+	// cuts, or whose upstream breaks, is continued through HAProxy's
+	// frontend (the Service in front of the replicas, which engine_health
+	// steers away from B once it ejected it), up to migrateMaxMoves times.
+	Migrate bool `json:"migrate"`
 }
+
+// migrateMaxMoves is proxy::migrate::max_moves in the heal run. Until
+// engine_health has B out, HAProxy sends every other continuation to B,
+// where it stalls again (and is moved again: B's own proxy cannot move a
+// continuation, and cuts it, which the first proxy takes as the engine's
+// error); each such move costs max_gap and more, so eight (the most) outlast
+// the seconds B takes to be ejected, where the default (1) would leave half
+// the streams cut before it with their error.
+const migrateMaxMoves = 8
 
 // stallRetries is llmload's -retry-stalled in the story: enough that a
 // request cut on B twice before B is out still completes on A.
@@ -136,7 +154,30 @@ type BreakerReport struct {
 	Seconds []BreakerSecond `json:"seconds"`
 	Phases  []BreakerPhase  `json:"phases"`
 	Failed  int             `json:"failed_requests"`
-	Plot    string          `json:"plot"`
+	// Moves are the heal run's migrations (nil in the others).
+	Moves *BreakerMoves `json:"moves,omitempty"`
+	Plot  string        `json:"plot"`
+}
+
+// BreakerMoves are the migrations of a heal run: the collector's count by
+// outcome (otelcol_receiver_token_stream_proxy_migrations, both proxies)
+// and what they cost the client. With the breaker on, a gap of max_gap or
+// more in an answer that completed is one the proxy cut and moved: the gap
+// is the breaker's wait plus the continuation's way to its first token
+// (through HAProxy, a prefill of the prompt and the text carried).
+type BreakerMoves struct {
+	Moved   int `json:"moved"`
+	Refused int `json:"refused"`
+	Failed  int `json:"failed"`
+	// RefusedBy counts the refusals by reason, "trigger/reason".
+	RefusedBy map[string]int `json:"refused_by,omitempty"`
+	// Gaps are the client's gaps of max_gap or more in answers that
+	// completed, in Answers answers; their quantiles and longest, ms.
+	Gaps     int     `json:"gaps"`
+	Answers  int     `json:"answers"`
+	GapP50Ms float64 `json:"gap_p50_ms"`
+	GapP99Ms float64 `json:"gap_p99_ms"`
+	GapMaxMs float64 `json:"gap_max_ms"`
 }
 
 // breakerSample is what the demo read at one moment.
@@ -162,7 +203,7 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 		}
 	}()
 	addrs := map[string]string{}
-	for _, name := range []string{"sim_a", "sim_b", "proxy_a", "proxy_b", "health", "agent", "frontend", "stats"} {
+	for _, name := range []string{"sim_a", "sim_b", "proxy_a", "proxy_b", "health", "agent", "frontend", "stats", "telemetry"} {
 		if addrs[name], err = process.FreeAddr(); err != nil {
 			return nil, err
 		}
@@ -183,11 +224,18 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 	if err := os.WriteFile(cfgPath, breakerCollectorConfig, 0o644); err != nil {
 		return nil, err
 	}
+	migrateEndpoint := ""
+	if story.Migrate {
+		migrateEndpoint = "http://" + addrs["frontend"]
+	}
+	telemetryHost, telemetryPort, _ := strings.Cut(addrs["telemetry"], ":")
 	col, err := startProcess("otelcol-llm", filepath.Join(out, "otelcol.log"), bins.Collector, []string{"--config", cfgPath}, []string{
 		"PROXY_A=" + addrs["proxy_a"], "PROXY_B=" + addrs["proxy_b"],
 		"UPSTREAM_A=http://" + addrs["sim_a"], "UPSTREAM_B=http://" + addrs["sim_b"],
 		"HEALTH_ENDPOINT=" + addrs["health"], "AGENT_ENDPOINT=" + addrs["agent"], "BASE_TIME=" + story.BaseTime.String(),
 		"STALL_MAX_GAP=" + story.StallMaxGap.String(),
+		"MIGRATE_ENDPOINT=" + migrateEndpoint, "MIGRATE_MAX_MOVES=" + strconv.Itoa(migrateMaxMoves),
+		"TELEMETRY_HOST=" + telemetryHost, "TELEMETRY_PORT=" + telemetryPort,
 	})
 	if err != nil {
 		return nil, err
@@ -239,6 +287,9 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 	if story.StallMaxGap > 0 {
 		breakerNote = fmt.Sprintf("the proxies' stall breaker at %s, llmload retrying what it cuts up to %d times", story.StallMaxGap, stallRetries)
 	}
+	if story.Migrate {
+		breakerNote += fmt.Sprintf(", proxy::migrate on through HAProxy (max_moves %d)", migrateMaxMoves)
+	}
 	progress("load: %d concurrent streams through HAProxy for %s; B freezes %s every %d steps from %s to %s; %s",
 		story.Concurrency, story.Total, story.Freeze, story.Every, story.Degrade, story.Heal, breakerNote)
 	requestsPath := filepath.Join(out, "requests.ndjson")
@@ -283,6 +334,15 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 		return nil, err
 	}
 	rep.build(samples, reqs, start)
+	if story.Migrate {
+		rep.Moves = &BreakerMoves{}
+		if err := rep.Moves.count(addrs["telemetry"]); err != nil {
+			return nil, err
+		}
+		rep.Moves.gaps(reqs, story.StallMaxGap)
+		progress("moves: %d moved, %d refused %v, %d failed; the client's gaps around them p50 %s ms, p99 %s ms",
+			rep.Moves.Moved, rep.Moves.Refused, rep.Moves.RefusedBy, rep.Moves.Failed, f1(rep.Moves.GapP50Ms), f1(rep.Moves.GapP99Ms))
+	}
 	progress("B ejected at %s s (%s), HAProxy took it out at %s s, re-admitted at %s s, back at HAProxy at %s s",
 		f1(rep.EjectedS), rep.EjectReason, f1(rep.DownS), f1(rep.ReadmittedS), f1(rep.UpS))
 	rep.Plot = PlotBreaker
@@ -297,6 +357,63 @@ func RunBreaker(ctx context.Context, bins Binaries, haproxy string, story Breake
 		return rep, err
 	}
 	return rep, os.WriteFile(filepath.Join(out, "report.md"), []byte(rep.markdown()), 0o644)
+}
+
+// migrationsMetric is the proxies' migrations counter in the collector's
+// own metrics.
+const migrationsMetric = "otelcol_receiver_token_stream_proxy_migrations"
+
+// count reads the collector's migrations counter, by outcome.
+func (m *BreakerMoves) count(telemetry string) error {
+	fams, err := selfmetrics.Families(telemetry)
+	if err != nil {
+		return fmt.Errorf("the collector's migrations counter: %w", err)
+	}
+	for _, series := range fams[migrationsMetric].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range series.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		n := int(series.GetCounter().GetValue())
+		switch labels["outcome"] {
+		case "moved":
+			m.Moved += n
+		case "failed":
+			m.Failed += n
+		case "refused":
+			m.Refused += n
+			if m.RefusedBy == nil {
+				m.RefusedBy = map[string]int{}
+			}
+			m.RefusedBy[labels["trigger"]+"/"+labels["reason"]] += n
+		}
+	}
+	return nil
+}
+
+// gaps takes the client's gaps of maxGap or more in answers that
+// completed.
+func (m *BreakerMoves) gaps(reqs []requestRecord, maxGap time.Duration) {
+	var all []float64
+	for _, r := range reqs {
+		if !r.OK {
+			continue
+		}
+		n := len(all)
+		for _, g := range r.ITLms {
+			if g >= float64(maxGap)/float64(time.Millisecond) {
+				all = append(all, g)
+			}
+		}
+		if len(all) > n {
+			m.Answers++
+		}
+	}
+	m.Gaps = len(all)
+	if len(all) > 0 {
+		q := exactQuantiles(all)
+		m.GapP50Ms, m.GapP99Ms, m.GapMaxMs = q.P50, q.P99, slices.Max(all)
+	}
 }
 
 // watchBreaker samples HAProxy and engine_health every 250 ms until the load
@@ -544,6 +661,11 @@ func (rep *BreakerReport) markdown() string {
 	} else {
 		b.WriteString("The proxies' stall breaker is off.\n\n")
 	}
+	if s.Migrate {
+		fmt.Fprintf(&b, "`proxy::migrate` is on (`endpoint`: HAProxy's frontend, `max_moves: %d`): a stream the breaker "+
+			"cuts is continued through HAProxy with what the client already received, and the client gets one answer "+
+			"instead of the error event.\n\n", migrateMaxMoves)
+	}
 	fmt.Fprintf(&b, "| moment | s |\n|---|---|\n")
 	for _, m := range []struct {
 		name string
@@ -574,7 +696,15 @@ func (rep *BreakerReport) markdown() string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %d | %d | %d (%d) | %s | %s |\n", ph.Name, moment(ph.FromS), moment(ph.ToS), ph.Requests, ph.Stalled,
 			ph.Cut, ph.Retried, f1(ph.GapP50Ms), f1(ph.GapP99Ms))
 	}
-	fmt.Fprintf(&b, "\n%d requests failed.\n\n![requests, stalls and B's state](%s)\n\n", rep.Failed, rep.Plot)
+	fmt.Fprintf(&b, "\n%d requests failed.\n", rep.Failed)
+	if m := rep.Moves; m != nil {
+		fmt.Fprintf(&b, "\n## Moves\n\nThe collector moved %d streams (%d refused, %d failed: "+
+			"`otelcol_receiver_token_stream_proxy_migrations`). The client saw %d gaps of %s or more in %d answers that "+
+			"completed: each a move, the breaker's wait plus the continuation's way to its first token. Their p50 "+
+			"**%s ms**, p99 **%s ms**, longest %s ms.\n", m.Moved, m.Refused, m.Failed, m.Gaps, s.StallMaxGap, m.Answers,
+			f1(m.GapP50Ms), f1(m.GapP99Ms), f1(m.GapMaxMs))
+	}
+	fmt.Fprintf(&b, "\n![requests, stalls and B's state](%s)\n\n", rep.Plot)
 	fmt.Fprintf(&b, "## Per second\n\n| t s | requests to A | requests to B | client stalls | B (engine_health) | b (HAProxy) |\n|---|---|---|---|---|---|\n")
 	for _, r := range rep.Seconds {
 		fmt.Fprintf(&b, "| %d | %d | %d | %d | %s | %s |\n", r.T, r.RequestsA, r.RequestsB, r.ClientStalls, r.BState, r.BHAProxy)
@@ -702,31 +832,71 @@ func addLines(p *plot.Plot, lines ...namedLine) error {
 	return nil
 }
 
-// BreakerComparison is comparison.md: the client's phases of the story run
-// with the stall breaker off and on, side by side; onReport is the on
-// run's report.md, relative to comparison.md.
-func BreakerComparison(off, on *BreakerReport, onReport string) string {
+// BreakerRun is one run of the story for the comparison: its name, its
+// report and its report.md relative to comparison.md.
+type BreakerRun struct {
+	Name   string
+	Report *BreakerReport
+	Path   string
+}
+
+// BreakerComparison is comparison.md: the client's phases of the story's
+// runs (the stall breaker off, on, and with proxy::migrate), side by side.
+func BreakerComparison(runs ...BreakerRun) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# make demo-breaker: the stall breaker off and on\n\nThe same story twice: [breaker off](report.md) "+
-		"(started %s), [breaker on](%s) (`proxy::stall::max_gap: %s`, llmload retrying a cut request up to %d times; "+
-		"started %s). Requests by the phase they started in; a cut attempt counts as a request, and its gaps end "+
-		"with the wait for its error event.\n\n", off.StartedAt.Format(time.RFC3339), onReport, on.Story.StallMaxGap,
-		stallRetries, on.StartedAt.Format(time.RFC3339))
-	b.WriteString("| phase | breaker | from s | to s | requests | with a gap ≥ 450 ms | cut (retried) | gap p50 ms | gap p99 ms |\n" +
+	b.WriteString("# make demo-breaker: the stall breaker off, on, and healing\n\nThe same story ")
+	for i, r := range runs {
+		sep := ", "
+		switch {
+		case i == 0:
+			sep = ""
+		case i == len(runs)-1:
+			sep = " and "
+		}
+		fmt.Fprintf(&b, "%s[%s](%s) (%s; started %s)", sep, r.Name, r.Path, r.Report.setting(), r.Report.StartedAt.Format(time.RFC3339))
+	}
+	b.WriteString(". Requests by the phase they started in; a cut attempt counts as a request, and its gaps end with the " +
+		"wait for its error event.\n\n")
+	b.WriteString("| phase | run | from s | to s | requests | with a gap ≥ 450 ms | cut (retried) | gap p50 ms | gap p99 ms |\n" +
 		"|---|---|---|---|---|---|---|---|---|\n")
-	for i := range min(len(off.Phases), len(on.Phases)) {
-		for _, run := range []struct {
-			name string
-			ph   BreakerPhase
-		}{{"off", off.Phases[i]}, {"on", on.Phases[i]}} {
-			ph := run.ph
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %d | %d (%d) | %s | %s |\n", ph.Name, run.name, moment(ph.FromS),
+	phases := len(runs[0].Report.Phases)
+	for _, r := range runs {
+		phases = min(phases, len(r.Report.Phases))
+	}
+	for i := range phases {
+		for _, r := range runs {
+			ph := r.Report.Phases[i]
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %d | %d (%d) | %s | %s |\n", ph.Name, r.Name, moment(ph.FromS),
 				moment(ph.ToS), ph.Requests, ph.Stalled, ph.Cut, ph.Retried, f1(ph.GapP50Ms), f1(ph.GapP99Ms))
 		}
 	}
-	fmt.Fprintf(&b, "\nTime to eject B: %s s off, %s s on (from its degradation to engine_health's verdict). "+
-		"Requests failed: %d off, %d on.\n", since(off.EjectedS, off.DegradedS), since(on.EjectedS, on.DegradedS), off.Failed, on.Failed)
+	b.WriteString("\n| run | time to eject B s | requests cut (error event) | requests failed | streams moved | client's gap at a move p50 / p99 / max ms |\n" +
+		"|---|---|---|---|---|---|\n")
+	for _, r := range runs {
+		cut := 0
+		for _, ph := range r.Report.Phases {
+			cut += ph.Cut
+		}
+		moved, gaps := "—", "—"
+		if m := r.Report.Moves; m != nil {
+			moved = strconv.Itoa(m.Moved)
+			gaps = f1(m.GapP50Ms) + " / " + f1(m.GapP99Ms) + " / " + f1(m.GapMaxMs)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %s | %s |\n", r.Name, since(r.Report.EjectedS, r.Report.DegradedS), cut,
+			r.Report.Failed, moved, gaps)
+	}
 	return b.String()
+}
+
+// setting says how the proxies ran in the story.
+func (rep *BreakerReport) setting() string {
+	switch {
+	case rep.Story.Migrate:
+		return fmt.Sprintf("`proxy::stall::max_gap: %s`, `proxy::migrate` through HAProxy, `max_moves: %d`", rep.Story.StallMaxGap, migrateMaxMoves)
+	case rep.Story.StallMaxGap > 0:
+		return fmt.Sprintf("`proxy::stall::max_gap: %s`, llmload retrying a cut request up to %d times", rep.Story.StallMaxGap, stallRetries)
+	}
+	return "the stall breaker off"
 }
 
 // since is to − from in seconds, or a dash when either did not happen.

@@ -104,3 +104,40 @@ func TestBreakerStoryStallBreaker(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(md), "stall breaker is on (`proxy::stall::max_gap: 500ms`)")
 }
+
+// TestBreakerStoryHeal is the story with proxy::migrate on as well: the
+// streams the breaker cuts are continued through HAProxy, so the client
+// gets no error event (no cut attempt, no retry) and every request
+// completes; the collector counts the moves, and the client's gaps of
+// max_gap or more, each a move, are counted beside them.
+func TestBreakerStoryHeal(t *testing.T) {
+	haproxy := testbin.Tool(t, "haproxy", "haproxy")
+	bins := Binaries{Collector: testbin.Collector(t), Sim: testbin.Build(t, "./cmd/vllmsim"), Load: testbin.Build(t, "./cmd/llmload")}
+	story := BreakerStory{
+		Degrade: 4 * time.Second, Heal: 9 * time.Second, Total: 14 * time.Second, Concurrency: 6,
+		Freeze: 1500 * time.Millisecond, Every: 8, BaseTime: 5 * time.Second, StallMaxGap: 500 * time.Millisecond,
+		Migrate: true,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out := t.TempDir()
+	rep, err := RunBreaker(ctx, bins, haproxy, story, out, t.Logf)
+	require.NoError(t, err)
+	cut := 0
+	for _, ph := range rep.Phases {
+		t.Logf("%s: %d requests, %d stalled, %d cut, gap p50 %.1f p99 %.1f ms", ph.Name, ph.Requests, ph.Stalled, ph.Cut,
+			ph.GapP50Ms, ph.GapP99Ms)
+		cut += ph.Cut
+	}
+	require.NotNil(t, rep.Moves)
+	m := rep.Moves
+	t.Logf("moves: %+v", *m)
+	require.Positive(t, m.Moved, "the proxies moved B's frozen streams")
+	assert.Zero(t, cut, "no error event reached the client")
+	assert.Zero(t, rep.Failed, "every request completed")
+	assert.Positive(t, m.Gaps, "the client saw the moves' gaps")
+	require.Positive(t, rep.EjectedS, "engine_health still ejects B")
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	require.NoError(t, err)
+	assert.Contains(t, string(md), "## Moves")
+}

@@ -292,6 +292,9 @@ type End struct {
 	ResponseModel    string
 	// Timing is the engine's split when the end event brought it.
 	Timing Timing
+	// Migrations is how often the answer's stream was moved to another
+	// replica (the end event's), 0 when never.
+	Migrations int64
 	// Share is the session's share of its engine's time and energy, set by
 	// the Table's user (internal/attribution) when the session ends.
 	Share EngineShare

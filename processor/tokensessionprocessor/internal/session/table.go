@@ -366,7 +366,7 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 		}
 		e := End{
 			Time: int64(ev.TimeUnixNano), CompletionTokens: ev.CompletionTokens, FinishReason: ev.FinishReason, ErrorType: ev.Error,
-			ResponseModel: ev.ResponseModel,
+			ResponseModel: ev.ResponseModel, Migrations: ev.Migrations,
 		}
 		if ev.HasTiming() {
 			e.Timing = Timing{

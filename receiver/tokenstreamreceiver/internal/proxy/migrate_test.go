@@ -259,6 +259,7 @@ func TestMigrateStalledChatContinues(t *testing.T) {
 	assert.Equal(t, "stop", end.FinishReason)
 	assert.Equal(t, int64(7), end.CompletionTokens)
 	assert.Equal(t, int64(42), end.PromptTokens)
+	assert.Equal(t, int64(1), end.Migrations, "moved once: llm.session.migrations")
 	assert.Equal(t, int64(1), migrations(t, tp, outcomeMoved, "stall", ""))
 	assert.Equal(t, int64(0), stalledStreams(t, tp), "the client got no cut")
 }
@@ -393,7 +394,9 @@ func TestMigrateRefusals(t *testing.T) {
 			second.mu.Unlock()
 			assert.Equal(t, int64(1), migrations(t, tp, outcomeRefused, "stall", tt.reason))
 			assert.Equal(t, int64(1), stalledStreams(t, tp))
-			assert.Equal(t, errEngineStalled, lastEnd(t, sessionEvents(t, sink, 1)).Error)
+			end := lastEnd(t, sessionEvents(t, sink, 1))
+			assert.Equal(t, errEngineStalled, end.Error)
+			assert.Zero(t, end.Migrations, "not moved")
 		})
 	}
 }
@@ -405,13 +408,15 @@ func TestMigrateContinuationFailsFallsBackToCut(t *testing.T) {
 	second := newScriptedUpstream(t, func(_ *scriptedUpstream, w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, `{"error":"overloaded"}`, http.StatusServiceUnavailable)
 	})
-	tp := startTestProxy(t, first.URL, new(consumertest.LogsSink), withStallBreaker(0), withMigrate(second.URL, 1))
+	sink := new(consumertest.LogsSink)
+	tp := startTestProxy(t, first.URL, sink, withStallBreaker(0), withMigrate(second.URL, 1))
 	got, err := post(t, tp.proxyURL(), "/v1/chat/completions", chatRequest)
 	require.ErrorIs(t, err, io.ErrUnexpectedEOF)
 	assert.Equal(t, strings.Join(firstStream(), ""), strings.SplitAfter(got, " France\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n")[0])
 	assert.Regexp(t, `"type":"engine_stalled"`, got)
 	assert.Equal(t, int64(1), migrations(t, tp, outcomeFailed, "stall", ""))
 	assert.Equal(t, int64(1), stalledStreams(t, tp))
+	assert.Zero(t, lastEnd(t, sessionEvents(t, sink, 1)).Migrations, "a move that failed is no move")
 }
 
 // A continuation that stalls in turn is cut once max_moves is spent: the
@@ -434,7 +439,21 @@ func TestMigrateMaxMoves(t *testing.T) {
 	assert.Equal(t, int64(1), migrations(t, tp, outcomeRefused, "stall", refuseMaxMoves))
 	end := lastEnd(t, sessionEvents(t, sink, 1))
 	assert.Equal(t, errEngineStalled, end.Error)
+	assert.Equal(t, int64(1), end.Migrations, "the move made, not the one refused")
 	assert.Equal(t, 6, tokenCount(sessionEvents(t, sink, 1)))
+}
+
+// The session's end counts every move of the answer (llm.session.migrations):
+// with max_moves 2 and a continuation that stalls in turn, two.
+func TestMigrateCountsMovesOnTheEnd(t *testing.T) {
+	first := freezingUpstream(t, firstStream(), func(int) time.Duration { return time.Millisecond })
+	second := freezingUpstream(t, secondStream()[:3], func(int) time.Duration { return time.Millisecond })
+	sink := new(consumertest.LogsSink)
+	tp := startTestProxy(t, first.URL, sink, withStallBreaker(0), withMigrate(second.URL, 2))
+	_, err := post(t, tp.proxyURL(), "/v1/chat/completions", chatRequest)
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF, "the third stall is cut")
+	assert.Equal(t, int64(2), migrations(t, tp, outcomeMoved, "stall", ""))
+	assert.Equal(t, int64(2), lastEnd(t, sessionEvents(t, sink, 1)).Migrations)
 }
 
 // With migration on but its trigger not chosen, a stall is today's cut.

@@ -103,6 +103,9 @@ func (s *session) end(at time.Time, errorType, finishReason string) {
 		}
 		ev.PromptTokens = s.promptTokens
 		ev.ResponseModel = s.responseModel
+		if s.moves != nil {
+			ev.Migrations = int64(s.moves.done)
+		}
 		if t := s.timing; s.hasTiming {
 			if t.Source == tokenevent.TimingLlamaCpp {
 				t.QueueMs = s.derivedQueueMs(at, t)
