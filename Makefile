@@ -91,8 +91,12 @@ CONFIG ?= otelcol-dev.yaml
 run: $(OTELCOL) ## the collector in the foreground with CONFIG (default otelcol-dev.yaml)
 	$(OTELCOL) --config $(CONFIG)
 
-fmt-check: ## fails when a file needs gofmt
+# Every Go file but the generated ones opens with the license's SPDX line,
+# as the collector's own do.
+fmt-check: ## fails when a file needs gofmt, or a Go file lacks its SPDX line
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
+	@bad=$$(for f in $$(git ls-files '*.go'); do head -c 600 "$$f" | grep -q -e 'SPDX-License-Identifier: Apache-2.0' -e '^// Code generated' || echo "$$f"; done); \
+	if [ -n "$$bad" ]; then echo "no SPDX-License-Identifier line (// Copyright The otelcol-llm Authors, then // SPDX-License-Identifier: Apache-2.0):"; echo "$$bad"; exit 1; fi
 
 # The test modules: the end-to-end tests and the deploy kit's, each a module of
 # its own so that what only they need (a browser driver, a schema validator,

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package deploy holds the tests of the deploy kit (deploy/): the agent
 // config run for real, the manifests decoded into Kubernetes' types, the
 // Helm values against the chart's schema, the alert rules under promtool

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Command llmdemo runs `make demo`: for every scenario point it starts
 // vllmsim, the collector (token_stream proxy in front of the simulator, a
 // scrape of its /metrics, token_session) and llmload through the proxy,

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Command llmload is a load generator for OpenAI-compatible streaming LLM
 // servers (vLLM, SGLang, TGI, llama.cpp, …), timed on the client side the way
 // `vllm bench serve` times requests: TTFT, TPOT, ITL and E2E with

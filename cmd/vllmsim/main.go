@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Command vllmsim simulates a vLLM engine behind its OpenAI-compatible API
 // (/v1/chat/completions, /v1/completions with SSE streaming, /v1/models,
 // /health, /metrics) so the collector can be run and tested without a GPU.

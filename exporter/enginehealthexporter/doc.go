@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package enginehealthexporter is the engine_health exporter: outlier
 // ejection from live sessions. It reads the session metrics token_session
 // emits over every session (llm.sessions by outcome and error.type,

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package attribution divides an engine's busy time and energy among the
 // sessions it computes, in O(1) per session event, with conservation by
 // construction: the sessions' shares plus the engine's idle time are its

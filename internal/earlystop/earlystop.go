@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package earlystop lets the token_session processor stop the token_stream
 // receivers before it stops itself.
 //

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package exphist reads OTel base-2 exponential histograms: where a
 // bucket's bounds lie, and the positive range of a data point as a value
 // that merges with others and estimates quantiles. engine_health reads the

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package httpserve runs a confighttp server until shutdown (the
 // token_stream receiver's hook endpoint and proxy, the engine_health
 // exporter's verdicts, the token_session live view), and routes the

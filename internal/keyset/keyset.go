@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package keyset bounds and forgets the attribute values that a
 // long-running aggregation keys its state by (models, engines, tenants).
 // A Set admits at most its bound of distinct values; it forgets a value

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package promconv turns a Prometheus exposition (the classic text format
 // or OpenMetrics 1.0, as an engine's /metrics endpoint serves it) into
 // pmetric: the codec of the token_stream receiver's vllm source, apart from

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package sessionmetrics aggregates the metrics of the token_session processor over 100% of
 // sessions: GenAI semconv latency histograms, per-token inter-token latency, token usage,
 // sessions by outcome, stalls and active sessions, under a per-metric cardinality limit and

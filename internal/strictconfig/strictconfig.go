@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package strictconfig refuses the configuration keys a component does not
 // know, in every section: the token_stream receiver, the token_session
 // processor and the engine_health exporter decode their configuration

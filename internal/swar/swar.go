@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package swar reads bytes eight at a time in one uint64 (SIMD within a
 // register): the token path's parser and its record form read digits and
 // session IDs so, each on every event.

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package tokenparse is the collector's reader of the token event wire
 // schema (pkg/tokenevent): NDJSON lines and batches parsed into Events, held
 // to the schema's rules and limits, with each rejected line's number, field

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package tokenrecord is the log record form of token events: what the
 // token_stream receiver writes (RecordWriter) and token_session reads back
 // (ReadRecord), so both sides share one definition of the attributes.

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package tokenevent is the token event model and wire schema, version 1,
 // that engines program against: the Event, its NDJSON encoder (AppendJSON),
 // and the rules and limits every event is held to (Validate, the Check

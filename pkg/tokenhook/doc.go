@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package tokenhook is the client an inference engine embeds to send token
 // events (session start, streamed token chunks, session end) to the
 // otelcol-llm token_stream receiver, over the receiver's Unix socket (one

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package tokensessionprocessor is the token_session processor: it folds the
 // token event records of the logs pipeline into LLM sessions, measures each
 // (TTFT, TPOT, inter-token gaps, stalls), samples them on their end (tail

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package tokenstreamreceiver is the token_stream receiver. On the logs
 // signal it takes in the token events of LLM requests (start, token, end)
 // from engine hooks, as NDJSON posted over HTTP or sent in UDP datagrams,

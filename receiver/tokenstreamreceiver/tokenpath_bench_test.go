@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 //go:build !windows
 
 // The token path benchmarks read their CPU time with getrusage(2), which

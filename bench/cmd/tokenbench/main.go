@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 //go:build linux
 
 // Command tokenbench measures the collector's token path side by side with the

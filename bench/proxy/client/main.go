@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Command client drives the proxy benchmark: C workers each open a streaming
 // chat completion, read it to the end and open the next, until the duration
 // is up. For every content chunk it records receive time - send time (the

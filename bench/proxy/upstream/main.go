@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Command upstream is a stand-in for vLLM's OpenAI-compatible server for the
 // proxy benchmark: POST /v1/chat/completions answers a chat stream shaped as
 // vLLM's (role chunk, N content chunks G apart, a finish chunk, a usage chunk

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Command eppcheck runs the llm-d router's endpoint picker (EPP) on
 // deploy/llm-d/epp-config.yaml against otelcol-llm sidecars running
 // deploy/llm-d/sidecar-config.yaml, and drives the scenarios of issue 40

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package e2e tests the built distribution, ./bin/otelcol-llm, as a user
 // runs it: a real process with a YAML config, fed by the hook clients, with
 // its output checked in an OTLP sink and on the debug exporter's stdout.

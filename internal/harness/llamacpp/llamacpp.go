@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package llamacpp runs llama.cpp's llama-server for the tests: the build of
 // tools/llama-server.sh (make llama-server), a tiny random-weight model made
 // once per test process with make_model.py, and one server per Start on a

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package otlpsink is the OTLP backend of the benchmarks, the demo and the
 // tests: it takes logs, traces and metrics over OTLP/gRPC or OTLP/HTTP
 // (protobuf, gzip or not), counts what arrives, keeps it when asked, and

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package process runs the child processes of the harness (the collector,
 // vllmsim, llmload, haproxy) for the benchmarks, the demo and the tests: a
 // command whose output goes to a log file or a writer, that dies with the

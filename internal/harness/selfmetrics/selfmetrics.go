@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package selfmetrics reads a collector's own telemetry from its Prometheus
 // text endpoint (addr, /metrics), for the benchmarks and the tests.
 package selfmetrics // import "github.com/otelcol-llm/otelcol-llm/internal/harness/selfmetrics"

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package testbin finds the binaries that end-to-end tests run: the built
 // distribution, and the project's own commands built for the test.
 //

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package demo is `make demo`: it runs scenario points (each a fresh
 // vllmsim, a collector proxying it and llmload through the proxy), reads
 // what the collector exported in an OTLP sink of its own, and writes a

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package sim is the engine of the vLLM simulator: a continuous-batching
 // scheduler with a paged KV block pool, pre-emption by recomputation,
 // chunked prefill and a cost model that turns each scheduled batch into a

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package heldspans holds the spans of traces whose LLM session has no sampling
 // verdict yet, for the traces pipeline of the token_session processor, and
 // remembers verdicts so spans that arrive after the verdict are decided the same

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package session is the token_session processor's state machine: it folds
 // token events into sessions and measures them (TTFT, TPOT, per-token gaps,
 // window TPOT, stalls), ends them (completed, error, aborted, timeout,

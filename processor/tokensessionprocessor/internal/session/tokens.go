@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 package session
 
 // The table's work on a session's events: its start (the engine's clock

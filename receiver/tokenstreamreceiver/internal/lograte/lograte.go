@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package lograte bounds how often a logger repeats itself: what a user must
 // see at the default level (an upstream failing, a hook's lines refused)
 // without flooding the log while it lasts.

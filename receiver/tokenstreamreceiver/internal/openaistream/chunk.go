@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package openaistream reads the traffic of an OpenAI-compatible server
 // (/v1/chat/completions, /v1/completions) as the token_stream receiver's
 // proxy relays it: the request body on its way to the upstream (model,

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package proxy is the token_stream receiver's reverse proxy in front of an
 // OpenAI-compatible server: the relay of each completions stream and the
 // session it makes of it, the proxy's limits and time bounds, the drain at

@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package proxyconn holds the token_stream proxy's sockets, on both sides:
 // per SSE event the proxy makes one read from the upstream and one write to
 // the client, with the process idle in between, and the plain net.Conn

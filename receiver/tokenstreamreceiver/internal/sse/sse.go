@@ -1,3 +1,6 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
 // Package sse is an incremental Server-Sent Events parser for a proxy that
 // forwards an upstream text/event-stream byte-for-byte while observing each
 // event.
