@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 )
 
-// Eight ASCII digits are recognised and read as the number they spell;
+// Eight ASCII digits are recognized and read as the number they spell;
 // a word with any other byte is not digits.
 func TestEightDigits(t *testing.T) {
 	for _, n := range []uint64{0, 1, 9, 10, 12345678, 87654321, 99999999, 10000000, 40506070} {

@@ -5,6 +5,7 @@ package tokenrecord // import "github.com/otelcol-llm/otelcol-llm/internal/token
 
 import (
 	"encoding/hex"
+	"errors"
 	"fmt"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
@@ -240,7 +241,7 @@ func readShare(lr plog.LogRecord, ev *tokenevent.Event, fn func(*tokenevent.Even
 		}
 	}
 	if err := ev.Validate(tokenevent.Limits{}); err != nil {
-		if fe, ok := err.(*tokenevent.FieldError); ok && fe.Field == "engine_request_id" {
+		if fe := (*tokenevent.FieldError)(nil); errors.As(err, &fe) && fe.Field == "engine_request_id" {
 			fe.Field = AttrEngineRequestID
 		}
 		return err

@@ -74,7 +74,7 @@ func TestValidate(t *testing.T) {
 			ev.EnergyMilliJ, ev.HasEnergy = 0, true
 		}, KindShare, ""},
 		{"share without a part: a share of 0", func(ev *Event) { ev.EngineRequestID = "r" }, KindShare, ""},
-		{"share without its id", func(ev *Event) {}, KindShare, "engine_request_id: must not be empty"},
+		{"share without its id", func(*Event) {}, KindShare, "engine_request_id: must not be empty"},
 		{"share's id over the value bound", func(ev *Event) { ev.EngineRequestID = strings.Repeat("r", 257) }, KindShare, "engine_request_id: 257 bytes, limit is 256"},
 		{"share's id at the bound", func(ev *Event) { ev.EngineRequestID = strings.Repeat("é", 128) }, KindShare, ""},
 		{"share's negative part", func(ev *Event) {
@@ -154,7 +154,7 @@ func TestAppendJSONShare(t *testing.T) {
 
 // An error quotes at most 64 bytes of what it names, then "…".
 func TestExcerpt(t *testing.T) {
-	assert.Equal(t, "", Excerpt(nil))
+	assert.Empty(t, Excerpt(nil))
 	assert.Equal(t, strings.Repeat("a", 64), Excerpt([]byte(strings.Repeat("a", 64))))
 	assert.Equal(t, strings.Repeat("a", 64)+"…", Excerpt([]byte(strings.Repeat("a", 65))))
 	_, err := CheckOperation(strings.Repeat("x", 100))

@@ -326,14 +326,6 @@ func (a *attributor) firstToken(s *session.Session, acc *shareAccount, live *ses
 	e.m.FirstToken(&acc.Share, s.FirstTokenTime)
 }
 
-// ended closes the session's account and counts its share at once: see
-// close and count.
-func (a *attributor) ended(s *session.Session, e *session.End, acc *shareAccount, live *sessionmetrics.Live, now int64) {
-	if a.close(s, e, acc, live, now) {
-		a.count(acc, s.PromptTokens, &e.Share)
-	}
-}
-
 // close closes the session's account on its engine's integral at its end,
 // and writes its share into the end (the engine's own, if the end event
 // brought one, stays); live is its session metrics' handle, with its

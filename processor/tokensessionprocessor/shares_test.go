@@ -59,13 +59,16 @@ func newShareParts(t *testing.T, mutate func(*Config)) *shareParts {
 	return &shareParts{sessions: p, tel: tel}
 }
 
-// engineSession is a session of tenant whose start names its engine request
+// shareTenant is the tenant of the share tests' sessions.
+const shareTenant = "acme"
+
+// engineSession is a session of shareTenant whose start names its engine request
 // id, "<id>-0a1b2c3d" (as vLLM's internal id is the external one and a
 // suffix): prefill 100 ms, decode 200 ms, alone on its engine, so the
 // collector's estimate is 0.1 s and 0.2 s.
-func engineSession(id, tenant string, at int64) []tokenevent.Event {
+func engineSession(id string, at int64) []tokenevent.Event {
 	st := start(id, pcommon.TraceID{0x5a, byte(len(id)), id[0]}, at)
-	st.Attributes = []tokenevent.Attribute{{Key: "tenant.id", Value: tenant}, {Key: tokenevent.AttrEngineRequestID, Value: id + "-0a1b2c3d"}}
+	st.Attributes = []tokenevent.Attribute{{Key: "tenant.id", Value: shareTenant}, {Key: tokenevent.AttrEngineRequestID, Value: id + "-0a1b2c3d"}}
 	return []tokenevent.Event{st, tok(id, at+100*ms, 1), tok(id, at+200*ms, 1), end(id, at+300*ms)}
 }
 
@@ -103,9 +106,9 @@ func spanShare(t *testing.T, out outputs, id string) (map[string]any, bool) {
 	return nil, false
 }
 
-// counted is the llm.engine.time the counters hold for tenant, prefill and
+// counted is the llm.engine.time the counters hold for shareTenant, prefill and
 // decode, at collector time at.
-func (p *shareParts) counted(tenant string, at time.Time) [2]float64 {
+func (p *shareParts) counted(at time.Time) [2]float64 {
 	var got [2]float64
 	md := p.sessionMetrics(at)
 	for _, rm := range md.ResourceMetrics().All() {
@@ -117,7 +120,7 @@ func (p *shareParts) counted(tenant string, at time.Time) [2]float64 {
 				for _, dp := range m.Sum().DataPoints().All() {
 					tn, _ := dp.Attributes().Get("llm.tenant")
 					state, _ := dp.Attributes().Get("state")
-					if tn.Str() != tenant {
+					if tn.Str() != shareTenant {
 						continue
 					}
 					switch state.Str() {
@@ -158,11 +161,11 @@ var exactShare = map[string]any{
 // collector's estimate, which they had not counted before.
 func TestShareAfterTheEnd(t *testing.T) {
 	p := newShareParts(t, nil)
-	out := p.fold(t, shareClock, engineSession("chat-1", "acme", base)...)
+	out := p.fold(t, shareClock, engineSession("chat-1", base)...)
 	_, emitted := spanShare(t, out, "chat-1")
 	assert.False(t, emitted, "held for the engine's share")
 	assert.Empty(t, recordsNamed([]plog.Logs{out.logs}, eventNameSummary), "the summary waits too")
-	assert.Equal(t, [2]float64{0, 0}, p.counted("acme", shareClock.Add(500*time.Millisecond)), "not counted before its share")
+	assert.Equal(t, [2]float64{0, 0}, p.counted(shareClock.Add(500*time.Millisecond)), "not counted before its share")
 
 	out = p.fold(t, shareClock.Add(time.Second), shareOf("chat-1", base+time.Second.Nanoseconds(), sharePrefillNs, shareDecodeNs))
 	got, emitted := spanShare(t, out, "chat-1")
@@ -172,7 +175,7 @@ func TestShareAfterTheEnd(t *testing.T) {
 	require.Len(t, summaries, 1)
 	assert.Equal(t, "engine", summaries[0].Attributes().AsRaw()[attrAttributionSource])
 	assert.Equal(t, float64(sharePrefillNs)/1e9+float64(shareDecodeNs)/1e9, summaries[0].Attributes().AsRaw()[attrEngineTime])
-	assert.Equal(t, [2]float64{float64(sharePrefillNs) / 1e9, float64(shareDecodeNs) / 1e9}, p.counted("acme", shareClock.Add(2*time.Second)))
+	assert.Equal(t, [2]float64{float64(sharePrefillNs) / 1e9, float64(shareDecodeNs) / 1e9}, p.counted(shareClock.Add(2*time.Second)))
 	assert.Equal(t, map[string]int64{"joined": 1}, p.shareResults(t))
 }
 
@@ -181,7 +184,7 @@ func TestShareAfterTheEnd(t *testing.T) {
 // with nothing held.
 func TestShareBeforeTheEnd(t *testing.T) {
 	p := newShareParts(t, nil)
-	evs := engineSession("chat-2", "acme", base)
+	evs := engineSession("chat-2", base)
 	out := p.fold(t, shareClock, append(evs[:3:3], shareOf("chat-2", base+250*ms, sharePrefillNs, shareDecodeNs))...)
 	_, emitted := spanShare(t, out, "chat-2")
 	assert.False(t, emitted, "not ended yet")
@@ -190,7 +193,7 @@ func TestShareBeforeTheEnd(t *testing.T) {
 	got, emitted := spanShare(t, out, "chat-2")
 	require.True(t, emitted, "out at its end")
 	assert.Equal(t, exactShare, got)
-	assert.Equal(t, [2]float64{float64(sharePrefillNs) / 1e9, float64(shareDecodeNs) / 1e9}, p.counted("acme", shareClock.Add(time.Second)))
+	assert.Equal(t, [2]float64{float64(sharePrefillNs) / 1e9, float64(shareDecodeNs) / 1e9}, p.counted(shareClock.Add(time.Second)))
 	assert.Equal(t, map[string]int64{"joined": 1}, p.shareResults(t))
 }
 
@@ -198,11 +201,11 @@ func TestShareBeforeTheEnd(t *testing.T) {
 // share all the same.
 func TestShareCountedForASessionNotKept(t *testing.T) {
 	p := newShareParts(t, func(c *Config) { c.Sampling.NormalPercent = 0 })
-	out := p.fold(t, shareClock, engineSession("chat-3", "acme", base)...)
+	out := p.fold(t, shareClock, engineSession("chat-3", base)...)
 	_, emitted := spanShare(t, out, "chat-3")
 	assert.False(t, emitted, "not kept")
 	p.fold(t, shareClock.Add(2*time.Second), shareOf("chat-3", base+2*time.Second.Nanoseconds(), sharePrefillNs, shareDecodeNs))
-	assert.Equal(t, [2]float64{float64(sharePrefillNs) / 1e9, float64(shareDecodeNs) / 1e9}, p.counted("acme", shareClock.Add(3*time.Second)))
+	assert.Equal(t, [2]float64{float64(sharePrefillNs) / 1e9, float64(shareDecodeNs) / 1e9}, p.counted(shareClock.Add(3*time.Second)))
 }
 
 // No share comes: at the end of attribution::share_wait the outputs go with
@@ -210,7 +213,7 @@ func TestShareCountedForASessionNotKept(t *testing.T) {
 // that is an orphan, and changes nothing.
 func TestShareNeverComes(t *testing.T) {
 	p := newShareParts(t, func(c *Config) { c.Attribution.ShareWait = 5 * time.Second })
-	p.fold(t, shareClock, engineSession("chat-4", "acme", base)...)
+	p.fold(t, shareClock, engineSession("chat-4", base)...)
 	out, _ := p.tick(shareClock.Add(5*time.Second - 1))
 	_, emitted := spanShare(t, out, "chat-4")
 	assert.False(t, emitted, "still within the wait")
@@ -221,7 +224,7 @@ func TestShareNeverComes(t *testing.T) {
 	assert.Equal(t, "collector", got["source"])
 	assert.InDelta(t, 0.1, got["prefill"], 1e-9, "the estimate: prefilling alone")
 	assert.InDelta(t, 0.2, got["decode"], 1e-9)
-	estimate := p.counted("acme", shareClock.Add(6*time.Second))
+	estimate := p.counted(shareClock.Add(6 * time.Second))
 	assert.InDelta(t, 0.1, estimate[0], 1e-9)
 	assert.InDelta(t, 0.2, estimate[1], 1e-9)
 
@@ -229,7 +232,7 @@ func TestShareNeverComes(t *testing.T) {
 	out, _ = p.tick(shareClock.Add(12 * time.Second))
 	_, emitted = spanShare(t, out, "chat-4")
 	assert.False(t, emitted, "out once")
-	assert.Equal(t, estimate, p.counted("acme", shareClock.Add(13*time.Second)), "counted once")
+	assert.Equal(t, estimate, p.counted(shareClock.Add(13*time.Second)), "counted once")
 	assert.Equal(t, map[string]int64{"expired": 1, "orphaned": 1}, p.shareResults(t))
 }
 
@@ -250,11 +253,11 @@ func TestShareForAnUnknownRequest(t *testing.T) {
 // collector's estimate at once; both are counted.
 func TestShareOverflow(t *testing.T) {
 	p := newShareParts(t, func(c *Config) { c.Attribution.MaxPendingShares = 1 })
-	out := p.fold(t, shareClock, engineSession("first", "acme", base)...)
+	out := p.fold(t, shareClock, engineSession("first", base)...)
 	_, emitted := spanShare(t, out, "first")
 	assert.False(t, emitted, "waits: room for one")
 	p.fold(t, shareClock, shareOf("stranger", base, 1, 2))
-	out = p.fold(t, shareClock, engineSession("second", "acme", base)...)
+	out = p.fold(t, shareClock, engineSession("second", base)...)
 	got, emitted := spanShare(t, out, "second")
 	require.True(t, emitted, "no room to wait: out at once")
 	assert.Equal(t, "collector", got["source"])
@@ -270,7 +273,7 @@ func TestShareOverflow(t *testing.T) {
 // estimate, counted before the last metrics.
 func TestShareWaitEndsAtShutdown(t *testing.T) {
 	p := newShareParts(t, nil)
-	p.fold(t, shareClock, engineSession("last", "acme", base)...)
+	p.fold(t, shareClock, engineSession("last", base)...)
 	out, md := p.shutdown(shareClock.Add(time.Second))
 	got, emitted := spanShare(t, out, "last")
 	require.True(t, emitted)

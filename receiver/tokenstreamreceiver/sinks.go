@@ -66,14 +66,14 @@ type logsSink struct {
 	format    string // of the standard receiver metrics: ndjson or sse
 }
 
-func (r *outlets) newLogsSink(transport transportKind, format string) (*logsSink, error) {
+func (o *outlets) newLogsSink(transport transportKind, format string) (*logsSink, error) {
 	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
-		ReceiverID: r.settings.ID, Transport: transport.String(), ReceiverCreateSettings: r.settings,
+		ReceiverID: o.settings.ID, Transport: transport.String(), ReceiverCreateSettings: o.settings,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &logsSink{r: r, obs: obs, transport: transport, format: format}, nil
+	return &logsSink{r: o, obs: obs, transport: transport, format: format}, nil
 }
 
 // ConsumeEvents hands records holding events token events to the pipeline.
@@ -147,14 +147,14 @@ type metricsSink struct {
 	obs *receiverhelper.ObsReport
 }
 
-func (r *outlets) newMetricsSink() (*metricsSink, error) {
+func (o *outlets) newMetricsSink() (*metricsSink, error) {
 	obs, err := receiverhelper.NewObsReport(receiverhelper.ObsReportSettings{
-		ReceiverID: r.settings.ID, Transport: "http", ReceiverCreateSettings: r.settings,
+		ReceiverID: o.settings.ID, Transport: "http", ReceiverCreateSettings: o.settings,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &metricsSink{r: r, obs: obs}, nil
+	return &metricsSink{r: o, obs: obs}, nil
 }
 
 func (s *metricsSink) ConsumeMetrics(ctx context.Context, md pmetric.Metrics) error {

@@ -52,25 +52,25 @@ func (nopObserver) Restarted(*session.Session, struct{}) struct{}        { retur
 
 // newHarness is a view configured as mutate says (on 127.0.0.1:0, a
 // snapshot every 50 ms otherwise), its self-telemetry in tel (nil: none).
-func newHarness(t testing.TB, tel *componenttest.Telemetry, mutate func(*Config)) *harness {
-	t.Helper()
+func newHarness(tb testing.TB, tel *componenttest.Telemetry, mutate func(*Config)) *harness {
+	tb.Helper()
 	h := &harness{cfg: DefaultConfig()}
 	h.cfg.ServerConfig.NetAddr.Endpoint = "127.0.0.1:0"
 	h.cfg.Interval = 50 * time.Millisecond
 	if mutate != nil {
 		mutate(&h.cfg)
 	}
-	require.Empty(t, h.cfg.Validate())
+	require.Empty(tb, h.cfg.Validate())
 	set := componenttest.NewNopTelemetrySettings()
 	if tel != nil {
 		set = tel.NewTelemetrySettings()
 	}
 	var err error
 	h.tel, err = metadata.NewTelemetryBuilder(set)
-	require.NoError(t, err)
-	t.Cleanup(h.tel.Shutdown)
+	require.NoError(tb, err)
+	tb.Cleanup(h.tel.Shutdown)
 	h.table, err = session.NewTable[struct{}](session.DefaultConfig(), nopObserver{})
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	h.state = NewState(&h.cfg, h.tel, h.withTable)
 	return h
 }
@@ -105,20 +105,20 @@ func (h *harness) fold(now int64, evs ...tokenevent.Event) {
 }
 
 // take is the snapshot that f picks at collector time now, decoded.
-func (h *harness) take(t testing.TB, now time.Time, f Filter) Snapshot {
-	t.Helper()
+func (h *harness) take(tb testing.TB, now time.Time, f Filter) Snapshot {
+	tb.Helper()
 	var snap Snapshot
-	require.NoError(t, json.Unmarshal(h.state.Snapshot(now, f), &snap))
+	require.NoError(tb, json.Unmarshal(h.state.Snapshot(now, f), &snap))
 	return snap
 }
 
 // server serves the view on 127.0.0.1:0 until the test ends; it returns
 // the server and its base URL.
-func (h *harness) server(t testing.TB) (*Server, string) {
-	t.Helper()
+func (h *harness) server(tb testing.TB) (*Server, string) {
+	tb.Helper()
 	ls := NewServer(&h.cfg, h.state, componenttest.NewNopTelemetrySettings(), h.tel)
-	require.NoError(t, ls.Start(context.Background(), componenttest.NewNopHost()))
-	t.Cleanup(func() { require.NoError(t, ls.Shutdown(context.Background())) })
+	require.NoError(tb, ls.Start(context.Background(), componenttest.NewNopHost()))
+	tb.Cleanup(func() { require.NoError(tb, ls.Shutdown(context.Background())) })
 	return ls, "http://" + ls.Addr().String()
 }
 

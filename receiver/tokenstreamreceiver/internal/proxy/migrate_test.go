@@ -109,11 +109,11 @@ func post(t *testing.T, base, path, body string) (string, error) {
 
 // clientView is the stream a client read, taken apart.
 type clientView struct {
-	ids, roles, done, usages, errors int
-	text                             string
-	idsSeen                          map[string]bool
-	usage                            struct{ Prompt, Completion, Total int64 }
-	finish                           string
+	roles, done, usages, errors int
+	text                        string
+	idsSeen                     map[string]bool
+	usage                       struct{ Prompt, Completion, Total int64 }
+	finish                      string
 }
 
 func readClientStream(t *testing.T, got string) clientView {
