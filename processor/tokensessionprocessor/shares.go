@@ -40,16 +40,14 @@ type awaitedShare struct {
 	// come.
 	estimate session.EngineShare
 	held     *heldOutput // its outputs, when kept and held
-	until    int64       // collector time
-	done     bool        // settled
+	wait                 // done: settled
 }
 
 // earlyShare is an engine's share that came before its session ended.
 type earlyShare struct {
 	id    string
 	share session.EngineShare
-	until int64
-	done  bool
+	wait
 }
 
 // shareJoin joins share events to sessions by their engine request id. The
@@ -119,7 +117,7 @@ func (j *shareJoin) ended(s *session.Session, e *session.End, acc *shareAccount,
 		}
 		return nil
 	}
-	a := &awaitedShare{id: id, counted: counted, prompt: s.PromptTokens, estimate: e.Share, until: now + j.wait}
+	a := &awaitedShare{id: id, counted: counted, prompt: s.PromptTokens, estimate: e.Share, wait: wait{until: now + j.wait}}
 	if counted {
 		a.acct = *acc // the session's state goes to a next session
 		*acc = shareAccount{}
@@ -163,7 +161,7 @@ func (j *shareJoin) arrived(ev *tokenevent.Event, now int64) (released bool) {
 		old.done = true
 		j.telemetry.share(shareOrphaned)
 	}
-	es := &earlyShare{id: ev.EngineRequestID, share: sh, until: now + j.wait}
+	es := &earlyShare{id: ev.EngineRequestID, share: sh, wait: wait{until: now + j.wait}}
 	j.early[es.id] = es
 	j.earlyQueue = append(j.earlyQueue, es)
 	return false
@@ -205,38 +203,16 @@ func (j *shareJoin) takeEarly(id string) *earlyShare {
 // whose session did not end within it. Each held output whose wait it ends
 // is released by the caller's next release.
 func (j *shareJoin) expire(now int64) {
-	n := 0
-	for _, a := range j.queue {
-		if a.done {
-			n++
-			continue
-		}
-		if a.until > now {
-			break
-		}
+	j.queue = expireWaits(j.queue, now, func(a *awaitedShare) {
 		j.forget(a)
 		j.settle(a, &a.estimate)
 		j.telemetry.share(shareExpired)
-		n++
-	}
-	clear(j.queue[:n])
-	j.queue = j.queue[n:]
-	n = 0
-	for _, sh := range j.earlyQueue {
-		if sh.done {
-			n++
-			continue
-		}
-		if sh.until > now {
-			break
-		}
+	})
+	j.earlyQueue = expireWaits(j.earlyQueue, now, func(sh *earlyShare) {
 		sh.done = true
 		delete(j.early, sh.id)
 		j.telemetry.share(shareOrphaned)
-		n++
-	}
-	clear(j.earlyQueue[:n])
-	j.earlyQueue = j.earlyQueue[n:]
+	})
 }
 
 // shutdown settles every wait, as at its end.

@@ -89,8 +89,7 @@ type awaited struct {
 	errorType string
 	duration  time.Duration
 	held      *heldOutput // its outputs, when kept and held
-	until     int64       // collector time
-	done      bool        // joined, or given up
+	wait                  // done: joined, or given up
 }
 
 // earlySpan is an engine span's timing that came before its session ended
@@ -100,8 +99,7 @@ type earlySpan struct {
 	parent pcommon.SpanID
 	timing session.Timing
 	model  string
-	until  int64
-	done   bool
+	wait
 }
 
 // timingJoin joins engine spans to sessions: the sessions that wait for
@@ -210,7 +208,7 @@ func (j *timingJoin) join(s *session.Session, e *session.End, live *sessionmetri
 	}
 	a := &awaited{
 		trace: s.TraceID, span: s.SpanID, live: live, errorType: s.ErrorType(e), duration: s.Duration(e),
-		until: now + int64(j.cfg.Wait),
+		wait: wait{until: now + int64(j.cfg.Wait)},
 	}
 	j.bySpan[a.span] = a
 	j.byTrace.add(a.trace, a)
@@ -280,7 +278,7 @@ func (j *timingJoin) observe(span ptrace.Span, now int64) {
 		}
 		sp := &earlySpan{
 			trace: span.TraceID(), parent: span.ParentSpanID(), timing: t, model: model,
-			until: now + int64(j.cfg.Wait),
+			wait: wait{until: now + int64(j.cfg.Wait)},
 		}
 		if old := j.earlyByParent[sp.parent]; old != nil {
 			old.done = true // a second span of one parent: the later wins
@@ -310,35 +308,13 @@ func (j *timingJoin) observe(span ptrace.Span, now int64) {
 // expire gives up, at collector time now, on the sessions whose span did
 // not come within the wait, and on early spans whose session did not end.
 func (j *timingJoin) expire(now int64) {
-	n := 0
-	for _, a := range j.queue {
-		if a.done {
-			n++
-			continue
-		}
-		if a.until > now {
-			break
-		}
+	j.queue = expireWaits(j.queue, now, func(a *awaited) {
 		j.forget(a)
 		j.telemetry.timing(session.TimingEngineSpan, timingMissing)
-		n++
-	}
-	clear(j.queue[:n])
-	j.queue = j.queue[n:]
-	n = 0
-	for _, sp := range j.earlyQueue {
-		if sp.done {
-			n++
-			continue
-		}
-		if sp.until > now {
-			break
-		}
+	})
+	j.earlyQueue = expireWaits(j.earlyQueue, now, func(sp *earlySpan) {
 		sp.done = true
 		j.forgetEarly(sp)
 		j.telemetry.timing(session.TimingEngineSpan, timingUnmatched)
-		n++
-	}
-	clear(j.earlyQueue[:n])
-	j.earlyQueue = j.earlyQueue[n:]
+	})
 }
