@@ -99,6 +99,11 @@ func AppendJSON(dst []byte, ev *Event) []byte {
 	case KindShare:
 		dst = appendField(dst, "engine", ev.Engine)
 		dst = appendEngineShare(dst, ev)
+	case KindMove:
+		dst = appendField(dst, "engine", ev.Engine)
+		dst = appendField(dst, "error", ev.Error)
+		dst = append(dst, `,"count":`...)
+		dst = strconv.AppendInt(dst, ev.Count, 10)
 	}
 	return append(dst, "}\n"...)
 }

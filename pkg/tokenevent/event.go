@@ -13,7 +13,7 @@ package tokenevent // import "github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 
 import "encoding/hex"
 
-// Kind says which of the four wire events an Event is.
+// Kind says which of the five wire events an Event is.
 type Kind uint8
 
 const (
@@ -29,10 +29,15 @@ const (
 	// (EngineRequestID), which the session's start names in its
 	// AttrEngineRequestID attribute, and has no session ID.
 	KindShare
+	// KindMove is one move of a session's answer to another replica
+	// mid-answer (the token_stream proxy's proxy::migrate): Engine is where
+	// it went, Error the error type of the failure that moved it, Count the
+	// tokens carried to the continuation.
+	KindMove
 )
 
 // String returns the wire name of the kind ("start", "token", "end",
-// "share").
+// "share", "move").
 func (k Kind) String() string {
 	switch k {
 	case KindStart:
@@ -43,6 +48,8 @@ func (k Kind) String() string {
 		return "end"
 	case KindShare:
 		return "share"
+	case KindMove:
+		return "move"
 	}
 	return "unknown"
 }
@@ -115,7 +122,8 @@ type Event struct {
 	Model        string
 	Operation    string
 	PromptTokens int64
-	// Engine names the engine instance, on a start or a share.
+	// Engine names the engine instance, on a start or a share; on a move,
+	// the endpoint the answer moved to.
 	Engine string
 	// Attributes is owned by whoever filled the Event (a Parser reuses it
 	// between calls); copy it to keep it.
@@ -129,7 +137,8 @@ type Event struct {
 	// take part in the session's sampling (OTEP 235).
 	TraceState string
 
-	// Token only: the number of tokens in this chunk, 1 to MaxCount.
+	// Token: the number of tokens in this chunk, 1 to MaxCount. Move: the
+	// tokens carried to the continuation, 0 or more.
 	Count int64
 	// Seq numbers a session's token events from the source that sends
 	// them, so that a retried event is folded once; meaningful when HasSeq
@@ -137,7 +146,8 @@ type Event struct {
 	Seq    uint64
 	HasSeq bool
 
-	// End only.
+	// End only, but Error: an end's error type, or a move's (the failure
+	// that moved it).
 	CompletionTokens int64
 	FinishReason     string
 	Error            string

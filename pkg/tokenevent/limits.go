@@ -119,6 +119,9 @@ func (ev *Event) CutValues() int {
 		}
 	case KindShare:
 		cut(&ev.Engine, MaxValueBytes)
+	case KindMove:
+		cut(&ev.Engine, MaxValueBytes)
+		cut(&ev.Error, MaxErrorTypeBytes)
 	case KindEnd:
 		cut(&ev.ResponseModel, MaxValueBytes)
 		cut(&ev.FinishReason, MaxValueBytes)

@@ -141,6 +141,15 @@ func CheckMigrations(n int64) *FieldError {
 	return nil
 }
 
+// CheckCarried checks the count of a move event, the tokens carried to
+// the continuation: not negative (the wire's integers are within an int64).
+func CheckCarried(n int64) *FieldError {
+	if n < 0 {
+		return &FieldError{Field: "count", Reason: fmt.Sprintf("must not be negative, got %d", n)}
+	}
+	return nil
+}
+
 // CheckSeq checks the seq of a token event that has one: within an int64,
 // as the wire's integers are.
 func CheckSeq(n uint64) *FieldError {
@@ -229,7 +238,7 @@ func CheckAttribute(attrs []Attribute, key string, limit int) *FieldError {
 // error rather than absent.
 func (ev *Event) Validate(limits Limits) error {
 	switch ev.Kind {
-	case KindStart, KindToken, KindEnd:
+	case KindStart, KindToken, KindEnd, KindMove:
 		if err := CheckSessionID(ev.SessionID, limits.MaxSessionIDBytes); err != nil {
 			return err
 		}
@@ -238,7 +247,7 @@ func (ev *Event) Validate(limits Limits) error {
 			return err
 		}
 	default:
-		return &FieldError{Field: "event", Reason: fmt.Sprintf("want start, token, end or share, got kind %d", ev.Kind)}
+		return &FieldError{Field: "event", Reason: fmt.Sprintf("want start, token, end, share or move, got kind %d", ev.Kind)}
 	}
 	if err := CheckTime(ev.TimeUnixNano); err != nil {
 		return err
@@ -294,6 +303,10 @@ func (ev *Event) Validate(limits Limits) error {
 		return checkEngineShare(ev)
 	case KindShare:
 		return checkEngineShare(ev)
+	case KindMove:
+		if err := CheckCarried(ev.Count); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -33,7 +33,7 @@ func TestValidate(t *testing.T) {
 			ev.Attributes = []Attribute{{"a", ""}, {"b", "2"}}
 		}, KindStart, ""},
 		{"fields of other kinds are ignored", func(ev *Event) { ev.Count, ev.CompletionTokens, ev.Error = 0, -7, "x" }, KindStart, ""},
-		{"no kind", func(ev *Event) { ev.Kind = 0 }, KindStart, "event: want start, token, end or share, got kind 0"},
+		{"no kind", func(ev *Event) { ev.Kind = 0 }, KindStart, "event: want start, token, end, share or move, got kind 0"},
 		{"no session", func(ev *Event) { ev.SessionID = "" }, KindToken, "session_id: must not be empty"},
 		{"long session", func(ev *Event) { ev.SessionID = strings.Repeat("x", 257) }, KindEnd, "session_id: 257 bytes, limit is 256"},
 		{"session at the limit", func(ev *Event) { ev.SessionID = strings.Repeat("é", 128) }, KindEnd, ""},
@@ -83,6 +83,12 @@ func TestValidate(t *testing.T) {
 		{"share's negative energy", func(ev *Event) {
 			ev.EngineRequestID, ev.EnergyMilliJ, ev.HasEnergy = "r", -1, true
 		}, KindShare, "energy_mj: must not be negative, got -1"},
+		{"move", func(ev *Event) { ev.Engine, ev.Error, ev.Count = "vllm:8000", "engine_stalled", 12 }, KindMove, ""},
+		{"move carrying nothing", func(ev *Event) { ev.Count = 0 }, KindMove, ""},
+		{"move carrying more than a chunk's cap", func(ev *Event) { ev.Count = MaxCount + 1 }, KindMove, ""},
+		{"move's negative count", func(ev *Event) { ev.Count = -1 }, KindMove, "count: must not be negative, got -1"},
+		{"move without its session", func(ev *Event) { ev.SessionID = "" }, KindMove, "session_id: must not be empty"},
+		{"move without its time", func(ev *Event) { ev.TimeUnixNano = 0 }, KindMove, "time_unix_nano: must be greater than 0"},
 		{"too many", func(ev *Event) {
 			for i := range 33 {
 				ev.Attributes = append(ev.Attributes, Attribute{Key: fmt.Sprint(i)})
@@ -138,6 +144,25 @@ func TestCutValues(t *testing.T) {
 	assert.Equal(t, 1, ev.CutValues())
 	assert.Len(t, ev.Engine, MaxValueBytes)
 	assert.Equal(t, long, ev.Model, "not a share's field")
+
+	ev = newEvent(KindMove)
+	ev.Engine, ev.Error, ev.Model = long, long, long
+	assert.Equal(t, 2, ev.CutValues())
+	assert.Len(t, ev.Engine, MaxValueBytes)
+	assert.Len(t, ev.Error, MaxErrorTypeBytes)
+	assert.Equal(t, long, ev.Model, "not a move's field")
+}
+
+// A move's line names where the answer went (engine), why (error) and the
+// tokens carried (count, written even when 0: a move carries some or none).
+func TestAppendJSONMove(t *testing.T) {
+	ev := newEvent(KindMove)
+	ev.TimeUnixNano, ev.Engine, ev.Error, ev.Count = 1700000000000000000, "vllm:8000", "engine_stalled", 12
+	ev.Model, ev.CompletionTokens = "ignored", 3
+	assert.Equal(t, `{"event":"move","session_id":"s","time_unix_nano":1700000000000000000,"engine":"vllm:8000","error":"engine_stalled","count":12}`+"\n",
+		string(AppendJSON(nil, &ev)))
+	ev.Count = 0
+	assert.Contains(t, string(AppendJSON(nil, &ev)), `,"count":0}`)
 }
 
 // A share's line names the request by engine_request_id, not session_id,

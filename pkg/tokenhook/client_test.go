@@ -690,7 +690,7 @@ func TestInvalidEventsRefused(t *testing.T) {
 			{func() error { return c.End(End{SessionID: "s-1", CompletionTokens: -2, HasCompletionTokens: true}) }, "completion_tokens: must not be negative, got -2"},
 			{func() error { return c.Send(&Event{Kind: KindToken, SessionID: "s-1", TimeUnixNano: 1}) }, "count: must be at least 1"},
 			{func() error { return c.Send(&Event{Kind: KindEnd, SessionID: "s-1"}) }, "time_unix_nano: must be greater than 0"},
-			{func() error { return c.Send(&Event{SessionID: "s-1", TimeUnixNano: 1}) }, "event: want start, token, end or share, got kind 0"},
+			{func() error { return c.Send(&Event{SessionID: "s-1", TimeUnixNano: 1}) }, "event: want start, token, end, share or move, got kind 0"},
 			{func() error { return c.Share(Share{Engine: "e"}) }, "engine_request_id: must not be empty"},
 			{func() error { return c.Share(Share{EngineRequestID: strings.Repeat("r", 257)}) }, "engine_request_id: 257 bytes, limit is 256"},
 			{func() error { return c.Share(Share{EngineRequestID: "r", Time: time.Unix(-1, 0)}) }, "time_unix_nano: must be greater than 0"},
