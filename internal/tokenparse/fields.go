@@ -60,6 +60,9 @@ const (
 		fDecodeTime | fEnginePrefill | fEngineDecode | fEnergy | fMigrations
 	// A share names the engine's request, not a session.
 	allowedShare = fEvent | fEngineRequestID | fTime | fEngine | fEnginePrefill | fEngineDecode | fEnergy
+	// A move: where the answer went (engine), why (error), the tokens
+	// carried (count).
+	allowedMove = fCommon | fEngine | fError | fCount
 )
 
 func validate(seen uint32, ev *tokenevent.Event) error {
@@ -84,12 +87,27 @@ func validate(seen uint32, ev *tokenevent.Event) error {
 		allowed = allowedE
 	case tokenevent.KindShare:
 		allowed = allowedShare
+	case tokenevent.KindMove:
+		allowed = allowedMove
 	}
 	if extra := seen &^ allowed; extra != 0 {
 		for i, name := range fieldNames {
 			if extra&(1<<i) != 0 {
 				return &tokenevent.FieldError{Field: name, Reason: "not allowed on a " + ev.Kind.String() + " event"}
 			}
+		}
+	}
+	if ev.Kind == tokenevent.KindMove {
+		// A move's count is the tokens carried, which may be none: the
+		// token's bounds (CheckCount) do not apply, nor its default of 1.
+		if seen&fCount == 0 {
+			ev.Count = 0
+		}
+		return nil
+	}
+	if seen&fCount != 0 {
+		if err := tokenevent.CheckCount(ev.Count); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -186,8 +204,10 @@ func (p *Parser) value(bit uint32, ev *tokenevent.Event) (bool, error) {
 			ev.Kind = tokenevent.KindEnd
 		case "share":
 			ev.Kind = tokenevent.KindShare
+		case "move":
+			ev.Kind = tokenevent.KindMove
 		default:
-			return false, &tokenevent.FieldError{Field: name, Reason: fmt.Sprintf("want start, token, end or share, got %q", tokenevent.Excerpt(s))}
+			return false, &tokenevent.FieldError{Field: name, Reason: fmt.Sprintf("want start, token, end, share or move, got %q", tokenevent.Excerpt(s))}
 		}
 	case fSessionID:
 		s, err := p.str(name)
@@ -219,11 +239,10 @@ func (p *Parser) value(bit uint32, ev *tokenevent.Event) (bool, error) {
 		}
 		ev.TimeUnixNano = v
 	case fCount:
+		// Checked once the kind is known (validate): a token's count is
+		// 1 to MaxCount, a move's any non-negative number.
 		v, err := p.uint(name)
 		if err != nil {
-			return false, err
-		}
-		if err := tokenevent.CheckCount(int64(v)); err != nil {
 			return false, err
 		}
 		ev.Count = int64(v)

@@ -103,6 +103,14 @@ func TestParseOptionalFields(t *testing.T) {
 			Kind: tokenevent.KindEnd, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: 3, Count: 1,
 			QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1, Migrations: 2,
 		},
+		{
+			Kind: tokenevent.KindMove, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: 12,
+			Engine: "vllm:8000", Error: "engine_stalled", QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
+		},
+		{
+			Kind: tokenevent.KindMove, SessionID: "s", TimeUnixNano: 1, PromptTokens: -1, CompletionTokens: -1, Count: 0,
+			QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1,
+		},
 	} {
 		line := tokenevent.AppendJSON(nil, &ev)
 		var got tokenevent.Event
@@ -178,6 +186,43 @@ func TestParseShare(t *testing.T) {
 	assert.False(t, ev.HasEngineTime || ev.HasEnergy)
 }
 
+// A move says where a session's answer went, why and the tokens carried:
+// its count may be 0 or above a token's cap, and is 0 when absent; a token
+// keeps its own bounds whichever field comes first.
+func TestParseMove(t *testing.T) {
+	ev, err := parse(t, `{"event":"move","session_id":"x","time_unix_nano":5,"engine":"vllm:8000","error":"engine_stalled","count":70000}`)
+	require.NoError(t, err)
+	assert.Equal(t, tokenevent.KindMove, ev.Kind)
+	assert.Equal(t, "x", ev.SessionID)
+	assert.Equal(t, "vllm:8000", ev.Engine)
+	assert.Equal(t, "engine_stalled", ev.Error)
+	assert.Equal(t, int64(70000), ev.Count)
+
+	ev, err = parse(t, `{"count":0,"time_unix_nano":5,"session_id":"x","event":"move"}`)
+	require.NoError(t, err, "field order is free")
+	assert.Equal(t, int64(0), ev.Count)
+	ev, err = parse(t, `{"event":"move","session_id":"x","time_unix_nano":5}`)
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), ev.Count, "absent: nothing carried")
+	ev, err = parse(t, `{"event":"move","session_id":"x","time_unix_nano":5,"error":"`+strings.Repeat("e", 100)+`"}`)
+	require.NoError(t, err)
+	assert.Len(t, ev.Error, tokenevent.MaxErrorTypeBytes, "cut to the error type's bound")
+
+	for _, tt := range []struct{ line, want string }{
+		{`{"event":"move","time_unix_nano":5,"count":1}`, "session_id: missing"},
+		{`{"event":"move","session_id":"x","count":1}`, "time_unix_nano: missing"},
+		{`{"event":"move","session_id":"x","time_unix_nano":5,"count":-1}`, "count: want a non-negative integer"},
+		{`{"event":"move","session_id":"x","time_unix_nano":5,"model":"m"}`, "model: not allowed on a move event"},
+		{`{"event":"move","session_id":"x","time_unix_nano":5,"migrations":1}`, "migrations: not allowed on a move event"},
+		{`{"count":0,"time_unix_nano":5,"session_id":"x","event":"token"}`, "count: must be at least 1"},
+		{`{"event":"token","session_id":"x","time_unix_nano":5,"count":65537}`, "count: at most 65536, got 65537"},
+		{`{"event":"end","session_id":"x","time_unix_nano":5,"count":2}`, "count: not allowed on a end event"},
+	} {
+		_, err := parse(t, tt.line)
+		assert.EqualError(t, err, tt.want, tt.line)
+	}
+}
+
 func TestParseEscapes(t *testing.T) {
 	ev, err := parse(t, `{"event":"start","session_id":"a\"b\\c\u00e9\ud83d\ude00","time_unix_nano":1,"attributes":{"k\n":"v\t"}}`)
 	require.NoError(t, err)
@@ -195,7 +240,7 @@ func TestParseErrors(t *testing.T) {
 		{`[1]`, `invalid JSON at byte 1: want '{', got '['`},
 		{`{"event":"token","session_id":"s","time_unix_nano":1`, `invalid JSON: want ',' or '}', got end of line`},
 		{`{"event":"token","session_id":"s","time_unix_nano":1} x`, `invalid JSON at byte 55: data after the object`},
-		{`{"event":"tok","session_id":"s","time_unix_nano":1}`, `event: want start, token, end or share, got "tok"`},
+		{`{"event":"tok","session_id":"s","time_unix_nano":1}`, `event: want start, token, end, share or move, got "tok"`},
 		{`{"session_id":"s","time_unix_nano":1}`, `event: missing`},
 		{`{"event":"token","time_unix_nano":1}`, `session_id: missing`},
 		{`{"event":"token","session_id":"s"}`, `time_unix_nano: missing`},

@@ -226,7 +226,7 @@ func TestHTTPPartialBatch(t *testing.T) {
 	assert.Equal(t, http.StatusOK, status)
 	assert.Equal(t, batchResponse{Accepted: 2, Rejected: 4, Errors: []lineError{
 		{2, "trace_id: want 32 hex digits, got 31"},
-		{3, `event: want start, token, end or share, got "tick"`},
+		{3, `event: want start, token, end, share or move, got "tick"`},
 		{4, "session_id: missing"},
 		{5, "invalid JSON: want a string key, got end of line"},
 	}}, resp)
