@@ -17,7 +17,7 @@ import (
 // IsTokenEvent reports whether lr is one of the token event records.
 func IsTokenEvent(lr plog.LogRecord) bool {
 	switch lr.EventName() {
-	case EventNameStart, EventNameToken, EventNameEnd, EventNameShare:
+	case EventNameStart, EventNameToken, EventNameEnd, EventNameShare, EventNameMove:
 		return true
 	}
 	return false
@@ -39,6 +39,8 @@ func ReadRecord(lr plog.LogRecord, limits tokenevent.Limits, ev *tokenevent.Even
 		ev.Kind = tokenevent.KindToken
 	case EventNameEnd:
 		ev.Kind = tokenevent.KindEnd
+	case EventNameMove:
+		ev.Kind = tokenevent.KindMove
 	case EventNameShare:
 		return readShare(lr, ev, fn)
 	default:
@@ -69,9 +71,27 @@ func ReadRecord(lr plog.LogRecord, limits tokenevent.Limits, ev *tokenevent.Even
 		return readStart(lr, attrs, limits, ev, fn)
 	case tokenevent.KindToken:
 		return readToken(attrs, ev, fn)
+	case tokenevent.KindMove:
+		return readMove(attrs, ev, fn)
 	default:
 		return readEnd(attrs, ev, fn)
 	}
+}
+
+// readMove decodes a move: where, why and the tokens carried (absent: 0).
+func readMove(attrs pcommon.Map, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
+	var err error
+	if ev.Engine, err = strAttr(attrs, AttrMigrationTo); err != nil {
+		return err
+	}
+	if ev.Error, err = strAttr(attrs, AttrMigrationReason); err != nil {
+		return err
+	}
+	if ev.Count, err = intAttr(attrs, AttrMigrationTokensCarried, 0); err != nil {
+		return err
+	}
+	fn(ev)
+	return nil
 }
 
 func readStart(lr plog.LogRecord, attrs pcommon.Map, limits tokenevent.Limits, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {

@@ -17,6 +17,9 @@ const (
 	// by the engine's scheduler: keyed by AttrEngineRequestID, it has no
 	// llm.session.id.
 	EventNameShare = "llm.session.share"
+	// EventNameMove is one move of a session's answer to another replica
+	// (the proxy's proxy::migrate), in the session's order.
+	EventNameMove = "llm.session.move"
 )
 
 // Event names of the log records token_session emits: a session's summary
@@ -62,6 +65,13 @@ const (
 	// AttrMigrations is how often the answer's stream was moved to another
 	// replica, on an end (absent: never).
 	AttrMigrations = "llm.session.migrations"
+	// A move's where (the endpoint the answer moved to, as the proxy names
+	// engines), why (the error type of the failure that moved it) and the
+	// tokens carried to the continuation; token_session's span event of
+	// the move carries them under the same keys.
+	AttrMigrationTo            = "llm.migration.to"
+	AttrMigrationReason        = "llm.migration.reason"
+	AttrMigrationTokensCarried = "llm.migration.tokens_carried"
 	// AttrEngineRequestID is the engine's own id of the request, on a
 	// share (the start names it among its attributes, under the same key).
 	AttrEngineRequestID = tokenevent.AttrEngineRequestID

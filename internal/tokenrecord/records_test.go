@@ -158,6 +158,50 @@ func TestRecordsShare(t *testing.T) {
 	}
 }
 
+// A move is a record of its session, between the tokens it carried and the
+// continuation's (it ends the packed record before it), in an ordered
+// writer as in a plain one; it reads back as it was parsed.
+func TestRecordsMove(t *testing.T) {
+	lines := []string{
+		startLine,
+		tokenLine,
+		`{"event":"token","session_id":"s-1","time_unix_nano":1700000000260000000,"count":3}`,
+		`{"event":"move","session_id":"s-1","time_unix_nano":1700000000500000000,"engine":"vllm:8000","error":"engine_stalled","count":4}`,
+		`{"event":"token","session_id":"s-1","time_unix_nano":1700000000700000000}`,
+		`{"event":"move","session_id":"s-1","time_unix_nano":1700000000800000000}`,
+		endLine,
+	}
+	p := tokenparse.NewParser(tokenevent.Limits{})
+	var want []tokenevent.Event
+	for _, l := range lines {
+		var ev tokenevent.Event
+		require.NoError(t, p.Parse([]byte(l), &ev))
+		want = append(want, clone(&ev))
+	}
+	for _, ordered := range []bool{false, true} {
+		records := plog.NewLogRecordSlice()
+		w := NewRecordWriter()
+		w.Reset(records, 42)
+		w.SetOrdered(ordered)
+		for i := range want {
+			w.Append(&want[i])
+		}
+		w.Flush()
+		names := make([]string, records.Len())
+		for i := range names {
+			names[i] = records.At(i).EventName()
+		}
+		assert.Equal(t, []string{EventNameStart, EventNameToken, EventNameMove, EventNameToken, EventNameMove, EventNameEnd}, names, "ordered %v", ordered)
+		mv := records.At(2)
+		assert.True(t, IsTokenEvent(mv))
+		assert.Equal(t, map[string]any{
+			AttrSessionID: "s-1", AttrMigrationTo: "vllm:8000", AttrMigrationReason: "engine_stalled", AttrMigrationTokensCarried: int64(4),
+		}, mv.Attributes().AsRaw())
+		assert.Equal(t, pcommon.Timestamp(1700000000500000000), mv.Timestamp())
+		assert.Equal(t, want, readAll(t, records), "ordered %v", ordered)
+	}
+}
+
 // An end carries the input tokens when they are known only then (the
 // proxy reads them from the usage chunk); the NDJSON end has no field for
 // them, so the event is built here.
@@ -444,6 +488,22 @@ func TestReadRecordErrors(t *testing.T) {
 			lr.Attributes().PutStr(AttrEngineRequestID, "r")
 			lr.Attributes().PutInt(AttrEngineTimeDecodeNs, -3)
 		}, AttrEngineTimeDecodeNs + ": want a non-negative int, got -3"},
+		{"move without its session", func(lr plog.LogRecord) {
+			lr.SetEventName(EventNameMove)
+			lr.SetTimestamp(1)
+		}, AttrSessionID + ": missing"},
+		{"move's negative tokens carried", func(lr plog.LogRecord) {
+			lr.SetEventName(EventNameMove)
+			lr.SetTimestamp(1)
+			lr.Attributes().PutStr(AttrSessionID, "s")
+			lr.Attributes().PutInt(AttrMigrationTokensCarried, -1)
+		}, AttrMigrationTokensCarried + ": want a non-negative int, got -1"},
+		{"move's int reason", func(lr plog.LogRecord) {
+			lr.SetEventName(EventNameMove)
+			lr.SetTimestamp(1)
+			lr.Attributes().PutStr(AttrSessionID, "s")
+			lr.Attributes().PutInt(AttrMigrationReason, 3)
+		}, AttrMigrationReason + ": want a string, got Int"},
 		{"migrations over the cap", func(lr plog.LogRecord) {
 			lr.SetEventName(EventNameEnd)
 			lr.SetTimestamp(1)

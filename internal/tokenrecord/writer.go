@@ -87,7 +87,9 @@ func kindRank(k tokenevent.Kind) int8 {
 	switch k {
 	case tokenevent.KindStart:
 		return 1
-	case tokenevent.KindToken:
+	case tokenevent.KindToken, tokenevent.KindMove:
+		// At one instant a move stays where it came among the tokens:
+		// after those it carried, before the continuation's.
 		return 2
 	}
 	return 3
@@ -250,6 +252,13 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 		if ev.Migrations > 0 {
 			attrs.PutInt(AttrMigrations, ev.Migrations)
 		}
+	case tokenevent.KindMove:
+		lr.SetEventName(EventNameMove)
+		attrs.EnsureCapacity(4)
+		attrs.PutStr(AttrSessionID, ev.SessionID)
+		putNonEmpty(attrs, AttrMigrationTo, ev.Engine)
+		putNonEmpty(attrs, AttrMigrationReason, ev.Error)
+		attrs.PutInt(AttrMigrationTokensCarried, ev.Count)
 	}
 }
 
