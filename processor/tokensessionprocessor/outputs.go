@@ -26,6 +26,8 @@ const (
 	// spanNameVerdict names the verdict span (traces::verdict_spans).
 	spanNameVerdict = "llm.session.verdict"
 	spanEventStall  = "llm.stall"
+	// spanEventMigration is one move of the answer to another replica.
+	spanEventMigration = "llm.session.migration"
 )
 
 // Attribute keys of the outputs, beside those of internal/tokenrecord.
@@ -56,6 +58,10 @@ const (
 	attrStallGaps      = "llm.stall.gaps"
 	attrStallSince     = "llm.stall.since_unix_nano"
 	attrServiceName    = "service.name"
+	// attrMigrationFrom is where a move left: the session's engine for its
+	// first, the endpoint the move before went to for each later one
+	// (llm.migration.to and the others: tokenrecord's, as on the move).
+	attrMigrationFrom = "llm.migration.from"
 
 	// A session's share of its engine (the attribution's, or the engine's).
 	attrEngineTime        = "llm.session.engine_time"
@@ -171,6 +177,19 @@ func appendSpan(ss ptrace.ScopeSpans, s *session.Session, e *session.End, provid
 		ev.SetTimestamp(pcommon.Timestamp(stalls[i].DetectedAt))
 		putStall(ev.Attributes(), &stalls[i])
 		engines.putStallContext(ev.Attributes(), s.Engine, stalls[i].DetectedAt)
+	}
+	from := s.Engine
+	for _, mv := range s.Moves() {
+		ev := span.Events().AppendEmpty()
+		ev.SetName(spanEventMigration)
+		ev.SetTimestamp(pcommon.Timestamp(mv.Time))
+		m := ev.Attributes()
+		m.EnsureCapacity(4)
+		putStr(m, attrMigrationFrom, from)
+		putStr(m, tokenrecord.AttrMigrationTo, mv.To)
+		putStr(m, tokenrecord.AttrMigrationReason, mv.Reason)
+		m.PutInt(tokenrecord.AttrMigrationTokensCarried, mv.TokensCarried)
+		from = mv.To
 	}
 	if et := s.ErrorType(e); et != "" {
 		span.Status().SetCode(ptrace.StatusCodeError)

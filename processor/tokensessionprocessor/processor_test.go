@@ -282,6 +282,45 @@ func TestMigrationsOnSummaryAndSpan(t *testing.T) {
 	assert.Equal(t, int64(2), spans[0].Attributes().AsRaw()["llm.session.migrations"], "on the session span")
 }
 
+// Each move of the answer (the proxy's move events) is a span event on the
+// session span, at the move's time: where it left (the session's engine,
+// then where the move before went), where it went, why and the tokens
+// carried.
+func TestMovesAreSpanEvents(t *testing.T) {
+	p := newPipelines(t, nil)
+	defer p.shutdown(t)
+	moved := func(at int64, to, reason string, carried int64) tokenevent.Event {
+		return tokenevent.Event{
+			Kind: tokenevent.KindMove, SessionID: "moved", TimeUnixNano: uint64(at), Engine: to, Error: reason, Count: carried,
+			PromptTokens: -1, CompletionTokens: -1,
+		}
+	}
+	e := end("moved", base+650*ms)
+	e.Migrations, e.Error = 2, "engine_stalled"
+	evs := []tokenevent.Event{
+		start("moved", traceSlow, base), tok("moved", base+600*ms, 1), moved(base+610*ms, "svc:8000", "engine_stalled", 1),
+		tok("moved", base+620*ms, 1), moved(base+630*ms, "svc-b:8000", "upstream_stream_broken", 2), tok("moved", base+640*ms, 2), e,
+	}
+	require.NoError(t, p.logs.ConsumeLogs(context.Background(), events(evs...)))
+	spans := allSpans(p.trcSink.AllTraces())
+	require.Len(t, spans, 1)
+	var got []map[string]any
+	var at []pcommon.Timestamp
+	for _, ev := range spans[0].Events().All() {
+		if ev.Name() == "llm.session.migration" {
+			got = append(got, ev.Attributes().AsRaw())
+			at = append(at, ev.Timestamp())
+		}
+	}
+	assert.Equal(t, []map[string]any{
+		{"llm.migration.from": "vllm-0", "llm.migration.to": "svc:8000", "llm.migration.reason": "engine_stalled", "llm.migration.tokens_carried": int64(1)},
+		{"llm.migration.from": "svc:8000", "llm.migration.to": "svc-b:8000", "llm.migration.reason": "upstream_stream_broken", "llm.migration.tokens_carried": int64(2)},
+	}, got)
+	assert.Equal(t, []pcommon.Timestamp{pcommon.Timestamp(base + 610*ms), pcommon.Timestamp(base + 630*ms)}, at)
+	assert.Equal(t, int64(2), spans[0].Attributes().AsRaw()["llm.session.migrations"], "the end's count, as before")
+	assert.Equal(t, int64(4), spans[0].Attributes().AsRaw()["gen_ai.usage.output_tokens"], "a move is no token")
+}
+
 func TestLogsPassAll(t *testing.T) {
 	p := newPipelines(t, func(c *Config) { c.PassTokenEvents = PassAll })
 	defer p.shutdown(t)
@@ -577,7 +616,8 @@ func TestSelfTelemetry(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, lp.Start(context.Background(), componenttest.NewNopHost()))
 	evs := append(slowSession("slow"), fastSession("fast")...)
-	evs = append(evs, tok("fast", base+200*ms, 1), end("ghost", base), tok("orphan", base, 1))
+	ghostMove := tokenevent.Event{Kind: tokenevent.KindMove, SessionID: "ghost-move", TimeUnixNano: uint64(base), PromptTokens: -1, CompletionTokens: -1}
+	evs = append(evs, tok("fast", base+200*ms, 1), end("ghost", base), tok("orphan", base, 1), ghostMove)
 	require.NoError(t, lp.ConsumeLogs(context.Background(), events(evs...)))
 	require.NoError(t, lp.Shutdown(context.Background()))
 
@@ -601,6 +641,7 @@ func TestSelfTelemetry(t *testing.T) {
 	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "late")))
 	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "orphan_end")))
 	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "orphan_token")))
+	assert.Equal(t, int64(1), sum("otelcol_processor_token_session_disorder_events", attr("kind", "orphan_move")))
 }
 
 // A retry never double-counts: once a batch's token events are folded, a

@@ -153,13 +153,13 @@ func (t *processorTelemetry) sessionEnded(o session.Outcome, sampled bool) {
 // disorderCounts.
 var disorderKinds = [...]string{
 	"orphan_token", "orphan_end", "late", "duplicate_start", "out_of_order",
-	"duplicate_token", "invalid_tracestate",
+	"duplicate_token", "invalid_tracestate", "orphan_move", "excess_move",
 }
 
 func disorderCounts(c *session.Counters) [len(disorderKinds)]uint64 {
 	return [...]uint64{
 		c.OrphanTokens, c.OrphanEnds, c.LateEvents, c.DuplicateStarts, c.OutOfOrder,
-		c.DuplicateTokens, c.InvalidTraceStates,
+		c.DuplicateTokens, c.InvalidTraceStates, c.OrphanMoves, c.ExcessMoves,
 	}
 }
 
@@ -167,7 +167,7 @@ func disorderCounts(c *session.Counters) [len(disorderKinds)]uint64 {
 // and event attributes, in the order of session.Counters' arrays.
 var (
 	rejectReasons = [...]string{"future", "before_start"}
-	eventKinds    = [...]string{"start", "token", "end"}
+	eventKinds    = [len(session.EventKinds)]string{"start", "token", "end", "move"}
 )
 
 func rejectedCounts(c *session.Counters) [len(rejectReasons)][len(eventKinds)]uint64 {

@@ -200,6 +200,9 @@ type Session struct {
 type extra struct {
 	attributes []tokenevent.Attribute
 	stalls     []Stall
+	// moves are the session's moves to another replica, the first
+	// tokenevent.MaxMigrations.
+	moves []Move
 	// traceState is the caller's tracestate, when it parsed; rv and
 	// upstream its OTel entry's randomness and threshold, if present.
 	traceState  string
@@ -260,8 +263,30 @@ func (s *Session) Stalls() []Stall {
 	return s.extra.stalls
 }
 
+// Moves are the session's moves to another replica mid-answer (the move
+// events), in the order they came; at most tokenevent.MaxMigrations.
+func (s *Session) Moves() []Move {
+	if s.extra == nil {
+		return nil
+	}
+	return s.extra.moves
+}
+
+// Move is one move of the session's answer to another replica, as its
+// move event said (the proxy's proxy::migrate).
+type Move struct {
+	// Time is when it moved (engine time, Unix ns).
+	Time int64
+	// To is the endpoint it moved to; Reason the error type of the failure
+	// that moved it.
+	To, Reason string
+	// TokensCarried are the tokens delivered before it, carried to the
+	// continuation.
+	TokensCarried int64
+}
+
 // Clone returns a copy of s that may be kept after its Report is released:
-// its attributes, stall records and tracestate are its own.
+// its attributes, stall records, moves and tracestate are its own.
 func (s *Session) Clone() *Session {
 	c := *s
 	c.source = nil
@@ -270,6 +295,7 @@ func (s *Session) Clone() *Session {
 		x.attributes = slices.Clone(x.attributes)
 		// Each record's gaps are a slice of its own (never reused).
 		x.stalls = slices.Clone(x.stalls)
+		x.moves = slices.Clone(x.moves)
 		c.extra = &x
 	}
 	return &c

@@ -115,6 +115,12 @@ type Counters struct {
 	OrphanTokens uint64
 	// OrphanEnds ended a session never seen; they are dropped.
 	OrphanEnds uint64
+	// OrphanMoves moved a session not active and not ended (never seen,
+	// or its start still on its way); they are dropped.
+	OrphanMoves uint64
+	// ExcessMoves came for a session that had tokenevent.MaxMigrations
+	// moves already; they are dropped.
+	ExcessMoves uint64
 	// LateEvents arrived for a session already ended (duplicates of the end
 	// included); they are dropped.
 	LateEvents uint64
@@ -124,11 +130,12 @@ type Counters struct {
 	// (or its start); they count as tokens but make no gap.
 	OutOfOrder uint64
 	// FutureEvents were stamped more than MaxFutureSkew ahead of the
-	// collector's clock, by kind (start, token, end); they are dropped.
-	FutureEvents [3]uint64
+	// collector's clock, by kind (EventKinds); they are dropped.
+	FutureEvents [len(EventKinds)]uint64
 	// EventsBeforeStart were stamped more than a second before their
-	// session's start, by kind (token, end; a start is never); dropped.
-	EventsBeforeStart [3]uint64
+	// session's start, by kind (token, end, move; a start is never);
+	// dropped.
+	EventsBeforeStart [len(EventKinds)]uint64
 	// DuplicateTokens repeated the seq of a token event already folded
 	// (a retry), or were too old to tell; they are dropped.
 	DuplicateTokens uint64
@@ -149,6 +156,18 @@ type Counters struct {
 	// start's trace and never reported (no ReportKeptEarly), as the random
 	// trace it had has no other span.
 	UnreportedKeeps uint64
+}
+
+// EventKinds are the kinds of the events the Table takes, in the order of
+// the Counters' arrays by kind (eventIndex).
+var EventKinds = [...]tokenevent.Kind{tokenevent.KindStart, tokenevent.KindToken, tokenevent.KindEnd, tokenevent.KindMove}
+
+// eventIndex is the place of kind k in EventKinds.
+func eventIndex(k tokenevent.Kind) int {
+	if k == tokenevent.KindMove {
+		return 3
+	}
+	return int(k) - 1
 }
 
 // Table holds the active sessions and the state S its Observer keeps for
@@ -305,7 +324,7 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 		t.last = s
 	}
 	at := int64(ev.TimeUnixNano)
-	kind := int(ev.Kind) - 1
+	kind := eventIndex(ev.Kind)
 	if at-now > int64(t.cfg.Table.MaxFutureSkew) {
 		// One token a year ahead would make a TPOT of thousands of hours
 		// and poison the cumulative sums for the life of the process.
@@ -402,6 +421,21 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 		}
 		s.source.observe(at, now)
 		t.end(s, outcome, &e, out)
+	case tokenevent.KindMove:
+		switch {
+		case s == nil && t.ended.has(ev.SessionID):
+			t.Counters.LateEvents++
+		case s == nil:
+			t.Counters.OrphanMoves++
+		case len(s.Moves()) >= tokenevent.MaxMigrations:
+			t.Counters.ExcessMoves++
+			t.touch(s, now)
+		default:
+			x := s.ensureExtra()
+			x.moves = append(x.moves, Move{Time: at, To: ev.Engine, Reason: ev.Error, TokensCarried: ev.Count})
+			s.source.observe(at, now)
+			t.touch(s, now)
+		}
 	}
 }
 
@@ -580,6 +614,8 @@ func (t *Table[S]) recycle(s *entry[S]) {
 		x.attributes = x.attributes[:0]
 		// The stall records' gap slices may be large; let them go.
 		x.stalls = nil
+		clear(x.moves)
+		x.moves = x.moves[:0]
 		x.withdrawnSince = 0
 		x.traceState, x.hasRV, x.hasUpstream = "", false, false
 	}

@@ -37,6 +37,7 @@ type ended struct {
 	Stalls        int
 	Freezes       int
 	Keep          bool
+	Moves         []Move
 	Reasons       Reason
 	Threshold     sampling.Threshold
 	Duration      time.Duration
@@ -101,6 +102,7 @@ func (r *recorder) record(reports []Report[struct{}]) {
 				Window: w, WMax: s.WindowTPOTMax, MaxGap: s.MaxGap, Tokens: s.Tokens, Chunks: s.Chunks, Stalls: int(s.StallCount),
 				Freezes: int(s.Freezes), Keep: s.Keep, Reasons: s.Reasons, Threshold: s.Threshold, Duration: s.Duration(e), End: *e, Trace: rp.Trace,
 				StallRecords: append([]Stall(nil), s.Stalls()...), HasStart: s.HasStart, Model: s.Model, Engine: s.Engine,
+				Moves: append([]Move(nil), s.Moves()...),
 			})
 		}
 	}
@@ -150,6 +152,41 @@ func tok(id string, at, count int64) *tokenevent.Event {
 
 func end(id string, at, completion int64) *tokenevent.Event {
 	return &tokenevent.Event{Kind: tokenevent.KindEnd, SessionID: id, TimeUnixNano: uint64(at), CompletionTokens: completion, FinishReason: "stop", PromptTokens: -1, Count: 1}
+}
+
+// move is a move of the session to "vllm-1:8000", for a stall, carrying
+// 3 tokens.
+func move(id string, at int64) *tokenevent.Event {
+	return &tokenevent.Event{
+		Kind: tokenevent.KindMove, SessionID: id, TimeUnixNano: uint64(at), Engine: "vllm-1:8000", Error: "engine_stalled", Count: 3,
+		PromptTokens: -1, CompletionTokens: -1,
+	}
+}
+
+// A session keeps its moves in the order they came, the first
+// tokenevent.MaxMigrations; one beyond is dropped and counted.
+func TestMoves(t *testing.T) {
+	tbl, rec := newTable(t, nil)
+	apply(tbl, start("x", t0), tok("x", t0+10*ms, 3), move("x", t0+20*ms))
+	second := move("x", t0+30*ms)
+	second.Engine, second.Error, second.Count = "vllm-2:8000", "upstream_stream_broken", 0
+	apply(tbl, second)
+	for i := range tokenevent.MaxMigrations - 1 {
+		apply(tbl, move("x", t0+40*ms+int64(i)))
+	}
+	apply(tbl, tok("x", t0+200*ms, 1), end("x", t0+210*ms, 4))
+	require.Len(t, rec.ended, 1)
+	moves := rec.ended[0].Moves
+	require.Len(t, moves, tokenevent.MaxMigrations)
+	assert.Equal(t, Move{Time: t0 + 20*ms, To: "vllm-1:8000", Reason: "engine_stalled", TokensCarried: 3}, moves[0])
+	assert.Equal(t, Move{Time: t0 + 30*ms, To: "vllm-2:8000", Reason: "upstream_stream_broken"}, moves[1])
+	assert.Equal(t, uint64(1), tbl.Counters.ExcessMoves)
+	assert.Equal(t, int64(4), rec.ended[0].Tokens, "a move is no token")
+
+	// The Session is reused: the next one starts with no moves.
+	apply(tbl, start("y", t0+300*ms), end("y", t0+310*ms, 0))
+	require.Len(t, rec.ended, 2)
+	assert.Empty(t, rec.ended[1].Moves)
 }
 
 // apply feeds events with the arrival clock equal to the event time.
@@ -514,6 +551,14 @@ func TestDisorder(t *testing.T) {
 		assert.Equal(t, uint64(1), tbl.Counters.LateEvents)
 		assert.Empty(t, rec.started)
 		assert.Zero(t, tbl.Active())
+	})
+	t.Run("move of an unknown session", func(t *testing.T) {
+		tbl, rec := newTable(t, nil)
+		apply(tbl, move("ghost", t0), start("ghost", t0+ms), end("ghost", t0+2*ms, -1), move("ghost", t0+3*ms))
+		assert.Equal(t, uint64(1), tbl.Counters.OrphanMoves, "before its start: opens nothing")
+		assert.Equal(t, uint64(1), tbl.Counters.LateEvents, "after its end")
+		require.Len(t, rec.ended, 1)
+		assert.Empty(t, rec.ended[0].Moves)
 	})
 	t.Run("duplicate start", func(t *testing.T) {
 		tbl, rec := newTable(t, nil)
