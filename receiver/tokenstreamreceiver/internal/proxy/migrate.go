@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"go.opentelemetry.io/collector/config/confighttp"
 	"go.opentelemetry.io/otel/attribute"
@@ -72,7 +73,7 @@ type MigrateConfig struct {
 	// Client reaches the healthy replicas; Endpoint is its URL, parsed.
 	Client   confighttp.ClientConfig
 	Endpoint *url.URL
-	// Engine names the migrate endpoint in the logs.
+	// Engine names the migrate endpoint in the logs and on the move events.
 	Engine string
 	// MaxMoves bounds the moves of one request; On is what moves a stream.
 	MaxMoves int
@@ -295,6 +296,20 @@ type moves struct {
 	// the stream may still move (TriggerEngineError).
 	held    []byte
 	holding bool
+	// pending is the move under way, until its event is emitted: once the
+	// continuation relays its first token or writes to the client.
+	pending pendingMove
+}
+
+// pendingMove is a move whose event waits for the continuation to be
+// relayed: a move that fails before is no move.
+type pendingMove struct {
+	set bool
+	// at is when it began; reason the error type of the failure that moved
+	// it; carried the tokens delivered before it.
+	at      time.Time
+	reason  string
+	carried int64
 }
 
 // start reads the request once its stream begins.

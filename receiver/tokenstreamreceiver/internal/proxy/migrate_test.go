@@ -187,6 +187,16 @@ func migrations(t *testing.T, tp *testProxy, outcome, trigger, reason string) in
 	return total
 }
 
+// moveEvents are the move events of evs, and the index in evs of each.
+func moveEvents(evs []tokenevent.Event) (moves []tokenevent.Event, at []int) {
+	for i, ev := range evs {
+		if ev.Kind == tokenevent.KindMove {
+			moves, at = append(moves, ev), append(at, i)
+		}
+	}
+	return moves, at
+}
+
 func tokenCount(evs []tokenevent.Event) int {
 	n := 0
 	for _, ev := range evs {
@@ -263,6 +273,16 @@ func TestMigrateStalledChatContinues(t *testing.T) {
 	assert.Equal(t, int64(7), end.CompletionTokens)
 	assert.Equal(t, int64(42), end.PromptTokens)
 	assert.Equal(t, int64(1), end.Migrations, "moved once: llm.session.migrations")
+	moves, at := moveEvents(evs)
+	require.Len(t, moves, 1, "one move event")
+	secondURL, _ := url.Parse(second.URL)
+	assert.Equal(t, secondURL.Host, moves[0].Engine, "where it went: the migrate endpoint, as the proxy names engines")
+	assert.Equal(t, errEngineStalled, moves[0].Error, "why")
+	assert.Equal(t, int64(4), moves[0].Count, "the four tokens carried")
+	assert.Equal(t, 4, tokenCount(evs[:at[0]]), "after the tokens it carried, before the continuation's")
+	assert.Equal(t, tokenevent.KindToken, evs[at[0]+1].Kind)
+	assert.LessOrEqual(t, evs[at[0]-1].TimeUnixNano, moves[0].TimeUnixNano, "at the move's time")
+	assert.LessOrEqual(t, moves[0].TimeUnixNano, evs[at[0]+1].TimeUnixNano)
 	assert.Equal(t, int64(1), migrations(t, tp, outcomeMoved, "stall", ""))
 	assert.Equal(t, int64(0), stalledStreams(t, tp), "the client got no cut")
 }
@@ -306,9 +326,14 @@ func TestMigrateBrokenCompletionsContinues(t *testing.T) {
 	assert.Equal(t, "The capital of France is Paris,", sent.Prompt)
 	assert.Equal(t, 2, sent.MaxTokens)
 
-	end := lastEnd(t, sessionEvents(t, sink, 1))
+	evs := sessionEvents(t, sink, 1)
+	end := lastEnd(t, evs)
 	assert.Equal(t, errStreamBroken, end.Error)
 	assert.Equal(t, int64(4), end.CompletionTokens, "two before, two after")
+	moves, _ := moveEvents(evs)
+	require.Len(t, moves, 1)
+	assert.Equal(t, errStreamBroken, moves[0].Error, "moved for the broken stream")
+	assert.Equal(t, int64(2), moves[0].Count)
 	assert.Equal(t, int64(7), end.PromptTokens)
 	assert.Equal(t, int64(1), migrations(t, tp, outcomeMoved, "broken", ""))
 	assert.Equal(t, int64(0), reasonCounter(t, tp, "otelcol_receiver_token_stream_proxy_cut_streams", "broken"))
@@ -332,8 +357,12 @@ func TestMigrateEngineErrorContinues(t *testing.T) {
 	assert.Equal(t, 0, v.errors, "the engine's error was healed: %q", got)
 	assert.Equal(t, 1, v.done)
 	assert.Equal(t, 1, v.roles)
-	end := lastEnd(t, sessionEvents(t, sink, 1))
+	evs := sessionEvents(t, sink, 1)
+	end := lastEnd(t, evs)
 	assert.Equal(t, "EngineDeadError", end.Error, "charged to the engine that failed")
+	moves, _ := moveEvents(evs)
+	require.Len(t, moves, 1)
+	assert.Equal(t, "EngineDeadError", moves[0].Error, "moved for the engine's own error type")
 	assert.Equal(t, int64(1), migrations(t, tp, outcomeMoved, "engine_error", ""))
 }
 
@@ -397,9 +426,12 @@ func TestMigrateRefusals(t *testing.T) {
 			second.mu.Unlock()
 			assert.Equal(t, int64(1), migrations(t, tp, outcomeRefused, "stall", tt.reason))
 			assert.Equal(t, int64(1), stalledStreams(t, tp))
-			end := lastEnd(t, sessionEvents(t, sink, 1))
+			evs := sessionEvents(t, sink, 1)
+			end := lastEnd(t, evs)
 			assert.Equal(t, errEngineStalled, end.Error)
 			assert.Zero(t, end.Migrations, "not moved")
+			moves, _ := moveEvents(evs)
+			assert.Empty(t, moves, "a move refused has no event")
 		})
 	}
 }
@@ -419,7 +451,10 @@ func TestMigrateContinuationFailsFallsBackToCut(t *testing.T) {
 	assert.Regexp(t, `"type":"engine_stalled"`, got)
 	assert.Equal(t, int64(1), migrations(t, tp, outcomeFailed, "stall", ""))
 	assert.Equal(t, int64(1), stalledStreams(t, tp))
-	assert.Zero(t, lastEnd(t, sessionEvents(t, sink, 1)).Migrations, "a move that failed is no move")
+	evs := sessionEvents(t, sink, 1)
+	assert.Zero(t, lastEnd(t, evs).Migrations, "a move that failed is no move")
+	moves, _ := moveEvents(evs)
+	assert.Empty(t, moves, "nor has it an event")
 }
 
 // A continuation that stalls in turn is cut once max_moves is spent: the
@@ -456,7 +491,18 @@ func TestMigrateCountsMovesOnTheEnd(t *testing.T) {
 	_, err := post(t, tp.proxyURL(), "/v1/chat/completions", chatRequest)
 	require.ErrorIs(t, err, io.ErrUnexpectedEOF, "the third stall is cut")
 	assert.Equal(t, int64(2), migrations(t, tp, outcomeMoved, "stall", ""))
-	assert.Equal(t, int64(2), lastEnd(t, sessionEvents(t, sink, 1)).Migrations)
+	evs := sessionEvents(t, sink, 1)
+	assert.Equal(t, int64(2), lastEnd(t, evs).Migrations)
+	moves, at := moveEvents(evs)
+	require.Len(t, moves, 2, "one move event per move made, none for the one refused")
+	secondURL, _ := url.Parse(second.URL)
+	for i, mv := range moves {
+		assert.Equal(t, secondURL.Host, mv.Engine, "move %d", i)
+		assert.Equal(t, errEngineStalled, mv.Error, "move %d", i)
+		assert.Equal(t, int64(tokenCount(evs[:at[i]])), mv.Count, "move %d carries what was delivered before it", i)
+	}
+	assert.Equal(t, int64(4), moves[0].Count)
+	assert.Greater(t, moves[1].Count, moves[0].Count, "the second carries the first continuation's tokens too")
 }
 
 // With migration on but its trigger not chosen, a stall is today's cut.

@@ -110,7 +110,7 @@ func (s *session) heal(w io.Writer, flusher http.Flusher, strip bool, e relayEnd
 			s.p.counters.Migrations.Add(ctx, 1, moveOutcome(outcomeRefused, t, why))
 			break
 		}
-		e2, cut2, mid2, err := s.move(w, flusher, strip)
+		e2, cut2, mid2, err := s.move(w, flusher, strip, failure)
 		if err != nil {
 			s.p.counters.Migrations.Add(ctx, 1, moveOutcome(outcomeFailed, t, ""))
 			s.p.warn.Warn("proxy: a stream could not be moved to proxy::migrate::endpoint and was ended as before (logged at most once a minute, counted in otelcol_receiver_token_stream_proxy_migrations)",
@@ -126,11 +126,12 @@ func (s *session) heal(w io.Writer, flusher http.Flusher, strip bool, e relayEnd
 	return e, cut, midEvent
 }
 
-// move sends the continuation and relays its stream. An error: it failed
-// before anything of it reached the client, and the stream is as the
-// failed one left it.
-func (s *session) move(w io.Writer, flusher http.Flusher, strip bool) (relayEnd, *streamCut, bool, error) {
+// move sends the continuation for the failure (its error type) and relays
+// its stream. An error: it failed before anything of it reached the
+// client, and the stream is as the failed one left it.
+func (s *session) move(w io.Writer, flusher http.Flusher, strip bool, failure string) (relayEnd, *streamCut, bool, error) {
 	mv := s.moves
+	at := time.Now()
 	tokens := s.chunks
 	body, err := mv.continuation(tokens)
 	if err != nil {
@@ -152,15 +153,18 @@ func (s *session) move(w io.Writer, flusher http.Flusher, strip bool) (relayEnd,
 	held, engineError, carried, continuing := mv.held, s.engineError, mv.carried, mv.continuing
 	mv.held, mv.holding, s.engineError, mv.carried, mv.continuing = nil, false, "", tokens, true
 	mv.done++
+	mv.pending = pendingMove{set: true, at: at, reason: failure, carried: tokens}
 	e, mid := s.relayEvents(w, flusher, resp.Body, strip)
 	if !e.wrote && !e.clientGone {
 		mv.held, s.engineError, mv.carried, mv.continuing = held, engineError, carried, continuing
 		mv.done--
+		mv.pending = pendingMove{}
 		if c := s.cut(ctx, &e); c != nil {
 			return relayEnd{}, nil, false, fmt.Errorf("the continuation ended before its first token: %s", c.errorType)
 		}
 		return relayEnd{}, nil, false, errors.New("the continuation ended before its first token")
 	}
+	s.moved() // made, though it relayed no token
 	return e, s.cut(ctx, &e), mid, nil
 }
 

@@ -92,8 +92,26 @@ func (s *session) token(at time.Time) {
 	if s.chunks == 0 {
 		s.firstToken = at
 	}
+	if s.moves != nil && s.moves.pending.set {
+		s.moved() // before the continuation's first token
+	}
 	s.chunks++
 	s.emit(tokenevent.KindToken, at, nil)
+}
+
+// moved emits the event of the move under way (moves.pending), once: where
+// it went (the migrate endpoint, named as the proxy names engines), why and
+// the tokens carried, at the time it began.
+func (s *session) moved() {
+	mv := s.moves
+	pm := mv.pending
+	if !pm.set {
+		return
+	}
+	mv.pending = pendingMove{}
+	s.emit(tokenevent.KindMove, pm.at, func(ev *tokenevent.Event) {
+		ev.Engine, ev.Error, ev.Count = mv.m.cfg.Engine, pm.reason, pm.carried
+	})
 }
 
 func (s *session) end(at time.Time, errorType, finishReason string) {
