@@ -113,14 +113,15 @@ python-test: $(OTELCOL) ## the Python hook's tests against ./bin/otelcol-llm
 
 # Last, so that its summary closes the output: the module's packages, then
 # the end-to-end tests' module (the deploy kit's tests are make
-# check-deploy's). llama-server is built first when it can be (see below);
+# check-deploy's), whose one test binary takes about 4 min on 2 cores and
+# twice that beside other work: 20 min before go test gives up, not 10. llama-server is built first when it can be (see below);
 # when it cannot, the llama.cpp tests skip (fail under CI), saying so.
 go-test: $(OTELCOL) js-client ## go test -race, then the end-to-end tests' module (deploy/ is check-deploy's)
 	@llama=$$(tools/llama-server.sh) || echo "llama-server could not be built: the llama.cpp tests will skip (fail under CI)"; \
 	echo "LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ./..."; \
 	rc=0; LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ./... || rc=1; \
-	echo "cd internal/harness/e2e && $(GO) test -race -count=1 ./..."; \
-	(cd internal/harness/e2e && LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 ./...) || rc=1; \
+	echo "cd internal/harness/e2e && $(GO) test -race -count=1 -timeout 20m ./..."; \
+	(cd internal/harness/e2e && LLAMA_CPP_DIR=$$llama OTELCOL_LLM_BIN=$(OTELCOL) $(GO) test -race -count=1 -timeout 20m ./...) || rc=1; \
 	exit $$rc
 
 # llama.cpp's llama-server for the CPU, with the GGUF writer and the
