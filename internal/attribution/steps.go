@@ -1,0 +1,467 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
+package attribution // import "github.com/otelcol-llm/otelcol-llm/internal/attribution"
+
+import (
+	"math"
+	"slices"
+)
+
+// Steps is one engine's account settled from its steps as the token
+// stream shows them, for a collector that sees every token but not the
+// engine's scheduler (the proxy). It is the same model as Engine (each
+// step's time split among the sessions in it by the tokens each computes),
+// computed after the fact instead of guessed as it happens:
+//
+//   - A step ends with a token of every sequence it decoded or whose
+//     prompt it finished, so the engine's step ends are the distinct times
+//     of its tokens (tokens within StepsConfig.Join of each other are one
+//     step), and a step lasts from the previous step's end to its own.
+//   - A session's token in the step right after its previous token's is a
+//     decode: weight 1 (n for a chunk of n tokens).
+//   - Its first token ends its prefill: its prompt's tokens are spread
+//     over the steps before, back to its arrival, each step taking what
+//     its budget left after its decodes (chunked prefill), or all in the
+//     one step (prefill first).
+//   - A token after steps that decoded without it is a resume after a
+//     pre-emption: its prompt and its output so far are computed again,
+//     spread the same way, and the steps it missed are not its. (Prefill
+//     first, steps that computed only prompts are skipped by every
+//     decode: missing those is not a pre-emption.)
+//   - A step's time is split by these weights; the time before a step
+//     that no session present had arrived for is idle.
+//
+// The spread needs the steps after a first token's and the tokens of every
+// session in a step, so a step is settled (charged) only Lag after it
+// ended, and a session's share is final once its last step is:
+// Settle reports it. Conservation holds by construction: every settled
+// step's time goes to the weights in it, or is idle.
+type Steps struct {
+	cfg    StepsConfig
+	budget float64
+
+	// steps are the steps not settled yet, in time order; classified of
+	// them have their tokens read (decodes counted, prefills spread).
+	steps      []step
+	classified int
+	// settledTo is the end of the last settled step (the start of
+	// steps[0]); wallStart the engine's first arrival.
+	settledTo, wallStart int64
+	started              bool
+	latest               int64
+
+	watts    float64
+	hasPower bool
+	powerRun uint32
+
+	promptSum, promptCount float64
+
+	open   int
+	totals Totals
+	// Late counts tokens that came after their step was settled: their
+	// weight is lost to the others in it.
+	late int64
+	// final are the accounts made final by the last Settle.
+	final []*Account
+	free  []step
+}
+
+// StepsConfig configures a Steps.
+type StepsConfig struct {
+	// StepTokens is the step's token budget (a value below 1 is
+	// DefaultBudget); PrefillFirst as Limits'.
+	StepTokens   int
+	PrefillFirst bool
+	// Join is how close two tokens' times are to be of one step (ns).
+	Join int64
+	// Lag is how long after a step's end it is settled (ns): the tokens
+	// of every session in it, and the first tokens whose prefill it
+	// computed, must have been seen by then.
+	Lag int64
+}
+
+type step struct {
+	at       int64
+	decoders float64
+	prefill  float64
+	tokens   []stepToken
+	chunks   []stepChunk
+}
+
+type stepToken struct {
+	a    *Account
+	prev int64 // the session's previous token's time, 0 for its first
+	n    float64
+	// read: classified; decode: a decode of this step (not the end of a
+	// prefill or a recomputation, whose weight is its chunks).
+	read, decode bool
+}
+
+type stepChunk struct {
+	a *Account
+	w float64
+}
+
+// Account is one session's share on a Steps engine; its zero value is a
+// session not arrived. Its figures are final once Settle has reported it.
+type Account struct {
+	// Prefill and Decode are its engine time in seconds so far; Energy
+	// and PrefillEnergy its energy in joules, meaningful when EnergyKnown.
+	Prefill, Decode       float64
+	Energy, PrefillEnergy float64
+	EnergyKnown           bool
+
+	prompt    float64
+	arrival   int64
+	last      int64   // latest token's time
+	generated float64 // tokens read (classified) so far
+	pending   int32   // entries not settled yet
+	powerRun  uint32
+	arrived   bool
+	ended     bool
+	reported  bool
+}
+
+// EngineTime is Prefill + Decode.
+func (a *Account) EngineTime() float64 { return a.Prefill + a.Decode }
+
+// Final reports whether the account's figures are final.
+func (a *Account) Final() bool { return a.reported }
+
+// NewSteps returns an engine account settled from its steps.
+func NewSteps(c StepsConfig) *Steps {
+	if c.StepTokens < 1 {
+		c.StepTokens = DefaultBudget
+	}
+	return &Steps{cfg: c, budget: float64(c.StepTokens)}
+}
+
+// Arrive is a session's arrival at at, its prompt's tokens prompt (an
+// estimate; < 0: unknown, the engine's mean so far).
+func (e *Steps) Arrive(a *Account, at, prompt int64) {
+	if a.arrived {
+		return
+	}
+	if !e.started {
+		e.started, e.wallStart, e.settledTo = true, at, at
+	}
+	*a = Account{arrived: true, arrival: at, EnergyKnown: e.hasPower, powerRun: e.powerRun}
+	a.prompt = e.meanPrompt()
+	if prompt >= 0 {
+		a.prompt = float64(max(prompt, 1))
+	}
+	e.open++
+}
+
+// SetPrompt corrects the session's prompt (the usage at its end): it
+// counts for the prefills not spread yet, and for the engine's mean.
+func (e *Steps) SetPrompt(a *Account, prompt int64) {
+	if prompt < 0 || !a.arrived {
+		return
+	}
+	a.prompt = float64(max(prompt, 1))
+	e.promptSum += a.prompt
+	e.promptCount++
+}
+
+func (e *Steps) meanPrompt() float64 {
+	if e.promptCount == 0 {
+		return 1
+	}
+	return e.promptSum / e.promptCount
+}
+
+// Token is n of the session's tokens at at.
+func (e *Steps) Token(a *Account, at int64, n int64) {
+	if !a.arrived || a.ended || n < 1 {
+		return
+	}
+	if at > e.latest {
+		e.latest = at
+	}
+	prev := a.last
+	if at <= prev {
+		// Out of order within a session: the same step as its previous.
+		at = prev
+	}
+	a.last = at
+	j, ok := e.stepAt(at)
+	if !ok {
+		e.late++
+		return
+	}
+	e.steps[j].tokens = append(e.steps[j].tokens, stepToken{a: a, prev: prev, n: float64(n)})
+	a.pending++
+	if j < e.classified {
+		e.classify(j, len(e.steps[j].tokens)-1)
+	}
+}
+
+// stepAt finds or makes the step ending at at; false when its time is
+// settled already.
+func (e *Steps) stepAt(at int64) (int, bool) {
+	if at <= e.settledTo+e.cfg.Join && (len(e.steps) == 0 || at < e.steps[0].at-e.cfg.Join) {
+		return 0, false
+	}
+	i := len(e.steps)
+	for i > 0 && e.steps[i-1].at > at+e.cfg.Join {
+		i--
+	}
+	if i > 0 && e.steps[i-1].at >= at-e.cfg.Join {
+		return i - 1, true
+	}
+	var s step
+	if n := len(e.free); n > 0 {
+		s, e.free = e.free[n-1], e.free[:n-1]
+	}
+	s.at = at
+	e.steps = slices.Insert(e.steps, i, s)
+	if i < e.classified {
+		e.classified++ // a new step among the read ones: nothing in it read yet
+	}
+	return i, true
+}
+
+// End is the session's end at at with its prompt (the usage; < 0:
+// unknown); its share is final once its steps are settled.
+func (e *Steps) End(a *Account, at, prompt int64) {
+	if !a.arrived || a.ended {
+		return
+	}
+	e.SetPrompt(a, prompt)
+	a.ended = true
+	e.open--
+	if at > e.latest {
+		e.latest = at
+	}
+	if a.pending == 0 {
+		e.finish(a)
+	}
+}
+
+func (e *Steps) finish(a *Account) {
+	if a.reported {
+		return
+	}
+	a.reported = true
+	if a.EnergyKnown && (!e.hasPower || e.powerRun != a.powerRun) {
+		a.EnergyKnown = false
+	}
+	e.totals.Charged += a.Prefill + a.Decode
+	e.totals.ChargedPrefill += a.Prefill
+	e.totals.ChargedDecode += a.Decode
+	if a.EnergyKnown {
+		e.totals.ChargedEnergy += a.Energy
+	}
+	e.final = append(e.final, a)
+}
+
+// prevEnd is the end of the step before steps[j].
+func (e *Steps) prevEnd(j int) int64 {
+	if j == 0 {
+		return e.settledTo
+	}
+	return e.steps[j-1].at
+}
+
+// classify reads token i of step j.
+func (e *Steps) classify(j, i int) {
+	t := &e.steps[j].tokens[i]
+	if t.read {
+		return
+	}
+	t.read = true
+	a := t.a
+	switch {
+	case t.prev == 0:
+		e.spread(a, a.prompt, j, a.arrival)
+	case t.prev >= e.prevEnd(j)-e.cfg.Join || !e.preempted(t.prev, j):
+		t.decode = true
+		e.steps[j].decoders += t.n
+	default:
+		e.spread(a, a.prompt+a.generated, j, t.prev)
+	}
+	a.generated += t.n
+}
+
+// preempted reports whether the steps after prev before steps[j] decoded
+// without the session: every step decodes its running sequences, but
+// prefill first a step that computes prompts decodes none.
+func (e *Steps) preempted(prev int64, j int) bool {
+	if !e.cfg.PrefillFirst {
+		return true
+	}
+	for k := j - 1; k >= 0 && e.steps[k].at > prev+e.cfg.Join; k-- {
+		if e.steps[k].decoders > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// spread charges tokens of prompt to a in steps[j] and the ones before
+// it, after from (its arrival, or its last token before a pre-emption):
+// prefill first all in steps[j]; otherwise each step, latest first, takes
+// what its budget leaves after its decodes and the prompts spread in it
+// already, and steps[j] the rest.
+func (e *Steps) spread(a *Account, tokens float64, j int, from int64) {
+	left := tokens
+	k := j
+	if !e.cfg.PrefillFirst {
+		for ; k > 0 && left > 0; k-- {
+			room := e.budget - e.steps[k].decoders - e.steps[k].prefill
+			if room >= left || e.prevEnd(k) <= from+e.cfg.Join {
+				break
+			}
+			if room >= 1 {
+				e.chunk(a, k, room)
+				left -= room
+			}
+		}
+	}
+	if left > 0 {
+		e.chunk(a, k, left)
+	}
+}
+
+func (e *Steps) chunk(a *Account, k int, w float64) {
+	s := &e.steps[k]
+	s.prefill += w
+	s.chunks = append(s.chunks, stepChunk{a: a, w: w})
+	a.pending++
+}
+
+// SetPower records the engine's power draw (W) from at on, as
+// Engine.SetPower; a step is charged at the draw known when it settles.
+func (e *Steps) SetPower(at int64, watts float64) {
+	if watts < 0 || math.IsNaN(watts) || math.IsInf(watts, 0) {
+		e.hasPower = false
+		return
+	}
+	if !e.hasPower {
+		e.hasPower = true
+		e.powerRun++
+	}
+	e.watts = watts
+}
+
+// Settle reads the tokens of the steps that ended Lag/2 before now and
+// settles those that ended Lag before it, then returns the accounts made
+// final (valid until the next call). now is on the engine's clock.
+func (e *Steps) Settle(now int64) []*Account {
+	e.final = e.final[:0]
+	for e.classified < len(e.steps) && e.steps[e.classified].at <= now-e.cfg.Lag/2 {
+		j := e.classified
+		s := &e.steps[j]
+		// Decodes first, so that the prompts spread in this step see
+		// what its decodes left of its budget.
+		for i := range s.tokens {
+			if t := s.tokens[i]; t.prev != 0 && t.prev >= e.prevEnd(j)-e.cfg.Join {
+				e.classify(j, i)
+			}
+		}
+		for i := range s.tokens {
+			e.classify(j, i)
+		}
+		e.classified++
+	}
+	for e.classified > 0 && e.steps[0].at <= now-e.cfg.Lag {
+		e.settle()
+	}
+	if len(e.steps) == 0 && e.open == 0 && e.started && now-e.cfg.Lag > e.settledTo {
+		// Nothing running: the time up to the horizon is idle.
+		e.idle(now - e.cfg.Lag - e.settledTo)
+		e.settledTo = now - e.cfg.Lag
+	}
+	return e.final
+}
+
+func (e *Steps) idle(d int64) {
+	s := float64(d) / 1e9
+	e.totals.Idle += s
+	if e.hasPower {
+		e.totals.IdleEnergy += s * e.watts
+	}
+}
+
+// settle charges steps[0] and drops it.
+func (e *Steps) settle() {
+	s := &e.steps[0]
+	start := e.settledTo
+	// The step began no earlier than the first arrival of a session in
+	// it: before that the engine had nothing to run.
+	first := s.at
+	for _, t := range s.tokens {
+		first = min(first, t.a.arrival)
+	}
+	for _, c := range s.chunks {
+		first = min(first, c.a.arrival)
+	}
+	if first > start {
+		e.idle(first - start)
+		start = first
+	}
+	d := float64(s.at-start) / 1e9
+	w := s.decoders + s.prefill
+	if d > 0 && w > 0 {
+		e.totals.Busy += d
+		if e.hasPower {
+			e.totals.BusyEnergy += d * e.watts
+		}
+	} else if d > 0 {
+		e.idle(s.at - start)
+	}
+	per := 0.0
+	if w > 0 {
+		per = d / w
+	}
+	for _, t := range s.tokens {
+		if t.decode {
+			e.charge(t.a, t.n*per, false)
+		}
+		e.release(t.a)
+	}
+	for _, c := range s.chunks {
+		e.charge(c.a, c.w*per, true)
+		e.release(c.a)
+	}
+	e.settledTo = s.at
+	clear(s.tokens)
+	clear(s.chunks)
+	e.free = append(e.free, step{tokens: s.tokens[:0], chunks: s.chunks[:0]})
+	e.steps = slices.Delete(e.steps, 0, 1)
+	e.classified--
+}
+
+func (e *Steps) charge(a *Account, t float64, prefill bool) {
+	if prefill {
+		a.Prefill += t
+	} else {
+		a.Decode += t
+	}
+	if a.EnergyKnown && e.hasPower && a.powerRun == e.powerRun {
+		j := t * e.watts
+		a.Energy += j
+		if prefill {
+			a.PrefillEnergy += j
+		}
+	}
+}
+
+func (e *Steps) release(a *Account) {
+	if a.pending--; a.pending == 0 && a.ended {
+		e.finish(a)
+	}
+}
+
+// Totals returns the engine's settled account: Wall is the time settled
+// so far, Busy + Idle.
+func (e *Steps) Totals() Totals {
+	t := e.totals
+	t.Wall = t.Busy + t.Idle
+	return t
+}
+
+// Late is how many tokens came after their step was settled.
+func (e *Steps) Late() int64 { return e.late }
