@@ -8,34 +8,6 @@ import (
 	"testing"
 )
 
-// BenchmarkSessionCycle: one session's arrival, first token and end on an
-// engine with open sessions already decoding: the cost per session (three
-// events) must not grow with them.
-func BenchmarkSessionCycle(b *testing.B) {
-	for _, open := range []int{1000, 100000} {
-		b.Run(fmt.Sprintf("open=%d", open), func(b *testing.B) {
-			e := NewEngine(Limits{StepTokens: 2048})
-			bg := make([]Share, open)
-			at := int64(0)
-			for i := range bg {
-				e.Arrive(&bg[i], at, 100)
-				e.FirstToken(&bg[i], at)
-			}
-			e.SetPower(at, 300)
-			var s Share
-			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				at += 1000
-				s = Share{}
-				e.Arrive(&s, at, 500)
-				e.FirstToken(&s, at+100)
-				e.End(&s, at+200, 50)
-			}
-		})
-	}
-}
-
 // BenchmarkStepsToken: the cost per token of the steps' account, with
 // running sessions each decoding a token every 20 ms step, delivered in
 // 100 ms batches grouped by session as the receiver hands them over, and
@@ -45,7 +17,7 @@ func BenchmarkStepsToken(b *testing.B) {
 	for _, running := range []int{10, 200} {
 		b.Run(fmt.Sprintf("running=%d", running), func(b *testing.B) {
 			e := NewSteps(StepsConfig{StepTokens: 2048, Join: 1e6, Lag: 2e9})
-			e.SetPower(0, 300)
+			e.SetPower(300)
 			accts := make([]*Account, running)
 			toks := make([]int, running)
 			for i := range accts {
@@ -65,7 +37,7 @@ func BenchmarkStepsToken(b *testing.B) {
 					if toks[i] += perBatch; toks[i] >= 128 {
 						// A new session: the ended one's account is
 						// the engine's until it is final.
-						e.End(accts[i], batch+perBatch*step, 500)
+						e.End(accts[i], batch+perBatch*step, 500, 128)
 						accts[i] = &Account{}
 						e.Arrive(accts[i], batch+perBatch*step, 500)
 						toks[i] = 0

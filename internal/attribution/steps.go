@@ -146,6 +146,7 @@ func (e *Steps) Arrive(a *Account, at, prompt int64) {
 	if !e.started {
 		e.started, e.wallStart, e.settledTo = true, at, at
 	}
+	e.latest = max(e.latest, at)
 	*a = Account{arrived: true, arrival: at, EnergyKnown: e.hasPower, powerRun: e.powerRun}
 	a.prompt = e.meanPrompt()
 	if prompt >= 0 {
@@ -223,13 +224,20 @@ func (e *Steps) stepAt(at int64) (int, bool) {
 	return i, true
 }
 
-// End is the session's end at at with its prompt (the usage; < 0:
-// unknown); its share is final once its steps are settled.
-func (e *Steps) End(a *Account, at, prompt int64) {
+// End is the session's end at at with its prompt and output tokens (the
+// usage; < 0: unknown); its share is final once its steps are settled. A
+// session that streamed no token (a whole response at once) computed its
+// prompt and its output in the steps before its end: they are spread
+// there as one prefill.
+func (e *Steps) End(a *Account, at, prompt, output int64) {
 	if !a.arrived || a.ended {
 		return
 	}
 	e.SetPrompt(a, prompt)
+	if a.last == 0 && output > 0 {
+		a.prompt += float64(output)
+		e.Token(a, at, 1)
+	}
 	a.ended = true
 	e.open--
 	if at > e.latest {
@@ -332,9 +340,11 @@ func (e *Steps) chunk(a *Account, k int, w float64) {
 	a.pending++
 }
 
-// SetPower records the engine's power draw (W) from at on, as
-// Engine.SetPower; a step is charged at the draw known when it settles.
-func (e *Steps) SetPower(at int64, watts float64) {
+// SetPower records the engine's power draw (W), held until the next
+// reading: a step is charged at the draw known when it settles. A
+// negative, NaN or infinite reading ends the power run (energy is unknown
+// for the sessions open across it).
+func (e *Steps) SetPower(watts float64) {
 	if watts < 0 || math.IsNaN(watts) || math.IsInf(watts, 0) {
 		e.hasPower = false
 		return
@@ -345,6 +355,16 @@ func (e *Steps) SetPower(at int64, watts float64) {
 	}
 	e.watts = watts
 }
+
+// SettleAll settles every step, with idle time only up to the latest
+// event (the collector's shutdown).
+func (e *Steps) SettleAll() []*Account { return e.Settle(e.latest + e.cfg.Lag) }
+
+// Latest is the latest event time the engine had (ns, its clock).
+func (e *Steps) Latest() int64 { return e.latest }
+
+// HasPower reports whether the engine has a power reading.
+func (e *Steps) HasPower() bool { return e.hasPower }
 
 // Settle reads the tokens of the steps that ended Lag/2 before now and
 // settles those that ended Lag before it, then returns the accounts made

@@ -31,9 +31,9 @@ func TestStepsSplitByTokens(t *testing.T) {
 	}
 	e.Arrive(&c, 30*ms, 150)
 	e.Token(&c, 50*ms, 1)
-	e.End(&a, 50*ms, 10)
-	e.End(&b, 50*ms, 10)
-	e.End(&c, 50*ms, 150)
+	e.End(&a, 50*ms, 10, 1)
+	e.End(&b, 50*ms, 10, 1)
+	e.End(&c, 50*ms, 150, 1)
 	fin := e.Settle(300 * ms)
 	require.Len(t, fin, 3)
 	assert.True(t, a.Final() && b.Final() && c.Final())
@@ -63,8 +63,8 @@ func TestStepsPrefillFirstSkipIsNotPreemption(t *testing.T) {
 	e.Token(&b, 60*ms, 1) // b's prefill step, 20..60: a waits
 	e.Token(&a, 70*ms, 1)
 	e.Token(&b, 70*ms, 1)
-	e.End(&a, 70*ms, 1)
-	e.End(&b, 70*ms, 50)
+	e.End(&a, 70*ms, 1, 1)
+	e.End(&b, 70*ms, 50, 1)
 	e.Settle(time1s)
 	assert.InDelta(t, 0.010+0.010+0.005, a.EngineTime(), 1e-9)
 	assert.Zero(t, a.Prefill-0.010, "a's only prefill is its own")
@@ -72,7 +72,10 @@ func TestStepsPrefillFirstSkipIsNotPreemption(t *testing.T) {
 	assert.InDelta(t, 0.005, b.Decode, 1e-9)
 }
 
-const time1s = int64(1e9)
+const (
+	ms     = int64(1e6)
+	time1s = int64(1e9)
+)
 
 // With chunked prefill every step decodes every running sequence: a
 // session that misses steps others decode in was pre-empted, and its
@@ -89,8 +92,8 @@ func TestStepsPreemptionRecomputes(t *testing.T) {
 			e.Token(&b, i*10*ms, 1) // b misses 30, 40, 50
 		}
 	}
-	e.End(&a, 60*ms, 1)
-	e.End(&b, 60*ms, 1)
+	e.End(&a, 60*ms, 1, 1)
+	e.End(&b, 60*ms, 1, 1)
 	e.Settle(time1s)
 	// b resumes at 60 with 1 + 2 tokens to compute again: in step 60 with
 	// a's decode, 3/4 of it.
@@ -112,8 +115,8 @@ func TestStepsLateToken(t *testing.T) {
 	e.Settle(time1s)
 	e.Token(&b, 10*ms, 1)
 	assert.Equal(t, int64(1), e.Late())
-	e.End(&a, 10*ms, 1)
-	e.End(&b, 10*ms, 1)
+	e.End(&a, 10*ms, 1, 1)
+	e.End(&b, 10*ms, 1, 1)
 	assert.True(t, a.Final() && b.Final(), "nothing of them left to settle")
 	assert.InDelta(t, 0.010, a.EngineTime(), 1e-9)
 	assert.Zero(t, b.EngineTime())
@@ -126,11 +129,11 @@ func TestStepsIdle(t *testing.T) {
 	var a, b Account
 	e.Arrive(&a, 0, 1)
 	e.Token(&a, 10*ms, 1)
-	e.End(&a, 10*ms, 1)
+	e.End(&a, 10*ms, 1, 1)
 	e.Settle(500 * ms) // idle from 10 to 300
 	e.Arrive(&b, 400*ms, 1)
 	e.Token(&b, 420*ms, 1)
-	e.End(&b, 420*ms, 1)
+	e.End(&b, 420*ms, 1, 1)
 	e.Settle(time1s)
 	tot := e.Totals()
 	assert.InDelta(t, 0.030, tot.Busy, 1e-9)

@@ -79,6 +79,9 @@ type attributor struct {
 	// looks up no map for it.
 	prompts map[promptKey]*promptMean
 	counts  attributionCounts
+	// final collects the accounts a settlement made final, handed out
+	// after mu is released (settle).
+	final []*attribution.Account
 	// lastFlush is the start of the flush interval under way: a series
 	// made in it starts there.
 	lastFlush pcommon.Timestamp
@@ -102,16 +105,17 @@ type engineAccount struct {
 	// host is the host of name when it is a host:port (the proxy names an
 	// engine by its upstream address): its pod may be named so.
 	host string
-	m    *attribution.Engine
-	// seenAt is the collector's time of the engine's latest session event:
-	// the counters advance the engine's integral by the collector time
-	// since, on the engine's own clock (the two may differ).
-	seenAt int64
+	m    *attribution.Steps
+	// clockAt is the engine's time (its clock: the events') of its latest
+	// session event and seenAt the collector's when it came: the steps
+	// settle by the engine's clock, advanced by the collector's time
+	// since (the two clocks may differ).
+	clockAt, seenAt int64
 	// prompts is the engine's mean prompt over all its tenants: the
 	// estimate for a tenant none of whose sessions ended yet.
 	prompts promptMean
-	// open counts its sessions arrived and not ended, whose shares its
-	// integral holds: it is not forgotten while any is open.
+	// open counts its sessions arrived and not counted, whose accounts
+	// its steps hold: it is not forgotten while any is open.
 	open     int
 	activity keyset.Activity
 	// folded: the engine is beyond metrics::max_engines; it has no idle
@@ -128,12 +132,14 @@ type engineAccount struct {
 }
 
 // shareAccount is a session's account, kept beside it (sessionState): its
-// share of the engine while open, the engine it is open on, and the
-// counters' series it will count in and its tenant's place under
-// max_tenants, resolved once at its start (nil for a session opened by a
-// token, which got no start: at its end).
+// share of the engine (its own allocation: the engine's steps point at it
+// until it is final, after the session's state has gone to a next
+// session), the engine it is open on, and the counters' series it will
+// count in and its tenant's place under max_tenants, resolved once at its
+// start (nil for a session opened by a token, which got no start: at its
+// end).
 type shareAccount struct {
-	attribution.Share
+	share  *attribution.Account
 	engine *engineAccount
 	series *shareSeries
 	tenant *keyset.Key
@@ -203,9 +209,9 @@ func (a *attributor) engine(name string, folded bool) *engineAccount {
 		a.last = e
 		return e
 	}
-	e := &engineAccount{name: name, folded: folded, start: a.lastFlush, m: attribution.NewEngine(attribution.Limits{
-		StepTokens: a.cfg.StepTokens, KVTokens: a.cfg.KVCacheTokens, MaxSeqs: a.cfg.MaxNumSeqs,
-		PrefillFirst: a.cfg.PrefillFirst,
+	e := &engineAccount{name: name, folded: folded, start: a.lastFlush, m: attribution.NewSteps(attribution.StepsConfig{
+		StepTokens: a.cfg.StepTokens, PrefillFirst: a.cfg.PrefillFirst,
+		Join: int64(a.cfg.StepJoin), Lag: int64(a.cfg.SettleAfter),
 	})}
 	if host, _, err := net.SplitHostPort(name); err == nil {
 		e.host = host
@@ -225,10 +231,10 @@ func (a *attributor) engine(name string, folded bool) *engineAccount {
 	a.engines[name] = e
 	a.last = e
 	if r, ok := a.pods[e.host]; ok && e.host != "" {
-		e.m.SetPower(r.at, r.watts)
+		e.m.SetPower(r.watts)
 	}
 	if r, ok := a.pods[name]; ok {
-		e.m.SetPower(r.at, r.watts)
+		e.m.SetPower(r.watts)
 	}
 	return e
 }
@@ -237,8 +243,17 @@ func (a *attributor) engine(name string, folded bool) *engineAccount {
 func (a *attributor) open(acc *shareAccount, engine string, folded bool) *engineAccount {
 	e := a.engine(engine, folded)
 	e.open++
-	acc.engine, acc.open = e, true
+	acc.engine, acc.open, acc.share = e, true, &attribution.Account{}
 	return e
+}
+
+// seen notes an event of the engine at at (its clock), at collector time
+// now.
+func (e *engineAccount) seen(at, now int64) {
+	if at >= e.clockAt {
+		e.clockAt, e.seenAt = at, now
+	}
+	e.activity.Touch()
 }
 
 // forgetEngine forgets an engine that has no open session.
@@ -280,8 +295,7 @@ func (a *attributor) started(s *session.Session, acc *shareAccount, live *sessio
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	e := a.open(acc, s.Engine, live.Engine() != s.Engine)
-	e.seenAt = now
-	e.activity.Touch()
+	e.seen(s.StartTime, now)
 	acc.tenant = a.tenants.Open(a.tenantOf(s))
 	acc.series = a.seriesOf(live, acc.tenant)
 	acc.series.open++
@@ -294,7 +308,7 @@ func (a *attributor) started(s *session.Session, acc *shareAccount, live *sessio
 			}
 		}
 	}
-	e.m.Arrive(&acc.Share, s.StartTime, prompt)
+	e.m.Arrive(acc.share, s.StartTime, prompt)
 }
 
 // tenantOf is the session's tenant attribute ("" without one).
@@ -309,7 +323,7 @@ func (a *attributor) tenantOf(s *session.Session) string {
 
 // firstToken: the session's prefill ended. A session opened by a token
 // arrives now, on the engine it has so far (none: its start, which names
-// it, has not come); it stays on that engine's integral to its end.
+// it, has not come); it stays on that engine's steps to its end.
 func (a *attributor) firstToken(s *session.Session, acc *shareAccount, live *sessionmetrics.Live, now int64) {
 	if !a.cfg.Enabled {
 		return
@@ -319,28 +333,39 @@ func (a *attributor) firstToken(s *session.Session, acc *shareAccount, live *ses
 	e := acc.engine
 	if !acc.open {
 		e = a.open(acc, s.Engine, live.Engine() != s.Engine)
-		e.m.Arrive(&acc.Share, s.FirstTokenTime, -1)
+		e.m.Arrive(acc.share, s.FirstTokenTime, -1)
 	}
-	e.seenAt = now
-	e.activity.Touch()
-	e.m.FirstToken(&acc.Share, s.FirstTokenTime)
+	e.seen(s.FirstTokenTime, now)
+	e.m.Token(acc.share, s.FirstTokenTime, 1)
 }
 
-// close closes the session's account on its engine's integral at its end,
-// and writes its share into the end (the engine's own, if the end event
-// brought one, stays); live is its session metrics' handle, with its
-// start's dims if it came. The account then holds the collector's share and
-// the series it counts in, for count: the engine's own share may come
-// later (shares.go), and a counter cannot be corrected once flushed. It
-// reports whether there is anything to count (false: attribution is off,
-// or the session never arrived on an engine).
-func (a *attributor) close(s *session.Session, e *session.End, acc *shareAccount, live *sessionmetrics.Live, now int64) bool {
+// token: n of the session's tokens at at (after its first).
+func (a *attributor) token(acc *shareAccount, at, n, now int64) {
+	if !acc.open {
+		return
+	}
+	a.mu.Lock()
+	acc.engine.seen(at, now)
+	acc.engine.m.Token(acc.share, at, n)
+	a.mu.Unlock()
+}
+
+// close ends the session's account on its engine's steps at its end, and
+// writes its collector share so far into the end (the engine's own, if
+// the end event brought one, stays); live is its session metrics' handle,
+// with its start's dims if it came. The account then holds the series it
+// counts in, for count once its share is final: the steps settle a
+// while after they ended (attribution::settle_after), the engine's own
+// share may come later still (shares.go), and a counter cannot be
+// corrected once flushed. counted is false when there is nothing to count
+// (attribution is off, or the session never arrived on an engine); final
+// whether the collector's share is final already.
+func (a *attributor) close(s *session.Session, e *session.End, acc *shareAccount, live *sessionmetrics.Live, now int64) (counted, final bool) {
 	if !a.cfg.Enabled || !acc.open {
-		return false
+		return false, false
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	sh := &acc.Share
 	at := e.Time
 	if at == 0 {
 		// No end event (timeout, eviction): the last token is when the
@@ -348,14 +373,10 @@ func (a *attributor) close(s *session.Session, e *session.End, acc *shareAccount
 		at = s.EndedAt(e)
 	}
 	eng := acc.engine
-	eng.seenAt = now
-	eng.activity.Touch()
-	eng.m.End(sh, at, s.OutputTokens(e))
+	eng.seen(at, now)
+	eng.m.End(acc.share, at, s.PromptTokens, s.OutputTokens(e))
 	if e.Share.Source == "" {
-		e.Share = session.EngineShare{
-			Prefill: sh.Prefill, Decode: sh.Decode, Energy: sh.Energy, HasEnergy: sh.EnergyKnown,
-			Source: session.ShareCollector,
-		}
+		e.Share = collectorShare(acc.share)
 	}
 	if acc.series == nil {
 		acc.tenant = a.tenants.Open(a.tenantOf(s))
@@ -363,7 +384,64 @@ func (a *attributor) close(s *session.Session, e *session.End, acc *shareAccount
 		acc.series.open++
 	}
 	acc.open = false
-	return true
+	return true, acc.share.Final()
+}
+
+// collectorShare is the session's share as the collector's steps have it.
+func collectorShare(sh *attribution.Account) session.EngineShare {
+	return session.EngineShare{
+		Prefill: sh.Prefill, Decode: sh.Decode, Energy: sh.Energy, HasEnergy: sh.EnergyKnown,
+		Source: session.ShareCollector,
+	}
+}
+
+// quietAfter is how long an engine may send nothing before the collector's
+// clock advances its own: events come in up to about this late (the
+// hooks' and the receiver's batching), and until then its latest event is
+// its time. After it, a quiet engine's steps settle and its idle time
+// grows with the collector's clock.
+const quietAfter = int64(time.Second)
+
+// settle settles, at collector time now, the steps of every engine that
+// ended attribution::settle_after before its clock reads now, and hands
+// each account made final to final.
+func (a *attributor) settle(now int64, final func(*attribution.Account)) {
+	if !a.cfg.Enabled {
+		return
+	}
+	a.mu.Lock()
+	for _, e := range a.engines {
+		clock := e.clockAt
+		if e.seenAt != 0 && now-e.seenAt > quietAfter {
+			clock += now - e.seenAt - quietAfter
+		}
+		a.final = append(a.final, e.m.Settle(clock)...)
+	}
+	a.mu.Unlock()
+	a.handFinal(final)
+}
+
+// settleAll settles every step of every engine (shutdown).
+func (a *attributor) settleAll(final func(*attribution.Account)) {
+	if !a.cfg.Enabled {
+		return
+	}
+	a.mu.Lock()
+	for _, e := range a.engines {
+		a.final = append(a.final, e.m.SettleAll()...)
+	}
+	a.mu.Unlock()
+	a.handFinal(final)
+}
+
+// handFinal hands the accounts made final to final, without mu: it counts
+// them (count takes mu).
+func (a *attributor) handFinal(final func(*attribution.Account)) {
+	for i, acct := range a.final {
+		final(acct)
+		a.final[i] = nil
+	}
+	a.final = a.final[:0]
 }
 
 // count counts a closed account (close) with share, the session's final
@@ -373,7 +451,7 @@ func (a *attributor) close(s *session.Session, e *session.End, acc *shareAccount
 func (a *attributor) count(acc *shareAccount, promptTokens int64, share *session.EngineShare) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	sh, sr, eng := &acc.Share, acc.series, acc.engine
+	sr, eng := acc.series, acc.engine
 	if promptTokens >= 0 {
 		// The counters' tenant's, so bounded as they are; and the
 		// engine's, for the tenants not seen yet.
@@ -384,7 +462,9 @@ func (a *attributor) count(acc *shareAccount, promptTokens int64, share *session
 	}
 	sr.prefill += share.Prefill
 	sr.decode += share.Decode
-	if sh.EnergyKnown {
+	if sh := acc.share; sh.EnergyKnown {
+		// The collector's, whatever the share's time: the engines' idle
+		// energy is the collector's too, and the two add up to the whole.
 		sr.hasEnergy = true
 		sr.prefillEnergy += sh.PrefillEnergy
 		sr.decodeEnergy += sh.Energy - sh.PrefillEnergy
@@ -541,10 +621,10 @@ func (a *attributor) observePower(md pmetric.Metrics, now int64) {
 	// names an engine by its upstream address).
 	for _, e := range a.engines {
 		if r, ok := byPod[e.host]; ok && e.host != "" {
-			e.m.SetPower(r.at, r.watts)
+			e.m.SetPower(r.watts)
 		}
 		if r, ok := byPod[e.name]; ok {
-			e.m.SetPower(r.at, r.watts)
+			e.m.SetPower(r.watts)
 		}
 	}
 }

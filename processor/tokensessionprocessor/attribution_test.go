@@ -71,13 +71,20 @@ func TestAttributionOutputsAndCounters(t *testing.T) {
 	require.NoError(t, p.metrics.ConsumeMetrics(ctx, dcgmPower("vllm-0", base, 200)))
 	// rag: a 3000-token prompt prefilling 0-300 ms alone, decoding to 400.
 	// chat: arrives at 300, 200 tokens, prefills beside rag's decode to
-	// 320, both decode to 400, chat alone to 600; idle 600-1000.
-	require.NoError(t, p.logs.ConsumeLogs(ctx, events(
-		tenantStart("rag", "acme", base, 3000), tenantStart("chat", "globex", base+300*ms, 200),
-		tok("rag", base+300*ms, 1), tok("chat", base+320*ms, 1), tok("rag", base+400*ms, 1), end("rag", base+400*ms),
-		tok("chat", base+600*ms, 1), end("chat", base+600*ms),
-		tenantStart("late", "acme", base+1000*ms, 10), tok("late", base+1010*ms, 1), end("late", base+1010*ms),
-	)))
+	// 320, both decode to 400, chat alone to 600; idle 600-1000. A token
+	// every 20 ms step.
+	evs := []tokenevent.Event{tenantStart("rag", "acme", base, 3000), tenantStart("chat", "globex", base+300*ms, 200)}
+	for at := 300 * ms; at <= 600*ms; at += 20 * ms {
+		if at <= 400*ms {
+			evs = append(evs, tok("rag", base+at, 1))
+		}
+		if at >= 320*ms {
+			evs = append(evs, tok("chat", base+at, 1))
+		}
+	}
+	evs = append(evs, end("rag", base+400*ms), end("chat", base+600*ms),
+		tenantStart("late", "acme", base+1000*ms, 10), tok("late", base+1010*ms, 1), end("late", base+1010*ms))
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(evs...)))
 	p.shutdown(t)
 
 	summaries := recordsNamed(p.logSink.AllLogs(), eventNameSummary)
@@ -207,7 +214,7 @@ func TestAttributionTokenBeforeStart(t *testing.T) {
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(tenantStart("o", "acme", base-10*ms, 100), end("o", base+10*ms))))
 	// Alone on vllm-0: 30 ms of prefill, 10 of decode.
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(
-		tenantStart("n", "acme", base+20*ms, 100), tok("n", base+50*ms, 1), end("n", base+60*ms))))
+		tenantStart("n", "acme", base+20*ms, 100), tok("n", base+50*ms, 1), tok("n", base+60*ms, 1), end("n", base+60*ms))))
 	p.shutdown(t)
 	var n map[string]any
 	for _, lr := range recordsNamed(p.logSink.AllLogs(), eventNameSummary) {

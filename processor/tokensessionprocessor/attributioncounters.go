@@ -30,14 +30,10 @@ const (
 	attrMetricOverflow = "otel.metric.overflow"
 )
 
-// attributionLag is how far behind the collector's clock the counters
-// close an engine's integral: events come in up to this late (the hooks'
-// batching, a UDP queue) and an integral cannot run backwards.
-const attributionLag = int64(time.Second)
-
 // appendTo writes the llm.engine.time and llm.engine.energy counters
 // (cumulative): each engine, model and tenant's prefill and decode, and
-// each engine's idle time, up to attributionLag before now; what overflowed
+// each engine's idle time, as settled (attribution::settle_after behind
+// each engine's clock); what overflowed
 // the cardinality limit in one point with only otel.metric.overflow=true.
 // What has had no session for forget_after is forgotten first, and no
 // longer sent.
@@ -65,13 +61,9 @@ func (a *attributor) appendTo(sm pmetric.ScopeMetrics, now time.Time) {
 		if e.folded {
 			continue
 		}
-		at := e.m.Latest()
-		if since := now.UnixNano() - e.seenAt - attributionLag; e.seenAt != 0 && since > 0 {
-			// Idle (or busy) since the latest event, on the engine's clock.
-			at += since
-			e.seenAt += since
-		}
-		tot := e.m.Totals(at)
+		// Up to the last step settled (attribution::settle_after behind the
+		// engine's clock).
+		tot := e.m.Totals()
 		if !e.idlePoint {
 			if d := tot.Idle - e.idleFolded; d > 0 {
 				o := a.overflowSeries()

@@ -104,8 +104,8 @@ type EngineTimingConfig struct {
 // model), on the session outputs and as the llm.engine.time and
 // llm.engine.energy counters.
 type AttributionConfig struct {
-	// Enabled: on by default; it costs three O(1) steps per session, none
-	// per token.
+	// Enabled: on by default; it costs a few O(1) steps per session and
+	// one per token (the step it ends).
 	Enabled bool `mapstructure:"enabled"`
 	// TenantAttribute is the start attribute whose value is the session's
 	// tenant on the counters (llm.tenant).
@@ -114,15 +114,30 @@ type AttributionConfig struct {
 	// (forgotten after metrics::forget_after without a session); the
 	// sessions of the others count as _OTHER.
 	MaxTenants int `mapstructure:"max_tenants"`
-	// StepTokens, KVCacheTokens and MaxNumSeqs are the engine scheduler's
-	// limits (vLLM's max_num_batched_tokens, its KV cache in tokens,
-	// max_num_seqs; 0: unlimited) by which the model admits prompts.
-	StepTokens    int `mapstructure:"step_tokens"`
+	// StepTokens is the engine's step token budget (vLLM's
+	// max_num_batched_tokens): what a step's decodes leave of it is how
+	// much of a prompt the step computes.
+	StepTokens int `mapstructure:"step_tokens"`
+	// KVCacheTokens and MaxNumSeqs were the limits the admission model
+	// before the steps admitted by; no longer used, still accepted so
+	// that configurations that set them load.
 	KVCacheTokens int `mapstructure:"kv_cache_tokens"`
 	MaxNumSeqs    int `mapstructure:"max_num_seqs"`
 	// PrefillFirst: the engine runs no decodes in a step that computes
-	// prompts (vLLM V0 without chunked prefill).
+	// prompts, and computes each prompt whole (vLLM V0 without chunked
+	// prefill).
 	PrefillFirst bool `mapstructure:"prefill_first"`
+	// SettleAfter is how long after an engine step ended it is settled
+	// (charged to the sessions in it): the tokens of every session in it,
+	// and the first tokens whose prompt it computed, must have come by
+	// then. A session's share, its counting and a kept session's span and
+	// summary wait as long after its end. 0: each batch's steps settle at
+	// its end (only where a batch holds every token up to its time).
+	SettleAfter time.Duration `mapstructure:"settle_after"`
+	// StepJoin is how close in time two tokens of one engine are to be of
+	// one step (the engine sends a step's tokens together; the network
+	// and the receiver's batching spread them a little).
+	StepJoin time.Duration `mapstructure:"step_join"`
 	// DefaultPromptTokens is the prompt length assumed for a session whose
 	// start did not give one (the proxy learns it at the end) before any
 	// session of its tenant, or of its engine, ended with one.
@@ -151,6 +166,7 @@ func defaultAttributionConfig() AttributionConfig {
 	return AttributionConfig{
 		Enabled: true, TenantAttribute: "tenant.id", MaxTenants: 100,
 		StepTokens: attribution.DefaultBudget, MaxNumSeqs: 256, DefaultPromptTokens: 512,
+		SettleAfter: 2 * time.Second, StepJoin: time.Millisecond,
 		PowerMetric: "DCGM_FI_DEV_POWER_USAGE", PodAttribute: "pod",
 		EnergyMetric: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
 		ShareWait:    5 * time.Second, MaxPendingShares: 20_000,
@@ -174,6 +190,12 @@ func (c AttributionConfig) Validate() []error {
 	}
 	if c.MaxNumSeqs < 0 {
 		errs = append(errs, fmt.Errorf("max_num_seqs: must not be negative, got %d", c.MaxNumSeqs))
+	}
+	if c.SettleAfter < 0 {
+		errs = append(errs, fmt.Errorf("settle_after: must not be negative, got %s", c.SettleAfter))
+	}
+	if c.StepJoin < 0 || (c.SettleAfter > 0 && c.StepJoin >= c.SettleAfter) {
+		errs = append(errs, fmt.Errorf("step_join: must be at least 0 and less than settle_after, got %s", c.StepJoin))
 	}
 	if c.ShareWait < 0 {
 		errs = append(errs, fmt.Errorf("share_wait: must not be negative, got %s", c.ShareWait))

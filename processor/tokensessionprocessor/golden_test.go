@@ -72,6 +72,8 @@ func goldenConfig() *Config {
 	cfg := createDefaultConfig()
 	cfg.PassTokenEvents = PassNone
 	cfg.ProviderName = "vllm"
+	// Each scenario comes whole: its steps settle at the end of each call.
+	cfg.Attribution.SettleAfter, cfg.Attribution.StepJoin = 0, 0
 	cfg.Window = 10
 	cfg.Stall.Gap = 150 * time.Millisecond
 	cfg.Stall.Consecutive = 3

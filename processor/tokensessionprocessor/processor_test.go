@@ -60,6 +60,10 @@ func newPipelinesWith(t *testing.T, set processor.Settings, mutate func(*Config)
 	// These tests count and read session spans; phases_test.go turns the
 	// phase spans on.
 	cfg.Traces.PhaseSpans = false
+	// The events of these tests come whole in each call: the engines'
+	// steps settle at its end, and the outputs go out with it, as they do
+	// without attribution (attribution_test.go tests the wait).
+	cfg.Attribution.SettleAfter, cfg.Attribution.StepJoin = 0, 0
 	if mutate != nil {
 		mutate(cfg)
 	}
@@ -214,13 +218,16 @@ func TestLogsFoldsTokenEventsAndEmitsSummaries(t *testing.T) {
 		"llm.session.duration":                0.65,
 		"llm.session.freezes":                 int64(0),
 		"llm.session.stalls":                  int64(0),
-		"llm.session.attribution_source":      "collector", // alone on its engine: all its time is its own
-		"llm.session.engine_time":             0.65,
-		"llm.session.engine_time.prefill":     0.6,
-		"llm.session.engine_time.decode":      0.05,
-		"llm.session.chunks":                  int64(3),
-		"llm.session.sampling.reason":         "ttft",
-		"llm.session.attributes":              map[string]any{"quantization": "fp8"},
+		// The engine's steps as its tokens show them: "fast" alone in those
+		// to 120 ms, then this one's prefill (120-600 ms) and decodes (to
+		// its last token, at 640 ms).
+		"llm.session.attribution_source":  "collector",
+		"llm.session.engine_time":         0.52,
+		"llm.session.engine_time.prefill": 0.48,
+		"llm.session.engine_time.decode":  0.04,
+		"llm.session.chunks":              int64(3),
+		"llm.session.sampling.reason":     "ttft",
+		"llm.session.attributes":          map[string]any{"quantization": "fp8"},
 	}, attrs)
 }
 
@@ -653,6 +660,7 @@ func TestRefusalAfterFoldingIsNotReturned(t *testing.T) {
 	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
 	cfg := createDefaultConfig()
 	cfg.Sampling.NormalPercent = 100 // every session's summary goes on
+	cfg.Attribution.SettleAfter = 0  // and at once, in this call
 	set := processortest.NewNopSettings(metadata.Type)
 	set.TelemetrySettings = tel.NewTelemetrySettings()
 	refused := errors.New("exporter queue full")

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/attribution"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
@@ -79,6 +80,9 @@ type sessions struct {
 	timing    timingJoin
 	shares    shareJoin
 	writeHeld func(*session.Session, *session.End)
+	// settledFn hands an account the engines' steps made final to the
+	// share join (shares.go), bound once.
+	settledFn func(*attribution.Account)
 	counters  session.Counters // as last reported to telemetry
 	// live takes the sessions that end: the live view (internal/live);
 	// nil when it is off.
@@ -127,6 +131,9 @@ func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineCont
 	s.timing = newTimingJoin(cfg.EngineTiming, s.metrics, telemetry)
 	s.shares = newShareJoin(cfg.Attribution, s.attr, telemetry)
 	s.writeHeld = s.appendOutputs
+	s.settledFn = func(acct *attribution.Account) {
+		s.shareReleased = s.shares.settled(acct) || s.shareReleased
+	}
 	s.table.SetTraceMemory(spans.keptTrace)
 	s.applyFn = func(ev *tokenevent.Event) {
 		if ev.Kind == tokenevent.KindShare {
@@ -186,6 +193,7 @@ func (p *sessions) fold(ld plog.Logs, now time.Time) (out outputs, invalid int, 
 	// in p.event until the next batch.
 	p.event.Reset()
 	clear(p.event.Attributes[:cap(p.event.Attributes)])
+	p.settle()
 	if p.shareReleased {
 		p.shareReleased = false
 		p.releaseHeld(false)
@@ -203,6 +211,7 @@ func (p *sessions) tick(now time.Time) (out outputs, expired int) {
 	p.reports = p.table.Tick(p.nowNanos, p.reports)
 	p.handleReports(nil)
 	p.timing.expire(p.nowNanos)
+	p.settle()
 	p.shares.expire(p.nowNanos)
 	p.releaseHeld(false)
 	expired = p.spans.expire(now, p.pending.traces)
@@ -217,11 +226,17 @@ func (p *sessions) shutdown(now time.Time) (outputs, pmetric.Metrics) {
 	p.setNow(now)
 	p.reports = p.table.Shutdown(p.nowNanos, p.reports)
 	p.handleReports(nil)
+	p.attr.settleAll(p.settledFn)
 	p.shares.shutdown()
 	p.releaseHeld(true)
 	p.spans.flush(p.pending.traces)
 	return p.takePending(), p.renderMetrics(now)
 }
+
+// settle settles the engines' steps up to now (attribution::settle_after
+// behind), and has the share join take the accounts made final. Call with
+// mu held.
+func (p *sessions) settle() { p.attr.settle(p.nowNanos, p.settledFn) }
 
 // releaseWaiting releases the outputs that a scrape (just observed) may
 // have ended the wait of.
@@ -342,8 +357,9 @@ func (p *sessions) Restarted(s *session.Session, st *sessionState) *sessionState
 	return st
 }
 
-func (p *sessions) Gap(_ *session.Session, st *sessionState, g time.Duration, n int64) {
+func (p *sessions) Gap(s *session.Session, st *sessionState, g time.Duration, n int64) {
 	p.metrics.ObserveGap(st.live, g, n)
+	p.attr.token(&st.acct, s.LastTokenTime, n, p.nowNanos)
 }
 
 // handleReports acts on what the table reported during the call just made,

@@ -6,6 +6,7 @@ package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/proc
 import (
 	"math"
 
+	"github.com/otelcol-llm/otelcol-llm/internal/attribution"
 	"github.com/otelcol-llm/otelcol-llm/internal/sessionmetrics"
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/session"
@@ -22,11 +23,16 @@ import (
 //
 // A session whose start names an id and whose end brought no share waits
 // for it (attribution::share_wait at most): its counting in llm.engine.time
-// (the account closed on its engine's integral at its end, counted later),
+// (the account closed on its engine's steps at its end, counted later),
 // and a kept one's span and summary (heldOutput), wait with it, since
 // neither can be corrected once sent. A share that comes before its session
 // ended waits as long for it, as an early engine span does. Without the
 // share the session keeps the collector's estimate.
+//
+// The collector's own share is final only once the engine's steps the
+// session was in are settled (attribution::settle_after after they
+// ended): every session with an account waits for that too, here, in the
+// same way.
 
 // awaitedShare is an ended session waiting for its engine's share.
 type awaitedShare struct {
@@ -36,11 +42,15 @@ type awaitedShare struct {
 	acct    shareAccount
 	counted bool
 	prompt  int64
-	// estimate is the collector's share, counted if the engine's does not
-	// come.
-	estimate session.EngineShare
-	held     *heldOutput // its outputs, when kept and held
-	wait                 // done: settled
+	// share is the session's share so far: the collector's (final once
+	// settled), or the engine's once it came (fromEngine).
+	share      session.EngineShare
+	fromEngine bool
+	// waitShare: it waits for the engine's share (its id, until the wait
+	// ends); settling: for its collector share's steps to settle.
+	waitShare, settling bool
+	held                *heldOutput // its outputs, when kept and held
+	wait                            // done: no longer waiting for the engine's share
 }
 
 // earlyShare is an engine's share that came before its session ended.
@@ -60,6 +70,9 @@ type shareJoin struct {
 	telemetry *processorTelemetry
 
 	awaited map[string]*awaitedShare
+	// settling are the ended sessions whose collector share is not final
+	// yet, by their account.
+	settling map[*attribution.Account]*awaitedShare
 	// queue is every awaited session in order of until (the wait is the
 	// same for all), for expiry; earlyQueue likewise.
 	queue      []*awaitedShare
@@ -71,6 +84,7 @@ func newShareJoin(cfg AttributionConfig, attr *attributor, telemetry *processorT
 	return shareJoin{
 		wait: int64(cfg.ShareWait), max: int64(cfg.MaxPendingShares), attr: attr, telemetry: telemetry,
 		awaited: make(map[string]*awaitedShare), early: make(map[string]*earlyShare),
+		settling: make(map[*attribution.Account]*awaitedShare),
 	}
 }
 
@@ -86,14 +100,15 @@ func engineRequestID(s *session.Session) string {
 }
 
 // pending counts the sessions and shares waiting.
-func (j *shareJoin) pending() int64 { return int64(len(j.awaited) + len(j.early)) }
+func (j *shareJoin) pending() int64 { return int64(len(j.awaited) + len(j.early) + len(j.settling)) }
 
 // ended closes the account acc of the session s, ended by e, at collector
 // time now, with the engine's share if it came already. A session whose
 // start named its engine request id and that has no engine share yet
-// waits for it: the returned awaitedShare is its place, and its account is
-// counted when the share comes or the wait ends; nil when it does not
-// wait, its account counted now. live is the session's metric series.
+// waits for it, and one whose collector share is not settled yet waits
+// for that: the returned awaitedShare is its place, and its account is
+// counted when both are done; nil when it does not wait, its account
+// counted now. live is the session's metric series.
 func (j *shareJoin) ended(s *session.Session, e *session.End, acc *shareAccount, live *sessionmetrics.Live, now int64) *awaitedShare {
 	id := ""
 	if e.Share.Source != session.ShareEngine {
@@ -106,38 +121,54 @@ func (j *shareJoin) ended(s *session.Session, e *session.End, acc *shareAccount,
 			id = ""
 		}
 	}
-	counted := j.attr.close(s, e, acc, live, now)
-	if id != "" && j.pending() >= j.max {
+	counted, final := j.attr.close(s, e, acc, live, now)
+	settling := counted && !final
+	if (id != "" || settling) && j.pending() >= j.max {
+		// No room to wait: the share so far, counted now.
 		j.telemetry.share(shareOverflow)
-		id = ""
+		id, settling = "", false
 	}
-	if id == "" {
+	if id == "" && !settling {
 		if counted {
 			j.attr.count(acc, s.PromptTokens, &e.Share)
 		}
 		return nil
 	}
-	a := &awaitedShare{id: id, counted: counted, prompt: s.PromptTokens, estimate: e.Share, wait: wait{until: now + j.wait}}
+	a := &awaitedShare{
+		id: id, counted: counted, prompt: s.PromptTokens, share: e.Share, fromEngine: e.Share.Source == session.ShareEngine,
+		waitShare: id != "", settling: settling, wait: wait{until: now + j.wait},
+	}
 	if counted {
 		a.acct = *acc // the session's state goes to a next session
 		*acc = shareAccount{}
 	}
-	if old := j.awaited[id]; old != nil {
-		// Two sessions named one id: the later takes the share, the
-		// earlier keeps its place in the queue until its wait ends.
-		delete(j.awaited, id)
-		old.id = ""
+	if id != "" {
+		if old := j.awaited[id]; old != nil {
+			// Two sessions named one id: the later takes the share, the
+			// earlier keeps its place in the queue until its wait ends.
+			delete(j.awaited, id)
+			old.id = ""
+		}
+		j.awaited[id] = a
+		j.queue = append(j.queue, a)
+	} else {
+		a.done = true
 	}
-	j.awaited[id] = a
-	j.queue = append(j.queue, a)
+	if settling {
+		j.settling[a.acct.share] = a
+	}
 	return a
 }
 
-// giveUp settles a, whose outputs could not be held, with the collector's
-// estimate at once: the outputs and the counters take the same share.
+// giveUp settles a, whose outputs could not be held, with its share so
+// far at once: the outputs and the counters take the same share.
 func (j *shareJoin) giveUp(a *awaitedShare) {
 	j.forget(a)
-	j.settle(a, &a.estimate)
+	if a.settling {
+		delete(j.settling, a.acct.share)
+		a.settling = false
+	}
+	j.settle(a)
 	j.telemetry.share(shareOverflow)
 }
 
@@ -148,9 +179,9 @@ func (j *shareJoin) arrived(ev *tokenevent.Event, now int64) (released bool) {
 	sh := session.EngineShareOf(ev)
 	if a := j.awaited[ev.EngineRequestID]; a != nil {
 		j.forget(a)
-		j.settle(a, &sh)
+		a.share, a.fromEngine = sh, true
 		j.telemetry.share(shareJoined)
-		return a.held != nil
+		return j.settle(a)
 	}
 	if j.pending() >= j.max {
 		j.telemetry.share(shareOverflow)
@@ -167,20 +198,47 @@ func (j *shareJoin) arrived(ev *tokenevent.Event, now int64) (released bool) {
 	return false
 }
 
-// settle ends a's wait with share, the session's final one: its account is
-// counted with it, and its held outputs carry it.
-func (j *shareJoin) settle(a *awaitedShare, share *session.EngineShare) {
-	if a.counted {
-		j.attr.count(&a.acct, a.prompt, share)
+// settled takes an account the engine's steps made final: its session's
+// collector share is its share unless the engine's came. It reports
+// whether a held output no longer waits for it.
+func (j *shareJoin) settled(acct *attribution.Account) (released bool) {
+	a := j.settling[acct]
+	if a == nil {
+		return false
+	}
+	delete(j.settling, acct)
+	a.settling = false
+	if !a.fromEngine {
+		a.share = collectorShare(acct)
+	}
+	return j.settle(a)
+}
+
+// settle moves a on as far as its share allows: its held outputs carry
+// its final share once it has one (the engine's, or the collector's
+// settled); its account is counted once the collector's is settled too
+// (its energy is the collector's, which the engines' idle energy adds up
+// with). It reports whether a held output no longer waits.
+func (j *shareJoin) settle(a *awaitedShare) (released bool) {
+	if a.waitShare || (a.settling && !a.fromEngine) {
+		return false
 	}
 	if h := a.held; h != nil {
-		h.end.Share = *share
+		h.end.Share = a.share
 		h.share = false
+		a.held = nil
+		released = true
 	}
+	if a.counted && !a.settling {
+		j.attr.count(&a.acct, a.prompt, &a.share)
+		a.counted = false
+	}
+	return released
 }
 
 func (j *shareJoin) forget(a *awaitedShare) {
 	a.done = true
+	a.waitShare = false
 	if a.id != "" && j.awaited[a.id] == a {
 		delete(j.awaited, a.id)
 	}
@@ -205,7 +263,7 @@ func (j *shareJoin) takeEarly(id string) *earlyShare {
 func (j *shareJoin) expire(now int64) {
 	j.queue = expireWaits(j.queue, now, func(a *awaitedShare) {
 		j.forget(a)
-		j.settle(a, &a.estimate)
+		j.settle(a)
 		j.telemetry.share(shareExpired)
 	})
 	j.earlyQueue = expireWaits(j.earlyQueue, now, func(sh *earlyShare) {
@@ -215,5 +273,11 @@ func (j *shareJoin) expire(now int64) {
 	})
 }
 
-// shutdown settles every wait, as at its end.
-func (j *shareJoin) shutdown() { j.expire(math.MaxInt64) }
+// shutdown ends every wait, as at its end: the steps were settled whole
+// before (attributor.settleAll).
+func (j *shareJoin) shutdown() {
+	for acct := range j.settling {
+		j.settled(acct)
+	}
+	j.expire(math.MaxInt64)
+}

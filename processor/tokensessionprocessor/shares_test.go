@@ -44,6 +44,8 @@ func newShareParts(t *testing.T, mutate func(*Config)) *shareParts {
 	cfg := createDefaultConfig()
 	cfg.Sampling.NormalPercent = 100
 	cfg.Traces.PhaseSpans = false
+	// Each fold brings its events whole: the steps settle at its end.
+	cfg.Attribution.SettleAfter, cfg.Attribution.StepJoin = 0, 0
 	if mutate != nil {
 		mutate(cfg)
 	}
@@ -69,7 +71,7 @@ const shareTenant = "acme"
 func engineSession(id string, at int64) []tokenevent.Event {
 	st := start(id, pcommon.TraceID{0x5a, byte(len(id)), id[0]}, at)
 	st.Attributes = []tokenevent.Attribute{{Key: "tenant.id", Value: shareTenant}, {Key: tokenevent.AttrEngineRequestID, Value: id + "-0a1b2c3d"}}
-	return []tokenevent.Event{st, tok(id, at+100*ms, 1), tok(id, at+200*ms, 1), end(id, at+300*ms)}
+	return []tokenevent.Event{st, tok(id, at+100*ms, 1), tok(id, at+200*ms, 1), tok(id, at+300*ms, 1), end(id, at+300*ms)}
 }
 
 // shareOf is the engine core's share of the request of the session id.
@@ -189,7 +191,7 @@ func TestShareBeforeTheEnd(t *testing.T) {
 	_, emitted := spanShare(t, out, "chat-2")
 	assert.False(t, emitted, "not ended yet")
 
-	out = p.fold(t, shareClock.Add(100*time.Millisecond), evs[3])
+	out = p.fold(t, shareClock.Add(100*time.Millisecond), evs[3:]...)
 	got, emitted := spanShare(t, out, "chat-2")
 	require.True(t, emitted, "out at its end")
 	assert.Equal(t, exactShare, got)
