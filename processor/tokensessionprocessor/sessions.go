@@ -50,7 +50,7 @@ type sessions struct {
 	// signal, and makes outputs for it.
 	toLogs, toMetrics, toTraces bool
 
-	table   *session.Table[*sessionState]
+	table   *session.Table[sessionState]
 	metrics *sessionmetrics.Aggregator
 	pending outputs
 	// nowTS is the collector time of the operation under way.
@@ -60,12 +60,10 @@ type sessions struct {
 	// applyFn folds an event into the table, collecting its reports in
 	// reports; bound once so that folding a record allocates nothing.
 	applyFn func(*tokenevent.Event)
-	reports []session.Report[*sessionState]
+	reports []session.Report[sessionState]
 	// shareReleased: a share event ended the wait of a held output in the
 	// batch being folded (shares.go).
 	shareReleased bool
-	// freeStates are the states of ended sessions, for new ones.
-	freeStates []*sessionState
 	// With pass_token_events: sampled, the token event records of each
 	// active session.
 	sampledRecords map[string]plog.LogRecordSlice
@@ -122,7 +120,7 @@ func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineCont
 		held: heldOutputs{engines: engines}, pending: newOutputs(), attr: newAttributor(cfg.Attribution, cfg.Metrics, time.Now()),
 	}
 	var err error
-	if s.table, err = session.NewTable[*sessionState](cfg.sessionConfig(), s); err != nil {
+	if s.table, err = session.NewTable[sessionState](cfg.sessionConfig(), s); err != nil {
 		return nil, err
 	}
 	if s.metrics, err = sessionmetrics.New(cfg.Metrics, time.Now()); err != nil {
@@ -321,40 +319,30 @@ func (p *sessions) renderMetrics(now time.Time) pmetric.Metrics {
 	return md
 }
 
-// sessionState is what the processor keeps beside each open session (the
-// table's Observer state): its metric series and its account of the
-// engine's time. One object, recycled, so that neither needs a lookup by
-// session.
+// sessionState is what the processor keeps beside each open session, in
+// the table's entry (the table's Observer state): its metric series and
+// its account of the engine's time, so that neither needs a lookup by
+// session. Its size counts against 512 B per in-flight session:
+// TestSessionEntrySize guards it.
 type sessionState struct {
 	live *sessionmetrics.Live
 	acct shareAccount
 }
 
-// maxFreeStates bounds the ended sessions' states kept for new ones.
-const maxFreeStates = 4096
-
 // The session.Observer side: called by the table under mu, it keeps the
 // sessions' metric state.
 
-func (p *sessions) Started(s *session.Session) *sessionState {
-	var st *sessionState
-	if n := len(p.freeStates); n > 0 {
-		st, p.freeStates = p.freeStates[n-1], p.freeStates[:n-1]
-	} else {
-		st = &sessionState{}
-	}
+func (p *sessions) Started(s *session.Session, st *sessionState) {
 	st.live = p.metrics.SessionStarted(p.dims(s))
 	p.attr.started(s, &st.acct, st.live, p.nowNanos)
-	return st
 }
 
 func (p *sessions) FirstToken(s *session.Session, st *sessionState) {
 	p.attr.firstToken(s, &st.acct, st.live, p.nowNanos)
 }
 
-func (p *sessions) Restarted(s *session.Session, st *sessionState) *sessionState {
+func (p *sessions) Restarted(s *session.Session, st *sessionState) {
 	st.live = p.metrics.SessionRestarted(st.live, p.dims(s))
-	return st
 }
 
 func (p *sessions) Gap(s *session.Session, st *sessionState, g time.Duration, n int64) {
@@ -387,14 +375,14 @@ func (p *sessions) handleReports(folded *plog.LogRecord) {
 	p.reports = p.table.Release(p.reports)
 }
 
-func (p *sessions) stalled(r *session.Report[*sessionState]) {
+func (p *sessions) stalled(r *session.Report[sessionState]) {
 	p.metrics.Stall(r.State.live)
 	if p.toLogs {
 		appendStallAlert(p.pending.records(p.cfg.ProviderName), r, p.nowTS, p.cfg.ProviderName, p.engines)
 	}
 }
 
-func (p *sessions) ended(r *session.Report[*sessionState], folded *plog.LogRecord) {
+func (p *sessions) ended(r *session.Report[sessionState], folded *plog.LogRecord) {
 	s, e := r.Session, &r.End
 	ttft, hasTTFT := s.TTFT()
 	tpot, hasTPOT := s.TPOT(e.CompletionTokens)
@@ -438,12 +426,6 @@ func (p *sessions) ended(r *session.Report[*sessionState], folded *plog.LogRecor
 		kept, dropped := p.spans.release(s.TraceID, r.Trace.Kept, r.Trace.Threshold, p.pending.traces)
 		p.telemetry.releasedSpans += int64(kept)
 		p.telemetry.droppedSpans += int64(dropped)
-	}
-	// The session's last report: its state goes to a next session (a few
-	// kept for the steady churn; a peak's are left to the collector).
-	if st := r.State; st != nil && len(p.freeStates) < maxFreeStates {
-		*st = sessionState{}
-		p.freeStates = append(p.freeStates, st)
 	}
 }
 

@@ -45,10 +45,10 @@ type harness struct {
 // nopObserver keeps no state of a session: the view reads the table.
 type nopObserver struct{}
 
-func (nopObserver) Started(*session.Session) struct{}                    { return struct{}{} }
-func (nopObserver) Gap(*session.Session, struct{}, time.Duration, int64) {}
-func (nopObserver) FirstToken(*session.Session, struct{})                {}
-func (nopObserver) Restarted(*session.Session, struct{}) struct{}        { return struct{}{} }
+func (nopObserver) Started(*session.Session, *struct{})                   {}
+func (nopObserver) Gap(*session.Session, *struct{}, time.Duration, int64) {}
+func (nopObserver) FirstToken(*session.Session, *struct{})                {}
+func (nopObserver) Restarted(*session.Session, *struct{})                 {}
 
 // newHarness is a view configured as mutate says (on 127.0.0.1:0, a
 // snapshot every 50 ms otherwise), its self-telemetry in tel (nil: none).

@@ -12,11 +12,11 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
-// nopObserver keeps a pointer per session, as the processor does.
+// nopObserver keeps no state of a session.
 type nopObserver struct{}
 
-func (nopObserver) Started(*Session) *struct{}                    { return nil }
-func (nopObserver) Restarted(*Session, *struct{}) *struct{}       { return nil }
+func (nopObserver) Started(*Session, *struct{})                   {}
+func (nopObserver) Restarted(*Session, *struct{})                 {}
 func (nopObserver) Gap(*Session, *struct{}, time.Duration, int64) {}
 func (nopObserver) FirstToken(*Session, *struct{})                {}
 
@@ -38,7 +38,7 @@ func BenchmarkFoldToken(b *testing.B) {
 				b.Fatal(err)
 			}
 			ids := sessionIDs(active)
-			var reports []Report[*struct{}]
+			var reports []Report[struct{}]
 			now := t0
 			for _, id := range ids {
 				reports = tbl.Release(tbl.Apply(&tokenevent.Event{Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: uint64(now), PromptTokens: -1, CompletionTokens: -1, Count: 1}, now, reports))
@@ -79,7 +79,7 @@ func BenchmarkRetainedPerSession(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		var reports []Report[*struct{}]
+		var reports []Report[struct{}]
 		for i, id := range ids {
 			ev := tokenevent.Event{Kind: tokenevent.KindStart, SessionID: id, TimeUnixNano: uint64(t0 + int64(i)), Model: "m", PromptTokens: 100, CompletionTokens: -1, Count: 1}
 			reports = tbl.Release(tbl.Apply(&ev, t0, reports))

@@ -117,9 +117,9 @@ type Stall struct {
 // Its size matters (the target is at most 512 B per in-flight session): the
 // word-sized fields come first and the small ones last so that no padding
 // sits between them, the gap window lives in the Table's dense array, and
-// what few sessions have sits behind one pointer (extra). 248 B; with the
-// Observer's state beside it (the Table's entry) 256 B, a size class of its
-// own. TestSessionSize guards both.
+// what few sessions have sits behind one pointer (extra). 248 B
+// (TestSessionSize); the Table's entry adds the Observer's state beside it
+// (the token_session processor's: 104 B, the entry 352, a size class).
 type Session struct {
 	ID           string
 	TraceID      pcommon.TraceID

@@ -14,25 +14,28 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
-// Observer keeps the Table user's per-session state S: Started makes it
-// and Gap updates it, on the per-token path, where a Report per gap would
-// cost. They are called inside Table methods, so they must not block and
-// must not call back into the Table. What needs more than S (outputs, held
-// spans) comes out as Reports instead, handled after the Table returns.
+// Observer keeps the Table user's per-session state S, which lives in the
+// Table's entry beside the Session (one allocation, its cache lines read
+// together): Started fills it in and Gap updates it, on the per-token path,
+// where a Report per gap would cost. They are called inside Table methods,
+// so they must not block and must not call back into the Table. What needs
+// more than S (outputs, held spans) comes out as Reports instead, handled
+// after the Table returns. state stays where it is until the session's
+// ReportEnded is released; then it is zeroed for a next session.
 type Observer[S any] interface {
-	// Started: a new session. HasStart is false when a token event arrived
-	// before the start; its start fields are filled in later.
-	Started(s *Session) S
+	// Started: a new session; state is zero. HasStart is false when a
+	// token event arrived before the start; its start fields are filled in
+	// later.
+	Started(s *Session, state *S)
 	// Gap: n per-token gaps of g each (a chunk of n tokens arriving g·n
-	// after the previous one); state is what Started returned for s.
-	Gap(s *Session, state S, g time.Duration, n int64)
+	// after the previous one).
+	Gap(s *Session, state *S, g time.Duration, n int64)
 	// FirstToken: s's first token (s.FirstTokenTime), the end of its
 	// prefill; once per session.
-	FirstToken(s *Session, state S)
+	FirstToken(s *Session, state *S)
 	// Restarted: the start of a session opened by an earlier token event
-	// arrived and filled in its model, engine and attributes; the state
-	// returned replaces state.
-	Restarted(s *Session, state S) S
+	// arrived and filled in its model, engine and attributes.
+	Restarted(s *Session, state *S)
 }
 
 // ReportKind is what a Report tells.
@@ -59,8 +62,9 @@ const (
 type Report[S any] struct {
 	Kind    ReportKind
 	Session *Session
-	// State is the session's state as the Observer left it.
-	State S
+	// State is the session's state, as the Observer keeps it, until
+	// Release.
+	State *S
 
 	// Stall is the episode of a ReportStalled; StallCount and Chunks are
 	// the session's when it was detected.
@@ -82,8 +86,7 @@ type Report[S any] struct {
 }
 
 // entry is a Session with its Observer state beside it: both are read on
-// every token, so they share the allocation and its cache lines (a
-// pointer-sized S makes the entry 232 B, in the 240 B size class).
+// every token, so they share the allocation and its cache lines.
 type entry[S any] struct {
 	Session
 	state S
@@ -349,7 +352,7 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 			t.touch(s, now)
 		default:
 			t.fillStart(s, ev)
-			s.state = t.obs.Restarted(&s.Session, s.state)
+			t.obs.Restarted(&s.Session, &s.state)
 			t.touch(s, now)
 			t.checkTTFT(s, out)
 			if s.keepHeld {
@@ -549,8 +552,8 @@ func (t *Table[S]) create(id string, trace pcommon.TraceID, span pcommon.SpanID,
 	return s
 }
 
-// started has the Observer make the state of the new session s.
-func (t *Table[S]) started(s *entry[S]) { s.state = t.obs.Started(&s.Session) }
+// started has the Observer fill in the state of the new session s.
+func (t *Table[S]) started(s *entry[S]) { t.obs.Started(&s.Session, &s.state) }
 
 // NewSpanID returns a random span ID, for a span made beside a session's
 // own (its verdict span).
@@ -585,7 +588,7 @@ func (t *Table[S]) end(s *entry[S], outcome Outcome, e *End, out *[]Report[S]) {
 	if s.source != nil {
 		t.releaseSource(s)
 	}
-	*out = append(*out, Report[S]{Kind: ReportEnded, Session: &s.Session, State: s.state, entry: s, End: *e, Trace: trace})
+	*out = append(*out, Report[S]{Kind: ReportEnded, Session: &s.Session, State: &s.state, entry: s, End: *e, Trace: trace})
 	delete(t.sessions, s.ID)
 	if t.last == s {
 		t.last = nil

@@ -60,21 +60,19 @@ type recorder struct {
 	ended   []ended
 }
 
-func (r *recorder) Started(s *Session) struct{} {
+func (r *recorder) Started(s *Session, _ *struct{}) {
 	r.started = append(r.started, s.ID)
-	return struct{}{}
 }
 
-func (r *recorder) Restarted(s *Session, _ struct{}) struct{} {
+func (r *recorder) Restarted(s *Session, _ *struct{}) {
 	r.restarted = append(r.restarted, s.ID+" "+s.Model+" "+s.Engine)
-	return struct{}{}
 }
 
-func (r *recorder) Gap(s *Session, _ struct{}, g time.Duration, n int64) {
+func (r *recorder) Gap(s *Session, _ *struct{}, g time.Duration, n int64) {
 	r.gaps = append(r.gaps, fmt.Sprintf("%s %v×%d", s.ID, g, n))
 }
 
-func (r *recorder) FirstToken(s *Session, _ struct{}) {
+func (r *recorder) FirstToken(s *Session, _ *struct{}) {
 	r.firsts = append(r.firsts, fmt.Sprintf("%s %d", s.ID, s.FirstTokenTime))
 }
 

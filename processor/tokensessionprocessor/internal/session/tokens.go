@@ -160,7 +160,7 @@ func (t *Table[S]) token(s *entry[S], at, count, now int64, out *[]Report[S]) {
 		if s.StartTime != 0 && at < s.StartTime {
 			t.Counters.OutOfOrder++
 		}
-		t.obs.FirstToken(&s.Session, s.state)
+		t.obs.FirstToken(&s.Session, &s.state)
 		t.checkTTFT(s, out)
 		return
 	}
@@ -176,7 +176,7 @@ func (t *Table[S]) token(s *entry[S], at, count, now int64, out *[]Report[S]) {
 	s.LastTokenTime = at
 	s.MaxGap = max(s.MaxGap, gap)
 	t.pushGap(s, gap, count)
-	t.obs.Gap(&s.Session, s.state, gap, count)
+	t.obs.Gap(&s.Session, &s.state, gap, count)
 	if gap <= t.cfg.Stall.Gap {
 		s.slowRun = 0
 		if s.inStall {
@@ -235,7 +235,7 @@ func (t *Table[S]) stall(s *entry[S], st Stall, out *[]Report[S]) {
 	s.inStall, s.inFreeze = true, st.Freeze
 	t.countStall(s, st)
 	*out = append(*out, Report[S]{
-		Kind: ReportStalled, Session: &s.Session, State: s.state, entry: s,
+		Kind: ReportStalled, Session: &s.Session, State: &s.state, entry: s,
 		Stall: st, StallCount: int(s.StallCount), Chunks: s.Chunks,
 	})
 	if t.cfg.Sampling.Stalls {

@@ -62,7 +62,7 @@ func (t *Table[S]) traceKeep(s *entry[S], at int64, out *[]Report[S]) {
 	ref.kept = true
 	t.traces[s.TraceID] = ref
 	*out = append(*out, Report[S]{
-		Kind: ReportKeptEarly, Session: &s.Session, State: s.state, entry: s,
+		Kind: ReportKeptEarly, Session: &s.Session, State: &s.state, entry: s,
 		Trace: TraceVerdict{Kept: true, Threshold: ref.th}, At: at,
 	})
 }
