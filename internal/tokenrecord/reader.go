@@ -119,6 +119,9 @@ func readStart(lr plog.LogRecord, attrs pcommon.Map, limits tokenevent.Limits, e
 	if ev.PromptTokens, err = intAttr(attrs, AttrInputTokens, -1); err != nil {
 		return err
 	}
+	if ev.PromptBytes, err = intAttr(attrs, AttrPromptBytes, 0); err != nil {
+		return err
+	}
 	parent, err := strAttr(attrs, AttrParentSpanID)
 	if err != nil {
 		return err

@@ -37,6 +37,7 @@ const (
 	AttrOperation         = "gen_ai.operation.name"
 	AttrRequestModel      = "gen_ai.request.model"
 	AttrInputTokens       = "gen_ai.usage.input_tokens"
+	AttrPromptBytes       = "llm.request.prompt_bytes"
 	AttrEngine            = "llm.engine"
 	AttrParentSpanID      = "llm.session.parent_span_id"
 	AttrSessionAttributes = "llm.session.attributes"

@@ -198,6 +198,9 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 		if ev.PromptTokens >= 0 {
 			attrs.PutInt(AttrInputTokens, ev.PromptTokens)
 		}
+		if ev.PromptBytes > 0 {
+			attrs.PutInt(AttrPromptBytes, ev.PromptBytes)
+		}
 		putNonEmpty(attrs, AttrEngine, ev.Engine)
 		if ev.NoStream {
 			attrs.PutBool(AttrRequestStream, false)

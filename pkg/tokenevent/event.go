@@ -122,6 +122,11 @@ type Event struct {
 	Model        string
 	Operation    string
 	PromptTokens int64
+	// PromptBytes is the size of the request's prompt in bytes (0:
+	// unknown), where its tokens are not known at the start: the proxy's
+	// measure of the body, for the GPU time's estimate. Only in the
+	// record form (llm.request.prompt_bytes); no wire field carries it.
+	PromptBytes int64
 	// Engine names the engine instance, on a start or a share; on a move,
 	// the endpoint the answer moved to.
 	Engine string

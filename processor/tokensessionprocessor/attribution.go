@@ -114,6 +114,11 @@ type engineAccount struct {
 	// prompts is the engine's mean prompt over all its tenants: the
 	// estimate for a tenant none of whose sessions ended yet.
 	prompts promptMean
+	// promptTokens and promptBytes sum the prompts of its ended sessions
+	// whose start gave their size and whose end their tokens: their ratio
+	// is its tokenizer's tokens per byte, the estimate of a prompt that
+	// gives its size only.
+	promptTokens, promptBytes float64
 	// open counts its sessions arrived and not counted, whose accounts
 	// its steps hold: it is not forgotten while any is open.
 	open     int
@@ -139,11 +144,15 @@ type engineAccount struct {
 // start (nil for a session opened by a token, which got no start: at its
 // end).
 type shareAccount struct {
-	share  *attribution.Account
-	engine *engineAccount
-	series *shareSeries
-	tenant *keyset.Key
-	open   bool
+	share *attribution.Account
+	// promptBytes is the size of its prompt its start gave (the proxy's
+	// measure of the request body; 0: none), to learn its engine's tokens
+	// per byte from at its end.
+	promptBytes int64
+	engine      *engineAccount
+	series      *shareSeries
+	tenant      *keyset.Key
+	open        bool
 }
 
 type seriesKey struct{ engine, model, tenant string }
@@ -247,6 +256,20 @@ func (a *attributor) open(acc *shareAccount, engine string, folded bool) *engine
 	return e
 }
 
+// defaultTokensPerByte is the estimate of a prompt's tokens from its size
+// before its engine taught one: English text in a BPE tokenizer.
+const defaultTokensPerByte = 0.25
+
+// promptFromBytes estimates the tokens of a prompt of size bytes, by the
+// tokens per byte of the engine's ended sessions.
+func (e *engineAccount) promptFromBytes(size int64) int64 {
+	perByte := defaultTokensPerByte
+	if e.promptBytes > 0 {
+		perByte = e.promptTokens / e.promptBytes
+	}
+	return max(int64(float64(size)*perByte+0.5), 1)
+}
+
 // seen notes an event of the engine at at (its clock), at collector time
 // now.
 func (e *engineAccount) seen(at, now int64) {
@@ -288,7 +311,7 @@ func (a *attributor) forgetEngine(e *engineAccount) {
 // that overtook its start arrives at its first token). acc is the
 // session's account, live its session metrics' handle (the engine and
 // model it is recorded under); now is the collector's time of the event.
-func (a *attributor) started(s *session.Session, acc *shareAccount, live *sessionmetrics.Live, now int64) {
+func (a *attributor) started(s *session.Session, acc *shareAccount, live *sessionmetrics.Live, now, promptBytes int64) {
 	if !a.cfg.Enabled || !s.HasStart {
 		return
 	}
@@ -300,6 +323,10 @@ func (a *attributor) started(s *session.Session, acc *shareAccount, live *sessio
 	acc.series = a.seriesOf(live, acc.tenant)
 	acc.series.open++
 	prompt := s.PromptTokens
+	acc.promptBytes = promptBytes
+	if prompt < 0 && promptBytes > 0 {
+		prompt = e.promptFromBytes(promptBytes)
+	}
 	if prompt < 0 {
 		var ok bool
 		if prompt, ok = acc.series.prompts.mean(); !ok {
@@ -459,6 +486,10 @@ func (a *attributor) count(acc *shareAccount, promptTokens int64, share *session
 			sr.prompts.add(promptTokens)
 		}
 		eng.prompts.add(promptTokens)
+		if acc.promptBytes > 0 {
+			eng.promptTokens += float64(promptTokens)
+			eng.promptBytes += float64(acc.promptBytes)
+		}
 	}
 	sr.prefill += share.Prefill
 	sr.decode += share.Decode

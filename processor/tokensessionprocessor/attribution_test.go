@@ -226,3 +226,37 @@ func TestAttributionTokenBeforeStart(t *testing.T) {
 	assert.InDelta(t, 0.030, n["llm.session.engine_time.prefill"], 1e-9)
 	assert.InDelta(t, 0.010, n["llm.session.engine_time.decode"], 1e-9)
 }
+
+// Through the proxy a prompt's tokens come with the usage at the end, and
+// its start gives its size in bytes (llm.request.prompt_bytes): the
+// estimate until the end is the size times its engine's tokens per byte,
+// learned from the sessions that ended (a quarter before any). Here the
+// first session teaches 500 tokens for 4 000 bytes, so the next one's
+// 8 000 bytes weigh 1 000 tokens beside a decode, which then has 1/1001 of
+// the step (its tenant's mean prompt would say 500, a quarter 2 000).
+func TestAttributionPromptFromItsSize(t *testing.T) {
+	p := newPipelines(t, func(c *Config) { c.Sampling.NormalPercent = 100 })
+	ctx := context.Background()
+	proxied := func(id string, at, size int64) tokenevent.Event {
+		ev := tenantStart(id, "acme", at, -1)
+		ev.PromptBytes = size
+		return ev
+	}
+	teach := end("a", base+100*ms)
+	teach.PromptTokens = 500
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(proxied("a", base, 4000), tok("a", base+100*ms, 1), teach)))
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(
+		proxied("b", base+200*ms, 8000), tenantStart("c", "acme", base+200*ms, 1),
+		tok("c", base+210*ms, 1), tok("c", base+220*ms, 1), tok("c", base+230*ms, 1), tok("b", base+230*ms, 1),
+		end("c", base+230*ms), end("b", base+230*ms),
+	)))
+	p.shutdown(t)
+	byID := map[string]map[string]any{}
+	for _, lr := range recordsNamed(p.logSink.AllLogs(), eventNameSummary) {
+		a := lr.Attributes().AsRaw()
+		byID[a["llm.session.id"].(string)] = a
+	}
+	require.Len(t, byID, 3)
+	assert.InDelta(t, 0.010+0.010/1001, byID["c"]["llm.session.engine_time.decode"], 1e-9, "b's prompt estimated at 1 000 tokens")
+	assert.InDelta(t, 0.010*1000/1001, byID["b"]["llm.session.engine_time.prefill"], 1e-9)
+}

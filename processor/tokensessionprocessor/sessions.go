@@ -81,7 +81,10 @@ type sessions struct {
 	// settledFn hands an account the engines' steps made final to the
 	// share join (shares.go), bound once.
 	settledFn func(*attribution.Account)
-	counters  session.Counters // as last reported to telemetry
+	// startPromptBytes is the prompt size of the start event being applied
+	// (its llm.request.prompt_bytes), for the attribution's estimate.
+	startPromptBytes int64
+	counters         session.Counters // as last reported to telemetry
 	// live takes the sessions that end: the live view (internal/live);
 	// nil when it is off.
 	live endedSink
@@ -139,7 +142,13 @@ func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineCont
 			s.shareReleased = s.shares.arrived(ev, s.nowNanos) || s.shareReleased
 			return
 		}
+		if ev.Kind == tokenevent.KindStart {
+			// For the Started the Apply calls: the session keeps no field
+			// for it.
+			s.startPromptBytes = ev.PromptBytes
+		}
 		s.reports = s.table.Apply(ev, s.nowNanos, s.reports)
+		s.startPromptBytes = 0
 	}
 	if cfg.PassTokenEvents == PassSampled {
 		s.sampledRecords = make(map[string]plog.LogRecordSlice)
@@ -334,7 +343,7 @@ type sessionState struct {
 
 func (p *sessions) Started(s *session.Session, st *sessionState) {
 	st.live = p.metrics.SessionStarted(p.dims(s))
-	p.attr.started(s, &st.acct, st.live, p.nowNanos)
+	p.attr.started(s, &st.acct, st.live, p.nowNanos, p.startPromptBytes)
 }
 
 func (p *sessions) FirstToken(s *session.Session, st *sessionState) {

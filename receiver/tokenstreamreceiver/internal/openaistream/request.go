@@ -63,6 +63,12 @@ type requestScanner struct {
 	readingIKey   bool
 	innerColon    bool
 	innerTarget   bool
+	// inPrompt: the member being read is "messages" or "prompt";
+	// promptBytes counts the bytes of the strings in them, keys inside
+	// included (the prompt's size, for the GPU time's estimate of its
+	// tokens; no byte of it is kept).
+	inPrompt    bool
+	promptBytes int64
 	// closed: the top-level object ended; held holds the bytes from its
 	// closing brace on.
 	closed  bool
@@ -168,6 +174,7 @@ func (s *requestScanner) step(c byte) bool {
 		if s.depth == 1 {
 			s.afterColon = true
 			s.members++
+			s.inPrompt = s.currentKey("messages") || s.currentKey("prompt")
 			switch {
 			case s.currentKey("model"):
 				s.capturing = captureModel
@@ -211,6 +218,9 @@ func (s *requestScanner) stringStarted() {
 }
 
 func (s *requestScanner) stringByte(c byte) {
+	if s.inPrompt && !s.readingKey {
+		s.promptBytes++
+	}
 	switch {
 	case s.readingKey:
 		if len(s.key) < 64 {
@@ -271,7 +281,7 @@ func (s *requestScanner) valueEnded() {
 		if s.capturing == captureStream {
 			s.stream = s.streamValue()
 		}
-		s.capturing, s.afterColon, s.keyDone = captureNone, false, false
+		s.capturing, s.afterColon, s.keyDone, s.inPrompt = captureNone, false, false, false
 	case 2:
 		if s.innerColon && s.innerTarget {
 			s.includeUsage = bytes.Equal(s.literal, []byte("true"))
@@ -416,4 +426,17 @@ func (b *ScannedBody) Stop() (model string, stream, injected bool) {
 	}
 	model, stream, _ = b.s.requestInfo()
 	return model, stream, b.added
+}
+
+// PromptBytes is the size of the prompt the body carried, in bytes of its
+// strings under "messages" or "prompt" (as written, escapes included): 0
+// when the body was not one JSON object read to its end, or carried none.
+// Call it after Stop.
+func (b *ScannedBody) PromptBytes() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.s.closed || b.s.broken {
+		return 0
+	}
+	return b.s.promptBytes
 }

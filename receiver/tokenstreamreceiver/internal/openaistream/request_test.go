@@ -308,3 +308,38 @@ func TestScannedBodyReleasesWhatFollowsTheObject(t *testing.T) {
 		}
 	}
 }
+
+// The prompt's size is the bytes of the strings under "messages" or
+// "prompt", as written, whatever the reads: nothing else in the body
+// counts (the model, another member's strings, the top-level keys).
+func TestScannedBodyPromptBytes(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		want       int64
+	}{
+		{"chat", `{"model":"m","messages":[{"role":"user","content":"hello world"}],"stream":true,"user":"someone"}`, int64(len("role") + len("user") + len("content") + len("hello world"))},
+		{"escapes as written", `{"messages":[{"content":"a\"b\n"}],"model":"m"}`, int64(len("content") + len(`a\"b\n`))},
+		{"completions", `{"prompt":"Once upon a time","model":"m","stream":true}`, int64(len("Once upon a time"))},
+		{"prompt of strings", `{"prompt":["ab","cd"],"stream":true}`, 4},
+		{"token ids: no strings", `{"prompt":[1,2,3],"stream":true}`, 0},
+		{"none", `{"model":"m","stream":true}`, 0},
+		{"not one object", `{"prompt":"abc"} {"x":1}`, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, src := range []io.Reader{strings.NewReader(tc.body), &oneByteReader{b: []byte(tc.body)}} {
+				b := NewScannedBody(src)
+				_, err := io.ReadAll(b)
+				require.NoError(t, err)
+				b.Stop()
+				assert.Equal(t, tc.want, b.PromptBytes())
+			}
+		})
+	}
+
+	t.Run("cut short", func(t *testing.T) {
+		b := NewScannedBody(iotest.TimeoutReader(strings.NewReader(`{"prompt":"abc",`)))
+		_, _ = io.ReadAll(b)
+		b.Stop()
+		assert.Zero(t, b.PromptBytes(), "a body that did not end has no size")
+	})
+}

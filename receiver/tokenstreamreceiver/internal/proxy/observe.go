@@ -171,6 +171,9 @@ func (p *observedServer) observe(w http.ResponseWriter, req *http.Request, op st
 	s.emit(tokenevent.KindStart, s.started, func(ev *tokenevent.Event) {
 		ev.TraceID, ev.SpanID, ev.ParentSpanID = tokenevent.TraceID(traceID), tokenevent.SpanID(spanID), tokenevent.SpanID(parentSpanID)
 		ev.Model, ev.Operation, ev.Engine = model, op, p.engine
+		// The prompt's tokens come with the usage at the end; its size now
+		// is what the GPU time's estimate has until then.
+		ev.PromptBytes = body.PromptBytes()
 		// A request answered whole (or, failing, that did not ask for a
 		// stream) has one response: no first token or gaps to time.
 		ev.NoStream = !stream
