@@ -39,6 +39,12 @@ type attributor struct {
 	limit       int
 	forgetAfter int64
 	maxEngines  int
+	// deliverySlack is stall::delivery_slack: how long an engine may send
+	// nothing before the collector's clock advances its own (events come
+	// in up to about this late, and until then its latest event is its
+	// time; after it, a quiet engine's steps settle and its idle time
+	// grows with the collector's clock), as the freeze check takes it.
+	deliverySlack int64
 
 	mu sync.Mutex
 	// engines are the engines' integrals, by the engines' own names: an
@@ -197,9 +203,10 @@ type shareSeries struct {
 	start    pcommon.Timestamp
 }
 
-func newAttributor(cfg AttributionConfig, metrics sessionmetrics.Config, now time.Time) *attributor {
+func newAttributor(cfg AttributionConfig, metrics sessionmetrics.Config, deliverySlack time.Duration, now time.Time) *attributor {
 	return &attributor{
 		cfg: cfg, limit: metrics.CardinalityLimit, forgetAfter: int64(metrics.ForgetAfter), maxEngines: metrics.MaxEngines,
+		deliverySlack: int64(deliverySlack),
 		engines: map[string]*engineAccount{},
 		pods:    map[string]powerReading{}, energy: map[string]powerReading{}, series: map[seriesKey]*shareSeries{},
 		tenants: keyset.New(cfg.MaxTenants, metrics.ForgetAfter),
@@ -422,13 +429,6 @@ func collectorShare(sh *attribution.Account) session.EngineShare {
 	}
 }
 
-// quietAfter is how long an engine may send nothing before the collector's
-// clock advances its own: events come in up to about this late (the
-// hooks' and the receiver's batching), and until then its latest event is
-// its time. After it, a quiet engine's steps settle and its idle time
-// grows with the collector's clock.
-const quietAfter = int64(time.Second)
-
 // settle settles, at collector time now, the steps of every engine that
 // ended attribution::settle_after before its clock reads now, and hands
 // each account made final to final.
@@ -439,8 +439,8 @@ func (a *attributor) settle(now int64, final func(*attribution.Account)) {
 	a.mu.Lock()
 	for _, e := range a.engines {
 		clock := e.clockAt
-		if e.seenAt != 0 && now-e.seenAt > quietAfter {
-			clock += now - e.seenAt - quietAfter
+		if e.seenAt != 0 && now-e.seenAt > a.deliverySlack {
+			clock += now - e.seenAt - a.deliverySlack
 		}
 		a.final = append(a.final, e.m.Settle(clock)...)
 	}

@@ -120,7 +120,7 @@ func (o *outputs) records(provider string) plog.LogRecordSlice {
 func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineContext, spans *spanGate) (*sessions, error) {
 	s := &sessions{
 		cfg: cfg, telemetry: telemetry, engines: engines, spans: spans, limits: cfg.Limits.eventLimits(),
-		held: heldOutputs{engines: engines}, pending: newOutputs(), attr: newAttributor(cfg.Attribution, cfg.Metrics, time.Now()),
+		held: heldOutputs{engines: engines}, pending: newOutputs(), attr: newAttributor(cfg.Attribution, cfg.Metrics, cfg.Stall.DeliverySlack, time.Now()),
 	}
 	var err error
 	if s.table, err = session.NewTable[sessionState](cfg.sessionConfig(), s); err != nil {

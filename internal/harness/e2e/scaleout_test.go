@@ -120,11 +120,13 @@ func startScaleOut(t *testing.T, decisionWait time.Duration) *scaleOut {
 		// so a kept session waits up to engine_timing::wait for one; the
 		// sessions here have none, and that wait is scaled down with
 		// decision_wait (6 s → 300 ms), as the shipped 60 s covers 6 s.
+		// Its outputs also wait for its engine's steps to settle
+		// (attribution::settle_after), scaled down likewise (2 s → 300 ms).
 		dir := t.TempDir()
 		agentCfg := filepath.Join(dir, "agent.yaml")
 		require.NoError(t, os.WriteFile(agentCfg, []byte( //nolint:gosec // G703: the test's own temporary directory
 			"receivers:\n  token_stream:\n    hooks:\n      unix:\n        endpoint: "+filepath.Join(dir, "hooks.sock")+"\n        socket_group: \"\"\n"+
-				"processors:\n  token_session:\n    engine_timing:\n      wait: 300ms\n"), 0o600))
+				"processors:\n  token_session:\n    engine_timing:\n      wait: 300ms\n    attribution:\n      settle_after: 300ms\n"), 0o600))
 		testbin.StartCollector(t, []string{
 			"--config", filepath.Join("..", "..", "..", "deploy", "agent-config.yaml"),
 			"--config", lbCfg,
@@ -448,7 +450,10 @@ func TestScaleOutGatewayLost(t *testing.T) {
 		200*time.Millisecond, "the first 100 traces were not all kept whole")
 
 	inFlight := so.bulkSessions(t, 6000, 100)
-	time.Sleep(time.Second) // at both gateways, undecided
+	// At both gateways, undecided: the agents send a session's spans once
+	// its engine's steps settled, stall::delivery_slack and settle_after
+	// after its last event (about a second).
+	time.Sleep(3 * time.Second)
 	so.gatewayProcs[1].Crash()
 	during := so.bulkSessions(t, 7000, 100)
 	time.Sleep(gatewayOutage)
