@@ -207,8 +207,8 @@ func newAttributor(cfg AttributionConfig, metrics sessionmetrics.Config, deliver
 	return &attributor{
 		cfg: cfg, limit: metrics.CardinalityLimit, forgetAfter: int64(metrics.ForgetAfter), maxEngines: metrics.MaxEngines,
 		deliverySlack: int64(deliverySlack),
-		engines: map[string]*engineAccount{},
-		pods:    map[string]powerReading{}, energy: map[string]powerReading{}, series: map[seriesKey]*shareSeries{},
+		engines:       map[string]*engineAccount{},
+		pods:          map[string]powerReading{}, energy: map[string]powerReading{}, series: map[seriesKey]*shareSeries{},
 		tenants: keyset.New(cfg.MaxTenants, metrics.ForgetAfter),
 		prompts: map[promptKey]*promptMean{}, lastFlush: pcommon.NewTimestampFromTime(now),
 	}
