@@ -38,10 +38,15 @@ func (h *hook) Started(r *sim.Request) {
 	if r.Params.Tenant != "" {
 		attrs["tenant.id"] = r.Params.Tenant // as a gateway in front of the engine would label it
 	}
-	h.check(h.c.Start(tokenhook.Start{
+	st := tokenhook.Start{
 		SessionID: r.ID, Time: r.Arrival, Model: h.model, Operation: r.Params.Operation,
 		PromptTokens: r.Params.PromptTokens, HasPromptTokens: true, Engine: h.engine, Attributes: attrs,
-	}))
+	}
+	// In the request's trace, as an engine's hook joins its caller's.
+	if trace, parent, ok := readTraceparent(r.Params.TraceParent); ok {
+		st.TraceID, st.ParentSpanID = trace, parent
+	}
+	h.check(h.c.Start(st))
 }
 
 func (h *hook) Token(r *sim.Request, ev sim.Event) { h.check(h.c.Token(r.ID, ev.Time, 1)) }

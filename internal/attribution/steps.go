@@ -82,7 +82,8 @@ type StepsConfig struct {
 }
 
 type step struct {
-	at       int64
+	// at is its end, the earliest of its tokens; last the latest.
+	at, last int64
 	decoders float64
 	prefill  float64
 	tokens   []stepToken
@@ -209,14 +210,19 @@ func (e *Steps) stepAt(at int64) (int, bool) {
 	for i > 0 && e.steps[i-1].at > at+e.cfg.Join {
 		i--
 	}
-	if i > 0 && e.steps[i-1].at >= at-e.cfg.Join {
+	if i > 0 && at <= e.steps[i-1].last+e.cfg.Join {
+		// Within Join of a token of the step: its tokens come spread by
+		// the way to the collector, each a little later than the step
+		// ended, so the step ends at its earliest.
+		s := &e.steps[i-1]
+		s.at, s.last = min(s.at, at), max(s.last, at)
 		return i - 1, true
 	}
 	var s step
 	if n := len(e.free); n > 0 {
 		s, e.free = e.free[n-1], e.free[:n-1]
 	}
-	s.at = at
+	s.at, s.last = at, at
 	e.steps = slices.Insert(e.steps, i, s)
 	if i < e.classified {
 		e.classified++ // a new step among the read ones: nothing in it read yet
@@ -296,16 +302,16 @@ func (e *Steps) classify(j, i int) {
 // preempted reports whether the steps after prev before steps[j] decoded
 // without the session: every step decodes its running sequences, but
 // prefill first a step that computes prompts decodes none.
+//
+// Steps missed that lasted less than twice Join in all are no evidence:
+// a step's tokens can come spread a little wider than Join, and split it.
 func (e *Steps) preempted(prev int64, j int) bool {
-	if !e.cfg.PrefillFirst {
-		return true
-	}
+	missed, decoded := int64(0), !e.cfg.PrefillFirst
 	for k := j - 1; k >= 0 && e.steps[k].at > prev+e.cfg.Join; k-- {
-		if e.steps[k].decoders > 0 {
-			return true
-		}
+		missed += e.steps[k].at - e.prevEnd(k)
+		decoded = decoded || e.steps[k].decoders > 0
 	}
-	return false
+	return decoded && missed >= 2*e.cfg.Join
 }
 
 // spread charges tokens of prompt to a in steps[j] and the ones before

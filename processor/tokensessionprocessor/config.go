@@ -166,7 +166,7 @@ func defaultAttributionConfig() AttributionConfig {
 	return AttributionConfig{
 		Enabled: true, TenantAttribute: "tenant.id", MaxTenants: 100,
 		StepTokens: attribution.DefaultBudget, MaxNumSeqs: 256, DefaultPromptTokens: 512,
-		SettleAfter: 2 * time.Second, StepJoin: time.Millisecond,
+		SettleAfter: 2 * time.Second, StepJoin: 5 * time.Millisecond,
 		PowerMetric: "DCGM_FI_DEV_POWER_USAGE", PodAttribute: "pod",
 		EnergyMetric: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
 		ShareWait:    5 * time.Second, MaxPendingShares: 20_000,

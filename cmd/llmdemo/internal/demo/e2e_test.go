@@ -94,6 +94,16 @@ func TestDemoPipeline(t *testing.T) {
 	}
 	t.Logf("sessions %d: error p50 %.1f%% p90 %.1f%% max %.1f%%; collector busy %.3f + idle %.3f s, simulator busy %.3f + idle %.3f = wall %.3f s",
 		a.Sessions, a.ErrP50, a.ErrP90, a.ErrMax, a.CollectorBusyS, a.CollectorIdleS, a.TruthBusyS, a.TruthIdleS, a.TruthWallS)
+
+	// The exact path beside it: the engine's own shares through the hook,
+	// every session kept, each the simulator's.
+	x := res.ExactAttribution
+	require.NotNil(t, x)
+	assert.Equal(t, c.Completed+c.Failed, x.Sessions, "every session of the exact path matched to the truth")
+	assert.Less(t, x.ErrMax, 0.001, "each session's engine time is the engine's, to the nanosecond (%%)")
+	for _, tf := range x.Tenants {
+		assert.InEpsilon(t, tf.TruthS, tf.CollectorS, 1e-6, "tenant %s, exact path", tf.Tenant)
+	}
 }
 
 // logCollectorProblems logs the collector's warnings and errors: the

@@ -29,6 +29,13 @@ import (
 //go:embed collector.yaml
 var collectorConfig []byte
 
+// exactCollectorConfig is the second collector's, for the exact path of who
+// used the GPU: vllmsim's hook sends it each request with the engine's own
+// share.
+//
+//go:embed exact-collector.yaml
+var exactCollectorConfig []byte
+
 // Binaries are the programs a point runs.
 type Binaries struct {
 	Collector string // otelcol-llm
@@ -244,12 +251,15 @@ type PointResult struct {
 	Truth     Truth            `json:"simulator"`
 	Slow      SlowCheck        `json:"slow_sessions"`
 	Split     SplitCheck       `json:"split"`
-	// Attribution is who used the GPU, collector vs simulator.
-	Attribution *AttributionFigures `json:"attribution,omitempty"`
-	CPUSeconds  map[string]float64  `json:"cpu_seconds"` // per process, user+system
-	WallS       float64             `json:"wall_s"`      // the load's span, first request to last answer
-	Dir         string              `json:"dir"`
-	requests    []requestRecord
+	// Attribution is who used the GPU, the collector's estimate through the
+	// proxy vs the simulator; ExactAttribution the same for the engine's
+	// own shares, through the hook to a second collector.
+	Attribution      *AttributionFigures `json:"attribution,omitempty"`
+	ExactAttribution *AttributionFigures `json:"exact_attribution,omitempty"`
+	CPUSeconds       map[string]float64  `json:"cpu_seconds"` // per process, user+system
+	WallS            float64             `json:"wall_s"`      // the load's span, first request to last answer
+	Dir              string              `json:"dir"`
+	requests         []requestRecord
 }
 
 // CPUCores is the mean number of cores the three processes used while the
@@ -279,12 +289,15 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir, live string, pro
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	cfgPath := filepath.Join(dir, "collector.yaml")
+	cfgPath, exactCfgPath := filepath.Join(dir, "collector.yaml"), filepath.Join(dir, "exact-collector.yaml")
 	if err := os.WriteFile(cfgPath, collectorConfig, 0o644); err != nil {
 		return nil, err
 	}
+	if err := os.WriteFile(exactCfgPath, exactCollectorConfig, 0o644); err != nil {
+		return nil, err
+	}
 	var started []*process.Process
-	var snk *sink
+	var snk, exactSnk *sink
 	defer func() {
 		// Reverse order: the load, then the collector, then the engine;
 		// the sink last, so that the collector's last flush finds it.
@@ -296,15 +309,36 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir, live string, pro
 		if snk != nil {
 			snk.close()
 		}
+		if exactSnk != nil {
+			exactSnk.close()
+		}
 	}()
 
-	var addrs [4]string
+	var addrs [6]string
 	for i := range addrs {
 		if addrs[i], err = process.FreeAddr(); err != nil {
 			return nil, err
 		}
 	}
 	simAddr, proxyAddr, otlpAddr, healthAddr := addrs[0], addrs[1], addrs[2], addrs[3]
+	exactOTLPAddr, exactHealthAddr := addrs[4], addrs[5]
+
+	// The exact path first, so that vllmsim's hook finds its socket: a
+	// collector of its own, whose work is not the point's collector's.
+	if exactSnk, err = startSink(); err != nil {
+		return nil, err
+	}
+	hookSocket := filepath.Join(dir, "hooks.sock")
+	exactCol, err := startProcess("otelcol-llm-exact", filepath.Join(dir, "otelcol-exact.log"), bins.Collector, []string{"--config", exactCfgPath}, []string{
+		"HOOK_SOCKET=" + hookSocket, "OTLP_ENDPOINT=" + exactOTLPAddr, "HEALTH_ENDPOINT=" + exactHealthAddr, "SINK_URL=" + exactSnk.url(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	started = append(started, exactCol)
+	if err := exactCol.WaitHTTP(ctx, "http://"+exactHealthAddr+"/", 60*time.Second); err != nil {
+		return nil, err
+	}
 	timingsPath := filepath.Join(dir, "timings.ndjson")
 	// The engine reports its own split of each request's time as vLLM does:
 	// its llm_request spans to the collector's otlp receiver (every second,
@@ -315,7 +349,10 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir, live string, pro
 		"-otlp-traces-delay", "1s", "-enable-per-request-metrics", "-timings-out", timingsPath,
 		// Who used the GPU: the exact shares, and the GPU's power as
 		// dcgm-exporter serves it, its pod named as the proxy names the engine.
-		"-attribution-out", attributionPath, "-dcgm", "-gpu-pod", simAddr)
+		"-attribution-out", attributionPath, "-dcgm", "-gpu-pod", simAddr,
+		// The exact path: each request's events and share, to the second
+		// collector, under the engine name the proxy gives it.
+		"-hook", "unix://"+hookSocket, "-hook-engine", simAddr)
 	sim, err := startProcess("vllmsim", filepath.Join(dir, "vllmsim.log"), bins.Sim, simArgs, nil)
 	if err != nil {
 		return nil, err
@@ -370,15 +407,21 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir, live string, pro
 	if err := snk.waitSessions(ctx, finished, 15*time.Second); err != nil {
 		progress("warning: %v", err)
 	}
-	// The collector flushes its metrics once more as it stops.
+	// The collector flushes its metrics once more as it stops; the exact
+	// path's collector after the engine, whose hook sends to it.
 	if err := col.Stop(stopGrace); err != nil {
 		return nil, err
 	}
 	if err := sim.Stop(stopGrace); err != nil {
 		return nil, err
 	}
+	if err := exactCol.Stop(stopGrace); err != nil {
+		return nil, err
+	}
 	for _, pr := range started {
-		res.CPUSeconds[pr.Name] = pr.UsedCPU().Seconds()
+		if pr != exactCol {
+			res.CPUSeconds[pr.Name] = pr.UsedCPU().Seconds()
+		}
 	}
 	if res.Client, err = readClient(filepath.Join(dir, "llmload.json")); err != nil {
 		return nil, err
@@ -395,6 +438,10 @@ func RunPoint(ctx context.Context, bins Binaries, p Point, dir, live string, pro
 	res.Split = checkSplit(res.Collector.Spans, res.Truth.byTrace)
 	engineTime, engineEnergy := snk.engineShares()
 	if res.Attribution, err = attributionFigures(attributionPath, res.Collector.Spans, engineTime, engineEnergy); err != nil {
+		return nil, err
+	}
+	exactTime, exactEnergy := exactSnk.engineShares()
+	if res.ExactAttribution, err = attributionFigures(attributionPath, exactSnk.figures(startAt).Spans, exactTime, exactEnergy); err != nil {
 		return nil, err
 	}
 	return res, nil

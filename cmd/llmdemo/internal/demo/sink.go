@@ -69,8 +69,10 @@ type Span struct {
 	// Phases are the names of its phase spans (traces::phase_spans).
 	Phases []string `json:"phases,omitempty"`
 	spanID string
-	// EngineTimeS is the session's share of its engine's busy time.
+	// EngineTimeS is the session's share of its engine's busy time;
+	// EndUnixNano its end.
 	EngineTimeS float64 `json:"engine_time_s,omitempty"`
+	EndUnixNano int64   `json:"end_unix_nano,omitempty"`
 	// DecodeMs is the engine's decode time, OutputTokens the session's
 	// output tokens (make demo-real: llama.cpp's TPOT).
 	DecodeMs     float64 `json:"decode_ms,omitempty"`
@@ -240,6 +242,7 @@ func (s *sink) traces(td ptrace.Traces) {
 					PrefillMs:      attrFloat(a, "llm.session.prefill_time") * 1000,
 					spanID:         sp.SpanID().String(),
 					EngineTimeS:    attrFloat(a, "llm.session.engine_time"),
+					EndUnixNano:    int64(sp.EndTimestamp()),
 					DecodeMs:       attrFloat(a, "llm.session.decode_time") * 1000,
 					OutputTokens:   attrInt(a, "gen_ai.usage.output_tokens"),
 					WaitingStart:   waitingStart(a),
