@@ -10,14 +10,14 @@ import (
 
 // Steps is one engine's account settled from its steps as the token
 // stream shows them, for a collector that sees every token but not the
-// engine's scheduler (the proxy). It is the same model as Engine (each
-// step's time split among the sessions in it by the tokens each computes),
-// computed after the fact instead of guessed as it happens:
+// engine's scheduler. Each step's time is split among the sessions in it
+// by the tokens each computes, the steps read after the fact:
 //
 //   - A step ends with a token of every sequence it decoded or whose
 //     prompt it finished, so the engine's step ends are the distinct times
-//     of its tokens (tokens within StepsConfig.Join of each other are one
-//     step), and a step lasts from the previous step's end to its own.
+//     of its tokens (a token within StepsConfig.Join of another of a step
+//     is of it: they come spread a little, each later than the step
+//     ended), and a step lasts from the previous step's end to its own.
 //   - A session's token in the step right after its previous token's is a
 //     decode: weight 1 (n for a chunk of n tokens).
 //   - Its first token ends its prefill: its prompt's tokens are spread
@@ -46,10 +46,10 @@ type Steps struct {
 	steps      []step
 	classified int
 	// settledTo is the end of the last settled step (the start of
-	// steps[0]); wallStart the engine's first arrival.
-	settledTo, wallStart int64
-	started              bool
-	latest               int64
+	// steps[0]), from the engine's first arrival on (started).
+	settledTo int64
+	started   bool
+	latest    int64
 
 	watts    float64
 	hasPower bool
@@ -70,7 +70,9 @@ type Steps struct {
 // StepsConfig configures a Steps.
 type StepsConfig struct {
 	// StepTokens is the step's token budget (a value below 1 is
-	// DefaultBudget); PrefillFirst as Limits'.
+	// DefaultBudget). PrefillFirst: a step that computes prompts decodes
+	// nothing and computes each prompt whole (vLLM V0 without chunked
+	// prefill).
 	StepTokens   int
 	PrefillFirst bool
 	// Join is how close two tokens' times are to be of one step (ns).
@@ -145,7 +147,7 @@ func (e *Steps) Arrive(a *Account, at, prompt int64) {
 		return
 	}
 	if !e.started {
-		e.started, e.wallStart, e.settledTo = true, at, at
+		e.started, e.settledTo = true, at
 	}
 	e.latest = max(e.latest, at)
 	*a = Account{arrived: true, arrival: at, EnergyKnown: e.hasPower, powerRun: e.powerRun}

@@ -493,9 +493,17 @@ func (a *attributor) count(acc *shareAccount, promptTokens int64, share *session
 	}
 	sr.prefill += share.Prefill
 	sr.decode += share.Decode
-	if sh := acc.share; sh.EnergyKnown {
-		// The collector's, whatever the share's time: the engines' idle
-		// energy is the collector's too, and the two add up to the whole.
+	switch sh := acc.share; {
+	case share.Source == session.ShareEngine && share.HasEnergy:
+		// The engine's own, split between the phases as its time is.
+		sr.hasEnergy = true
+		prefill := 0.0
+		if t := share.Prefill + share.Decode; t > 0 {
+			prefill = share.Energy * share.Prefill / t
+		}
+		sr.prefillEnergy += prefill
+		sr.decodeEnergy += share.Energy - prefill
+	case sh.EnergyKnown:
 		sr.hasEnergy = true
 		sr.prefillEnergy += sh.PrefillEnergy
 		sr.decodeEnergy += sh.Energy - sh.PrefillEnergy

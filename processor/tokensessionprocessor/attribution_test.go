@@ -168,6 +168,11 @@ func TestAttributionEngineShareWins(t *testing.T) {
 	assert.InDelta(t, 4.2, a["llm.session.energy"], 1e-12)
 	c := engineCounters(t, p, "llm.engine.time")
 	assert.InDelta(t, 0.007, c["acme/prefill"], 1e-12)
+	// Its energy too, split between the phases as its time is: the engine
+	// had no power reading here, so the collector had none to give.
+	j := engineCounters(t, p, "llm.engine.energy")
+	assert.InDelta(t, 4.2*7/37, j["acme/prefill"], 1e-12)
+	assert.InDelta(t, 4.2*30/37, j["acme/decode"], 1e-12)
 }
 
 // dcgmEnergy is a dcgm-exporter scrape of the energy counter (mJ).

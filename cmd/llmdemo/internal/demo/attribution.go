@@ -233,7 +233,8 @@ func plotAttribution(path string, pts []*PointResult) error {
 	p := newPlot()
 	p.Title.Text = "RAG tenant: share of GPU time vs share of tokens"
 	p.Y.Label.Text = "% of the total"
-	p.Legend.Top, p.Legend.Left = true, true
+	// Bottom right: the lines run above 15% there.
+	p.Legend.Top, p.Legend.Left = false, false
 	var ticks []plot.Tick
 	var tok, col, exact, sim plotter.XYs
 	for i, r := range pts {
