@@ -176,10 +176,12 @@ func (e *Steps) meanPrompt() float64 {
 	return e.promptSum / e.promptCount
 }
 
-// Token is n of the session's tokens at at.
-func (e *Steps) Token(a *Account, at int64, n int64) {
+// Token is n of the session's tokens at at. It reports false for a token
+// that came after its step was settled (its weight is lost to the others
+// in it).
+func (e *Steps) Token(a *Account, at, n int64) bool {
 	if !a.arrived || a.ended || n < 1 {
-		return
+		return true
 	}
 	if at > e.latest {
 		e.latest = at
@@ -193,13 +195,14 @@ func (e *Steps) Token(a *Account, at int64, n int64) {
 	j, ok := e.stepAt(at)
 	if !ok {
 		e.late++
-		return
+		return false
 	}
 	e.steps[j].tokens = append(e.steps[j].tokens, stepToken{a: a, prev: prev, n: float64(n)})
 	a.pending++
 	if j < e.classified {
 		e.classify(j, len(e.steps[j].tokens)-1)
 	}
+	return true
 }
 
 // stepAt finds or makes the step ending at at; false when its time is
@@ -244,7 +247,7 @@ func (e *Steps) End(a *Account, at, prompt, output int64) {
 	e.SetPrompt(a, prompt)
 	if a.last == 0 && output > 0 {
 		a.prompt += float64(output)
-		e.Token(a, at, 1)
+		_ = e.Token(a, at, 1) // late, it is counted in Late
 	}
 	a.ended = true
 	e.open--

@@ -104,6 +104,9 @@ type attributionCounts struct {
 	// tenants counts the sessions whose tenant counted as _OTHER; pods the
 	// power readings of pods beyond maxPods, not held.
 	tenants, pods uint64
+	// lateTokens counts the token events that came after their engine
+	// step was settled.
+	lateTokens uint64
 }
 
 type engineAccount struct {
@@ -370,7 +373,9 @@ func (a *attributor) firstToken(s *session.Session, acc *shareAccount, live *ses
 		e.m.Arrive(acc.share, s.FirstTokenTime, -1)
 	}
 	e.seen(s.FirstTokenTime, now)
-	e.m.Token(acc.share, s.FirstTokenTime, 1)
+	if !e.m.Token(acc.share, s.FirstTokenTime, 1) {
+		a.counts.lateTokens++
+	}
 }
 
 // token: n of the session's tokens at at (after its first).
@@ -380,7 +385,9 @@ func (a *attributor) token(acc *shareAccount, at, n, now int64) {
 	}
 	a.mu.Lock()
 	acc.engine.seen(at, now)
-	acc.engine.m.Token(acc.share, at, n)
+	if !acc.engine.m.Token(acc.share, at, n) {
+		a.counts.lateTokens++
+	}
 	a.mu.Unlock()
 }
 

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/processor/processortest"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
@@ -264,4 +265,34 @@ func TestAttributionPromptFromItsSize(t *testing.T) {
 	require.Len(t, byID, 3)
 	assert.InDelta(t, 0.010+0.010/1001, byID["c"]["llm.session.engine_time.decode"], 1e-9, "b's prompt estimated at 1 000 tokens")
 	assert.InDelta(t, 0.010*1000/1001, byID["b"]["llm.session.engine_time.prefill"], 1e-9)
+}
+
+// A token that comes after its engine step was settled (here, the next
+// batch, with settle_after 0) loses its weight in the step to the others,
+// and is counted.
+func TestAttributionLateTokenCounted(t *testing.T) {
+	tel := componenttest.NewTelemetry()
+	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
+	set := processortest.NewNopSettings(metadata.Type)
+	set.TelemetrySettings = tel.NewTelemetrySettings()
+	p := newPipelinesWith(t, set, func(c *Config) { c.Sampling.NormalPercent = 100 })
+	ctx := context.Background()
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(
+		tenantStart("a", "acme", base, 10), tenantStart("b", "acme", base, 10), tok("a", base+10*ms, 1), end("a", base+10*ms))))
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(tok("b", base+10*ms, 1), end("b", base+10*ms))))
+	p.shutdown(t)
+	byID := map[string]map[string]any{}
+	for _, lr := range recordsNamed(p.logSink.AllLogs(), eventNameSummary) {
+		a := lr.Attributes().AsRaw()
+		byID[a["llm.session.id"].(string)] = a
+	}
+	assert.InDelta(t, 0.010, byID["a"]["llm.session.engine_time"], 1e-12, "the step alone")
+	assert.InDelta(t, 0.0, byID["b"]["llm.session.engine_time"], 1e-12)
+	m, err := tel.GetMetric("otelcol_processor_token_session_late_step_tokens")
+	require.NoError(t, err)
+	var late int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		late += dp.Value
+	}
+	assert.Equal(t, int64(1), late)
 }

@@ -320,7 +320,8 @@ func (p *sessions) renderMetrics(now time.Time) pmetric.Metrics {
 			keyModel: p.metrics.ModelOverflowCount(), keyEngine: p.metrics.EngineOverflowCount(),
 			keyTenant: ac.tenants, keyPod: ac.pods, keyEngineInstance: p.engines.overflowed(),
 		},
-		forgotten: p.metrics.ForgottenCount() + p.metrics.DisplacedCount() + ac.forgotten,
+		forgotten:  p.metrics.ForgottenCount() + p.metrics.DisplacedCount() + ac.forgotten,
+		lateTokens: ac.lateTokens,
 	})
 	if !p.toMetrics {
 		return pmetric.Metrics{}

@@ -81,6 +81,9 @@ type boundCounts struct {
 	keys [len(boundKeys)]uint64
 	// forgotten are the series forgotten after metrics::forget_after.
 	forgotten uint64
+	// lateTokens are the token events that came after their engine step
+	// was settled.
+	lateTokens uint64
 }
 
 func newProcessorTelemetry(set processor.Settings) (*processorTelemetry, error) {
@@ -255,6 +258,9 @@ func (t *processorTelemetry) reportBounds(ctx context.Context, c boundCounts) {
 	}
 	if d := c.forgotten - t.bounds.forgotten; d > 0 {
 		t.builder.ProcessorTokenSessionSeriesForgotten.Add(ctx, int64(d))
+	}
+	if d := c.lateTokens - t.bounds.lateTokens; d > 0 {
+		t.builder.ProcessorTokenSessionLateStepTokens.Add(ctx, int64(d))
 	}
 	t.bounds = c
 }

@@ -37,6 +37,7 @@ type TelemetryBuilder struct {
 	ProcessorTokenSessionHeldOutputsOverflowed metric.Int64Counter
 	ProcessorTokenSessionInvalidRecords        metric.Int64Counter
 	ProcessorTokenSessionKeysOverflowed        metric.Int64Counter
+	ProcessorTokenSessionLateStepTokens        metric.Int64Counter
 	ProcessorTokenSessionLiveEnginesLeftOut    metric.Int64Counter
 	ProcessorTokenSessionLiveScans             metric.Int64Counter
 	ProcessorTokenSessionLiveSessionsUntallied metric.Int64Counter
@@ -178,6 +179,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_processor_token_session_keys_overflowed",
 		metric.WithDescription("Sessions, and metric readings, whose key was beyond its bound because that many others were held: recorded under _OTHER (model, engine, tenant) or not kept (pod, engine_instance), by key. [Development]"),
 		metric.WithUnit("{item}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionLateStepTokens, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_late_step_tokens",
+		metric.WithDescription("Token events that came after the engine step they ended had been settled (attribution::settle_after after it ended): their session's weight in that step went to the other sessions in it. [Development]"),
+		metric.WithUnit("{token}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionLiveEnginesLeftOut, err = builder.meter.Int64Counter(

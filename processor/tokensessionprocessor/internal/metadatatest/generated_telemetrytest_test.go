@@ -37,6 +37,7 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ProcessorTokenSessionHeldOutputsOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionInvalidRecords.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionKeysOverflowed.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionLateStepTokens.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionLiveEnginesLeftOut.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionLiveScans.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionLiveSessionsUntallied.Add(context.Background(), 1)
@@ -78,6 +79,9 @@ func TestSetupTelemetry(t *testing.T) {
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionKeysOverflowed(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionLateStepTokens(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionLiveEnginesLeftOut(t, testTel,
