@@ -281,8 +281,14 @@ func (e *engineAccount) promptFromBytes(size int64) int64 {
 }
 
 // seen notes an event of the engine at at (its clock), at collector time
-// now.
-func (e *engineAccount) seen(at, now int64) {
+// now. The engine's clock runs as the collector's: an event further ahead
+// of it than slack (stall::delivery_slack) moves it no further (a sender's
+// clock gone wrong), lest the steps before it settle before their tokens
+// came.
+func (e *engineAccount) seen(at, now, slack int64) {
+	if e.seenAt != 0 {
+		at = min(at, e.clockAt+max(now-e.seenAt, 0)+slack)
+	}
 	if at >= e.clockAt {
 		e.clockAt, e.seenAt = at, now
 	}
@@ -328,7 +334,7 @@ func (a *attributor) started(s *session.Session, acc *shareAccount, live *sessio
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	e := a.open(acc, s.Engine, live.Engine() != s.Engine)
-	e.seen(s.StartTime, now)
+	e.seen(s.StartTime, now, a.deliverySlack)
 	acc.tenant = a.tenants.Open(a.tenantOf(s))
 	acc.series = a.seriesOf(live, acc.tenant)
 	acc.series.open++
@@ -372,7 +378,7 @@ func (a *attributor) firstToken(s *session.Session, acc *shareAccount, live *ses
 		e = a.open(acc, s.Engine, live.Engine() != s.Engine)
 		e.m.Arrive(acc.share, s.FirstTokenTime, -1)
 	}
-	e.seen(s.FirstTokenTime, now)
+	e.seen(s.FirstTokenTime, now, a.deliverySlack)
 	if !e.m.Token(acc.share, s.FirstTokenTime, 1) {
 		a.counts.lateTokens++
 	}
@@ -384,7 +390,7 @@ func (a *attributor) token(acc *shareAccount, at, n, now int64) {
 		return
 	}
 	a.mu.Lock()
-	acc.engine.seen(at, now)
+	acc.engine.seen(at, now, a.deliverySlack)
 	if !acc.engine.m.Token(acc.share, at, n) {
 		a.counts.lateTokens++
 	}
@@ -414,7 +420,7 @@ func (a *attributor) close(s *session.Session, e *session.End, acc *shareAccount
 		at = s.EndedAt(e)
 	}
 	eng := acc.engine
-	eng.seen(at, now)
+	eng.seen(at, now, a.deliverySlack)
 	eng.m.End(acc.share, at, s.PromptTokens, s.OutputTokens(e))
 	if e.Share.Source == "" {
 		e.Share = collectorShare(acc.share)

@@ -6,6 +6,7 @@ package tokensessionprocessor
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -295,4 +296,31 @@ func TestAttributionLateTokenCounted(t *testing.T) {
 		late += dp.Value
 	}
 	assert.Equal(t, int64(1), late)
+}
+
+// A session whose times run 30 s ahead of its engine's others (its
+// sender's clock gone wrong) does not move the engine's clock ahead with
+// it: the other sessions' steps are not settled before their tokens came.
+func TestAttributionClockAheadDoesNotSettleEarly(t *testing.T) {
+	tel := componenttest.NewTelemetry()
+	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
+	set := processortest.NewNopSettings(metadata.Type)
+	set.TelemetrySettings = tel.NewTelemetrySettings()
+	p := newPipelinesWith(t, set, func(c *Config) { c.Sampling.NormalPercent = 100 })
+	ctx := context.Background()
+	ahead := base + 30*time.Second.Nanoseconds()
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(tenantStart("a", "acme", base, 10), tok("a", base+10*ms, 1))))
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(tenantStart("x", "acme", ahead, 10), tok("x", ahead+10*ms, 1), end("x", ahead+10*ms))))
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(tok("a", base+20*ms, 1), end("a", base+20*ms))))
+	p.shutdown(t)
+	var a map[string]any
+	for _, lr := range recordsNamed(p.logSink.AllLogs(), eventNameSummary) {
+		if at := lr.Attributes().AsRaw(); at["llm.session.id"] == "a" {
+			a = at
+		}
+	}
+	require.NotNil(t, a)
+	assert.InDelta(t, 0.010, a["llm.session.engine_time.decode"], 1e-12, "its decode step counted")
+	_, err := tel.GetMetric("otelcol_processor_token_session_late_step_tokens")
+	assert.Error(t, err, "no token late")
 }
