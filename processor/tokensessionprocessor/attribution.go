@@ -47,9 +47,9 @@ type attributor struct {
 	deliverySlack int64
 
 	mu sync.Mutex
-	// engines are the engines' integrals, by the engines' own names: an
-	// engine beyond metrics::max_engines is integrated too (its sessions'
-	// shares are its own), but held only while it has an open session.
+	// engines are the engines' steps, by the engines' own names: an engine
+	// beyond metrics::max_engines has its steps too (its sessions' shares
+	// are its own), but held only while it has an open session.
 	engines map[string]*engineAccount
 	last    *engineAccount
 	// held counts the engines not folded; idleEngines are those idle at
