@@ -215,10 +215,12 @@ func (e *Steps) stepAt(at int64) (int, bool) {
 	for i > 0 && e.steps[i-1].at > at+e.cfg.Join {
 		i--
 	}
-	if i > 0 && at <= e.steps[i-1].last+e.cfg.Join {
+	if i > 0 && at <= e.steps[i-1].last+e.cfg.Join && at-e.steps[i-1].at <= 2*e.cfg.Join {
 		// Within Join of a token of the step: its tokens come spread by
 		// the way to the collector, each a little later than the step
-		// ended, so the step ends at its earliest.
+		// ended, so the step ends at its earliest. A step spans at most
+		// twice Join: a stream of tokens closer than Join does not chain
+		// into one step without end.
 		s := &e.steps[i-1]
 		s.at, s.last = min(s.at, at), max(s.last, at)
 		return i - 1, true
