@@ -15,14 +15,20 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
-// RecordWriter appends token events to a log record slice. The token events
-// of one session between its start and end are packed into a single record,
-// since a pdata record per token is the dominant cost at high rates.
+// RecordWriter appends token events to a log record slice. It writes no
+// record per token event, since a pdata record per token is the dominant
+// cost at high rates, nor one per session and batch, the cost where a batch
+// holds few tokens of each session: a session's token events are held
+// until an event of its own must follow them (its start, end or move, which
+// first writes the tokens held as one record of the session), or until
+// Flush, which writes the tokens still held of every session as one batch
+// record (AttrTokenSessions), or as the session's own record when only one
+// session has any.
 //
-// A packed record's events are written into it when packing ends (Flush,
-// Reset, or the session's next start or end event), as one string of known
-// length, not event by event. So the records are complete only after Flush
-// or Reset.
+// So the token events are written as each session's tokens end, not event
+// by event, each record as one string of known length, and the records are
+// complete only after Flush or Reset. Each session's order is kept; the
+// records of different sessions are regrouped.
 //
 // An ordered writer (SetOrdered) also puts each session's events in time
 // order at Flush (start, tokens, end at one instant in that order), for a
@@ -33,28 +39,28 @@ import (
 type RecordWriter struct {
 	records  plog.LogRecordSlice
 	observed pcommon.Timestamp
-	// open maps a session ID to its token record in opens, while packing
-	// (in an unordered writer, to its latest one, completed or not); in an
-	// ordered writer, to its entry in opens from its first event of the
-	// batch on, open token record or not.
-	open  map[string]int32
-	opens []openTokenRecord
+	// index maps a session ID to its entry in sessions, while it holds
+	// tokens (in an unordered writer, to its latest entry, holding tokens
+	// or not); in an ordered writer, from its first event of the batch on,
+	// holding tokens or not.
+	index    map[string]int32
+	sessions []sessionTokens
 	// ordered: see SetOrdered. disordered: a session's records came out of
 	// time order in this batch, so Flush sorts them.
 	ordered, disordered bool
-	// recent caches open by IDSlot: 1 + the index in opens of the record
-	// last looked up there, a hint checked against opens. It spares most
-	// token events the map's hash and probe.
+	// recent caches index by IDSlot: 1 + the index in sessions of the
+	// entry last looked up there, a hint checked against sessions. It
+	// spares most token events the map's hash and probe.
 	recent [swar.IDSlots]int32
-	// packed holds the events of all open records, each record's events
-	// chained from first to last through next.
+	// packed holds the events of all held tokens, each session's chained
+	// from first to last through next.
 	packed []packedEvent
-	text   []byte // scratch for the AttrTokenEvents string
+	text   []byte // scratch for the AttrTokenEvents or AttrTokenSessions string
 }
 
-type openTokenRecord struct {
-	id  string
-	rec plog.LogRecord
+// sessionTokens are the token events a session holds in a writer.
+type sessionTokens struct {
+	id string
 	// first and last index packed; events counts them.
 	first, last, events int32
 	// In an ordered writer: unsorted is set when an event packed is older
@@ -97,7 +103,7 @@ func kindRank(k tokenevent.Kind) int8 {
 
 // NewRecordWriter returns a writer with no destination; call Reset before use.
 func NewRecordWriter() *RecordWriter {
-	return &RecordWriter{open: make(map[string]int32)}
+	return &RecordWriter{index: make(map[string]int32)}
 }
 
 // SetOrdered makes the writer put each session's events in time order at
@@ -108,74 +114,78 @@ func (w *RecordWriter) SetOrdered(on bool) { w.ordered = on }
 
 // Reset completes the records of the previous destination (see Flush) and
 // points w at records, stamping new records with observed as their observed
-// timestamp. Packing never spans two Resets.
+// timestamp. A record never spans two Resets.
 func (w *RecordWriter) Reset(records plog.LogRecordSlice, observed pcommon.Timestamp) {
 	w.Flush()
 	w.records = records
 	w.observed = observed
 }
 
-// Flush completes the packed token records written so far. Events appended
-// after it go into new records.
+// Flush writes the token events held so far (see RecordWriter). Events
+// appended after it go into new records.
 func (w *RecordWriter) Flush() {
-	for i := range w.opens {
-		w.complete(&w.opens[i])
-	}
+	w.writeHeld()
 	if w.disordered {
 		w.disordered = false
 		w.reorder()
 	}
-	w.clearOpen()
+	w.clearSessions()
 }
 
-func (w *RecordWriter) clearOpen() {
-	clear(w.open)
+func (w *RecordWriter) clearSessions() {
+	clear(w.index)
 	// Cleared, not only truncated: a pooled writer must not keep the
-	// records it wrote alive.
-	clear(w.opens)
-	w.opens = w.opens[:0]
+	// session IDs it wrote alive.
+	clear(w.sessions)
+	w.sessions = w.sessions[:0]
 	w.packed = w.packed[:0]
 }
 
-// openRecord returns the session's open token record, or nil.
-func (w *RecordWriter) openRecord(id string) *openTokenRecord {
+// held returns the session's entry while it holds tokens (in an ordered
+// writer, from its first event on), or nil.
+func (w *RecordWriter) held(id string) *sessionTokens {
 	slot := &w.recent[swar.IDSlot(id)]
-	// Only an open record is cached under its ID, and a session has at most
-	// one open record, so a record found here with that ID is the one.
-	if i := int(*slot) - 1; i >= 0 && i < len(w.opens) && w.opens[i].id == id && (w.opens[i].events > 0 || w.ordered) {
-		return &w.opens[i]
+	// Only a held entry is cached under its ID, and a session has at most
+	// one, so an entry found here with that ID is the one.
+	if i := int(*slot) - 1; i >= 0 && i < len(w.sessions) && w.sessions[i].id == id && (w.sessions[i].events > 0 || w.ordered) {
+		return &w.sessions[i]
 	}
-	i, ok := w.open[id]
-	// In an unordered writer a completed record stays in open (deleting it
-	// was a map operation per session): it is open only while it has
-	// events, as every record there has from its first.
-	if !ok || (w.opens[i].events == 0 && !w.ordered) {
+	i, ok := w.index[id]
+	// In an unordered writer an entry whose tokens were written stays in
+	// index (deleting it was a map operation per session): it is held only
+	// while it has events, as every entry there has from its first.
+	if !ok || (w.sessions[i].events == 0 && !w.ordered) {
 		return nil
 	}
 	*slot = i + 1
-	return &w.opens[i]
+	return &w.sessions[i]
 }
 
 // Append writes ev.
 func (w *RecordWriter) Append(ev *tokenevent.Event) {
-	o := w.openRecord(ev.SessionID)
+	o := w.held(ev.SessionID)
 	if o != nil && o.events > 0 {
 		if ev.Kind == tokenevent.KindToken {
 			w.pack(o, int64(ev.TimeUnixNano), ev.Count, seqOf(ev))
 			return
 		}
-		// Later tokens of the session go after this event, so into a new
-		// record: complete the open one now.
-		w.complete(o)
+		// ev follows the session's tokens held: they go first, in a record
+		// of the session's own.
+		w.settle(o)
+		w.writeSession(o)
 		if !w.ordered {
-			o = nil // a later token opens a new record (see openRecord)
+			o = nil // a later token starts a new entry (see held)
 		}
 	}
-	if ev.Kind == tokenevent.KindShare {
+	switch ev.Kind {
+	case tokenevent.KindToken:
+		w.pack(w.entry(o, ev.SessionID), int64(ev.TimeUnixNano), ev.Count, seqOf(ev))
+		return
+	case tokenevent.KindShare:
 		w.appendShare(ev)
 		return
 	}
-	if w.ordered && ev.Kind != tokenevent.KindToken {
+	if w.ordered {
 		k := recordKey{int64(ev.TimeUnixNano), kindRank(ev.Kind)}
 		w.follows(w.entry(o, ev.SessionID), k, k)
 	}
@@ -210,15 +220,6 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 				m.PutStr(a.Key, a.Value)
 			}
 		}
-	case tokenevent.KindToken:
-		lr.SetEventName(EventNameToken)
-		// Room for the session ID and the events (AttrTokenEvents) or a
-		// single event's count or seq; both of the latter are rare.
-		attrs.EnsureCapacity(2)
-		attrs.PutStr(AttrSessionID, ev.SessionID)
-		o = w.entry(o, ev.SessionID)
-		o.rec = lr
-		w.pack(o, int64(ev.TimeUnixNano), ev.Count, seqOf(ev))
 	case tokenevent.KindEnd:
 		lr.SetEventName(EventNameEnd)
 		attrs.EnsureCapacity(5)
@@ -280,31 +281,31 @@ func (w *RecordWriter) appendShare(ev *tokenevent.Event) {
 	}
 }
 
-// entry returns o, or, when it is nil, a new entry in opens for the
+// entry returns o, or, when it is nil, a new entry in sessions for the
 // session id.
-func (w *RecordWriter) entry(o *openTokenRecord, id string) *openTokenRecord {
+func (w *RecordWriter) entry(o *sessionTokens, id string) *sessionTokens {
 	if o != nil {
 		return o
 	}
-	i := int32(len(w.opens))
-	w.open[id] = i
+	i := int32(len(w.sessions))
+	w.index[id] = i
 	w.recent[swar.IDSlot(id)] = i + 1
-	w.opens = append(w.opens, openTokenRecord{id: id, first: -1, last: -1})
-	return &w.opens[i]
+	w.sessions = append(w.sessions, sessionTokens{id: id, first: -1, last: -1})
+	return &w.sessions[i]
 }
 
 // follows notes, in an ordered writer, that the session of o has a record
 // with keys from first to last after those it had: the batch is out of
 // order when first is less than the last key before.
-func (w *RecordWriter) follows(o *openTokenRecord, first, last recordKey) {
+func (w *RecordWriter) follows(o *sessionTokens, first, last recordKey) {
 	if first.less(recordKey{o.prevTime, o.prevRank}) {
 		o.disordered, w.disordered = true, true
 	}
 	o.prevTime, o.prevRank = last.time, last.kind
 }
 
-// pack adds a token event to an open token record.
-func (w *RecordWriter) pack(o *openTokenRecord, time, count, seq int64) {
+// pack holds a token event of the session of o.
+func (w *RecordWriter) pack(o *sessionTokens, time, count, seq int64) {
 	i := int32(len(w.packed))
 	w.packed = append(w.packed, packedEvent{time: time, count: count, seq: seq, next: -1})
 	if o.last >= 0 {
@@ -318,30 +319,104 @@ func (w *RecordWriter) pack(o *openTokenRecord, time, count, seq int64) {
 	o.events++
 }
 
-// complete writes an open record's events into it: one event as the
-// single-event form, more as AttrTokenEvents. It leaves o empty, so
-// completing it again does nothing.
-func (w *RecordWriter) complete(o *openTokenRecord) {
-	if w.ordered && o.events > 0 {
-		if o.unsorted {
-			o.disordered, w.disordered = true, true
+// settle notes, in an ordered writer, the place in its session's order of
+// the tokens o holds, which are about to be written (see follows).
+func (w *RecordWriter) settle(o *sessionTokens) {
+	if !w.ordered {
+		return
+	}
+	if o.unsorted {
+		o.disordered, w.disordered = true, true
+	}
+	rank := kindRank(tokenevent.KindToken)
+	w.follows(o, recordKey{w.packed[o.first].time, rank}, recordKey{o.lastTime, rank})
+}
+
+// writeHeld writes the tokens held at the batch's end, which no event of
+// their sessions follows: those of several sessions as one batch record,
+// those of one as its own record. In an ordered writer the tokens of a
+// session out of order get a record of their own, which reorder finds by
+// its AttrSessionID.
+func (w *RecordWriter) writeHeld() {
+	var held int
+	var only *sessionTokens
+	for i := range w.sessions {
+		o := &w.sessions[i]
+		if o.events == 0 {
+			continue
 		}
-		rank := kindRank(tokenevent.KindToken)
-		w.follows(o, recordKey{w.packed[o.first].time, rank}, recordKey{o.lastTime, rank})
+		w.settle(o)
+		if o.disordered {
+			w.writeSession(o)
+			continue
+		}
+		held++
+		only = o
 	}
 	switch {
-	case o.events == 1:
+	case held == 1:
+		w.writeSession(only)
+	case held > 1:
+		w.writeBatch()
+	}
+}
+
+// writeSession writes the tokens o holds as a record of their session: one
+// event as the single-event form, more as AttrTokenEvents. It leaves o
+// empty.
+func (w *RecordWriter) writeSession(o *sessionTokens) {
+	lr := w.records.AppendEmpty()
+	lr.SetEventName(EventNameToken)
+	base := w.packed[o.first].time
+	lr.SetTimestamp(pcommon.Timestamp(base))
+	lr.SetObservedTimestamp(w.observed)
+	attrs := lr.Attributes()
+	// Room for the session ID and the events (AttrTokenEvents) or a
+	// single event's count or seq; both of the latter are rare.
+	attrs.EnsureCapacity(2)
+	attrs.PutStr(AttrSessionID, o.id)
+	if o.events == 1 {
 		if c := w.packed[o.first].count; c != 1 {
-			o.rec.Attributes().PutInt(AttrTokenCount, c)
+			attrs.PutInt(AttrTokenCount, c)
 		}
 		if seq := w.packed[o.first].seq; seq >= 0 {
-			o.rec.Attributes().PutInt(AttrTokenSeq, seq)
+			attrs.PutInt(AttrTokenSeq, seq)
 		}
-	case o.events > 1:
-		w.text = appendPacked(w.text[:0], w.packed, o.first)
-		o.rec.Attributes().PutStr(AttrTokenEvents, string(w.text))
+	} else {
+		w.text = appendPacked(w.text[:0], w.packed, o.first, base)
+		attrs.PutStr(AttrTokenEvents, string(w.text))
 	}
 	o.events, o.first, o.last, o.unsorted = 0, -1, -1, false
+}
+
+// writeBatch writes the tokens every session holds as one AttrTokenSessions
+// record, the sessions in the order of their first token, stamped with the
+// first one's first event; it leaves every entry empty.
+func (w *RecordWriter) writeBatch() {
+	w.text = w.text[:0]
+	var base int64
+	for i := range w.sessions {
+		o := &w.sessions[i]
+		if o.events == 0 {
+			continue
+		}
+		if len(w.text) == 0 {
+			base = w.packed[o.first].time
+		} else {
+			w.text = append(w.text, '\n')
+		}
+		w.text = appendDecimal(w.text, uint64(len(o.id)))
+		w.text = append(w.text, ' ')
+		w.text = append(w.text, o.id...)
+		w.text = append(w.text, ' ')
+		w.text = appendPacked(w.text, w.packed, o.first, base)
+		o.events, o.first, o.last, o.unsorted = 0, -1, -1, false
+	}
+	lr := w.records.AppendEmpty()
+	lr.SetEventName(EventNameToken)
+	lr.SetTimestamp(pcommon.Timestamp(base))
+	lr.SetObservedTimestamp(w.observed)
+	lr.Attributes().PutStr(AttrTokenSessions, string(w.text))
 }
 
 // reorder rewrites the records of the sessions whose events came out of
@@ -388,26 +463,24 @@ func (w *RecordWriter) reorder() {
 		_, ok := w.disorderedSession(lr)
 		return ok
 	})
-	w.clearOpen()
+	w.clearSessions()
 	w.ordered = false
 	for i := range items {
 		w.Append(&items[i].ev)
 	}
-	for i := range w.opens {
-		w.complete(&w.opens[i])
-	}
+	w.writeHeld()
 	w.ordered = true
 }
 
 // disorderedSession reports whether lr is a record of a session whose
-// events came out of order, and that session's index in opens.
+// events came out of order, and that session's index in sessions.
 func (w *RecordWriter) disorderedSession(lr plog.LogRecord) (int32, bool) {
 	v, ok := lr.Attributes().Get(AttrSessionID)
 	if !ok {
 		return 0, false
 	}
-	i, ok := w.open[v.Str()]
-	return i, ok && w.opens[i].disordered
+	i, ok := w.index[v.Str()]
+	return i, ok && w.sessions[i].disordered
 }
 
 // writtenLimits read back what the writer wrote: its events were held to

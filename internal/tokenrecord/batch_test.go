@@ -1,0 +1,236 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
+package tokenrecord
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/plog"
+
+	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
+)
+
+// tok is a token event of session id at t ns with count tokens and seq
+// (-1: none).
+func tok(id string, t uint64, count, seq int64) tokenevent.Event {
+	e := tokenevent.Event{Kind: tokenevent.KindToken, SessionID: id, TimeUnixNano: t, Count: count, PromptTokens: -1, CompletionTokens: -1, QueueTimeNs: -1, PrefillTimeNs: -1, DecodeTimeNs: -1}
+	setSeq(&e, seq)
+	return e
+}
+
+func write(evs ...tokenevent.Event) plog.LogRecordSlice {
+	records := plog.NewLogRecordSlice()
+	w := NewRecordWriter()
+	w.Reset(records, 42)
+	for i := range evs {
+		w.Append(&evs[i])
+	}
+	w.Flush()
+	return records
+}
+
+// The tokens of several sessions that no event of theirs follows in the
+// batch go into one record, whatever their session IDs hold.
+func TestRecordsBatchShape(t *testing.T) {
+	evs := []tokenevent.Event{
+		tok("a", 1000, 1, -1), tok("b c\nd", 1500, 3, 7), tok("a", 2000, 1, -1), tok("é", 900, 1, -1), tok("a", 2500, 2, 4),
+	}
+	records := write(evs...)
+	require.Equal(t, 1, records.Len())
+	lr := records.At(0)
+	assert.Equal(t, EventNameToken, lr.EventName())
+	assert.Equal(t, pcommon.Timestamp(1000), lr.Timestamp(), "the first session's first event")
+	assert.Equal(t, pcommon.Timestamp(42), lr.ObservedTimestamp())
+	assert.Equal(t, map[string]any{AttrTokenSessions: "1 a 0 1000 1500:2#4\n5 b c\nd 500:3#7\n2 é -100"}, lr.Attributes().AsRaw())
+	assert.True(t, IsTokenBatch(lr))
+
+	got := readAll(t, records)
+	assert.Equal(t, []tokenevent.Event{evs[0], evs[2], evs[4], evs[1], evs[3]}, got, "each session's events in order, session by session")
+}
+
+// A session's tokens go before its next event in a record of the
+// session's own, and a session's start goes before the batch record that
+// holds its tokens: each session's order is kept, the batch record last.
+func TestRecordsBatchKeepsEachSessionsOrder(t *testing.T) {
+	at := func(kind tokenevent.Kind, id string, t uint64) tokenevent.Event {
+		e := tok(id, t, 1, -1)
+		e.Kind = kind
+		return e
+	}
+	in := []tokenevent.Event{
+		at(tokenevent.KindStart, "a", 10), tok("a", 20, 1, -1), tok("b", 21, 1, -1), at(tokenevent.KindStart, "c", 22),
+		tok("c", 30, 1, -1), tok("a", 31, 1, -1), at(tokenevent.KindEnd, "b", 32), tok("d", 33, 1, -1),
+		at(tokenevent.KindMove, "a", 34), tok("a", 35, 1, -1), tok("b", 36, 1, -1),
+	}
+	records := write(in...)
+	var shape []string
+	for _, lr := range records.All() {
+		id, _ := lr.Attributes().Get(AttrSessionID)
+		shape = append(shape, lr.EventName()+" "+id.Str())
+	}
+	assert.Equal(t, []string{
+		"llm.session.start a", "llm.session.start c", "llm.token b", "llm.session.end b", "llm.token a", "llm.session.move a", "llm.token ",
+	}, shape)
+	v, _ := records.At(records.Len() - 1).Attributes().Get(AttrTokenSessions)
+	assert.Equal(t, "1 c 0\n1 d 3\n1 a 5\n1 b 6", v.Str(), "in the order of each session's first token since its last record")
+
+	perSession := func(evs []tokenevent.Event) map[string][]string {
+		m := map[string][]string{}
+		for _, e := range evs {
+			m[e.SessionID] = append(m[e.SessionID], fmt.Sprint(e.Kind, " ", e.TimeUnixNano))
+		}
+		return m
+	}
+	assert.Equal(t, perSession(in), perSession(readAll(t, records)))
+}
+
+// batchRecord is a batch token record stamped ts whose AttrTokenSessions is
+// sessions.
+func batchRecord(ts uint64, sessions string) plog.LogRecord {
+	lr := plog.NewLogRecord()
+	lr.SetEventName(EventNameToken)
+	lr.SetTimestamp(pcommon.Timestamp(ts))
+	lr.Attributes().PutStr(AttrTokenSessions, sessions)
+	return lr
+}
+
+// A batch record whose frame is broken is not read at all: where the next
+// entry begins is unknown.
+func TestReadBatchFrameErrors(t *testing.T) {
+	const frame = "want <session ID length> <session ID> <events>, entries separated by a newline"
+	for _, tt := range []struct{ sessions, want string }{
+		{"", "entry 0: " + frame},
+		{"1 a 0\n", "entry 1: " + frame},
+		{"1 a 0\n\n1 b 0", "entry 1: " + frame},
+		{"1 a", "entry 0: " + frame},
+		{"1 a0", "entry 0: " + frame},
+		{"2 a 0", "entry 0: " + frame},
+		{"9 a 0", "entry 0: " + frame},
+		{"x a 0", "entry 0: " + frame},
+		{"-1 a 0", "entry 0: " + frame},
+		{" 1 a 0", "entry 0: " + frame},
+		{"1  a 0", "entry 0: " + frame},
+		{"1 a 0\n99999999999999999999 b 0", "entry 1: " + frame},
+		{"1 a 0\n9223372036854775807 b 0", "entry 1: " + frame},
+	} {
+		t.Run(tt.sessions, func(t *testing.T) {
+			var ev tokenevent.Event
+			err := ReadRecord(batchRecord(1000, tt.sessions), tokenevent.Limits{}, &ev, func(*tokenevent.Event) { t.Fatal("an entry of a broken frame read") })
+			require.EqualError(t, err, AttrTokenSessions+": "+tt.want)
+			var ee *EntryError
+			assert.False(t, errors.As(err, &ee), "the record is invalid, not some of its entries")
+		})
+	}
+	var ev tokenevent.Event
+	fail := func(*tokenevent.Event) { t.Fatal("fn called for an invalid record") }
+	lr := batchRecord(1000, "1 a 0")
+	lr.Attributes().PutInt(AttrTokenSessions, 1)
+	require.EqualError(t, ReadRecord(lr, tokenevent.Limits{}, &ev, fail), AttrTokenSessions+": want a string, got Int")
+	for _, k := range []string{AttrSessionID, AttrTokenEvents, AttrTokenCount, AttrTokenSeq} {
+		lr = batchRecord(1000, "1 a 0")
+		lr.Attributes().PutStr(k, "s")
+		require.EqualError(t, ReadRecord(lr, tokenevent.Limits{}, &ev, fail), AttrTokenSessions+": a batch record has no "+k)
+	}
+	require.EqualError(t, ReadRecord(batchRecord(0, "1 a 0"), tokenevent.Limits{}, &ev, fail), "time_unix_nano: missing")
+}
+
+// A malformed entry of a batch record whose frame is whole loses that
+// session's entry only: the others are read, and the error counts it.
+func TestReadBatchEntryErrors(t *testing.T) {
+	for _, tt := range []struct {
+		name, sessions string
+		want           []string
+		err            string
+	}{
+		{"bad events", "1 a 0\n1 b 0 x\n1 c 5:2", []string{"a 1000", "c 1005"}, "entry 1: event 1: want <offset ns>[:<count>][#<seq>], events separated by one space (1 of 3 session entries skipped)"},
+		{"count beyond the bound", "1 a 0 1:65537\n1 b 3", []string{"b 1003"}, "entry 0: event 1: count at most 65536, got 65537 (1 of 2 session entries skipped)"},
+		{"before time began", "1 a -1000\n1 b 3", []string{"b 1003"}, "entry 0: event 0: time is not a positive int64 (1 of 2 session entries skipped)"},
+		{"empty session ID", "0  1\n1 b 3", []string{"b 1003"}, "entry 0: session ID must not be empty (1 of 2 session entries skipped)"},
+		{"session ID too long", "300 " + strings.Repeat("x", 300) + " 1\n1 b 3\n1 c ", []string{"b 1003"}, "entry 0: session ID 300 bytes, limit is 256 (2 of 3 session entries skipped)"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var ev tokenevent.Event
+			var got []string
+			lr := batchRecord(1000, tt.sessions)
+			err := ReadRecord(lr, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) {
+				got = append(got, fmt.Sprint(e.SessionID, " ", e.TimeUnixNano))
+			})
+			require.EqualError(t, err, AttrTokenSessions+": "+tt.err)
+			var ee *EntryError
+			require.ErrorAs(t, err, &ee)
+			assert.Equal(t, tt.want, got)
+
+			// The sessions read are those BatchSessions gives.
+			var split []string
+			BatchSessions(lr, tokenevent.Limits{}, func(id, _ string) { split = append(split, id) })
+			var read []string
+			for _, g := range got {
+				read = append(read, strings.Fields(g)[0])
+			}
+			assert.Equal(t, read, split)
+		})
+	}
+}
+
+// Each entry of a batch record, written as a record of its session, reads
+// back as the same events.
+func TestAppendSessionRecord(t *testing.T) {
+	evs := []tokenevent.Event{tok("a", 5000, 1, -1), tok("b", 4000, 2, 3), tok("a", 7000, 1, 9), tok("c", 6000, 1, -1)}
+	records := write(evs...)
+	require.Equal(t, 1, records.Len())
+	batch := records.At(0)
+	split := plog.NewLogRecordSlice()
+	BatchSessions(batch, tokenevent.Limits{}, func(id, events string) { AppendSessionRecord(split, batch, id, events) })
+	require.Equal(t, 3, split.Len())
+	id, _ := split.At(1).Attributes().Get(AttrSessionID)
+	assert.Equal(t, "b", id.Str())
+	assert.Equal(t, pcommon.Timestamp(42), split.At(1).ObservedTimestamp())
+	assert.Equal(t, readAll(t, records), readAll(t, split))
+}
+
+// FuzzBatchRecord checks that the reader never panics on an arbitrary
+// AttrTokenSessions string, that what it reads of it, written again, reads
+// back the same, and that BatchSessions gives the entries it read.
+func FuzzBatchRecord(f *testing.F) {
+	f.Add("1 a 0 20000113 -5:3\n3 b\nc 7#2")
+	f.Add("1 a 0\n1 b x\n0  1")
+	f.Add("2 a 0")
+	f.Fuzz(func(t *testing.T, sessions string) {
+		lr := batchRecord(1_700_000_000_000_000_000, sessions)
+		var read []tokenevent.Event
+		var ev tokenevent.Event
+		err := ReadRecord(lr, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) { read = append(read, clone(e)) })
+		var ee *EntryError
+		if err != nil && !errors.As(err, &ee) {
+			require.Empty(t, read, "an invalid record is read not at all")
+			return
+		}
+		split := plog.NewLogRecordSlice()
+		BatchSessions(lr, tokenevent.Limits{}, func(id, events string) { AppendSessionRecord(split, lr, id, events) })
+		var fromSplit []tokenevent.Event
+		for _, s := range split.All() {
+			require.NoError(t, ReadRecord(s, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) { fromSplit = append(fromSplit, clone(e)) }))
+		}
+		assert.Equal(t, read, fromSplit)
+
+		again := write(read...)
+		bySession := map[string][]tokenevent.Event{}
+		for _, e := range read {
+			bySession[e.SessionID] = append(bySession[e.SessionID], e)
+		}
+		rebySession := map[string][]tokenevent.Event{}
+		for _, a := range again.All() {
+			require.NoError(t, ReadRecord(a, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) {
+				rebySession[e.SessionID] = append(rebySession[e.SessionID], clone(e))
+			}))
+		}
+		assert.Equal(t, bySession, rebySession, "written again, each session's events read back in order")
+	})
+}
