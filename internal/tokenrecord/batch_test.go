@@ -55,10 +55,12 @@ func TestRecordsBatchShape(t *testing.T) {
 	assert.Equal(t, []tokenevent.Event{evs[0], evs[2], evs[4], evs[1], evs[3]}, got, "each session's events in order, session by session")
 }
 
-// A session's tokens go before its next event in a record of the
-// session's own, and a session's start goes before the batch record that
-// holds its tokens: each session's order is kept, the batch record last.
-func TestRecordsBatchKeepsEachSessionsOrder(t *testing.T) {
+// A token record takes its place where its first token came and holds the
+// chains of tokens of each session that began before any other event came:
+// every chain's first token keeps its place among the other events (a
+// session's first token ends its prefill in the division of the engine's
+// time), and a chain ends at its session's next event.
+func TestRecordsTokenRecordPlaces(t *testing.T) {
 	at := func(kind tokenevent.Kind, id string, t uint64) tokenevent.Event {
 		e := tok(id, t, 1, -1)
 		e.Kind = kind
@@ -67,19 +69,25 @@ func TestRecordsBatchKeepsEachSessionsOrder(t *testing.T) {
 	in := []tokenevent.Event{
 		at(tokenevent.KindStart, "a", 10), tok("a", 20, 1, -1), tok("b", 21, 1, -1), at(tokenevent.KindStart, "c", 22),
 		tok("c", 30, 1, -1), tok("a", 31, 1, -1), at(tokenevent.KindEnd, "b", 32), tok("d", 33, 1, -1),
-		at(tokenevent.KindMove, "a", 34), tok("a", 35, 1, -1), tok("b", 36, 1, -1),
+		at(tokenevent.KindMove, "a", 34), tok("a", 35, 1, -1), tok("b", 36, 1, -1), tok("c", 37, 1, -1),
 	}
 	records := write(in...)
 	var shape []string
 	for _, lr := range records.All() {
 		id, _ := lr.Attributes().Get(AttrSessionID)
-		shape = append(shape, lr.EventName()+" "+id.Str())
+		sessions, _ := lr.Attributes().Get(AttrTokenSessions)
+		shape = append(shape, strings.TrimSpace(lr.EventName()+" "+id.Str()+" "+strings.ReplaceAll(sessions.Str(), "\n", " | ")))
 	}
 	assert.Equal(t, []string{
-		"llm.session.start a", "llm.session.start c", "llm.token b", "llm.session.end b", "llm.token a", "llm.session.move a", "llm.token ",
+		"llm.session.start a",
+		"llm.token  1 a 0 11 | 1 b 1",
+		"llm.session.start c",
+		"llm.token c",
+		"llm.session.end b",
+		"llm.token d",
+		"llm.session.move a",
+		"llm.token  1 a 0 | 1 b 1",
 	}, shape)
-	v, _ := records.At(records.Len() - 1).Attributes().Get(AttrTokenSessions)
-	assert.Equal(t, "1 c 0\n1 d 3\n1 a 5\n1 b 6", v.Str(), "in the order of each session's first token since its last record")
 
 	perSession := func(evs []tokenevent.Event) map[string][]string {
 		m := map[string][]string{}
@@ -232,5 +240,63 @@ func FuzzBatchRecord(f *testing.F) {
 			}))
 		}
 		assert.Equal(t, bySession, rebySession, "written again, each session's events read back in order")
+	})
+}
+
+// FuzzTokenRecordPlaces checks, for any events of a few sessions, that the
+// records read back in order give each session's events in the order they
+// came, and put the first token of each chain (a session's token after an
+// event of another kind of it, or its first) where it came among the
+// events that are no tokens.
+func FuzzTokenRecordPlaces(f *testing.F) {
+	f.Add([]byte{0x01, 0x41, 0x42, 0x81, 0x43, 0xc2, 0x41, 0x03})
+	f.Add([]byte{0x40, 0x41, 0x00, 0x42, 0x80, 0x40, 0xc1, 0x41})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if len(in) > 300 {
+			return
+		}
+		// Each byte is an event: kind (bits 6-7: start, token, end, move),
+		// session (bits 0-1).
+		kinds := [...]tokenevent.Kind{tokenevent.KindStart, tokenevent.KindToken, tokenevent.KindEnd, tokenevent.KindMove}
+		var evs []tokenevent.Event
+		for i, b := range in {
+			e := tok(fmt.Sprint("s", b&3), uint64(1000+i), 1, int64(i))
+			e.Kind = kinds[b>>6]
+			if e.Kind != tokenevent.KindToken {
+				e.Seq, e.HasSeq = 0, false
+			}
+			evs = append(evs, e)
+		}
+		var got []tokenevent.Event
+		var ev tokenevent.Event
+		for _, lr := range write(evs...).All() {
+			require.NoError(t, ReadRecord(lr, tokenevent.Limits{}, &ev, func(e *tokenevent.Event) { got = append(got, clone(e)) }))
+		}
+		require.Len(t, got, len(evs))
+		// An event is known by its time, unique here: its index in evs.
+		place := make([]int, len(evs))
+		for i, e := range got {
+			place[e.TimeUnixNano-1000] = i
+		}
+		last := map[string]int{}
+		for i, e := range evs {
+			if p, ok := last[e.SessionID]; ok && place[i] < place[p] {
+				t.Fatalf("event %d of %s read before its session's event %d", i, e.SessionID, p)
+			}
+			last[e.SessionID] = i
+		}
+		prev := map[string]tokenevent.Kind{}
+		for i, e := range evs {
+			k, seen := prev[e.SessionID]
+			prev[e.SessionID] = e.Kind
+			if e.Kind != tokenevent.KindToken || (seen && k == tokenevent.KindToken) {
+				continue
+			}
+			for j, x := range evs {
+				if x.Kind != tokenevent.KindToken && (j < i) != (place[j] < place[i]) {
+					t.Fatalf("the first token of a chain, event %d, read on the wrong side of event %d", i, j)
+				}
+			}
+		}
 	})
 }

@@ -15,20 +15,27 @@ import (
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 )
 
-// RecordWriter appends token events to a log record slice. It writes no
-// record per token event, since a pdata record per token is the dominant
-// cost at high rates, nor one per session and batch, the cost where a batch
-// holds few tokens of each session: a session's token events are held
-// until an event of its own must follow them (its start, end or move, which
-// first writes the tokens held as one record of the session), or until
-// Flush, which writes the tokens still held of every session as one batch
-// record (AttrTokenSessions), or as the session's own record when only one
-// session has any.
+// RecordWriter appends token events to a log record slice. A pdata record
+// per token event is the dominant cost at high rates, and one per session
+// and batch where a batch holds few tokens of each session, so the token
+// events of many sessions share one record (AttrTokenSessions).
 //
-// So the token events are written as each session's tokens end, not event
-// by event, each record as one string of known length, and the records are
-// complete only after Flush or Reset. Each session's order is kept; the
-// records of different sessions are regrouped.
+// Where a session's token events are folded matters beyond the session: a
+// session's first token ends its prefill in token_session's division of
+// the engine's time among its sessions, so it must come between the other
+// sessions' starts and ends as it came. So a token record takes its place
+// in records where its first event came, and holds a chain of tokens of
+// each session that came before any other event since: the session's
+// tokens from that first on, up to the session's next event of another
+// kind (start, end, move), which ends its chain. A session's later tokens
+// start a chain in the latest token record, or in a new one when an event
+// other than a token came after that one's place. The events of a record
+// that holds one session's chain only are written in that session's own
+// record (AttrSessionID with AttrTokenEvents, or a single event's count).
+//
+// So each session's order is kept, every chain's first token keeps its
+// place among the other events, and the records are written once, at
+// Flush or Reset, each as one string of known length.
 //
 // An ordered writer (SetOrdered) also puts each session's events in time
 // order at Flush (start, tokens, end at one instant in that order), for a
@@ -39,12 +46,18 @@ import (
 type RecordWriter struct {
 	records  plog.LogRecordSlice
 	observed pcommon.Timestamp
-	// index maps a session ID to its entry in sessions, while it holds
-	// tokens (in an unordered writer, to its latest entry, holding tokens
-	// or not); in an ordered writer, from its first event of the batch on,
-	// holding tokens or not.
+	// index maps a session ID to its entry in sessions: every session with
+	// a token in the batch, and in an ordered writer every session with an
+	// event.
 	index    map[string]int32
 	sessions []sessionTokens
+	// chains are the sessions' chains of tokens, in the order they began:
+	// those of one token record are consecutive.
+	chains []tokenChain
+	// tokenRecords are the token records placed in records, in order; the
+	// latest takes new chains while open, until an event that is no token.
+	tokenRecords []plog.LogRecord
+	open         bool
 	// ordered: see SetOrdered. disordered: a session's records came out of
 	// time order in this batch, so Flush sorts them.
 	ordered, disordered bool
@@ -52,28 +65,38 @@ type RecordWriter struct {
 	// entry last looked up there, a hint checked against sessions. It
 	// spares most token events the map's hash and probe.
 	recent [swar.IDSlots]int32
-	// packed holds the events of all held tokens, each session's chained
-	// from first to last through next.
+	// packed holds the chains' events, each chain's linked from first to
+	// last through next.
 	packed []packedEvent
 	text   []byte // scratch for the AttrTokenEvents or AttrTokenSessions string
 }
 
-// sessionTokens are the token events a session holds in a writer.
+// sessionTokens is a session in a writer's batch.
 type sessionTokens struct {
 	id string
+	// chain is the index in chains of the session's chain under way, -1
+	// for none.
+	chain int32
+	// In an ordered writer: prevTime and prevRank are the order key
+	// (recordKey) of the session's latest event in a record of the batch,
+	// which the next record's first must not be less than; disordered is
+	// set when one was (reorder).
+	prevRank   int8
+	disordered bool
+	prevTime   int64
+}
+
+// tokenChain is a run of a session's token events with no other event of
+// the session among them, in one token record.
+type tokenChain struct {
+	session int32 // index in sessions
+	record  int32 // index in tokenRecords
 	// first and last index packed; events counts them.
 	first, last, events int32
-	// In an ordered writer: unsorted is set when an event packed is older
-	// than the one before it (lastTime); prevTime and prevRank are the
-	// order key (recordKey) of the session's latest event in a record of
-	// the batch, which the next record's first must not be less than;
-	// disordered is set when one was (reorder). Beside the int32s, the
-	// small ones cost no room.
-	prevRank   int8
-	unsorted   bool
-	disordered bool
-	lastTime   int64
-	prevTime   int64
+	// unsorted is set when an event packed is older than the one before
+	// it (lastTime).
+	unsorted bool
+	lastTime int64
 }
 
 // recordKey orders a session's records: by time (a token record's is its
@@ -121,73 +144,76 @@ func (w *RecordWriter) Reset(records plog.LogRecordSlice, observed pcommon.Times
 	w.observed = observed
 }
 
-// Flush writes the token events held so far (see RecordWriter). Events
-// appended after it go into new records.
+// Flush writes the token records (see RecordWriter). Events appended
+// after it go into new records.
 func (w *RecordWriter) Flush() {
-	w.writeHeld()
+	w.writeTokens()
 	if w.disordered {
 		w.disordered = false
 		w.reorder()
 	}
-	w.clearSessions()
+	w.clearBatch()
 }
 
-func (w *RecordWriter) clearSessions() {
+func (w *RecordWriter) clearBatch() {
 	clear(w.index)
 	// Cleared, not only truncated: a pooled writer must not keep the
-	// session IDs it wrote alive.
+	// session IDs and records it wrote alive.
 	clear(w.sessions)
 	w.sessions = w.sessions[:0]
+	clear(w.tokenRecords)
+	w.tokenRecords = w.tokenRecords[:0]
+	w.chains = w.chains[:0]
 	w.packed = w.packed[:0]
+	w.open = false
 }
 
-// held returns the session's entry while it holds tokens (in an ordered
-// writer, from its first event on), or nil.
-func (w *RecordWriter) held(id string) *sessionTokens {
+// session returns the index of the session's entry in sessions, or -1.
+func (w *RecordWriter) session(id string) int32 {
 	slot := &w.recent[swar.IDSlot(id)]
-	// Only a held entry is cached under its ID, and a session has at most
-	// one, so an entry found here with that ID is the one.
-	if i := int(*slot) - 1; i >= 0 && i < len(w.sessions) && w.sessions[i].id == id && (w.sessions[i].events > 0 || w.ordered) {
-		return &w.sessions[i]
+	if i := *slot - 1; i >= 0 && int(i) < len(w.sessions) && w.sessions[i].id == id {
+		return i
 	}
 	i, ok := w.index[id]
-	// In an unordered writer an entry whose tokens were written stays in
-	// index (deleting it was a map operation per session): it is held only
-	// while it has events, as every entry there has from its first.
-	if !ok || (w.sessions[i].events == 0 && !w.ordered) {
-		return nil
+	if !ok {
+		return -1
 	}
 	*slot = i + 1
-	return &w.sessions[i]
+	return i
 }
 
 // Append writes ev.
 func (w *RecordWriter) Append(ev *tokenevent.Event) {
-	o := w.held(ev.SessionID)
-	if o != nil && o.events > 0 {
-		if ev.Kind == tokenevent.KindToken {
-			w.pack(o, int64(ev.TimeUnixNano), ev.Count, seqOf(ev))
-			return
+	i := w.session(ev.SessionID)
+	if ev.Kind == tokenevent.KindToken {
+		if i < 0 {
+			i = w.entry(ev.SessionID)
 		}
-		// ev follows the session's tokens held: they go first, in a record
-		// of the session's own.
-		w.settle(o)
-		w.writeSession(o)
-		if !w.ordered {
-			o = nil // a later token starts a new entry (see held)
+		o := &w.sessions[i]
+		if o.chain < 0 {
+			o.chain = w.startChain(i)
 		}
-	}
-	switch ev.Kind {
-	case tokenevent.KindToken:
-		w.pack(w.entry(o, ev.SessionID), int64(ev.TimeUnixNano), ev.Count, seqOf(ev))
+		w.pack(&w.chains[o.chain], int64(ev.TimeUnixNano), ev.Count, seqOf(ev))
 		return
-	case tokenevent.KindShare:
+	}
+	// ev follows every token so far: a chain that begins after it goes
+	// into a record after it, and its session's chain ends before it.
+	w.open = false
+	if i >= 0 && w.sessions[i].chain >= 0 {
+		o := &w.sessions[i]
+		w.settle(o, &w.chains[o.chain])
+		o.chain = -1
+	}
+	if ev.Kind == tokenevent.KindShare {
 		w.appendShare(ev)
 		return
 	}
 	if w.ordered {
+		if i < 0 {
+			i = w.entry(ev.SessionID)
+		}
 		k := recordKey{int64(ev.TimeUnixNano), kindRank(ev.Kind)}
-		w.follows(w.entry(o, ev.SessionID), k, k)
+		w.follows(&w.sessions[i], k, k)
 	}
 	lr := w.records.AppendEmpty()
 	lr.SetTimestamp(pcommon.Timestamp(ev.TimeUnixNano))
@@ -281,17 +307,27 @@ func (w *RecordWriter) appendShare(ev *tokenevent.Event) {
 	}
 }
 
-// entry returns o, or, when it is nil, a new entry in sessions for the
-// session id.
-func (w *RecordWriter) entry(o *sessionTokens, id string) *sessionTokens {
-	if o != nil {
-		return o
-	}
+// entry adds an entry for the session id to sessions and returns its
+// index.
+func (w *RecordWriter) entry(id string) int32 {
 	i := int32(len(w.sessions))
 	w.index[id] = i
 	w.recent[swar.IDSlot(id)] = i + 1
-	w.sessions = append(w.sessions, sessionTokens{id: id, first: -1, last: -1})
-	return &w.sessions[i]
+	w.sessions = append(w.sessions, sessionTokens{id: id, chain: -1})
+	return i
+}
+
+// startChain starts a chain of session (its index in sessions) in the
+// latest token record, or in a new one when that one is closed, and
+// returns its index in chains.
+func (w *RecordWriter) startChain(session int32) int32 {
+	if !w.open {
+		w.tokenRecords = append(w.tokenRecords, w.records.AppendEmpty())
+		w.open = true
+	}
+	i := int32(len(w.chains))
+	w.chains = append(w.chains, tokenChain{session: session, record: int32(len(w.tokenRecords) - 1), first: -1, last: -1})
+	return i
 }
 
 // follows notes, in an ordered writer, that the session of o has a record
@@ -304,115 +340,125 @@ func (w *RecordWriter) follows(o *sessionTokens, first, last recordKey) {
 	o.prevTime, o.prevRank = last.time, last.kind
 }
 
-// pack holds a token event of the session of o.
-func (w *RecordWriter) pack(o *sessionTokens, time, count, seq int64) {
+// pack adds a token event to a chain.
+func (w *RecordWriter) pack(c *tokenChain, time, count, seq int64) {
 	i := int32(len(w.packed))
 	w.packed = append(w.packed, packedEvent{time: time, count: count, seq: seq, next: -1})
-	if o.last >= 0 {
-		w.packed[o.last].next = i
-		o.unsorted = o.unsorted || time < o.lastTime
+	if c.last >= 0 {
+		w.packed[c.last].next = i
+		c.unsorted = c.unsorted || time < c.lastTime
 	} else {
-		o.first = i
+		c.first = i
 	}
-	o.last = i
-	o.lastTime = time
-	o.events++
+	c.last = i
+	c.lastTime = time
+	c.events++
 }
 
 // settle notes, in an ordered writer, the place in its session's order of
-// the tokens o holds, which are about to be written (see follows).
-func (w *RecordWriter) settle(o *sessionTokens) {
+// the chain c of the session of o, which has ended (see follows).
+func (w *RecordWriter) settle(o *sessionTokens, c *tokenChain) {
 	if !w.ordered {
 		return
 	}
-	if o.unsorted {
+	if c.unsorted {
 		o.disordered, w.disordered = true, true
 	}
 	rank := kindRank(tokenevent.KindToken)
-	w.follows(o, recordKey{w.packed[o.first].time, rank}, recordKey{o.lastTime, rank})
+	w.follows(o, recordKey{w.packed[c.first].time, rank}, recordKey{c.lastTime, rank})
 }
 
-// writeHeld writes the tokens held at the batch's end, which no event of
-// their sessions follows: those of several sessions as one batch record,
-// those of one as its own record. In an ordered writer the tokens of a
-// session out of order get a record of their own, which reorder finds by
-// its AttrSessionID.
-func (w *RecordWriter) writeHeld() {
-	var held int
-	var only *sessionTokens
+// writeTokens writes the token records placed: the chains of each, as one
+// AttrTokenSessions string, or as its session's own record when it holds
+// one. In an ordered writer the chains of a session out of order go into
+// records of their own at the end, which reorder finds by their
+// AttrSessionID (and removes a token record left with none).
+func (w *RecordWriter) writeTokens() {
 	for i := range w.sessions {
-		o := &w.sessions[i]
-		if o.events == 0 {
-			continue
+		if o := &w.sessions[i]; o.chain >= 0 {
+			w.settle(o, &w.chains[o.chain])
+			o.chain = -1
 		}
-		w.settle(o)
-		if o.disordered {
-			w.writeSession(o)
-			continue
-		}
-		held++
-		only = o
 	}
-	switch {
-	case held == 1:
-		w.writeSession(only)
-	case held > 1:
-		w.writeBatch()
+	for from := 0; from < len(w.chains); {
+		rec := w.chains[from].record
+		to := from + 1
+		for to < len(w.chains) && w.chains[to].record == rec {
+			to++
+		}
+		chains := w.chains[from:to]
+		from = to
+		if w.disordered {
+			chains = w.takeDisordered(chains)
+		}
+		lr := w.tokenRecords[rec]
+		switch len(chains) {
+		case 0:
+			// Its chains went to records of their own; reorder removes it.
+		case 1:
+			w.writeSession(lr, &chains[0])
+		default:
+			w.writeBatch(lr, chains)
+		}
 	}
 }
 
-// writeSession writes the tokens o holds as a record of their session: one
-// event as the single-event form, more as AttrTokenEvents. It leaves o
-// empty.
-func (w *RecordWriter) writeSession(o *sessionTokens) {
-	lr := w.records.AppendEmpty()
+// takeDisordered writes the chains of sessions out of order as records of
+// their own at the end, and returns the others.
+func (w *RecordWriter) takeDisordered(chains []tokenChain) []tokenChain {
+	kept := chains[:0]
+	for _, c := range chains {
+		if w.sessions[c.session].disordered {
+			w.writeSession(w.records.AppendEmpty(), &c)
+		} else {
+			kept = append(kept, c)
+		}
+	}
+	return kept
+}
+
+// writeSession writes chain c into lr as a record of its session: one
+// event as the single-event form, more as AttrTokenEvents.
+func (w *RecordWriter) writeSession(lr plog.LogRecord, c *tokenChain) {
 	lr.SetEventName(EventNameToken)
-	base := w.packed[o.first].time
+	base := w.packed[c.first].time
 	lr.SetTimestamp(pcommon.Timestamp(base))
 	lr.SetObservedTimestamp(w.observed)
 	attrs := lr.Attributes()
 	// Room for the session ID and the events (AttrTokenEvents) or a
 	// single event's count or seq; both of the latter are rare.
 	attrs.EnsureCapacity(2)
-	attrs.PutStr(AttrSessionID, o.id)
-	if o.events == 1 {
-		if c := w.packed[o.first].count; c != 1 {
-			attrs.PutInt(AttrTokenCount, c)
+	attrs.PutStr(AttrSessionID, w.sessions[c.session].id)
+	if c.events == 1 {
+		if n := w.packed[c.first].count; n != 1 {
+			attrs.PutInt(AttrTokenCount, n)
 		}
-		if seq := w.packed[o.first].seq; seq >= 0 {
+		if seq := w.packed[c.first].seq; seq >= 0 {
 			attrs.PutInt(AttrTokenSeq, seq)
 		}
-	} else {
-		w.text = appendPacked(w.text[:0], w.packed, o.first, base)
-		attrs.PutStr(AttrTokenEvents, string(w.text))
+		return
 	}
-	o.events, o.first, o.last, o.unsorted = 0, -1, -1, false
+	w.text = appendPacked(w.text[:0], w.packed, c.first, base)
+	attrs.PutStr(AttrTokenEvents, string(w.text))
 }
 
-// writeBatch writes the tokens every session holds as one AttrTokenSessions
-// record, the sessions in the order of their first token, stamped with the
-// first one's first event; it leaves every entry empty.
-func (w *RecordWriter) writeBatch() {
+// writeBatch writes chains into lr as one AttrTokenSessions record, in
+// the order they began, stamped with the first one's first event.
+func (w *RecordWriter) writeBatch(lr plog.LogRecord, chains []tokenChain) {
+	base := w.packed[chains[0].first].time
 	w.text = w.text[:0]
-	var base int64
-	for i := range w.sessions {
-		o := &w.sessions[i]
-		if o.events == 0 {
-			continue
-		}
-		if len(w.text) == 0 {
-			base = w.packed[o.first].time
-		} else {
+	for i := range chains {
+		c := &chains[i]
+		if i > 0 {
 			w.text = append(w.text, '\n')
 		}
-		w.text = appendDecimal(w.text, uint64(len(o.id)))
+		id := w.sessions[c.session].id
+		w.text = appendDecimal(w.text, uint64(len(id)))
 		w.text = append(w.text, ' ')
-		w.text = append(w.text, o.id...)
+		w.text = append(w.text, id...)
 		w.text = append(w.text, ' ')
-		w.text = appendPacked(w.text, w.packed, o.first, base)
-		o.events, o.first, o.last, o.unsorted = 0, -1, -1, false
+		w.text = appendPacked(w.text, w.packed, c.first, base)
 	}
-	lr := w.records.AppendEmpty()
 	lr.SetEventName(EventNameToken)
 	lr.SetTimestamp(pcommon.Timestamp(base))
 	lr.SetObservedTimestamp(w.observed)
@@ -461,14 +507,15 @@ func (w *RecordWriter) reorder() {
 	})
 	w.records.RemoveIf(func(lr plog.LogRecord) bool {
 		_, ok := w.disorderedSession(lr)
-		return ok
+		// A token record whose chains all went: no event name.
+		return ok || lr.EventName() == ""
 	})
-	w.clearSessions()
+	w.clearBatch()
 	w.ordered = false
 	for i := range items {
 		w.Append(&items[i].ev)
 	}
-	w.writeHeld()
+	w.writeTokens()
 	w.ordered = true
 }
 
