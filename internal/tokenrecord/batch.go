@@ -17,17 +17,27 @@ import (
 // (AttrTokenSessions) some of whose session entries could not be read:
 // those were skipped, the others read.
 type EntryError struct {
-	// Skipped counts the entries skipped, of Entries in the record.
-	Skipped, Entries int
+	// Skipped counts the entries skipped; the rest of a record whose frame
+	// broke after its first entry counts as one.
+	Skipped int
 	// First is the first skipped entry's error.
 	First *tokenevent.FieldError
 }
 
 func (e *EntryError) Error() string {
-	return fmt.Sprintf("%s (%d of %d session entries skipped)", e.First, e.Skipped, e.Entries)
+	return fmt.Sprintf("%s; entries skipped: %d", e.First, e.Skipped)
 }
 
 func (e *EntryError) Unwrap() error { return e.First }
+
+// skip counts a skipped entry, keeping the first's error.
+func (e *EntryError) skip(n int, reason string) *EntryError {
+	if e == nil {
+		e = &EntryError{First: &tokenevent.FieldError{Field: AttrTokenSessions, Reason: fmt.Sprintf("entry %d: %s", n, reason)}}
+	}
+	e.Skipped++
+	return e
+}
 
 // IsTokenBatch reports whether lr is a batch token record: an EventNameToken
 // record with AttrTokenSessions.
@@ -40,10 +50,12 @@ func IsTokenBatch(lr plog.LogRecord) bool {
 }
 
 // readBatch reads a batch token record whose AttrTokenSessions is v and
-// whose time, in ev, is checked. Its frame (the entries' lengths and
-// separators) is checked whole before fn sees any event: a record whose
-// frame is broken is not read at all. An entry whose session ID or events
-// are invalid is skipped whole and the others read (an *EntryError).
+// whose time, in ev, is checked, entry by entry. An entry whose session ID
+// or events are invalid is skipped whole and the others read; where the
+// frame (the entries' lengths and separators) breaks, the rest is skipped,
+// as where the next entry begins is unknown. Either is an *EntryError,
+// unless the frame breaks at the first entry: then nothing was read and
+// the record is invalid.
 func readBatch(attrs pcommon.Map, v pcommon.Value, limits tokenevent.Limits, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
 	if v.Type() != pcommon.ValueTypeStr {
 		return &tokenevent.FieldError{Field: AttrTokenSessions, Reason: "want a string, got " + v.Type().String()}
@@ -53,40 +65,29 @@ func readBatch(attrs pcommon.Map, v pcommon.Value, limits tokenevent.Limits, ev 
 			return &tokenevent.FieldError{Field: AttrTokenSessions, Reason: "a batch record has no " + k}
 		}
 	}
-	s := v.Str()
-	entries := 0
-	for i := 0; ; entries++ {
-		_, _, next, err := batchEntry(s, i, entries)
-		if err != nil {
-			return err
+	s, base := v.Str(), int64(ev.TimeUnixNano)
+	var buf [64]packedEvent
+	var skipped *EntryError
+	for i, n := 0, 0; ; n++ {
+		id, events, next, ok := batchEntry(s, i)
+		if !ok {
+			if n == 0 {
+				return &tokenevent.FieldError{Field: AttrTokenSessions, Reason: "entry 0: " + frameReason}
+			}
+			return skipped.skip(n, frameReason+"; the rest not read")
+		}
+		if ferr := tokenevent.CheckSessionID(id, limits.MaxSessionIDBytes); ferr != nil {
+			skipped = skipped.skip(n, "session ID "+ferr.Reason)
+		} else {
+			ev.SessionID = id
+			if err := readPackedWith(events, base, buf[:], ev, fn); err != nil {
+				skipped = skipped.skip(n, err.(*tokenevent.FieldError).Reason)
+			}
 		}
 		if next == len(s) {
 			break
 		}
 		i = next + 1
-	}
-	entries++
-	base := int64(ev.TimeUnixNano)
-	var buf [64]packedEvent
-	var skipped *EntryError
-	for i, n := 0, 0; n < entries; n++ {
-		id, events, next, _ := batchEntry(s, i, n)
-		i = next + 1
-		var reason string
-		if err := tokenevent.CheckSessionID(id, limits.MaxSessionIDBytes); err != nil {
-			reason = "session ID " + err.Reason
-		} else {
-			ev.SessionID = id
-			if err := readPackedWith(events, base, buf[:], ev, fn); err != nil {
-				reason = err.(*tokenevent.FieldError).Reason
-			}
-		}
-		if reason != "" {
-			if skipped == nil {
-				skipped = &EntryError{Entries: entries, First: &tokenevent.FieldError{Field: AttrTokenSessions, Reason: fmt.Sprintf("entry %d: %s", n, reason)}}
-			}
-			skipped.Skipped++
-		}
 	}
 	if skipped != nil {
 		return skipped
@@ -94,10 +95,13 @@ func readBatch(attrs pcommon.Map, v pcommon.Value, limits tokenevent.Limits, ev 
 	return nil
 }
 
-// batchEntry reads the frame of entry n, "<ID length> <session ID>
+// frameReason is what a batch record's frame must be.
+const frameReason = "want <session ID length> <session ID> <events>, entries separated by a newline"
+
+// batchEntry reads the frame of an entry, "<ID length> <session ID>
 // <events>", from s[i:], returning its session ID and events and where it
 // ends: at the end of s or at the newline before the next entry.
-func batchEntry(s string, i, n int) (id, events string, next int, err error) {
+func batchEntry(s string, i int) (id, events string, next int, ok bool) {
 	size, j, ok := packedInt(s, i, false)
 	ok = ok && j < len(s) && s[j] == ' ' && size <= int64(len(s)-j-1)
 	if ok {
@@ -106,14 +110,14 @@ func batchEntry(s string, i, n int) (id, events string, next int, err error) {
 		ok = j < len(s) && s[j] == ' '
 	}
 	if !ok {
-		return "", "", 0, &tokenevent.FieldError{Field: AttrTokenSessions, Reason: fmt.Sprintf("entry %d: want <session ID length> <session ID> <events>, entries separated by a newline", n)}
+		return "", "", 0, false
 	}
 	events = s[j+1:]
 	next = len(s)
 	if k := strings.IndexByte(events, '\n'); k >= 0 {
 		events, next = events[:k], j+1+k
 	}
-	return id, events, next, nil
+	return id, events, next, true
 }
 
 // BatchSessions calls fn for each session entry of the batch token record
@@ -126,9 +130,9 @@ func BatchSessions(lr plog.LogRecord, limits tokenevent.Limits, fn func(sessionI
 	v, _ := lr.Attributes().Get(AttrTokenSessions)
 	s, base := v.Str(), int64(lr.Timestamp())
 	var first [1]packedEvent
-	for i, n := 0, 0; ; n++ {
-		id, events, next, err := batchEntry(s, i, n)
-		if err != nil {
+	for i := 0; ; {
+		id, events, next, ok := batchEntry(s, i)
+		if !ok {
 			return
 		}
 		if tokenevent.CheckSessionID(id, limits.MaxSessionIDBytes) == nil {

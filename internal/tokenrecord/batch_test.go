@@ -109,31 +109,37 @@ func batchRecord(ts uint64, sessions string) plog.LogRecord {
 	return lr
 }
 
-// A batch record whose frame is broken is not read at all: where the next
-// entry begins is unknown.
+// Where a batch record's frame breaks, where the next entry begins is
+// unknown: the entries before are read, the rest is skipped (one skip),
+// and a record that breaks at its first entry is not read at all.
 func TestReadBatchFrameErrors(t *testing.T) {
 	const frame = "want <session ID length> <session ID> <events>, entries separated by a newline"
-	for _, tt := range []struct{ sessions, want string }{
-		{"", "entry 0: " + frame},
-		{"1 a 0\n", "entry 1: " + frame},
-		{"1 a 0\n\n1 b 0", "entry 1: " + frame},
-		{"1 a", "entry 0: " + frame},
-		{"1 a0", "entry 0: " + frame},
-		{"2 a 0", "entry 0: " + frame},
-		{"9 a 0", "entry 0: " + frame},
-		{"x a 0", "entry 0: " + frame},
-		{"-1 a 0", "entry 0: " + frame},
-		{" 1 a 0", "entry 0: " + frame},
-		{"1  a 0", "entry 0: " + frame},
-		{"1 a 0\n99999999999999999999 b 0", "entry 1: " + frame},
-		{"1 a 0\n9223372036854775807 b 0", "entry 1: " + frame},
+	for _, tt := range []struct {
+		sessions, want string
+		read           []string
+	}{
+		{"", "entry 0: " + frame, nil},
+		{"1 a", "entry 0: " + frame, nil},
+		{"1 a0", "entry 0: " + frame, nil},
+		{"2 a 0", "entry 0: " + frame, nil},
+		{"9 a 0", "entry 0: " + frame, nil},
+		{"x a 0", "entry 0: " + frame, nil},
+		{"-1 a 0", "entry 0: " + frame, nil},
+		{" 1 a 0", "entry 0: " + frame, nil},
+		{"1  a 0", "entry 0: " + frame, nil},
+		{"1 a 0\n", "entry 1: " + frame + "; the rest not read; entries skipped: 1", []string{"a"}},
+		{"1 a 0\n\n1 b 0", "entry 1: " + frame + "; the rest not read; entries skipped: 1", []string{"a"}},
+		{"1 a 0\n1 b x\n99999999999999999999 c 0\n1 d 0", "entry 1: event 0: want <offset ns>[:<count>][#<seq>], events separated by one space; entries skipped: 2", []string{"a"}},
+		{"1 a 0\n1 b 0\n9223372036854775807 c 0", "entry 2: " + frame + "; the rest not read; entries skipped: 1", []string{"a", "b"}},
 	} {
 		t.Run(tt.sessions, func(t *testing.T) {
 			var ev tokenevent.Event
-			err := ReadRecord(batchRecord(1000, tt.sessions), tokenevent.Limits{}, &ev, func(*tokenevent.Event) { t.Fatal("an entry of a broken frame read") })
+			var read []string
+			err := ReadRecord(batchRecord(1000, tt.sessions), tokenevent.Limits{}, &ev, func(e *tokenevent.Event) { read = append(read, e.SessionID) })
 			require.EqualError(t, err, AttrTokenSessions+": "+tt.want)
 			var ee *EntryError
-			assert.False(t, errors.As(err, &ee), "the record is invalid, not some of its entries")
+			assert.Equal(t, tt.read != nil, errors.As(err, &ee), "some entries read, or the record invalid")
+			assert.Equal(t, tt.read, read)
 		})
 	}
 	var ev tokenevent.Event
@@ -157,11 +163,11 @@ func TestReadBatchEntryErrors(t *testing.T) {
 		want           []string
 		err            string
 	}{
-		{"bad events", "1 a 0\n1 b 0 x\n1 c 5:2", []string{"a 1000", "c 1005"}, "entry 1: event 1: want <offset ns>[:<count>][#<seq>], events separated by one space (1 of 3 session entries skipped)"},
-		{"count beyond the bound", "1 a 0 1:65537\n1 b 3", []string{"b 1003"}, "entry 0: event 1: count at most 65536, got 65537 (1 of 2 session entries skipped)"},
-		{"before time began", "1 a -1000\n1 b 3", []string{"b 1003"}, "entry 0: event 0: time is not a positive int64 (1 of 2 session entries skipped)"},
-		{"empty session ID", "0  1\n1 b 3", []string{"b 1003"}, "entry 0: session ID must not be empty (1 of 2 session entries skipped)"},
-		{"session ID too long", "300 " + strings.Repeat("x", 300) + " 1\n1 b 3\n1 c ", []string{"b 1003"}, "entry 0: session ID 300 bytes, limit is 256 (2 of 3 session entries skipped)"},
+		{"bad events", "1 a 0\n1 b 0 x\n1 c 5:2", []string{"a 1000", "c 1005"}, "entry 1: event 1: want <offset ns>[:<count>][#<seq>], events separated by one space; entries skipped: 1"},
+		{"count beyond the bound", "1 a 0 1:65537\n1 b 3", []string{"b 1003"}, "entry 0: event 1: count at most 65536, got 65537; entries skipped: 1"},
+		{"before time began", "1 a -1000\n1 b 3", []string{"b 1003"}, "entry 0: event 0: time is not a positive int64; entries skipped: 1"},
+		{"empty session ID", "0  1\n1 b 3", []string{"b 1003"}, "entry 0: session ID must not be empty; entries skipped: 1"},
+		{"session ID too long", "300 " + strings.Repeat("x", 300) + " 1\n1 b 3\n1 c ", []string{"b 1003"}, "entry 0: session ID 300 bytes, limit is 256; entries skipped: 2"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var ev tokenevent.Event

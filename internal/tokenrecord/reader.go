@@ -33,8 +33,9 @@ func IsTokenEvent(lr plog.LogRecord) bool {
 // limits): a record from any OTLP sender is trusted no more than a hook's
 // line. It returns a *tokenevent.FieldError naming the attribute at fault
 // when lr is not a valid token event record; fn is not called then. Of a
-// batch record with a valid frame, it skips the session entries that are
-// not valid, reads the others and returns an *EntryError.
+// batch record it skips the session entries that are not valid, and the
+// rest where its frame breaks, reads the others, and returns an
+// *EntryError (see readBatch).
 func ReadRecord(lr plog.LogRecord, limits tokenevent.Limits, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
 	ev.Reset()
 	switch lr.EventName() {

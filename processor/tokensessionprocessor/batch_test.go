@@ -31,8 +31,9 @@ func batchRecord(at int64, sessions string) plog.Logs {
 
 // A batch token record loses what it cannot read and no more: a session's
 // malformed entry drops that session's tokens there and counts as one
-// invalid record, the batch's other sessions fold; a broken frame (where
-// the next entry begins is unknown) drops the record whole, counted once.
+// invalid record, the batch's other sessions fold; where its frame breaks
+// (where the next entry begins is unknown) the rest is dropped, counted
+// once.
 func TestBatchRecordInvalidParts(t *testing.T) {
 	for _, tt := range []struct {
 		name     string
@@ -41,7 +42,7 @@ func TestBatchRecordInvalidParts(t *testing.T) {
 	}{
 		{"a malformed entry", "1 a 0\n1 b 5 x\n1 c 10:2", map[string]int64{"a": 1, "b": 0, "c": 2}},
 		{"a session ID beyond the limit", "1 a 0\n300 " + string(make([]byte, 300)) + " 5\n1 c 10:2", map[string]int64{"a": 1, "b": 0, "c": 2}},
-		{"a broken frame", "1 a 0\n9 b 5\n1 c 10:2", map[string]int64{"a": 0, "b": 0, "c": 0}},
+		{"a broken frame", "1 a 0\n9 b 5\n1 c 10:2", map[string]int64{"a": 1, "b": 0, "c": 0}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			tel := componenttest.NewTelemetry()
