@@ -471,7 +471,7 @@ func (w *RecordWriter) writeBatch(lr plog.LogRecord, chains []tokenChain) {
 // which stay as they are. It reads those records back, so it costs about
 // what writing them did, for the sessions out of order only. A record that
 // does not read back (none of this writer's does) leaves the batch as it
-// came.
+// came, less the token records that takeDisordered emptied.
 func (w *RecordWriter) reorder() {
 	type item struct {
 		ev      tokenevent.Event
@@ -491,6 +491,7 @@ func (w *RecordWriter) reorder() {
 			items = append(items, item{ev: c, session: session, key: recordKey{int64(e.TimeUnixNano), kindRank(e.Kind)}})
 		})
 		if err != nil {
+			w.records.RemoveIf(func(lr plog.LogRecord) bool { return lr.EventName() == "" })
 			return
 		}
 	}
@@ -507,8 +508,7 @@ func (w *RecordWriter) reorder() {
 	})
 	w.records.RemoveIf(func(lr plog.LogRecord) bool {
 		_, ok := w.disorderedSession(lr)
-		// A token record whose chains all went: no event name.
-		return ok || lr.EventName() == ""
+		return ok || lr.EventName() == "" // a token record whose chains all went
 	})
 	w.clearBatch()
 	w.ordered = false
