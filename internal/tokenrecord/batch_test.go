@@ -56,10 +56,10 @@ func TestRecordsBatchShape(t *testing.T) {
 }
 
 // A token record takes its place where its first token came and holds the
-// chains of tokens of each session that began before any other event came:
-// every chain's first token keeps its place among the other events (a
+// runs of tokens of each session that began before any other event came:
+// every run's first token keeps its place among the other events (a
 // session's first token ends its prefill in the division of the engine's
-// time), and a chain ends at its session's next event.
+// time), and a run ends at its session's next event.
 func TestRecordsTokenRecordPlaces(t *testing.T) {
 	at := func(kind tokenevent.Kind, id string, t uint64) tokenevent.Event {
 		e := tok(id, t, 1, -1)
@@ -251,7 +251,7 @@ func FuzzBatchRecord(f *testing.F) {
 
 // FuzzTokenRecordPlaces checks, for any events of a few sessions, that the
 // records read back in order give each session's events in the order they
-// came, and put the first token of each chain (a session's token after an
+// came, and put the first token of each run (a session's token after an
 // event of another kind of it, or its first) where it came among the
 // events that are no tokens.
 func FuzzTokenRecordPlaces(f *testing.F) {
@@ -300,7 +300,7 @@ func FuzzTokenRecordPlaces(f *testing.F) {
 			}
 			for j, x := range evs {
 				if x.Kind != tokenevent.KindToken && (j < i) != (place[j] < place[i]) {
-					t.Fatalf("the first token of a chain, event %d, read on the wrong side of event %d", i, j)
+					t.Fatalf("the first token of a run, event %d, read on the wrong side of event %d", i, j)
 				}
 			}
 		}

@@ -24,16 +24,16 @@ import (
 // session's first token ends its prefill in token_session's division of
 // the engine's time among its sessions, so it must come between the other
 // sessions' starts and ends as it came. So a token record takes its place
-// in records where its first event came, and holds a chain of tokens of
+// in records where its first event came, and holds a run of tokens of
 // each session that came before any other event since: the session's
 // tokens from that first on, up to the session's next event of another
-// kind (start, end, move), which ends its chain. A session's later tokens
-// start a chain in the latest token record, or in a new one when an event
+// kind (start, end, move), which ends its run. A session's later tokens
+// start a run in the latest token record, or in a new one when an event
 // other than a token came after that one's place. The events of a record
-// that holds one session's chain only are written in that session's own
+// that holds one session's run only are written in that session's own
 // record (AttrSessionID with AttrTokenEvents, or a single event's count).
 //
-// So each session's order is kept, every chain's first token keeps its
+// So each session's order is kept, every run's first token keeps its
 // place among the other events, and the records are written once, at
 // Flush or Reset, each as one string of known length.
 //
@@ -51,11 +51,11 @@ type RecordWriter struct {
 	// event.
 	index    map[string]int32
 	sessions []sessionTokens
-	// chains are the sessions' chains of tokens, in the order they began:
+	// runs are the sessions' runs of tokens, in the order they began:
 	// those of one token record are consecutive.
-	chains []tokenChain
+	runs []tokenRun
 	// tokenRecords are the token records placed in records, in order; the
-	// latest takes new chains while open, until an event that is no token.
+	// latest takes new runs while open, until an event that is no token.
 	tokenRecords []plog.LogRecord
 	open         bool
 	// ordered: see SetOrdered. disordered: a session's records came out of
@@ -65,7 +65,7 @@ type RecordWriter struct {
 	// entry last looked up there, a hint checked against sessions. It
 	// spares most token events the map's hash and probe.
 	recent [swar.IDSlots]int32
-	// packed holds the chains' events, each chain's linked from first to
+	// packed holds the runs' events, each run's linked from first to
 	// last through next.
 	packed []packedEvent
 	text   []byte // scratch for the AttrTokenEvents or AttrTokenSessions string
@@ -74,9 +74,9 @@ type RecordWriter struct {
 // sessionTokens is a session in a writer's batch.
 type sessionTokens struct {
 	id string
-	// chain is the index in chains of the session's chain under way, -1
+	// run is the index in runs of the session's run under way, -1
 	// for none.
-	chain int32
+	run int32
 	// In an ordered writer: prevTime and prevRank are the order key
 	// (recordKey) of the session's latest event in a record of the batch,
 	// which the next record's first must not be less than; disordered is
@@ -86,9 +86,9 @@ type sessionTokens struct {
 	prevTime   int64
 }
 
-// tokenChain is a run of a session's token events with no other event of
+// tokenRun is a run of a session's token events with no other event of
 // the session among them, in one token record.
-type tokenChain struct {
+type tokenRun struct {
 	session int32 // index in sessions
 	record  int32 // index in tokenRecords
 	// first and last index packed; events counts them.
@@ -163,7 +163,7 @@ func (w *RecordWriter) clearBatch() {
 	w.sessions = w.sessions[:0]
 	clear(w.tokenRecords)
 	w.tokenRecords = w.tokenRecords[:0]
-	w.chains = w.chains[:0]
+	w.runs = w.runs[:0]
 	w.packed = w.packed[:0]
 	w.open = false
 }
@@ -190,19 +190,19 @@ func (w *RecordWriter) Append(ev *tokenevent.Event) {
 			i = w.entry(ev.SessionID)
 		}
 		o := &w.sessions[i]
-		if o.chain < 0 {
-			o.chain = w.startChain(i)
+		if o.run < 0 {
+			o.run = w.startRun(i)
 		}
-		w.pack(&w.chains[o.chain], int64(ev.TimeUnixNano), ev.Count, seqOf(ev))
+		w.pack(&w.runs[o.run], int64(ev.TimeUnixNano), ev.Count, seqOf(ev))
 		return
 	}
-	// ev follows every token so far: a chain that begins after it goes
-	// into a record after it, and its session's chain ends before it.
+	// ev follows every token so far: a run that begins after it goes
+	// into a record after it, and its session's run ends before it.
 	w.open = false
-	if i >= 0 && w.sessions[i].chain >= 0 {
+	if i >= 0 && w.sessions[i].run >= 0 {
 		o := &w.sessions[i]
-		w.settle(o, &w.chains[o.chain])
-		o.chain = -1
+		w.settle(o, &w.runs[o.run])
+		o.run = -1
 	}
 	if ev.Kind == tokenevent.KindShare {
 		w.appendShare(ev)
@@ -313,20 +313,20 @@ func (w *RecordWriter) entry(id string) int32 {
 	i := int32(len(w.sessions))
 	w.index[id] = i
 	w.recent[swar.IDSlot(id)] = i + 1
-	w.sessions = append(w.sessions, sessionTokens{id: id, chain: -1})
+	w.sessions = append(w.sessions, sessionTokens{id: id, run: -1})
 	return i
 }
 
-// startChain starts a chain of session (its index in sessions) in the
+// startRun starts a run of session (its index in sessions) in the
 // latest token record, or in a new one when that one is closed, and
-// returns its index in chains.
-func (w *RecordWriter) startChain(session int32) int32 {
+// returns its index in runs.
+func (w *RecordWriter) startRun(session int32) int32 {
 	if !w.open {
 		w.tokenRecords = append(w.tokenRecords, w.records.AppendEmpty())
 		w.open = true
 	}
-	i := int32(len(w.chains))
-	w.chains = append(w.chains, tokenChain{session: session, record: int32(len(w.tokenRecords) - 1), first: -1, last: -1})
+	i := int32(len(w.runs))
+	w.runs = append(w.runs, tokenRun{session: session, record: int32(len(w.tokenRecords) - 1), first: -1, last: -1})
 	return i
 }
 
@@ -340,8 +340,8 @@ func (w *RecordWriter) follows(o *sessionTokens, first, last recordKey) {
 	o.prevTime, o.prevRank = last.time, last.kind
 }
 
-// pack adds a token event to a chain.
-func (w *RecordWriter) pack(c *tokenChain, time, count, seq int64) {
+// pack adds a token event to a run.
+func (w *RecordWriter) pack(c *tokenRun, time, count, seq int64) {
 	i := int32(len(w.packed))
 	w.packed = append(w.packed, packedEvent{time: time, count: count, seq: seq, next: -1})
 	if c.last >= 0 {
@@ -356,8 +356,8 @@ func (w *RecordWriter) pack(c *tokenChain, time, count, seq int64) {
 }
 
 // settle notes, in an ordered writer, the place in its session's order of
-// the chain c of the session of o, which has ended (see follows).
-func (w *RecordWriter) settle(o *sessionTokens, c *tokenChain) {
+// the run c of the session of o, which has ended (see follows).
+func (w *RecordWriter) settle(o *sessionTokens, c *tokenRun) {
 	if !w.ordered {
 		return
 	}
@@ -368,46 +368,46 @@ func (w *RecordWriter) settle(o *sessionTokens, c *tokenChain) {
 	w.follows(o, recordKey{w.packed[c.first].time, rank}, recordKey{c.lastTime, rank})
 }
 
-// writeTokens writes the token records placed: the chains of each, as one
+// writeTokens writes the token records placed: the runs of each, as one
 // AttrTokenSessions string, or as its session's own record when it holds
-// one. In an ordered writer the chains of a session out of order go into
+// one. In an ordered writer the runs of a session out of order go into
 // records of their own at the end, which reorder finds by their
 // AttrSessionID (and removes a token record left with none).
 func (w *RecordWriter) writeTokens() {
 	for i := range w.sessions {
-		if o := &w.sessions[i]; o.chain >= 0 {
-			w.settle(o, &w.chains[o.chain])
-			o.chain = -1
+		if o := &w.sessions[i]; o.run >= 0 {
+			w.settle(o, &w.runs[o.run])
+			o.run = -1
 		}
 	}
-	for from := 0; from < len(w.chains); {
-		rec := w.chains[from].record
+	for from := 0; from < len(w.runs); {
+		rec := w.runs[from].record
 		to := from + 1
-		for to < len(w.chains) && w.chains[to].record == rec {
+		for to < len(w.runs) && w.runs[to].record == rec {
 			to++
 		}
-		chains := w.chains[from:to]
+		runs := w.runs[from:to]
 		from = to
 		if w.disordered {
-			chains = w.takeDisordered(chains)
+			runs = w.takeDisordered(runs)
 		}
 		lr := w.tokenRecords[rec]
-		switch len(chains) {
+		switch len(runs) {
 		case 0:
-			// Its chains went to records of their own; reorder removes it.
+			// Its runs went to records of their own; reorder removes it.
 		case 1:
-			w.writeSession(lr, &chains[0])
+			w.writeSession(lr, &runs[0])
 		default:
-			w.writeBatch(lr, chains)
+			w.writeBatch(lr, runs)
 		}
 	}
 }
 
-// takeDisordered writes the chains of sessions out of order as records of
+// takeDisordered writes the runs of sessions out of order as records of
 // their own at the end, and returns the others.
-func (w *RecordWriter) takeDisordered(chains []tokenChain) []tokenChain {
-	kept := chains[:0]
-	for _, c := range chains {
+func (w *RecordWriter) takeDisordered(runs []tokenRun) []tokenRun {
+	kept := runs[:0]
+	for _, c := range runs {
 		if w.sessions[c.session].disordered {
 			w.writeSession(w.records.AppendEmpty(), &c)
 		} else {
@@ -417,9 +417,9 @@ func (w *RecordWriter) takeDisordered(chains []tokenChain) []tokenChain {
 	return kept
 }
 
-// writeSession writes chain c into lr as a record of its session: one
+// writeSession writes run c into lr as a record of its session: one
 // event as the single-event form, more as AttrTokenEvents.
-func (w *RecordWriter) writeSession(lr plog.LogRecord, c *tokenChain) {
+func (w *RecordWriter) writeSession(lr plog.LogRecord, c *tokenRun) {
 	lr.SetEventName(EventNameToken)
 	base := w.packed[c.first].time
 	lr.SetTimestamp(pcommon.Timestamp(base))
@@ -442,13 +442,13 @@ func (w *RecordWriter) writeSession(lr plog.LogRecord, c *tokenChain) {
 	attrs.PutStr(AttrTokenEvents, string(w.text))
 }
 
-// writeBatch writes chains into lr as one AttrTokenSessions record, in
+// writeBatch writes runs into lr as one AttrTokenSessions record, in
 // the order they began, stamped with the first one's first event.
-func (w *RecordWriter) writeBatch(lr plog.LogRecord, chains []tokenChain) {
-	base := w.packed[chains[0].first].time
+func (w *RecordWriter) writeBatch(lr plog.LogRecord, runs []tokenRun) {
+	base := w.packed[runs[0].first].time
 	w.text = w.text[:0]
-	for i := range chains {
-		c := &chains[i]
+	for i := range runs {
+		c := &runs[i]
 		if i > 0 {
 			w.text = append(w.text, '\n')
 		}
@@ -508,7 +508,7 @@ func (w *RecordWriter) reorder() {
 	})
 	w.records.RemoveIf(func(lr plog.LogRecord) bool {
 		_, ok := w.disorderedSession(lr)
-		return ok || lr.EventName() == "" // a token record whose chains all went
+		return ok || lr.EventName() == "" // a token record whose runs all went
 	})
 	w.clearBatch()
 	w.ordered = false
