@@ -306,3 +306,36 @@ func FuzzTokenRecordPlaces(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkReadRecordBatch measures token_session's per-event cost of
+// reading a batch record back (what it folds is left out): 100 sessions ×
+// 10 tokens (BenchmarkRecordWriter's batch), and 1000 sessions × 1 token, a
+// batch of a busy node's hooks, where the cost per session entry shows.
+func BenchmarkReadRecordBatch(b *testing.B) {
+	for _, tc := range []struct {
+		name             string
+		sessions, rounds int
+	}{{"100x10", 100, 10}, {"1000x1", 1000, 1}} {
+		b.Run(tc.name, func(b *testing.B) {
+			var evs []tokenevent.Event
+			for step := range tc.rounds {
+				for s := range tc.sessions {
+					evs = append(evs, tok(fmt.Sprintf("req-%08d", s), uint64(1700000000000000000+step*25_000_000+s*1000), 1, -1))
+				}
+			}
+			records := write(evs...)
+			require.Equal(b, 1, records.Len())
+			lr := records.At(0)
+			var ev tokenevent.Event
+			var n int64
+			fn := func(e *tokenevent.Event) { n += e.Count }
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := ReadRecord(lr, tokenevent.Limits{}, &ev, fn); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(b.N*len(evs)), "ns/event")
+		})
+	}
+}
