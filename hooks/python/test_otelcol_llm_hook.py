@@ -897,10 +897,29 @@ class OTLPSink(HTTPSink):
             for rl in req.get("resourceLogs", []):
                 for sl in rl.get("scopeLogs", []):
                     for rec in sl.get("logRecords", []):
-                        attrs = attributes(rec)
-                        if session_id is None or attrs.get("llm.session.id") == session_id:
-                            out.append((rec, attrs))
+                        for rec_attrs in session_records(rec, attributes(rec)):
+                            if session_id is None or rec_attrs[1].get("llm.session.id") == session_id:
+                                out.append(rec_attrs)
         return out
+
+
+def session_records(rec, attrs):
+    """A batch token record (llm.token.sessions: the tokens of several sessions) as one (record, attributes) per
+    session entry, the attributes those of the session's own packed record; any other record as it is."""
+    sessions = attrs.get("llm.token.sessions")
+    if rec.get("eventName") != "llm.token" or sessions is None:
+        return [(rec, attrs)]
+    # Each entry "<ID length in bytes> <session ID> <events>", newline-separated.
+    raw, out, i = sessions.encode(), [], 0
+    while i < len(raw):
+        space = raw.index(b" ", i)
+        n = int(raw[i:space])
+        sid = raw[space + 1:space + 1 + n].decode()
+        end = raw.find(b"\n", space + 2 + n)
+        end = len(raw) if end < 0 else end
+        out.append((rec, {"llm.session.id": sid, "llm.token.events": raw[space + 2 + n:end].decode()}))
+        i = end + 1
+    return out
 
 
 def any_value(v):
@@ -1232,10 +1251,10 @@ def token_events(recs):
             continue
         packed = attrs.get("llm.token.events")
         if packed is not None:
-            # "<offset ns from the record's time>[:<count>]", space-separated
+            # "<offset ns from the record's time>[:<count>][#<seq>]", space-separated
             base = int(rec["timeUnixNano"])
             for event in packed.split(" "):
-                offset, _, count = event.partition(":")
+                offset, _, count = event.split("#")[0].partition(":")
                 out.append((base + int(offset), int(count) if count else 1))
         else:
             out.append((int(rec["timeUnixNano"]), attrs.get("llm.token.count", 1)))

@@ -93,6 +93,14 @@ func TestOrderedWriter(t *testing.T) {
 			},
 			want: []string{"token b 10", "token b 20", "end b 30", "token a 100", "token a 130", "end a 140"},
 		},
+		{
+			name: "a session out of order is rewritten after the batch record of the others",
+			in: []tokenevent.Event{
+				ev(token, "b", 10), ev(token, "a", 100), ev(end, "a", 140), ev(token, "a", 130),
+				ev(token, "c", 5), ev(token, "b", 20),
+			},
+			want: []string{"token b 10", "token b 20", "token c 5", "token a 100", "token a 130", "end a 140"},
+		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			assert.Equal(t, tt.want, orderedWrite(t, true, tt.in...))

@@ -18,10 +18,9 @@ type packedEvent struct {
 }
 
 // appendPacked appends the AttrTokenEvents form of the events chained from
-// packed[first] to dst. Event times are positive int64s, so no offset
-// overflows.
-func appendPacked(dst []byte, packed []packedEvent, first int32) []byte {
-	base := packed[first].time
+// packed[first] to dst, offsets from base. Event times and base are
+// positive int64s, so no offset overflows.
+func appendPacked(dst []byte, packed []packedEvent, first int32, base int64) []byte {
 	for i := first; i >= 0; i = packed[i].next {
 		if i != first {
 			dst = append(dst, ' ')
@@ -61,7 +60,13 @@ func setSeq(ev *tokenevent.Event, seq int64) {
 // len(buf) events are decoded once into buf, more are scanned twice.
 func readPacked(s string, base int64, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
 	var buf [64]packedEvent
-	n, err := scanPacked(s, base, buf[:])
+	return readPackedWith(s, base, buf[:], ev, fn)
+}
+
+// readPackedWith is readPacked with buf as its buffer: a batch record's
+// entries share one, zeroed once per record rather than once per entry.
+func readPackedWith(s string, base int64, buf []packedEvent, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
+	n, err := scanPacked(s, base, buf)
 	if err != nil {
 		return err
 	}

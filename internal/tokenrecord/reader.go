@@ -24,12 +24,18 @@ func IsTokenEvent(lr plog.LogRecord) bool {
 }
 
 // ReadRecord decodes a token event record, calling fn once per event: once
-// for a start, end or single token record, once per packed event otherwise.
+// for a start, end or single token record, once per packed event otherwise
+// (of each session in turn in a batch record, AttrTokenSessions, whose
+// events' SessionID is part of the record's attribute string: copy it to
+// keep it).
 // ev is the Event passed to fn, reused between calls. Every event is held to
 // the rules and limits the wire parser applies (tokenevent's Validate with
 // limits): a record from any OTLP sender is trusted no more than a hook's
 // line. It returns a *tokenevent.FieldError naming the attribute at fault
-// when lr is not a valid token event record; fn is not called then.
+// when lr is not a valid token event record; fn is not called then. Of a
+// batch record it skips the session entries that are not valid, and the
+// rest where its frame breaks, reads the others, and returns an
+// *EntryError (see readBatch).
 func ReadRecord(lr plog.LogRecord, limits tokenevent.Limits, ev *tokenevent.Event, fn func(*tokenevent.Event)) error {
 	ev.Reset()
 	switch lr.EventName() {
@@ -47,6 +53,14 @@ func ReadRecord(lr plog.LogRecord, limits tokenevent.Limits, ev *tokenevent.Even
 		return &tokenevent.FieldError{Field: "event_name", Reason: fmt.Sprintf("want a token event, got %q", lr.EventName())}
 	}
 	attrs := lr.Attributes()
+	if ev.Kind == tokenevent.KindToken {
+		if v, ok := attrs.Get(AttrTokenSessions); ok {
+			if err := readTime(lr, ev); err != nil {
+				return err
+			}
+			return readBatch(attrs, v, limits, ev, fn)
+		}
+	}
 	sid, err := strAttr(attrs, AttrSessionID)
 	if err != nil {
 		return err
@@ -59,11 +73,7 @@ func ReadRecord(lr plog.LogRecord, limits tokenevent.Limits, ev *tokenevent.Even
 		return err
 	}
 	ev.SessionID = sid
-	ev.TimeUnixNano = uint64(lr.Timestamp())
-	if ev.TimeUnixNano == 0 {
-		return &tokenevent.FieldError{Field: "time_unix_nano", Reason: "missing"}
-	}
-	if err := tokenevent.CheckTime(ev.TimeUnixNano); err != nil {
+	if err := readTime(lr, ev); err != nil {
 		return err
 	}
 	switch ev.Kind {
@@ -76,6 +86,18 @@ func ReadRecord(lr plog.LogRecord, limits tokenevent.Limits, ev *tokenevent.Even
 	default:
 		return readEnd(attrs, ev, fn)
 	}
+}
+
+// readTime sets ev's time from lr's timestamp: present, within an int64.
+func readTime(lr plog.LogRecord, ev *tokenevent.Event) error {
+	ev.TimeUnixNano = uint64(lr.Timestamp())
+	if ev.TimeUnixNano == 0 {
+		return &tokenevent.FieldError{Field: "time_unix_nano", Reason: "missing"}
+	}
+	if err := tokenevent.CheckTime(ev.TimeUnixNano); err != nil {
+		return err
+	}
+	return nil
 }
 
 // readMove decodes a move: where, why and the tokens carried (absent: 0).

@@ -93,6 +93,17 @@ const (
 	// rather than per event: pdata boxes each element of an array attribute
 	// in an allocation of its own.
 	AttrTokenEvents = "llm.token.events"
+	// AttrTokenSessions holds a batch token record: the token events of
+	// several sessions, one entry per session, entries separated by a
+	// newline, each "<ID length> <session ID> <events>": the session ID's
+	// length in bytes (decimal), the ID itself, which may hold any byte,
+	// and its events in the AttrTokenEvents form, offsets from the record's
+	// timestamp. A batch record has no AttrSessionID.
+	//
+	// The receiver writes one per batch for the sessions whose tokens do
+	// not have to go before an event of their own: a record per session
+	// per batch was the cost where a batch holds few tokens of each.
+	AttrTokenSessions = "llm.token.sessions"
 )
 
 // timingAttrs pairs ev's timing fields with their attributes.

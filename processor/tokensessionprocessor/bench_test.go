@@ -72,7 +72,7 @@ func requireNoRejects(b *testing.B, lp processor.Logs) {
 
 // BenchmarkConsumeLogsTokens folds hook batches as the receiver produces
 // them: `sessions` concurrent sessions, 10 token events each per batch
-// (packed into one record per session), through the logs pipeline with the
+// (packed into one record for all sessions), through the logs pipeline with the
 // metrics pipeline attached. Building the batches is not timed.
 func BenchmarkConsumeLogsTokens(b *testing.B) {
 	for _, sessions := range []int{100, 10_000} {

@@ -146,7 +146,7 @@ func (p *goldenPipes) feed(t *testing.T, evs ...tokenevent.Event) {
 }
 
 // goldenBatch builds a logs batch the way the token_stream receiver does
-// (consecutive token events of a session packed into one record).
+// (the sessions' tokens packed into token records).
 func goldenBatch(evs ...tokenevent.Event) plog.Logs {
 	ld := plog.NewLogs()
 	sl := ld.ResourceLogs().AppendEmpty().ScopeLogs().AppendEmpty()

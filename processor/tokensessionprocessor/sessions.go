@@ -5,6 +5,8 @@ package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/proc
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -175,20 +177,36 @@ func (p *sessions) fold(ld plog.Logs, now time.Time) (out outputs, invalid int, 
 					return false
 				}
 				err := tokenrecord.ReadRecord(lr, p.limits, &p.event, p.applyFn)
-				p.handleReports(&lr)
+				batch := tokenrecord.IsTokenBatch(lr)
+				if batch {
+					// Of many sessions: no end in it to send after the
+					// records held for its session (handleReports).
+					p.handleReports(nil)
+				} else {
+					p.handleReports(&lr)
+				}
 				if err != nil {
-					if invalid++; invalid == 1 {
+					// A batch record's bad session entries were skipped, its
+					// others folded: each skipped one counts as a record.
+					var skipped *tokenrecord.EntryError
+					read := errors.As(err, &skipped)
+					n := 1
+					if read {
+						n = skipped.Skipped
+					}
+					if invalid += n; invalid == n {
 						firstErr = err
 					}
-					return true
-				}
-				if p.sampledRecords != nil && p.table.Contains(p.event.SessionID) {
-					recs, ok := p.sampledRecords[p.event.SessionID]
-					if !ok {
-						recs = plog.NewLogRecordSlice()
-						p.sampledRecords[p.event.SessionID] = recs
+					if !read {
+						return true
 					}
-					lr.CopyTo(recs.AppendEmpty())
+				}
+				if p.sampledRecords != nil {
+					if batch {
+						p.holdSampledBatch(lr)
+					} else if p.table.Contains(p.event.SessionID) {
+						lr.CopyTo(p.sampledOf(p.event.SessionID).AppendEmpty())
+					}
 				}
 				return p.cfg.PassTokenEvents != PassAll
 			})
@@ -206,6 +224,30 @@ func (p *sessions) fold(ld plog.Logs, now time.Time) (out outputs, invalid int, 
 		p.releaseHeld(false)
 	}
 	return p.takePending(), invalid, firstErr
+}
+
+// sampledOf returns the token event records held for the session id
+// (pass_token_events: sampled).
+func (p *sessions) sampledOf(id string) plog.LogRecordSlice {
+	recs, ok := p.sampledRecords[id]
+	if !ok {
+		recs = plog.NewLogRecordSlice()
+		// The ID may be part of a batch record's string: a copy keeps the
+		// map from holding the whole record.
+		p.sampledRecords[strings.Clone(id)] = recs
+	}
+	return recs
+}
+
+// holdSampledBatch holds, for each active session of the batch token
+// record lr, its tokens there as a record of the session's own
+// (pass_token_events: sampled): what passes on is a session's records.
+func (p *sessions) holdSampledBatch(lr plog.LogRecord) {
+	tokenrecord.BatchSessions(lr, p.limits, func(id, events string) {
+		if p.table.Contains(id) {
+			tokenrecord.AppendSessionRecord(p.sampledOf(id), lr, id, events)
+		}
+	})
 }
 
 // tick ends idle sessions, reports freezes, gives up on engine timings

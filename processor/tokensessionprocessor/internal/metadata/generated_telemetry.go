@@ -171,7 +171,7 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionInvalidRecords, err = builder.meter.Int64Counter(
 		"otelcol_processor_token_session_invalid_records",
-		metric.WithDescription("Token event records that could not be read; dropped. [Development]"),
+		metric.WithDescription("Token event records that could not be read; dropped. Of a batch record (llm.token.sessions), each session entry that could not be read counts as one, and so does the rest of one whose frame broke. [Development]"),
 		metric.WithUnit("{record}"),
 	)
 	errs = errors.Join(errs, err)

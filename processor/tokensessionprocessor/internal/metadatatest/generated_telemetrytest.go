@@ -136,7 +136,7 @@ func AssertEqualProcessorTokenSessionHeldOutputsOverflowed(t *testing.T, tt *com
 func AssertEqualProcessorTokenSessionInvalidRecords(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_processor_token_session_invalid_records",
-		Description: "Token event records that could not be read; dropped. [Development]",
+		Description: "Token event records that could not be read; dropped. Of a batch record (llm.token.sessions), each session entry that could not be read counts as one, and so does the rest of one whose frame broke. [Development]",
 		Unit:        "{record}",
 		Data: metricdata.Sum[int64]{
 			Temporality: metricdata.CumulativeTemporality,

@@ -6,6 +6,7 @@ package session
 import (
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
@@ -369,7 +370,9 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 				return
 			}
 			t.Counters.OrphanTokens++
-			s = t.create(ev.SessionID, pcommon.TraceID{}, pcommon.SpanID{}, now, out)
+			// A token's ID may be part of a batch record's string
+			// (tokenrecord): a copy keeps the session from holding it.
+			s = t.create(strings.Clone(ev.SessionID), pcommon.TraceID{}, pcommon.SpanID{}, now, out)
 			t.setSource(s, "")
 			t.started(s)
 		}
