@@ -338,6 +338,8 @@ type directBody struct {
 	eof       bool
 	// deadline is the read deadline set last (for idle).
 	deadline time.Time
+	// try is tryRead's reader of c.
+	try tryReader
 }
 
 func (b *directBody) Read(p []byte) (int, error) {
@@ -350,17 +352,45 @@ func (b *directBody) Read(p []byte) (int, error) {
 		}
 	}
 	n, err := b.rc.Read(p)
+	return n, b.readError(err)
+}
+
+// readError is the error of a read of the body that failed with err.
+func (b *directBody) readError(err error) error {
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, proxyconn.ErrWouldBlock):
 	case errors.Is(err, io.EOF):
 		b.eof = true
 	case b.ctx.Err() != nil:
-		err = fmt.Errorf("proxy: upstream body: %w", context.Cause(b.ctx))
+		err = b.cancelled()
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		err = errIdleTimeout
 	}
-	return n, err
+	return err
 }
+
+// cancelled is the error of a read of the body once its exchange was
+// cancelled.
+func (b *directBody) cancelled() error {
+	return fmt.Errorf("proxy: upstream body: %w", context.Cause(b.ctx))
+}
+
+// tryRead is a Read of a dechunked body (dechunked != nil) that never
+// waits: with nothing to read it returns proxyconn.ErrWouldBlock. The
+// event loop reads the body so (relayloop.go); stream_idle_timeout is its
+// to keep.
+func (b *directBody) tryRead(p []byte) (int, error) {
+	b.try.c = b.c
+	b.dechunked.r = &b.try
+	n, err := b.dechunked.Read(p)
+	b.dechunked.r = b.c
+	return n, b.readError(err)
+}
+
+// tryReader reads its connection without waiting.
+type tryReader struct{ c net.Conn }
+
+func (t *tryReader) Read(p []byte) (int, error) { return proxyconn.TryRead(t.c, p) }
 
 func (b *directBody) Close() error {
 	if b.c == nil {

@@ -20,6 +20,7 @@ package proxyconn // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenst
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"net"
 	"net/http"
@@ -107,3 +108,9 @@ func Dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	}
 	return wrap(c), nil
 }
+
+// ErrWouldBlock is TryRead's error when there is nothing to read, and
+// TryWrite's when the socket is full.
+var ErrWouldBlock = errors.New("proxyconn: the operation would block")
+
+var errNoTry = errors.New("proxyconn: not a connection of this package")

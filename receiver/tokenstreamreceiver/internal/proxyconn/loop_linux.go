@@ -1,0 +1,265 @@
+// Copyright The otelcol-llm Authors
+// SPDX-License-Identifier: Apache-2.0
+
+package proxyconn // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxyconn"
+
+import (
+	"container/heap"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Loop is an event loop: one goroutine waits on an epoll instance of its
+// own for the watched connections to be readable and calls their
+// callbacks, runs the timers that are due, and the functions posted to it,
+// all on that goroutine, one at a time.
+//
+// Why: a goroutine blocked in a read per connection is parked and woken by
+// the runtime's poller for every SSE event, and the scheduler's work for
+// that (finding the goroutine, waking a thread for it, parking it again)
+// was a fifth of the proxy's CPU. The loop's goroutine waits in epoll_wait,
+// a blocking system call: a batch of ready connections costs its thread
+// one wake-up, as nginx's worker, and nothing parks. A callback must never
+// wait (TryRead, TryWrite): it would hold every other connection.
+type Loop struct {
+	epfd, wakefd int
+	mu           sync.Mutex
+	posted       []func()
+	closed       bool
+	// woken: the wake eventfd was written and not yet read; Post writes
+	// it once per batch.
+	woken atomic.Bool
+	done  chan struct{}
+
+	// Only the loop's goroutine uses these.
+	// watches by epoll id; wakeID (the hang-up watcher's too) is the wake
+	// eventfd's.
+	watches map[uint32]*Watch
+	next    uint32
+	timers  timerHeap
+	running []func()
+}
+
+// NewLoop starts a loop; Close ends it.
+func NewLoop() (*Loop, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, errors.Join(errors.New("proxyconn: epoll_create1"), err)
+	}
+	wakefd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(epfd)
+		return nil, errors.Join(errors.New("proxyconn: eventfd"), err)
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: wakeID}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
+		unix.Close(wakefd)
+		unix.Close(epfd)
+		return nil, errors.Join(errors.New("proxyconn: epoll_ctl"), err)
+	}
+	l := &Loop{epfd: epfd, wakefd: wakefd, done: make(chan struct{}), watches: map[uint32]*Watch{}}
+	go l.run()
+	return l, nil
+}
+
+func (l *Loop) run() {
+	defer close(l.done)
+	events := make([]unix.EpollEvent, 128)
+	for {
+		timeout := -1
+		if len(l.timers) > 0 {
+			// Rounded up: a timer is never run early, and the loop does not
+			// spin for the last fraction of a millisecond.
+			d := time.Until(l.timers[0].at)
+			timeout = int(max((d+time.Millisecond-1)/time.Millisecond, 0))
+		}
+		n, err := unix.EpollWait(l.epfd, events, timeout)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return
+		}
+		for _, ev := range events[:n] {
+			id := uint32(ev.Fd) //nolint:gosec // G115: the id was a uint32 stored as the event's data
+			if id == wakeID {
+				var b [8]byte
+				_, _ = unix.Read(l.wakefd, b[:])
+				continue
+			}
+			// A watch stopped by an earlier callback of this batch is gone.
+			if w := l.watches[id]; w != nil {
+				w.ready()
+			}
+		}
+		if !l.runPosted() {
+			return
+		}
+		if len(l.timers) > 0 {
+			now := time.Now()
+			for len(l.timers) > 0 && !l.timers[0].at.After(now) {
+				t := heap.Pop(&l.timers).(*Timer)
+				t.fn()
+			}
+		}
+	}
+}
+
+// runPosted runs what was posted; false once the loop is closed.
+func (l *Loop) runPosted() bool {
+	l.woken.Store(false)
+	l.mu.Lock()
+	l.running, l.posted = l.posted, l.running[:0]
+	closed := l.closed
+	l.mu.Unlock()
+	for i, fn := range l.running {
+		fn()
+		l.running[i] = nil
+	}
+	return !closed
+}
+
+// Post has fn run on the loop's goroutine, after the functions posted
+// before it; false: the loop is closed and fn will not run.
+func (l *Loop) Post(fn func()) bool {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return false
+	}
+	l.posted = append(l.posted, fn)
+	l.mu.Unlock()
+	if !l.woken.Swap(true) {
+		one := [8]byte{1}
+		_, _ = unix.Write(l.wakefd, one[:])
+	}
+	return true
+}
+
+// Close ends the loop once what was posted before it ran; the watches left
+// are dropped, the timers never run.
+func (l *Loop) Close() {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.closed = true
+	l.mu.Unlock()
+	one := [8]byte{1}
+	_, _ = unix.Write(l.wakefd, one[:])
+	<-l.done
+	unix.Close(l.wakefd)
+	unix.Close(l.epfd)
+}
+
+// Watch is a connection the loop watches.
+type Watch struct {
+	l     *Loop
+	id    uint32
+	rc    syscall.RawConn
+	ready func()
+}
+
+// Watch calls ready on the loop's goroutine whenever c has bytes to read
+// or its peer closed or reset it (level-triggered: until a read takes
+// what is there), until Stop. To be called on the loop's goroutine.
+func (l *Loop) Watch(c net.Conn, ready func()) (*Watch, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil, errNoTry
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	for {
+		l.next++
+		if _, used := l.watches[l.next]; l.next != wakeID && !used {
+			break
+		}
+	}
+	w := &Watch{l: l, id: l.next, rc: rc, ready: ready}
+	var ctlErr error
+	err = rc.Control(func(fd uintptr) {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(w.id)} //nolint:gosec // G115: stored back as a uint32 in run
+		ctlErr = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, int(fd), &ev)
+	})
+	if err = errors.Join(err, ctlErr); err != nil {
+		return nil, err
+	}
+	l.watches[w.id] = w
+	return w, nil
+}
+
+// Stop ends the watch: ready is not called after it. To be called on the
+// loop's goroutine, before the connection is read by anyone else. A
+// connection closed while watched left the epoll instance as it closed.
+func (w *Watch) Stop() {
+	if w.l.watches[w.id] != w {
+		return
+	}
+	delete(w.l.watches, w.id)
+	_ = w.rc.Control(func(fd uintptr) {
+		_ = unix.EpollCtl(w.l.epfd, unix.EPOLL_CTL_DEL, int(fd), nil)
+	})
+}
+
+// Timer runs a function on the loop's goroutine at a time; its methods are
+// the loop goroutine's.
+type Timer struct {
+	at time.Time
+	fn func()
+	i  int // in the heap; -1: not scheduled
+}
+
+// NewTimer is a timer that runs fn, not scheduled.
+func NewTimer(fn func()) *Timer { return &Timer{fn: fn, i: -1} }
+
+// Schedule has t run at at (once), on l, in place of any time it had.
+func (l *Loop) Schedule(t *Timer, at time.Time) {
+	t.at = at
+	if t.i >= 0 {
+		heap.Fix(&l.timers, t.i)
+		return
+	}
+	heap.Push(&l.timers, t)
+}
+
+// Unschedule keeps t from running.
+func (l *Loop) Unschedule(t *Timer) {
+	if t.i >= 0 {
+		heap.Remove(&l.timers, t.i)
+	}
+}
+
+// timerHeap is the loop's timers, the earliest first.
+type timerHeap []*Timer
+
+func (h timerHeap) Len() int           { return len(h) }
+func (h timerHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h timerHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].i, h[j].i = i, j
+}
+
+func (h *timerHeap) Push(x any) {
+	t := x.(*Timer)
+	t.i = len(*h)
+	*h = append(*h, t)
+}
+
+func (h *timerHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	t.i = -1
+	return t
+}
