@@ -63,10 +63,10 @@ type call struct {
 	// noWait: a full (or empty) socket ends the call with EAGAIN rather
 	// than waiting for readiness.
 	noWait bool
-	fn    func(fd uintptr) bool
-	buf   []byte
-	n     int
-	errno syscall.Errno
+	fn     func(fd uintptr) bool
+	buf    []byte
+	n      int
+	errno  syscall.Errno
 }
 
 // do makes the system calls of one Read or Write; false asks the poller to
