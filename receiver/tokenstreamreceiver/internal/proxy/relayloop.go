@@ -96,10 +96,13 @@ func (p *offServer) relayOnLoop(h *hijackedStream) bool {
 // attach starts watching the upstream, and relays what came with the
 // response head.
 func (ls *loopStream) attach() {
-	w, err := ls.l.loop.Watch(ls.body.c, ls.readable)
+	if err := ls.body.detach(); err != nil {
+		// Closed already (cancelled): the goroutine's reads say so.
+		ls.leave(true)
+		return
+	}
+	w, err := ls.l.loop.Watch(ls.body.sock, ls.readable)
 	if err != nil {
-		// Closed already (cancelled), or not watchable: the goroutine's
-		// reads say which.
 		ls.leave(true)
 		return
 	}
@@ -114,6 +117,12 @@ func (ls *loopStream) attach() {
 // readable relays what the upstream sent.
 func (ls *loopStream) readable() {
 	if ls.left {
+		return
+	}
+	if ls.h.ctx.Err() != nil {
+		// The socket outlives the connection the exchange closed: its
+		// bytes are not relayed after the cancel.
+		ls.cancelled()
 		return
 	}
 	r, d := ls.h.r, ls.body.dechunked
@@ -179,8 +188,9 @@ func (ls *loopStream) leave(relay bool) {
 	if ls.stopCancelWatch != nil {
 		ls.stopCancelWatch()
 	}
-	h, p := ls.h, ls.p
+	h, p, body := ls.h, ls.p, ls.body
 	go func() {
+		body.reattach()
 		if h.cw.wait() != nil {
 			// As a write that failed on the goroutine: the client is gone.
 			h.r.e.clientGone, h.r.over = true, true

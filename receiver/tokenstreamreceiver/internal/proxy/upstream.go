@@ -338,8 +338,8 @@ type directBody struct {
 	eof       bool
 	// deadline is the read deadline set last (for idle).
 	deadline time.Time
-	// try is tryRead's reader of c.
-	try tryReader
+	// sock is c's socket while the event loop reads it (detach).
+	sock *proxyconn.Socket
 }
 
 func (b *directBody) Read(p []byte) (int, error) {
@@ -375,22 +375,50 @@ func (b *directBody) cancelled() error {
 	return fmt.Errorf("proxy: upstream body: %w", context.Cause(b.ctx))
 }
 
-// tryRead is a Read of a dechunked body (dechunked != nil) that never
-// waits: with nothing to read it returns proxyconn.ErrWouldBlock. The
-// event loop reads the body so (relayloop.go); stream_idle_timeout is its
-// to keep.
+// detach takes the body's socket out of the runtime's poller, for the
+// event loop (relayloop.go) to watch and tryRead to read; reattach puts
+// it back. The body must be dechunked.
+func (b *directBody) detach() error {
+	sock, err := proxyconn.Detach(b.c)
+	if err != nil {
+		return err
+	}
+	b.sock, b.dechunked.r = sock, sock
+	return nil
+}
+
+// tryRead is a Read of a detached body that never waits: with nothing to
+// read it returns proxyconn.ErrWouldBlock. stream_idle_timeout is the
+// event loop's to keep.
 func (b *directBody) tryRead(p []byte) (int, error) {
-	b.try.c = b.c
-	b.dechunked.r = &b.try
 	n, err := b.dechunked.Read(p)
-	b.dechunked.r = b.c
 	return n, b.readError(err)
 }
 
-// tryReader reads its connection without waiting.
-type tryReader struct{ c net.Conn }
-
-func (t *tryReader) Read(p []byte) (int, error) { return proxyconn.TryRead(t.c, p) }
+// reattach makes a connection of the detached socket again, for Read and
+// Close, and for the exchange's end to close it (as exchange set for the
+// first). Cancelled already, the socket is closed instead: the exchange
+// closed its connection.
+func (b *directBody) reattach() {
+	sock := b.sock
+	if sock == nil {
+		return
+	}
+	b.sock, b.dechunked.r = nil, b.c
+	if !b.stop() {
+		sock.Close()
+		return
+	}
+	c, err := sock.Attach()
+	if err != nil {
+		// Lost: the reads fail on the closed connection, which no one
+		// closes again.
+		b.stop = func() bool { return false }
+		return
+	}
+	b.c, b.dechunked.r, b.deadline = c, c, time.Time{}
+	b.stop = context.AfterFunc(b.ctx, func() { c.Close() })
+}
 
 func (b *directBody) Close() error {
 	if b.c == nil {

@@ -58,7 +58,22 @@ func (*Loop) Post(func()) bool { return false }
 func (*Loop) Close() {}
 
 // Watch is never reached.
-func (*Loop) Watch(net.Conn, func()) (*Watch, error) { return nil, errNoTry }
+func (*Loop) Watch(*Socket, func()) (*Watch, error) { return nil, errNoTry }
+
+// Socket is Linux only.
+type Socket struct{}
+
+// Detach is unsupported here.
+func Detach(net.Conn) (*Socket, error) { return nil, errNoTry }
+
+// Read is never reached.
+func (*Socket) Read([]byte) (int, error) { return 0, errNoTry }
+
+// Attach is never reached.
+func (*Socket) Attach() (net.Conn, error) { return nil, errNoTry }
+
+// Close does nothing.
+func (*Socket) Close() {}
 
 // Watch is Linux only.
 type Watch struct{}

@@ -6,11 +6,14 @@ package proxyconn // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenst
 import (
 	"container/heap"
 	"errors"
+	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -159,39 +162,27 @@ func (l *Loop) Close() {
 	unix.Close(l.epfd)
 }
 
-// Watch is a connection the loop watches.
+// Watch is a socket the loop watches.
 type Watch struct {
 	l     *Loop
 	id    uint32
-	rc    syscall.RawConn
+	fd    int
 	ready func()
 }
 
-// Watch calls ready on the loop's goroutine whenever c has bytes to read
+// Watch calls ready on the loop's goroutine whenever s has bytes to read
 // or its peer closed or reset it (level-triggered: until a read takes
 // what is there), until Stop. To be called on the loop's goroutine.
-func (l *Loop) Watch(c net.Conn, ready func()) (*Watch, error) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return nil, errNoTry
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
+func (l *Loop) Watch(s *Socket, ready func()) (*Watch, error) {
 	for {
 		l.next++
 		if _, used := l.watches[l.next]; l.next != wakeID && !used {
 			break
 		}
 	}
-	w := &Watch{l: l, id: l.next, rc: rc, ready: ready}
-	var ctlErr error
-	err = rc.Control(func(fd uintptr) {
-		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(w.id)} //nolint:gosec // G115: stored back as a uint32 in run
-		ctlErr = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, int(fd), &ev)
-	})
-	if err = errors.Join(err, ctlErr); err != nil {
+	w := &Watch{l: l, id: l.next, fd: s.fd, ready: ready}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(w.id)} //nolint:gosec // G115: stored back as a uint32 in run
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, s.fd, &ev); err != nil {
 		return nil, err
 	}
 	l.watches[w.id] = w
@@ -199,16 +190,91 @@ func (l *Loop) Watch(c net.Conn, ready func()) (*Watch, error) {
 }
 
 // Stop ends the watch: ready is not called after it. To be called on the
-// loop's goroutine, before the connection is read by anyone else. A
-// connection closed while watched left the epoll instance as it closed.
+// loop's goroutine, before the socket is closed or attached.
 func (w *Watch) Stop() {
 	if w.l.watches[w.id] != w {
 		return
 	}
 	delete(w.l.watches, w.id)
-	_ = w.rc.Control(func(fd uintptr) {
-		_ = unix.EpollCtl(w.l.epfd, unix.EPOLL_CTL_DEL, int(fd), nil)
-	})
+	_ = unix.EpollCtl(w.l.epfd, unix.EPOLL_CTL_DEL, w.fd, nil)
+}
+
+// Socket is a connection's socket taken out of the runtime's poller
+// (Detach), for a loop to watch.
+//
+// Why: the runtime's poller watches every connection's socket, edge-
+// triggered, whether a goroutine waits on it or not, and wakes a thread
+// for each of its events. A socket the loop watches would wake two threads
+// per SSE event, the loop's and the poller's for nothing. Out of the
+// poller, it wakes the loop's alone.
+type Socket struct {
+	fd int
+}
+
+// Detach takes c's socket out of the runtime's poller: c is closed, the
+// socket stays open as the Socket, until Attach or Close. c must be one of
+// this package's connections (CanTry).
+func Detach(c net.Conn) (*Socket, error) {
+	rc, ok := c.(*rawTCPConn)
+	if !ok {
+		return nil, errNoTry
+	}
+	fd := -1
+	var dupErr error
+	if err := rc.rc.Control(func(sysfd uintptr) {
+		fd, dupErr = unix.FcntlInt(sysfd, unix.F_DUPFD_CLOEXEC, 0)
+	}); err != nil {
+		return nil, err
+	}
+	if dupErr != nil {
+		return nil, dupErr
+	}
+	_ = c.Close()
+	return &Socket{fd: fd}, nil
+}
+
+// Read is a read that never waits: ErrWouldBlock when there is nothing to
+// read, io.EOF once the peer closed.
+func (s *Socket) Read(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, uintptr(s.fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		switch e {
+		case 0:
+			if n == 0 {
+				return 0, io.EOF
+			}
+			return int(n), nil
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return 0, ErrWouldBlock
+		default:
+			return 0, &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", e)}
+		}
+	}
+}
+
+// Attach puts the socket back in the runtime's poller: the connection it
+// returns (one of this package's) is the socket's, s is no more.
+func (s *Socket) Attach() (net.Conn, error) {
+	f := os.NewFile(uintptr(s.fd), "")
+	s.fd = -1
+	c, err := net.FileConn(f) // a copy of the descriptor, in the poller
+	_ = f.Close()
+	if err != nil {
+		return nil, err
+	}
+	return wrap(c), nil
+}
+
+// Close closes the socket.
+func (s *Socket) Close() {
+	if s.fd >= 0 {
+		_ = unix.Close(s.fd)
+		s.fd = -1
+	}
 }
 
 // Timer runs a function on the loop's goroutine at a time; its methods are
