@@ -83,19 +83,25 @@ func (p *offServer) relayOnLoop(h *hijackedStream) bool {
 	ls := &loopStream{p: p, l: p.loop, h: h, body: body, idle: body.d.idle}
 	ls.timer = proxyconn.NewTimer(ls.idleCheck)
 	h.cw.noWait = true
+	// Cancelled (the breaker, the client's hang-up, the drain's cut): the
+	// loop ends the stream, as a read would have failed; before attach ran,
+	// attach does nothing.
+	ls.stopCancelWatch = context.AfterFunc(h.ctx, func() { p.loop.loop.Post(ls.cancelled) })
 	if !p.loop.loop.Post(ls.attach) {
+		// Closed: not while a handler runs (Shutdown closes it after).
+		ls.stopCancelWatch()
 		h.cw.noWait = false
 		return false
 	}
-	// Cancelled (the breaker, the client's hang-up, the drain's cut): the
-	// loop ends the stream, as a read would have failed.
-	ls.stopCancelWatch = context.AfterFunc(h.ctx, func() { p.loop.loop.Post(ls.cancelled) })
 	return true
 }
 
 // attach starts watching the upstream, and relays what came with the
 // response head.
 func (ls *loopStream) attach() {
+	if ls.left {
+		return
+	}
 	if err := ls.body.detach(); err != nil {
 		// Closed already (cancelled): the goroutine's reads say so.
 		ls.leave(true)

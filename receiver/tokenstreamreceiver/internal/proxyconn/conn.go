@@ -6,7 +6,9 @@
 // the client, with the process idle in between, and the plain net.Conn
 // calls cost a wake-up of the runtime's sysmon thread per event on top (a
 // fifth of the proxy's CPU in the bench). Its connections make raw system
-// calls instead (conn_linux.go; elsewhere they are the plain ones).
+// calls instead (conn_linux.go; elsewhere they are the plain ones). Its
+// Loop (loop_linux.go) is the event loop the proxy relays streams in, with
+// the sockets it watches taken out of the runtime's poller (Detach).
 //
 // It is kept apart so that it can go whole. The upstream's connections are
 // put under confighttp's transport by a client middleware injected for the
