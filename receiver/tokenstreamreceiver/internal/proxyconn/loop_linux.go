@@ -132,6 +132,9 @@ func (l *Loop) run() {
 
 // runPosted runs what was posted; false once the loop is closed.
 func (l *Loop) runPosted() bool {
+	if !l.woken.Load() {
+		return true // nothing posted, not closed: Post and Close set woken
+	}
 	l.woken.Store(false)
 	l.mu.Lock()
 	l.running, l.posted = l.posted, l.running[:0]
@@ -171,6 +174,7 @@ func (l *Loop) Close() {
 	}
 	l.closed = true
 	l.mu.Unlock()
+	l.woken.Store(true)
 	one := [8]byte{1}
 	_, _ = unix.Write(l.wakefd, one[:])
 	<-l.done
