@@ -111,8 +111,8 @@ func Dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	return wrap(c), nil
 }
 
-// ErrWouldBlock is TryRead's error when there is nothing to read, and
-// TryWrite's when the socket is full.
+// ErrWouldBlock is TryWrite's error when the socket is full, and a
+// Socket's Read's when there is nothing to read.
 var ErrWouldBlock = errors.New("proxyconn: the operation would block")
 
 var errNoTry = errors.New("proxyconn: not a connection of this package")

@@ -26,9 +26,8 @@ func wrap(c net.Conn) net.Conn {
 	r := &rawTCPConn{TCPConn: tc, rc: rc}
 	r.r = call{op: "read", trap: syscall.SYS_READ}
 	r.w = call{op: "write", trap: syscall.SYS_WRITE, whole: true}
-	r.tr = call{op: "read", trap: syscall.SYS_READ, noWait: true}
 	r.tw = call{op: "write", trap: syscall.SYS_WRITE, whole: true, noWait: true}
-	r.r.fn, r.w.fn, r.tr.fn, r.tw.fn = r.r.do, r.w.do, r.tr.do, r.tw.do
+	r.r.fn, r.w.fn, r.tw.fn = r.r.do, r.w.do, r.tw.do
 	return r
 }
 
@@ -48,8 +47,8 @@ func wrap(c net.Conn) net.Conn {
 type rawTCPConn struct {
 	*net.TCPConn
 	rc syscall.RawConn
-	// r and w are Read's and Write's; tr and tw TryRead's and TryWrite's.
-	r, w, tr, tw call
+	// r and w are Read's and Write's; tw is TryWrite's.
+	r, w, tw call
 }
 
 // call is what a Read or a Write hands the poller: the callback and its
@@ -60,8 +59,8 @@ type call struct {
 	op    string
 	trap  uintptr // the system call
 	whole bool    // go on until all of buf is written
-	// noWait: a full (or empty) socket ends the call with EAGAIN rather
-	// than waiting for readiness.
+	// noWait: a full socket ends the call with EAGAIN rather than waiting
+	// for readiness.
 	noWait bool
 	fn     func(fd uintptr) bool
 	buf    []byte
@@ -131,20 +130,6 @@ func (c *rawTCPConn) run(call *call, b []byte) (int, error) {
 	return n, nil
 }
 
-// TryRead is a Read of c that never waits: with nothing to read it returns
-// ErrWouldBlock. c must be one of this package's connections (CanTry).
-func TryRead(c net.Conn, b []byte) (int, error) {
-	rc, ok := c.(*rawTCPConn)
-	if !ok {
-		return 0, errNoTry
-	}
-	n, err := rc.run(&rc.tr, b)
-	if err == nil && n == 0 && len(b) > 0 {
-		return 0, io.EOF
-	}
-	return n, err
-}
-
 // TryWrite is a Write of c that never waits: when the socket is full it
 // returns what it wrote and ErrWouldBlock. c must be one of this
 // package's connections (CanTry).
@@ -156,7 +141,7 @@ func TryWrite(c net.Conn, b []byte) (int, error) {
 	return rc.run(&rc.tw, b)
 }
 
-// CanTry reports whether c takes TryRead and TryWrite.
+// CanTry reports whether c takes TryWrite and Detach.
 func CanTry(c net.Conn) bool {
 	_, ok := c.(*rawTCPConn)
 	return ok

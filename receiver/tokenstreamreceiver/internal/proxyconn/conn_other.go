@@ -14,9 +14,6 @@ import (
 // wrap is c itself: the raw system call path is Linux only.
 func wrap(c net.Conn) net.Conn { return c }
 
-// TryRead is not available here (CanTry is false).
-func TryRead(net.Conn, []byte) (int, error) { return 0, errNoTry }
-
 // TryWrite is not available here (CanTry is false).
 func TryWrite(net.Conn, []byte) (int, error) { return 0, errNoTry }
 

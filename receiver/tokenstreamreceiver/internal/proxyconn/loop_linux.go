@@ -30,7 +30,7 @@ import (
 // was a fifth of the proxy's CPU. The loop's goroutine waits in epoll_wait,
 // a blocking system call: a batch of ready connections costs its thread
 // one wake-up, as nginx's worker, and nothing parks. A callback must never
-// wait (TryRead, TryWrite): it would hold every other connection.
+// wait (a Socket's Read, TryWrite): it would hold every other connection.
 type Loop struct {
 	epfd, wakefd int
 	mu           sync.Mutex

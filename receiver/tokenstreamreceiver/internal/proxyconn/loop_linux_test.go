@@ -15,33 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TryRead takes what is there and never waits: ErrWouldBlock when nothing
-// is, io.EOF once the peer closed.
-func TestTryRead(t *testing.T) {
-	raw, peer := tcpPair(t)
-	buf := make([]byte, 64)
-	_, err := TryRead(raw, buf)
-	require.ErrorIs(t, err, ErrWouldBlock)
-	_, err = peer.Write([]byte("event"))
-	require.NoError(t, err)
-	var got []byte
-	require.Eventually(t, func() bool {
-		n, err := TryRead(raw, buf)
-		got = append(got, buf[:n]...)
-		return err == nil && len(got) == len("event")
-	}, 10*time.Second, time.Millisecond)
-	assert.Equal(t, "event", string(got))
-	require.NoError(t, peer.Close())
-	require.Eventually(t, func() bool {
-		_, err := TryRead(raw, buf)
-		return errors.Is(err, io.EOF)
-	}, 10*time.Second, time.Millisecond)
-	assert.True(t, CanTry(raw))
-	assert.False(t, CanTry(peer), "a connection not of this package")
-	_, err = TryRead(peer, buf)
-	assert.Error(t, err)
-}
-
 // TryWrite writes what the socket takes and says what it wrote: to a peer
 // that does not read, a write larger than the buffers comes back short
 // with ErrWouldBlock, and the peer gets exactly the bytes counted.
@@ -79,7 +52,7 @@ func TestLoop(t *testing.T) {
 	_, err = conn.Read(make([]byte, 1))
 	require.ErrorIs(t, err, net.ErrClosed, "the connection is closed, the socket open")
 	_, err = raw.Read(make([]byte, 1))
-	require.ErrorIs(t, err, ErrWouldBlock)
+	require.ErrorIs(t, err, ErrWouldBlock, "nothing to read")
 
 	got := make(chan string, 16)
 	var w *Watch
@@ -165,6 +138,26 @@ func TestDetachRefused(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
+	assert.False(t, CanTry(a))
 	_, err := Detach(a)
 	assert.Error(t, err)
+}
+
+// A detached socket reads the peer's bytes, then io.EOF once it closed.
+func TestSocketReadEOF(t *testing.T) {
+	conn, peer := tcpPair(t)
+	sock, err := Detach(conn)
+	require.NoError(t, err)
+	defer sock.Close()
+	_, err = peer.Write([]byte("last"))
+	require.NoError(t, err)
+	require.NoError(t, peer.Close())
+	var got []byte
+	buf := make([]byte, 8)
+	require.Eventually(t, func() bool {
+		n, err := sock.Read(buf)
+		got = append(got, buf[:n]...)
+		return errors.Is(err, io.EOF)
+	}, 10*time.Second, time.Millisecond)
+	assert.Equal(t, "last", string(got))
 }
