@@ -6,6 +6,8 @@ package proxy // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstream
 import (
 	"errors"
 	"io"
+
+	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxyconn"
 )
 
 // dechunkedBody is an HTTP/1.1 chunked response body read straight from
@@ -90,6 +92,11 @@ func (d *dechunkedBody) Read(p []byte) (int, error) {
 			return out, io.EOF
 		}
 		if err != nil {
+			if errors.Is(err, proxyconn.ErrWouldBlock) {
+				// Nothing more to read now (the event loop's reads): the
+				// body goes on at the next read.
+				return out, err
+			}
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}

@@ -64,6 +64,11 @@ type chunkedConnWriter struct {
 	buf    []byte
 	pooled *[]byte
 	err    error
+	// noWait: the event loop writes (relayloop.go), and must not wait for
+	// the client: what the socket does not take at once is kept in
+	// backlog, with everything written after it, for wait to write.
+	noWait  bool
+	backlog []byte
 }
 
 // relayBuffers are the chunk writers' buffers, in use from a read of the
@@ -105,14 +110,48 @@ func (w *chunkedConnWriter) writeLarge(p []byte) (int, error) {
 	w.send.arm(time.Now())
 	head := strconv.AppendInt(make([]byte, 0, chunkHeaderRoom), int64(len(p)), 16)
 	head = append(head, "\r\n"...)
-	if _, w.err = w.c.Write(head); w.err != nil {
+	if w.err = w.put(head); w.err != nil {
 		return 0, w.err
 	}
-	if _, w.err = w.c.Write(p); w.err != nil {
+	if w.err = w.put(p); w.err != nil {
 		return 0, w.err
 	}
-	_, w.err = w.c.Write(crlf)
+	w.err = w.put(crlf)
 	return len(p), w.err
+}
+
+// put writes b to the connection; without waiting (noWait), what the
+// socket does not take goes to the backlog.
+func (w *chunkedConnWriter) put(b []byte) error {
+	if !w.noWait {
+		_, err := w.c.Write(b)
+		return err
+	}
+	if len(w.backlog) > 0 {
+		w.backlog = append(w.backlog, b...)
+		return nil
+	}
+	n, err := proxyconn.TryWrite(w.c, b)
+	if errors.Is(err, proxyconn.ErrWouldBlock) {
+		w.backlog = append(w.backlog, b[n:]...)
+		return nil
+	}
+	return err
+}
+
+// blocked reports whether a write waits in the backlog.
+func (w *chunkedConnWriter) blocked() bool { return len(w.backlog) > 0 }
+
+// wait ends noWait: the backlog is written, waiting for the client as
+// every later write will.
+func (w *chunkedConnWriter) wait() error {
+	w.noWait = false
+	if len(w.backlog) > 0 && w.err == nil {
+		w.send.arm(time.Now())
+		_, w.err = w.c.Write(w.backlog)
+	}
+	w.backlog = nil
+	return w.err
 }
 
 var (
@@ -147,7 +186,7 @@ func (w *chunkedConnWriter) frame() []byte {
 // write writes b, a chunk framed in the buffer, and gives the buffer back.
 func (w *chunkedConnWriter) write(b []byte) {
 	w.send.arm(time.Now())
-	_, w.err = w.c.Write(b)
+	w.err = w.put(b)
 	w.release()
 }
 
@@ -168,7 +207,7 @@ func (w *chunkedConnWriter) finish() error {
 	if w.buf == nil || len(w.buf) == chunkHeaderRoom {
 		w.release()
 		w.send.arm(time.Now())
-		_, w.err = w.c.Write(lastChunkBytes)
+		w.err = w.put(lastChunkBytes)
 		return w.err
 	}
 	b := append(w.frame(), lastChunk...)
@@ -334,6 +373,9 @@ type offServer struct {
 	// (not Linux), every stream stays on net/http's connection.
 	listener *handbackListener
 	hangups  *proxyconn.HangupWatcher
+	// loop relays the streams it can (relayloop.go); nil: none (not
+	// Linux), each is relayed on a goroutine of its own.
+	loop *relayLoop
 	// relays are the client connections of the streams relayed off
 	// net/http, for Shutdown to close when they outlive the drain; kept
 	// those handed back to it that have not started their next request.
@@ -341,9 +383,10 @@ type offServer struct {
 }
 
 // relayOffServer takes the client connection from net/http, the response
-// head written, and relays the stream on a goroutine of its own (see
-// the top of this file); false: the stream stays on net/http (HTTP/2, TLS, no hang-up
-// watcher, or the connection could not be taken).
+// head written, and relays the stream off it: on the event loop
+// (relayloop.go) when it can, else on a goroutine of its own (see the top
+// of this file); false: the stream stays on net/http (HTTP/2, TLS, no
+// hang-up watcher, or the connection could not be taken).
 func (p *offServer) relayOffServer(ctx context.Context, w http.ResponseWriter, req *http.Request, body *bodyLimitReader, s *session,
 	x *exchange, strip bool, stopClientWatch func() bool,
 ) bool {
@@ -368,7 +411,7 @@ func (p *offServer) relayOffServer(ctx context.Context, w http.ResponseWriter, r
 		// noticed by the next write, and the connection closed after.
 		p.relays.add(conn)
 		p.handlers.Add(1)
-		go p.relayHijacked(ctx, s, x, conn, nil, false, nil, strip)
+		go p.relayHijacked(p.hijacked(ctx, s, x, conn, nil, false, nil, strip))
 		stopClientWatch()
 		return true
 	}
@@ -387,8 +430,11 @@ func (p *offServer) relayOffServer(ctx context.Context, w http.ResponseWriter, r
 	if req.Context().Err() != nil {
 		x.cancel(context.Cause(req.Context()))
 	}
+	h := p.hijacked(ctx, s, x, conn, prefix, keepAlive, stopHangup, strip)
 	p.handlers.Add(1)
-	go p.relayHijacked(ctx, s, x, conn, prefix, keepAlive, stopHangup, strip)
+	if !p.relayOnLoop(h) {
+		go p.relayHijacked(h)
+	}
 	return true
 }
 
@@ -396,28 +442,53 @@ func (p *offServer) relayOffServer(ctx context.Context, w http.ResponseWriter, r
 // closed or reset the connection.
 var errClientLeft = errors.New("proxy: the client closed the connection")
 
-// relayHijacked relays a stream to its hijacked client connection, then
-// hands the connection back to the server or closes it.
-func (p *offServer) relayHijacked(ctx context.Context, s *session, x *exchange, conn net.Conn, prefix []byte,
+// hijackedStream is a stream relayed to its hijacked client connection.
+type hijackedStream struct {
+	ctx        context.Context
+	s          *session
+	x          *exchange
+	conn       net.Conn
+	prefix     []byte
+	keepAlive  bool
+	stopHangup func()
+	cw         *chunkedConnWriter
+	r          *eventRelay
+}
+
+func (p *offServer) hijacked(ctx context.Context, s *session, x *exchange, conn net.Conn, prefix []byte,
 	keepAlive bool, stopHangup func(), strip bool,
-) {
-	defer p.handlers.Done()
-	defer p.streams.Add(-1)
+) *hijackedStream {
 	if s.send != nil {
 		s.send = &sendDeadline{rc: conn, timeout: s.send.timeout}
 		x.send = s.send
 	}
 	cw := newChunkedConnWriter(conn, s.send)
-	whole := s.relayStream(ctx, cw, x.body, strip)
+	return &hijackedStream{ctx: ctx, s: s, x: x, conn: conn, prefix: prefix, keepAlive: keepAlive, stopHangup: stopHangup, cw: cw, r: s.startRelay(cw, strip)}
+}
+
+// relayHijacked relays a stream to its hijacked client connection on the
+// goroutine it is called on, then ends it (endHijacked).
+func (p *offServer) relayHijacked(h *hijackedStream) {
+	h.r.run(h.x.body, make([]byte, sseReadBuffer))
+	p.endHijacked(h)
+}
+
+// endHijacked ends a stream whose upstream's reads are over, then hands
+// its client connection back to the server or closes it.
+func (p *offServer) endHijacked(h *hijackedStream) {
+	defer p.handlers.Done()
+	defer p.streams.Add(-1)
+	s, x, conn, cw, keepAlive := h.s, h.x, h.conn, h.cw, h.keepAlive
+	whole := s.endStream(h.ctx, h.r)
 	if whole {
 		whole = cw.finish() == nil
 	} else {
 		cw.release() // no last chunk: the connection is closed below
 	}
-	if stopHangup != nil {
-		stopHangup()
+	if h.stopHangup != nil {
+		h.stopHangup()
 	}
-	clientLeft := errors.Is(context.Cause(ctx), errClientLeft)
+	clientLeft := errors.Is(context.Cause(h.ctx), errClientLeft)
 	x.end(s)
 	p.relays.remove(conn)
 	select {
@@ -425,13 +496,13 @@ func (p *offServer) relayHijacked(ctx context.Context, s *session, x *exchange, 
 		keepAlive = false
 	default:
 	}
-	if !whole || !keepAlive || clientLeft || stopHangup == nil {
+	if !whole || !keepAlive || clientLeft || h.stopHangup == nil {
 		conn.Close()
 		return
 	}
 	_ = conn.SetWriteDeadline(time.Time{})
-	if len(prefix) > 0 {
-		conn = &prefixedConn{Conn: conn, prefix: prefix}
+	if len(h.prefix) > 0 {
+		conn = &prefixedConn{Conn: conn, prefix: h.prefix}
 	}
 	if p.kept.add(conn) {
 		p.listener.handBack(conn)

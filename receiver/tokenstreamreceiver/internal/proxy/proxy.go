@@ -163,6 +163,11 @@ func Start(ctx context.Context, cfg *Config, sink Sink, host component.Host, set
 	p.batch = newEventBatcher(sink, p.counters, cfg.EventQueueSize)
 	if w, err := proxyconn.NewHangupWatcher(); err == nil {
 		p.hangups = w
+		if l, err := newRelayLoop(); err == nil {
+			p.loop = l
+		} else {
+			p.log.Debug("proxy: streams are relayed each on a goroutine of its own", zap.Error(err))
+		}
 	} else {
 		p.log.Debug("proxy: streams stay on net/http's connections", zap.Error(err))
 	}
@@ -185,6 +190,9 @@ func Start(ctx context.Context, cfg *Config, sink Sink, host component.Host, set
 		p.batch.shutdown()
 		if p.hangups != nil {
 			p.hangups.Close()
+		}
+		if p.loop != nil {
+			p.loop.close()
 		}
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
@@ -232,6 +240,10 @@ func (p *Server) Shutdown(ctx context.Context) error {
 	p.srv.Wait()
 	if p.hangups != nil {
 		p.hangups.Close()
+	}
+	if p.loop != nil {
+		// Every stream has left it: they hold a handler until they end.
+		p.loop.close()
 	}
 	p.cutAll(nil)
 	if p.direct != nil {

@@ -36,12 +36,28 @@ const (
 // cost is most of the proxy's per event). whole: the stream was relayed
 // whole, and its response may end; otherwise it must not (see cut.go).
 func (s *session) relayStream(clientCtx context.Context, w io.Writer, upstream io.Reader, strip bool) (whole bool) {
-	flusher, _ := w.(http.Flusher)
-	mv := s.moves
-	if mv != nil {
+	r := s.startRelay(w, strip)
+	r.run(upstream, make([]byte, sseReadBuffer))
+	return s.endStream(clientCtx, r)
+}
+
+// startRelay begins relaying the session's stream to w: the relay of its
+// first upstream's events, which run or the event loop (relayloop.go)
+// feeds, and endStream ends.
+func (s *session) startRelay(w io.Writer, strip bool) *eventRelay {
+	if mv := s.moves; mv != nil {
 		mv.start()
 	}
-	e, midEvent := s.relayEvents(w, flusher, upstream, strip)
+	return s.newEventRelay(w, strip)
+}
+
+// endStream ends the stream whose first upstream r relayed: it tells the
+// client why it was cut, or moves it (proxy::migrate), and ends the
+// session. whole: as relayStream's.
+func (s *session) endStream(clientCtx context.Context, r *eventRelay) (whole bool) {
+	w, flusher, strip := r.w, r.flusher, r.strip
+	mv := s.moves
+	e, midEvent := r.finish()
 	now := time.Now()
 	cut := s.cut(clientCtx, &e)
 	if mv != nil {
@@ -154,7 +170,7 @@ func (s *session) move(w io.Writer, flusher http.Flusher, strip bool, failure st
 	mv.held, mv.holding, s.engineError, mv.carried, mv.continuing = nil, false, "", tokens, true
 	mv.done++
 	mv.pending = pendingMove{set: true, at: at, reason: failure, carried: tokens}
-	e, mid := s.relayEvents(w, flusher, resp.Body, strip)
+	e, mid := s.relayEvents(w, resp.Body, strip)
 	if !e.wrote && !e.clientGone {
 		mv.held, s.engineError, mv.carried, mv.continuing = held, engineError, carried, continuing
 		mv.done--
@@ -171,175 +187,231 @@ func (s *session) move(w io.Writer, flusher http.Flusher, strip bool, failure st
 // relayEvents relays the events of one upstream stream to the client, as
 // they come, and says how the stream ended; midEvent: the last bytes
 // relayed are a piece of an oversized event.
-func (s *session) relayEvents(w io.Writer, flusher http.Flusher, upstream io.Reader, strip bool) (_ relayEnd, midEvent bool) {
-	mv := s.moves
-	parser := sse.NewParser(0)
-	buf := make([]byte, sseReadBuffer)
+func (s *session) relayEvents(w io.Writer, upstream io.Reader, strip bool) (_ relayEnd, midEvent bool) {
+	r := s.newEventRelay(w, strip)
+	r.run(upstream, make([]byte, sseReadBuffer))
+	return r.finish()
+}
+
+// eventRelay relays the events of one upstream stream to the client: what
+// the relay knows between two reads from the upstream. Whoever reads the
+// upstream (run, on the stream's goroutine, or the event loop) hands each
+// read's bytes to feed and the read's error to readEnd; finish ends it.
+type eventRelay struct {
+	s       *session
+	w       io.Writer
+	flusher http.Flusher
+	strip   bool
+	parser  *sse.Parser
+	onEvent func(*sse.Event) error // r.event, bound once
 	// e.done: the upstream sent [DONE], so the generation is whole. A
 	// client that closes the stream after that (many stop reading at
 	// [DONE]) did not abort anything.
-	var e relayEnd
-	var now time.Time // when the read holding the event returned
-	unflushed := false
-	oversized := int64(0)
+	e   relayEnd
+	now time.Time // when the read holding the event returned
+	// midEvent: the last bytes relayed are a piece of an oversized event.
+	midEvent, unflushed bool
+	oversized           int64
 	// unread: the read brought a piece of an oversized event, whose tokens
 	// are not read; the stall breaker takes it, and bytes added to an event
 	// still arriving (pending), for a token: the engine is sending.
-	unread := false
-	// write sends an event to the client: raw, then rest.
-	write := func(raw, rest []byte) error {
-		_, err := w.Write(raw)
-		if err == nil && len(rest) > 0 {
-			_, err = w.Write(rest)
-		}
-		if err != nil {
-			e.clientGone = true
-			return err
-		}
-		unflushed, e.wrote = true, true
-		return nil
-	}
+	unread bool
 	// held: the finish chunk, kept back while the proxy waits for the
 	// usage chunk it asked for (see heldFinish); release sends it.
-	var held heldFinish
-	release := func() error {
-		if !held.ok {
-			return nil
+	held heldFinish
+	// over: the relay stopped reading (the client is gone, or the stream
+	// ended).
+	over bool
+}
+
+func (s *session) newEventRelay(w io.Writer, strip bool) *eventRelay {
+	r := &eventRelay{s: s, w: w, strip: strip, parser: sse.NewParser(0)}
+	r.flusher, _ = w.(http.Flusher)
+	r.onEvent = r.event
+	return r
+}
+
+// run reads upstream into buf until the stream ends or the client leaves.
+func (r *eventRelay) run(upstream io.Reader, buf []byte) {
+	for !r.over {
+		n, err := upstream.Read(buf)
+		if n > 0 {
+			r.feed(buf[:n])
 		}
-		held.ok = false
-		return write(held.raw, nil)
+		if err != nil {
+			r.readEnd(err)
+		}
 	}
-	onEvent := func(ev *sse.Event) error {
-		if mv != nil && mv.holding {
-			// After the engine's error event: held with it (heal).
-			e.done = e.done || (ev.HasData && openaistream.IsDone(ev.Data))
-			return mv.hold(ev.Raw, write)
+}
+
+// feed relays the events that b, one read from the upstream, completes;
+// the relay is over when a write to the client failed.
+func (r *eventRelay) feed(b []byte) {
+	s := r.s
+	r.now = time.Now()
+	s.send.arm(r.now)
+	var tokens int64
+	var pending int
+	if s.breaker != nil {
+		s.breaker.pause()
+		tokens, pending, r.unread = s.chunks, len(r.parser.Pending()), false
+	}
+	if ferr := r.parser.Feed(b, r.onEvent); ferr != nil {
+		r.over = true
+		return
+	}
+	if r.unflushed && r.flusher != nil {
+		r.flusher.Flush()
+	}
+	r.unflushed = false
+	if s.breaker != nil {
+		s.breaker.resume(r.now, s.chunks, s.chunks != tokens || r.unread || len(r.parser.Pending()) > pending)
+	}
+}
+
+// readEnd ends the reads with err, their error (io.EOF: the upstream's
+// end).
+func (r *eventRelay) readEnd(err error) {
+	if r.over {
+		return
+	}
+	r.over = true
+	if !errors.Is(err, io.EOF) {
+		r.e.readErr = err
+	}
+	// What follows [DONE] goes as it came; an event left unfinished by a
+	// cut does not (see cut.go).
+	if rest := r.parser.Pending(); len(rest) > 0 && !r.e.clientGone && r.e.done {
+		if mv := r.s.moves; mv != nil && mv.holding {
+			_ = mv.hold(rest, r.write)
+		} else {
+			_, _ = r.w.Write(rest)
 		}
-		midEvent = ev.Partial
-		if ev.Oversized {
-			unread = true
-			if !ev.Partial {
-				oversized++
-				e.chunkRead = true
-			}
-			if mv != nil {
-				mv.unmovable = refuseUnreadable
-			}
+	}
+}
+
+// finish sends what the relay held back and says how the stream ended.
+func (r *eventRelay) finish() (_ relayEnd, midEvent bool) {
+	if !r.e.clientGone && r.release() == nil && r.flusher != nil {
+		// A finish chunk whose usage chunk never came: the stream ended
+		// or was cut right after it.
+		r.flusher.Flush()
+	}
+	if r.oversized > 0 {
+		r.s.p.counters.OversizedEvents.Add(context.Background(), r.oversized)
+		r.oversized = 0
+	}
+	return r.e, r.midEvent
+}
+
+// write sends an event to the client: raw, then rest.
+func (r *eventRelay) write(raw, rest []byte) error {
+	_, err := r.w.Write(raw)
+	if err == nil && len(rest) > 0 {
+		_, err = r.w.Write(rest)
+	}
+	if err != nil {
+		r.e.clientGone = true
+		return err
+	}
+	r.unflushed, r.e.wrote = true, true
+	return nil
+}
+
+// release sends the held finish chunk.
+func (r *eventRelay) release() error {
+	if !r.held.ok {
+		return nil
+	}
+	r.held.ok = false
+	return r.write(r.held.raw, nil)
+}
+
+// event relays one event and observes it.
+func (r *eventRelay) event(ev *sse.Event) error {
+	s, mv, strip := r.s, r.s.moves, r.strip
+	if mv != nil && mv.holding {
+		// After the engine's error event: held with it (heal).
+		r.e.done = r.e.done || (ev.HasData && openaistream.IsDone(ev.Data))
+		return mv.hold(ev.Raw, r.write)
+	}
+	r.midEvent = ev.Partial
+	if ev.Oversized {
+		r.unread = true
+		if !ev.Partial {
+			r.oversized++
+			r.e.chunkRead = true
 		}
-		if ev.HasData && !ev.Oversized {
-			if openaistream.IsDone(ev.Data) {
-				e.done = true
-			} else if f, ok := openaistream.InspectChunk(ev.Data); ok {
-				e.chunkRead = true
-				if mv != nil && mv.continuing {
-					var keep bool
-					if ev, f, keep = mv.rewrite(ev, f); !keep {
-						return nil
-					}
-				}
-				s.read(&f, ev.Data)
-				if f.CompletionTokens >= 0 {
-					s.completionTokens = f.CompletionTokens
-				}
-				if f.PromptTokens >= 0 {
-					s.promptTokens = f.PromptTokens
-				}
-				if f.FinishReason != "" {
-					s.finishReason = f.FinishReason
-				}
-				if f.ErrorType != "" && s.engineError == "" {
-					s.engineError = f.ErrorType
-				}
-				if f.Content {
-					s.token(now)
-				}
-				if mv != nil {
-					if f.ErrorType != "" && mv.holdsErrors() {
-						if err := release(); err != nil {
-							return err
-						}
-						mv.holding = true
-						return mv.hold(ev.Raw, write)
-					}
-					mv.delivered(&f, ev.Data)
-				}
-				switch {
-				case strip && f.UsageOnly:
-					// The usage the proxy asked for is the proxy's; what
-					// else the engine put on the chunk is the client's,
-					// on the finish chunk where it can (see heldFinish).
-					if held.fold(ev) {
-						return write(held.folded, nil)
-					}
-					if err := release(); err != nil {
-						return err
-					}
-					head, tail, keep := withoutUsage(ev)
-					if !keep {
-						return nil
-					}
-					return write(head, tail)
-				case strip && f.FinishReason != "":
-					if err := release(); err != nil {
-						return err
-					}
-					held.hold(ev)
+		if mv != nil {
+			mv.unmovable = refuseUnreadable
+		}
+	}
+	if ev.HasData && !ev.Oversized {
+		if openaistream.IsDone(ev.Data) {
+			r.e.done = true
+		} else if f, ok := openaistream.InspectChunk(ev.Data); ok {
+			r.e.chunkRead = true
+			if mv != nil && mv.continuing {
+				var keep bool
+				if ev, f, keep = mv.rewrite(ev, f); !keep {
 					return nil
 				}
 			}
-		}
-		if err := release(); err != nil {
-			return err
-		}
-		return write(ev.Raw, nil)
-	}
-	for {
-		n, err := upstream.Read(buf)
-		if n > 0 {
-			now = time.Now()
-			s.send.arm(now)
-			var tokens int64
-			var pending int
-			if s.breaker != nil {
-				s.breaker.pause()
-				tokens, pending, unread = s.chunks, len(parser.Pending()), false
+			s.read(&f, ev.Data)
+			if f.CompletionTokens >= 0 {
+				s.completionTokens = f.CompletionTokens
 			}
-			if ferr := parser.Feed(buf[:n], onEvent); ferr != nil {
-				break
+			if f.PromptTokens >= 0 {
+				s.promptTokens = f.PromptTokens
 			}
-			if unflushed && flusher != nil {
-				flusher.Flush()
+			if f.FinishReason != "" {
+				s.finishReason = f.FinishReason
 			}
-			unflushed = false
-			if s.breaker != nil {
-				s.breaker.resume(now, s.chunks, s.chunks != tokens || unread || len(parser.Pending()) > pending)
+			if f.ErrorType != "" && s.engineError == "" {
+				s.engineError = f.ErrorType
 			}
-		}
-		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				e.readErr = err
+			if f.Content {
+				s.token(r.now)
 			}
-			// What follows [DONE] goes as it came; an event left
-			// unfinished by a cut does not (see cut.go).
-			if rest := parser.Pending(); len(rest) > 0 && !e.clientGone && e.done {
-				if mv != nil && mv.holding {
-					_ = mv.hold(rest, write)
-				} else {
-					_, _ = w.Write(rest)
+			if mv != nil {
+				if f.ErrorType != "" && mv.holdsErrors() {
+					if err := r.release(); err != nil {
+						return err
+					}
+					mv.holding = true
+					return mv.hold(ev.Raw, r.write)
 				}
+				mv.delivered(&f, ev.Data)
 			}
-			break
+			switch {
+			case strip && f.UsageOnly:
+				// The usage the proxy asked for is the proxy's; what
+				// else the engine put on the chunk is the client's,
+				// on the finish chunk where it can (see heldFinish).
+				if r.held.fold(ev) {
+					return r.write(r.held.folded, nil)
+				}
+				if err := r.release(); err != nil {
+					return err
+				}
+				head, tail, keep := withoutUsage(ev)
+				if !keep {
+					return nil
+				}
+				return r.write(head, tail)
+			case strip && f.FinishReason != "":
+				if err := r.release(); err != nil {
+					return err
+				}
+				r.held.hold(ev)
+				return nil
+			}
 		}
 	}
-	if !e.clientGone && release() == nil && flusher != nil {
-		// A finish chunk whose usage chunk never came: the stream ended
-		// or was cut right after it.
-		flusher.Flush()
+	if err := r.release(); err != nil {
+		return err
 	}
-	if oversized > 0 {
-		s.p.counters.OversizedEvents.Add(context.Background(), oversized)
-	}
-	return e, midEvent
+	return r.write(ev.Raw, nil)
 }
 
 // withoutUsage is the usage chunk ev as the client gets it when the proxy

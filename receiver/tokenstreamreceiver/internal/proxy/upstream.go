@@ -338,6 +338,8 @@ type directBody struct {
 	eof       bool
 	// deadline is the read deadline set last (for idle).
 	deadline time.Time
+	// sock is c's socket while the event loop reads it (detach).
+	sock *proxyconn.Socket
 }
 
 func (b *directBody) Read(p []byte) (int, error) {
@@ -350,16 +352,72 @@ func (b *directBody) Read(p []byte) (int, error) {
 		}
 	}
 	n, err := b.rc.Read(p)
+	return n, b.readError(err)
+}
+
+// readError is the error of a read of the body that failed with err.
+func (b *directBody) readError(err error) error {
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, proxyconn.ErrWouldBlock):
 	case errors.Is(err, io.EOF):
 		b.eof = true
 	case b.ctx.Err() != nil:
-		err = fmt.Errorf("proxy: upstream body: %w", context.Cause(b.ctx))
+		err = b.cancelled()
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		err = errIdleTimeout
 	}
-	return n, err
+	return err
+}
+
+// cancelled is the error of a read of the body once its exchange was
+// cancelled.
+func (b *directBody) cancelled() error {
+	return fmt.Errorf("proxy: upstream body: %w", context.Cause(b.ctx))
+}
+
+// detach takes the body's socket out of the runtime's poller, for the
+// event loop (relayloop.go) to watch and tryRead to read; reattach puts
+// it back. The body must be dechunked.
+func (b *directBody) detach() error {
+	sock, err := proxyconn.Detach(b.c)
+	if err != nil {
+		return err
+	}
+	b.sock, b.dechunked.r = sock, sock
+	return nil
+}
+
+// tryRead is a Read of a detached body that never waits: with nothing to
+// read it returns proxyconn.ErrWouldBlock. stream_idle_timeout is the
+// event loop's to keep.
+func (b *directBody) tryRead(p []byte) (int, error) {
+	n, err := b.dechunked.Read(p)
+	return n, b.readError(err)
+}
+
+// reattach makes a connection of the detached socket again, for Read and
+// Close, and for the exchange's end to close it (as exchange set for the
+// first). Cancelled already, the socket is closed instead: the exchange
+// closed its connection.
+func (b *directBody) reattach() {
+	sock := b.sock
+	if sock == nil {
+		return
+	}
+	b.sock, b.dechunked.r = nil, b.c
+	if !b.stop() {
+		sock.Close()
+		return
+	}
+	c, err := sock.Attach()
+	if err != nil {
+		// Lost: the reads fail on the closed connection, which no one
+		// closes again.
+		b.stop = func() bool { return false }
+		return
+	}
+	b.c, b.dechunked.r, b.deadline = c, c, time.Time{}
+	b.stop = context.AfterFunc(b.ctx, func() { c.Close() })
 }
 
 func (b *directBody) Close() error {

@@ -6,7 +6,9 @@
 // the client, with the process idle in between, and the plain net.Conn
 // calls cost a wake-up of the runtime's sysmon thread per event on top (a
 // fifth of the proxy's CPU in the bench). Its connections make raw system
-// calls instead (conn_linux.go; elsewhere they are the plain ones).
+// calls instead (conn_linux.go; elsewhere they are the plain ones). Its
+// Loop (loop_linux.go) is the event loop the proxy relays streams in, with
+// the sockets it watches taken out of the runtime's poller (Detach).
 //
 // It is kept apart so that it can go whole. The upstream's connections are
 // put under confighttp's transport by a client middleware injected for the
@@ -20,6 +22,7 @@ package proxyconn // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenst
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"net"
 	"net/http"
@@ -107,3 +110,9 @@ func Dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	}
 	return wrap(c), nil
 }
+
+// ErrWouldBlock is TryWrite's error when the socket is full, and a
+// Socket's Read's when there is nothing to read.
+var ErrWouldBlock = errors.New("proxyconn: the operation would block")
+
+var errNoTry = errors.New("proxyconn: not a connection of this package")

@@ -26,7 +26,8 @@ func wrap(c net.Conn) net.Conn {
 	r := &rawTCPConn{TCPConn: tc, rc: rc}
 	r.r = call{op: "read", trap: syscall.SYS_READ}
 	r.w = call{op: "write", trap: syscall.SYS_WRITE, whole: true}
-	r.r.fn, r.w.fn = r.r.do, r.w.do
+	r.tw = call{op: "write", trap: syscall.SYS_WRITE, whole: true, noWait: true}
+	r.r.fn, r.w.fn, r.tw.fn = r.r.do, r.w.do, r.tw.do
 	return r
 }
 
@@ -45,8 +46,9 @@ func wrap(c net.Conn) net.Conn {
 // scheduler need not be told.
 type rawTCPConn struct {
 	*net.TCPConn
-	rc   syscall.RawConn
-	r, w call
+	rc syscall.RawConn
+	// r and w are Read's and Write's; tw is TryWrite's.
+	r, w, tw call
 }
 
 // call is what a Read or a Write hands the poller: the callback and its
@@ -57,10 +59,13 @@ type call struct {
 	op    string
 	trap  uintptr // the system call
 	whole bool    // go on until all of buf is written
-	fn    func(fd uintptr) bool
-	buf   []byte
-	n     int
-	errno syscall.Errno
+	// noWait: a full socket ends the call with EAGAIN rather than waiting
+	// for readiness.
+	noWait bool
+	fn     func(fd uintptr) bool
+	buf    []byte
+	n      int
+	errno  syscall.Errno
 }
 
 // do makes the system calls of one Read or Write; false asks the poller to
@@ -76,6 +81,10 @@ func (c *call) do(fd uintptr) bool {
 			}
 		case syscall.EINTR:
 		case syscall.EAGAIN:
+			if c.noWait {
+				c.errno = e
+				return true
+			}
 			return false
 		default:
 			c.errno = e
@@ -113,10 +122,29 @@ func (c *rawTCPConn) run(call *call, b []byte) (int, error) {
 	switch {
 	case err != nil:
 		return n, c.opError(call.op, err)
+	case call.errno == syscall.EAGAIN:
+		return n, ErrWouldBlock
 	case call.errno != 0:
 		return n, c.opError(call.op, os.NewSyscallError(call.op, call.errno))
 	}
 	return n, nil
+}
+
+// TryWrite is a Write of c that never waits: when the socket is full it
+// returns what it wrote and ErrWouldBlock. c must be one of this
+// package's connections (CanTry).
+func TryWrite(c net.Conn, b []byte) (int, error) {
+	rc, ok := c.(*rawTCPConn)
+	if !ok {
+		return 0, errNoTry
+	}
+	return rc.run(&rc.tw, b)
+}
+
+// CanTry reports whether c takes TryWrite and Detach.
+func CanTry(c net.Conn) bool {
+	_, ok := c.(*rawTCPConn)
+	return ok
 }
 
 // opError gives errors the shape net.Conn's have (RawConn reports its own

@@ -8,10 +8,17 @@ package proxyconn // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenst
 import (
 	"errors"
 	"net"
+	"time"
 )
 
 // wrap is c itself: the raw system call path is Linux only.
 func wrap(c net.Conn) net.Conn { return c }
+
+// TryWrite is not available here (CanTry is false).
+func TryWrite(net.Conn, []byte) (int, error) { return 0, errNoTry }
+
+// CanTry is false: the non-blocking calls are Linux only.
+func CanTry(net.Conn) bool { return false }
 
 // Idle reports whether c can be reused; elsewhere than on Linux it is
 // not checked (a closed one fails its next request).
@@ -31,3 +38,54 @@ func (*HangupWatcher) Watch(net.Conn, func()) (stop func(), ok bool) { return ni
 
 // Close does nothing.
 func (*HangupWatcher) Close() {}
+
+// Loop is Linux only; NewLoop fails elsewhere, and the proxy then relays
+// each stream on a goroutine of its own.
+type Loop struct{}
+
+// NewLoop is unsupported here.
+func NewLoop() (*Loop, error) {
+	return nil, errors.New("proxyconn: no event loop on this platform")
+}
+
+// Post is never reached: no loop exists here.
+func (*Loop) Post(func()) bool { return false }
+
+// Close does nothing.
+func (*Loop) Close() {}
+
+// Watch is never reached.
+func (*Loop) Watch(*Socket, func()) (*Watch, error) { return nil, errNoTry }
+
+// Socket is Linux only.
+type Socket struct{}
+
+// Detach is unsupported here.
+func Detach(net.Conn) (*Socket, error) { return nil, errNoTry }
+
+// Read is never reached.
+func (*Socket) Read([]byte) (int, error) { return 0, errNoTry }
+
+// Attach is never reached.
+func (*Socket) Attach() (net.Conn, error) { return nil, errNoTry }
+
+// Close does nothing.
+func (*Socket) Close() {}
+
+// Watch is Linux only.
+type Watch struct{}
+
+// Stop does nothing.
+func (*Watch) Stop() {}
+
+// Timer is Linux only.
+type Timer struct{}
+
+// NewTimer is a timer no loop runs.
+func NewTimer(func()) *Timer { return &Timer{} }
+
+// Schedule is never reached.
+func (*Loop) Schedule(*Timer, time.Time) {}
+
+// Unschedule is never reached.
+func (*Loop) Unschedule(*Timer) {}
