@@ -40,6 +40,16 @@ import (
 type Steps struct {
 	cfg    StepsConfig
 	budget float64
+	// join is how close a token is to another of a step to be of it:
+	// StepsConfig.Join, or less, a third of the median time between a
+	// session's two tokens (at least a step: the steps' own durations
+	// would be those of steps taken together), so that an engine of short
+	// steps (a small model) does not have two of them taken for one.
+	join int64
+	// gaps are the latest times between a session's two tokens (ns), a
+	// ring of gapsKept, for join.
+	gaps  [gapsKept]int64
+	gapsN int
 
 	// steps are the steps not settled yet, in time order; classified of
 	// them have their tokens read (decodes counted, prefills spread).
@@ -67,6 +77,10 @@ type Steps struct {
 	free  []step
 }
 
+// gapsKept is how many of the latest times between a session's tokens set
+// join.
+const gapsKept = 32
+
 // StepsConfig configures a Steps.
 type StepsConfig struct {
 	// StepTokens is the step's token budget (a value below 1 is
@@ -75,7 +89,9 @@ type StepsConfig struct {
 	// prefill).
 	StepTokens   int
 	PrefillFirst bool
-	// Join is how close two tokens' times are to be of one step (ns).
+	// Join is how close a token's time is to another of a step to be of it
+	// (ns), at most: a third of the median time between a session's two
+	// tokens, if that is less.
 	Join int64
 	// Lag is how long after a step's end it is settled (ns): the tokens
 	// of every session in it, and the first tokens whose prefill it
@@ -137,7 +153,7 @@ func NewSteps(c StepsConfig) *Steps {
 	if c.StepTokens < 1 {
 		c.StepTokens = DefaultBudget
 	}
-	return &Steps{cfg: c, budget: float64(c.StepTokens)}
+	return &Steps{cfg: c, budget: float64(c.StepTokens), join: c.Join}
 }
 
 // Arrive is a session's arrival at at, its prompt's tokens prompt (an
@@ -190,6 +206,8 @@ func (e *Steps) Token(a *Account, at, n int64) bool {
 	if at <= prev {
 		// Out of order within a session: the same step as its previous.
 		at = prev
+	} else if prev != 0 {
+		e.gap(at - prev)
 	}
 	a.last = at
 	j, ok := e.stepAt(at)
@@ -208,14 +226,14 @@ func (e *Steps) Token(a *Account, at, n int64) bool {
 // stepAt finds or makes the step ending at at; false when its time is
 // settled already.
 func (e *Steps) stepAt(at int64) (int, bool) {
-	if at <= e.settledTo+e.cfg.Join && (len(e.steps) == 0 || at < e.steps[0].at-e.cfg.Join) {
+	if at <= e.settledTo+e.join && (len(e.steps) == 0 || at < e.steps[0].at-e.join) {
 		return 0, false
 	}
 	i := len(e.steps)
-	for i > 0 && e.steps[i-1].at > at+e.cfg.Join {
+	for i > 0 && e.steps[i-1].at > at+e.join {
 		i--
 	}
-	if i > 0 && at <= e.steps[i-1].last+e.cfg.Join && at-e.steps[i-1].at <= 2*e.cfg.Join {
+	if i > 0 && at <= e.steps[i-1].last+e.join && at-e.steps[i-1].at <= 2*e.join {
 		// Within Join of a token of the step: its tokens come spread by
 		// the way to the collector, each a little later than the step
 		// ended, so the step ends at its earliest. A step spans at most
@@ -297,7 +315,7 @@ func (e *Steps) classify(j, i int) {
 	switch {
 	case t.prev == 0:
 		e.spread(a, a.prompt, j, a.arrival)
-	case t.prev >= e.prevEnd(j)-e.cfg.Join || !e.preempted(t.prev, j):
+	case t.prev >= e.prevEnd(j)-e.join || !e.preempted(t.prev, j):
 		t.decode = true
 		e.steps[j].decoders += t.n
 	default:
@@ -314,11 +332,11 @@ func (e *Steps) classify(j, i int) {
 // a step's tokens can come spread a little wider than Join, and split it.
 func (e *Steps) preempted(prev int64, j int) bool {
 	missed, decoded := int64(0), !e.cfg.PrefillFirst
-	for k := j - 1; k >= 0 && e.steps[k].at > prev+e.cfg.Join; k-- {
+	for k := j - 1; k >= 0 && e.steps[k].at > prev+e.join; k-- {
 		missed += e.steps[k].at - e.prevEnd(k)
 		decoded = decoded || e.steps[k].decoders > 0
 	}
-	return decoded && missed >= 2*e.cfg.Join
+	return decoded && missed >= 2*e.join
 }
 
 // spread charges tokens of prompt to a in steps[j] and the ones before
@@ -332,7 +350,7 @@ func (e *Steps) spread(a *Account, tokens float64, j int, from int64) {
 	if !e.cfg.PrefillFirst {
 		for ; k > 0 && left > 0; k-- {
 			room := e.budget - e.steps[k].decoders - e.steps[k].prefill
-			if room >= left || e.prevEnd(k) <= from+e.cfg.Join {
+			if room >= left || e.prevEnd(k) <= from+e.join {
 				break
 			}
 			if room >= 1 {
@@ -390,7 +408,7 @@ func (e *Steps) Settle(now int64) []*Account {
 		// Decodes first, so that the prompts spread in this step see
 		// what its decodes left of its budget.
 		for i := range s.tokens {
-			if t := s.tokens[i]; t.prev != 0 && t.prev >= e.prevEnd(j)-e.cfg.Join {
+			if t := s.tokens[i]; t.prev != 0 && t.prev >= e.prevEnd(j)-e.join {
 				e.classify(j, i)
 			}
 		}
@@ -408,6 +426,18 @@ func (e *Steps) Settle(now int64) []*Account {
 		e.settledTo = now - e.cfg.Lag
 	}
 	return e.final
+}
+
+// gap notes the time between two tokens of a session, and sets join by
+// the latest ones.
+func (e *Steps) gap(d int64) {
+	e.gaps[e.gapsN%gapsKept] = d
+	if e.gapsN++; e.gapsN%gapsKept != 0 {
+		return
+	}
+	sorted := e.gaps
+	slices.Sort(sorted[:])
+	e.join = min(e.cfg.Join, sorted[gapsKept/2]/3)
 }
 
 func (e *Steps) idle(d int64) {

@@ -4,6 +4,7 @@
 package tokenrecord // import "github.com/otelcol-llm/otelcol-llm/internal/tokenrecord"
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -81,7 +82,12 @@ func readBatch(attrs pcommon.Map, v pcommon.Value, limits tokenevent.Limits, ev 
 		} else {
 			ev.SessionID = id
 			if err := readPackedWith(events, base, buf[:], ev, fn); err != nil {
-				skipped = skipped.skip(n, err.(*tokenevent.FieldError).Reason)
+				reason := err.Error()
+				var fe *tokenevent.FieldError
+				if errors.As(err, &fe) {
+					reason = fe.Reason
+				}
+				skipped = skipped.skip(n, reason)
 			}
 		}
 		if next == len(s) {

@@ -336,3 +336,27 @@ func onlineSteps(knowPrompt bool, window, lag time.Duration, totals *attribution
 		return out
 	}
 }
+
+// An engine of short steps (a small model on a fast GPU: 2 ms decode
+// steps, shorter than step_join's 5 ms) is not read as one of longer
+// steps: the join shrinks to a third of the time between a session's two
+// tokens. Exact on the engine's times; with 1 ms of jitter, within the
+// targets.
+func TestStepsShortSteps(t *testing.T) {
+	cfg := testConfig()
+	cfg.Cost.DecodeBase, cfg.Cost.DecodePerSeq, cfg.Cost.PrefillPerToken, cfg.Cost.StepOverhead = 2*time.Millisecond, 40*time.Microsecond, 10*time.Microsecond, 100*time.Microsecond
+	p := labPoint{name: "short-steps", cfg: cfg, clients: 25}
+	o, _, _ := runPoint(t, p, 20*time.Second)
+	for _, s := range o.order {
+		s.truth = s.r.Share().EngineTime().Seconds()
+	}
+	mid, cutoff := t0.Add(8*time.Second).UnixNano(), t0.Add(15*time.Second).UnixNano()
+	for _, jitter := range []time.Duration{0, time.Millisecond} {
+		f := figures(o, onlineSteps(true, 100*time.Millisecond, 2*time.Second, nil)(p, timeline(o, jitter)), mid, cutoff)
+		t.Logf("jitter %s: %d sessions, chat %+.1f%% rag %+.1f%%, per session p50 %.1f%% p90 %.1f%%", jitter, f.sessions, 100*f.tenant["chat"], 100*f.tenant["rag"], 100*f.p50, 100*f.p90)
+		for k, v := range f.tenant {
+			assert.Less(t, math.Abs(v), 0.05, "tenant %s, jitter %s", k, jitter)
+		}
+		assert.Less(t, f.p90, 0.25, "per-session p90, jitter %s", jitter)
+	}
+}

@@ -61,7 +61,7 @@ func (s *session) endStream(clientCtx context.Context, r *eventRelay) (whole boo
 	now := time.Now()
 	cut := s.cut(clientCtx, &e)
 	if mv != nil {
-		e, cut, midEvent = s.heal(w, flusher, strip, e, cut, midEvent)
+		e, cut, midEvent = s.heal(w, strip, e, cut, midEvent)
 		now = time.Now()
 		if len(mv.held) > 0 && !e.clientGone {
 			// The engine's error event, held while the stream could move,
@@ -110,7 +110,7 @@ func (s *session) endStream(clientCtx context.Context, r *eventRelay) (whole boo
 // heal moves the stream that ended as e and cut say, as often as its
 // triggers and max_moves allow; it returns how the last stream relayed
 // ended.
-func (s *session) heal(w io.Writer, flusher http.Flusher, strip bool, e relayEnd, cut *streamCut, midEvent bool) (relayEnd, *streamCut, bool) {
+func (s *session) heal(w io.Writer, strip bool, e relayEnd, cut *streamCut, midEvent bool) (relayEnd, *streamCut, bool) {
 	mv := s.moves
 	ctx := context.Background()
 	for !e.clientGone {
@@ -126,7 +126,7 @@ func (s *session) heal(w io.Writer, flusher http.Flusher, strip bool, e relayEnd
 			s.p.counters.Migrations.Add(ctx, 1, moveOutcome(outcomeRefused, t, why))
 			break
 		}
-		e2, cut2, mid2, err := s.move(w, flusher, strip, failure)
+		e2, cut2, mid2, err := s.move(w, strip, failure)
 		if err != nil {
 			s.p.counters.Migrations.Add(ctx, 1, moveOutcome(outcomeFailed, t, ""))
 			s.p.warn.Warn("proxy: a stream could not be moved to proxy::migrate::endpoint and was ended as before (logged at most once a minute, counted in otelcol_receiver_token_stream_proxy_migrations)",
@@ -145,7 +145,7 @@ func (s *session) heal(w io.Writer, flusher http.Flusher, strip bool, e relayEnd
 // move sends the continuation for the failure (its error type) and relays
 // its stream. An error: it failed before anything of it reached the
 // client, and the stream is as the failed one left it.
-func (s *session) move(w io.Writer, flusher http.Flusher, strip bool, failure string) (relayEnd, *streamCut, bool, error) {
+func (s *session) move(w io.Writer, strip bool, failure string) (relayEnd, *streamCut, bool, error) {
 	mv := s.moves
 	at := time.Now()
 	tokens := s.chunks
