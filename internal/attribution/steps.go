@@ -129,7 +129,6 @@ type Account struct {
 	// and PrefillEnergy its energy in joules, meaningful when EnergyKnown.
 	Prefill, Decode       float64
 	Energy, PrefillEnergy float64
-	EnergyKnown           bool
 
 	prompt    float64
 	arrival   int64
@@ -137,9 +136,12 @@ type Account struct {
 	generated float64 // tokens read (classified) so far
 	pending   int32   // entries not settled yet
 	powerRun  uint32
-	arrived   bool
-	ended     bool
-	reported  bool
+	// The flags last, in the struct's padding: 80 bytes, a size class,
+	// allocated per session.
+	EnergyKnown bool
+	arrived     bool
+	ended       bool
+	reported    bool
 }
 
 // EngineTime is Prefill + Decode.

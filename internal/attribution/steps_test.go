@@ -5,6 +5,7 @@ package attribution
 
 import (
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -140,4 +141,10 @@ func TestStepsIdle(t *testing.T) {
 	assert.InDelta(t, 0.800-0.030, tot.Idle, 1e-9)
 	assert.InDelta(t, 0.800, tot.Wall, 1e-9)
 	assert.InDelta(t, 0.020, b.EngineTime(), 1e-9)
+}
+
+// Every session allocates its Account (the steps point at it until it is
+// final): 80 bytes, a size class; a field more takes it to 96.
+func TestAccountSize(t *testing.T) {
+	assert.LessOrEqual(t, unsafe.Sizeof(Account{}), uintptr(80))
 }
