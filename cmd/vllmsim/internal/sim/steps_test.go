@@ -83,7 +83,7 @@ func demoPoints() []labPoint {
 // runPoint drives the engine in a closed loop of clients for dur of engine
 // time, with the demo's load: prompts uniform 200-800, one in ten of 3000
 // (the rag tenant), 128 tokens out.
-func runPoint(t *testing.T, p labPoint, dur time.Duration) (*recorder, *Engine, time.Time) {
+func runPoint(t *testing.T, p labPoint, dur time.Duration) (*recorder, *Engine) {
 	e := newEngine(t, p.cfg)
 	o := &recorder{reqs: map[string]*seen{}}
 	e.SetObserver(o)
@@ -128,7 +128,7 @@ func runPoint(t *testing.T, p labPoint, dur time.Duration) (*recorder, *Engine, 
 		}
 		o.finished = o.finished[:0]
 	}
-	return o, e, now
+	return o, e
 }
 
 // proxyEvent is one thing the proxy sees, in time order.
@@ -232,7 +232,7 @@ func TestStepsAgainstTruth(t *testing.T) {
 	window, lag := 100*time.Millisecond, 2*time.Second
 	for _, p := range demoPoints() {
 		t.Run(p.name, func(t *testing.T) {
-			o, e, _ := runPoint(t, p, 40*time.Second)
+			o, e := runPoint(t, p, 40*time.Second)
 			evs := timeline(o, 0)
 			for _, s := range o.order {
 				s.truth = s.r.Share().EngineTime().Seconds()
@@ -346,7 +346,7 @@ func TestStepsShortSteps(t *testing.T) {
 	cfg := testConfig()
 	cfg.Cost.DecodeBase, cfg.Cost.DecodePerSeq, cfg.Cost.PrefillPerToken, cfg.Cost.StepOverhead = 2*time.Millisecond, 40*time.Microsecond, 10*time.Microsecond, 100*time.Microsecond
 	p := labPoint{name: "short-steps", cfg: cfg, clients: 25}
-	o, _, _ := runPoint(t, p, 20*time.Second)
+	o, _ := runPoint(t, p, 20*time.Second)
 	for _, s := range o.order {
 		s.truth = s.r.Share().EngineTime().Seconds()
 	}
