@@ -46,8 +46,8 @@ type Steps struct {
 	// would be those of steps taken together), so that an engine of short
 	// steps (a small model) does not have two of them taken for one.
 	join int64
-	// gaps are the latest times between a session's two tokens (ns), a
-	// ring of gapsKept, for join.
+	// gaps are a sample of the latest times between a session's two
+	// tokens (ns), a ring of gapsKept, for join; gapsN counts them all.
 	gaps  [gapsKept]int64
 	gapsN int
 
@@ -430,11 +430,20 @@ func (e *Steps) Settle(now int64) []*Account {
 	return e.final
 }
 
-// gap notes the time between two tokens of a session, and sets join by
-// the latest ones.
+// gapEvery is how many times between a session's tokens there are for one
+// kept in gaps: a sample is enough for a median, and sorting gapsKept of
+// them once every gapEvery×gapsKept tokens costs next to nothing a token.
+const gapEvery = 8
+
+// gap notes the time between two tokens of a session, and sets join by a
+// sample of the latest ones.
 func (e *Steps) gap(d int64) {
-	e.gaps[e.gapsN%gapsKept] = d
-	if e.gapsN++; e.gapsN%gapsKept != 0 {
+	if e.gapsN++; e.gapsN%gapEvery != 0 {
+		return
+	}
+	k := e.gapsN / gapEvery
+	e.gaps[k%gapsKept] = d
+	if k%gapsKept != 0 {
 		return
 	}
 	sorted := e.gaps
