@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/component/componenttest"
 	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/processor/processortest"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -91,11 +92,7 @@ func TestAttributionOutputsAndCounters(t *testing.T) {
 
 	summaries := recordsNamed(p.logSink.AllLogs(), eventNameSummary)
 	require.Len(t, summaries, 3)
-	byID := map[string]map[string]any{}
-	for _, lr := range summaries {
-		a := lr.Attributes().AsRaw()
-		byID[a["llm.session.id"].(string)] = a
-	}
+	byID := summariesByID(summaries)
 	rag, chat := byID["rag"], byID["chat"]
 	assert.Equal(t, "collector", rag["llm.session.attribution_source"])
 	assert.InDelta(t, 0.3, rag["llm.session.engine_time.prefill"], 1e-9, "alone")
@@ -121,11 +118,7 @@ func TestAttributionOutputsAndCounters(t *testing.T) {
 // Beyond attribution::max_tenants a tenant counts as _OTHER, and the
 // sessions so counted are in the self-telemetry.
 func TestAttributionTenantOverflow(t *testing.T) {
-	tel := componenttest.NewTelemetry()
-	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
-	set := processortest.NewNopSettings(metadata.Type)
-	set.TelemetrySettings = tel.NewTelemetrySettings()
-	p := newPipelinesWith(t, set, func(c *Config) { c.Attribution.MaxTenants = 1 })
+	p, tel := newPipelinesWithTelemetry(t, func(c *Config) { c.Attribution.MaxTenants = 1 })
 	ctx := context.Background()
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(
 		tenantStart("a", "acme", base, 10), tok("a", base+10*ms, 1), end("a", base+20*ms),
@@ -223,12 +216,7 @@ func TestAttributionTokenBeforeStart(t *testing.T) {
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(
 		tenantStart("n", "acme", base+20*ms, 100), tok("n", base+50*ms, 1), tok("n", base+60*ms, 1), end("n", base+60*ms))))
 	p.shutdown(t)
-	var n map[string]any
-	for _, lr := range recordsNamed(p.logSink.AllLogs(), eventNameSummary) {
-		if a := lr.Attributes().AsRaw(); a["llm.session.id"] == "n" {
-			n = a
-		}
-	}
+	n := summariesByID(recordsNamed(p.logSink.AllLogs(), eventNameSummary))["n"]
 	require.NotNil(t, n)
 	assert.InDelta(t, 0.030, n["llm.session.engine_time.prefill"], 1e-9)
 	assert.InDelta(t, 0.010, n["llm.session.engine_time.decode"], 1e-9)
@@ -258,11 +246,7 @@ func TestAttributionPromptFromItsSize(t *testing.T) {
 		end("c", base+230*ms), end("b", base+230*ms),
 	)))
 	p.shutdown(t)
-	byID := map[string]map[string]any{}
-	for _, lr := range recordsNamed(p.logSink.AllLogs(), eventNameSummary) {
-		a := lr.Attributes().AsRaw()
-		byID[a["llm.session.id"].(string)] = a
-	}
+	byID := summariesByID(recordsNamed(p.logSink.AllLogs(), eventNameSummary))
 	require.Len(t, byID, 3)
 	assert.InDelta(t, 0.010+0.010/1001, byID["c"]["llm.session.engine_time.decode"], 1e-9, "b's prompt estimated at 1 000 tokens")
 	assert.InDelta(t, 0.010*1000/1001, byID["b"]["llm.session.engine_time.prefill"], 1e-9)
@@ -272,21 +256,13 @@ func TestAttributionPromptFromItsSize(t *testing.T) {
 // batch, with settle_after 0) loses its weight in the step to the others,
 // and is counted.
 func TestAttributionLateTokenCounted(t *testing.T) {
-	tel := componenttest.NewTelemetry()
-	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
-	set := processortest.NewNopSettings(metadata.Type)
-	set.TelemetrySettings = tel.NewTelemetrySettings()
-	p := newPipelinesWith(t, set, func(c *Config) { c.Sampling.NormalPercent = 100 })
+	p, tel := newPipelinesWithTelemetry(t, func(c *Config) { c.Sampling.NormalPercent = 100 })
 	ctx := context.Background()
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(
 		tenantStart("a", "acme", base, 10), tenantStart("b", "acme", base, 10), tok("a", base+10*ms, 1), end("a", base+10*ms))))
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(tok("b", base+10*ms, 1), end("b", base+10*ms))))
 	p.shutdown(t)
-	byID := map[string]map[string]any{}
-	for _, lr := range recordsNamed(p.logSink.AllLogs(), eventNameSummary) {
-		a := lr.Attributes().AsRaw()
-		byID[a["llm.session.id"].(string)] = a
-	}
+	byID := summariesByID(recordsNamed(p.logSink.AllLogs(), eventNameSummary))
 	assert.InDelta(t, 0.010, byID["a"]["llm.session.engine_time"], 1e-12, "the step alone")
 	assert.InDelta(t, 0.0, byID["b"]["llm.session.engine_time"], 1e-12)
 	m, err := tel.GetMetric("otelcol_processor_token_session_late_step_tokens")
@@ -302,25 +278,37 @@ func TestAttributionLateTokenCounted(t *testing.T) {
 // sender's clock gone wrong) does not move the engine's clock ahead with
 // it: the other sessions' steps are not settled before their tokens came.
 func TestAttributionClockAheadDoesNotSettleEarly(t *testing.T) {
-	tel := componenttest.NewTelemetry()
-	defer func() { require.NoError(t, tel.Shutdown(context.Background())) }()
-	set := processortest.NewNopSettings(metadata.Type)
-	set.TelemetrySettings = tel.NewTelemetrySettings()
-	p := newPipelinesWith(t, set, func(c *Config) { c.Sampling.NormalPercent = 100 })
+	p, tel := newPipelinesWithTelemetry(t, func(c *Config) { c.Sampling.NormalPercent = 100 })
 	ctx := context.Background()
 	ahead := base + 30*time.Second.Nanoseconds()
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(tenantStart("a", "acme", base, 10), tok("a", base+10*ms, 1))))
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(tenantStart("x", "acme", ahead, 10), tok("x", ahead+10*ms, 1), end("x", ahead+10*ms))))
 	require.NoError(t, p.logs.ConsumeLogs(ctx, events(tok("a", base+20*ms, 1), end("a", base+20*ms))))
 	p.shutdown(t)
-	var a map[string]any
-	for _, lr := range recordsNamed(p.logSink.AllLogs(), eventNameSummary) {
-		if at := lr.Attributes().AsRaw(); at["llm.session.id"] == "a" {
-			a = at
-		}
-	}
+	a := summariesByID(recordsNamed(p.logSink.AllLogs(), eventNameSummary))["a"]
 	require.NotNil(t, a)
 	assert.InDelta(t, 0.010, a["llm.session.engine_time.decode"], 1e-12, "its decode step counted")
 	_, err := tel.GetMetric("otelcol_processor_token_session_late_step_tokens")
 	assert.Error(t, err, "no token late")
+}
+
+// summariesByID are the summaries' attributes by session ID.
+func summariesByID(summaries []plog.LogRecord) map[string]map[string]any {
+	byID := map[string]map[string]any{}
+	for _, lr := range summaries {
+		a := lr.Attributes().AsRaw()
+		byID[a["llm.session.id"].(string)] = a
+	}
+	return byID
+}
+
+// newPipelinesWithTelemetry is newPipelines whose self-telemetry a test
+// reads.
+func newPipelinesWithTelemetry(t *testing.T, mutate func(*Config)) (*pipelines, *componenttest.Telemetry) {
+	t.Helper()
+	tel := componenttest.NewTelemetry()
+	t.Cleanup(func() { require.NoError(t, tel.Shutdown(context.Background())) })
+	set := processortest.NewNopSettings(metadata.Type)
+	set.TelemetrySettings = tel.NewTelemetrySettings()
+	return newPipelinesWith(t, set, mutate), tel
 }
