@@ -9,7 +9,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -35,185 +34,6 @@ import (
 // stream the proxy does itself: the write deadline (client_send_timeout),
 // noticing a client that left (proxyconn.HangupWatcher), the drain at
 // shutdown (offServer.relays and handlers).
-
-// relayBuffer is the room for the events of one read from the upstream
-// (sseReadBuffer) and their chunk framing: they leave in one write.
-const relayBuffer = sseReadBuffer + chunkHeaderRoom + len("\r\n") + len(lastChunk)
-
-// chunkHeaderRoom is kept free before a chunk's data for its size line
-// (at most 8 hex digits and CRLF here: a chunk is at most relayBuffer, or
-// one event written on its own).
-const chunkHeaderRoom = 10
-
-const lastChunk = "0\r\n\r\n"
-
-// chunkedConnWriter writes HTTP/1.1 chunks to a hijacked client
-// connection: what Write gets is gathered until Flush, which frames it as
-// one chunk and writes it in one system call. The first failed write
-// fails every later one.
-//
-// Its buffer is taken from relayBuffers at the first Write after a flush
-// and given back by the flush: a stream spends nearly all its life waiting
-// for the engine's next token, and holds no buffer while it waits (2 KiB
-// less per open stream).
-type chunkedConnWriter struct {
-	c    net.Conn
-	send *sendDeadline
-	// buf holds chunkHeaderRoom bytes for the size line, then the data;
-	// nil between flushes. pooled is where it came from.
-	buf    []byte
-	pooled *[]byte
-	err    error
-	// noWait: the event loop writes (relayloop.go), and must not wait for
-	// the client: what the socket does not take at once is kept in
-	// backlog, with everything written after it, for wait to write.
-	noWait  bool
-	backlog []byte
-}
-
-// relayBuffers are the chunk writers' buffers, in use from a read of the
-// upstream to the write of its events.
-var relayBuffers = sync.Pool{New: func() any {
-	b := make([]byte, 0, relayBuffer)
-	return &b
-}}
-
-func newChunkedConnWriter(c net.Conn, send *sendDeadline) *chunkedConnWriter {
-	return &chunkedConnWriter{c: c, send: send}
-}
-
-func (w *chunkedConnWriter) Write(p []byte) (int, error) {
-	if w.err != nil {
-		return 0, w.err
-	}
-	if w.buf == nil {
-		w.pooled = relayBuffers.Get().(*[]byte)
-		w.buf = (*w.pooled)[:chunkHeaderRoom]
-	}
-	if len(w.buf)+len(p)+len("\r\n")+len(lastChunk) > cap(w.buf) {
-		w.Flush()
-		if w.err != nil {
-			return 0, w.err
-		}
-		if chunkHeaderRoom+len(p)+len("\r\n")+len(lastChunk) > relayBuffer {
-			// Larger than the buffer (an event joined from several reads,
-			// an oversized one's piece): a chunk of its own, unbuffered.
-			return w.writeLarge(p)
-		}
-		return w.Write(p)
-	}
-	w.buf = append(w.buf, p...)
-	return len(p), nil
-}
-
-func (w *chunkedConnWriter) writeLarge(p []byte) (int, error) {
-	w.send.arm(time.Now())
-	head := strconv.AppendInt(make([]byte, 0, chunkHeaderRoom), int64(len(p)), 16)
-	head = append(head, "\r\n"...)
-	if w.err = w.put(head); w.err != nil {
-		return 0, w.err
-	}
-	if w.err = w.put(p); w.err != nil {
-		return 0, w.err
-	}
-	w.err = w.put(crlf)
-	return len(p), w.err
-}
-
-// put writes b to the connection; without waiting (noWait), what the
-// socket does not take goes to the backlog.
-func (w *chunkedConnWriter) put(b []byte) error {
-	if !w.noWait {
-		_, err := w.c.Write(b)
-		return err
-	}
-	if len(w.backlog) > 0 {
-		w.backlog = append(w.backlog, b...)
-		return nil
-	}
-	n, err := proxyconn.TryWrite(w.c, b)
-	if errors.Is(err, proxyconn.ErrWouldBlock) {
-		w.backlog = append(w.backlog, b[n:]...)
-		return nil
-	}
-	return err
-}
-
-// blocked reports whether a write waits in the backlog.
-func (w *chunkedConnWriter) blocked() bool { return len(w.backlog) > 0 }
-
-// wait ends noWait: the backlog is written, waiting for the client as
-// every later write will.
-func (w *chunkedConnWriter) wait() error {
-	w.noWait = false
-	if len(w.backlog) > 0 && w.err == nil {
-		w.send.arm(time.Now())
-		_, w.err = w.c.Write(w.backlog)
-	}
-	w.backlog = nil
-	return w.err
-}
-
-var (
-	crlf           = []byte("\r\n")
-	lastChunkBytes = []byte(lastChunk)
-)
-
-// Flush writes what was gathered as one chunk.
-func (w *chunkedConnWriter) Flush() {
-	if w.buf == nil {
-		return
-	}
-	if w.err != nil || len(w.buf) == chunkHeaderRoom {
-		w.release()
-		return
-	}
-	w.write(w.frame())
-}
-
-// frame puts the gathered data's size line before it and CRLF after it,
-// and returns the chunk.
-func (w *chunkedConnWriter) frame() []byte {
-	var head [chunkHeaderRoom]byte
-	h := strconv.AppendInt(head[:0], int64(len(w.buf)-chunkHeaderRoom), 16)
-	h = append(h, "\r\n"...)
-	start := chunkHeaderRoom - len(h)
-	copy(w.buf[start:], h)
-	w.buf = append(w.buf, "\r\n"...)
-	return w.buf[start:]
-}
-
-// write writes b, a chunk framed in the buffer, and gives the buffer back.
-func (w *chunkedConnWriter) write(b []byte) {
-	w.send.arm(time.Now())
-	w.err = w.put(b)
-	w.release()
-}
-
-func (w *chunkedConnWriter) release() {
-	if w.pooled != nil {
-		relayBuffers.Put(w.pooled)
-	}
-	w.buf, w.pooled = nil, nil
-}
-
-// finish writes what was gathered and the last chunk, in one write: the
-// response is whole.
-func (w *chunkedConnWriter) finish() error {
-	if w.err != nil {
-		w.release()
-		return w.err
-	}
-	if w.buf == nil || len(w.buf) == chunkHeaderRoom {
-		w.release()
-		w.send.arm(time.Now())
-		w.err = w.put(lastChunkBytes)
-		return w.err
-	}
-	b := append(w.frame(), lastChunk...)
-	w.write(b)
-	return w.err
-}
 
 // handbackListener is the proxy's listener: it accepts new connections,
 // and hands the http.Server the client connections of relayed streams
@@ -442,19 +262,6 @@ func (p *offServer) relayOffServer(ctx context.Context, w http.ResponseWriter, r
 // closed or reset the connection.
 var errClientLeft = errors.New("proxy: the client closed the connection")
 
-// hijackedStream is a stream relayed to its hijacked client connection.
-type hijackedStream struct {
-	ctx        context.Context
-	s          *session
-	x          *exchange
-	conn       net.Conn
-	prefix     []byte
-	keepAlive  bool
-	stopHangup func()
-	cw         *chunkedConnWriter
-	r          *eventRelay
-}
-
 func (p *offServer) hijacked(ctx context.Context, s *session, x *exchange, conn net.Conn, prefix []byte,
 	keepAlive bool, stopHangup func(), strip bool,
 ) *hijackedStream {
@@ -507,4 +314,36 @@ func (p *offServer) endHijacked(h *hijackedStream) {
 	if p.kept.add(conn) {
 		p.listener.handBack(conn)
 	}
+}
+
+// relayOnLoop has the loop relay h, when it can (see the top of this
+// file); false: it cannot, and h is as it was.
+func (p *offServer) relayOnLoop(h *hijackedStream) bool {
+	if p.loop == nil || !proxyconn.CanTry(h.conn) {
+		return false
+	}
+	body, ok := h.x.body.(*directBody)
+	if !ok || body.dechunked == nil || !proxyconn.CanTry(body.c) {
+		return false
+	}
+	ls := &loopStream{l: p.loop, h: h, body: body, idle: body.d.idle, off: func(relay bool) {
+		if relay {
+			p.relayHijacked(h)
+			return
+		}
+		p.endHijacked(h)
+	}}
+	ls.timer = proxyconn.NewTimer(ls.idleCheck)
+	h.cw.noWait = true
+	// Cancelled (the breaker, the client's hang-up, the drain's cut): the
+	// loop ends the stream, as a read would have failed; before attach ran,
+	// attach does nothing.
+	ls.stopCancelWatch = context.AfterFunc(h.ctx, func() { p.loop.loop.Post(ls.cancelled) })
+	if !p.loop.loop.Post(ls.attach) {
+		// Closed: not while a handler runs (Shutdown closes it after).
+		ls.stopCancelWatch()
+		h.cw.noWait = false
+		return false
+	}
+	return true
 }

@@ -6,6 +6,7 @@ package proxy // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstream
 import (
 	"context"
 	"errors"
+	"net"
 	"time"
 
 	"github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxyconn"
@@ -34,6 +35,19 @@ import (
 // breaker's timer and the client's hang-up cancel the exchange, which the
 // loop learns through the exchange's context, as the drain's cut.
 
+// hijackedStream is a stream relayed to its hijacked client connection.
+type hijackedStream struct {
+	ctx        context.Context
+	s          *session
+	x          *exchange
+	conn       net.Conn
+	prefix     []byte
+	keepAlive  bool
+	stopHangup func()
+	cw         *chunkedConnWriter
+	r          *eventRelay
+}
+
 // relayLoop is the proxy's event loop and its read buffer: the events of
 // one read are relayed before the next read, so one buffer serves every
 // stream.
@@ -55,7 +69,9 @@ func (l *relayLoop) close() { l.loop.Close() }
 // loopStream is a stream on the loop. Its fields are the loop goroutine's
 // until it leaves the loop.
 type loopStream struct {
-	p    *offServer
+	// off relays the rest of the stream on a goroutine (relay), or ends
+	// it there: the stream's server's.
+	off  func(relay bool)
 	l    *relayLoop
 	h    *hijackedStream
 	body *directBody
@@ -68,32 +84,6 @@ type loopStream struct {
 	// stopCancelWatch stops the watch on the exchange's context.
 	stopCancelWatch func() bool
 	left            bool // the stream left the loop
-}
-
-// relayOnLoop has the loop relay h, when it can (see the top of this
-// file); false: it cannot, and h is as it was.
-func (p *offServer) relayOnLoop(h *hijackedStream) bool {
-	if p.loop == nil || !proxyconn.CanTry(h.conn) {
-		return false
-	}
-	body, ok := h.x.body.(*directBody)
-	if !ok || body.dechunked == nil || !proxyconn.CanTry(body.c) {
-		return false
-	}
-	ls := &loopStream{p: p, l: p.loop, h: h, body: body, idle: body.d.idle}
-	ls.timer = proxyconn.NewTimer(ls.idleCheck)
-	h.cw.noWait = true
-	// Cancelled (the breaker, the client's hang-up, the drain's cut): the
-	// loop ends the stream, as a read would have failed; before attach ran,
-	// attach does nothing.
-	ls.stopCancelWatch = context.AfterFunc(h.ctx, func() { p.loop.loop.Post(ls.cancelled) })
-	if !p.loop.loop.Post(ls.attach) {
-		// Closed: not while a handler runs (Shutdown closes it after).
-		ls.stopCancelWatch()
-		h.cw.noWait = false
-		return false
-	}
-	return true
 }
 
 // attach starts watching the upstream, and relays what came with the
@@ -194,17 +184,13 @@ func (ls *loopStream) leave(relay bool) {
 	if ls.stopCancelWatch != nil {
 		ls.stopCancelWatch()
 	}
-	h, p, body := ls.h, ls.p, ls.body
+	h, off, body := ls.h, ls.off, ls.body
 	go func() {
 		body.reattach()
 		if h.cw.wait() != nil {
 			// As a write that failed on the goroutine: the client is gone.
 			h.r.e.clientGone, h.r.over = true, true
 		}
-		if relay {
-			p.relayHijacked(h)
-			return
-		}
-		p.endHijacked(h)
+		off(relay)
 	}()
 }
