@@ -106,9 +106,16 @@ func (s *streamSender) connection() *streamConn {
 	return s.conn
 }
 
-// drop closes sc after a failed write; its reader then ends.
+// drop gives sc up after a failed write. Only its write side is closed:
+// the receiver may have taken and acknowledged lines before the failure
+// (it stops at a collector's shutdown), and the reader still reads those
+// acknowledgements, until the receiver closes or the timeout ends it; the
+// lines none covers then count as failed. Closing it whole lost the
+// acknowledgements not read yet, and counted lines the receiver took as
+// failed.
 func (s *streamSender) drop(sc *streamConn) {
-	_ = sc.conn.Close()
+	_ = sc.conn.CloseWrite()
+	_ = sc.conn.SetReadDeadline(time.Now().Add(s.timeout))
 	s.mu.Lock()
 	if s.conn == sc {
 		s.conn = nil
