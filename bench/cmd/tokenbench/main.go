@@ -74,6 +74,7 @@ func main() {
 		e2eDur     = flag.Duration("e2e-duration", 30*time.Second, "e2e: llmload duration")
 		gatewayFor = flag.Duration("gateway-duration", 20*time.Second, "scaleout: how long spans are paced into the gateway")
 		shapeSel   = flag.String("shapes", "", "shapes: which of the eight to run, by index from 0 (default all)")
+		shapeToks  = flag.Int("shape-tokens", shapeTokens, "shapes: about how many tokens each shape sends (but the 100 000-session one)")
 		httpShapes = flag.String("http-shapes", "1,2", "shapes: which of them to run again with our side over the HTTP hook, when -hook-transport is unix, by index (default: 1 session and 50 sessions per batch; empty: all eight; none: skip)")
 		profile    = flag.Duration("profile", 0, "token path, shapes and scale: CPU-profile our collector for this long from the start of each run's load (<run>.cpu.pprof)")
 		report     = flag.Bool("report", false, "merge -out/tokenbench.json, proxy.json and gobench.txt into results.md and results.json")
@@ -111,7 +112,7 @@ func main() {
 	e := &env{
 		out: *out, ours: abs(*ours), stock: abs(*stock), workers: *workers, udpRate: *udpRate, udpBytes: *udpBytes,
 		memK: *memK, memToks: *memTokens, ctx: ctx, sink: sk, profile: *profile,
-		hookTransport: *transport, repeat: max(1, *repeat),
+		hookTransport: *transport, repeat: max(1, *repeat), shapeTokens: *shapeToks,
 	}
 
 	var res result

@@ -64,6 +64,8 @@ type env struct {
 	hookTransport string
 	// repeat is how many runs of each side shapes and busynode make.
 	repeat int
+	// shapeTokens is about how many tokens each shape sends.
+	shapeTokens int
 }
 
 // profiled wraps a run's send: when e.profile is set, our collector c is

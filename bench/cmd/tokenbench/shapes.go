@@ -44,6 +44,7 @@ type shape struct {
 // to measure on each side (ours spends 0.3–4 CPU-s on it; at 400 000 the
 // cheapest shapes were a few /proc ticks and moved by ±20% between runs),
 // little enough to keep make bench short.
+// -shape-tokens changes it, for a short trial of the harness.
 const shapeTokens = 1_000_000
 
 func defaultShapes() []shape {
@@ -67,13 +68,13 @@ func defaultShapes() []shape {
 // wave per batch; or, for the one-token shape, one wave of Concurrent
 // sessions cut into batches of 1024 events, which holds one token of each
 // session it touches.
-func (s shape) workload() workload {
+func (s shape) workload(tokens int) workload {
 	if s.Concurrent > 0 {
 		return workload{Sessions: s.Concurrent, Tokens: s.Tokens, Waves: 1, BatchLines: 1024}
 	}
 	perBatch := s.SessionsPerBatch * s.Tokens
 	return workload{
-		Sessions: s.SessionsPerBatch, Tokens: s.Tokens, Waves: max(1, shapeTokens/perBatch),
+		Sessions: s.SessionsPerBatch, Tokens: s.Tokens, Waves: max(1, tokens/perBatch),
 		BatchLines: s.SessionsPerBatch * (s.Tokens + 2),
 	}
 }
@@ -105,7 +106,7 @@ type shapesResult struct {
 func (e *env) shapes(list []shape, transport string) (*shapesResult, error) {
 	res := &shapesResult{}
 	for _, sh := range list {
-		w := sh.workload()
+		w := sh.workload(e.shapeTokens)
 		r := shapeResult{Shape: sh, Workload: w, Transport: transport}
 		var pairs []runPair
 		for run := range e.repeat {
