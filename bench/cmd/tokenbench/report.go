@@ -130,6 +130,8 @@ type summaryRow struct {
 	RatioS string  `json:"ratio_text"`
 	Target string  `json:"target"`
 	Met    *bool   `json:"met"`
+	// Judged is the figure the verdict is on, in the target's unit.
+	Judged string `json:"judged,omitempty"`
 }
 
 func readMachine() machine {
@@ -544,7 +546,7 @@ func markdown(r fullReport, proxyMD, outsideMD []byte) string {
 		if *s.Met {
 			met = append(met, s.What)
 		} else {
-			missed = append(missed, fmt.Sprintf("%s (%s, target %s)", s.What, firstNonEmpty(s.RatioS, s.Ours), s.Target))
+			missed = append(missed, fmt.Sprintf("%s (%s, target %s)", s.What, firstNonEmpty(s.Judged, firstNonEmpty(s.RatioS, s.Ours)), s.Target))
 		}
 	}
 	p("\nTargets: %d met, %d missed.\n", len(met), len(missed))
@@ -699,13 +701,19 @@ func sortedKeys(m map[string]float64) []string {
 // constant, so that the text shown and the check made cannot drift apart;
 // format renders the constant.
 func (r summaryRow) atLeast(v, target float64, format string) summaryRow {
-	r.Target, r.Met = "≥ "+fmt.Sprintf(format, target), boolp(v >= target)
+	r.Target, r.Met, r.Judged = "≥ "+fmt.Sprintf(format, target), boolp(v >= target), judged(v, format)
 	return r
 }
 
 func (r summaryRow) atMost(v, target float64, format string) summaryRow {
-	r.Target, r.Met = "≤ "+fmt.Sprintf(format, target), boolp(v <= target)
+	r.Target, r.Met, r.Judged = "≤ "+fmt.Sprintf(format, target), boolp(v <= target), judged(v, format)
 	return r
+}
+
+// judged renders the figure a verdict is on in the target's format, to
+// four significant digits.
+func judged(v float64, format string) string {
+	return fmt.Sprintf(strings.Replace(format, "%g", "%.4g", 1), v)
 }
 
 func firstNonEmpty(a, b string) string {

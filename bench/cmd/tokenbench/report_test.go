@@ -107,4 +107,8 @@ PASS
 	if !strings.Contains(string(md), "## Token path by workload shape (hooks HTTP") {
 		t.Error("results.md has no section for the HTTP hook's shapes")
 	}
+	// A miss names the figure its verdict is on.
+	if !strings.Contains(string(md), "so the proxy asks and folds the usage chunk; collector vs nginx, median of 3 runs (1.3×, target ≤ 1.25×)") {
+		t.Error("results.md's misses do not give the outside check's ratio")
+	}
 }
