@@ -6,6 +6,10 @@
 #        REPEAT=3       runs of each concurrency per path, collector and nginx
 #                       alternating; each figure is the median run's, each
 #                       ratio the median of the runs' ratios, with the spread
+#        USAGE=1        the client asks for stream_options.include_usage; 0: it
+#                       does not, so the proxy asks on its behalf and folds
+#                       the usage chunk's extras onto the finish chunk (the
+#                       outside check's client)
 #        BUSY_STREAMS=800 BUSY_DURATION=60s  the busy node: 8 engines × 100
 #                       streams of one event every GAP (5000 tokens/s an
 #                       engine) through each proxy, REPEAT times; 0: skip
@@ -31,6 +35,7 @@ N=${N:-64}
 GAP=${GAP:-20ms}
 CONCURRENCY=${CONCURRENCY:-"100 500"}
 REPEAT=${REPEAT:-3}
+USAGE=${USAGE:-1}
 BUSY_STREAMS=${BUSY_STREAMS:-800}
 BUSY_DURATION=${BUSY_DURATION:-60s}
 COLLECTOR=${COLLECTOR:-$ROOT/bin/otelcol-llm}
@@ -198,7 +203,7 @@ run_path() {
   fi
   echo "run $rep/$REPEAT: $kind $path C=$C ..." >&2
   t0=$(date +%s%N)
-  out=$("$WORK/client" -url "http://127.0.0.1:$port/v1/chat/completions" -c "$C" -duration "$dur" -label "$path")
+  out=$("$WORK/client" -url "http://127.0.0.1:$port/v1/chat/completions" -c "$C" -duration "$dur" -label "$path" -usage="$([[ $USAGE == 0 ]] && echo false || echo true)")
   t1=$(date +%s%N)
   [[ $path == collector ]] && kill $RSS_PID 2>/dev/null
   read -r pu1 pk1 < <(ticks $(pids)); read -r uu1 uk1 < <(ticks $UP_PID); cs1=$(ctxsw $(pids))
@@ -255,7 +260,7 @@ fi
 # nginx's run of the same repetition.
 GAP_MS=$(case $GAP in *ms) echo "${GAP%ms}" ;; *s) awk -v s="${GAP%s}" 'BEGIN{print s*1000}' ;; *) echo 0 ;; esac)
 jq -s --arg n "$N" --arg gap "$GAP" --argjson gap_ms "$GAP_MS" --arg dur "$DURATION" --arg cores "$(nproc)" \
-   --argjson repeat "$REPEAT" --argjson busy_streams "$BUSY_STREAMS" --arg busy_dur "$BUSY_DURATION" \
+   --argjson repeat "$REPEAT" --argjson usage "$([[ $USAGE == 0 ]] && echo false || echo true)" --argjson busy_streams "$BUSY_STREAMS" --arg busy_dur "$BUSY_DURATION" \
    --arg nginx "$(nginx -v 2>&1 | sed 's/.*\///')" --arg collector "$COLLECTOR_NAME" '
   def median: sort | if length == 0 then null else .[(length - 1) / 2 | floor] end;
   def med(f): [.[] | f | select(. != null)] | median;
@@ -273,7 +278,7 @@ jq -s --arg n "$N" --arg gap "$GAP" --argjson gap_ms "$GAP_MS" --arg dur "$DURAT
               mem_kb_per_stream: (if $r.path == "collector" then (($r.collector_rss_run_median_kb - $r.collector_rss_idle_kb) / $r.c) else null end),
               heap_kb_per_stream: (if $r.path == "collector" and $r.collector_heap_run_bytes > 0 then (($r.collector_heap_run_bytes - $r.collector_heap_idle_bytes) / 1024 / $r.c) else null end)} ] as $rs
   | {machine: {cores: ($cores|tonumber), clk_tck: '"$TCK"'},
-     params: {n: ($n|tonumber), gap: $gap, duration: $dur, repeat: $repeat, busy_streams: $busy_streams, busy_duration: $busy_dur},
+     params: {n: ($n|tonumber), gap: $gap, duration: $dur, repeat: $repeat, client_asks_usage: $usage, busy_streams: $busy_streams, busy_duration: $busy_dur},
      nginx_version: $nginx, collector: $collector, runs: ($rs + $busy),
      summary: [ $rs | group_by(.c)[] | group_by(.path)[]
        | {path: .[0].path, c: .[0].c, runs: length,
@@ -315,6 +320,7 @@ jq -s --arg n "$N" --arg gap "$GAP" --argjson gap_ms "$GAP_MS" --arg dur "$DURAT
   echo "$(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, N=$N content chunks every $GAP per stream, $DURATION per run (first 2 s not sampled),"
   echo "$REPEAT runs per path and concurrency, the collector and nginx alternating which goes first; each figure is the median run's,"
   echo "each ratio the median of the runs' ratios (spread: the smallest and largest)."
+  if [[ $USAGE == 0 ]]; then echo "USAGE=0: the client does not ask for usage, so the collector's proxy asks for it upstream and folds the usage chunk (nginx passes it through)."; fi
   echo "Client, upstream and proxy on the same machine (127.0.0.1). Latency = client receive time − upstream send time of each content chunk."
   echo "CPU = utime+stime of the proxying process(es) during the run ÷ content events (collector: one process; nginx: master + workers);"
   echo "of which kernel = the stime part. Context switches = voluntary + involuntary, all threads, ÷ content events."

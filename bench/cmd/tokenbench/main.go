@@ -37,7 +37,10 @@ type result struct {
 	E2E        *e2eResult       `json:"e2e,omitempty"`
 	ScaleOut   *scaleOutResult  `json:"scale_out,omitempty"`
 	Shapes     *shapesResult    `json:"shapes,omitempty"`
-	BusyNode   *busyNodeResult  `json:"busy_node,omitempty"`
+	// ShapesHTTP are the shapes -http-shapes picks, our side over the HTTP
+	// hook, when -hook-transport is unix.
+	ShapesHTTP *shapesResult   `json:"shapes_http,omitempty"`
+	BusyNode   *busyNodeResult `json:"busy_node,omitempty"`
 }
 
 func main() {
@@ -49,7 +52,7 @@ func main() {
 		llmload    = flag.String("llmload", "bin/llmload", "the load generator")
 		only       = flag.String("run", "tokenpath,shapes,busynode,scale,saturation,e2e,scaleout", "scenarios to run, comma-separated")
 		transport  = flag.String("hook-transport", "unix", "shapes and busynode: our side's hook transport, unix (the clients' default where the node offers the socket) or http")
-		repeat     = flag.Int("repeat", 3, "shapes and busynode: runs of each side, alternating ours and stock; each ratio is the median pair's")
+		repeat     = flag.Int("repeat", 3, "shapes and busynode: runs of each side, alternating ours and stock, each ratio the median pair's; token path: runs of our memory per session, each on a fresh collector, the figure the median run's")
 		engines    = flag.Int("busy-engines", 8, "busynode: engines on the node")
 		engineRate = flag.Float64("busy-rate", 5000, "busynode: tokens/s per engine")
 		busyFor    = flag.Duration("busy-duration", 60*time.Second, "busynode: how long the node is busy")
@@ -71,6 +74,8 @@ func main() {
 		e2eDur     = flag.Duration("e2e-duration", 30*time.Second, "e2e: llmload duration")
 		gatewayFor = flag.Duration("gateway-duration", 20*time.Second, "scaleout: how long spans are paced into the gateway")
 		shapeSel   = flag.String("shapes", "", "shapes: which of the eight to run, by index from 0 (default all)")
+		shapeToks  = flag.Int("shape-tokens", shapeTokens, "shapes: about how many tokens each shape sends (but the 100 000-session one)")
+		httpShapes = flag.String("http-shapes", "1,2", "shapes: which of them to run again with our side over the HTTP hook, when -hook-transport is unix, by index (default: 1 session and 50 sessions per batch; empty: all eight; none: skip)")
 		profile    = flag.Duration("profile", 0, "token path, shapes and scale: CPU-profile our collector for this long from the start of each run's load (<run>.cpu.pprof)")
 		report     = flag.Bool("report", false, "merge -out/tokenbench.json, proxy.json and gobench.txt into results.md and results.json")
 	)
@@ -107,7 +112,7 @@ func main() {
 	e := &env{
 		out: *out, ours: abs(*ours), stock: abs(*stock), workers: *workers, udpRate: *udpRate, udpBytes: *udpBytes,
 		memK: *memK, memToks: *memTokens, ctx: ctx, sink: sk, profile: *profile,
-		hookTransport: *transport, repeat: max(1, *repeat),
+		hookTransport: *transport, repeat: max(1, *repeat), shapeTokens: *shapeToks,
 	}
 
 	var res result
@@ -132,8 +137,14 @@ func main() {
 	if run["shapes"] {
 		list, err := pickShapes(defaultShapes(), *shapeSel)
 		fail("shapes", err)
-		res.Shapes, err = e.shapes(list)
+		res.Shapes, err = e.shapes(list, *transport)
 		fail("shapes", err)
+		if *transport != "http" && *httpShapes != "none" {
+			list, err := pickShapes(defaultShapes(), *httpShapes)
+			fail("shapes over HTTP", err)
+			res.ShapesHTTP, err = e.shapes(list, "http")
+			fail("shapes over HTTP", err)
+		}
 	}
 	if run["busynode"] {
 		res.BusyNode, err = e.busyNode(*engines, *engineRate, *busyFor)

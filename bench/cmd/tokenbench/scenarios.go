@@ -6,6 +6,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log"
@@ -29,8 +30,11 @@ type tokenPathResult struct {
 	HTTP     cpuRun   `json:"hooks_http"`
 	UDP      cpuRun   `json:"hooks_udp"`
 	Stock    cpuRun   `json:"stock"`
-	MemOurs  memRun   `json:"memory_hooks_http"`
-	MemStock memRun   `json:"memory_stock"`
+	// MemOurs is the median run's of e.repeat, by heap per session, each
+	// on a fresh collector; MemOursHeapRuns every run's heap per session.
+	MemOurs         memRun    `json:"memory_hooks_http"`
+	MemOursHeapRuns []float64 `json:"memory_hooks_http_heap_per_session_runs"`
+	MemStock        memRun    `json:"memory_stock"`
 	// Ratios: ours over stock for throughput, stock over ours for memory.
 	HTTPvsStock        float64 `json:"tokens_per_cpu_second_ratio_http_vs_stock"`
 	UDPvsStock         float64 `json:"tokens_per_cpu_second_ratio_udp_vs_stock"`
@@ -60,6 +64,8 @@ type env struct {
 	hookTransport string
 	// repeat is how many runs of each side shapes and busynode make.
 	repeat int
+	// shapeTokens is about how many tokens each shape sends.
+	shapeTokens int
 }
 
 // profiled wraps a run's send: when e.profile is set, our collector c is
@@ -136,6 +142,9 @@ func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
 		func(g *generator) func([]wEvent) []byte { return g.otlpSpans }, settleStock(stock), ""); err != nil {
 		return nil, err
 	}
+	if res.MemOurs, res.MemOursHeapRuns, err = e.memoryRuns(res.MemOurs); err != nil {
+		return nil, err
+	}
 	if res.MemStock.SecondsToMeasure >= 5 {
 		log.Printf("warning: stock memory measured %.1fs after the first span, after decision_wait", res.MemStock.SecondsToMeasure)
 	}
@@ -197,6 +206,37 @@ func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
 	res.MemoryStockVsOurs = ratio(res.MemStock.HeapPerSession, res.MemOurs.HeapPerSession)
 	res.RSSStockVsOurs = ratio(res.MemStock.RSSPerSession, res.MemOurs.RSSPerSession)
 	return res, nil
+}
+
+// memoryRuns measures our memory per in-flight session e.repeat-1 times
+// more, each on a fresh collector, beside first; it returns the median run
+// by heap per session (the lower middle one of an even count) and every
+// run's heap per session.
+func (e *env) memoryRuns(first memRun) (memRun, []float64, error) {
+	runs := []memRun{first}
+	for i := 1; i < e.repeat; i++ {
+		c, a, err := e.startOurs(fmt.Sprintf("ours-memory-%d", i))
+		if err != nil {
+			return memRun{}, nil, err
+		}
+		hp := hookPoster(a, e.workers)
+		m, err := measureMemory(e.ctx, c, e.sink, "hooks_http", e.memK, e.memToks,
+			func(b []batch) sendResult { return hp.run(e.ctx, b, e.workers) },
+			func(*generator) func([]wEvent) []byte { return ndjson }, settleHTTP(c), "")
+		hp.close()
+		c.stop()
+		if err != nil {
+			return memRun{}, nil, err
+		}
+		runs = append(runs, m)
+	}
+	heaps := make([]float64, len(runs))
+	for i, m := range runs {
+		heaps[i] = m.HeapPerSession
+	}
+	sorted := slices.Clone(runs)
+	slices.SortFunc(sorted, func(a, b memRun) int { return cmp.Compare(a.HeapPerSession, b.HeapPerSession) })
+	return sorted[(len(sorted)-1)/2], heaps, nil
 }
 
 func sendUDPGrams(ctx context.Context, addr string, bs []batch, size int, rate float64) (sendResult, error) {

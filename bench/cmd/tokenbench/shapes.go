@@ -44,6 +44,7 @@ type shape struct {
 // to measure on each side (ours spends 0.3–4 CPU-s on it; at 400 000 the
 // cheapest shapes were a few /proc ticks and moved by ±20% between runs),
 // little enough to keep make bench short.
+// -shape-tokens changes it, for a short trial of the harness.
 const shapeTokens = 1_000_000
 
 func defaultShapes() []shape {
@@ -67,13 +68,13 @@ func defaultShapes() []shape {
 // wave per batch; or, for the one-token shape, one wave of Concurrent
 // sessions cut into batches of 1024 events, which holds one token of each
 // session it touches.
-func (s shape) workload() workload {
+func (s shape) workload(tokens int) workload {
 	if s.Concurrent > 0 {
 		return workload{Sessions: s.Concurrent, Tokens: s.Tokens, Waves: 1, BatchLines: 1024}
 	}
 	perBatch := s.SessionsPerBatch * s.Tokens
 	return workload{
-		Sessions: s.SessionsPerBatch, Tokens: s.Tokens, Waves: max(1, shapeTokens/perBatch),
+		Sessions: s.SessionsPerBatch, Tokens: s.Tokens, Waves: max(1, tokens/perBatch),
 		BatchLines: s.SessionsPerBatch * (s.Tokens + 2),
 	}
 }
@@ -98,17 +99,24 @@ type shapesResult struct {
 	WorstShape string        `json:"worst_shape"`
 }
 
-// shapes runs each shape e.repeat times, alternating ours and stock, each
-// run on a fresh collector, so that one run's sessions and traces do not
-// weigh on the next; a shape's ratio is the median pair's.
-func (e *env) shapes(list []shape) (*shapesResult, error) {
+// shapes runs each shape e.repeat times with our side's hooks over
+// transport (unix or http), alternating ours and stock, each run on a fresh
+// collector, so that one run's sessions and traces do not weigh on the next;
+// a shape's ratio is the median pair's.
+func (e *env) shapes(list []shape, transport string) (*shapesResult, error) {
 	res := &shapesResult{}
 	for _, sh := range list {
-		w := sh.workload()
-		r := shapeResult{Shape: sh, Workload: w, Transport: e.hookTransport}
+		w := sh.workload(e.shapeTokens)
+		r := shapeResult{Shape: sh, Workload: w, Transport: transport}
 		var pairs []runPair
 		for run := range e.repeat {
-			name := fmt.Sprintf("shape%d-ours-%d", sh.Index, run)
+			// The transport in the names of all but the default side's
+			// files, so that a run of both keeps both.
+			tag := ""
+			if transport != e.hookTransport {
+				tag = transport + "-"
+			}
+			name := fmt.Sprintf("shape%d-%sours-%d", sh.Index, tag, run)
 			ours, a, err := e.startOurs(name)
 			if err != nil {
 				return nil, err
@@ -117,7 +125,7 @@ func (e *env) shapes(list []shape) (*shapesResult, error) {
 			nd := chunk(g.all(), w.BatchLines, ndjson)
 			var send func() (sendResult, error)
 			var closeSend func()
-			if e.hookTransport == "unix" {
+			if transport == "unix" {
 				send, closeSend = streamSender{path: a.hooksUnix}.sendAll(e.ctx, nd, sh.Posters), func() {}
 			} else {
 				hp := hookPoster(a, sh.Posters)
@@ -131,7 +139,7 @@ func (e *env) shapes(list []shape) (*shapesResult, error) {
 				return nil, err
 			}
 
-			stock, sa, err := e.startStock(fmt.Sprintf("shape%d-stock-%d", sh.Index, run))
+			stock, sa, err := e.startStock(fmt.Sprintf("shape%d-%sstock-%d", sh.Index, tag, run))
 			if err != nil {
 				return nil, err
 			}
@@ -151,7 +159,7 @@ func (e *env) shapes(list []shape) (*shapesResult, error) {
 		}
 		m := medianPair(pairs)
 		r.Ours, r.Stock, r.Ratio = m.ours, m.stock, m.ratio
-		log.Printf("shape %q over %s: ours %.0f, stock %.0f tokens/CPU-s: %.1f× (runs: %s)", sh.Name, e.hookTransport,
+		log.Printf("shape %q over %s: ours %.0f, stock %.0f tokens/CPU-s: %.1f× (runs: %s)", sh.Name, transport,
 			r.Ours.TokensPerCPUSecond, r.Stock.TokensPerCPUSecond, r.Ratio, ratiosText(r.Ratios))
 		if res.WorstShape == "" || r.Ratio < res.WorstRatio {
 			res.WorstRatio, res.WorstShape = r.Ratio, sh.Name
