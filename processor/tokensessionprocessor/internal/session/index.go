@@ -31,16 +31,16 @@ func newIndex(n int) index {
 	return index{slots: make([]indexSlot, size), mask: uint64(size - 1)}
 }
 
-// find returns the slot holding the position whose key has hash h and
-// matches (is the key looked for), or the empty slot where it would go.
-func (x *index) find(h uint64, matches func(pos int) bool) (slot uint64, found bool) {
+// find returns the position whose key has hash h and matches (is the key
+// looked for).
+func (x *index) find(h uint64, matches func(pos int) bool) (pos int, found bool) {
 	for i := h & x.mask; ; i = (i + 1) & x.mask {
 		sl := x.slots[i]
 		if sl.pos == 0 {
-			return i, false
+			return 0, false
 		}
 		if sl.hash == uint32(h) && matches(int(sl.pos-1)) {
-			return i, true
+			return int(sl.pos - 1), true
 		}
 	}
 }

@@ -4,6 +4,7 @@
 package session
 
 import (
+	"hash/maphash"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -187,8 +188,11 @@ type Table[S any] struct {
 	// engine, each counting the active sessions that point to it.
 	sources map[string]*source
 
-	sessions map[string]*entry[S]
-	// last is the session Apply found last, checked before the map: the
+	// sessions indexes slots by session ID (hashed with seed): 8 B a slot
+	// at most half full, where a Go map cost a session about 50 B.
+	sessions index
+	seed     maphash.Seed
+	// last is the session Apply found last, checked before the index: the
 	// events of a packed token record come in a row for one session.
 	last   *entry[S]
 	traces map[pcommon.TraceID]traceRef
@@ -272,7 +276,8 @@ func NewTable[S any](cfg Config, obs Observer[S]) (*Table[S], error) {
 		obs:         obs,
 		normal:      normal,
 		freezeAfter: int64(cfg.Stall.Gap) * int64(cfg.Stall.Consecutive),
-		sessions:    make(map[string]*entry[S]),
+		sessions:    newIndex(0),
+		seed:        maphash.MakeSeed(),
 		sources:     make(map[string]*source),
 		traces:      make(map[pcommon.TraceID]traceRef),
 		ended:       newEndedSet(cfg.Table.EndedMemory),
@@ -280,12 +285,18 @@ func NewTable[S any](cfg Config, obs Observer[S]) (*Table[S], error) {
 }
 
 // Active returns the number of active sessions.
-func (t *Table[S]) Active() int { return len(t.sessions) }
+func (t *Table[S]) Active() int { return len(t.slots) }
 
 // Contains reports whether the session is active.
-func (t *Table[S]) Contains(id string) bool {
-	_, ok := t.sessions[id]
-	return ok
+func (t *Table[S]) Contains(id string) bool { return t.lookup(id) != nil }
+
+// lookup returns the active session id, or nil.
+func (t *Table[S]) lookup(id string) *entry[S] {
+	pos, ok := t.sessions.find(maphash.String(t.seed, id), func(pos int) bool { return t.slots[pos].ID == id })
+	if !ok {
+		return nil
+	}
+	return t.slots[pos]
 }
 
 // SetTraceMemory gives the table the verdicts of traces whose sessions
@@ -324,7 +335,7 @@ func (t *Table[S]) Release(reports []Report[S]) []Report[S] {
 func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 	s := t.last
 	if s == nil || s.ID != ev.SessionID {
-		s = t.sessions[ev.SessionID]
+		s = t.lookup(ev.SessionID)
 		t.last = s
 	}
 	at := int64(ev.TimeUnixNano)
@@ -525,7 +536,7 @@ func (t *Table[S]) evict(now int64, out *[]Report[S]) {
 // random ones, fillStart would move it off a trace it was only just added
 // to (two map operations on traces, and two random IDs, per session).
 func (t *Table[S]) create(id string, trace pcommon.TraceID, span pcommon.SpanID, now int64, out *[]Report[S]) *entry[S] {
-	if len(t.sessions) >= t.cfg.Table.MaxActive {
+	if len(t.slots) >= t.cfg.Table.MaxActive {
 		t.evict(now, out)
 	}
 	var s *entry[S]
@@ -543,9 +554,9 @@ func (t *Table[S]) create(id string, trace pcommon.TraceID, span pcommon.SpanID,
 	if span.IsEmpty() {
 		randomID(s.SpanID[:])
 	}
-	t.sessions[id] = s
 	t.traceAdd(s.TraceID)
 	s.slot = int32(len(t.slots))
+	t.sessions.add(maphash.String(t.seed, id), int(s.slot))
 	t.slots = append(t.slots, s)
 	t.clocks = append(t.clocks, clock{lastSeen: now})
 	t.firstSeen = append(t.firstSeen, now)
@@ -592,12 +603,15 @@ func (t *Table[S]) end(s *entry[S], outcome Outcome, e *End, out *[]Report[S]) {
 		t.releaseSource(s)
 	}
 	*out = append(*out, Report[S]{Kind: ReportEnded, Session: &s.Session, State: &s.state, entry: s, End: *e, Trace: trace})
-	delete(t.sessions, s.ID)
+	t.sessions.remove(maphash.String(t.seed, s.ID), int(s.slot))
 	if t.last == s {
 		t.last = nil
 	}
 	last := int32(len(t.slots) - 1)
 	moved := t.slots[last]
+	if moved != s {
+		t.sessions.move(maphash.String(t.seed, moved.ID), int(last), int(s.slot))
+	}
 	t.slots[s.slot], t.clocks[s.slot], t.firstSeen[s.slot] = moved, t.clocks[last], t.firstSeen[last]
 	// The moved session's window goes with it: Window entries (40 B by
 	// default) copied per ended session.

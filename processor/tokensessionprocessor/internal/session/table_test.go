@@ -329,14 +329,14 @@ func TestReusedSessionStartsEmpty(t *testing.T) {
 	withAttrs.Attributes = []tokenevent.Attribute{{Key: "tenant", Value: "t1"}}
 	var attrs []tokenevent.Attribute
 	apply(tbl, withAttrs, tok("x", t0+10*ms, 1), tok("x", t0+300*ms, 1))
-	attrs = append(attrs, tbl.sessions["x"].Attributes()...)
+	attrs = append(attrs, tbl.lookup("x").Attributes()...)
 	apply(tbl, end("x", t0+300*ms, -1))
 	require.Len(t, rec.ended, 1)
 	assert.Len(t, rec.ended[0].StallRecords, 1)
 	assert.Equal(t, []tokenevent.Attribute{{Key: "tenant", Value: "t1"}}, attrs)
 
 	apply(tbl, start("y", t0+400*ms), tok("y", t0+410*ms, 1))
-	y := tbl.sessions["y"]
+	y := tbl.lookup("y")
 	assert.Empty(t, y.Attributes())
 	assert.Empty(t, y.Stalls())
 	apply(tbl, end("y", t0+500*ms, -1))
@@ -474,13 +474,13 @@ func TestReportedSessionReusedOnlyAfterRelease(t *testing.T) {
 	assert.Equal(t, ReportEnded, reports[0].Kind)
 	assert.Equal(t, "a", a.ID, "the evicted session, intact")
 	assert.Equal(t, OutcomeEvicted, a.Outcome)
-	assert.NotSame(t, a, &tbl.sessions["b"].Session)
+	assert.NotSame(t, a, &tbl.lookup("b").Session)
 	reports = tbl.Release(reports)
 	assert.Empty(t, reports)
 	reports = tbl.Apply(start("c", t0+2*ms), t0+2*ms, reports)
 	require.Len(t, reports, 1)
 	assert.Equal(t, "b", reports[0].Session.ID)
-	assert.Same(t, a, &tbl.sessions["c"].Session, "released, then reused")
+	assert.Same(t, a, &tbl.lookup("c").Session, "released, then reused")
 }
 
 // Reports of one batch are handled after it: a stall report carries the
@@ -620,7 +620,7 @@ func TestTraceVerdicts(t *testing.T) {
 func TestSessionsWithoutTraceGetOne(t *testing.T) {
 	tbl, _ := newTable(t, nil)
 	apply(tbl, start("a", t0), start("b", t0))
-	sa, sb := tbl.sessions["a"], tbl.sessions["b"]
+	sa, sb := tbl.lookup("a"), tbl.lookup("b")
 	assert.False(t, sa.TraceID.IsEmpty())
 	assert.False(t, sa.SpanID.IsEmpty())
 	assert.NotEqual(t, sa.TraceID, sb.TraceID)
