@@ -194,10 +194,16 @@ type Table[S any] struct {
 	seed     maphash.Seed
 	// last is the session Apply found last, checked before the index: the
 	// events of a packed token record come in a row for one session.
-	last   *entry[S]
-	traces map[pcommon.TraceID]traceRef
-	ended  endedSet
-	free   []*entry[S]
+	last *entry[S]
+	// traces indexes the slots by trace ID (hashed with seed), one index
+	// slot per session, those of a trace's sessions under one key: a
+	// trace is active while it has one. keptTraces holds the keeps of the
+	// active traces that have one (the lowest threshold): a record per
+	// trace, in a Go map, cost every session about 60 B.
+	traces     index
+	keptTraces map[pcommon.TraceID]sampling.Threshold
+	ended      endedSet
+	free       []*entry[S]
 
 	// slots and clocks are dense, indexed by Session.slot: the per-token
 	// path writes one clocks entry instead of relinking lists (which would
@@ -227,9 +233,9 @@ type clock struct {
 	lastTokenSeen int64
 }
 
+// traceRef is what the table knows of an active trace's keep.
 type traceRef struct {
-	active int32
-	kept   bool
+	kept bool
 	// th is the lowest threshold of the trace's kept sessions.
 	th sampling.Threshold
 }
@@ -279,7 +285,8 @@ func NewTable[S any](cfg Config, obs Observer[S]) (*Table[S], error) {
 		sessions:    newIndex(0),
 		seed:        maphash.MakeSeed(),
 		sources:     make(map[string]*source),
-		traces:      make(map[pcommon.TraceID]traceRef),
+		traces:      newIndex(0),
+		keptTraces:  make(map[pcommon.TraceID]sampling.Threshold),
 		ended:       newEndedSet(cfg.Table.EndedMemory),
 	}, nil
 }
@@ -306,8 +313,11 @@ func (t *Table[S]) SetTraceMemory(m TraceMemory) { t.memory = m }
 // TraceActive reports whether an active session belongs to the trace, and
 // whether one of them has already been kept, with the trace's threshold.
 func (t *Table[S]) TraceActive(id pcommon.TraceID) (active, kept bool, th sampling.Threshold) {
-	r, ok := t.traces[id]
-	return ok, r.kept, r.th
+	if !t.traceHasSession(id, t.traceHash(id)) {
+		return false, false, sampling.Threshold{}
+	}
+	th, kept = t.keptTraces[id]
+	return true, kept, th
 }
 
 // Apply folds one event in and appends what the caller must act on to
@@ -534,7 +544,7 @@ func (t *Table[S]) evict(now int64, out *[]Report[S]) {
 // create opens the session id on trace and span, each random when empty.
 // A start event's session is created on the start's own IDs: created on
 // random ones, fillStart would move it off a trace it was only just added
-// to (two map operations on traces, and two random IDs, per session).
+// to (two index operations on traces, and two random IDs, per session).
 func (t *Table[S]) create(id string, trace pcommon.TraceID, span pcommon.SpanID, now int64, out *[]Report[S]) *entry[S] {
 	if len(t.slots) >= t.cfg.Table.MaxActive {
 		t.evict(now, out)
@@ -554,9 +564,9 @@ func (t *Table[S]) create(id string, trace pcommon.TraceID, span pcommon.SpanID,
 	if span.IsEmpty() {
 		randomID(s.SpanID[:])
 	}
-	t.traceAdd(s.TraceID)
 	s.slot = int32(len(t.slots))
 	t.sessions.add(maphash.String(t.seed, id), int(s.slot))
+	t.traceAdd(s)
 	t.slots = append(t.slots, s)
 	t.clocks = append(t.clocks, clock{lastSeen: now})
 	t.firstSeen = append(t.firstSeen, now)
@@ -596,9 +606,9 @@ func (t *Table[S]) end(s *entry[S], outcome Outcome, e *End, out *[]Report[S]) {
 	}
 	// One lookup of the trace for the verdict and the removal: nothing
 	// between them changes traces.
-	ref := t.traces[s.TraceID]
+	ref := t.traceRef(s.TraceID)
 	t.decide(s, e, ref)
-	trace := t.traceRemoveRef(s.TraceID, ref, s.Keep, s.Threshold)
+	trace := t.traceRemoveRef(s, ref, s.Keep, s.Threshold)
 	if s.source != nil {
 		t.releaseSource(s)
 	}
@@ -611,6 +621,7 @@ func (t *Table[S]) end(s *entry[S], outcome Outcome, e *End, out *[]Report[S]) {
 	moved := t.slots[last]
 	if moved != s {
 		t.sessions.move(maphash.String(t.seed, moved.ID), int(last), int(s.slot))
+		t.traces.move(t.traceHash(moved.TraceID), int(last), int(s.slot))
 	}
 	t.slots[s.slot], t.clocks[s.slot], t.firstSeen[s.slot] = moved, t.clocks[last], t.firstSeen[last]
 	// The moved session's window goes with it: Window entries (40 B by

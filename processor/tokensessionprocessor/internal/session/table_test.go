@@ -512,7 +512,8 @@ func TestShutdownEndsAll(t *testing.T) {
 		assert.Equal(t, OutcomeShutdown, e.Outcome)
 	}
 	assert.Zero(t, tbl.Active())
-	assert.Empty(t, tbl.traces)
+	assert.Zero(t, tbl.traces.used)
+	assert.Empty(t, tbl.keptTraces)
 }
 
 func TestDisorder(t *testing.T) {
@@ -615,6 +616,37 @@ func TestTraceVerdicts(t *testing.T) {
 	assert.Equal(t, TraceVerdict{Done: true, Kept: true, Threshold: sampling.AlwaysSampleThreshold}, rec.ended[1].Trace)
 	active, _, _ = tbl.TraceActive(trace)
 	assert.False(t, active)
+}
+
+// A session's keep at its end (an error) holds for the sessions of its
+// trace still active, and is forgotten with the trace's last session: a
+// later session of the trace is decided on its own (the processor's
+// TraceMemory, absent here, is what remembers ended traces).
+func TestEndedKeepHoldsWhileTheTraceIsActive(t *testing.T) {
+	tbl, rec := newTable(t, func(c *Config) { c.Sampling.NormalPercent = 0 })
+	trace := pcommon.TraceID{4, 5, 6}
+	failed := end("a", t0+20*ms, -1)
+	failed.Error = "boom"
+	apply(tbl, inTrace(start("a", t0), trace), inTrace(start("b", t0), trace), failed)
+	require.Len(t, rec.ended, 1)
+	assert.Equal(t, ReasonError, rec.ended[0].Reasons)
+	assert.Equal(t, TraceVerdict{Done: false, Kept: true, Threshold: sampling.AlwaysSampleThreshold}, rec.ended[0].Trace)
+	active, kept, th := tbl.TraceActive(trace)
+	assert.True(t, active)
+	assert.True(t, kept)
+	assert.Equal(t, sampling.AlwaysSampleThreshold, th)
+
+	apply(tbl, end("b", t0+30*ms, -1))
+	require.Len(t, rec.ended, 2)
+	assert.True(t, rec.ended[1].Keep)
+	assert.Equal(t, ReasonTrace, rec.ended[1].Reasons)
+	assert.Equal(t, TraceVerdict{Done: true, Kept: true, Threshold: sampling.AlwaysSampleThreshold}, rec.ended[1].Trace)
+
+	apply(tbl, inTrace(start("c", t0+40*ms), trace), end("c", t0+50*ms, -1))
+	require.Len(t, rec.ended, 3)
+	assert.False(t, rec.ended[2].Keep)
+	assert.Equal(t, TraceVerdict{Done: true, Threshold: sampling.NeverSampleThreshold}, rec.ended[2].Trace)
+	assert.Empty(t, tbl.keptTraces)
 }
 
 func TestSessionsWithoutTraceGetOne(t *testing.T) {

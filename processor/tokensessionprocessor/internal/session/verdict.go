@@ -8,6 +8,8 @@ package session
 // share a trace.
 
 import (
+	"hash/maphash"
+
 	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 )
@@ -55,15 +57,14 @@ func (t *Table[S]) releaseHeldKeep(s *entry[S], out *[]Report[S]) {
 // traceKeep marks the trace of the kept session s kept and reports it, so
 // that its held spans are released.
 func (t *Table[S]) traceKeep(s *entry[S], at int64, out *[]Report[S]) {
-	ref := t.traces[s.TraceID]
-	if !ref.kept || sampling.ThresholdLessThan(s.Threshold, ref.th) {
-		ref.th = s.Threshold
+	th, kept := t.keptTraces[s.TraceID]
+	if !kept || sampling.ThresholdLessThan(s.Threshold, th) {
+		th = s.Threshold
+		t.keptTraces[s.TraceID] = th
 	}
-	ref.kept = true
-	t.traces[s.TraceID] = ref
 	*out = append(*out, Report[S]{
 		Kind: ReportKeptEarly, Session: &s.Session, State: &s.state, entry: s,
-		Trace: TraceVerdict{Kept: true, Threshold: ref.th}, At: at,
+		Trace: TraceVerdict{Kept: true, Threshold: th}, At: at,
 	})
 }
 
@@ -85,8 +86,8 @@ func (t *Table[S]) ruleThreshold(s *entry[S]) sampling.Threshold {
 // kept when a rule matches, else when another session of the trace was
 // kept (a keep holds for the whole trace), else by the consistent draw
 // on the session's randomness (OTEP 235), at the lower of NormalPercent
-// and the caller's own head-sampling probability. ref is the session's
-// trace's entry in traces.
+// and the caller's own head-sampling probability. ref is the keep of the
+// session's trace.
 func (t *Table[S]) decide(s *entry[S], e *End, ref traceRef) {
 	p := t.cfg.Sampling
 	var r Reason
@@ -134,8 +135,8 @@ func (t *Table[S]) decide(s *entry[S], e *End, ref traceRef) {
 	}
 }
 
-// traceKept reports whether the trace id of an active session, ref in
-// traces, was kept, by an active session or (TraceMemory) an ended one, and
+// traceKept reports whether the trace id of an active session, ref its
+// keep, was kept, by an active session or (TraceMemory) an ended one, and
 // its threshold.
 func (t *Table[S]) traceKept(id pcommon.TraceID, ref traceRef) (sampling.Threshold, bool) {
 	th, kept := ref.th, ref.kept
@@ -147,22 +148,35 @@ func (t *Table[S]) traceKept(id pcommon.TraceID, ref traceRef) (sampling.Thresho
 	return th, kept
 }
 
-func (t *Table[S]) traceAdd(id pcommon.TraceID) {
-	r := t.traces[id]
-	r.active++
-	t.traces[id] = r
+func (t *Table[S]) traceHash(id pcommon.TraceID) uint64 { return maphash.Comparable(t.seed, id) }
+
+// traceHasSession reports whether an active session belongs to trace id
+// (hash h).
+func (t *Table[S]) traceHasSession(id pcommon.TraceID, h uint64) bool {
+	_, ok := t.traces.find(h, func(pos int) bool { return t.slots[pos].TraceID == id })
+	return ok
 }
 
-// traceRemove takes a session off its trace, counting its keep (with
-// threshold th) into the trace's, and returns the trace's verdict.
-func (t *Table[S]) traceRemove(id pcommon.TraceID, kept bool, th sampling.Threshold) TraceVerdict {
-	return t.traceRemoveRef(id, t.traces[id], kept, th)
+// traceRef returns the keep of trace id, of an active session.
+func (t *Table[S]) traceRef(id pcommon.TraceID) traceRef {
+	th, kept := t.keptTraces[id]
+	return traceRef{kept: kept, th: th}
 }
 
-// traceRemoveRef is traceRemove with r, the trace's entry in traces,
-// looked up already.
-func (t *Table[S]) traceRemoveRef(id pcommon.TraceID, r traceRef, kept bool, th sampling.Threshold) TraceVerdict {
-	r.active--
+// traceAdd puts the new session s (its slot set) on its trace.
+func (t *Table[S]) traceAdd(s *entry[S]) { t.traces.add(t.traceHash(s.TraceID), int(s.slot)) }
+
+// traceRemove takes s off its trace, counting its keep (with threshold th)
+// into the trace's, and returns the trace's verdict.
+func (t *Table[S]) traceRemove(s *entry[S], kept bool, th sampling.Threshold) TraceVerdict {
+	return t.traceRemoveRef(s, t.traceRef(s.TraceID), kept, th)
+}
+
+// traceRemoveRef is traceRemove with r, the trace's keep, looked up
+// already.
+func (t *Table[S]) traceRemoveRef(s *entry[S], r traceRef, kept bool, th sampling.Threshold) TraceVerdict {
+	h := t.traceHash(s.TraceID)
+	t.traces.remove(h, int(s.slot))
 	if kept && (!r.kept || sampling.ThresholdLessThan(th, r.th)) {
 		r.th = th
 	}
@@ -171,11 +185,15 @@ func (t *Table[S]) traceRemoveRef(id pcommon.TraceID, r traceRef, kept bool, th 
 	if !v.Kept {
 		v.Threshold = sampling.NeverSampleThreshold
 	}
-	if r.active <= 0 {
-		delete(t.traces, id)
+	if !t.traceHasSession(s.TraceID, h) {
+		if r.kept {
+			delete(t.keptTraces, s.TraceID)
+		}
 		v.Done = true
 		return v
 	}
-	t.traces[id] = r
+	if kept {
+		t.keptTraces[s.TraceID] = r.th
+	}
 	return v
 }
