@@ -189,7 +189,7 @@ type Table[S any] struct {
 	sources map[string]*source
 
 	// sessions indexes slots by session ID (hashed with seed): 8 B a slot
-	// at most half full, where a Go map cost a session about 50 B.
+	// at most half full, where a Go map's slot held the ID and a pointer.
 	sessions index
 	seed     maphash.Seed
 	// last is the session Apply found last, checked before the index: the
@@ -198,8 +198,9 @@ type Table[S any] struct {
 	// traces indexes the slots by trace ID (hashed with seed), one index
 	// slot per session, those of a trace's sessions under one key: a
 	// trace is active while it has one. keptTraces holds the keeps of the
-	// active traces that have one (the lowest threshold): a record per
-	// trace, in a Go map, cost every session about 60 B.
+	// active traces that have one (the lowest threshold): a Go map of a
+	// record per trace (its ID, count and keep: 40 B a slot) cost every
+	// session one.
 	traces     index
 	keptTraces map[pcommon.TraceID]sampling.Threshold
 	ended      endedSet
