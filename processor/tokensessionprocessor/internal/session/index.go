@@ -86,6 +86,16 @@ func (x *index) slotOf(h uint64, pos int) uint64 {
 	return i
 }
 
+// holds reports whether pos (its key's hash h) is in the index.
+func (x *index) holds(h uint64, pos int) bool {
+	for i := h & x.mask; x.slots[i].pos != 0; i = (i + 1) & x.mask {
+		if x.slots[i].pos == int32(pos+1) {
+			return true
+		}
+	}
+	return false
+}
+
 // move records that the key at position from (hash h) is now at to.
 func (x *index) move(h uint64, from, to int) {
 	x.slots[x.slotOf(h, from)].pos = int32(to + 1)

@@ -195,16 +195,15 @@ type Table[S any] struct {
 	// last is the session Apply found last, checked before the index: the
 	// events of a packed token record come in a row for one session.
 	last *entry[S]
-	// traces indexes the slots by trace ID (hashed with seed), one index
-	// slot per session, those of a trace's sessions under one key: a
-	// trace is active while it has one. keptTraces holds the keeps of the
-	// active traces that have one (the lowest threshold): a Go map of a
-	// record per trace (its ID, count and keep: 40 B a slot) cost every
-	// session one.
-	traces     index
-	keptTraces map[pcommon.TraceID]sampling.Threshold
-	ended      endedSet
-	free       []*entry[S]
+	// traces indexes the active traces by ID (hashed with seed). A trace
+	// of one session and no keep, the most, is indexed by its session's
+	// slot; one of more sessions, or kept, by its record in traceRecords
+	// (traceRecord). A Go map of a record per trace (its ID, count and
+	// keep: 40 B a slot) cost every session one.
+	traces       index
+	traceRecords []traceRecord
+	ended        endedSet
+	free         []*entry[S]
 
 	// slots and clocks are dense, indexed by Session.slot: the per-token
 	// path writes one clocks entry instead of relinking lists (which would
@@ -233,6 +232,17 @@ type clock struct {
 	// before the first token and during a stall episode.
 	lastTokenSeen int64
 }
+
+// traceRecord is an active trace of more than one session, or kept.
+type traceRecord struct {
+	id pcommon.TraceID
+	traceRef
+	active int32
+}
+
+// traceRecordPos is where the positions in traces of traceRecords begin,
+// after those of slots.
+const traceRecordPos = 1 << 30
 
 // traceRef is what the table knows of an active trace's keep.
 type traceRef struct {
@@ -287,7 +297,6 @@ func NewTable[S any](cfg Config, obs Observer[S]) (*Table[S], error) {
 		seed:        maphash.MakeSeed(),
 		sources:     make(map[string]*source),
 		traces:      newIndex(0),
-		keptTraces:  make(map[pcommon.TraceID]sampling.Threshold),
 		ended:       newEndedSet(cfg.Table.EndedMemory),
 	}, nil
 }
@@ -314,11 +323,9 @@ func (t *Table[S]) SetTraceMemory(m TraceMemory) { t.memory = m }
 // TraceActive reports whether an active session belongs to the trace, and
 // whether one of them has already been kept, with the trace's threshold.
 func (t *Table[S]) TraceActive(id pcommon.TraceID) (active, kept bool, th sampling.Threshold) {
-	if !t.traceHasSession(id, t.traceHash(id)) {
-		return false, false, sampling.Threshold{}
-	}
-	th, kept = t.keptTraces[id]
-	return true, kept, th
+	pos, ok := t.traces.find(t.traceHash(id), t.isTrace(id))
+	r := t.traceRefAt(pos, ok)
+	return ok, r.kept, r.th
 }
 
 // Apply folds one event in and appends what the caller must act on to
@@ -622,7 +629,9 @@ func (t *Table[S]) end(s *entry[S], outcome Outcome, e *End, out *[]Report[S]) {
 	moved := t.slots[last]
 	if moved != s {
 		t.sessions.move(maphash.String(t.seed, moved.ID), int(last), int(s.slot))
-		t.traces.move(t.traceHash(moved.TraceID), int(last), int(s.slot))
+		if h := t.traceHash(moved.TraceID); t.traces.holds(h, int(last)) {
+			t.traces.move(h, int(last), int(s.slot))
+		}
 	}
 	t.slots[s.slot], t.clocks[s.slot], t.firstSeen[s.slot] = moved, t.clocks[last], t.firstSeen[last]
 	// The moved session's window goes with it: Window entries (40 B by

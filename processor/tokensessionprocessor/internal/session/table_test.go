@@ -513,7 +513,7 @@ func TestShutdownEndsAll(t *testing.T) {
 	}
 	assert.Zero(t, tbl.Active())
 	assert.Zero(t, tbl.traces.used)
-	assert.Empty(t, tbl.keptTraces)
+	assert.Empty(t, tbl.traceRecords)
 }
 
 func TestDisorder(t *testing.T) {
@@ -646,7 +646,33 @@ func TestEndedKeepHoldsWhileTheTraceIsActive(t *testing.T) {
 	require.Len(t, rec.ended, 3)
 	assert.False(t, rec.ended[2].Keep)
 	assert.Equal(t, TraceVerdict{Done: true, Threshold: sampling.NeverSampleThreshold}, rec.ended[2].Trace)
-	assert.Empty(t, tbl.keptTraces)
+	assert.Empty(t, tbl.traceRecords)
+}
+
+// A trace's sessions share one entry of the table's traces, however many
+// (a client sending one traceparent for everything): a lookup, a start or
+// an end of a session of any trace stays O(1), where an index slot per
+// session would make a probe run as long as the trace's sessions. The
+// trace is done at its last session's end.
+func TestTraceOfManySessionsIsOneEntry(t *testing.T) {
+	tbl, rec := newTable(t, nil)
+	trace := pcommon.TraceID{7, 7, 7}
+	const n = 50
+	for i := range n {
+		apply(tbl, inTrace(start(fmt.Sprint(i), t0), trace))
+	}
+	apply(tbl, start("other", t0))
+	assert.Equal(t, 2, tbl.traces.used, "one index slot per trace")
+	assert.Len(t, tbl.traceRecords, 1, "a record for the trace of many sessions only")
+	for i := range n {
+		apply(tbl, end(fmt.Sprint(i), t0+10*ms, -1))
+		require.Len(t, rec.ended, i+1)
+		assert.Equal(t, i == n-1, rec.ended[i].Trace.Done, i)
+	}
+	active, _, _ := tbl.TraceActive(trace)
+	assert.False(t, active)
+	assert.Equal(t, 1, tbl.traces.used)
+	assert.Empty(t, tbl.traceRecords)
 }
 
 func TestSessionsWithoutTraceGetOne(t *testing.T) {

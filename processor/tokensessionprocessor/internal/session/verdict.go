@@ -57,14 +57,14 @@ func (t *Table[S]) releaseHeldKeep(s *entry[S], out *[]Report[S]) {
 // traceKeep marks the trace of the kept session s kept and reports it, so
 // that its held spans are released.
 func (t *Table[S]) traceKeep(s *entry[S], at int64, out *[]Report[S]) {
-	th, kept := t.keptTraces[s.TraceID]
-	if !kept || sampling.ThresholdLessThan(s.Threshold, th) {
-		th = s.Threshold
-		t.keptTraces[s.TraceID] = th
+	r := t.traceRecord(s)
+	if !r.kept || sampling.ThresholdLessThan(s.Threshold, r.th) {
+		r.th = s.Threshold
 	}
+	r.kept = true
 	*out = append(*out, Report[S]{
 		Kind: ReportKeptEarly, Session: &s.Session, State: &s.state, entry: s,
-		Trace: TraceVerdict{Kept: true, Threshold: th}, At: at,
+		Trace: TraceVerdict{Kept: true, Threshold: r.th}, At: at,
 	})
 }
 
@@ -150,21 +150,51 @@ func (t *Table[S]) traceKept(id pcommon.TraceID, ref traceRef) (sampling.Thresho
 
 func (t *Table[S]) traceHash(id pcommon.TraceID) uint64 { return maphash.Comparable(t.seed, id) }
 
-// traceHasSession reports whether an active session belongs to trace id
-// (hash h).
-func (t *Table[S]) traceHasSession(id pcommon.TraceID, h uint64) bool {
-	_, ok := t.traces.find(h, func(pos int) bool { return t.slots[pos].TraceID == id })
-	return ok
+// isTrace is whether a position in traces is that of trace id.
+func (t *Table[S]) isTrace(id pcommon.TraceID) func(pos int) bool {
+	return func(pos int) bool {
+		if pos >= traceRecordPos {
+			return t.traceRecords[pos-traceRecordPos].id == id
+		}
+		return t.slots[pos].TraceID == id
+	}
+}
+
+// traceRefAt is the keep of the trace at pos in traces (ok: found).
+func (t *Table[S]) traceRefAt(pos int, ok bool) traceRef {
+	if !ok || pos < traceRecordPos {
+		return traceRef{}
+	}
+	return t.traceRecords[pos-traceRecordPos].traceRef
 }
 
 // traceRef returns the keep of trace id, of an active session.
 func (t *Table[S]) traceRef(id pcommon.TraceID) traceRef {
-	th, kept := t.keptTraces[id]
-	return traceRef{kept: kept, th: th}
+	return t.traceRefAt(t.traces.find(t.traceHash(id), t.isTrace(id)))
+}
+
+// traceRecord returns the record of the trace of the active session s,
+// made when its trace was indexed by s alone.
+func (t *Table[S]) traceRecord(s *entry[S]) *traceRecord {
+	h := t.traceHash(s.TraceID)
+	pos, _ := t.traces.find(h, t.isTrace(s.TraceID))
+	if pos >= traceRecordPos {
+		return &t.traceRecords[pos-traceRecordPos]
+	}
+	t.traceRecords = append(t.traceRecords, traceRecord{id: s.TraceID, active: 1})
+	t.traces.move(h, pos, traceRecordPos+len(t.traceRecords)-1)
+	return &t.traceRecords[len(t.traceRecords)-1]
 }
 
 // traceAdd puts the new session s (its slot set) on its trace.
-func (t *Table[S]) traceAdd(s *entry[S]) { t.traces.add(t.traceHash(s.TraceID), int(s.slot)) }
+func (t *Table[S]) traceAdd(s *entry[S]) {
+	h := t.traceHash(s.TraceID)
+	if _, ok := t.traces.find(h, t.isTrace(s.TraceID)); !ok {
+		t.traces.add(h, int(s.slot))
+		return
+	}
+	t.traceRecord(s).active++
+}
 
 // traceRemove takes s off its trace, counting its keep (with threshold th)
 // into the trace's, and returns the trace's verdict.
@@ -175,8 +205,6 @@ func (t *Table[S]) traceRemove(s *entry[S], kept bool, th sampling.Threshold) Tr
 // traceRemoveRef is traceRemove with r, the trace's keep, looked up
 // already.
 func (t *Table[S]) traceRemoveRef(s *entry[S], r traceRef, kept bool, th sampling.Threshold) TraceVerdict {
-	h := t.traceHash(s.TraceID)
-	t.traces.remove(h, int(s.slot))
 	if kept && (!r.kept || sampling.ThresholdLessThan(th, r.th)) {
 		r.th = th
 	}
@@ -185,15 +213,25 @@ func (t *Table[S]) traceRemoveRef(s *entry[S], r traceRef, kept bool, th samplin
 	if !v.Kept {
 		v.Threshold = sampling.NeverSampleThreshold
 	}
-	if !t.traceHasSession(s.TraceID, h) {
-		if r.kept {
-			delete(t.keptTraces, s.TraceID)
-		}
+	h := t.traceHash(s.TraceID)
+	pos, _ := t.traces.find(h, t.isTrace(s.TraceID))
+	if pos < traceRecordPos {
+		t.traces.remove(h, pos)
 		v.Done = true
 		return v
 	}
-	if kept {
-		t.keptTraces[s.TraceID] = r.th
+	rec := &t.traceRecords[pos-traceRecordPos]
+	if rec.active--; rec.active > 0 {
+		rec.traceRef = r
+		return v
 	}
+	t.traces.remove(h, pos)
+	last := len(t.traceRecords) - 1
+	if i := pos - traceRecordPos; i != last {
+		t.traces.move(t.traceHash(t.traceRecords[last].id), traceRecordPos+last, pos)
+		t.traceRecords[i] = t.traceRecords[last]
+	}
+	t.traceRecords = t.traceRecords[:last]
+	v.Done = true
 	return v
 }
