@@ -612,7 +612,7 @@ func (t *Table[S]) end(s *entry[S], outcome Outcome, e *End, out *[]Report[S]) {
 	if s.keepHeld {
 		t.Counters.UnreportedKeeps++
 	}
-	// One lookup of the trace for the verdict and the removal: nothing
+	// The trace's keep, read once for the verdict and the removal: nothing
 	// between them changes traces.
 	ref := t.traceRef(s.TraceID)
 	t.decide(s, e, ref)
