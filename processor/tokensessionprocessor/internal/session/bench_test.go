@@ -67,7 +67,7 @@ func BenchmarkFoldToken(b *testing.B) {
 }
 
 // BenchmarkRetainedPerSession measures the heap a session holds while
-// active: the Session, its gap window, its map entries and its ID.
+// active: the Session, its gap window, its index slots and its ID.
 func BenchmarkRetainedPerSession(b *testing.B) {
 	const n = 100_000
 	for b.Loop() {

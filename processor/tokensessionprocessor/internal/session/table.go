@@ -4,6 +4,7 @@
 package session
 
 import (
+	"hash/maphash"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -187,13 +188,22 @@ type Table[S any] struct {
 	// engine, each counting the active sessions that point to it.
 	sources map[string]*source
 
-	sessions map[string]*entry[S]
-	// last is the session Apply found last, checked before the map: the
+	// sessions indexes slots by session ID (hashed with seed): 8 B a slot
+	// at most half full, where a Go map's slot held the ID and a pointer.
+	sessions index
+	seed     maphash.Seed
+	// last is the session Apply found last, checked before the index: the
 	// events of a packed token record come in a row for one session.
-	last   *entry[S]
-	traces map[pcommon.TraceID]traceRef
-	ended  endedSet
-	free   []*entry[S]
+	last *entry[S]
+	// traces indexes the active traces by ID (hashed with seed). A trace
+	// of one session and no keep, the most, is indexed by its session's
+	// slot; one of more sessions, or kept, by its record in traceRecords
+	// (traceRecord). A Go map of a record per trace (its ID, count and
+	// keep: 40 B a slot) cost every session one.
+	traces       index
+	traceRecords []traceRecord
+	ended        endedSet
+	free         []*entry[S]
 
 	// slots and clocks are dense, indexed by Session.slot: the per-token
 	// path writes one clocks entry instead of relinking lists (which would
@@ -223,9 +233,20 @@ type clock struct {
 	lastTokenSeen int64
 }
 
-type traceRef struct {
+// traceRecord is an active trace of more than one session, or kept.
+type traceRecord struct {
+	id pcommon.TraceID
+	traceRef
 	active int32
-	kept   bool
+}
+
+// traceRecordPos is where the positions in traces of traceRecords begin,
+// after those of slots.
+const traceRecordPos = 1 << 30
+
+// traceRef is what the table knows of an active trace's keep.
+type traceRef struct {
+	kept bool
 	// th is the lowest threshold of the trace's kept sessions.
 	th sampling.Threshold
 }
@@ -272,20 +293,27 @@ func NewTable[S any](cfg Config, obs Observer[S]) (*Table[S], error) {
 		obs:         obs,
 		normal:      normal,
 		freezeAfter: int64(cfg.Stall.Gap) * int64(cfg.Stall.Consecutive),
-		sessions:    make(map[string]*entry[S]),
+		sessions:    newIndex(0),
+		seed:        maphash.MakeSeed(),
 		sources:     make(map[string]*source),
-		traces:      make(map[pcommon.TraceID]traceRef),
+		traces:      newIndex(0),
 		ended:       newEndedSet(cfg.Table.EndedMemory),
 	}, nil
 }
 
 // Active returns the number of active sessions.
-func (t *Table[S]) Active() int { return len(t.sessions) }
+func (t *Table[S]) Active() int { return len(t.slots) }
 
 // Contains reports whether the session is active.
-func (t *Table[S]) Contains(id string) bool {
-	_, ok := t.sessions[id]
-	return ok
+func (t *Table[S]) Contains(id string) bool { return t.lookup(id) != nil }
+
+// lookup returns the active session id, or nil.
+func (t *Table[S]) lookup(id string) *entry[S] {
+	pos, ok := t.sessions.find(maphash.String(t.seed, id), func(pos int) bool { return t.slots[pos].ID == id })
+	if !ok {
+		return nil
+	}
+	return t.slots[pos]
 }
 
 // SetTraceMemory gives the table the verdicts of traces whose sessions
@@ -295,7 +323,8 @@ func (t *Table[S]) SetTraceMemory(m TraceMemory) { t.memory = m }
 // TraceActive reports whether an active session belongs to the trace, and
 // whether one of them has already been kept, with the trace's threshold.
 func (t *Table[S]) TraceActive(id pcommon.TraceID) (active, kept bool, th sampling.Threshold) {
-	r, ok := t.traces[id]
+	pos, ok := t.traces.find(t.traceHash(id), t.isTrace(id))
+	r := t.traceRefAt(pos, ok)
 	return ok, r.kept, r.th
 }
 
@@ -324,7 +353,7 @@ func (t *Table[S]) Release(reports []Report[S]) []Report[S] {
 func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 	s := t.last
 	if s == nil || s.ID != ev.SessionID {
-		s = t.sessions[ev.SessionID]
+		s = t.lookup(ev.SessionID)
 		t.last = s
 	}
 	at := int64(ev.TimeUnixNano)
@@ -523,9 +552,9 @@ func (t *Table[S]) evict(now int64, out *[]Report[S]) {
 // create opens the session id on trace and span, each random when empty.
 // A start event's session is created on the start's own IDs: created on
 // random ones, fillStart would move it off a trace it was only just added
-// to (two map operations on traces, and two random IDs, per session).
+// to (two index operations on traces, and two random IDs, per session).
 func (t *Table[S]) create(id string, trace pcommon.TraceID, span pcommon.SpanID, now int64, out *[]Report[S]) *entry[S] {
-	if len(t.sessions) >= t.cfg.Table.MaxActive {
+	if len(t.slots) >= t.cfg.Table.MaxActive {
 		t.evict(now, out)
 	}
 	var s *entry[S]
@@ -543,9 +572,9 @@ func (t *Table[S]) create(id string, trace pcommon.TraceID, span pcommon.SpanID,
 	if span.IsEmpty() {
 		randomID(s.SpanID[:])
 	}
-	t.sessions[id] = s
-	t.traceAdd(s.TraceID)
 	s.slot = int32(len(t.slots))
+	t.sessions.add(maphash.String(t.seed, id), int(s.slot))
+	t.traceAdd(s)
 	t.slots = append(t.slots, s)
 	t.clocks = append(t.clocks, clock{lastSeen: now})
 	t.firstSeen = append(t.firstSeen, now)
@@ -583,21 +612,27 @@ func (t *Table[S]) end(s *entry[S], outcome Outcome, e *End, out *[]Report[S]) {
 	if s.keepHeld {
 		t.Counters.UnreportedKeeps++
 	}
-	// One lookup of the trace for the verdict and the removal: nothing
+	// The trace's keep, read once for the verdict and the removal: nothing
 	// between them changes traces.
-	ref := t.traces[s.TraceID]
+	ref := t.traceRef(s.TraceID)
 	t.decide(s, e, ref)
-	trace := t.traceRemoveRef(s.TraceID, ref, s.Keep, s.Threshold)
+	trace := t.traceRemoveRef(s, ref, s.Keep, s.Threshold)
 	if s.source != nil {
 		t.releaseSource(s)
 	}
 	*out = append(*out, Report[S]{Kind: ReportEnded, Session: &s.Session, State: &s.state, entry: s, End: *e, Trace: trace})
-	delete(t.sessions, s.ID)
+	t.sessions.remove(maphash.String(t.seed, s.ID), int(s.slot))
 	if t.last == s {
 		t.last = nil
 	}
 	last := int32(len(t.slots) - 1)
 	moved := t.slots[last]
+	if moved != s {
+		t.sessions.move(maphash.String(t.seed, moved.ID), int(last), int(s.slot))
+		if h := t.traceHash(moved.TraceID); t.traces.holds(h, int(last)) {
+			t.traces.move(h, int(last), int(s.slot))
+		}
+	}
 	t.slots[s.slot], t.clocks[s.slot], t.firstSeen[s.slot] = moved, t.clocks[last], t.firstSeen[last]
 	// The moved session's window goes with it: Window entries (40 B by
 	// default) copied per ended session.

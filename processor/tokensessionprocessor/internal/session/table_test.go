@@ -329,14 +329,14 @@ func TestReusedSessionStartsEmpty(t *testing.T) {
 	withAttrs.Attributes = []tokenevent.Attribute{{Key: "tenant", Value: "t1"}}
 	var attrs []tokenevent.Attribute
 	apply(tbl, withAttrs, tok("x", t0+10*ms, 1), tok("x", t0+300*ms, 1))
-	attrs = append(attrs, tbl.sessions["x"].Attributes()...)
+	attrs = append(attrs, tbl.lookup("x").Attributes()...)
 	apply(tbl, end("x", t0+300*ms, -1))
 	require.Len(t, rec.ended, 1)
 	assert.Len(t, rec.ended[0].StallRecords, 1)
 	assert.Equal(t, []tokenevent.Attribute{{Key: "tenant", Value: "t1"}}, attrs)
 
 	apply(tbl, start("y", t0+400*ms), tok("y", t0+410*ms, 1))
-	y := tbl.sessions["y"]
+	y := tbl.lookup("y")
 	assert.Empty(t, y.Attributes())
 	assert.Empty(t, y.Stalls())
 	apply(tbl, end("y", t0+500*ms, -1))
@@ -474,13 +474,13 @@ func TestReportedSessionReusedOnlyAfterRelease(t *testing.T) {
 	assert.Equal(t, ReportEnded, reports[0].Kind)
 	assert.Equal(t, "a", a.ID, "the evicted session, intact")
 	assert.Equal(t, OutcomeEvicted, a.Outcome)
-	assert.NotSame(t, a, &tbl.sessions["b"].Session)
+	assert.NotSame(t, a, &tbl.lookup("b").Session)
 	reports = tbl.Release(reports)
 	assert.Empty(t, reports)
 	reports = tbl.Apply(start("c", t0+2*ms), t0+2*ms, reports)
 	require.Len(t, reports, 1)
 	assert.Equal(t, "b", reports[0].Session.ID)
-	assert.Same(t, a, &tbl.sessions["c"].Session, "released, then reused")
+	assert.Same(t, a, &tbl.lookup("c").Session, "released, then reused")
 }
 
 // Reports of one batch are handled after it: a stall report carries the
@@ -512,7 +512,8 @@ func TestShutdownEndsAll(t *testing.T) {
 		assert.Equal(t, OutcomeShutdown, e.Outcome)
 	}
 	assert.Zero(t, tbl.Active())
-	assert.Empty(t, tbl.traces)
+	assert.Zero(t, tbl.traces.used)
+	assert.Empty(t, tbl.traceRecords)
 }
 
 func TestDisorder(t *testing.T) {
@@ -617,10 +618,67 @@ func TestTraceVerdicts(t *testing.T) {
 	assert.False(t, active)
 }
 
+// A session's keep at its end (an error) holds for the sessions of its
+// trace still active, and is forgotten with the trace's last session: a
+// later session of the trace is decided on its own (the processor's
+// TraceMemory, absent here, is what remembers ended traces).
+func TestEndedKeepHoldsWhileTheTraceIsActive(t *testing.T) {
+	tbl, rec := newTable(t, func(c *Config) { c.Sampling.NormalPercent = 0 })
+	trace := pcommon.TraceID{4, 5, 6}
+	failed := end("a", t0+20*ms, -1)
+	failed.Error = "boom"
+	apply(tbl, inTrace(start("a", t0), trace), inTrace(start("b", t0), trace), failed)
+	require.Len(t, rec.ended, 1)
+	assert.Equal(t, ReasonError, rec.ended[0].Reasons)
+	assert.Equal(t, TraceVerdict{Done: false, Kept: true, Threshold: sampling.AlwaysSampleThreshold}, rec.ended[0].Trace)
+	active, kept, th := tbl.TraceActive(trace)
+	assert.True(t, active)
+	assert.True(t, kept)
+	assert.Equal(t, sampling.AlwaysSampleThreshold, th)
+
+	apply(tbl, end("b", t0+30*ms, -1))
+	require.Len(t, rec.ended, 2)
+	assert.True(t, rec.ended[1].Keep)
+	assert.Equal(t, ReasonTrace, rec.ended[1].Reasons)
+	assert.Equal(t, TraceVerdict{Done: true, Kept: true, Threshold: sampling.AlwaysSampleThreshold}, rec.ended[1].Trace)
+
+	apply(tbl, inTrace(start("c", t0+40*ms), trace), end("c", t0+50*ms, -1))
+	require.Len(t, rec.ended, 3)
+	assert.False(t, rec.ended[2].Keep)
+	assert.Equal(t, TraceVerdict{Done: true, Threshold: sampling.NeverSampleThreshold}, rec.ended[2].Trace)
+	assert.Empty(t, tbl.traceRecords)
+}
+
+// A trace's sessions share one entry of the table's traces, however many
+// (a client sending one traceparent for everything): a lookup, a start or
+// an end of a session of any trace stays O(1), where an index slot per
+// session would make a probe run as long as the trace's sessions. The
+// trace is done at its last session's end.
+func TestTraceOfManySessionsIsOneEntry(t *testing.T) {
+	tbl, rec := newTable(t, nil)
+	trace := pcommon.TraceID{7, 7, 7}
+	const n = 50
+	for i := range n {
+		apply(tbl, inTrace(start(fmt.Sprint(i), t0), trace))
+	}
+	apply(tbl, start("other", t0))
+	assert.Equal(t, 2, tbl.traces.used, "one index slot per trace")
+	assert.Len(t, tbl.traceRecords, 1, "a record for the trace of many sessions only")
+	for i := range n {
+		apply(tbl, end(fmt.Sprint(i), t0+10*ms, -1))
+		require.Len(t, rec.ended, i+1)
+		assert.Equal(t, i == n-1, rec.ended[i].Trace.Done, i)
+	}
+	active, _, _ := tbl.TraceActive(trace)
+	assert.False(t, active)
+	assert.Equal(t, 1, tbl.traces.used)
+	assert.Empty(t, tbl.traceRecords)
+}
+
 func TestSessionsWithoutTraceGetOne(t *testing.T) {
 	tbl, _ := newTable(t, nil)
 	apply(tbl, start("a", t0), start("b", t0))
-	sa, sb := tbl.sessions["a"], tbl.sessions["b"]
+	sa, sb := tbl.lookup("a"), tbl.lookup("b")
 	assert.False(t, sa.TraceID.IsEmpty())
 	assert.False(t, sa.SpanID.IsEmpty())
 	assert.NotEqual(t, sa.TraceID, sb.TraceID)

@@ -24,9 +24,9 @@ func (t *Table[S]) fillStart(s *entry[S], ev *tokenevent.Event) {
 	s.HasStart = true
 	s.StartTime = int64(ev.TimeUnixNano)
 	if trace := pcommon.TraceID(ev.TraceID); !trace.IsEmpty() && trace != s.TraceID {
-		t.traceRemove(s.TraceID, false, sampling.NeverSampleThreshold)
+		t.traceRemove(s, false, sampling.NeverSampleThreshold)
 		s.TraceID = trace
-		t.traceAdd(s.TraceID)
+		t.traceAdd(s)
 	}
 	if !ev.SpanID.IsEmpty() {
 		s.SpanID = pcommon.SpanID(ev.SpanID)

@@ -8,6 +8,8 @@ package session
 // share a trace.
 
 import (
+	"hash/maphash"
+
 	"github.com/open-telemetry/opentelemetry-collector-contrib/pkg/sampling"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 )
@@ -55,15 +57,14 @@ func (t *Table[S]) releaseHeldKeep(s *entry[S], out *[]Report[S]) {
 // traceKeep marks the trace of the kept session s kept and reports it, so
 // that its held spans are released.
 func (t *Table[S]) traceKeep(s *entry[S], at int64, out *[]Report[S]) {
-	ref := t.traces[s.TraceID]
-	if !ref.kept || sampling.ThresholdLessThan(s.Threshold, ref.th) {
-		ref.th = s.Threshold
+	r := t.traceRecord(s)
+	if !r.kept || sampling.ThresholdLessThan(s.Threshold, r.th) {
+		r.th = s.Threshold
 	}
-	ref.kept = true
-	t.traces[s.TraceID] = ref
+	r.kept = true
 	*out = append(*out, Report[S]{
 		Kind: ReportKeptEarly, Session: &s.Session, State: &s.state, entry: s,
-		Trace: TraceVerdict{Kept: true, Threshold: ref.th}, At: at,
+		Trace: TraceVerdict{Kept: true, Threshold: r.th}, At: at,
 	})
 }
 
@@ -85,8 +86,8 @@ func (t *Table[S]) ruleThreshold(s *entry[S]) sampling.Threshold {
 // kept when a rule matches, else when another session of the trace was
 // kept (a keep holds for the whole trace), else by the consistent draw
 // on the session's randomness (OTEP 235), at the lower of NormalPercent
-// and the caller's own head-sampling probability. ref is the session's
-// trace's entry in traces.
+// and the caller's own head-sampling probability. ref is the keep of the
+// session's trace.
 func (t *Table[S]) decide(s *entry[S], e *End, ref traceRef) {
 	p := t.cfg.Sampling
 	var r Reason
@@ -134,8 +135,8 @@ func (t *Table[S]) decide(s *entry[S], e *End, ref traceRef) {
 	}
 }
 
-// traceKept reports whether the trace id of an active session, ref in
-// traces, was kept, by an active session or (TraceMemory) an ended one, and
+// traceKept reports whether the trace id of an active session, ref its
+// keep, was kept, by an active session or (TraceMemory) an ended one, and
 // its threshold.
 func (t *Table[S]) traceKept(id pcommon.TraceID, ref traceRef) (sampling.Threshold, bool) {
 	th, kept := ref.th, ref.kept
@@ -147,22 +148,63 @@ func (t *Table[S]) traceKept(id pcommon.TraceID, ref traceRef) (sampling.Thresho
 	return th, kept
 }
 
-func (t *Table[S]) traceAdd(id pcommon.TraceID) {
-	r := t.traces[id]
-	r.active++
-	t.traces[id] = r
+func (t *Table[S]) traceHash(id pcommon.TraceID) uint64 { return maphash.Comparable(t.seed, id) }
+
+// isTrace is whether a position in traces is that of trace id.
+func (t *Table[S]) isTrace(id pcommon.TraceID) func(pos int) bool {
+	return func(pos int) bool {
+		if pos >= traceRecordPos {
+			return t.traceRecords[pos-traceRecordPos].id == id
+		}
+		return t.slots[pos].TraceID == id
+	}
 }
 
-// traceRemove takes a session off its trace, counting its keep (with
-// threshold th) into the trace's, and returns the trace's verdict.
-func (t *Table[S]) traceRemove(id pcommon.TraceID, kept bool, th sampling.Threshold) TraceVerdict {
-	return t.traceRemoveRef(id, t.traces[id], kept, th)
+// traceRefAt is the keep of the trace at pos in traces (ok: found).
+func (t *Table[S]) traceRefAt(pos int, ok bool) traceRef {
+	if !ok || pos < traceRecordPos {
+		return traceRef{}
+	}
+	return t.traceRecords[pos-traceRecordPos].traceRef
 }
 
-// traceRemoveRef is traceRemove with r, the trace's entry in traces,
-// looked up already.
-func (t *Table[S]) traceRemoveRef(id pcommon.TraceID, r traceRef, kept bool, th sampling.Threshold) TraceVerdict {
-	r.active--
+// traceRef returns the keep of trace id, of an active session.
+func (t *Table[S]) traceRef(id pcommon.TraceID) traceRef {
+	return t.traceRefAt(t.traces.find(t.traceHash(id), t.isTrace(id)))
+}
+
+// traceRecord returns the record of the trace of the active session s,
+// made when its trace was indexed by s alone.
+func (t *Table[S]) traceRecord(s *entry[S]) *traceRecord {
+	h := t.traceHash(s.TraceID)
+	pos, _ := t.traces.find(h, t.isTrace(s.TraceID))
+	if pos >= traceRecordPos {
+		return &t.traceRecords[pos-traceRecordPos]
+	}
+	t.traceRecords = append(t.traceRecords, traceRecord{id: s.TraceID, active: 1})
+	t.traces.move(h, pos, traceRecordPos+len(t.traceRecords)-1)
+	return &t.traceRecords[len(t.traceRecords)-1]
+}
+
+// traceAdd puts the new session s (its slot set) on its trace.
+func (t *Table[S]) traceAdd(s *entry[S]) {
+	h := t.traceHash(s.TraceID)
+	if _, ok := t.traces.find(h, t.isTrace(s.TraceID)); !ok {
+		t.traces.add(h, int(s.slot))
+		return
+	}
+	t.traceRecord(s).active++
+}
+
+// traceRemove takes s off its trace, counting its keep (with threshold th)
+// into the trace's, and returns the trace's verdict.
+func (t *Table[S]) traceRemove(s *entry[S], kept bool, th sampling.Threshold) TraceVerdict {
+	return t.traceRemoveRef(s, t.traceRef(s.TraceID), kept, th)
+}
+
+// traceRemoveRef is traceRemove with r, the trace's keep, looked up
+// already.
+func (t *Table[S]) traceRemoveRef(s *entry[S], r traceRef, kept bool, th sampling.Threshold) TraceVerdict {
 	if kept && (!r.kept || sampling.ThresholdLessThan(th, r.th)) {
 		r.th = th
 	}
@@ -171,11 +213,25 @@ func (t *Table[S]) traceRemoveRef(id pcommon.TraceID, r traceRef, kept bool, th 
 	if !v.Kept {
 		v.Threshold = sampling.NeverSampleThreshold
 	}
-	if r.active <= 0 {
-		delete(t.traces, id)
+	h := t.traceHash(s.TraceID)
+	pos, _ := t.traces.find(h, t.isTrace(s.TraceID))
+	if pos < traceRecordPos {
+		t.traces.remove(h, pos)
 		v.Done = true
 		return v
 	}
-	t.traces[id] = r
+	rec := &t.traceRecords[pos-traceRecordPos]
+	if rec.active--; rec.active > 0 {
+		rec.traceRef = r
+		return v
+	}
+	t.traces.remove(h, pos)
+	last := len(t.traceRecords) - 1
+	if i := pos - traceRecordPos; i != last {
+		t.traces.move(t.traceHash(t.traceRecords[last].id), traceRecordPos+last, pos)
+		t.traceRecords[i] = t.traceRecords[last]
+	}
+	t.traceRecords = t.traceRecords[:last]
+	v.Done = true
 	return v
 }
