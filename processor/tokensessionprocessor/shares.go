@@ -100,7 +100,12 @@ func engineRequestID(s *session.Session) string {
 }
 
 // pending counts the sessions and shares waiting.
-func (j *shareJoin) pending() int64 { return int64(len(j.awaited) + len(j.early) + len(j.settling)) }
+func (j *shareJoin) pending() int64 { return int64(len(j.awaited) + len(j.early)) }
+
+// settlingBound is how many times max_pending_shares sessions may wait for
+// their steps to settle: every session does, for settle_after, so the
+// bound is the session rate's, not the engine shares'.
+const settlingBound = 4
 
 // ended closes the account acc of the session s, ended by e, at collector
 // time now, with the engine's share if it came already. A session whose
@@ -123,10 +128,15 @@ func (j *shareJoin) ended(s *session.Session, e *session.End, acc *shareAccount,
 	}
 	counted, final := j.attr.close(s, e, acc, live, now)
 	settling := counted && !final
-	if (id != "" || settling) && j.pending() >= j.max {
-		// No room to wait: the share so far, counted now.
+	if id != "" && j.pending() >= j.max {
 		j.telemetry.share(shareOverflow)
-		id, settling = "", false
+		id = ""
+	}
+	if settling && int64(len(j.settling)) >= settlingBound*j.max {
+		// No room to wait: the share so far, counted now; its steps
+		// still to settle go to the others in them.
+		j.telemetry.share(shareOverflow)
+		settling = false
 	}
 	if id == "" && !settling {
 		if counted {

@@ -5,6 +5,7 @@ package tokensessionprocessor
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -282,4 +283,22 @@ func TestShareWaitEndsAtShutdown(t *testing.T) {
 	assert.Equal(t, "collector", got["source"])
 	assert.Positive(t, md.MetricCount())
 	assert.Equal(t, map[string]int64{"expired": 1}, p.shareResults(t))
+}
+
+// Every ended session waits for its engine's steps to settle; beyond four
+// times attribution::max_pending_shares waiting so, a session is counted
+// at once with its share so far, and counted as an overflow.
+func TestSettlingOverflow(t *testing.T) {
+	p := newShareParts(t, func(c *Config) {
+		c.Attribution.MaxPendingShares = 1
+		c.Attribution.SettleAfter = time.Hour
+	})
+	var evs []tokenevent.Event
+	for i := range 6 {
+		id := fmt.Sprintf("s-%d", i)
+		evs = append(evs, start(id, pcommon.TraceID{0x5b, byte(i + 1)}, base), tok(id, base+10*ms, 1), end(id, base+10*ms))
+	}
+	p.fold(t, shareClock, evs...)
+	assert.Equal(t, map[string]int64{"overflow": 2}, p.shareResults(t), "4 wait, 2 do not")
+	assert.Len(t, p.shares.settling, 4)
 }
