@@ -150,6 +150,11 @@ func (a *Account) EngineTime() float64 { return a.Prefill + a.Decode }
 // Final reports whether the account's figures are final.
 func (a *Account) Final() bool { return a.reported }
 
+// MaxPromptTokens bounds a session's prompt as the steps take it: longer
+// than any model's context, so that a sender's absurd prompt length (or
+// size) cannot take a step's whole time from the others in it.
+const MaxPromptTokens = 1 << 22
+
 // NewSteps returns an engine account settled from its steps.
 func NewSteps(c StepsConfig) *Steps {
 	if c.StepTokens < 1 {
@@ -171,7 +176,7 @@ func (e *Steps) Arrive(a *Account, at, prompt int64) {
 	*a = Account{arrived: true, arrival: at, EnergyKnown: e.hasPower, powerRun: e.powerRun}
 	a.prompt = e.meanPrompt()
 	if prompt >= 0 {
-		a.prompt = float64(max(prompt, 1))
+		a.prompt = float64(min(max(prompt, 1), MaxPromptTokens))
 	}
 	e.open++
 }
@@ -182,7 +187,7 @@ func (e *Steps) SetPrompt(a *Account, prompt int64) {
 	if prompt < 0 || !a.arrived {
 		return
 	}
-	a.prompt = float64(max(prompt, 1))
+	a.prompt = float64(min(max(prompt, 1), MaxPromptTokens))
 	e.promptSum += a.prompt
 	e.promptCount++
 }

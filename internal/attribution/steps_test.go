@@ -148,3 +148,20 @@ func TestStepsIdle(t *testing.T) {
 func TestAccountSize(t *testing.T) {
 	assert.LessOrEqual(t, unsafe.Sizeof(Account{}), uintptr(80))
 }
+
+// An absurd prompt length is taken as the longest any model has: it
+// cannot take a step's whole time from the decodes in it.
+func TestStepsPromptBounded(t *testing.T) {
+	e := newTestSteps(true)
+	var a, b Account
+	e.Arrive(&a, 0, 1)
+	e.Token(&a, 10*ms, 1)
+	e.Arrive(&b, 10*ms, 1<<50)
+	e.Token(&a, 20*ms, 1)
+	e.Token(&b, 20*ms, 1)
+	e.End(&a, 20*ms, 1, 2)
+	e.End(&b, 20*ms, -1, 1)
+	e.Settle(time1s)
+	assert.InDelta(t, 0.010/float64(MaxPromptTokens+1), a.Decode, 1e-15)
+	assert.Positive(t, a.Decode)
+}

@@ -277,7 +277,7 @@ func (e *engineAccount) promptFromBytes(size int64) int64 {
 	if e.promptBytes > 0 {
 		perByte = e.promptTokens / e.promptBytes
 	}
-	return max(int64(float64(size)*perByte+0.5), 1)
+	return int64(min(max(float64(size)*perByte+0.5, 1), attribution.MaxPromptTokens))
 }
 
 // seen notes an event of the engine at at (its clock), at collector time
