@@ -252,9 +252,7 @@ func (p *offServer) relayOffServer(ctx context.Context, w http.ResponseWriter, r
 	}
 	h := p.hijacked(ctx, s, x, conn, prefix, keepAlive, stopHangup, strip)
 	p.handlers.Add(1)
-	if !p.relayOnLoop(h) {
-		go p.relayHijacked(h)
-	}
+	go p.relayToFirstToken(h)
 	return true
 }
 
@@ -275,6 +273,29 @@ func (p *offServer) hijacked(ctx context.Context, s *session, x *exchange, conn 
 
 // relayHijacked relays a stream to its hijacked client connection on the
 // goroutine it is called on, then ends it (endHijacked).
+// relayToFirstToken relays h on this goroutine up to its first token,
+// which the client gets the moment the proxy has read it, then hands the
+// rest to the event loop when it can: a loop busy with other streams, or
+// waiting for a core, would add its delay to the time to first token, the
+// figure the collector's session and the client must agree on.
+func (p *offServer) relayToFirstToken(h *hijackedStream) {
+	buf := make([]byte, sseReadBuffer)
+	for !h.r.over && h.s.chunks == 0 {
+		n, err := h.x.body.Read(buf)
+		if n > 0 {
+			h.r.feed(buf[:n])
+		}
+		if err != nil {
+			h.r.readEnd(err)
+		}
+	}
+	if !h.r.over && p.relayOnLoop(h) {
+		return
+	}
+	h.r.run(h.x.body, buf)
+	p.endHijacked(h)
+}
+
 func (p *offServer) relayHijacked(h *hijackedStream) {
 	h.r.run(h.x.body, make([]byte, sseReadBuffer))
 	p.endHijacked(h)
