@@ -81,13 +81,7 @@ func TestRecordsRoundTrip(t *testing.T) {
 		`{"event":"end","session_id":"s-3","time_unix_nano":1700000000300000000,"engine_time_prefill_ns":1500,"engine_time_decode_ns":0,"energy_mj":42}`,
 		`{"event":"end","session_id":"s-4","time_unix_nano":1700000000300000000,"engine_time_decode_ns":7,"migrations":2}`,
 	}
-	var want []tokenevent.Event
-	p := tokenparse.NewParser(tokenevent.Limits{})
-	for _, l := range lines {
-		var ev tokenevent.Event
-		require.NoError(t, p.Parse([]byte(l), &ev))
-		want = append(want, clone(&ev))
-	}
+	want := parseAll(t, lines...)
 	records := writeAll(t, lines...)
 
 	// Two starts, one token record for the tokens of both sessions, where
@@ -123,12 +117,7 @@ func TestRecordsShare(t *testing.T) {
 		`{"event":"share","engine_request_id":"cmpl-8-0a1b2c3d","time_unix_nano":1700000000300000001}`,
 	}
 	p := tokenparse.NewParser(tokenevent.Limits{})
-	var want []tokenevent.Event
-	for _, l := range shares {
-		var ev tokenevent.Event
-		require.NoError(t, p.Parse([]byte(l), &ev))
-		want = append(want, clone(&ev))
-	}
+	want := parseAll(t, shares...)
 	for _, ordered := range []bool{false, true} {
 		records := plog.NewLogRecordSlice()
 		w := NewRecordWriter()
@@ -172,13 +161,7 @@ func TestRecordsMove(t *testing.T) {
 		`{"event":"move","session_id":"s-1","time_unix_nano":1700000000800000000}`,
 		endLine,
 	}
-	p := tokenparse.NewParser(tokenevent.Limits{})
-	var want []tokenevent.Event
-	for _, l := range lines {
-		var ev tokenevent.Event
-		require.NoError(t, p.Parse([]byte(l), &ev))
-		want = append(want, clone(&ev))
-	}
+	want := parseAll(t, lines...)
 	for _, ordered := range []bool{false, true} {
 		records := plog.NewLogRecordSlice()
 		w := NewRecordWriter()
@@ -626,4 +609,17 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// parseAll parses wire lines into events of their own.
+func parseAll(t *testing.T, lines ...string) []tokenevent.Event {
+	t.Helper()
+	p := tokenparse.NewParser(tokenevent.Limits{})
+	out := make([]tokenevent.Event, 0, len(lines))
+	for _, l := range lines {
+		var ev tokenevent.Event
+		require.NoError(t, p.Parse([]byte(l), &ev))
+		out = append(out, clone(&ev))
+	}
+	return out
 }
