@@ -108,10 +108,12 @@ type step struct {
 	chunks   []stepChunk
 }
 
+// stepToken is one of a step's tokens: 24 B, every token the engine's
+// steps hold until they settle.
 type stepToken struct {
 	a    *Account
-	prev int64 // the session's previous token's time, 0 for its first
-	n    float64
+	prev int64   // the session's previous token's time, 0 for its first
+	n    float32 // the event's tokens
 	// read: classified; decode: a decode of this step (not the end of a
 	// prefill or a recomputation, whose weight is its chunks).
 	read, decode bool
@@ -130,25 +132,49 @@ type Account struct {
 	Prefill, Decode       float64
 	Energy, PrefillEnergy float64
 
-	prompt    float64
-	arrival   int64
-	last      int64   // latest token's time
-	generated float64 // tokens read (classified) so far
-	pending   int32   // entries not settled yet
-	powerRun  uint32
-	// The flags last, in the struct's padding: 80 bytes, a size class,
-	// allocated per session.
-	EnergyKnown bool
-	arrived     bool
-	ended       bool
-	reported    bool
+	arrival int64
+	last    int64 // latest token's time
+	// prompt and generated (tokens read, classified, so far) are token
+	// counts, whole below 2^24 in a float32: the prompt is at most
+	// MaxPromptTokens.
+	prompt, generated float32
+	pending           int32 // entries not settled yet
+	state             accountState
 }
+
+// accountState packs an Account's flags and the power run it arrived in
+// into 4 bytes: 64 B an account, a size class, allocated per session.
+type accountState uint32
+
+const (
+	accountArrived accountState = 1 << iota
+	accountEnded
+	accountReported
+	// accountEnergy: the power was known through the account's life so
+	// far (its power run, above the flags, is the engine's).
+	accountEnergy
+	accountFlags = 4
+	// powerRunMask keeps an engine's power run in the bits above the
+	// flags.
+	powerRunMask = 1<<(32-accountFlags) - 1
+)
+
+func (a *Account) is(f accountState) bool { return a.state&f != 0 }
+
+// powerRun is the engine's power run the account arrived in (runs are
+// numbered modulo 2^28 and compared for equality: a session would have to
+// see 2^28 of them begin to be mistaken).
+func (a *Account) powerRun() uint32 { return uint32(a.state >> accountFlags) }
+
+// EnergyKnown reports whether Energy and PrefillEnergy are meaningful: the
+// engine's power was known for all of the session's steps.
+func (a *Account) EnergyKnown() bool { return a.is(accountEnergy) }
 
 // EngineTime is Prefill + Decode.
 func (a *Account) EngineTime() float64 { return a.Prefill + a.Decode }
 
 // Final reports whether the account's figures are final.
-func (a *Account) Final() bool { return a.reported }
+func (a *Account) Final() bool { return a.is(accountReported) }
 
 // MaxPromptTokens bounds a session's prompt as the steps take it: longer
 // than any model's context, so that a sender's absurd prompt length (or
@@ -166,17 +192,20 @@ func NewSteps(c StepsConfig) *Steps {
 // Arrive is a session's arrival at at, its prompt's tokens prompt (an
 // estimate; < 0: unknown, the engine's mean so far).
 func (e *Steps) Arrive(a *Account, at, prompt int64) {
-	if a.arrived {
+	if a.is(accountArrived) {
 		return
 	}
 	if !e.started {
 		e.started, e.settledTo = true, at
 	}
 	e.latest = max(e.latest, at)
-	*a = Account{arrived: true, arrival: at, EnergyKnown: e.hasPower, powerRun: e.powerRun}
-	a.prompt = e.meanPrompt()
+	*a = Account{arrival: at, state: accountArrived | accountState(e.powerRun)<<accountFlags}
+	if e.hasPower {
+		a.state |= accountEnergy
+	}
+	a.prompt = float32(e.meanPrompt())
 	if prompt >= 0 {
-		a.prompt = float64(min(max(prompt, 1), MaxPromptTokens))
+		a.prompt = float32(min(max(prompt, 1), MaxPromptTokens))
 	}
 	e.open++
 }
@@ -184,11 +213,11 @@ func (e *Steps) Arrive(a *Account, at, prompt int64) {
 // SetPrompt corrects the session's prompt (the usage at its end): it
 // counts for the prefills not spread yet, and for the engine's mean.
 func (e *Steps) SetPrompt(a *Account, prompt int64) {
-	if prompt < 0 || !a.arrived {
+	if prompt < 0 || !a.is(accountArrived) {
 		return
 	}
-	a.prompt = float64(min(max(prompt, 1), MaxPromptTokens))
-	e.promptSum += a.prompt
+	a.prompt = float32(min(max(prompt, 1), MaxPromptTokens))
+	e.promptSum += float64(a.prompt)
 	e.promptCount++
 }
 
@@ -203,7 +232,7 @@ func (e *Steps) meanPrompt() float64 {
 // that came after its step was settled (its weight is lost to the others
 // in it).
 func (e *Steps) Token(a *Account, at, n int64) bool {
-	if !a.arrived || a.ended || n < 1 {
+	if a.state&(accountArrived|accountEnded) != accountArrived || n < 1 {
 		return true
 	}
 	if at > e.latest {
@@ -222,7 +251,7 @@ func (e *Steps) Token(a *Account, at, n int64) bool {
 		e.late++
 		return false
 	}
-	e.steps[j].tokens = append(e.steps[j].tokens, stepToken{a: a, prev: prev, n: float64(n)})
+	e.steps[j].tokens = append(e.steps[j].tokens, stepToken{a: a, prev: prev, n: float32(n)})
 	a.pending++
 	if j < e.classified {
 		e.classify(j, len(e.steps[j].tokens)-1)
@@ -268,15 +297,15 @@ func (e *Steps) stepAt(at int64) (int, bool) {
 // prompt and its output in the steps before its end: they are spread
 // there as one prefill.
 func (e *Steps) End(a *Account, at, prompt, output int64) {
-	if !a.arrived || a.ended {
+	if a.state&(accountArrived|accountEnded) != accountArrived {
 		return
 	}
 	e.SetPrompt(a, prompt)
 	if a.last == 0 && output > 0 {
-		a.prompt += float64(output)
+		a.prompt += float32(min(output, MaxPromptTokens))
 		_ = e.Token(a, at, 1) // late, it is counted in Late
 	}
-	a.ended = true
+	a.state |= accountEnded
 	e.open--
 	if at > e.latest {
 		e.latest = at
@@ -287,17 +316,17 @@ func (e *Steps) End(a *Account, at, prompt, output int64) {
 }
 
 func (e *Steps) finish(a *Account) {
-	if a.reported {
+	if a.is(accountReported) {
 		return
 	}
-	a.reported = true
-	if a.EnergyKnown && (!e.hasPower || e.powerRun != a.powerRun) {
-		a.EnergyKnown = false
+	a.state |= accountReported
+	if !e.powerRunIs(a) {
+		a.state &^= accountEnergy
 	}
 	e.totals.Charged += a.Prefill + a.Decode
 	e.totals.ChargedPrefill += a.Prefill
 	e.totals.ChargedDecode += a.Decode
-	if a.EnergyKnown {
+	if a.EnergyKnown() {
 		e.totals.ChargedEnergy += a.Energy
 	}
 	e.final = append(e.final, a)
@@ -321,12 +350,12 @@ func (e *Steps) classify(j, i int) {
 	a := t.a
 	switch {
 	case t.prev == 0:
-		e.spread(a, a.prompt, j, a.arrival)
+		e.spread(a, float64(a.prompt), j, a.arrival)
 	case t.prev >= e.prevEnd(j)-e.join || !e.preempted(t.prev, j):
 		t.decode = true
-		e.steps[j].decoders += t.n
+		e.steps[j].decoders += float64(t.n)
 	default:
-		e.spread(a, a.prompt+a.generated, j, t.prev)
+		e.spread(a, float64(a.prompt+a.generated), j, t.prev)
 	}
 	a.generated += t.n
 }
@@ -389,7 +418,7 @@ func (e *Steps) SetPower(watts float64) {
 	}
 	if !e.hasPower {
 		e.hasPower = true
-		e.powerRun++
+		e.powerRun = (e.powerRun + 1) & powerRunMask
 	}
 	e.watts = watts
 }
@@ -497,7 +526,7 @@ func (e *Steps) settle() {
 	}
 	for _, t := range s.tokens {
 		if t.decode {
-			e.charge(t.a, t.n*per, false)
+			e.charge(t.a, float64(t.n)*per, false)
 		}
 		e.release(t.a)
 	}
@@ -519,7 +548,7 @@ func (e *Steps) charge(a *Account, t float64, prefill bool) {
 	} else {
 		a.Decode += t
 	}
-	if a.EnergyKnown && e.hasPower && a.powerRun == e.powerRun {
+	if e.powerRunIs(a) {
 		j := t * e.watts
 		a.Energy += j
 		if prefill {
@@ -529,9 +558,15 @@ func (e *Steps) charge(a *Account, t float64, prefill bool) {
 }
 
 func (e *Steps) release(a *Account) {
-	if a.pending--; a.pending == 0 && a.ended {
+	if a.pending--; a.pending == 0 && a.is(accountEnded) {
 		e.finish(a)
 	}
+}
+
+// powerRunIs reports whether a's energy is known and the engine's power
+// still is, in the run a arrived in.
+func (e *Steps) powerRunIs(a *Account) bool {
+	return a.EnergyKnown() && e.hasPower && a.powerRun() == e.powerRun
 }
 
 // Totals returns the engine's settled account: Wall is the time settled

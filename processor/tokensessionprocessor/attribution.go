@@ -4,6 +4,7 @@
 package tokensessionprocessor // import "github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor"
 
 import (
+	"math"
 	"net"
 	"sync"
 	"time"
@@ -153,14 +154,15 @@ type engineAccount struct {
 // start (nil for a session opened by a token, which got no start: at its
 // end).
 type shareAccount struct {
-	share *attribution.Account
+	share  *attribution.Account
+	engine *engineAccount
+	series *shareSeries
+	tenant *keyset.Key
 	// promptBytes is the size of its prompt its start gave (the proxy's
-	// measure of the request body; 0: none), to learn its engine's tokens
-	// per byte from at its end.
-	promptBytes int64
-	engine      *engineAccount
-	series      *shareSeries
-	tenant      *keyset.Key
+	// measure of the request body; 0: none; at most MaxInt32, which keeps
+	// the entry in its size class), to learn its engine's tokens per byte
+	// from at its end.
+	promptBytes int32
 	open        bool
 }
 
@@ -338,8 +340,8 @@ func (a *attributor) started(s *session.Session, acc *shareAccount, live *sessio
 	acc.tenant = a.tenants.Open(a.tenantOf(s))
 	acc.series = a.seriesOf(live, acc.tenant)
 	acc.series.open++
-	prompt := s.PromptTokens
-	acc.promptBytes = promptBytes
+	prompt := int64(s.PromptTokens)
+	acc.promptBytes = int32(min(promptBytes, math.MaxInt32))
 	if prompt < 0 && promptBytes > 0 {
 		prompt = e.promptFromBytes(promptBytes)
 	}
@@ -421,7 +423,7 @@ func (a *attributor) close(s *session.Session, e *session.End, acc *shareAccount
 	}
 	eng := acc.engine
 	eng.seen(at, now, a.deliverySlack)
-	eng.m.End(acc.share, at, s.PromptTokens, s.OutputTokens(e))
+	eng.m.End(acc.share, at, int64(s.PromptTokens), s.OutputTokens(e))
 	if e.Share.Source == "" {
 		e.Share = collectorShare(acc.share)
 	}
@@ -437,7 +439,7 @@ func (a *attributor) close(s *session.Session, e *session.End, acc *shareAccount
 // collectorShare is the session's share as the collector's steps have it.
 func collectorShare(sh *attribution.Account) session.EngineShare {
 	return session.EngineShare{
-		Prefill: sh.Prefill, Decode: sh.Decode, Energy: sh.Energy, HasEnergy: sh.EnergyKnown,
+		Prefill: sh.Prefill, Decode: sh.Decode, Energy: sh.Energy, HasEnergy: sh.EnergyKnown(),
 		Source: session.ShareCollector,
 	}
 }
@@ -516,7 +518,7 @@ func (a *attributor) count(acc *shareAccount, promptTokens int64, share *session
 		}
 		sr.prefillEnergy += prefill
 		sr.decodeEnergy += share.Energy - prefill
-	case sh.EnergyKnown:
+	case sh.EnergyKnown():
 		sr.hasEnergy = true
 		sr.prefillEnergy += sh.PrefillEnergy
 		sr.decodeEnergy += sh.Energy - sh.PrefillEnergy

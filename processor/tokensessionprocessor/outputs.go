@@ -83,7 +83,7 @@ func putSessionAttributes(m pcommon.Map, s *session.Session, e *session.End, pro
 	m.PutBool(attrRequestStream, !s.NoStream)
 	putStr(m, attrResponseModel, e.ResponseModel)
 	if s.PromptTokens >= 0 {
-		m.PutInt(tokenrecord.AttrInputTokens, s.PromptTokens)
+		m.PutInt(tokenrecord.AttrInputTokens, int64(s.PromptTokens))
 	}
 	if n := s.OutputTokens(e); n >= 0 {
 		m.PutInt(tokenrecord.AttrOutputTokens, n)
@@ -126,7 +126,7 @@ func putSessionAttributes(m pcommon.Map, s *session.Session, e *session.End, pro
 	}
 	m.PutInt(attrSessionStalls, int64(s.StallCount))
 	m.PutInt(attrSessionFreezes, int64(s.Freezes))
-	m.PutInt(attrSessionChunks, s.Chunks)
+	m.PutInt(attrSessionChunks, int64(s.Chunks))
 	if s.Keep {
 		m.PutStr(attrSamplingReason, s.Reasons.String())
 	}
@@ -290,7 +290,7 @@ func appendStallAlert[S any](records plog.LogRecordSlice, r *session.Report[S], 
 	putStr(m, tokenrecord.AttrRequestModel, s.Model)
 	putStr(m, tokenrecord.AttrEngine, s.Engine)
 	m.PutInt(attrSessionStalls, int64(r.StallCount))
-	m.PutInt(attrSessionChunks, r.Chunks)
+	m.PutInt(attrSessionChunks, int64(r.Chunks))
 	// The session's own wait before its first token, beside the engine's
 	// queue depth (engine context below): was it slow to start as well?
 	if ttft, ok := s.TTFT(); ok {

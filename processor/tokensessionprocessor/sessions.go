@@ -445,7 +445,7 @@ func (p *sessions) ended(r *session.Report[sessionState], folded *plog.LogRecord
 	res := sessionmetrics.Result{
 		ErrorType: s.ErrorType(e), Outcome: s.Outcome.String(), Sampled: s.Keep,
 		TTFT: ttft, HasTTFT: hasTTFT, TPOT: tpot, HasTPOT: hasTPOT, Duration: s.Duration(e),
-		InputTokens: s.PromptTokens, HasInputTokens: s.PromptTokens >= 0,
+		InputTokens: int64(s.PromptTokens), HasInputTokens: s.PromptTokens >= 0,
 	}
 	if n := s.OutputTokens(e); n >= 0 {
 		res.OutputTokens, res.HasOutputTokens = n, true

@@ -140,12 +140,12 @@ func (j *shareJoin) ended(s *session.Session, e *session.End, acc *shareAccount,
 	}
 	if id == "" && !settling {
 		if counted {
-			j.attr.count(acc, s.PromptTokens, &e.Share)
+			j.attr.count(acc, int64(s.PromptTokens), &e.Share)
 		}
 		return nil
 	}
 	a := &awaitedShare{
-		id: id, counted: counted, prompt: s.PromptTokens, share: e.Share, fromEngine: e.Share.Source == session.ShareEngine,
+		id: id, counted: counted, prompt: int64(s.PromptTokens), share: e.Share, fromEngine: e.Share.Source == session.ShareEngine,
 		waitShare: id != "", settling: settling, wait: wait{until: now + j.wait},
 	}
 	if counted {

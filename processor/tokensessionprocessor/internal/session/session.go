@@ -117,9 +117,9 @@ type Stall struct {
 // Its size matters (the target is at most 512 B per in-flight session): the
 // word-sized fields come first and the small ones last so that no padding
 // sits between them, the gap window lives in the Table's dense array, and
-// what few sessions have sits behind one pointer (extra). 248 B
+// what few sessions have sits behind one pointer (extra). 240 B
 // (TestSessionSize); the Table's entry adds the Observer's state beside it
-// (the token_session processor's: 104 B, the entry 352, a size class).
+// (the token_session processor's: 48 B, the entry 288, a size class).
 type Session struct {
 	ID           string
 	TraceID      pcommon.TraceID
@@ -128,14 +128,12 @@ type Session struct {
 	Model        string
 	Operation    string
 	Engine       string
-	// PromptTokens is -1 when unknown.
-	PromptTokens int64
 
 	// Engine times in Unix ns; 0 when not seen.
 	StartTime, FirstTokenTime, LastTokenTime int64
-	// Tokens is the sum of the token events' counts; Chunks the events.
-	Tokens, Chunks int64
-	MaxGap         time.Duration
+	// Tokens is the sum of the token events' counts.
+	Tokens int64
+	MaxGap time.Duration
 	// WindowTPOTMax is the highest window TPOT over full windows (a session
 	// with fewer gaps than the window has none).
 	WindowTPOTMax time.Duration
@@ -161,6 +159,11 @@ type Session struct {
 	// comes from (its engine).
 	source *source
 
+	// PromptTokens is -1 when unknown; a count beyond MaxInt32 (no model's
+	// context) is taken as MaxInt32, which keeps the field 4 B.
+	PromptTokens int32
+	// Chunks counts the token events (at most MaxInt32).
+	Chunks     int32
 	StallCount int32
 	// Freezes are the stall episodes counted in StallCount that were freezes
 	// reported while they lasted (their alerts went out), less those later

@@ -72,7 +72,7 @@ type Report[S any] struct {
 	// the session's when it was detected.
 	Stall      Stall
 	StallCount int
-	Chunks     int64
+	Chunks     int32
 
 	// End is that of a ReportEnded: what the end event said. Trace is the
 	// verdict on the session's trace after a ReportEnded or
@@ -439,7 +439,7 @@ func (t *Table[S]) apply(ev *tokenevent.Event, now int64, out *[]Report[S]) {
 			e.Share = EngineShareOf(ev)
 		}
 		if s.PromptTokens < 0 && ev.PromptTokens >= 0 {
-			s.PromptTokens = ev.PromptTokens // known only at the end (the proxy's usage chunk)
+			s.PromptTokens = promptTokens(ev.PromptTokens) // known only at the end (the proxy's usage chunk)
 		}
 		outcome := OutcomeCompleted
 		switch {

@@ -33,7 +33,7 @@ type ended struct {
 	Window, WMax  time.Duration
 	MaxGap        time.Duration
 	Tokens        int64
-	Chunks        int64
+	Chunks        int32
 	Stalls        int
 	Freezes       int
 	Keep          bool
@@ -498,9 +498,9 @@ func TestStallReportCountsAtDetection(t *testing.T) {
 	require.Len(t, reports, 2)
 	assert.Equal(t, ReportStalled, reports[0].Kind)
 	assert.Equal(t, 1, reports[0].StallCount)
-	assert.Equal(t, int64(4), reports[0].Chunks)
+	assert.Equal(t, int32(4), reports[0].Chunks)
 	assert.Equal(t, ReportKeptEarly, reports[1].Kind)
-	assert.Equal(t, int64(6), reports[0].Session.Chunks)
+	assert.Equal(t, int32(6), reports[0].Session.Chunks)
 }
 
 func TestShutdownEndsAll(t *testing.T) {
@@ -769,4 +769,26 @@ func TestFirstTokenObserved(t *testing.T) {
 	apply(tbl, start("a", t0), tok("a", t0+100*ms, 1), tok("a", t0+120*ms, 1), end("a", t0+130*ms, 2))
 	apply(tbl, tok("b", t0+200*ms, 1), start("b", t0+150*ms), tok("b", t0+210*ms, 1))
 	assert.Equal(t, []string{fmt.Sprintf("a %d", t0+100*ms), fmt.Sprintf("b %d", t0+200*ms)}, rec.firsts)
+}
+
+// A session keeps its prompt's tokens in 4 bytes: a count beyond MaxInt32,
+// which no model's context holds (a sender's absurd usage), is taken as
+// MaxInt32, from the start event or the end's usage, not wrapped.
+func TestPromptTokensBeyondInt32(t *testing.T) {
+	tbl, err := NewTable(DefaultConfig(), &recorder{})
+	require.NoError(t, err)
+	huge := start("a", t0)
+	huge.PromptTokens = 1 << 40
+	atEnd := start("b", t0)
+	atEnd.PromptTokens = -1
+	usage := end("b", t0+20*ms, 3)
+	usage.PromptTokens = 1<<32 + 5
+	var reports []Report[struct{}]
+	for _, ev := range []*tokenevent.Event{huge, atEnd, end("a", t0+10*ms, 3), usage} {
+		reports = tbl.Apply(ev, int64(ev.TimeUnixNano), reports)
+	}
+	require.Len(t, reports, 2)
+	for _, r := range reports {
+		assert.Equal(t, int32(math.MaxInt32), r.Session.PromptTokens, r.Session.ID)
+	}
 }

@@ -33,7 +33,7 @@ func (t *Table[S]) fillStart(s *entry[S], ev *tokenevent.Event) {
 	}
 	s.ParentSpanID = pcommon.SpanID(ev.ParentSpanID)
 	s.Model, s.Operation, s.Engine = ev.Model, ev.Operation, ev.Engine
-	s.PromptTokens = ev.PromptTokens
+	s.PromptTokens = promptTokens(ev.PromptTokens)
 	t.setSource(s, ev.Engine)
 	if len(ev.Attributes) > 0 {
 		x := s.ensureExtra()
@@ -121,7 +121,9 @@ func (s *Session) seqNew(seq int64) bool {
 }
 
 func (t *Table[S]) token(s *entry[S], at, count, now int64, out *[]Report[S]) {
-	s.Chunks++
+	if s.Chunks < math.MaxInt32 {
+		s.Chunks++
+	}
 	s.Tokens += count
 	c := &t.clocks[s.slot]
 	c.lastSeen = now
@@ -284,4 +286,13 @@ func (t *Table[S]) reinstateFreeze(s *entry[S], st Stall) {
 	t.clocks[s.slot].lastTokenSeen = 0
 	t.countStall(s, st)
 	t.Counters.ReinstatedFreezes++
+}
+
+// promptTokens is an event's prompt tokens as a Session keeps them: -1
+// when unknown, at most MaxInt32.
+func promptTokens(n int64) int32 {
+	if n < 0 {
+		return -1
+	}
+	return int32(min(n, math.MaxInt32))
 }
