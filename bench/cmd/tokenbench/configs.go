@@ -8,6 +8,7 @@ package main
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	"github.com/otelcol-llm/otelcol-llm/internal/harness/process"
 )
@@ -93,6 +94,16 @@ service:
     traces: {receivers: [otlp], processors: [token_session], exporters: [otlp_grpc]}
     metrics: {receivers: [otlp%s], processors: [token_session], exporters: [otlp_grpc]}
 `, a.hooksHTTP, a.hooksUDP, a.hooksUnix, extra, a.otlp, stallYAML(extra), a.sink, exporterBatchYAML, a.pprof, telemetryYAML(a.telemetry), metricsReceivers(extra))
+}
+
+// withoutAttribution turns token_session's GPU-time attribution off in a
+// config of oursConfig.
+func withoutAttribution(cfg string) string {
+	const session = "    session: {max_active: 200000}\n"
+	if !strings.Contains(cfg, session) {
+		panic("oursConfig's token_session has no session line to add attribution after")
+	}
+	return strings.Replace(cfg, session, session+"    attribution: {enabled: false}\n", 1)
 }
 
 // stallYAML: freeze detection runs on the collector's clock (no token for

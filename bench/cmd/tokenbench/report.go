@@ -278,6 +278,10 @@ func summarize(t result, proxy []proxySummary, proxyBusy *proxyBusyNode) []summa
 				RatioS: fmt.Sprintf("%.0f× less", tp.MemoryStockVsOurs),
 			}.atMost(tp.MemOurs.HeapPerSession, targetBytesPerSess, "%g B"),
 			summaryRow{
+				What: fmt.Sprintf("the same, GPU-time attribution off (`attribution::enabled: false`; on, its steps hold each of the %d tokens sent at once, 24 B each, for `settle_after`), one run", tp.MemOurs.TokensHeld),
+				Ours: bytesText(tp.MemOursNoAttribution.HeapPerSession),
+			}.atMost(tp.MemOursNoAttribution.HeapPerSession, targetBytesPerSess, "%g B"),
+			summaryRow{
 				What: "memory per in-flight session, RSS growth from a fresh process (runtime working memory included)",
 				Ours: bytesText(tp.MemOurs.RSSPerSession), Other: bytesText(tp.MemStock.RSSPerSession), Ratio: tp.RSSStockVsOurs,
 				RatioS: fmt.Sprintf("%.1f× less", tp.RSSStockVsOurs),
@@ -572,7 +576,9 @@ func markdown(r fullReport, proxyMD, outsideMD []byte) string {
 		p("\nMemory per in-flight session: %d sessions opened, %d tokens each sent (a %s-wide window of 35 ms tokens: what `tail_sampling` holds per trace within decision_wait), "+
 			"measured before any ends (stock: %.1f s after its first span, inside decision_wait).\n\n", tp.MemOurs.Sessions, tp.MemOurs.TokensHeld, "5 s", tp.MemStock.SecondsToMeasure)
 		p("| path | idle RSS | RSS in flight | RSS per session | heap after GC, idle → in flight | heap per session |\n|---|---:|---:|---:|---:|---:|\n")
-		for _, m := range []memRun{tp.MemOurs, tp.MemStock} {
+		noAttr := tp.MemOursNoAttribution
+		noAttr.Path += ", attribution off"
+		for _, m := range []memRun{tp.MemOurs, noAttr, tp.MemStock} {
 			p("| %s | %s | %s | %s | %s → %s | %s |\n", m.Path, bytesText(float64(m.IdleRSS)), bytesText(float64(m.RSS)), bytesText(m.RSSPerSession),
 				bytesText(float64(m.IdleHeap)), bytesText(float64(m.Heap)), bytesText(m.HeapPerSession))
 		}

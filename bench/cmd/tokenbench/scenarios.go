@@ -35,6 +35,10 @@ type tokenPathResult struct {
 	MemOurs         memRun    `json:"memory_hooks_http"`
 	MemOursHeapRuns []float64 `json:"memory_hooks_http_heap_per_session_runs"`
 	MemStock        memRun    `json:"memory_stock"`
+	// MemOursNoAttribution is one run with attribution::enabled: false:
+	// GPU-time attribution by steps holds each token for settle_after (24
+	// B a token), which the tokens sent at once here are all inside.
+	MemOursNoAttribution memRun `json:"memory_hooks_http_attribution_off"`
 	// Ratios: ours over stock for throughput, stock over ours for memory.
 	HTTPvsStock        float64 `json:"tokens_per_cpu_second_ratio_http_vs_stock"`
 	UDPvsStock         float64 `json:"tokens_per_cpu_second_ratio_udp_vs_stock"`
@@ -87,9 +91,15 @@ func (e *env) profiled(c *collector, name string, send func() (sendResult, error
 }
 
 func (e *env) startOurs(name string) (*collector, addrs, error) {
+	return e.startOursWith(name, func(cfg string) string { return cfg })
+}
+
+// startOursWith starts our collector on fresh addresses with its config
+// changed by edit.
+func (e *env) startOursWith(name string, edit func(string) string) (*collector, addrs, error) {
 	a := newAddrs(e.sink.Addr())
 	a.proxy, a.upstream = "", ""
-	c, err := startCollector(name, e.ours, e.out, oursConfig(a, ""), a.pprof, a.telemetry, a.hooksHTTP)
+	c, err := startCollector(name, e.ours, e.out, edit(oursConfig(a, "")), a.pprof, a.telemetry, a.hooksHTTP)
 	return c, a, err
 }
 
@@ -143,6 +153,9 @@ func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
 		return nil, err
 	}
 	if res.MemOurs, res.MemOursHeapRuns, err = e.memoryRuns(res.MemOurs); err != nil {
+		return nil, err
+	}
+	if res.MemOursNoAttribution, err = e.memoryRun("ours-memory-attribution-off", withoutAttribution); err != nil {
 		return nil, err
 	}
 	if res.MemStock.SecondsToMeasure >= 5 {
@@ -215,16 +228,7 @@ func (e *env) tokenPath(w workload) (*tokenPathResult, error) {
 func (e *env) memoryRuns(first memRun) (memRun, []float64, error) {
 	runs := []memRun{first}
 	for i := 1; i < e.repeat; i++ {
-		c, a, err := e.startOurs(fmt.Sprintf("ours-memory-%d", i))
-		if err != nil {
-			return memRun{}, nil, err
-		}
-		hp := hookPoster(a, e.workers)
-		m, err := measureMemory(e.ctx, c, e.sink, "hooks_http", e.memK, e.memToks,
-			func(b []batch) sendResult { return hp.run(e.ctx, b, e.workers) },
-			func(*generator) func([]wEvent) []byte { return ndjson }, settleHTTP(c), "")
-		hp.close()
-		c.stop()
+		m, err := e.memoryRun(fmt.Sprintf("ours-memory-%d", i), func(cfg string) string { return cfg })
 		if err != nil {
 			return memRun{}, nil, err
 		}
@@ -237,6 +241,21 @@ func (e *env) memoryRuns(first memRun) (memRun, []float64, error) {
 	sorted := slices.Clone(runs)
 	slices.SortFunc(sorted, func(a, b memRun) int { return cmp.Compare(a.HeapPerSession, b.HeapPerSession) })
 	return sorted[(len(sorted)-1)/2], heaps, nil
+}
+
+// memoryRun measures our memory per in-flight session on a fresh collector
+// whose config edit changed.
+func (e *env) memoryRun(name string, edit func(string) string) (memRun, error) {
+	c, a, err := e.startOursWith(name, edit)
+	if err != nil {
+		return memRun{}, err
+	}
+	defer c.stop()
+	hp := hookPoster(a, e.workers)
+	defer hp.close()
+	return measureMemory(e.ctx, c, e.sink, "hooks_http", e.memK, e.memToks,
+		func(b []batch) sendResult { return hp.run(e.ctx, b, e.workers) },
+		func(*generator) func([]wEvent) []byte { return ndjson }, settleHTTP(c), "")
 }
 
 func sendUDPGrams(ctx context.Context, addr string, bs []batch, size int, rate float64) (sendResult, error) {
