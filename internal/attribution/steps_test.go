@@ -5,6 +5,7 @@ package attribution
 
 import (
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -145,10 +146,10 @@ func TestStepsIdle(t *testing.T) {
 
 // Every session allocates its Account (the steps point at it until it is
 // final): 64 bytes, a size class; a field more takes it to 80. The steps
-// hold a stepToken for every token until it settles: 24 bytes.
+// hold a stepToken for every token until it settles: 16 bytes.
 func TestAccountSize(t *testing.T) {
 	assert.LessOrEqual(t, unsafe.Sizeof(Account{}), uintptr(64))
-	assert.LessOrEqual(t, unsafe.Sizeof(stepToken{}), uintptr(24))
+	assert.LessOrEqual(t, unsafe.Sizeof(stepToken{}), uintptr(16))
 }
 
 // An absurd prompt length is taken as the longest any model has: it
@@ -166,4 +167,26 @@ func TestStepsPromptBounded(t *testing.T) {
 	e.Settle(time1s)
 	assert.InDelta(t, 0.010/float64(MaxPromptTokens+1), a.Decode, 1e-15)
 	assert.Positive(t, a.Decode)
+}
+
+// A step keeps its tokens' previous times in 4 bytes, as µs before its
+// first token: within a µs of the truth (never earlier, so a token right
+// after its previous step stays a decode), before or after that token, and
+// an hour back is still long before any step held; an event's count is
+// bounded, not wrapped.
+func TestStepTokenPrevTime(t *testing.T) {
+	s := step{anchor: 1_700_000_000_123_456_789}
+	for _, prev := range []int64{s.anchor - 5_000_000, s.anchor - 5_000_999, s.anchor + 1_500_000, s.anchor + 1_500_001, s.anchor} {
+		tok := s.newStepToken(&Account{}, prev, 1)
+		got := s.prevOf(&tok)
+		assert.GreaterOrEqual(t, got, prev)
+		assert.Less(t, got, prev+1000)
+		assert.False(t, tok.is(tokenFirst))
+		assert.Equal(t, 1.0, tok.n())
+	}
+	far := s.newStepToken(&Account{}, s.anchor-int64(time.Hour), 3)
+	assert.LessOrEqual(t, s.prevOf(&far), s.anchor-int64(35*time.Minute))
+	first := s.newStepToken(&Account{}, 0, 1<<40)
+	assert.True(t, first.is(tokenFirst))
+	assert.Equal(t, float64(tokenCountMax), first.n())
 }

@@ -278,7 +278,7 @@ func summarize(t result, proxy []proxySummary, proxyBusy *proxyBusyNode) []summa
 				RatioS: fmt.Sprintf("%.0f× less", tp.MemoryStockVsOurs),
 			}.atMost(tp.MemOurs.HeapPerSession, targetBytesPerSess, "%g B"),
 			summaryRow{
-				What: fmt.Sprintf("the same, GPU-time attribution off (`attribution::enabled: false`; on, its steps hold each of the %d tokens sent at once, 24 B each, for `settle_after`), one run", tp.MemOurs.TokensHeld),
+				What: fmt.Sprintf("the same, GPU-time attribution off (`attribution::enabled: false`; on, its steps hold each of the %d tokens sent at once, 16 B each, for `settle_after`), one run", tp.MemOurs.TokensHeld),
 				Ours: bytesText(tp.MemOursNoAttribution.HeapPerSession),
 			}.atMost(tp.MemOursNoAttribution.HeapPerSession, targetBytesPerSess, "%g B"),
 			summaryRow{

@@ -36,7 +36,7 @@ type tokenPathResult struct {
 	MemOursHeapRuns []float64 `json:"memory_hooks_http_heap_per_session_runs"`
 	MemStock        memRun    `json:"memory_stock"`
 	// MemOursNoAttribution is one run with attribution::enabled: false:
-	// GPU-time attribution by steps holds each token for settle_after (24
+	// GPU-time attribution by steps holds each token for settle_after (16
 	// B a token), which the tokens sent at once here are all inside.
 	MemOursNoAttribution memRun `json:"memory_hooks_http_attribution_off"`
 	// Ratios: ours over stock for throughput, stock over ours for memory.
