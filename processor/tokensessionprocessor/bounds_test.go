@@ -6,6 +6,7 @@ package tokensessionprocessor
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -303,4 +304,30 @@ func TestEngineChurnAcrossFlushesStaysBounded(t *testing.T) {
 		c.sessions.attr.mu.Unlock()
 		assert.LessOrEqual(t, engines, 3, "flush %d: engine accounts", i)
 	}
+}
+
+// Token event records an OTel SDK wrote reach the processor through OTLP,
+// past every receiver's cut: a value over its bound (a model name of a
+// kilobyte, which would be a metric dimension) is cut to it, the session
+// kept, and each cut counted.
+func TestRecordValuesCutToBound(t *testing.T) {
+	p, tel := newPipelinesWithTelemetry(t, func(c *Config) { c.Sampling.NormalPercent = 100 })
+	ctx := context.Background()
+	s := start("a", pcommon.TraceID{1}, base)
+	s.Model = strings.Repeat("m", 1000)
+	s.Attributes = []tokenevent.Attribute{{Key: "tenant", Value: strings.Repeat("t", 300)}}
+	e := end("a", base+20*ms)
+	e.FinishReason = strings.Repeat("f", 500)
+	require.NoError(t, p.logs.ConsumeLogs(ctx, events(s, tok("a", base+10*ms, 1), e)))
+	p.shutdown(t)
+	a := summariesByID(recordsNamed(p.logSink.AllLogs(), eventNameSummary))["a"]
+	require.NotNil(t, a)
+	assert.Equal(t, strings.Repeat("m", tokenevent.MaxValueBytes), a["gen_ai.request.model"])
+	m, err := tel.GetMetric("otelcol_processor_token_session_truncated_values")
+	require.NoError(t, err)
+	var cut int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		cut += dp.Value
+	}
+	assert.Equal(t, int64(3), cut)
 }

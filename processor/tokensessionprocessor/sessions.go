@@ -62,7 +62,9 @@ type sessions struct {
 	// applyFn folds an event into the table, collecting its reports in
 	// reports; bound once so that folding a record allocates nothing.
 	applyFn func(*tokenevent.Event)
-	reports []session.Report[sessionState]
+	// truncatedValues counts the values applyFn cut to their bound.
+	truncatedValues uint64
+	reports         []session.Report[sessionState]
 	// shareReleased: a share event ended the wait of a held output in the
 	// batch being folded (shares.go).
 	shareReleased bool
@@ -139,6 +141,10 @@ func newSessions(cfg *Config, telemetry *processorTelemetry, engines *engineCont
 	}
 	s.table.SetTraceMemory(spans.keptTrace)
 	s.applyFn = func(ev *tokenevent.Event) {
+		// A record an SDK wrote went through no receiver's cut: a value
+		// longer than its bound (a model name, a metric dimension) is cut
+		// here, as the hooks and the proxy cut it.
+		s.truncatedValues += uint64(ev.CutValues())
 		if ev.Kind == tokenevent.KindShare {
 			// Of no session: the table never sees it.
 			s.shareReleased = s.shares.arrived(ev, s.nowNanos) || s.shareReleased
@@ -362,8 +368,9 @@ func (p *sessions) renderMetrics(now time.Time) pmetric.Metrics {
 			keyModel: p.metrics.ModelOverflowCount(), keyEngine: p.metrics.EngineOverflowCount(),
 			keyTenant: ac.tenants, keyPod: ac.pods, keyEngineInstance: p.engines.overflowed(),
 		},
-		forgotten:  p.metrics.ForgottenCount() + p.metrics.DisplacedCount() + ac.forgotten,
-		lateTokens: ac.lateTokens,
+		forgotten:       p.metrics.ForgottenCount() + p.metrics.DisplacedCount() + ac.forgotten,
+		lateTokens:      ac.lateTokens,
+		truncatedValues: p.truncatedValues,
 	})
 	if !p.toMetrics {
 		return pmetric.Metrics{}

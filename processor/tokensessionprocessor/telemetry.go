@@ -84,6 +84,8 @@ type boundCounts struct {
 	// lateTokens are the token events that came after their engine step
 	// was settled.
 	lateTokens uint64
+	// truncatedValues are the values of records cut to their bound.
+	truncatedValues uint64
 }
 
 func newProcessorTelemetry(set processor.Settings) (*processorTelemetry, error) {
@@ -261,6 +263,9 @@ func (t *processorTelemetry) reportBounds(ctx context.Context, c boundCounts) {
 	}
 	if d := c.lateTokens - t.bounds.lateTokens; d > 0 {
 		t.builder.ProcessorTokenSessionLateStepTokens.Add(ctx, int64(d))
+	}
+	if d := c.truncatedValues - t.bounds.truncatedValues; d > 0 {
+		t.builder.ProcessorTokenSessionTruncatedValues.Add(ctx, int64(d))
 	}
 	t.bounds = c
 }

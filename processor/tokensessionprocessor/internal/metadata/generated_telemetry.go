@@ -55,6 +55,7 @@ type TelemetryBuilder struct {
 	ProcessorTokenSessionSpansHeld             metric.Int64ObservableGauge
 	ProcessorTokenSessionSpansOverflowed       metric.Int64Counter
 	ProcessorTokenSessionSpansReleased         metric.Int64Counter
+	ProcessorTokenSessionTruncatedValues       metric.Int64Counter
 	ProcessorTokenSessionVerdictSpansDropped   metric.Int64Counter
 }
 
@@ -287,6 +288,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 		"otelcol_processor_token_session_spans_released",
 		metric.WithDescription("Held spans passed on because a session of their trace was kept. [Development]"),
 		metric.WithUnit("{span}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.ProcessorTokenSessionTruncatedValues, err = builder.meter.Int64Counter(
+		"otelcol_processor_token_session_truncated_values",
+		metric.WithDescription("String values of token event records (model, engine, response_model, finish_reason, error, an attribute's value) cut to their bound (256 bytes, 64 for error) as this processor read them: records from an OTel SDK through OTLP, which no token_stream receiver cut. The events are kept. [Development]"),
+		metric.WithUnit("{value}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ProcessorTokenSessionVerdictSpansDropped, err = builder.meter.Int64Counter(

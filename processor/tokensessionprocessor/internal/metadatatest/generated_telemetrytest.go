@@ -449,6 +449,22 @@ func AssertEqualProcessorTokenSessionSpansReleased(t *testing.T, tt *componentte
 	metricdatatest.AssertEqual(t, want, got, opts...)
 }
 
+func AssertEqualProcessorTokenSessionTruncatedValues(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
+	want := metricdata.Metrics{
+		Name:        "otelcol_processor_token_session_truncated_values",
+		Description: "String values of token event records (model, engine, response_model, finish_reason, error, an attribute's value) cut to their bound (256 bytes, 64 for error) as this processor read them: records from an OTel SDK through OTLP, which no token_stream receiver cut. The events are kept. [Development]",
+		Unit:        "{value}",
+		Data: metricdata.Sum[int64]{
+			Temporality: metricdata.CumulativeTemporality,
+			IsMonotonic: true,
+			DataPoints:  dps,
+		},
+	}
+	got, err := tt.GetMetric("otelcol_processor_token_session_truncated_values")
+	require.NoError(t, err)
+	metricdatatest.AssertEqual(t, want, got, opts...)
+}
+
 func AssertEqualProcessorTokenSessionVerdictSpansDropped(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_processor_token_session_verdict_spans_dropped",

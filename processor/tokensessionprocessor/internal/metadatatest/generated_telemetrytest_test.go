@@ -53,6 +53,7 @@ func TestSetupTelemetry(t *testing.T) {
 	tb.ProcessorTokenSessionSpansExpired.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionSpansOverflowed.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionSpansReleased.Add(context.Background(), 1)
+	tb.ProcessorTokenSessionTruncatedValues.Add(context.Background(), 1)
 	tb.ProcessorTokenSessionVerdictSpansDropped.Add(context.Background(), 1)
 	AssertEqualProcessorTokenSessionDisorderEvents(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
@@ -133,6 +134,9 @@ func TestSetupTelemetry(t *testing.T) {
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionSpansReleased(t, testTel,
+		[]metricdata.DataPoint[int64]{{Value: 1}},
+		metricdatatest.IgnoreTimestamp())
+	AssertEqualProcessorTokenSessionTruncatedValues(t, testTel,
 		[]metricdata.DataPoint[int64]{{Value: 1}},
 		metricdatatest.IgnoreTimestamp())
 	AssertEqualProcessorTokenSessionVerdictSpansDropped(t, testTel,
