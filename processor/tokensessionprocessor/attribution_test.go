@@ -15,7 +15,6 @@ import (
 	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/processor/processortest"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/otelcol-llm/otelcol-llm/pkg/tokenevent"
 	"github.com/otelcol-llm/otelcol-llm/processor/tokensessionprocessor/internal/metadata"
@@ -265,13 +264,7 @@ func TestAttributionLateTokenCounted(t *testing.T) {
 	byID := summariesByID(recordsNamed(p.logSink.AllLogs(), eventNameSummary))
 	assert.InDelta(t, 0.010, byID["a"]["llm.session.engine_time"], 1e-12, "the step alone")
 	assert.InDelta(t, 0.0, byID["b"]["llm.session.engine_time"], 1e-12)
-	m, err := tel.GetMetric("otelcol_processor_token_session_late_step_tokens")
-	require.NoError(t, err)
-	var late int64
-	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-		late += dp.Value
-	}
-	assert.Equal(t, int64(1), late)
+	assert.Equal(t, int64(1), counterSum(t, tel, "otelcol_processor_token_session_late_step_tokens"))
 }
 
 // A session whose times run 30 s ahead of its engine's others (its

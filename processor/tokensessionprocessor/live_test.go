@@ -276,8 +276,9 @@ func TestLiveRecentRing(t *testing.T) {
 	assert.Len(t, snap.Recent, 3, "the ended sessions stay listed")
 }
 
-// liveCount is the sum of the counter name's points in tel.
-func liveCount(t *testing.T, tel *componenttest.Telemetry, name string) int64 {
+// counterSum is the sum of the counter name's points in tel (0 when it has
+// none).
+func counterSum(t *testing.T, tel *componenttest.Telemetry, name string) int64 {
 	t.Helper()
 	m, err := tel.GetMetric(name)
 	if err != nil {
@@ -373,7 +374,7 @@ func TestLiveEnginesWorstListed(t *testing.T) {
 	}
 	assert.Equal(t, []string{"e5", "vllm-0"}, names, "vllm-0 for its frozen session, e5 for its five in flight")
 	assert.Equal(t, 4, snap.EnginesLeftOut)
-	assert.Equal(t, int64(4), liveCount(t, tel, "otelcol_processor_token_session_live_engines_left_out"))
+	assert.Equal(t, int64(4), counterSum(t, tel, "otelcol_processor_token_session_live_engines_left_out"))
 	assert.Equal(t, 4+15, snap.InFlight, "every session counted")
 
 	snap = takeLive(t, c, now, live.Filter{Engine: "e1"})
