@@ -587,10 +587,13 @@ func TestCompactUint(t *testing.T) {
 		wv, wnext, wok := compactUintByDigit(line, i)
 		require.Equal(t, [3]any{wv, wnext, wok}, [3]any{v, next, ok}, "%q from %d", line, i)
 	}
-	for _, s := range []string{"1700000000000000000", "9223372036854775807", "9223372036854775808", "99999999", "12345678", "00000000"} {
-		v, _, ok := compactUint([]byte(s), 0)
-		wv, _, wok := compactUintByDigit([]byte(s), 0)
+	// 19 digits (a time_unix_nano) take a path of their own.
+	for _, s := range []string{"1700000000000000000", "9223372036854775807", "9223372036854775808", "99999999", "12345678", "00000000",
+		"1700000000000000000}", "0700000000000000000,", "17000000000000000001", "9999999999999999999", "1234567890123456789,\"count\":2}"} {
+		v, next, ok := compactUint([]byte(s), 0)
+		wv, wnext, wok := compactUintByDigit([]byte(s), 0)
 		assert.Equal(t, wv, v, s)
+		assert.Equal(t, wnext, next, s)
 		assert.Equal(t, wok, ok, s)
 	}
 }
