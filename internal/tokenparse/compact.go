@@ -217,7 +217,35 @@ var (
 	compactTokenTime   = []byte(`","time_unix_nano":`)
 	compactTokenCount  = []byte(`,"count":`)
 	compactTokenSeq    = []byte(`,"seq":`)
+
+	// The words of compactTokenPrefix (31 bytes) and compactTokenTime (19),
+	// the last of each overlapping the one before.
+	tokenPrefixWords = [4]uint64{
+		binary.LittleEndian.Uint64(compactTokenPrefix[0:]), binary.LittleEndian.Uint64(compactTokenPrefix[8:]),
+		binary.LittleEndian.Uint64(compactTokenPrefix[16:]), binary.LittleEndian.Uint64(compactTokenPrefix[23:]),
+	}
+	tokenTimeWords = [3]uint64{
+		binary.LittleEndian.Uint64(compactTokenTime[0:]), binary.LittleEndian.Uint64(compactTokenTime[8:]),
+		binary.LittleEndian.Uint64(compactTokenTime[11:]),
+	}
 )
+
+// hasTokenPrefix is bytes.HasPrefix(line, compactTokenPrefix) by words,
+// inline: every token line is matched against it, and memequal's call
+// cost more than the compare.
+func hasTokenPrefix(line []byte) bool {
+	return len(line) >= 31 && binary.LittleEndian.Uint64(line[0:8]) == tokenPrefixWords[0] &&
+		binary.LittleEndian.Uint64(line[8:16]) == tokenPrefixWords[1] &&
+		binary.LittleEndian.Uint64(line[16:24]) == tokenPrefixWords[2] &&
+		binary.LittleEndian.Uint64(line[23:31]) == tokenPrefixWords[3]
+}
+
+// hasTokenTime is bytes.HasPrefix(b, compactTokenTime), as hasTokenPrefix.
+func hasTokenTime(b []byte) bool {
+	return len(b) >= 19 && binary.LittleEndian.Uint64(b[0:8]) == tokenTimeWords[0] &&
+		binary.LittleEndian.Uint64(b[8:16]) == tokenTimeWords[1] &&
+		binary.LittleEndian.Uint64(b[11:19]) == tokenTimeWords[2]
+}
 
 // parseCompactToken is the fast path for the line every hook client sends
 // most: a token event in the field order and compact form of AppendJSON,
@@ -225,12 +253,12 @@ var (
 // general parser, for anything else, including every invalid line; so the
 // two paths cannot disagree on what they both accept (FuzzParse checks it).
 func (p *Parser) parseCompactToken(line []byte, ev *tokenevent.Event) bool {
-	if !bytes.HasPrefix(line, compactTokenPrefix) {
+	if !hasTokenPrefix(line) {
 		return false
 	}
 	i := len(compactTokenPrefix)
 	j := plainEnd(line, i)
-	if j == i || j-i > p.limits.MaxSessionIDBytes || !bytes.HasPrefix(line[j:], compactTokenTime) {
+	if j == i || j-i > p.limits.MaxSessionIDBytes || !hasTokenTime(line[j:]) {
 		return false
 	}
 	sid := line[i:j]

@@ -696,3 +696,24 @@ func TestPlainEnd(t *testing.T) {
 		}
 	}
 }
+
+// The token line's two long keys, matched by words, match as
+// bytes.HasPrefix does: each byte of them checked, and no shorter line.
+func TestTokenKeysByWords(t *testing.T) {
+	for _, k := range []struct {
+		key []byte
+		has func([]byte) bool
+	}{{compactTokenPrefix, hasTokenPrefix}, {compactTokenTime, hasTokenTime}} {
+		line := append(append([]byte(nil), k.key...), "1}"...)
+		for i := range k.key {
+			for _, c := range []byte{0, 'x', k.key[i] ^ 0x20, k.key[i] ^ 1} {
+				b := append([]byte(nil), line...)
+				b[i] = c
+				assert.Equal(t, bytes.HasPrefix(b, k.key), k.has(b), "%q", b)
+			}
+		}
+		assert.True(t, k.has(line))
+		assert.True(t, k.has(line[:len(k.key)]))
+		assert.False(t, k.has(line[:len(k.key)-1]))
+	}
+}
