@@ -26,6 +26,9 @@ type histogram struct {
 
 	// explicit
 	bounds []float64 // shared, read-only; nil for an exponential histogram
+	// last is the bucket of the latest value: a series' inter-token
+	// latencies mostly fall in the same one, checked before the search.
+	last int
 
 	// counts are the bucket counts: len(bounds)+1 of them for explicit; for exponential, the
 	// positive buckets with indexes offset .. offset+len(counts)-1.
@@ -59,8 +62,13 @@ func (h *histogram) record(v float64, n uint64) {
 	}
 	h.count += n
 	h.sum += v * float64(n)
-	if h.bounds != nil {
-		h.counts[explicitIndex(h.bounds, v)] += n
+	if b := h.bounds; b != nil {
+		i := h.last
+		if (i < len(b) && v > b[i]) || (i > 0 && v <= b[i-1]) {
+			i = explicitIndex(b, v)
+			h.last = i
+		}
+		h.counts[i] += n
 		return
 	}
 	h.recordExponential(v, n)
@@ -72,6 +80,7 @@ func (h *histogram) reset() {
 	h.count, h.sum, h.min, h.max = 0, 0, 0, 0
 	if h.bounds != nil {
 		clear(h.counts)
+		h.last = 0
 		return
 	}
 	h.counts = h.counts[:0]

@@ -360,3 +360,30 @@ func BenchmarkMapToIndex(b *testing.B) {
 		})
 	}
 }
+
+// An explicit histogram counts each value in the bucket explicitIndex
+// gives, whatever bucket the value before fell in (record checks the
+// latest bucket before it searches).
+func TestExplicitRecordLatestBucket(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	h := newExplicit(tpotBounds)
+	want := make([]uint64, len(tpotBounds)+1)
+	for range 20_000 {
+		var v float64
+		switch rng.IntN(4) {
+		case 0: // a bound itself, or just above it
+			v = tpotBounds[rng.IntN(len(tpotBounds))]
+			if rng.IntN(2) == 0 {
+				v = math.Nextafter(v, math.Inf(1))
+			}
+		case 1:
+			v = 0
+		default:
+			v = rng.Float64() * 3
+		}
+		n := uint64(1 + rng.IntN(3))
+		h.record(v, n)
+		want[explicitIndex(tpotBounds, v)] += n
+	}
+	assert.Equal(t, want, h.counts)
+}

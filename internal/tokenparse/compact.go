@@ -217,7 +217,35 @@ var (
 	compactTokenTime   = []byte(`","time_unix_nano":`)
 	compactTokenCount  = []byte(`,"count":`)
 	compactTokenSeq    = []byte(`,"seq":`)
+
+	// The words of compactTokenPrefix (31 bytes) and compactTokenTime (19),
+	// the last of each overlapping the one before.
+	tokenPrefixWords = [4]uint64{
+		binary.LittleEndian.Uint64(compactTokenPrefix[0:]), binary.LittleEndian.Uint64(compactTokenPrefix[8:]),
+		binary.LittleEndian.Uint64(compactTokenPrefix[16:]), binary.LittleEndian.Uint64(compactTokenPrefix[23:]),
+	}
+	tokenTimeWords = [3]uint64{
+		binary.LittleEndian.Uint64(compactTokenTime[0:]), binary.LittleEndian.Uint64(compactTokenTime[8:]),
+		binary.LittleEndian.Uint64(compactTokenTime[11:]),
+	}
 )
+
+// hasTokenPrefix is bytes.HasPrefix(line, compactTokenPrefix) by words,
+// inline: every token line is matched against it, and memequal's call
+// cost more than the compare.
+func hasTokenPrefix(line []byte) bool {
+	return len(line) >= 31 && binary.LittleEndian.Uint64(line[0:8]) == tokenPrefixWords[0] &&
+		binary.LittleEndian.Uint64(line[8:16]) == tokenPrefixWords[1] &&
+		binary.LittleEndian.Uint64(line[16:24]) == tokenPrefixWords[2] &&
+		binary.LittleEndian.Uint64(line[23:31]) == tokenPrefixWords[3]
+}
+
+// hasTokenTime is bytes.HasPrefix(b, compactTokenTime), as hasTokenPrefix.
+func hasTokenTime(b []byte) bool {
+	return len(b) >= 19 && binary.LittleEndian.Uint64(b[0:8]) == tokenTimeWords[0] &&
+		binary.LittleEndian.Uint64(b[8:16]) == tokenTimeWords[1] &&
+		binary.LittleEndian.Uint64(b[11:19]) == tokenTimeWords[2]
+}
 
 // parseCompactToken is the fast path for the line every hook client sends
 // most: a token event in the field order and compact form of AppendJSON,
@@ -225,12 +253,12 @@ var (
 // general parser, for anything else, including every invalid line; so the
 // two paths cannot disagree on what they both accept (FuzzParse checks it).
 func (p *Parser) parseCompactToken(line []byte, ev *tokenevent.Event) bool {
-	if !bytes.HasPrefix(line, compactTokenPrefix) {
+	if !hasTokenPrefix(line) {
 		return false
 	}
 	i := len(compactTokenPrefix)
 	j := plainEnd(line, i)
-	if j == i || j-i > p.limits.MaxSessionIDBytes || !bytes.HasPrefix(line[j:], compactTokenTime) {
+	if j == i || j-i > p.limits.MaxSessionIDBytes || !hasTokenTime(line[j:]) {
 		return false
 	}
 	sid := line[i:j]
@@ -275,6 +303,19 @@ var compactTokenEvent = tokenevent.Event{
 // fitting an int64 (19 digits cannot overflow the uint64 it sums in);
 // anything else is left to the general parser.
 func compactUint(line []byte, i int) (v uint64, next int, ok bool) {
+	if i+19 <= len(line) {
+		// A time_unix_nano (every line has one) is 19 digits: three
+		// overlapping words, the third's last three digits.
+		x, y, z := binary.LittleEndian.Uint64(line[i:]), binary.LittleEndian.Uint64(line[i+8:]), binary.LittleEndian.Uint64(line[i+11:])
+		if swar.EightDigits(x) && swar.EightDigits(y) && swar.EightDigits(z) {
+			v = swar.EightDigitsValue(x)*100_000_000_000 + swar.EightDigitsValue(y)*1000 +
+				(z>>40&0xF)*100 + (z>>48&0xF)*10 + z>>56&0xF
+			if line[i] == '0' || v > math.MaxInt64 {
+				return 0, i + 19, false
+			}
+			return v, i + 19, true
+		}
+	}
 	start := i
 	// Eight digits at a time while there are: a time_unix_nano has 19, and
 	// reading it a digit at a time was a tenth of the path's cost.

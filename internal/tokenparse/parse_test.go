@@ -587,10 +587,13 @@ func TestCompactUint(t *testing.T) {
 		wv, wnext, wok := compactUintByDigit(line, i)
 		require.Equal(t, [3]any{wv, wnext, wok}, [3]any{v, next, ok}, "%q from %d", line, i)
 	}
-	for _, s := range []string{"1700000000000000000", "9223372036854775807", "9223372036854775808", "99999999", "12345678", "00000000"} {
-		v, _, ok := compactUint([]byte(s), 0)
-		wv, _, wok := compactUintByDigit([]byte(s), 0)
+	// 19 digits (a time_unix_nano) take a path of their own.
+	for _, s := range []string{"1700000000000000000", "9223372036854775807", "9223372036854775808", "99999999", "12345678", "00000000",
+		"1700000000000000000}", "0700000000000000000,", "17000000000000000001", "9999999999999999999", "1234567890123456789,\"count\":2}"} {
+		v, next, ok := compactUint([]byte(s), 0)
+		wv, wnext, wok := compactUintByDigit([]byte(s), 0)
 		assert.Equal(t, wv, v, s)
+		assert.Equal(t, wnext, next, s)
 		assert.Equal(t, wok, ok, s)
 	}
 }
@@ -691,5 +694,26 @@ func TestPlainEnd(t *testing.T) {
 				require.Equal(t, naive(b, from), plainEnd(b, from), "byte %#x at %d, from %d", c, pos, from)
 			}
 		}
+	}
+}
+
+// The token line's two long keys, matched by words, match as
+// bytes.HasPrefix does: each byte of them checked, and no shorter line.
+func TestTokenKeysByWords(t *testing.T) {
+	for _, k := range []struct {
+		key []byte
+		has func([]byte) bool
+	}{{compactTokenPrefix, hasTokenPrefix}, {compactTokenTime, hasTokenTime}} {
+		line := append(append([]byte(nil), k.key...), "1}"...)
+		for i := range k.key {
+			for _, c := range []byte{0, 'x', k.key[i] ^ 0x20, k.key[i] ^ 1} {
+				b := append([]byte(nil), line...)
+				b[i] = c
+				assert.Equal(t, bytes.HasPrefix(b, k.key), k.has(b), "%q", b)
+			}
+		}
+		assert.True(t, k.has(line))
+		assert.True(t, k.has(line[:len(k.key)]))
+		assert.False(t, k.has(line[:len(k.key)-1]))
 	}
 }

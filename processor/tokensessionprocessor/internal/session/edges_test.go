@@ -4,6 +4,8 @@
 package session
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -317,4 +319,45 @@ func TestWindowTPOTMaxFullWindows(t *testing.T) {
 	tbl, rec := newTable(t, func(c *Config) { c.Window = 3; c.Stall.Gap = time.Second })
 	apply(tbl, start("w", t0), tok("w", t0+10*ms, 1), tok("w", t0+210*ms, 1), tok("w", t0+220*ms, 1), tok("w", t0+230*ms, 1), tok("w", t0+240*ms, 1), end("w", t0+240*ms, -1))
 	assert.Equal(t, 73333*time.Microsecond, rec.ended[0].WMax, "(200+10+10)/3, not the lone 200 ms")
+}
+
+// WindowTPOTMax is the highest mean, in whole µs, of any full window of
+// per-token gaps: checked against that definition over random gaps (chunks
+// of several tokens included, whose gap is the time over the count), as
+// the fold finds a new maximum without dividing on every token.
+func TestWindowTPOTMaxIsHighestFullWindowMean(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for round := range 50 {
+		window := 1 + rng.IntN(8)
+		tbl, rec := newTable(t, func(c *Config) { c.Window = window; c.Stall.Gap = time.Hour })
+		id := fmt.Sprintf("w%d", round)
+		at := t0
+		apply(tbl, start(id, at))
+		at += 10 * ms
+		apply(tbl, tok(id, at, 1))
+		var gaps []int64 // per token, µs
+		var want time.Duration
+		for range 5 + rng.IntN(60) {
+			count := int64(1)
+			if rng.IntN(4) == 0 {
+				count = 1 + rng.Int64N(4)
+			}
+			d := 1 + rng.Int64N(int64(50*time.Millisecond))
+			at += d
+			apply(tbl, tok(id, at, count))
+			for range min(count, int64(window)) {
+				gaps = append(gaps, int64(time.Duration(d/count)/time.Microsecond))
+			}
+			if len(gaps) >= window {
+				var sum int64
+				for _, g := range gaps[len(gaps)-window:] {
+					sum += g
+				}
+				want = max(want, time.Duration(sum/int64(window))*time.Microsecond)
+			}
+		}
+		apply(tbl, end(id, at, -1))
+		require.Len(t, rec.ended, 1)
+		require.Equal(t, want, rec.ended[0].WMax, "round %d, window %d, gaps %v", round, window, gaps)
+	}
 }

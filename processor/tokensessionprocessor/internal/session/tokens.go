@@ -171,7 +171,11 @@ func (t *Table[S]) token(s *entry[S], at, count, now int64, out *[]Report[S]) {
 		s.FirstTokenTime = min(s.FirstTokenTime, at)
 		return
 	}
-	gap := time.Duration(at-s.LastTokenTime) / time.Duration(count)
+	gap := time.Duration(at - s.LastTokenTime)
+	if count != 1 {
+		// Most events are one token: no division for them.
+		gap /= time.Duration(count)
+	}
 	if gap > t.cfg.Stall.Gap && s.slowRun == 0 {
 		s.slowSince = s.LastTokenTime
 	}
@@ -209,15 +213,18 @@ func (t *Table[S]) pushGap(s *entry[S], g time.Duration, n int64) {
 		// The slot overwritten is 0 until the window is full.
 		s.gapSum += uint64(us) - uint64(gaps[s.gapNext])
 		gaps[s.gapNext] = us
-		s.gapNext = uint16((int(s.gapNext) + 1) % len(gaps))
+		// A compare, not a modulo: a division per token.
+		if s.gapNext++; int(s.gapNext) == len(gaps) {
+			s.gapNext = 0
+		}
 		s.gapLen = uint16(min(int(s.gapLen)+1, len(gaps)))
 	}
 	// Full windows only: over a partial one, a single long early gap
-	// would set the maximum.
-	if int(s.gapLen) == len(gaps) {
-		if w, _ := s.WindowTPOT(); w > s.WindowTPOTMax {
-			s.WindowTPOTMax = w
-		}
+	// would set the maximum. WindowTPOT (gapSum/len µs, rounded down)
+	// exceeds the maximum m µs exactly when gapSum ≥ (m+1)·len: the mean
+	// is divided out only when it is a new maximum.
+	if size := uint64(len(gaps)); uint64(s.gapLen) == size && s.gapSum >= (uint64(s.WindowTPOTMax/time.Microsecond)+1)*size {
+		s.WindowTPOTMax, _ = s.WindowTPOT()
 	}
 }
 
