@@ -159,6 +159,12 @@ rss_kb() { awk '/^VmRSS:/{print $2}' "/proc/$1/status"; }
 # the runtime's whole MemStats (stacks, GC goal, idle spans) go to
 # $WORK/memstats.txt, and with PROFILE=1 beside the profiles.
 heap_bytes() { curl -sf "http://127.0.0.1:$PPROF_PORT/debug/pprof/heap?gc=1&debug=1" | sed -n '/^# runtime.MemStats/,$p' | tee "$WORK/memstats.txt" | awk '/^# HeapAlloc = /{print $4; exit}'; }
+# mem_parts FILE: "heap_resident stack_inuse gc_goal" bytes of a saved MemStats:
+# the heap's pages the process holds (HeapSys − HeapReleased: in use, and
+# freed but not yet returned to the OS), the goroutine stacks, the next GC's
+# target.
+mem_parts() { awk '/^# HeapSys = /{s=$4} /^# HeapReleased = /{r=$4} /^# Stack = /{k=$4} /^# NextGC = /{g=$4}
+  END{print s-r+0, k+0, g+0}' "$1" 2>/dev/null || echo 0 0 0; }
 # seconds DURATION: whole seconds of a Go duration such as 10s or 1m (3 if unsure).
 seconds() { case $1 in *ms) echo 1 ;; *m) echo $((${1%m} * 60)) ;; *s) echo "${1%s}" | cut -d. -f1 ;; *) echo 3 ;; esac; }
 nginx_pids() { local m; m=$(cat "$WORK/nginx.pid"); echo "$m" $(ps -o pid= --ppid "$m"); }
@@ -173,6 +179,7 @@ wait_port $UP_PORT; wait_port $COL_PORT; wait_port $NGX_PORT
 sleep 2
 COL_RSS_IDLE=$(rss_kb $COL_PID)
 COL_HEAP_IDLE=$(heap_bytes)
+read -r COL_HEAPRES_IDLE COL_STACK_IDLE _ < <(mem_parts "$WORK/memstats.txt")
 echo "collector idle RSS ${COL_RSS_IDLE} kB; $(nproc) cores; N=$N GAP=$GAP DURATION=$DURATION" >&2
 
 RUNS="$WORK/runs.jsonl"; : >"$RUNS"
@@ -194,7 +201,7 @@ run_path() {
     ( while sleep 0.5; do rss_kb $COL_PID >>"$WORK/rss.txt"; done ) & RSS_PID=$!; PIDS+=($RSS_PID)
     # The live heap once, halfway through the run, every stream open; the
     # profiles of the first repetition only.
-    ( sleep $(( $(seconds "$dur") / 2 + 1 )); heap_bytes >"$WORK/heap.txt"
+    ( sleep $(( $(seconds "$dur") / 2 + 1 )); heap_bytes >"$WORK/heap.txt"; cp "$WORK/memstats.txt" "$WORK/memstats-run.txt"
       if [[ $PROFILE == 1 && $rep == 1 ]]; then cp "$WORK/memstats.txt" "$OUT_DIR/collector-memstats-$tag.txt"
         curl -sf -o "$OUT_DIR/collector-heap-$tag.pprof" "http://127.0.0.1:$PPROF_PORT/debug/pprof/heap"; fi ) & PIDS+=($!)
     if [[ $PROFILE == 1 && $rep == 1 ]]; then
@@ -209,6 +216,7 @@ run_path() {
   read -r pu1 pk1 < <(ticks $(pids)); read -r uu1 uk1 < <(ticks $UP_PID); cs1=$(ctxsw $(pids))
   kill -USR1 $UP_PID; sleep 0.2; up_after=$(tail -1 "$WORK/upstream.log")
   rss_med=0; rss_max=0; heap_run=$(cat "$WORK/heap.txt" 2>/dev/null || true); heap_run=${heap_run:-0}
+  read -r heapres_run stack_run goal_run < <(mem_parts "$WORK/memstats-run.txt"); rm -f "$WORK/memstats-run.txt"
   if [[ $path == collector ]]; then
     # steady state: drop the first 4 samples (2 s ramp) and the last 2 (drain)
     read -r rss_med rss_max < <(head -n -2 "$WORK/rss.txt" | tail -n +5 | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]+0, a[NR]+0}')
@@ -219,6 +227,8 @@ run_path() {
     --argjson cs "$((cs1 - cs0))" \
     --argjson rss_idle "$COL_RSS_IDLE" --argjson rss_before "$rss_before" --argjson rss_med "$rss_med" --argjson rss_max "$rss_max" \
     --argjson heap_idle "${COL_HEAP_IDLE:-0}" --argjson heap_run "$heap_run" \
+    --argjson heapres_idle "${COL_HEAPRES_IDLE:-0}" --argjson stack_idle "${COL_STACK_IDLE:-0}" \
+    --argjson heapres_run "${heapres_run:-0}" --argjson stack_run "${stack_run:-0}" --argjson goal_run "${goal_run:-0}" \
     --argjson up_before "$up_before" --argjson up_after "$up_after" '
     . + {kind: $kind, path: $path, c: $c, rep: $rep, wall_s: $wall,
          proxy_cpu_s: ($pt / $tck), upstream_cpu_s: ($ut / $tck),
@@ -230,7 +240,9 @@ run_path() {
          upstream_requests: ($up_after.requests - $up_before.requests)}
     + (if $path == "collector" then {collector_rss_idle_kb: $rss_idle, collector_rss_before_kb: $rss_before,
          collector_rss_run_median_kb: $rss_med, collector_rss_run_max_kb: $rss_max,
-         collector_heap_idle_bytes: $heap_idle, collector_heap_run_bytes: $heap_run} else {} end)' >>"$RUNS"
+         collector_heap_idle_bytes: $heap_idle, collector_heap_run_bytes: $heap_run,
+         collector_heap_resident_idle_bytes: $heapres_idle, collector_heap_resident_run_bytes: $heapres_run,
+         collector_stack_idle_bytes: $stack_idle, collector_stack_run_bytes: $stack_run, collector_gc_goal_run_bytes: $goal_run} else {} end)' >>"$RUNS"
   tail -1 "$RUNS" >&2
   sleep 2
 }
@@ -276,7 +288,9 @@ jq -s --arg n "$N" --arg gap "$GAP" --argjson gap_ms "$GAP_MS" --arg dur "$DURAT
               cpu_ratio: (if $r.path == "collector" then $r.proxy_cpu_us_per_event / $x.proxy_cpu_us_per_event else null end),
               p99_over_nginx_us: (if $r.path == "collector" then $r.p99_us - $x.p99_us else null end),
               mem_kb_per_stream: (if $r.path == "collector" then (($r.collector_rss_run_median_kb - $r.collector_rss_idle_kb) / $r.c) else null end),
-              heap_kb_per_stream: (if $r.path == "collector" and $r.collector_heap_run_bytes > 0 then (($r.collector_heap_run_bytes - $r.collector_heap_idle_bytes) / 1024 / $r.c) else null end)} ] as $rs
+              heap_kb_per_stream: (if $r.path == "collector" and $r.collector_heap_run_bytes > 0 then (($r.collector_heap_run_bytes - $r.collector_heap_idle_bytes) / 1024 / $r.c) else null end),
+              heap_resident_kb_per_stream: (if $r.path == "collector" and $r.collector_heap_resident_run_bytes > 0 then (($r.collector_heap_resident_run_bytes - $r.collector_heap_resident_idle_bytes) / 1024 / $r.c) else null end),
+              stack_kb_per_stream: (if $r.path == "collector" and $r.collector_stack_run_bytes > 0 then (($r.collector_stack_run_bytes - $r.collector_stack_idle_bytes) / 1024 / $r.c) else null end)} ] as $rs
   | {machine: {cores: ($cores|tonumber), clk_tck: '"$TCK"'},
      params: {n: ($n|tonumber), gap: $gap, duration: $dur, repeat: $repeat, client_asks_usage: $usage, busy_streams: $busy_streams, busy_duration: $busy_dur},
      nginx_version: $nginx, collector: $collector, runs: ($rs + $busy),
@@ -291,7 +305,9 @@ jq -s --arg n "$N" --arg gap "$GAP" --argjson gap_ms "$GAP_MS" --arg dur "$DURAT
           upstream_connections: (map(.upstream_connections) | add),
           rss_run_median_kb: med(.collector_rss_run_median_kb), rss_idle_kb: med(.collector_rss_idle_kb),
           mem_kb_per_stream: med(.mem_kb_per_stream), mem_kb_per_stream_runs: runs(.mem_kb_per_stream),
-          heap_kb_per_stream: med(.heap_kb_per_stream), heap_kb_per_stream_runs: runs(.heap_kb_per_stream)} ]
+          heap_kb_per_stream: med(.heap_kb_per_stream), heap_kb_per_stream_runs: runs(.heap_kb_per_stream),
+          heap_resident_kb_per_stream: med(.heap_resident_kb_per_stream), stack_kb_per_stream: med(.stack_kb_per_stream),
+          gc_goal_run_bytes: med(.collector_gc_goal_run_bytes)} ]
        | sort_by(.c, rank),
      busy_node: (if ($busy | length) == 0 then null else
        [ $busy[] as $r | select($r.path == "collector")
@@ -333,7 +349,7 @@ jq -s --arg n "$N" --arg gap "$GAP" --argjson gap_ms "$GAP_MS" --arg dur "$DURAT
     .summary[] | "| \(.path) | \(.c) | \(.runs) | \(.events_per_s|round) | \(.p50_us|round) | \(.p99_us|round) | \(if .path=="direct" then "—" else (.added_p50_us|round|tostring) end) | \(if .path=="direct" then "—" else (.added_p99_us|round|tostring) end) | \(.cpu_us_per_event|r1) | \(.sys_us_per_event|r1) | \(if .cpu_ratio_collector_nginx==null then "" else "\(.cpu_ratio_collector_nginx|r2)× (\(.cpu_ratio_runs|min|r2)–\(.cpu_ratio_runs|max|r2))" end) | \(if .ctxsw_per_event==null then "—" else (.ctxsw_per_event|r2) end) | \(.upstream_connections) | \(.errors) |"' "$OUT_JSON"
   echo
   jq -r 'def r1: (.*10|round/10|tostring);
-    .summary[] | select(.path=="collector") | "Collector memory at C=\(.c) (median run): RSS idle \(.rss_idle_kb) kB, during the run \(.rss_run_median_kb) kB → \(.mem_kb_per_stream|r1) kB per open stream ((median − idle) ÷ C; runs \(.mem_kb_per_stream_runs|map(r1)|join(", "))); live heap after a forced GC halfway through, less idle, \(if .heap_kb_per_stream==null then "—" else (.heap_kb_per_stream|r1) end) KiB per open stream (runs \(.heap_kb_per_stream_runs|map(r1)|join(", ")))."' "$OUT_JSON"
+    .summary[] | select(.path=="collector") | "Collector memory at C=\(.c) (median run): RSS idle \(.rss_idle_kb) kB, during the run \(.rss_run_median_kb) kB → \(.mem_kb_per_stream|r1) kB per open stream ((median − idle) ÷ C; runs \(.mem_kb_per_stream_runs|map(r1)|join(", "))); live heap after a forced GC halfway through, less idle, \(if .heap_kb_per_stream==null then "—" else (.heap_kb_per_stream|r1) end) KiB per open stream (runs \(.heap_kb_per_stream_runs|map(r1)|join(", "))); at that moment, less idle, per open stream: the heap pages the process holds (in use, or freed and not yet returned to the OS) \(if .heap_resident_kb_per_stream==null then "—" else (.heap_resident_kb_per_stream|r1) end) KiB, goroutine stacks \(if .stack_kb_per_stream==null then "—" else (.stack_kb_per_stream|r1) end) KiB; the next GC target \(if .gc_goal_run_bytes==null then "—" else (.gc_goal_run_bytes/1048576|r1) end) MiB."' "$OUT_JSON"
   # What one more stream costs, whatever the idle process holds: the RSS
   # slope between the smallest and the largest concurrency.
   jq -r '[.summary[] | select(.path=="collector")] | select(length > 1) | .[0] as $a | .[-1] as $b

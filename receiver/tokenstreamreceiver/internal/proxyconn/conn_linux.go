@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 )
@@ -23,12 +24,23 @@ func wrap(c net.Conn) net.Conn {
 	if err != nil {
 		return c
 	}
-	r := &rawTCPConn{TCPConn: tc, rc: rc}
+	return newRawTCPConn(tc, rc)
+}
+
+func newRawTCPConn(sock socketConn, rc syscall.RawConn) *rawTCPConn {
+	r := &rawTCPConn{socketConn: sock, rc: rc}
 	r.r = call{op: "read", trap: syscall.SYS_READ}
 	r.w = call{op: "write", trap: syscall.SYS_WRITE, whole: true}
 	r.tw = call{op: "write", trap: syscall.SYS_WRITE, whole: true, noWait: true}
 	r.r.fn, r.w.fn, r.tw.fn = r.r.do, r.w.do, r.tw.do
 	return r
+}
+
+// socketConn is what a rawTCPConn holds its socket as: a *net.TCPConn, or
+// a *fileConn once the socket was detached and attached again.
+type socketConn interface {
+	net.Conn
+	syscall.Conn
 }
 
 // rawTCPConn is a TCP connection whose reads and writes are raw system
@@ -45,7 +57,7 @@ func wrap(c net.Conn) net.Conn {
 // per event. A non-blocking socket never blocks the thread, so the
 // scheduler need not be told.
 type rawTCPConn struct {
-	*net.TCPConn
+	socketConn
 	rc syscall.RawConn
 	// r and w are Read's and Write's; tw is TryWrite's.
 	r, w, tw call
@@ -155,6 +167,10 @@ func (c *rawTCPConn) opError(op string, err error) error {
 	if errors.As(err, &oe) {
 		err = oe.Err
 	}
+	if fc, ok := c.socketConn.(*fileConn); ok && fc.closed.Load() {
+		// An *os.File says "use of closed file".
+		err = net.ErrClosed
+	}
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }
 
@@ -167,7 +183,7 @@ func Idle(c net.Conn) bool {
 	var sc syscall.Conn
 	switch c := c.(type) {
 	case *rawTCPConn:
-		sc = c.TCPConn
+		sc = c.socketConn
 	case *net.TCPConn:
 		sc = c
 	default:
@@ -186,4 +202,58 @@ func Idle(c net.Conn) bool {
 		return false
 	}
 	return idle
+}
+
+// ReadFrom, WriteTo and CloseWrite are the *net.TCPConn's, as when it was
+// embedded; a fileConn has the plain copies and shutdown.
+func (c *rawTCPConn) ReadFrom(r io.Reader) (int64, error) {
+	if tc, ok := c.socketConn.(*net.TCPConn); ok {
+		return tc.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{c}, r)
+}
+
+func (c *rawTCPConn) WriteTo(w io.Writer) (int64, error) {
+	if tc, ok := c.socketConn.(*net.TCPConn); ok {
+		return tc.WriteTo(w)
+	}
+	return io.Copy(w, struct{ io.Reader }{c})
+}
+
+func (c *rawTCPConn) CloseWrite() error {
+	if tc, ok := c.socketConn.(*net.TCPConn); ok {
+		return tc.CloseWrite()
+	}
+	var serr error
+	if err := c.rc.Control(func(fd uintptr) { serr = syscall.Shutdown(int(fd), syscall.SHUT_WR) }); err != nil {
+		return c.opError("close", err)
+	}
+	if serr != nil {
+		return c.opError("close", os.NewSyscallError("shutdown", serr))
+	}
+	return nil
+}
+
+// fileConn is a TCP socket in the runtime's poller as an *os.File, what
+// Socket.Attach makes: os.NewFile costs two system calls where
+// net.FileConn costs fifteen (a copy of the descriptor, its addresses
+// read again, TCP_NODELAY and keep-alive set again, a second registration
+// with the poller), once per stream the loop relays. Its reads and writes
+// are the rawTCPConn's, through the File's RawConn, with deadlines as a
+// net.Conn's.
+type fileConn struct {
+	*os.File
+	laddr, raddr net.Addr
+	closed       atomic.Bool
+}
+
+func (c *fileConn) LocalAddr() net.Addr  { return c.laddr }
+func (c *fileConn) RemoteAddr() net.Addr { return c.raddr }
+
+func (c *fileConn) Close() error {
+	c.closed.Store(true)
+	if err := c.File.Close(); err != nil {
+		return &net.OpError{Op: "close", Net: "tcp", Source: c.laddr, Addr: c.raddr, Err: net.ErrClosed}
+	}
+	return nil
 }

@@ -229,6 +229,8 @@ func (w *Watch) Stop() {
 // poller, it wakes the loop's alone.
 type Socket struct {
 	fd int
+	// laddr and raddr are the connection's, for Attach.
+	laddr, raddr net.Addr
 }
 
 // Detach takes c's socket out of the runtime's poller: c is closed, the
@@ -249,8 +251,9 @@ func Detach(c net.Conn) (*Socket, error) {
 	if dupErr != nil {
 		return nil, dupErr
 	}
+	laddr, raddr := c.LocalAddr(), c.RemoteAddr()
 	_ = c.Close()
-	return &Socket{fd: fd}, nil
+	return &Socket{fd: fd, laddr: laddr, raddr: raddr}, nil
 }
 
 // Read is a read that never waits: ErrWouldBlock when there is nothing to
@@ -279,14 +282,23 @@ func (s *Socket) Read(b []byte) (int, error) {
 // Attach puts the socket back in the runtime's poller: the connection it
 // returns (one of this package's) is the socket's, s is no more.
 func (s *Socket) Attach() (net.Conn, error) {
-	f := os.NewFile(uintptr(s.fd), "")
+	// Non-blocking, so os.NewFile puts it in the poller (fileConn).
+	f := os.NewFile(uintptr(s.fd), "tcp")
 	s.fd = -1
-	c, err := net.FileConn(f) // a copy of the descriptor, in the poller
-	_ = f.Close()
+	if f == nil {
+		return nil, errors.New("proxyconn: attach: no socket")
+	}
+	// Deadlines need the poller; a file outside it refuses them.
+	err := f.SetDeadline(time.Time{})
+	var rc syscall.RawConn
+	if err == nil {
+		rc, err = f.SyscallConn()
+	}
 	if err != nil {
+		_ = f.Close()
 		return nil, err
 	}
-	return wrap(c), nil
+	return newRawTCPConn(&fileConn{File: f, laddr: s.laddr, raddr: s.raddr}, rc), nil
 }
 
 // Close closes the socket.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -160,4 +161,128 @@ func TestSocketReadEOF(t *testing.T) {
 		return errors.Is(err, io.EOF)
 	}, 10*time.Second, time.Millisecond)
 	assert.Equal(t, "last", string(got))
+}
+
+// BenchmarkDetachAttach is what a stream relayed by the loop pays to take
+// its upstream's socket out of the runtime's poller and to put it back.
+func BenchmarkDetachAttach(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	d, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(b, err)
+	peer := <-accepted
+	defer peer.Close()
+	c := wrap(d)
+	for b.Loop() {
+		sock, err := Detach(c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if c, err = sock.Attach(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c.Close()
+}
+
+// A socket attached again is a connection as net.Conn's are: its
+// addresses, a read deadline that times out as a net.Error, a write, the
+// half-close, Idle, a second detach, and net.ErrClosed once closed.
+func TestAttachedConn(t *testing.T) {
+	conn, peer := tcpPair(t)
+	laddr, raddr := conn.LocalAddr().String(), conn.RemoteAddr().String()
+	sock, err := Detach(conn)
+	require.NoError(t, err)
+	c, err := sock.Attach()
+	require.NoError(t, err)
+	defer c.Close()
+	require.True(t, CanTry(c))
+	assert.Equal(t, laddr, c.LocalAddr().String())
+	assert.Equal(t, raddr, c.RemoteAddr().String())
+	assert.True(t, Idle(c), "open, nothing to read")
+
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Millisecond)))
+	_, err = c.Read(make([]byte, 1))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	var ne net.Error
+	require.ErrorAs(t, err, &ne)
+	assert.True(t, ne.Timeout())
+	require.NoError(t, c.SetReadDeadline(time.Time{}))
+
+	_, err = c.Write([]byte("ping"))
+	require.NoError(t, err)
+	buf := make([]byte, 4)
+	_, err = io.ReadFull(peer, buf)
+	require.NoError(t, err)
+	assert.Equal(t, "ping", string(buf))
+
+	// Detached and attached again, the bytes the peer sent stay.
+	_, err = peer.Write([]byte("pong"))
+	require.NoError(t, err)
+	sock, err = Detach(c)
+	require.NoError(t, err)
+	c, err = sock.Attach()
+	require.NoError(t, err)
+	_, err = io.ReadFull(c, buf)
+	require.NoError(t, err)
+	assert.Equal(t, "pong", string(buf))
+
+	raw, ok := c.(*rawTCPConn)
+	require.True(t, ok)
+	require.NoError(t, raw.CloseWrite())
+	n, err := peer.Read(buf)
+	assert.Equal(t, 0, n)
+	require.ErrorIs(t, err, io.EOF, "the peer sees the half-close")
+
+	require.NoError(t, peer.Close())
+	require.Eventually(t, func() bool { return !Idle(c) }, 10*time.Second, time.Millisecond, "a closed peer is not idle")
+
+	require.NoError(t, c.Close())
+	_, err = c.Read(buf)
+	require.ErrorIs(t, err, net.ErrClosed)
+	_, err = c.Write(buf)
+	require.ErrorIs(t, err, net.ErrClosed)
+	require.ErrorIs(t, c.Close(), net.ErrClosed)
+}
+
+// A socket attached again is relayed by the loop as the first one was.
+func TestAttachedConnDetachedForLoop(t *testing.T) {
+	l, err := NewLoop()
+	require.NoError(t, err)
+	defer l.Close()
+	conn, peer := tcpPair(t)
+	sock, err := Detach(conn)
+	require.NoError(t, err)
+	c, err := sock.Attach()
+	require.NoError(t, err)
+	sock, err = Detach(c)
+	require.NoError(t, err)
+	defer sock.Close()
+	got := make(chan string, 1)
+	require.True(t, l.Post(func() {
+		var w *Watch
+		w, err := l.Watch(sock, func() {
+			var b [8]byte
+			n, _ := sock.Read(b[:])
+			w.Stop()
+			got <- string(b[:n])
+		})
+		if err != nil {
+			got <- err.Error()
+		}
+	}))
+	_, err = peer.Write([]byte("tok"))
+	require.NoError(t, err)
+	select {
+	case s := <-got:
+		assert.Equal(t, "tok", s)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no callback")
+	}
 }
