@@ -14,8 +14,19 @@ import (
 // settled after every batch; each session ends after 128 tokens and a new
 // one takes its place.
 func BenchmarkStepsToken(b *testing.B) {
-	for _, running := range []int{10, 200} {
-		b.Run(fmt.Sprintf("running=%d", running), func(b *testing.B) {
+	for _, c := range []struct {
+		running int
+		// apart: each session's tokens this far from the previous
+		// session's (ns): 0, an engine's steps; 2 ms (over Join), a sender whose
+		// tokens fit no steps (each its own, bounded by maxStepsHeld).
+		apart int64
+	}{{10, 0}, {200, 0}, {200, 2e6}} {
+		running := c.running
+		name := fmt.Sprintf("running=%d", running)
+		if c.apart > 0 {
+			name += "/unaligned"
+		}
+		b.Run(name, func(b *testing.B) {
 			e := NewSteps(StepsConfig{StepTokens: 2048, Join: 1e6, Lag: 2e9})
 			e.SetPower(300)
 			accts := make([]*Account, running)
@@ -31,7 +42,7 @@ func BenchmarkStepsToken(b *testing.B) {
 			for n := 0; n < b.N; {
 				for i := range accts {
 					for k := int64(1); k <= perBatch; k++ {
-						e.Token(accts[i], batch+k*step, 1)
+						e.Token(accts[i], batch+k*step+int64(i)*c.apart, 1)
 						n++
 					}
 					if toks[i] += perBatch; toks[i] >= 128 {

@@ -6,6 +6,7 @@ package attribution // import "github.com/otelcol-llm/otelcol-llm/internal/attri
 import (
 	"math"
 	"slices"
+	"sort"
 )
 
 // Steps is one engine's account settled from its steps as the token
@@ -53,7 +54,7 @@ type Steps struct {
 
 	// steps are the steps not settled yet, in time order; classified of
 	// them have their tokens read (decodes counted, prefills spread).
-	steps      []step
+	steps      []*step
 	classified int
 	// settledTo is the end of the last settled step (the start of
 	// steps[0]), from the engine's first arrival on (started).
@@ -72,9 +73,11 @@ type Steps struct {
 	// Late counts tokens that came after their step was settled: their
 	// weight is lost to the others in it.
 	late int64
-	// final are the accounts made final by the last Settle.
-	final []*Account
-	free  []step
+	// final are the accounts made final by the last Settle (finalTaken:
+	// handed out), or since.
+	final      []*Account
+	finalTaken bool
+	free       []*step
 }
 
 // gapsKept is how many of the latest times between a session's tokens set
@@ -290,7 +293,7 @@ func (e *Steps) Token(a *Account, at, n int64) bool {
 		e.late++
 		return false
 	}
-	s := &e.steps[j]
+	s := e.steps[j]
 	s.tokens = append(s.tokens, s.newStepToken(a, prev, n))
 	a.pending++
 	if j < e.classified {
@@ -305,9 +308,13 @@ func (e *Steps) stepAt(at int64) (int, bool) {
 	if at <= e.settledTo+e.join && (len(e.steps) == 0 || at < e.steps[0].at-e.join) {
 		return 0, false
 	}
+	// The step after which at's goes: the last, mostly (tokens come in
+	// time order), else found by halving. The steps are in time order; a
+	// sender whose tokens fit no engine's steps (each its own step, out of
+	// order) must not cost a walk over them all a token.
 	i := len(e.steps)
-	for i > 0 && e.steps[i-1].at > at+e.join {
-		i--
+	if i > 0 && e.steps[i-1].at > at+e.join {
+		i = sort.Search(i-1, func(k int) bool { return e.steps[k].at > at+e.join })
 	}
 	if i > 0 && at <= e.steps[i-1].last+e.join && at-e.steps[i-1].at <= 2*e.join {
 		// Within Join of a token of the step: its tokens come spread by
@@ -315,11 +322,21 @@ func (e *Steps) stepAt(at int64) (int, bool) {
 		// ended, so the step ends at its earliest. A step spans at most
 		// twice Join: a stream of tokens closer than Join does not chain
 		// into one step without end.
-		s := &e.steps[i-1]
+		s := e.steps[i-1]
 		s.at, s.last = min(s.at, at), max(s.last, at)
 		return i - 1, true
 	}
-	var s step
+	if len(e.steps) >= maxStepsHeld {
+		// Settle the oldest early: a sender's tokens that fit no
+		// engine's steps (each its own step) would otherwise hold as many
+		// steps as tokens inside Lag, each new one moved in among them.
+		e.settleOldest()
+		i--
+		if i < 0 {
+			return 0, false // at was in the step settled
+		}
+	}
+	s := &step{}
 	if n := len(e.free); n > 0 {
 		s, e.free = e.free[n-1], e.free[:n-1]
 	}
@@ -351,11 +368,13 @@ func (e *Steps) End(a *Account, at, prompt, output int64) {
 		e.latest = at
 	}
 	if a.pending == 0 {
-		e.finish(a)
+		e.finish(a, false)
 	}
 }
 
-func (e *Steps) finish(a *Account) {
+// finish makes a's share final; settled: by a step's settling, handed
+// out by Settle (End's caller sees Final at once).
+func (e *Steps) finish(a *Account, settled bool) {
 	if a.is(accountReported) {
 		return
 	}
@@ -369,7 +388,9 @@ func (e *Steps) finish(a *Account) {
 	if a.EnergyKnown() {
 		e.totals.ChargedEnergy += a.Energy
 	}
-	e.final = append(e.final, a)
+	if settled {
+		e.final = append(e.final, a)
+	}
 }
 
 // prevEnd is the end of the step before steps[j].
@@ -382,7 +403,7 @@ func (e *Steps) prevEnd(j int) int64 {
 
 // classify reads token i of step j.
 func (e *Steps) classify(j, i int) {
-	s := &e.steps[j]
+	s := e.steps[j]
 	t := &s.tokens[i]
 	if t.is(tokenRead) {
 		return
@@ -412,8 +433,11 @@ func (e *Steps) preempted(prev int64, j int) bool {
 	for k := j - 1; k >= 0 && e.steps[k].at > prev+e.join; k-- {
 		missed += e.steps[k].at - e.prevEnd(k)
 		decoded = decoded || e.steps[k].decoders > 0
+		if decoded && missed >= 2*e.join {
+			return true // no need to walk further back
+		}
 	}
-	return decoded && missed >= 2*e.join
+	return false
 }
 
 // spread charges tokens of prompt to a in steps[j] and the ones before
@@ -425,7 +449,7 @@ func (e *Steps) spread(a *Account, tokens float64, j int, from int64) {
 	left := tokens
 	k := j
 	if !e.cfg.PrefillFirst {
-		for ; k > 0 && left > 0; k-- {
+		for ; k > 0 && left > 0 && j-k < maxSpreadSteps; k-- {
 			room := e.budget - e.steps[k].decoders - e.steps[k].prefill
 			if room >= left || e.prevEnd(k) <= from+e.join {
 				break
@@ -441,8 +465,15 @@ func (e *Steps) spread(a *Account, tokens float64, j int, from int64) {
 	}
 }
 
+// maxSpreadSteps bounds how many steps back a prompt is spread: what is
+// left after them goes to the earliest. A real engine's queue and chunked
+// prefill span far fewer (a 2 s wait at 10 ms steps is 200); a sender's
+// tokens that fit no engine's steps could otherwise cost a walk over
+// every step held, a token.
+const maxSpreadSteps = 1024
+
 func (e *Steps) chunk(a *Account, k int, w float64) {
-	s := &e.steps[k]
+	s := e.steps[k]
 	s.prefill += w
 	s.chunks = append(s.chunks, stepChunk{a: a, w: w})
 	a.pending++
@@ -478,21 +509,9 @@ func (e *Steps) HasPower() bool { return e.hasPower }
 // settles those that ended Lag before it, then returns the accounts made
 // final (valid until the next call). now is on the engine's clock.
 func (e *Steps) Settle(now int64) []*Account {
-	e.final = e.final[:0]
+	e.takeFinal()
 	for e.classified < len(e.steps) && e.steps[e.classified].at <= now-e.cfg.Lag/2 {
-		j := e.classified
-		s := &e.steps[j]
-		// Decodes first, so that the prompts spread in this step see
-		// what its decodes left of its budget.
-		for i := range s.tokens {
-			if t := &s.tokens[i]; !t.is(tokenFirst) && s.prevOf(t) >= e.prevEnd(j)-e.join {
-				e.classify(j, i)
-			}
-		}
-		for i := range s.tokens {
-			e.classify(j, i)
-		}
-		e.classified++
+		e.classifyNext()
 	}
 	for e.classified > 0 && e.steps[0].at <= now-e.cfg.Lag {
 		e.settle()
@@ -502,8 +521,48 @@ func (e *Steps) Settle(now int64) []*Account {
 		e.idle(now - e.cfg.Lag - e.settledTo)
 		e.settledTo = now - e.cfg.Lag
 	}
+	e.finalTaken = true
 	return e.final
 }
+
+// takeFinal empties final once Settle has handed it out: the accounts made
+// final since (here, or by a step settled early) go out with the next.
+func (e *Steps) takeFinal() {
+	if e.finalTaken {
+		e.final, e.finalTaken = e.final[:0], false
+	}
+}
+
+// classifyNext reads the tokens of the first step not read yet.
+func (e *Steps) classifyNext() {
+	j := e.classified
+	s := e.steps[j]
+	// Decodes first, so that the prompts spread in this step see what
+	// its decodes left of its budget.
+	for i := range s.tokens {
+		if t := &s.tokens[i]; !t.is(tokenFirst) && s.prevOf(t) >= e.prevEnd(j)-e.join {
+			e.classify(j, i)
+		}
+	}
+	for i := range s.tokens {
+		e.classify(j, i)
+	}
+	e.classified++
+}
+
+// settleOldest settles the oldest step before its time, read first if it
+// was not.
+func (e *Steps) settleOldest() {
+	e.takeFinal()
+	if e.classified == 0 {
+		e.classifyNext()
+	}
+	e.settle()
+}
+
+// maxStepsHeld bounds the steps an engine holds: a real engine's steps
+// inside settle_after are far fewer (2 s of 10 ms steps is 200).
+const maxStepsHeld = 2048
 
 // gapEvery is how many times between a session's tokens there are for one
 // kept in gaps: a sample is enough for a median, and sorting gapsKept of
@@ -536,7 +595,7 @@ func (e *Steps) idle(d int64) {
 
 // settle charges steps[0] and drops it.
 func (e *Steps) settle() {
-	s := &e.steps[0]
+	s := e.steps[0]
 	start := e.settledTo
 	// The step began no earlier than the first arrival of a session in
 	// it: before that the engine had nothing to run.
@@ -578,8 +637,13 @@ func (e *Steps) settle() {
 	e.settledTo = s.at
 	clear(s.tokens)
 	clear(s.chunks)
-	e.free = append(e.free, step{tokens: s.tokens[:0], chunks: s.chunks[:0]})
-	e.steps = slices.Delete(e.steps, 0, 1)
+	*s = step{tokens: s.tokens[:0], chunks: s.chunks[:0]}
+	e.free = append(e.free, s)
+	// Off the front without moving the others (slices.Delete moved every
+	// step held, a settled step); append gives the steps a new array as
+	// the front's room runs out.
+	e.steps[0] = nil
+	e.steps = e.steps[1:]
 	e.classified--
 }
 
@@ -600,7 +664,7 @@ func (e *Steps) charge(a *Account, t float64, prefill bool) {
 
 func (e *Steps) release(a *Account) {
 	if a.pending--; a.pending == 0 && a.is(accountEnded) {
-		e.finish(a)
+		e.finish(a, true)
 	}
 }
 

@@ -190,3 +190,49 @@ func TestStepTokenPrevTime(t *testing.T) {
 	assert.True(t, first.is(tokenFirst))
 	assert.Equal(t, float64(tokenCountMax), first.n())
 }
+
+// A sender whose tokens fit no engine's steps (each its own step, in no
+// order across sessions: sessions of several engines under one name, or
+// a sender's own clock) holds at most maxStepsHeld steps: the oldest is
+// settled early, and the sessions it made final are handed out by the next
+// Settle, each once, with every settled step's time charged.
+func TestStepsHeldBounded(t *testing.T) {
+	e := NewSteps(StepsConfig{StepTokens: 100, Join: time.Microsecond.Nanoseconds(), Lag: time.Hour.Nanoseconds()})
+	accts := make([]Account, 10)
+	for i := range accts {
+		e.Arrive(&accts[i], 0, 10)
+	}
+	const perSession = 3 * maxStepsHeld / 10
+	us := time.Microsecond.Nanoseconds()
+	late := 0
+	for i := range accts {
+		// Session by session (as a batch groups them), each token 100 µs
+		// after its previous and 10 µs from any other session's: each its
+		// own step, every session's among the others'.
+		for k := range int64(perSession) {
+			if !e.Token(&accts[i], ms+k*100*us+int64(i)*10*us, 1) {
+				late++
+			}
+			require.LessOrEqual(t, len(e.steps), maxStepsHeld)
+		}
+	}
+	assert.Positive(t, late, "tokens older than the steps settled early are late")
+	assert.Equal(t, int64(late), e.Late())
+	final := map[*Account]int{}
+	for _, a := range e.Settle(ms) { // nothing due yet: what settled early
+		final[a]++
+	}
+	end := ms + perSession*100*us
+	for i := range accts {
+		e.End(&accts[i], end, 10, -1)
+	}
+	for _, a := range e.SettleAll() {
+		final[a]++
+	}
+	for i := range accts {
+		assert.True(t, accts[i].Final(), i)
+		assert.LessOrEqual(t, final[&accts[i]], 1, "handed out once")
+	}
+	tot := e.Totals()
+	assert.InDelta(t, tot.Busy, tot.Charged, 1e-9)
+}
