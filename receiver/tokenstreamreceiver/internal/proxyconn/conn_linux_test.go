@@ -28,7 +28,7 @@ import (
 
 // tcpPair returns both ends of a loopback TCP connection, the first one
 // wrapped by wrap.
-func tcpPair(t *testing.T) (*rawTCPConn, *net.TCPConn) {
+func tcpPair(t testing.TB) (*rawTCPConn, *net.TCPConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -166,19 +166,8 @@ func TestSocketReadEOF(t *testing.T) {
 // BenchmarkDetachAttach is what a stream relayed by the loop pays to take
 // its upstream's socket out of the runtime's poller and to put it back.
 func BenchmarkDetachAttach(b *testing.B) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(b, err)
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	d, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(b, err)
-	peer := <-accepted
-	defer peer.Close()
-	c := wrap(d)
+	raw, _ := tcpPair(b)
+	var c net.Conn = raw
 	for b.Loop() {
 		sock, err := Detach(c)
 		if err != nil {
