@@ -336,9 +336,11 @@ func (e *Steps) stepAt(at int64) (int, bool) {
 			return 0, false // at was in the step settled
 		}
 	}
-	s := &step{}
+	var s *step
 	if n := len(e.free); n > 0 {
 		s, e.free = e.free[n-1], e.free[:n-1]
+	} else {
+		s = &step{}
 	}
 	s.at, s.last, s.anchor = at, at, at
 	e.steps = slices.Insert(e.steps, i, s)
