@@ -28,10 +28,10 @@ import (
 
 // tcpPair returns both ends of a loopback TCP connection, the first one
 // wrapped by wrap.
-func tcpPair(t testing.TB) (*rawTCPConn, *net.TCPConn) {
-	t.Helper()
+func tcpPair(tb testing.TB) (*rawTCPConn, *net.TCPConn) {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	defer ln.Close()
 	accepted := make(chan net.Conn, 1)
 	go func() {
@@ -39,12 +39,12 @@ func tcpPair(t testing.TB) (*rawTCPConn, *net.TCPConn) {
 		accepted <- c
 	}()
 	d, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	peer := <-accepted
-	require.NotNil(t, peer)
+	require.NotNil(tb, peer)
 	raw, ok := wrap(d).(*rawTCPConn)
-	require.True(t, ok, "a TCP connection is wrapped")
-	t.Cleanup(func() { raw.Close(); peer.Close() })
+	require.True(tb, ok, "a TCP connection is wrapped")
+	tb.Cleanup(func() { raw.Close(); peer.Close() })
 	return raw, peer.(*net.TCPConn)
 }
 
