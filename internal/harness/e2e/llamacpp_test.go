@@ -623,9 +623,13 @@ func TestLlamaCppLeftAndKilled(t *testing.T) {
 }
 
 // perRequest matches what differs between two answers of llama.cpp to the
-// same request: the ID, the creation time and the measured times (the
-// timings' *_ms, *_per_token_ms and *_per_second; its counts stay).
-var perRequest = regexp.MustCompile(`"(id|created|[a-z]+_ms|[a-z]+_per_token_ms|[a-z]+_per_second)":("[^"]*"|[-+0-9.eE]+)`)
+// same request: the ID, the creation time, the measured times (the
+// timings' *_ms, *_per_token_ms and *_per_second) and how the prompt split
+// between the server's prompt cache and computing (cache_n, prompt_n: a
+// slot that served an earlier request may hold the chat template's first
+// tokens, and which slot a request gets is the server's choice); the
+// other counts stay.
+var perRequest = regexp.MustCompile(`"(id|created|cache_n|prompt_n|[a-z]+_ms|[a-z]+_per_token_ms|[a-z]+_per_second)":("[^"]*"|[-+0-9.eE]+)`)
 
 // TestLlamaCppByteForByte (issue 39): what a client receives through the
 // proxy is what it receives from llama.cpp itself, byte for byte but the
