@@ -493,7 +493,7 @@ func TestLlamaCppEndToEnd(t *testing.T) {
 		assert.Equal(t, "llamacpp_timings", s["llm.session.timing_source"], "%s: timing source", name)
 		assert.Equal(t, r.call.stream, s["gen_ai.request.stream"], name)
 		// The engine's state from its real /metrics (requests_deferred),
-		// scraped every second from the start: no KV figure, which a
+		// scraped every 200 ms from the start: no KV figure, which a
 		// current llama.cpp does not expose.
 		if w, ok := s["llamacpp.num_requests_waiting.start"].(float64); assert.True(t, ok, "%s: requests waiting at the start", name) && w > 0 {
 			sawWaiting++
