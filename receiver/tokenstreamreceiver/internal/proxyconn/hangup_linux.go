@@ -4,10 +4,11 @@
 package proxyconn // import "github.com/otelcol-llm/otelcol-llm/receiver/tokenstreamreceiver/internal/proxyconn"
 
 import (
-	"errors"
 	"net"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // HangupWatcher tells when the peer of a watched connection closed or
@@ -25,10 +26,9 @@ import (
 // socket for net/http. A stream costs two epoll_ctl calls, nothing per
 // event.
 type HangupWatcher struct {
-	epfd int
-	// wake is the pipe whose write ends the waiting goroutine (Close).
-	wake [2]int
-	mu   sync.Mutex
+	// ep's wake ends the waiting goroutine (Close).
+	ep epoll
+	mu sync.Mutex
 	// fns are the watched connections' callbacks by their epoll id.
 	fns    map[uint32]func()
 	next   uint32
@@ -36,33 +36,15 @@ type HangupWatcher struct {
 	done   chan struct{}
 }
 
-// wakeID is the epoll id of the wake pipe; connections get the others.
-const wakeID = 0
-
 // NewHangupWatcher starts a watcher; Close ends it.
 func NewHangupWatcher() (*HangupWatcher, error) {
-	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	ep, err := newEpoll()
 	if err != nil {
-		return nil, errors.Join(errors.New("proxyconn: epoll_create1"), err)
+		return nil, err
 	}
-	w := &HangupWatcher{epfd: epfd, fns: map[uint32]func(){}, done: make(chan struct{})}
-	if err := syscall.Pipe2(w.wake[:], syscall.O_CLOEXEC|syscall.O_NONBLOCK); err != nil {
-		syscall.Close(epfd)
-		return nil, errors.Join(errors.New("proxyconn: pipe2"), err)
-	}
-	ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: wakeID}
-	if err := syscall.EpollCtl(epfd, syscall.EPOLL_CTL_ADD, w.wake[0], &ev); err != nil {
-		w.closeFDs()
-		return nil, errors.Join(errors.New("proxyconn: epoll_ctl"), err)
-	}
+	w := &HangupWatcher{ep: ep, fns: map[uint32]func(){}, done: make(chan struct{})}
 	go w.run()
 	return w, nil
-}
-
-func (w *HangupWatcher) closeFDs() {
-	syscall.Close(w.wake[0])
-	syscall.Close(w.wake[1])
-	syscall.Close(w.epfd)
 }
 
 // run waits for hang-ups until Close. It blocks its thread in epoll_wait
@@ -70,17 +52,14 @@ func (w *HangupWatcher) closeFDs() {
 // goroutines), so a hang-up costs a thread wake-up and nothing else does.
 func (w *HangupWatcher) run() {
 	defer close(w.done)
-	events := make([]syscall.EpollEvent, 64)
+	events := make([]unix.EpollEvent, 64)
 	for {
-		n, err := syscall.EpollWait(w.epfd, events, -1)
-		if errors.Is(err, syscall.EINTR) {
-			continue
-		}
+		n, err := w.ep.wait(events, -1)
 		if err != nil {
 			return
 		}
-		for _, ev := range events[:n] {
-			id := uint32(ev.Fd) //nolint:gosec // G115: the id was a uint32 stored as the event's data
+		for i := range events[:n] {
+			id := eventID(&events[i])
 			if id == wakeID {
 				return
 			}
@@ -124,8 +103,8 @@ func (w *HangupWatcher) Watch(c net.Conn, hangup func()) (stop func(), ok bool) 
 	w.mu.Unlock()
 	var ctlErr error
 	err = rc.Control(func(fd uintptr) {
-		ev := syscall.EpollEvent{Events: syscall.EPOLLRDHUP | syscall.EPOLLONESHOT, Fd: int32(id)} //nolint:gosec // G115: stored back as a uint32 in run
-		ctlErr = syscall.EpollCtl(w.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev)
+		ev := unix.EpollEvent{Events: unix.EPOLLRDHUP | unix.EPOLLONESHOT, Fd: int32(id)} //nolint:gosec // G115: stored back as a uint32 in run
+		ctlErr = unix.EpollCtl(w.ep.fd, unix.EPOLL_CTL_ADD, int(fd), &ev)
 	})
 	if err != nil || ctlErr != nil {
 		w.forget(id)
@@ -134,7 +113,7 @@ func (w *HangupWatcher) Watch(c net.Conn, hangup func()) (stop func(), ok bool) 
 	return func() {
 		w.forget(id)
 		_ = rc.Control(func(fd uintptr) {
-			_ = syscall.EpollCtl(w.epfd, syscall.EPOLL_CTL_DEL, int(fd), nil)
+			_ = unix.EpollCtl(w.ep.fd, unix.EPOLL_CTL_DEL, int(fd), nil)
 		})
 	}, true
 }
@@ -155,7 +134,7 @@ func (w *HangupWatcher) Close() {
 	w.closed = true
 	clear(w.fns)
 	w.mu.Unlock()
-	_, _ = syscall.Write(w.wake[1], []byte{1})
+	w.ep.wake()
 	<-w.done
-	w.closeFDs()
+	w.ep.close()
 }

@@ -32,18 +32,17 @@ import (
 // one wake-up, as nginx's worker, and nothing parks. A callback must never
 // wait (a Socket's Read, TryWrite): it would hold every other connection.
 type Loop struct {
-	epfd, wakefd int
-	mu           sync.Mutex
-	posted       []func()
-	closed       bool
+	ep     epoll
+	mu     sync.Mutex
+	posted []func()
+	closed bool
 	// woken: the wake eventfd was written and not yet read; Post writes
 	// it once per batch.
 	woken atomic.Bool
 	done  chan struct{}
 
 	// Only the loop's goroutine uses these.
-	// watches by epoll id; wakeID (the hang-up watcher's too) is the wake
-	// eventfd's.
+	// watches by epoll id; wakeID is the wake eventfd's.
 	watches map[uint32]*Watch
 	next    uint32
 	timers  timerHeap
@@ -62,22 +61,11 @@ const yieldEvery = 5 * time.Millisecond
 
 // NewLoop starts a loop; Close ends it.
 func NewLoop() (*Loop, error) {
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	ep, err := newEpoll()
 	if err != nil {
-		return nil, errors.Join(errors.New("proxyconn: epoll_create1"), err)
+		return nil, err
 	}
-	wakefd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		unix.Close(epfd)
-		return nil, errors.Join(errors.New("proxyconn: eventfd"), err)
-	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: wakeID}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
-		unix.Close(wakefd)
-		unix.Close(epfd)
-		return nil, errors.Join(errors.New("proxyconn: epoll_ctl"), err)
-	}
-	l := &Loop{epfd: epfd, wakefd: wakefd, done: make(chan struct{}), watches: map[uint32]*Watch{}}
+	l := &Loop{ep: ep, done: make(chan struct{}), watches: map[uint32]*Watch{}}
 	go l.run()
 	return l, nil
 }
@@ -98,18 +86,14 @@ func (l *Loop) run() {
 			d := time.Until(l.timers[0].at)
 			timeout = int(max((d+time.Millisecond-1)/time.Millisecond, 0))
 		}
-		n, err := unix.EpollWait(l.epfd, events, timeout)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
+		n, err := l.ep.wait(events, timeout)
 		if err != nil {
 			return
 		}
-		for _, ev := range events[:n] {
-			id := uint32(ev.Fd) //nolint:gosec // G115: the id was a uint32 stored as the event's data
+		for i := range events[:n] {
+			id := eventID(&events[i])
 			if id == wakeID {
-				var b [8]byte
-				_, _ = unix.Read(l.wakefd, b[:])
+				l.ep.woken()
 				continue
 			}
 			// A watch stopped by an earlier callback of this batch is gone.
@@ -158,8 +142,7 @@ func (l *Loop) Post(fn func()) bool {
 	l.posted = append(l.posted, fn)
 	l.mu.Unlock()
 	if !l.woken.Swap(true) {
-		one := [8]byte{1}
-		_, _ = unix.Write(l.wakefd, one[:])
+		l.ep.wake()
 	}
 	return true
 }
@@ -175,11 +158,9 @@ func (l *Loop) Close() {
 	l.closed = true
 	l.mu.Unlock()
 	l.woken.Store(true)
-	one := [8]byte{1}
-	_, _ = unix.Write(l.wakefd, one[:])
+	l.ep.wake()
 	<-l.done
-	unix.Close(l.wakefd)
-	unix.Close(l.epfd)
+	l.ep.close()
 }
 
 // Watch is a socket the loop watches.
@@ -202,7 +183,7 @@ func (l *Loop) Watch(s *Socket, ready func()) (*Watch, error) {
 	}
 	w := &Watch{l: l, id: l.next, fd: s.fd, ready: ready}
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(w.id)} //nolint:gosec // G115: stored back as a uint32 in run
-	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, s.fd, &ev); err != nil {
+	if err := unix.EpollCtl(l.ep.fd, unix.EPOLL_CTL_ADD, s.fd, &ev); err != nil {
 		return nil, err
 	}
 	l.watches[w.id] = w
@@ -216,7 +197,7 @@ func (w *Watch) Stop() {
 		return
 	}
 	delete(w.l.watches, w.id)
-	_ = unix.EpollCtl(w.l.epfd, unix.EPOLL_CTL_DEL, w.fd, nil)
+	_ = unix.EpollCtl(w.l.ep.fd, unix.EPOLL_CTL_DEL, w.fd, nil)
 }
 
 // Socket is a connection's socket taken out of the runtime's poller
