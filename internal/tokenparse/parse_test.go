@@ -464,6 +464,13 @@ func FuzzParse(f *testing.F) {
 		`{"event":"end","session_id":"a","time_unix_nano":5,"decode_time_ns":3}`, `{"event":"end","session_id":"a","time_unix_nano":5,"completion_tokens":07}`,
 		`{"event":"share","engine_request_id":"r","time_unix_nano":5,"engine":"e","engine_time_prefill_ns":1,"engine_time_decode_ns":2,"energy_mj":3}`,
 		`{"event":"share","session_id":"a","time_unix_nano":5}`,
+		// time_unix_nano of 19 digits (the fast path's three words), 20,
+		// beyond int64, with a leading zero, and with a non-digit inside.
+		`{"event":"token","session_id":"a","time_unix_nano":1733500000123456789,"count":1}`,
+		`{"event":"token","session_id":"a","time_unix_nano":17335000001234567890,"count":1}`,
+		`{"event":"token","session_id":"a","time_unix_nano":9300000000000000000,"count":1}`,
+		`{"event":"token","session_id":"a","time_unix_nano":0733500000123456789,"count":1}`,
+		`{"event":"token","session_id":"a","time_unix_nano":17335000001234:6789,"count":1}`,
 	} {
 		f.Add([]byte(s))
 	}
